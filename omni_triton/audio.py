@@ -1,0 +1,175 @@
+"""Audio encoding for the HTTP edge (no torch; numpy + soundfile + stdlib ``wave`` only).
+
+Everything that crosses a Triton boundary is mono float32 PCM in [-1, 1] (``AUDIO``) with its
+sample rate in Hz (``SAMPLE_RATE``), see ``docs/speech_contracts.md``. This module turns such
+arrays into the bytes an HTTP client asked for:
+
+* ``float_to_pcm16``: float32 samples -> little-endian signed 16-bit PCM bytes (``pcm``).
+* ``encode_audio``: one whole clip -> ``wav`` / ``flac`` / ``mp3`` / ``opus`` / ``pcm`` bytes,
+  framed by libsndfile (through ``soundfile``); headers are never written by hand.
+* ``streaming_wav_header``: the 44-byte RIFF/WAVE header that starts a WAV *stream* whose length
+  is not known yet (written by the stdlib ``wave`` module, see its docstring for the size fields).
+
+Speed changes are not done here: the Triton model applies ``SPEED`` itself.
+All sample counts are per channel (mono: samples == frames); rates are in Hz.
+"""
+
+from __future__ import annotations
+
+import io
+import wave
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile as sf
+
+#: int16 full scale used for float -> int16 conversion (x * 32767, so +1.0 -> 32767, -1.0 -> -32767).
+PCM16_SCALE = 32767
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    """One ``response_format`` value and how it is framed.
+
+    ``sf_format``/``sf_subtype`` are libsndfile's names (None for headerless ``pcm``);
+    ``rates`` restricts the sample rates the codec accepts (None: any).
+    """
+
+    name: str
+    content_type: str
+    sf_format: str | None
+    sf_subtype: str | None
+    rates: frozenset[int] | None = None
+    streamable: bool = False
+
+
+def _probe(fmt: str, subtype: str) -> bool:
+    """True when this libsndfile build can really *write* ``fmt``/``subtype`` (checked once)."""
+    try:
+        if subtype not in sf.available_subtypes(fmt):
+            return False
+        buf = io.BytesIO()
+        rate = 48000 if subtype == "OPUS" else 22050
+        sf.write(buf, np.zeros(rate // 10, dtype=np.int16), rate, format=fmt, subtype=subtype)
+        return len(buf.getvalue()) > 0
+    except Exception:  # noqa: BLE001 - any failure means "not supported here"
+        return False
+
+
+_OPUS_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
+
+_CANDIDATES = (
+    AudioFormat("mp3", "audio/mpeg", "MP3", "MPEG_LAYER_III"),
+    AudioFormat("opus", "audio/ogg", "OGG", "OPUS", rates=_OPUS_RATES),
+    AudioFormat("flac", "audio/flac", "FLAC", "PCM_16"),
+    AudioFormat("wav", "audio/wav", "WAV", "PCM_16", streamable=True),
+    AudioFormat("pcm", "audio/pcm", None, None, streamable=True),
+)
+
+#: The formats this process can encode, by ``response_format`` name. ``aac`` is never here:
+#: libsndfile has no AAC encoder. ``mp3``/``opus`` appear only if the linked libsndfile
+#: (>= 1.1 for mp3, built with libopus for opus) can write them.
+SUPPORTED_FORMATS: dict[str, AudioFormat] = {
+    f.name: f
+    for f in _CANDIDATES
+    if f.sf_format is None or _probe(f.sf_format, f.sf_subtype or "")
+}
+
+#: Formats that can be streamed chunk by chunk as the model produces audio.
+STREAMING_FORMATS: tuple[str, ...] = tuple(n for n, f in SUPPORTED_FORMATS.items() if f.streamable)
+
+
+class UnsupportedFormatError(ValueError):
+    """The requested format cannot be produced (unknown name or incompatible sample rate)."""
+
+
+def float_to_pcm16(samples: np.ndarray) -> bytes:
+    """Convert float PCM to little-endian int16 PCM bytes.
+
+    Args:
+        samples: float array of shape [T] (any float dtype; float32 per the Triton contract),
+            nominally in [-1, 1]. Values outside are clipped, NaN becomes 0.
+    Returns:
+        ``2 * T`` bytes: int16 little-endian, ``round(x * 32767)``.
+    """
+    x = np.nan_to_num(np.asarray(samples, dtype=np.float32).reshape(-1), nan=0.0)
+    x = np.clip(x, -1.0, 1.0) * PCM16_SCALE
+    return np.rint(x).astype("<i2").tobytes()
+
+
+def get_format(name: str, sample_rate: int | None = None) -> AudioFormat:
+    """Look up a ``response_format``; raise ``UnsupportedFormatError`` naming the supported ones.
+
+    Args:
+        name: ``response_format`` value (``wav``, ``pcm``, ...).
+        sample_rate: the model's output rate in Hz, when known; codecs with fixed rates
+            (Opus: 8/12/16/24/48 kHz) are refused for other rates (no resampling here).
+    """
+    fmt = SUPPORTED_FORMATS.get(name)
+    if fmt is None:
+        raise UnsupportedFormatError(
+            f"response_format '{name}' is not supported; supported formats: "
+            + ", ".join(SUPPORTED_FORMATS)
+        )
+    if sample_rate is not None and fmt.rates is not None and sample_rate not in fmt.rates:
+        raise UnsupportedFormatError(
+            f"response_format '{name}' needs a sample rate in "
+            f"{sorted(fmt.rates)} Hz but this model produces {sample_rate} Hz; "
+            "use wav, flac, mp3 or pcm"
+        )
+    return fmt
+
+
+def encode_audio(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes:
+    """Encode one whole mono clip.
+
+    Args:
+        samples: float32 [T] in [-1, 1] (clipped), mono.
+        sample_rate: Hz.
+        response_format: a key of ``SUPPORTED_FORMATS``.
+    Returns:
+        The encoded file (``pcm``: raw int16 LE, no header). WAV/FLAC/MP3/Opus are all 16-bit
+        sources: the float samples are quantised exactly as ``float_to_pcm16`` does, so the
+        WAV payload equals the ``pcm`` bytes and equals a streamed WAV's payload.
+    """
+    fmt = get_format(response_format, sample_rate)
+    pcm = float_to_pcm16(samples)
+    if fmt.sf_format is None:
+        return pcm
+    buf = io.BytesIO()
+    sf.write(
+        buf,
+        np.frombuffer(pcm, dtype="<i2"),
+        int(sample_rate),
+        format=fmt.sf_format,
+        subtype=fmt.sf_subtype,
+    )
+    return buf.getvalue()
+
+
+def streaming_wav_header(sample_rate: int, channels: int = 1, sample_width: int = 2) -> bytes:
+    """RIFF/WAVE header (44 bytes) for a PCM stream of unknown length.
+
+    Written by the stdlib ``wave`` module with ``nframes`` preset to the maximum, so the
+    header's size fields say "as long as a 32-bit WAV can be": data size = 0xFFFFFFDA and
+    RIFF size = 0xFFFFFFFE for 16-bit mono. Readers that honour the sizes (libsndfile,
+    ``wave``, ffmpeg, browsers) read until end of stream. This is the usual convention for
+    streamed WAV (the sizes cannot be patched once bytes have left the server); a client that
+    needs exact sizes should buffer and rewrite, or request ``pcm``.
+
+    Args:
+        sample_rate: Hz.
+        channels: interleaved channels (1 for every model here).
+        sample_width: bytes per sample (2: int16 PCM, what ``float_to_pcm16`` produces).
+    """
+    buf = io.BytesIO()
+    w = wave.open(buf, "wb")
+    w.setnchannels(channels)
+    w.setsampwidth(sample_width)
+    w.setframerate(int(sample_rate))
+    w.setnframes((0xFFFFFFFF - 36) // (channels * sample_width))
+    w.writeframesraw(b"")  # emits the header and nothing else
+    header = buf.getvalue()
+    # The writer would patch the sizes of *its* buffer on close; that buffer is discarded.
+    w.close()
+    return header
