@@ -1,0 +1,358 @@
+"""The frontend's view of Triton: an engine protocol and its ``tritonclient.grpc.aio`` implementation.
+
+Routers only see the ``Engine`` protocol (as in Triton server's ``python/openai`` frontend), so
+unit tests can plug in a small fake; the real server path is ``TritonEngine``.
+
+Model metadata comes from Triton itself:
+* the repository index gives every model's state (``READY``, ``UNAVAILABLE``, ...);
+* ``get_model_config`` gives inputs/outputs and the ``parameters`` documented in
+  ``docs/speech_contracts.md`` (``voices``, ``default_voice``, ``sample_rate``,
+  ``supports_speed``, ``max_input_chars``).
+
+Speech is one ``ModelStreamInfer`` call per HTTP request on a decoupled model: every response
+that carries ``AUDIO`` is yielded as soon as it arrives. Closing the iterator (HTTP client gone,
+task cancelled, consumer stopped) cancels the gRPC call; Triton's gRPC stream handler then
+cancels the in-flight request, which a Python-backend model sees as ``request.is_cancelled()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol, runtime_checkable
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
+
+logger = logging.getLogger(__name__)
+
+#: (float32 PCM chunk of shape [T] in [-1, 1], sample rate in Hz)
+AudioChunk = tuple[np.ndarray, int]
+
+
+# --------------------------------------------------------------------------- errors
+class EngineError(Exception):
+    """Base of every error the engine raises; carries the HTTP mapping used by the routers."""
+
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class TritonUnavailableError(EngineError):
+    """Triton cannot be reached (connection refused, shutting down, deadline)."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "triton_unavailable"
+
+
+class ModelNotFoundError(EngineError):
+    """The model is not one this frontend serves."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class ModelNotReadyError(EngineError):
+    """The model is served but not READY in Triton (loading, failed, unloaded, missing)."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "model_not_ready"
+
+
+class InferenceError(EngineError):
+    """Triton answered with an error response (the model's ``TritonError``) or the stream broke."""
+
+    status_code = 500
+    error_type = "server_error"
+    code = "inference_error"
+
+
+# --------------------------------------------------------------------------- model metadata
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the frontend knows about one served model.
+
+    ``voices``/``default_voice``/``sample_rate``/``supports_speed``/``max_input_chars`` come from
+    the model config's ``parameters`` (empty/None when the model is not READY, since Triton only
+    returns configs of loaded models).
+    """
+
+    name: str
+    state: str = "READY"
+    reason: str = ""
+    inputs: frozenset[str] = field(default_factory=frozenset)
+    outputs: frozenset[str] = field(default_factory=frozenset)
+    decoupled: bool = False
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
+    sample_rate: int | None = None
+    supports_speed: bool = False
+    max_input_chars: int | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "READY"
+
+    @property
+    def is_speech(self) -> bool:
+        """Text in, PCM out (``TEXT`` -> ``AUDIO``): servable by ``/v1/audio/speech``."""
+        return "TEXT" in self.inputs and "AUDIO" in self.outputs
+
+
+def model_info_from_config(config, state: str = "READY", reason: str = "") -> ModelInfo:
+    """Build a ``ModelInfo`` from a ``inference.ModelConfig`` protobuf."""
+    params = {k: v.string_value.strip() for k, v in config.parameters.items()}
+    inputs = frozenset(i.name for i in config.input)
+    voices = tuple(v.strip() for v in params.get("voices", "").split(",") if v.strip())
+    default_voice = params.get("default_voice") or (voices[0] if voices else None)
+    if "supports_speed" in params:
+        supports_speed = params["supports_speed"].lower() in ("true", "1", "yes")
+    else:
+        supports_speed = False
+
+    def _int(key: str) -> int | None:
+        try:
+            return int(params[key]) if params.get(key) else None
+        except ValueError:
+            logger.warning("model %s: parameter %s=%r is not an integer", config.name, key, params[key])
+            return None
+
+    return ModelInfo(
+        name=config.name,
+        state=state,
+        reason=reason,
+        inputs=inputs,
+        outputs=frozenset(o.name for o in config.output),
+        decoupled=bool(config.model_transaction_policy.decoupled),
+        voices=voices,
+        default_voice=default_voice,
+        sample_rate=_int("sample_rate"),
+        supports_speed=supports_speed,
+        max_input_chars=_int("max_input_chars"),
+    )
+
+
+# --------------------------------------------------------------------------- protocol
+@runtime_checkable
+class Engine(Protocol):
+    """What the routers need from a backend."""
+
+    async def is_live(self) -> bool:
+        """True when the inference server answers and reports itself live."""
+
+    async def list_models(self) -> list[ModelInfo]:
+        """Every served model with its current state (READY or not). Raises ``TritonUnavailableError``."""
+
+    async def get_model(self, name: str) -> ModelInfo:
+        """The served, READY model ``name``.
+
+        Raises ``ModelNotFoundError``, ``ModelNotReadyError`` or ``TritonUnavailableError``.
+        """
+
+    def synthesize(
+        self, model: str, text: str, voice: str | None = None, speed: float | None = None
+    ) -> AsyncIterator[AudioChunk]:
+        """Stream ``(float32 [T] PCM, sample_rate Hz)`` chunks as the model produces them.
+
+        Closing the iterator early must cancel the request in the server. Raises
+        ``InferenceError`` (model error) or ``TritonUnavailableError`` while iterating.
+        """
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+# --------------------------------------------------------------------------- Triton
+_UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def _translate(exc: Exception, what: str) -> EngineError:
+    """Map tritonclient / gRPC exceptions to typed engine errors."""
+    if isinstance(exc, InferenceServerException):
+        status = exc.status() or ""
+        if any(status.endswith(c.name) for c in _UNAVAILABLE_CODES):
+            return TritonUnavailableError(f"Triton is unavailable ({what}): {exc.message()}")
+        return InferenceError(f"Triton error ({what}): {exc.message()}")
+    if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() in _UNAVAILABLE_CODES:
+            return TritonUnavailableError(f"Triton is unavailable ({what}): {exc.details()}")
+        return InferenceError(f"Triton error ({what}): {exc.code().name}: {exc.details()}")
+    return InferenceError(f"{what}: {exc}")
+
+
+class TritonEngine:
+    """``Engine`` over one ``tritonclient.grpc.aio.InferenceServerClient``.
+
+    Args:
+        url: Triton gRPC endpoint, ``host:port`` (default port 8001).
+        models: names to serve; None serves every model in Triton's repository index.
+        rpc_timeout_s: deadline for unary metadata calls (health, index, config).
+    """
+
+    def __init__(self, url: str, models: list[str] | None = None, rpc_timeout_s: float = 5.0):
+        self.url = url
+        self._served = list(dict.fromkeys(models)) if models else None
+        self._timeout = rpc_timeout_s
+        # Created on first use, inside the event loop that will use it (grpc.aio channels
+        # belong to one loop; uvicorn starts its loop after this object is built).
+        self._client_obj: grpcclient.InferenceServerClient | None = None
+        # name -> ModelInfo of a READY model; dropped when the model is seen not READY (reload)
+        self._config_cache: dict[str, ModelInfo] = {}
+
+    @property
+    def _client(self) -> grpcclient.InferenceServerClient:
+        if self._client_obj is None:
+            self._client_obj = grpcclient.InferenceServerClient(url=self.url)
+        return self._client_obj
+
+    async def close(self) -> None:
+        if self._client_obj is not None:
+            await self._client_obj.close()
+            self._client_obj = None
+
+    async def is_live(self) -> bool:
+        try:
+            return bool(await self._client.is_server_live(client_timeout=self._timeout))
+        except Exception:  # noqa: BLE001 - any failure means "not live"
+            return False
+
+    async def _index(self) -> dict[str, tuple[str, str]]:
+        """name -> (state, reason); a model with any READY version counts as READY."""
+        try:
+            index = await self._client.get_model_repository_index(client_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, "repository index") from exc
+        states: dict[str, tuple[str, str]] = {}
+        for m in index.models:
+            prev = states.get(m.name)
+            if prev is None or (prev[0] != "READY" and m.state == "READY"):
+                states[m.name] = (m.state or "UNKNOWN", m.reason)
+        return states
+
+    async def _config(self, name: str, state: str, reason: str) -> ModelInfo:
+        cached = self._config_cache.get(name)
+        if cached is not None:
+            return cached
+        try:
+            resp = await self._client.get_model_config(name, client_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, f"config of {name}") from exc
+        info = model_info_from_config(resp.config, state, reason)
+        self._config_cache[name] = info
+        return info
+
+    async def list_models(self) -> list[ModelInfo]:
+        states = await self._index()
+        names = self._served if self._served is not None else sorted(states)
+        out = []
+        for name in names:
+            state, reason = states.get(name, ("MISSING", "not in Triton's model repository"))
+            if state != "READY":
+                self._config_cache.pop(name, None)  # reloaded models may change config
+                out.append(ModelInfo(name=name, state=state, reason=reason))
+                continue
+            try:
+                out.append(await self._config(name, state, reason))
+            except InferenceError as exc:  # unloaded between the two calls
+                out.append(ModelInfo(name=name, state="UNAVAILABLE", reason=exc.message))
+        return out
+
+    async def get_model(self, name: str) -> ModelInfo:
+        if self._served is not None and name not in self._served:
+            raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
+        try:
+            ready = await self._client.is_model_ready(name, client_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, f"readiness of {name}") from exc
+        if not ready:
+            self._config_cache.pop(name, None)
+            states = await self._index()
+            if name not in states and self._served is None:
+                raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
+            state, reason = states.get(name, ("MISSING", "not in Triton's model repository"))
+            raise ModelNotReadyError(
+                f"The model '{name}' is not ready in Triton (state {state}"
+                + (f": {reason}" if reason else "")
+                + ")",
+                param="model",
+            )
+        return await self._config(name, "READY", "")
+
+    async def synthesize(
+        self, model: str, text: str, voice: str | None = None, speed: float | None = None
+    ) -> AsyncIterator[AudioChunk]:
+        """One ``ModelStreamInfer`` RPC: send one request, yield each ``AUDIO`` response.
+
+        The request iterator yields the single request and ends, which half-closes the stream;
+        Triton finishes the RPC once that request's FINAL flag is out. Every streamed response
+        carries ``triton_final_response``, so the last audio response is recognised too.
+
+        Cancellation: ``stream_infer`` returns tritonclient's ``_ResponseIterator`` whose
+        ``cancel()`` is ``grpc.aio.Call.cancel()`` (tritonclient 2.73,
+        ``tritonclient/grpc/aio/__init__.py``). It is called in ``finally`` whenever the RPC
+        has not finished on its own: on ``aclose()`` / ``GeneratorExit`` (consumer stopped), on
+        ``CancelledError`` (task cancelled, e.g. HTTP disconnect) and on our own errors.
+        """
+        info = self._config_cache.get(model)
+        inputs_declared = info.inputs if info is not None else frozenset({"TEXT", "VOICE", "SPEED"})
+        inputs = [_bytes_input("TEXT", text)]
+        if voice is not None and "VOICE" in inputs_declared:
+            inputs.append(_bytes_input("VOICE", voice))
+        if speed is not None and "SPEED" in inputs_declared:
+            t = InferInput("SPEED", [1], "FP32")
+            t.set_data_from_numpy(np.array([speed], dtype=np.float32))
+            inputs.append(t)
+        request_id = uuid.uuid4().hex
+
+        async def _requests():
+            yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+
+        call = self._client.stream_infer(_requests())
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise InferenceError(f"{model}: {error.message()}")
+                response = result.get_response()
+                audio = result.as_numpy("AUDIO")
+                if audio is not None and audio.size:
+                    rate = result.as_numpy("SAMPLE_RATE")
+                    sample_rate = int(rate.reshape(-1)[0]) if rate is not None and rate.size else None
+                    if sample_rate is None:
+                        sample_rate = info.sample_rate if info and info.sample_rate else 0
+                    yield np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate
+                param = response.parameters.get("triton_final_response")
+                if param is not None and param.bool_param:
+                    finished = True  # the RPC ends right after; keep reading to its end
+            finished = True
+        except EngineError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                raise InferenceError(f"{model}: stream cancelled by the server") from exc
+            raise _translate(exc, f"stream to {model}") from exc
+        except InferenceServerException as exc:
+            raise _translate(exc, f"stream to {model}") from exc
+        finally:
+            if not finished:
+                call.cancel()
+                logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+
+
+def _bytes_input(name: str, value: str) -> InferInput:
+    t = InferInput(name, [1], "BYTES")
+    t.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
+    return t

@@ -1,0 +1,41 @@
+"""Prometheus metrics of the frontend (one registry per app, so tests can build many apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class FrontendMetrics:
+    def __init__(self, admission=None):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "omni_frontend_speech_requests",
+            "Speech requests by model, mode and outcome",
+            ["model", "mode", "outcome"],
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "omni_frontend_rejected_requests",
+            "Requests rejected by admission control (429)",
+            registry=self.registry,
+        )
+        self.ttfa = Histogram(
+            "omni_frontend_time_to_first_audio_seconds",
+            "Time from request admission to the first audio chunk from Triton",
+            ["model"],
+            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.audio_seconds = Counter(
+            "omni_frontend_audio_seconds",
+            "Seconds of audio produced",
+            ["model"],
+            registry=self.registry,
+        )
+        self.inflight = Gauge(
+            "omni_frontend_inflight_requests",
+            "Speech requests holding an admission slot",
+            registry=self.registry,
+        )
+        if admission is not None:
+            self.inflight.set_function(lambda: admission.inflight)

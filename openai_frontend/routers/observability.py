@@ -1,0 +1,46 @@
+"""``GET /health`` (200 only when Triton is live and every served model is READY) and ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..engine import EngineError
+from ..schemas import HealthStatus
+
+router = APIRouter(tags=["observability"])
+
+
+@router.get("/health", response_model=HealthStatus)
+async def health(request: Request):
+    engine = request.app.state.engine
+    live = await engine.is_live()
+    models: dict[str, str] = {}
+    message = None
+    if live:
+        try:
+            models = {m.name: m.state for m in await engine.list_models()}
+        except EngineError as exc:
+            live, message = False, exc.message
+    else:
+        message = "Triton is not live"
+    not_ready = [name for name, state in models.items() if state != "READY"]
+    if live and not models:
+        message = "no models are served"
+    ok = live and bool(models) and not not_ready
+    if not_ready:
+        message = "models not ready: " + ", ".join(f"{n} ({models[n]})" for n in not_ready)
+    status = HealthStatus(
+        status="ok" if ok else "unhealthy",
+        triton_live=live,
+        models=models,
+        not_ready=not_ready,
+        message=message,
+    )
+    return JSONResponse(status.model_dump(), status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
