@@ -60,6 +60,10 @@ DEFAULT_FORMAT = "mp3" if "mp3" in SUPPORTED_FORMATS else "wav"
 DEFAULT_STREAM_FORMAT = "pcm"
 
 
+class StreamAborted(RuntimeError):
+    """Raised out of a raw-audio response body after Triton failed mid-stream."""
+
+
 async def _resolve_model(engine, name: str | None) -> ModelInfo:
     if name is None:
         speech = [m for m in await engine.list_models() if m.ready and m.is_speech]
@@ -222,8 +226,10 @@ async def create_speech(body: SpeechRequest, request: Request):
                 outcome = "cancelled"
                 raise
             except EngineError as exc:
+                # The status line is gone; the only honest signal left is to abort the
+                # transfer (the server closes the connection without the last chunk).
                 logger.warning("speech stream aborted: %s", exc.message)
-                raise
+                raise StreamAborted(exc.message) from exc
             finally:
                 await stream.aclose()
                 await gen.aclose()
