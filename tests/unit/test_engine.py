@@ -1,0 +1,232 @@
+"""The real ``TritonEngine`` against an in-process gRPC server speaking Triton's KServe v2 protocol.
+
+The server is a stand-in for tritonserver (no model runs): it answers the metadata RPCs and
+streams scripted ``ModelStreamInfer`` responses, and records whether the client cancelled the
+stream, which is exactly what tritonserver turns into ``request.is_cancelled()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+from openai_frontend.engine import (
+    InferenceError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    TritonEngine,
+    TritonUnavailableError,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def speech_config(name: str, **params: str) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=0)
+    cfg.model_transaction_policy.decoupled = True
+    for inp in ("TEXT", "VOICE", "SPEED"):
+        cfg.input.add(name=inp)
+    for out in ("AUDIO", "SAMPLE_RATE"):
+        cfg.output.add(name=out)
+    for k, v in params.items():
+        cfg.parameters[k].string_value = v
+    return cfg
+
+
+def audio_response(samples: np.ndarray, rate: int, final: bool) -> pb.ModelStreamInferResponse:
+    r = pb.ModelStreamInferResponse()
+    ir = r.infer_response
+    ir.model_name = "piper_tts"
+    ir.outputs.add(name="AUDIO", datatype="FP32", shape=[len(samples)])
+    ir.outputs.add(name="SAMPLE_RATE", datatype="INT32", shape=[1])
+    ir.raw_output_contents.append(samples.astype("<f4").tobytes())
+    ir.raw_output_contents.append(np.array([rate], dtype="<i4").tobytes())
+    ir.parameters["triton_final_response"].bool_param = final
+    return r
+
+
+class FakeTriton(pbg.GRPCInferenceServiceServicer):
+    def __init__(self):
+        self.configs = {
+            "piper_tts": speech_config(
+                "piper_tts", voices="joe, amy", sample_rate="22050", supports_speed="true", max_input_chars="500"
+            ),
+            "tts": speech_config("tts", voices="0,1,2", sample_rate="24000", supports_speed="false"),
+        }
+        self.states = {"piper_tts": "READY", "tts": "READY", "broken": "UNAVAILABLE"}
+        self.chunks = [np.full(100, 0.1 * (i + 1), np.float32) for i in range(3)]
+        self.mode = "ok"  # ok | error | endless
+        self.requests: list[pb.ModelInferRequest] = []
+        self.cancelled = asyncio.Event()
+        self.streaming = asyncio.Event()
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.states.get(request.name) == "READY")
+
+    async def RepositoryIndex(self, request, context):
+        resp = pb.RepositoryIndexResponse()
+        for name, state in self.states.items():
+            resp.models.add(name=name, version="1", state=state, reason="" if state == "READY" else "failed")
+        return resp
+
+    async def ModelConfig(self, request, context):
+        if self.states.get(request.name) != "READY":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"Request for unknown model: '{request.name}'")
+        return pb.ModelConfigResponse(config=self.configs[request.name])
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        try:
+            async for req in request_iterator:
+                self.requests.append(req)
+                self.streaming.set()
+                if self.mode == "error":
+                    yield pb.ModelStreamInferResponse(error_message="model raised: boom")
+                    continue
+                n = len(self.chunks)
+                i = 0
+                while self.mode == "endless" or i < n:
+                    c = self.chunks[i % n]
+                    yield audio_response(c, 22050, final=(self.mode != "endless" and i == n - 1))
+                    i += 1
+                    await asyncio.sleep(0.01 if self.mode == "endless" else 0)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+@pytest.fixture
+async def triton():
+    server = grpc.aio.server()
+    fake = FakeTriton()
+    pbg.add_GRPCInferenceServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    fake.url = f"127.0.0.1:{port}"
+    yield fake
+    await server.stop(None)
+
+
+async def test_metadata_from_config_parameters(triton):
+    engine = TritonEngine(triton.url)
+    try:
+        assert await engine.is_live()
+        models = {m.name: m for m in await engine.list_models()}
+        assert set(models) == {"piper_tts", "tts", "broken"}
+        p = models["piper_tts"]
+        assert p.ready and p.is_speech and p.decoupled
+        assert p.voices == ("joe", "amy") and p.default_voice == "joe"
+        assert p.sample_rate == 22050 and p.supports_speed and p.max_input_chars == 500
+        assert models["tts"].supports_speed is False and models["tts"].max_input_chars is None
+        assert not models["broken"].ready and models["broken"].state == "UNAVAILABLE"
+        with pytest.raises(ModelNotReadyError):
+            await engine.get_model("broken")
+        with pytest.raises(ModelNotFoundError):
+            await engine.get_model("nope")
+    finally:
+        await engine.close()
+
+
+async def test_served_list_restricts_and_reports_missing(triton):
+    engine = TritonEngine(triton.url, models=["piper_tts", "ghost"])
+    try:
+        models = {m.name: m for m in await engine.list_models()}
+        assert set(models) == {"piper_tts", "ghost"} and models["ghost"].state == "MISSING"
+        with pytest.raises(ModelNotFoundError):
+            await engine.get_model("tts")
+        with pytest.raises(ModelNotReadyError):
+            await engine.get_model("ghost")
+    finally:
+        await engine.close()
+
+
+async def test_synthesize_streams_all_chunks_and_sends_inputs(triton):
+    engine = TritonEngine(triton.url)
+    try:
+        await engine.get_model("piper_tts")
+        got = [c async for c in engine.synthesize("piper_tts", "Hello there.", "amy", 1.5)]
+        assert [sr for _, sr in got] == [22050] * 3
+        for (a, _), b in zip(got, triton.chunks):
+            assert a.dtype == np.float32 and np.array_equal(a, b)
+        req = triton.requests[0]
+        names = [i.name for i in req.inputs]
+        assert names == ["TEXT", "VOICE", "SPEED"]
+        assert req.model_name == "piper_tts" and req.id
+        assert not triton.cancelled.is_set()
+    finally:
+        await engine.close()
+
+
+async def test_synthesize_error_response_raises_typed_error(triton):
+    triton.mode = "error"
+    engine = TritonEngine(triton.url)
+    try:
+        with pytest.raises(InferenceError, match="boom"):
+            async for _ in engine.synthesize("piper_tts", "x"):
+                pass
+    finally:
+        await engine.close()
+
+
+async def test_closing_the_iterator_cancels_the_grpc_stream(triton):
+    triton.mode = "endless"
+    engine = TritonEngine(triton.url)
+    try:
+        gen = engine.synthesize("piper_tts", "x")
+        await gen.__anext__()
+        await gen.__anext__()
+        await gen.aclose()
+        await asyncio.wait_for(triton.cancelled.wait(), 5)
+    finally:
+        await engine.close()
+
+
+async def test_cancelling_the_consumer_task_cancels_the_grpc_stream(triton):
+    triton.mode = "endless"
+    engine = TritonEngine(triton.url)
+    received = 0
+
+    async def consume():
+        nonlocal received
+        async for _ in engine.synthesize("piper_tts", "x"):
+            received += 1
+
+    try:
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(triton.streaming.wait(), 5)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(triton.cancelled.wait(), 5)
+        assert received >= 1
+    finally:
+        await engine.close()
+
+
+async def test_unreachable_triton_is_unavailable():
+    engine = TritonEngine("127.0.0.1:1", rpc_timeout_s=2)
+    try:
+        assert not await engine.is_live()
+        with pytest.raises(TritonUnavailableError):
+            await engine.list_models()
+        with pytest.raises(TritonUnavailableError):
+            await engine.get_model("piper_tts")
+        with pytest.raises(TritonUnavailableError):
+            async for _ in engine.synthesize("piper_tts", "x"):
+                pass
+    finally:
+        await engine.close()
