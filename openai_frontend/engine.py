@@ -239,7 +239,8 @@ class TritonEngine:
         for m in index.models:
             prev = states.get(m.name)
             if prev is None or (prev[0] != "READY" and m.state == "READY"):
-                states[m.name] = (m.state or "UNKNOWN", m.reason)
+                # Triton lists models it has not loaded (explicit model control) with no state
+                states[m.name] = (m.state or "UNLOADED", m.reason)
         return states
 
     async def _config(self, name: str, state: str, reason: str) -> ModelInfo:
