@@ -1,0 +1,127 @@
+"""Stream speech straight from a Triton TTS model over gRPC (no OpenAI frontend).
+
+Usage::
+
+    python -m clients.tts_grpc_stream --model tts --text "Hello there." --out hello.wav
+    python -m clients.tts_grpc_stream --model piper_tts --url 127.0.0.1:8001 --text "Hi." --out hi.wav
+
+Prints one line per audio chunk as it arrives (arrival time in ms since the request, samples),
+then writes the concatenated PCM as a WAV file with soundfile.
+"""
+from __future__ import annotations
+
+import argparse
+import queue
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+
+@dataclass
+class StreamResult:
+    """Audio streamed from one request.
+
+    Attributes:
+        chunks: float32 mono PCM arrays in [-1, 1], in arrival order (one per response).
+        arrival_s: seconds from sending the request to each chunk's arrival.
+        sample_rate: Hz, from the model's SAMPLE_RATE output.
+    """
+
+    chunks: list[np.ndarray] = field(default_factory=list)
+    arrival_s: list[float] = field(default_factory=list)
+    sample_rate: int = 0
+
+    @property
+    def audio(self) -> np.ndarray:
+        """All chunks concatenated, shape ``[num_samples]``, float32."""
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
+
+
+def build_inputs(text: str, voice: str | None = None, speed: float | None = None) -> list:
+    """Triton inputs for the speech contract (docs/speech_contracts.md): TEXT, VOICE?, SPEED?."""
+    inputs = [grpcclient.InferInput("TEXT", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([text.encode("utf-8")], dtype=np.object_))
+    if voice is not None:
+        inputs.append(grpcclient.InferInput("VOICE", [1], "BYTES"))
+        inputs[-1].set_data_from_numpy(np.array([voice.encode("utf-8")], dtype=np.object_))
+    if speed is not None:
+        inputs.append(grpcclient.InferInput("SPEED", [1], "FP32"))
+        inputs[-1].set_data_from_numpy(np.array([speed], dtype=np.float32))
+    return inputs
+
+
+def stream_tts(url: str, model: str, text: str, voice: str | None = None,
+               speed: float | None = None, max_chunks: int | None = None,
+               timeout_s: float = 300.0) -> StreamResult:
+    """Send one request on a gRPC bidirectional stream and collect the audio chunks.
+
+    Args:
+        url: Triton gRPC ``host:port``.
+        model: a decoupled speech model (``piper_tts`` or ``tts``).
+        max_chunks: stop after this many chunks and cancel the request
+            (``stop_stream(cancel_requests=True)``); ``None`` reads to the final response.
+
+    Raises:
+        InferenceServerException: the model answered with an error.
+        TimeoutError: no response for ``timeout_s`` seconds.
+    """
+    responses: "queue.Queue" = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    result = StreamResult()
+    cancelled = False
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        start = time.perf_counter()
+        client.async_stream_infer(model, build_inputs(text, voice, speed),
+                                  enable_empty_final_response=True)
+        while True:
+            res, err = responses.get(timeout=timeout_s)
+            if err is not None:
+                raise err
+            final = res.get_response().parameters.get("triton_final_response")
+            audio = res.as_numpy("AUDIO")
+            if audio is not None and audio.size:
+                result.chunks.append(audio.astype(np.float32).reshape(-1))
+                result.arrival_s.append(time.perf_counter() - start)
+                result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                if max_chunks is not None and len(result.chunks) >= max_chunks:
+                    cancelled = True
+                    break
+            if final is not None and final.bool_param:
+                break
+    except queue.Empty:
+        raise TimeoutError(f"no response from {model} for {timeout_s} s") from None
+    finally:
+        client.stop_stream(cancel_requests=cancelled)
+        client.close()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    import soundfile as sf
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC host:port")
+    parser.add_argument("--model", default="piper_tts")
+    parser.add_argument("--text", default="Hello from Triton. This sentence is streamed as speech.")
+    parser.add_argument("--voice")
+    parser.add_argument("--speed", type=float)
+    parser.add_argument("--out", default="speech.wav")
+    args = parser.parse_args(argv)
+    try:
+        result = stream_tts(args.url, args.model, args.text, args.voice, args.speed)
+    except InferenceServerException as exc:
+        print(f"error: {exc.message()}")
+        return 1
+    for i, (chunk, t) in enumerate(zip(result.chunks, result.arrival_s)):
+        print(f"chunk {i}: {t * 1000:8.1f} ms  {chunk.size} samples")
+    sf.write(args.out, result.audio, result.sample_rate)
+    print(f"wrote {args.out}: {result.audio.size / max(result.sample_rate, 1):.2f} s at {result.sample_rate} Hz")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

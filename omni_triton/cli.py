@@ -1,0 +1,139 @@
+"""``omni-triton``: prepare the embedded default models and serve them on tritonserver.
+
+Commands:
+    omni-triton prepare [--models piper_tts,tts]
+    omni-triton serve   [--models piper_tts,tts] [--port 9000] [--triton-http-port 8000] ...
+    omni-triton models  (lists the models of the repositories and what they depend on)
+
+``serve`` prepares what the models need, starts tritonserver with only those models, waits for
+READY (printing the failing model and its errors instead of hanging), starts the OpenAI frontend,
+and on SIGINT/SIGTERM (or when either process dies) stops both process groups.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from omni_triton.launcher import (
+    Frontend,
+    ServerStartError,
+    TritonServer,
+    available_models,
+    dependencies,
+)
+from omni_triton.paths import cache_dir
+
+DEFAULT_MODELS = "piper_tts,tts"
+
+
+def _model_list(text: str) -> list[str]:
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from omni_triton.prepare import prepare
+
+    prepare(_model_list(args.models))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    for name, path in available_models().items():
+        deps = dependencies(path)
+        print(f"{name:16s} {path}" + (f"  (needs {', '.join(deps)})" if deps else ""))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from omni_triton.prepare import prepare
+
+    models = _model_list(args.models)
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        print(f"\nomni-triton: got {signal.Signals(signum).name}, stopping ...", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    if not args.skip_prepare:
+        prepare(models)
+    log_dir = cache_dir() / "logs"
+    server = TritonServer(models, http_port=args.triton_http_port, grpc_port=args.triton_grpc_port,
+                          metrics_port=args.triton_metrics_port, log_path=log_dir / "tritonserver.log")
+    frontend = None
+    try:
+        print(f"omni-triton: starting tritonserver with {', '.join(server.models)} "
+              f"(log: {server.log_path})", flush=True)
+        server.start()
+        server.wait_ready(timeout=args.ready_timeout)
+        print(f"omni-triton: Triton READY (HTTP {server.http_url}, gRPC {server.grpc_url}, "
+              f"metrics http://127.0.0.1:{server.metrics_port}/metrics)", flush=True)
+        if not args.no_frontend:
+            frontend = Frontend(server.grpc_url, host=args.host, port=args.port, models=models,
+                                extra_args=args.frontend_arg)
+            frontend.start()
+            frontend.wait_ready()
+            print(f"omni-triton: OpenAI API at {frontend.url}/v1  (try: curl {frontend.url}/v1/models)",
+                  flush=True)
+        print("omni-triton: serving; Ctrl-C to stop", flush=True)
+        while not stop.wait(0.5):
+            if server.proc.poll() is not None:
+                print(f"omni-triton: tritonserver exited ({server.proc.returncode})\n"
+                      f"{server.failure_report()}", file=sys.stderr, flush=True)
+                return 1
+            if frontend is not None and frontend.proc.poll() is not None:
+                print(f"omni-triton: frontend exited ({frontend.proc.returncode})", file=sys.stderr, flush=True)
+                return 1
+        return 0
+    except ServerStartError as exc:
+        print(f"omni-triton: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        server.stop()
+        print("omni-triton: stopped", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omni-triton", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="write the embedded default model folders into the cache")
+    p.add_argument("--models", default=DEFAULT_MODELS, help="comma separated Triton model names")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("models", help="list the models of the repositories")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("serve", help="start tritonserver and the OpenAI frontend")
+    p.add_argument("--models", default=DEFAULT_MODELS, help="comma separated Triton model names")
+    p.add_argument("--host", default="127.0.0.1", help="frontend bind address")
+    p.add_argument("--port", type=int, default=9000, help="frontend port")
+    p.add_argument("--triton-http-port", type=int, default=8000)
+    p.add_argument("--triton-grpc-port", type=int, default=8001)
+    p.add_argument("--triton-metrics-port", type=int, default=8002)
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for READY")
+    p.add_argument("--no-frontend", action="store_true", help="serve Triton only")
+    p.add_argument("--skip-prepare", action="store_true", help="do not run prepare first")
+    p.add_argument("--frontend-arg", action="append", default=[],
+                   help="extra argument for python -m openai_frontend (repeatable)")
+    p.set_defaults(func=cmd_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyError as exc:
+        print(f"omni-triton: {exc.args[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,477 @@
+"""Start and stop a real ``tritonserver`` (plus the OpenAI frontend) for Omni-Triton.
+
+What the launcher does, in order (each step is a function, usable from tests):
+
+1. :func:`find_tritonserver` locates a server: ``$OMNI_TRITON_SERVER``, ``tritonserver`` on PATH,
+   ``/opt/tritonserver`` (NGC container), or the binary inside the ``nvidia-pytriton`` wheel.
+2. :func:`assemble_backend_dir` builds a ``backends/python`` folder for the *running* interpreter
+   (``libtriton_python.so``, ``triton_python_backend_utils.py`` and the stub built for this Python
+   version) when the server comes from the wheel.
+3. :func:`server_env` makes the stubs use this virtualenv: ``VIRTUAL_ENV``/``PATH``, and
+   ``LD_LIBRARY_PATH`` starting with the LIBDIR of the interpreter that made the venv (the 3.11
+   stub embeds Debian's libpython while a pyenv venv's stdlib needs its own: ``ssl`` fails with
+   ``undefined symbol: _PyModule_Add`` otherwise, DESIGN.md section 4), then the wheel's libs.
+4. :class:`TritonServer` starts the server in its own process group on the model repositories
+   with ``--model-control-mode=explicit`` and only the requested models (plus the models they
+   depend on), waits for READY, and on failure raises :class:`ServerStartError` naming the
+   failing model with its error lines. :meth:`TritonServer.stop` terminates the whole process
+   group (stubs and any engine children), so nothing is left behind.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from omni_triton.paths import cache_dir, model_repositories
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerStartError(RuntimeError):
+    """tritonserver (or the frontend) did not become ready; the message names the failing model."""
+
+
+@dataclass
+class TritonInstall:
+    """A located Triton server.
+
+    Attributes:
+        server: path of the ``tritonserver`` binary.
+        backend_dir: folder passed as ``--backend-directory`` (holds ``python/``).
+        lib_dirs: extra folders for ``LD_LIBRARY_PATH`` (the wheel's bundled libraries).
+    """
+
+    server: Path
+    backend_dir: Path
+    lib_dirs: list[Path] = field(default_factory=list)
+
+
+def _python_tag() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def _pytriton_root() -> Path | None:
+    """``<site-packages>/pytriton`` of the nvidia-pytriton wheel, found without importing it
+    (importing pytriton needs dependencies we install without; we only want its server files)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def assemble_backend_dir(wheel_triton: Path, dest: Path | None = None) -> Path:
+    """Create ``<dest>/python`` with the wheel's Python backend and the stub for this interpreter.
+
+    Args:
+        wheel_triton: ``<site-packages>/pytriton/tritonserver``.
+        dest: where to build it (default ``<cache>/backends``). Idempotent: links are refreshed.
+
+    Returns:
+        The backend directory to pass as ``--backend-directory``.
+
+    Raises:
+        FileNotFoundError: the wheel has no stub for this Python version.
+    """
+    dest = dest or cache_dir() / "backends"
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    stub = wheel_triton / "python_backend_stubs" / _python_tag() / "triton_python_backend_stub"
+    if not stub.exists():
+        raise FileNotFoundError(f"nvidia-pytriton has no Python backend stub for Python {_python_tag()}")
+    sources = {
+        "libtriton_python.so": wheel_triton / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py": wheel_triton / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": stub,
+    }
+    for name, src in sources.items():
+        link = python_dir / name
+        if link.is_symlink() or link.exists():
+            if link.is_symlink() and Path(os.readlink(link)) == src:
+                continue
+            link.unlink()
+        link.symlink_to(src)
+    return dest
+
+
+def find_tritonserver() -> TritonInstall:
+    """Locate a tritonserver and the backend directory to use with it.
+
+    Search order: ``$OMNI_TRITON_SERVER`` (path of the binary), ``tritonserver`` on PATH,
+    ``/opt/tritonserver/bin/tritonserver``, then the ``nvidia-pytriton`` wheel.
+
+    Raises:
+        FileNotFoundError: no server found.
+    """
+    candidates = [os.environ.get("OMNI_TRITON_SERVER"), shutil.which("tritonserver"),
+                  "/opt/tritonserver/bin/tritonserver"]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            server = Path(candidate).resolve()
+            return TritonInstall(server=server, backend_dir=server.parent.parent / "backends")
+    root = _pytriton_root()
+    if root is not None and (root / "tritonserver" / "bin" / "tritonserver").exists():
+        wheel_triton = root / "tritonserver"
+        libs = root.parent / "nvidia_pytriton.libs"
+        return TritonInstall(
+            server=wheel_triton / "bin" / "tritonserver",
+            backend_dir=assemble_backend_dir(wheel_triton),
+            lib_dirs=[libs] if libs.exists() else [],
+        )
+    raise FileNotFoundError(
+        "no tritonserver found: install the project (it pulls nvidia-pytriton), put tritonserver "
+        "on PATH, or set OMNI_TRITON_SERVER"
+    )
+
+
+def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver so its Python stubs run inside this virtualenv.
+
+    Sets ``VIRTUAL_ENV``/``PATH`` to the running interpreter's environment, puts the interpreter's
+    LIBDIR and the wheel's libraries first on ``LD_LIBRARY_PATH``, passes ``OMNI_TRITON_CACHE``
+    and limits BLAS/OpenMP threads to one per process (2-core machines, DESIGN.md section 4).
+    """
+    env = dict(os.environ if base is None else base)
+    venv = Path(sys.prefix)
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    lib_dirs = [sysconfig.get_config_var("LIBDIR")] + [str(p) for p in install.lib_dirs]
+    if env.get("LD_LIBRARY_PATH"):
+        lib_dirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in lib_dirs if d)
+    env["OMNI_TRITON_CACHE"] = str(cache_dir())
+    repo_root = str(model_repositories()[0].parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [repo_root, env.get("PYTHONPATH", "")] if p)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(var, "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    return env
+
+
+# ---------------------------------------------------------------------------- model selection
+
+
+def _read_config(config_path: Path):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+
+
+def available_models(repositories: list[Path] | None = None) -> dict[str, Path]:
+    """Model name -> model folder for every ``<repo>/<name>/config.pbtxt``."""
+    found: dict[str, Path] = {}
+    for repo in repositories or model_repositories():
+        if not repo.is_dir():
+            continue
+        for config in sorted(repo.glob("*/config.pbtxt")):
+            found[config.parent.name] = config.parent
+    return found
+
+
+def model_parameters(model_path: Path) -> dict[str, str]:
+    """The ``parameters`` map of a model's ``config.pbtxt`` as plain strings."""
+    config = _read_config(model_path / "config.pbtxt")
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def dependencies(model_path: Path) -> list[str]:
+    """Models a model needs loaded: ensemble steps, plus a BLS model's ``depends_on`` parameter."""
+    config = _read_config(model_path / "config.pbtxt")
+    deps = [step.model_name for step in config.ensemble_scheduling.step]
+    extra = config.parameters["depends_on"].string_value if "depends_on" in config.parameters else ""
+    deps += [d.strip() for d in extra.split(",") if d.strip()]
+    return deps
+
+
+def resolve_models(names: list[str], repositories: list[Path] | None = None) -> list[str]:
+    """Requested models plus their dependencies, dependencies first.
+
+    Raises:
+        KeyError: a name (or a dependency) is not in any model repository.
+    """
+    models = available_models(repositories)
+    order: list[str] = []
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name not in models:
+            known = ", ".join(sorted(models))
+            raise KeyError(f"unknown model {name!r}" + (f" (needed by {chain[-1]})" if chain else "")
+                           + f"; known models: {known}")
+        for dep in dependencies(models[name]):
+            if dep not in chain:
+                visit(dep, chain + (name,))
+        order.append(name)
+
+    for name in names:
+        visit(name, ())
+    return order
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def _child_setup() -> None:
+    """In the child: new process group, and SIGTERM when the launcher dies (Linux prctl)."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM a child started with :func:`_child_setup`, wait, then SIGKILL its whole group.
+
+    The group holds everything the child started (Triton stubs, engine workers), so the final
+    SIGKILL leaves no orphan even when the child exits before its children do.
+    """
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_MODEL_LINE = re.compile(r"^\|\s*(?P<model>[\w.-]+)\s*\|\s*\d+\s*\|\s*(?P<status>.*?)\s*\|?\s*$")
+
+
+class TritonServer:
+    """One tritonserver process serving a chosen set of models.
+
+    Args:
+        models: models to load (dependencies are added, see :func:`resolve_models`).
+        http_port, grpc_port, metrics_port: Triton's ports (KServe v2 HTTP/gRPC, Prometheus).
+        log_path: file receiving the server's stdout+stderr.
+        exit_timeout: ``--exit-timeout-secs`` (how long Triton waits for in-flight requests).
+        extra_args: more tritonserver flags.
+    """
+
+    def __init__(self, models: list[str], http_port: int = 8000, grpc_port: int = 8001,
+                 metrics_port: int = 8002, log_path: Path | None = None,
+                 exit_timeout: int = 10, extra_args: list[str] | None = None):
+        self.models = resolve_models(models)
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.log_path = log_path or cache_dir() / "logs" / "tritonserver.log"
+        self.exit_timeout = exit_timeout
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+        self.install = find_tritonserver()
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def command(self) -> list[str]:
+        """The full tritonserver command line."""
+        cmd = [str(self.install.server)]
+        for repo in model_repositories():
+            if repo.is_dir() and any(repo.glob("*/config.pbtxt")):
+                cmd.append(f"--model-repository={repo}")
+        cmd += [
+            f"--backend-directory={self.install.backend_dir}",
+            "--model-control-mode=explicit",
+            *[f"--load-model={m}" for m in self.models],
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            f"--exit-timeout-secs={self.exit_timeout}",
+            "--log-verbose=0",
+            *self.extra_args,
+        ]
+        return cmd
+
+    def start(self) -> None:
+        """Start tritonserver in its own process group, output to :attr:`log_path`."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=server_env(self.install), preexec_fn=_child_setup,
+        )
+        log.close()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def failure_report(self) -> str:
+        """Failing models and their error lines, from the server log's model table and errors."""
+        text = self.log_text()
+        lines = text.splitlines()
+        failing = []
+        for line in lines:
+            m = _MODEL_LINE.match(line)
+            if m and m.group("model") in self.models and not m.group("status").startswith("READY"):
+                failing.append(f"  {m.group('model')}: {m.group('status')}")
+        errors = [ln for ln in lines if re.match(r"^E\d{4}", ln) or "Traceback" in ln or "Error" in ln]
+        report = []
+        if failing:
+            report.append("models that failed to load:\n" + "\n".join(failing))
+        if errors:
+            report.append("error lines from the server log:\n" + "\n".join(errors[-40:]))
+        if not report:
+            report.append("last lines of the server log:\n" + "\n".join(lines[-40:]))
+        return "\n".join(report) + f"\n(full log: {self.log_path})"
+
+    def model_states(self) -> dict[str, tuple[str, str]]:
+        """Model -> (state, reason) from Triton's repository index."""
+        r = httpx.post(f"{self.http_url}/v2/repository/index", json={}, timeout=5)
+        return {m["name"]: (m.get("state", ""), m.get("reason", "")) for m in r.json()}
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        """Block until the server and every loaded model is READY.
+
+        Raises:
+            ServerStartError: the server exited, a model became UNAVAILABLE, or ``timeout``
+                seconds passed; the message names the failing model(s) and their errors.
+        """
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerStartError(
+                    f"tritonserver exited with code {self.proc.returncode} while loading "
+                    f"{', '.join(self.models)}\n{self.failure_report()}"
+                )
+            try:
+                if httpx.get(f"{self.http_url}/v2/health/ready", timeout=2).status_code == 200:
+                    states = self.model_states()
+                    if all(states.get(m, ("",))[0] == "READY" for m in self.models):
+                        return
+                    bad = {m: s for m, s in states.items() if s[0] == "UNAVAILABLE" and m in self.models}
+                    if bad:
+                        detail = "\n".join(f"  {m}: {reason}" for m, (_, reason) in bad.items())
+                        raise ServerStartError(f"models failed to load:\n{detail}\n{self.failure_report()}")
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise ServerStartError(
+            f"tritonserver not ready after {timeout:.0f} s\n{self.failure_report()}"
+        )
+
+    def stop(self) -> None:
+        """Stop the server and everything in its process group (stubs, engine children)."""
+        if self.proc is not None:
+            stop_process_group(self.proc, timeout=self.exit_timeout + 10)
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Frontend:
+    """The OpenAI frontend (``python -m openai_frontend``) as a child process.
+
+    Args:
+        triton_grpc_url: ``host:port`` of Triton's gRPC endpoint.
+        host, port: where the frontend listens.
+        models: Triton models the frontend serves (all READY ones when empty).
+        log_path: file receiving its output (``None``: inherit the launcher's stdout).
+        extra_args: more ``openai_frontend`` flags.
+    """
+
+    def __init__(self, triton_grpc_url: str, host: str = "127.0.0.1", port: int = 9000,
+                 models: list[str] | None = None, log_path: Path | None = None,
+                 extra_args: list[str] | None = None):
+        self.triton_grpc_url, self.host, self.port = triton_grpc_url, host, port
+        self.models = models or []
+        self.log_path = log_path
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", self.triton_grpc_url,
+               "--host", self.host, "--port", str(self.port)]
+        if self.models:
+            cmd += ["--models", ",".join(self.models)]
+        cmd += self.extra_args
+        out = None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+        if out:
+            out.close()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until ``GET /health`` answers 200.
+
+        Raises:
+            ServerStartError: the frontend exited or did not become healthy in time.
+        """
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"OpenAI frontend exited with code {self.proc.returncode}")
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=2)
+                if r.status_code == 200:
+                    return
+                last = r.text
+            except httpx.HTTPError as exc:
+                last = str(exc)
+            time.sleep(0.3)
+        raise ServerStartError(f"OpenAI frontend not healthy after {timeout:.0f} s: {last}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process_group(self.proc, timeout=10)

