@@ -28,6 +28,19 @@ class TritonPythonModel:
             )
         self.speaker = PiperSpeaker(voices)
         self.pool = ThreadPoolExecutor(max_workers=int(params.get("workers", "2")))
+        labels = {"model": args["model_name"]}
+        self.m_requests = pb_utils.MetricFamily(
+            name="omni_tts_requests_total", description="Speech requests received",
+            kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
+        self.m_cancelled = pb_utils.MetricFamily(
+            name="omni_tts_cancelled_total", description="Speech requests stopped by cancellation",
+            kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
+        self.m_active = pb_utils.MetricFamily(
+            name="omni_tts_active_requests", description="Speech requests being synthesised now",
+            kind=pb_utils.MetricFamily.GAUGE).Metric(labels=labels)
+        self.m_seconds = pb_utils.MetricFamily(
+            name="omni_tts_audio_seconds_total", description="Seconds of audio synthesised",
+            kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
         LOGGER.info("piper_tts ready with voices %s", self.speaker.voice_ids)
 
     def execute(self, requests):
@@ -37,6 +50,8 @@ class TritonPythonModel:
 
     def _run(self, request):
         sender = request.get_response_sender()
+        self.m_requests.increment(1)
+        self.m_active.increment(1)
         try:
             text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)[0]
             text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
@@ -47,6 +62,7 @@ class TritonPythonModel:
             for sentence in self.speaker.synthesize(
                 text, voice=voice or None, speed=speed, is_cancelled=request.is_cancelled
             ):
+                self.m_seconds.increment(sentence.audio.size / sentence.sample_rate)
                 sender.send(
                     pb_utils.InferenceResponse(
                         output_tensors=[
@@ -55,12 +71,16 @@ class TritonPythonModel:
                         ]
                     )
                 )
+            if request.is_cancelled():
+                self.m_cancelled.increment(1)
             send_final(sender)
         except SpeechInputError as exc:
             send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:  # a stage reports failures as error responses, never raises
             LOGGER.exception("piper_tts failed")
             send_error(sender, f"piper_tts failed: {exc}")
+        finally:
+            self.m_active.increment(-1)
 
     def finalize(self):
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test job: set up (idempotent), then run unit and end-to-end tests (the e2e tests start a real
+# tritonserver and the OpenAI frontend on free ports). Extra arguments go to pytest.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup.sh"
+VENV="${OMNI_TRITON_VENV:-${OMNI_TRITON_CACHE:-$HOME/.cache/omni-triton}/venv}"
+cd "$ROOT"
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests

@@ -1,0 +1,103 @@
+"""End-to-end fixtures: the real ``omni-triton serve`` (tritonserver + OpenAI frontend) once per session.
+
+The server runs exactly as a user starts it (``python -m omni_triton serve``), on free ports, with
+the speech models. Teardown sends SIGTERM and checks that no process the launcher started
+(tritonserver, Python stubs, the frontend) is left behind.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+import psutil
+import pytest
+
+from omni_triton.launcher import free_port
+
+E2E_MODELS = "piper_tts,tts"
+READY_TIMEOUT_S = 600
+
+
+@dataclass
+class Stack:
+    """Addresses of the running stack."""
+
+    frontend_url: str  # http://127.0.0.1:PORT
+    triton_http_url: str  # http://127.0.0.1:PORT (KServe v2 HTTP)
+    triton_grpc_url: str  # 127.0.0.1:PORT (KServe v2 gRPC)
+    metrics_url: str  # http://127.0.0.1:PORT/metrics (Triton's Prometheus endpoint)
+    log_path: str
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Current value of one Prometheus sample of Triton's metrics endpoint (0 if absent)."""
+        text = httpx.get(self.metrics_url, timeout=10).text
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
+            if all(found.get(k) == v for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "frontend")}
+    cmd = [
+        sys.executable, "-m", "omni_triton", "serve", "--models", E2E_MODELS,
+        "--port", str(ports["frontend"]),
+        "--triton-http-port", str(ports["http"]),
+        "--triton-grpc-port", str(ports["grpc"]),
+        "--triton-metrics-port", str(ports["metrics"]),
+        "--ready-timeout", str(READY_TIMEOUT_S),
+    ]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{ports['frontend']}"
+    deadline = time.monotonic() + READY_TIMEOUT_S + 60
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"omni-triton serve exited ({proc.returncode}):\n{log_path.read_text()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"stack not ready in time:\n{log_path.read_text()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert any("tritonserver" in p.name() for p in started), [p.name() for p in started]
+        yield Stack(
+            frontend_url=url,
+            triton_http_url=f"http://127.0.0.1:{ports['http']}",
+            triton_grpc_url=f"127.0.0.1:{ports['grpc']}",
+            metrics_url=f"http://127.0.0.1:{ports['metrics']}/metrics",
+            log_path=str(log_path),
+        )
+    finally:
+        started = []
+        try:
+            started = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        log.close()
+        _, alive = psutil.wait_procs(started, timeout=10)
+        for p in alive:
+            p.kill()
+        assert not alive, f"processes left behind after SIGTERM: {[(p.pid, p.name()) for p in alive]}"
+        assert code == 0, f"omni-triton serve exited with {code}:\n{log_path.read_text()[-3000:]}"

@@ -1,0 +1,198 @@
+"""End-to-end: the real Piper voice through tritonserver and the OpenAI frontend."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from clients.tts_grpc_stream import stream_tts
+
+pytestmark = pytest.mark.e2e
+
+SENTENCE = "The capital of France is Paris."
+LONG_TEXT = " ".join(
+    f"This is sentence number {n} of a long answer, spoken by the Piper voice." for n in range(1, 13)
+)
+
+
+def _sdk(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.frontend_url}/v1", api_key="unused", max_retries=0)
+
+
+def assert_speech_like(audio: np.ndarray, sample_rate: int, min_seconds: float = 0.5) -> None:
+    """Non-silent, non-clipped, and with a speech-like spectrum (not silence, not white noise).
+
+    Speech energy concentrates below ~4 kHz: the spectral centroid of voiced English sits near
+    0.5-3 kHz, while white noise at 22.05 kHz has its centroid near 5.5 kHz (fs/4).
+    """
+    assert audio.ndim == 1 and audio.size >= min_seconds * sample_rate
+    rms = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
+    assert rms > 0.02, f"too quiet: rms={rms}"
+    assert np.max(np.abs(audio)) <= 1.0
+    clipped = float(np.mean(np.abs(audio) >= 0.999))
+    assert clipped < 0.001, f"clipped fraction {clipped}"
+    spectrum = np.abs(np.fft.rfft(audio)) ** 2
+    freqs = np.fft.rfftfreq(audio.size, 1 / sample_rate)
+    centroid = float(np.sum(freqs * spectrum) / np.sum(spectrum))
+    assert 300 < centroid < 3500, f"spectral centroid {centroid:.0f} Hz is not speech-like"
+
+
+def test_models_voices_health(stack):
+    models = httpx.get(f"{stack.frontend_url}/v1/models").json()
+    assert {m["id"] for m in models["data"]} >= {"piper_tts", "tts"}
+    voices = httpx.get(f"{stack.frontend_url}/v1/audio/voices").json()
+    piper = next(d for d in voices["data"] if d["model"] == "piper_tts")
+    assert piper["voices"] == ["joe"] and piper["sample_rate"] == 22050
+    assert httpx.get(f"{stack.frontend_url}/health").status_code == 200
+
+
+def test_openai_sdk_wav_is_real_speech(stack):
+    response = _sdk(stack).audio.speech.create(
+        model="piper_tts", voice="joe", input=SENTENCE, response_format="wav"
+    )
+    audio, sr = sf.read(io.BytesIO(response.content), dtype="float32")
+    assert sr == 22050
+    assert_speech_like(audio, sr)
+    assert audio.size < 10 * sr  # one short sentence
+
+
+@pytest.mark.parametrize("fmt", ["flac", "pcm", "mp3"])
+def test_other_formats(stack, fmt):
+    r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=120,
+                   json={"model": "piper_tts", "voice": "joe", "input": SENTENCE, "response_format": fmt})
+    assert r.status_code == 200, r.text
+    if fmt == "pcm":
+        assert r.headers["x-sample-rate"] == "22050"
+        audio = np.frombuffer(r.content, dtype="<i2").astype(np.float32) / 32767
+    else:
+        audio, sr = sf.read(io.BytesIO(r.content), dtype="float32")
+        assert sr == 22050
+    assert_speech_like(audio.reshape(-1) if audio.ndim == 1 else audio[:, 0], 22050)
+
+
+def test_speed_changes_duration(stack):
+    def seconds(speed: float) -> float:
+        r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=120,
+                       json={"model": "piper_tts", "voice": "joe", "input": SENTENCE,
+                             "response_format": "wav", "speed": speed})
+        assert r.status_code == 200, r.text
+        return sf.info(io.BytesIO(r.content)).duration
+
+    normal, fast = seconds(1.0), seconds(2.0)
+    assert fast < 0.75 * normal, (normal, fast)
+
+
+def test_sse_stream_arrives_while_synthesis_runs(stack):
+    """Order of events: the first delta reaches the client while Triton still synthesises."""
+    active_at_first_delta = None
+    deltas: list[bytes] = []
+    done = None
+    with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", timeout=300,
+                      json={"model": "piper_tts", "voice": "joe", "input": LONG_TEXT,
+                            "response_format": "pcm", "stream_format": "sse"}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if event["type"] == "speech.audio.delta":
+                if not deltas:
+                    active_at_first_delta = stack.metric("omni_tts_active_requests", model="piper_tts")
+                deltas.append(base64.b64decode(event["audio"]))
+            elif event["type"] == "speech.audio.done":
+                done = event
+    assert active_at_first_delta is not None and active_at_first_delta >= 1
+    assert len(deltas) >= 12  # one per sentence at least
+    assert done is not None and done["usage"]["input_tokens"] > 0
+    audio = np.frombuffer(b"".join(deltas), dtype="<i2").astype(np.float32) / 32767
+    assert_speech_like(audio, 22050, min_seconds=10)
+
+
+def test_raw_stream_with_sdk(stack):
+    chunks = []
+    with _sdk(stack).audio.speech.with_streaming_response.create(
+        model="piper_tts", voice="joe", input="First sentence here. Second sentence here.",
+        response_format="wav", extra_body={"stream": True},
+    ) as response:
+        for chunk in response.iter_bytes():
+            chunks.append(chunk)
+    data = b"".join(chunks)
+    assert data[:4] == b"RIFF"
+    audio, sr = sf.read(io.BytesIO(data), dtype="float32")
+    assert sr == 22050
+    assert_speech_like(audio, sr)
+
+
+def test_grpc_stream_direct_to_piper(stack):
+    result = stream_tts(stack.triton_grpc_url, "piper_tts", "One sentence. Another sentence. A third.")
+    assert len(result.chunks) == 3 and result.sample_rate == 22050
+    assert result.arrival_s == sorted(result.arrival_s)
+    assert_speech_like(result.audio, 22050)
+
+
+BAD_REQUESTS = [
+    ({"model": "piper_tts", "voice": "joe", "input": ""}, 400, "input"),
+    ({"model": "piper_tts", "voice": "alloy", "input": "hi"}, 400, "voice"),
+    ({"model": "no-such-model", "voice": "joe", "input": "hi"}, 404, "model"),
+    ({"model": "piper_tts", "voice": "joe", "input": "hi", "response_format": "ogg-vorbis"}, 400, "response_format"),
+    ({"model": "piper_tts", "voice": "joe", "input": 123}, 400, "input"),
+    ({"model": "piper_tts", "voice": "joe", "input": "hi", "speed": "fast"}, 400, "speed"),
+    ({"model": "piper_tts", "voice": "joe", "input": "hi", "speed": 9.0}, 400, "speed"),
+    ({"model": "piper_tts", "voice": "joe", "input": "word " * 2000}, 400, "input"),
+    ({"model": "tts", "voice": "0", "input": "hi", "speed": 1.5}, 400, "speed"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD_REQUESTS)
+def test_bad_input_gets_openai_error_and_server_keeps_serving(stack, body, status, param):
+    r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", json=body, timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["type"] and error["param"] == param
+    ok = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=120,
+                    json={"model": "piper_tts", "voice": "joe", "input": "Still here.", "response_format": "wav"})
+    assert ok.status_code == 200
+
+
+def test_malformed_json(stack):
+    r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", content=b'{"model": "piper_tts", "input": ',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_sdk_raises_typed_errors(stack):
+    client = _sdk(stack)
+    with pytest.raises(openai.NotFoundError):
+        client.audio.speech.create(model="nope", voice="joe", input="hi")
+    with pytest.raises(openai.BadRequestError):
+        client.audio.speech.create(model="piper_tts", voice="nobody", input="hi")
+
+
+def test_client_disconnect_stops_piper(stack):
+    """Closing the stream after the first chunk cancels the Triton request: the model counts a
+    cancellation, stops synthesising (audio seconds stop growing) and goes idle."""
+    cancelled_before = stack.metric("omni_tts_cancelled_total", model="piper_tts")
+    with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", timeout=300,
+                      json={"model": "piper_tts", "voice": "joe", "input": LONG_TEXT * 3,
+                            "response_format": "pcm", "stream": True}) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())
+    deadline = time.monotonic() + 60
+    while stack.metric("omni_tts_cancelled_total", model="piper_tts") <= cancelled_before:
+        assert time.monotonic() < deadline, "piper_tts never saw the cancellation"
+        time.sleep(0.2)
+    while stack.metric("omni_tts_active_requests", model="piper_tts") > 0:
+        assert time.monotonic() < deadline, "piper_tts still synthesising for a gone client"
+        time.sleep(0.2)
+    seconds = stack.metric("omni_tts_audio_seconds_total", model="piper_tts")
+    time.sleep(1.0)
+    assert stack.metric("omni_tts_audio_seconds_total", model="piper_tts") == seconds
