@@ -166,3 +166,24 @@ def test_synthesize_reference(talker, decoder):
     assert res.audio.shape == (40 * decoder.samples_per_frame,) and res.sampling_rate == 24000
     assert len(res.streamed_chunks) == 3  # 5 + 25 + tail 10
     np.testing.assert_allclose(res.streamed_audio, res.audio, rtol=0, atol=2e-5)
+
+
+def test_parse_tts_request():
+    voices = ["0", "1", "2", "3"]
+    assert ct.parse_tts_request(b"hi", None, None, voices, "0", 10) == ("hi", 0)
+    assert ct.parse_tts_request("hi", b"2", 1.0, voices, "0", 10) == ("hi", 2)
+    for text, voice, speed in [("", None, None), ("hi", "9", None), ("hi", None, 1.5), ("x" * 11, None, None)]:
+        with pytest.raises(ct.TtsInputError):
+            ct.parse_tts_request(text, voice, speed, voices, "0", 10)
+
+
+def test_cancel_registry():
+    reg = ct.CancelRegistry(capacity=2)
+    assert not reg.is_cancelled("a") and not reg.is_cancelled(None)
+    reg.cancel("a")
+    assert reg.is_cancelled("a")
+    reg.cancel("b")
+    reg.cancel("c")  # over capacity: the oldest id is forgotten
+    assert not reg.is_cancelled("a") and reg.is_cancelled("c")
+    reg.discard("c")
+    assert not reg.is_cancelled("c")

@@ -1,0 +1,134 @@
+"""Triton adapter for the CSM talker (decoupled). Logic lives in omni_triton.stages.codec_tts."""
+import locale
+
+locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
+
+import sys
+from pathlib import Path
+
+try:
+    import omni_triton  # noqa: F401
+except ImportError:  # started without the launcher's PYTHONPATH: use this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from omni_triton.paths import model_dir
+from omni_triton.triton_io import optional_input, send_error, send_final
+
+LOGGER = logging.getLogger("tts_talker")
+
+
+def _str(value):
+    return value.decode("utf-8") if isinstance(value, bytes) else (None if value is None else str(value))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+
+        from omni_triton.stages.codec_tts import CancelRegistry, CodecTalker, build_tiny_csm
+
+        torch.set_num_threads(1)
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        name = params.get("model_name", "csm-tiny")
+        path = model_dir(name)
+        if name == "csm-tiny":
+            build_tiny_csm(path)  # idempotent (manifest hash); normally done by `omni-triton prepare`
+        self.talker = CodecTalker.from_pretrained(path)
+        self.emit_frames = max(1, int(params.get("emit_frames", "1")))
+        self.default_min = int(params.get("default_min_frames", self.talker.default_min_frames))
+        self.default_max = int(params.get("default_max_frames", self.talker.default_max_frames))
+        self.cancels = CancelRegistry()
+        self.pool = ThreadPoolExecutor(max_workers=int(params.get("workers", "4")))
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
+        self._families = [
+            pb_utils.MetricFamily("omni_tts_talker_frames_total", "Codec frames generated", counter),
+            pb_utils.MetricFamily("omni_tts_talker_requests_total", "Talker requests started", counter),
+            pb_utils.MetricFamily("omni_tts_talker_cancelled_total", "Talker requests cancelled", counter),
+            pb_utils.MetricFamily("omni_tts_talker_active", "Talker requests in progress", gauge),
+        ]
+        self.m_frames, self.m_requests, self.m_cancelled, self.m_active = (
+            f.Metric(labels=labels) for f in self._families
+        )
+        self._active = 0
+        self._active_lock = threading.Lock()
+        LOGGER.info("tts_talker ready: %s (%d codebooks)", path, self.talker.num_codebooks)
+
+    def execute(self, requests):
+        for request in requests:
+            try:
+                cancel_id = _str(optional_input(request, "CANCEL_ID"))
+                if cancel_id:
+                    self.cancels.cancel(cancel_id)
+                    send_final(request.get_response_sender())
+                    continue
+            except Exception as exc:  # never raise out of a decoupled execute
+                send_error(request.get_response_sender(), f"tts_talker: bad request: {exc}")
+                continue
+            self.pool.submit(self._run, request)
+        return None
+
+    def _add_active(self, delta):
+        with self._active_lock:
+            self._active += delta
+            self.m_active.set(self._active)
+
+    def _run(self, request):
+        sender = request.get_response_sender()
+        request_id = None
+        self._add_active(1)
+        try:
+            self.m_requests.increment(1)
+            text = _str(optional_input(request, "TEXT"))
+            if not text:
+                send_error(sender, "tts_talker: TEXT is required", pb_utils.TritonError.INVALID_ARG)
+                return
+            speaker = optional_input(request, "SPEAKER")
+            max_frames = optional_input(request, "MAX_FRAMES")
+            min_frames = optional_input(request, "MIN_FRAMES")
+            request_id = _str(optional_input(request, "REQUEST_ID"))
+            cancelled = lambda: request.is_cancelled() or self.cancels.is_cancelled(request_id)  # noqa: E731
+            pending = []
+            for frames in self.talker.stream(
+                text,
+                speaker=0 if speaker is None else int(speaker),
+                min_frames=self.default_min if min_frames is None else int(min_frames),
+                max_frames=self.default_max if max_frames is None else int(max_frames),
+                should_stop=cancelled,
+            ):
+                self.m_frames.increment(len(frames))
+                pending.append(frames)
+                if sum(len(f) for f in pending) >= self.emit_frames:
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("CODES", np.concatenate(pending))]))
+                    pending = []
+            if cancelled():
+                self.m_cancelled.increment(1)
+                send_final(sender)
+            elif pending:
+                sender.send(
+                    pb_utils.InferenceResponse([pb_utils.Tensor("CODES", np.concatenate(pending))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+            else:
+                send_final(sender)
+        except Exception as exc:  # a stage reports failures as error responses, never raises
+            LOGGER.exception("tts_talker failed")
+            try:
+                send_error(sender, f"tts_talker failed: {exc}")
+            except Exception:
+                LOGGER.exception("tts_talker could not send its error response")
+        finally:
+            self.cancels.discard(request_id)
+            self._add_active(-1)
+
+    def finalize(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
