@@ -21,6 +21,7 @@ from omni_triton.launcher import (
     ServerStartError,
     TritonServer,
     available_models,
+    check_ports_free,
     dependencies,
 )
 from omni_triton.paths import cache_dir
@@ -68,6 +69,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         print(f"omni-triton: starting tritonserver with {', '.join(server.models)} "
               f"(log: {server.log_path})", flush=True)
+        if not args.no_frontend:
+            check_ports_free({"frontend": args.port})  # fail before the slow model loading
         server.start()
         server.wait_ready(timeout=args.ready_timeout)
         print(f"omni-triton: Triton READY (HTTP {server.http_url}, gRPC {server.grpc_url}, "

@@ -151,8 +151,6 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
         lib_dirs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in lib_dirs if d)
     env["OMNI_TRITON_CACHE"] = str(cache_dir())
-    repo_root = str(model_repositories()[0].parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [repo_root, env.get("PYTHONPATH", "")] if p)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env.setdefault(var, "1")
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -259,6 +257,27 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     proc.wait()
 
 
+def check_ports_free(ports: dict[str, int]) -> None:
+    """Raise :class:`ServerStartError` naming every port (by role) that something already uses.
+
+    Without this check a second server would fail to bind while the launcher's readiness probe
+    talked to whatever already listens there.
+    """
+    import socket
+
+    busy = []
+    for role, port in ports.items():
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                busy.append(f"{role} port {port}")
+    if busy:
+        raise ServerStartError(f"already in use: {', '.join(busy)} (another server running? "
+                               "pick other ports with the --*-port options)")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     import socket
@@ -322,7 +341,13 @@ class TritonServer:
         return cmd
 
     def start(self) -> None:
-        """Start tritonserver in its own process group, output to :attr:`log_path`."""
+        """Start tritonserver in its own process group, output to :attr:`log_path`.
+
+        Raises:
+            ServerStartError: one of its ports is already in use.
+        """
+        check_ports_free({"Triton HTTP": self.http_port, "Triton gRPC": self.grpc_port,
+                          "Triton metrics": self.metrics_port})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -436,6 +461,12 @@ class Frontend:
         return f"http://{host}:{self.port}"
 
     def start(self) -> None:
+        """Start the frontend in its own process group.
+
+        Raises:
+            ServerStartError: its port is already in use.
+        """
+        check_ports_free({"frontend": self.port})
         cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", self.triton_grpc_url,
                "--host", self.host, "--port", str(self.port)]
         if self.models:

@@ -41,3 +41,26 @@ def send_error(sender, message: str, code=None) -> None:
         pb.InferenceResponse(output_tensors=[], error=error),
         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     )
+
+
+class StageMetrics:
+    """Custom Prometheus metrics of one model instance, on Triton's metrics endpoint.
+
+    Keeps the ``pb_utils.MetricFamily`` objects alive: Triton invalidates a family's metrics when
+    the family is garbage collected ("Invalid metric operation as the corresponding
+    'MetricFamily' has been deleted").
+
+    Args:
+        labels: labels of every metric, e.g. ``{"model": "piper_tts"}``.
+        specs: attribute name -> (metric name, description, ``"counter"`` or ``"gauge"``);
+            each becomes an attribute holding the ``pb_utils.Metric``.
+    """
+
+    def __init__(self, labels: dict[str, str], **specs: tuple[str, str, str]):
+        pb = _pb()
+        kinds = {"counter": pb.MetricFamily.COUNTER, "gauge": pb.MetricFamily.GAUGE}
+        self._families = []
+        for attr, (name, description, kind) in specs.items():
+            family = pb.MetricFamily(name, description, kinds[kind])
+            self._families.append(family)
+            setattr(self, attr, family.Metric(labels=labels))

@@ -5,6 +5,7 @@ locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text enco
 
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -12,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_triton.paths import model_dir
 from omni_triton.stages.piper_tts import PiperSpeaker, SpeechInputError, discover_voices
-from omni_triton.triton_io import optional_input, send_error, send_final
+from omni_triton.triton_io import StageMetrics, optional_input, send_error, send_final
 
 LOGGER = logging.getLogger("piper_tts")
 
@@ -28,19 +29,15 @@ class TritonPythonModel:
             )
         self.speaker = PiperSpeaker(voices)
         self.pool = ThreadPoolExecutor(max_workers=int(params.get("workers", "2")))
-        labels = {"model": args["model_name"]}
-        self.m_requests = pb_utils.MetricFamily(
-            name="omni_tts_requests_total", description="Speech requests received",
-            kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
-        self.m_cancelled = pb_utils.MetricFamily(
-            name="omni_tts_cancelled_total", description="Speech requests stopped by cancellation",
-            kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
-        self.m_active = pb_utils.MetricFamily(
-            name="omni_tts_active_requests", description="Speech requests being synthesised now",
-            kind=pb_utils.MetricFamily.GAUGE).Metric(labels=labels)
-        self.m_seconds = pb_utils.MetricFamily(
-            name="omni_tts_audio_seconds_total", description="Seconds of audio synthesised",
-            kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
+        self.metrics = StageMetrics(
+            {"model": args["model_name"]},
+            requests=("omni_tts_requests_total", "Speech requests received", "counter"),
+            cancelled=("omni_tts_cancelled_total", "Speech requests stopped by cancellation", "counter"),
+            active=("omni_tts_active_requests", "Speech requests being synthesised now", "gauge"),
+            seconds=("omni_tts_audio_seconds_total", "Seconds of audio synthesised", "counter"),
+        )
+        self._active = 0
+        self._active_lock = threading.Lock()
         LOGGER.info("piper_tts ready with voices %s", self.speaker.voice_ids)
 
     def execute(self, requests):
@@ -50,9 +47,9 @@ class TritonPythonModel:
 
     def _run(self, request):
         sender = request.get_response_sender()
-        self.m_requests.increment(1)
-        self.m_active.increment(1)
         try:
+            self._add_active(1)
+            self.metrics.requests.increment(1)
             text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)[0]
             text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
             voice = optional_input(request, "VOICE")
@@ -62,7 +59,7 @@ class TritonPythonModel:
             for sentence in self.speaker.synthesize(
                 text, voice=voice or None, speed=speed, is_cancelled=request.is_cancelled
             ):
-                self.m_seconds.increment(sentence.audio.size / sentence.sample_rate)
+                self.metrics.seconds.increment(sentence.audio.size / sentence.sample_rate)
                 sender.send(
                     pb_utils.InferenceResponse(
                         output_tensors=[
@@ -72,7 +69,7 @@ class TritonPythonModel:
                     )
                 )
             if request.is_cancelled():
-                self.m_cancelled.increment(1)
+                self.metrics.cancelled.increment(1)
             send_final(sender)
         except SpeechInputError as exc:
             send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
@@ -80,7 +77,13 @@ class TritonPythonModel:
             LOGGER.exception("piper_tts failed")
             send_error(sender, f"piper_tts failed: {exc}")
         finally:
-            self.m_active.increment(-1)
+            self._add_active(-1)
+
+    def _add_active(self, delta):
+        # Triton gauges are set, not incremented; keep the count here.
+        with self._active_lock:
+            self._active += delta
+            self.metrics.active.set(self._active)
 
     def finalize(self):
         self.pool.shutdown(wait=True, cancel_futures=True)

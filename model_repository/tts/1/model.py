@@ -4,13 +4,6 @@ import locale
 
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
-import sys
-from pathlib import Path
-
-try:
-    import omni_triton  # noqa: F401
-except ImportError:  # started without the launcher's PYTHONPATH: use this checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import json
 import logging
