@@ -40,8 +40,10 @@ class StreamResult:
         return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
 
 
-def build_inputs(text: str, voice: str | None = None, speed: float | None = None) -> list:
-    """Triton inputs for the speech contract (docs/speech_contracts.md): TEXT, VOICE?, SPEED?."""
+def build_inputs(text: str, voice: str | None = None, speed: float | None = None,
+                 max_frames: int | None = None) -> list:
+    """Triton inputs for the speech contract (docs/speech_contracts.md): TEXT, VOICE?, SPEED?,
+    MAX_FRAMES? (codec pipeline ``tts`` only: cap on codec frames, 12.5 frames per second)."""
     inputs = [grpcclient.InferInput("TEXT", [1], "BYTES")]
     inputs[0].set_data_from_numpy(np.array([text.encode("utf-8")], dtype=np.object_))
     if voice is not None:
@@ -50,11 +52,15 @@ def build_inputs(text: str, voice: str | None = None, speed: float | None = None
     if speed is not None:
         inputs.append(grpcclient.InferInput("SPEED", [1], "FP32"))
         inputs[-1].set_data_from_numpy(np.array([speed], dtype=np.float32))
+    if max_frames is not None:
+        inputs.append(grpcclient.InferInput("MAX_FRAMES", [1], "INT32"))
+        inputs[-1].set_data_from_numpy(np.array([max_frames], dtype=np.int32))
     return inputs
 
 
 def stream_tts(url: str, model: str, text: str, voice: str | None = None,
-               speed: float | None = None, max_chunks: int | None = None,
+               speed: float | None = None, max_frames: int | None = None,
+               max_chunks: int | None = None,
                timeout_s: float = 300.0) -> StreamResult:
     """Send one request on a gRPC bidirectional stream and collect the audio chunks.
 
@@ -75,7 +81,7 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         start = time.perf_counter()
-        client.async_stream_infer(model, build_inputs(text, voice, speed),
+        client.async_stream_infer(model, build_inputs(text, voice, speed, max_frames),
                                   enable_empty_final_response=True)
         while True:
             res, err = responses.get(timeout=timeout_s)
@@ -109,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text", default="Hello from Triton. This sentence is streamed as speech.")
     parser.add_argument("--voice")
     parser.add_argument("--speed", type=float)
+    parser.add_argument("--max-frames", type=int, help="codec frames cap (model tts only)")
     parser.add_argument("--out", default="speech.wav")
     args = parser.parse_args(argv)
     try:
-        result = stream_tts(args.url, args.model, args.text, args.voice, args.speed)
+        result = stream_tts(args.url, args.model, args.text, args.voice, args.speed, args.max_frames)
     except InferenceServerException as exc:
         print(f"error: {exc.message()}")
         return 1

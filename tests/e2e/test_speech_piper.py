@@ -26,8 +26,12 @@ def _sdk(stack) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{stack.frontend_url}/v1", api_key="unused", max_retries=0)
 
 
-def assert_speech_like(audio: np.ndarray, sample_rate: int, min_seconds: float = 0.5) -> None:
+def assert_speech_like(audio: np.ndarray, sample_rate: int, min_seconds: float = 0.5,
+                       lossy: bool = False) -> None:
     """Non-silent, non-clipped, and with a speech-like spectrum (not silence, not white noise).
+
+    Piper normalises each sentence to a peak of 1.0; a lossy codec (mp3) may overshoot that by a
+    few percent when decoded, so ``lossy`` allows a 10% overshoot and skips the clipping count.
 
     Speech energy concentrates below ~4 kHz: the spectral centroid of voiced English sits near
     0.5-3 kHz, while white noise at 22.05 kHz has its centroid near 5.5 kHz (fs/4).
@@ -35,9 +39,10 @@ def assert_speech_like(audio: np.ndarray, sample_rate: int, min_seconds: float =
     assert audio.ndim == 1 and audio.size >= min_seconds * sample_rate
     rms = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
     assert rms > 0.02, f"too quiet: rms={rms}"
-    assert np.max(np.abs(audio)) <= 1.0
-    clipped = float(np.mean(np.abs(audio) >= 0.999))
-    assert clipped < 0.001, f"clipped fraction {clipped}"
+    assert np.max(np.abs(audio)) <= (1.1 if lossy else 1.0)
+    if not lossy:
+        clipped = float(np.mean(np.abs(audio) >= 0.999))
+        assert clipped < 0.001, f"clipped fraction {clipped}"
     spectrum = np.abs(np.fft.rfft(audio)) ** 2
     freqs = np.fft.rfftfreq(audio.size, 1 / sample_rate)
     centroid = float(np.sum(freqs * spectrum) / np.sum(spectrum))
@@ -74,7 +79,7 @@ def test_other_formats(stack, fmt):
     else:
         audio, sr = sf.read(io.BytesIO(r.content), dtype="float32")
         assert sr == 22050
-    assert_speech_like(audio.reshape(-1) if audio.ndim == 1 else audio[:, 0], 22050)
+    assert_speech_like(audio.reshape(-1) if audio.ndim == 1 else audio[:, 0], 22050, lossy=fmt == "mp3")
 
 
 def test_speed_changes_duration(stack):

@@ -1,0 +1,192 @@
+"""End-to-end: the codec-token TTS pipeline (tts_talker -> tts_code2wav, BLS ``tts``) on Triton.
+
+Parity reference: the same prepared tiny CSM checkpoint run in this test process with
+``omni_triton.stages.codec_tts.synthesize_reference`` (greedy talker, one-shot Mimi decode of all
+codes). Tolerances:
+- float32 PCM from Triton gRPC vs the one-shot reference: 2e-5 max abs. Chunked decoding with 25
+  frames of left context differs from the one-shot decode by ~1.5e-6 on this tiny model, and
+  dynamic batching (right padding, other requests in the batch) by ~2.7e-7 (measured; see
+  tests/unit/test_codec_tts.py and docs/speech_contracts.md).
+- 16-bit PCM through the OpenAI frontend: the float tolerance plus one quantisation step
+  (1/32767), since int16 rounding of values within 2e-5 can land on neighbouring codes.
+"""
+from __future__ import annotations
+
+import io
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+from clients.tts_grpc_stream import stream_tts
+from omni_triton.launcher import available_models, model_parameters
+from omni_triton.paths import model_dir
+
+pytestmark = pytest.mark.e2e
+
+TEXT = "Hello from the codec pipeline. It streams chunk by chunk."
+FLOAT_TOL = 2e-5
+INT16_TOL = FLOAT_TOL + 1.5 / 32767
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """In-process pipeline on the same checkpoint and the same settings as the served models."""
+    import torch
+
+    from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker, synthesize_reference
+
+    torch.set_num_threads(1)
+    models = available_models()
+    talker_params = model_parameters(models["tts_talker"])
+    tts_params = model_parameters(models["tts"])
+    talker = CodecTalker.from_pretrained(model_dir("csm-tiny"))
+    decoder = CodecDecoder.from_pretrained(model_dir("csm-tiny"))
+    lock = threading.Lock()
+
+    def run(text: str, speaker: int):
+        with lock:
+            return synthesize_reference(
+                talker, decoder, text, speaker,
+                min_frames=int(talker_params["default_min_frames"]),
+                max_frames=int(talker_params["default_max_frames"]),
+                first_chunk_frames=int(tts_params["first_chunk_frames"]),
+                chunk_frames=int(tts_params["chunk_frames"]),
+                left_context_frames=int(tts_params["left_context_frames"]),
+            )
+
+    run.first_chunk_frames = int(tts_params["first_chunk_frames"])
+    run.samples_per_frame = decoder.samples_per_frame
+    return run
+
+
+def test_grpc_stream_matches_in_process_reference(stack, reference):
+    ref = reference(TEXT, 1)
+    result = stream_tts(stack.triton_grpc_url, "tts", TEXT, voice="1")
+    assert result.sample_rate == 24000
+    assert len(result.chunks) >= 3, "expected a small first chunk and further chunks"
+    assert result.chunks[0].size == reference.first_chunk_frames * reference.samples_per_frame
+    assert result.chunks[0].size < result.chunks[1].size  # smaller first chunk: low TTFP
+    assert result.arrival_s == sorted(result.arrival_s)
+    # streamed chunks in-process and through Triton run the same schedule: identical sizes
+    assert [c.size for c in result.chunks] == [c.size for c in ref.streamed_chunks]
+    assert result.audio.size == ref.audio.size
+    assert np.max(np.abs(result.audio - ref.audio)) <= FLOAT_TOL
+    rms = float(np.sqrt(np.mean(result.audio ** 2)))
+    assert rms > 1e-3 and np.max(np.abs(result.audio)) < 1.0  # audible, not clipped
+
+
+def test_frontend_streamed_pcm_equals_non_streamed_and_reference(stack, reference):
+    ref = reference(TEXT, 2)
+    body = {"model": "tts", "voice": "2", "input": TEXT, "response_format": "pcm"}
+    whole = httpx.post(f"{stack.frontend_url}/v1/audio/speech", json=body, timeout=120)
+    assert whole.status_code == 200, whole.text
+    assert whole.headers["x-sample-rate"] == "24000"
+    pieces = []
+    with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", json={**body, "stream": True},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        for chunk in r.iter_raw():
+            pieces.append(chunk)
+    streamed = b"".join(pieces)
+    a = np.frombuffer(whole.content, "<i2").astype(np.float32) / 32767
+    b = np.frombuffer(streamed, "<i2").astype(np.float32) / 32767
+    assert a.size == b.size == ref.audio.size
+    assert np.max(np.abs(a - b)) <= 1.5 / 32767  # same pipeline, at most one LSB from batching
+    assert np.max(np.abs(a - ref.audio)) <= INT16_TOL
+
+
+def test_openai_sdk_wav_from_codec_pipeline(stack, reference):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{stack.frontend_url}/v1", api_key="unused", max_retries=0)
+    audio = client.audio.speech.create(model="tts", voice="0", input=TEXT, response_format="wav")
+    data, sr = sf.read(io.BytesIO(audio.content), dtype="float32")
+    ref = reference(TEXT, 0)
+    assert sr == 24000 and data.size == ref.audio.size
+    assert np.max(np.abs(data - ref.audio)) <= INT16_TOL
+
+
+def test_concurrent_requests_each_get_their_own_audio(stack, reference):
+    """Four concurrent streams (code2wav batches their chunks) equal their in-process references."""
+    texts = [(f"Concurrent request number {i}, with its own words.", i % 4) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda tv: stream_tts(stack.triton_grpc_url, "tts", tv[0], voice=str(tv[1])), texts))
+    for (text, voice), result in zip(texts, results):
+        ref = reference(text, voice)
+        assert result.audio.size == ref.audio.size
+        assert np.max(np.abs(result.audio - ref.audio)) <= FLOAT_TOL
+
+
+def test_code2wav_batches_concurrent_chunks(stack, reference):
+    """Chunks of different lengths sent together run in one execution (ragged dynamic batching)."""
+    import tritonclient.grpc as grpcclient
+
+    stats_before = httpx.get(f"{stack.triton_http_url}/v2/models/tts_code2wav/stats").json()
+    client = grpcclient.InferenceServerClient(stack.triton_grpc_url)
+    rng = np.random.default_rng(0)
+    done = []
+    event = threading.Event()
+
+    def callback(result, error):
+        done.append((result, error))
+        if len(done) == 8:
+            event.set()
+
+    for i in range(8):
+        frames = 5 + 3 * i
+        codes = grpcclient.InferInput("CODES", [1, frames, 8], "INT64")
+        codes.set_data_from_numpy(rng.integers(0, 64, size=(1, frames, 8), dtype=np.int64))
+        left = grpcclient.InferInput("LEFT_CONTEXT", [1, 1], "INT32")
+        left.set_data_from_numpy(np.array([[0]], np.int32))
+        client.async_infer("tts_code2wav", [codes, left], callback)
+    assert event.wait(120)
+    assert all(err is None for _, err in done), [str(e) for _, e in done if e]
+    sizes = sorted(res.as_numpy("AUDIO").size for res, _ in done)
+    assert sizes == [(5 + 3 * i) * reference.samples_per_frame for i in range(8)]
+    stats = httpx.get(f"{stack.triton_http_url}/v2/models/tts_code2wav/stats").json()
+
+    def batch_sizes(s):
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"])
+                for b in s["model_stats"][0].get("batch_stats", [])}
+
+    before, after = batch_sizes(stats_before), batch_sizes(stats)
+    grew = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
+    assert any(k > 1 for k in grew), f"no multi-request batch executed: {grew}"
+    client.close()
+
+
+def test_grpc_cancel_stops_the_talker(stack):
+    """Cancelling the ``tts`` stream after one chunk stops the talker within a few frames (the
+    BLS forwards the cancellation through the talker's CANCEL_ID side channel)."""
+    frames_before = stack.metric("omni_tts_talker_frames_total", model="tts_talker")
+    cancelled_before = stack.metric("omni_tts_talker_cancelled_total", model="tts_talker")
+    result = stream_tts(stack.triton_grpc_url, "tts", "A very long request that should be stopped.",
+                        voice="3", max_frames=3000, max_chunks=1)
+    assert len(result.chunks) == 1
+    deadline = time.monotonic() + 60
+    while stack.metric("omni_tts_talker_cancelled_total", model="tts_talker") <= cancelled_before:
+        assert time.monotonic() < deadline, "talker never saw the cancellation"
+        time.sleep(0.1)
+    while stack.metric("omni_tts_talker_active", model="tts_talker") > 0:
+        assert time.monotonic() < deadline, "talker still generating for a gone client"
+        time.sleep(0.1)
+    generated = stack.metric("omni_tts_talker_frames_total", model="tts_talker") - frames_before
+    assert generated < 3000 // 4, f"talker generated {generated} of 3000 frames after cancel"
+    time.sleep(0.5)
+    assert stack.metric("omni_tts_talker_frames_total", model="tts_talker") - frames_before == generated
+
+
+def test_bad_codec_requests(stack):
+    r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=60,
+                   json={"model": "tts", "voice": "7", "input": "hi"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "voice"
+    r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=60,
+                   json={"model": "tts", "voice": "0", "input": "x" * 2001})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    ok = stream_tts(stack.triton_grpc_url, "tts", "Still serving.", voice="0")
+    assert ok.chunks
