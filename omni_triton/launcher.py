@@ -287,6 +287,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Lines a CPU-only tritonserver always logs; they never explain a failure.
+_CPU_NOISE = ("CudaDriverHelper has not been initialized", "Failed to initialize NVML")
 _MODEL_LINE = re.compile(r"^\|\s*(?P<model>[\w.-]+)\s*\|\s*\d+\s*\|\s*(?P<status>.*?)\s*\|?\s*$")
 
 
@@ -299,12 +301,16 @@ class TritonServer:
         log_path: file receiving the server's stdout+stderr.
         exit_timeout: ``--exit-timeout-secs`` (how long Triton waits for in-flight requests).
         extra_args: more tritonserver flags.
+        repositories: model repositories (default: this checkout's ``model_repository`` and
+            ``ensembles``).
     """
 
     def __init__(self, models: list[str], http_port: int = 8000, grpc_port: int = 8001,
                  metrics_port: int = 8002, log_path: Path | None = None,
-                 exit_timeout: int = 10, extra_args: list[str] | None = None):
-        self.models = resolve_models(models)
+                 exit_timeout: int = 10, extra_args: list[str] | None = None,
+                 repositories: list[Path] | None = None):
+        self.repositories = repositories or model_repositories()
+        self.models = resolve_models(models, self.repositories)
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_path = log_path or cache_dir() / "logs" / "tritonserver.log"
         self.exit_timeout = exit_timeout
@@ -323,7 +329,7 @@ class TritonServer:
     def command(self) -> list[str]:
         """The full tritonserver command line."""
         cmd = [str(self.install.server)]
-        for repo in model_repositories():
+        for repo in self.repositories:
             if repo.is_dir() and any(repo.glob("*/config.pbtxt")):
                 cmd.append(f"--model-repository={repo}")
         cmd += [
@@ -371,7 +377,9 @@ class TritonServer:
             m = _MODEL_LINE.match(line)
             if m and m.group("model") in self.models and not m.group("status").startswith("READY"):
                 failing.append(f"  {m.group('model')}: {m.group('status')}")
-        errors = [ln for ln in lines if re.match(r"^E\d{4}", ln) or "Traceback" in ln or "Error" in ln]
+        errors = [ln for ln in lines
+                  if (re.match(r"^E\d{4}", ln) or "Traceback" in ln or "Error" in ln)
+                  and not any(noise in ln for noise in _CPU_NOISE)]
         report = []
         if failing:
             report.append("models that failed to load:\n" + "\n".join(failing))

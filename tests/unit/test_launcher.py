@@ -1,0 +1,140 @@
+"""Launcher and prepare: model selection, backend assembly, port checks, failure reports.
+
+The last test starts the real tritonserver on a throw-away repository with a model whose
+``initialize`` fails, and checks that the launcher names that model and its error instead of
+hanging.
+"""
+from __future__ import annotations
+
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from omni_triton import launcher
+from omni_triton.launcher import (
+    ServerStartError,
+    TritonServer,
+    check_ports_free,
+    dependencies,
+    free_port,
+    resolve_models,
+)
+
+
+def _model(repo: Path, name: str, extra: str = "", body: str | None = None) -> Path:
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+        output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+        {extra}
+        """))
+    (folder / "1" / "model.py").write_text(body or textwrap.dedent("""\
+        class TritonPythonModel:
+            def execute(self, requests):
+                return []
+        """))
+    return folder
+
+
+def test_resolve_models_adds_dependencies_first(tmp_path):
+    _model(tmp_path, "a")
+    _model(tmp_path, "b", 'parameters { key: "depends_on" value { string_value: "a" } }')
+    ens = tmp_path / "ens"
+    (ens / "1").mkdir(parents=True)
+    (ens / "config.pbtxt").write_text(textwrap.dedent("""\
+        name: "ens"
+        platform: "ensemble"
+        max_batch_size: 0
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        ensemble_scheduling { step [ { model_name: "b" model_version: -1
+          input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }
+        """))
+    assert dependencies(ens) == ["b"]
+    assert resolve_models(["ens"], [tmp_path]) == ["a", "b", "ens"]
+    assert resolve_models(["a", "b"], [tmp_path]) == ["a", "b"]
+
+
+def test_resolve_models_unknown_names_the_chain(tmp_path):
+    _model(tmp_path, "b", 'parameters { key: "depends_on" value { string_value: "missing" } }')
+    with pytest.raises(KeyError, match="missing.*needed by b"):
+        resolve_models(["b"], [tmp_path])
+    with pytest.raises(KeyError, match="unknown model 'nope'"):
+        resolve_models(["nope"], [tmp_path])
+
+
+def test_repository_models_resolve():
+    assert resolve_models(["tts"]) == ["tts_talker", "tts_code2wav", "tts"]
+    assert resolve_models(["piper_tts"]) == ["piper_tts"]
+
+
+def test_check_ports_free_names_the_busy_port():
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with pytest.raises(ServerStartError, match=f"Triton gRPC port {busy}"):
+            check_ports_free({"Triton HTTP": free_port(), "Triton gRPC": busy})
+
+
+def test_assemble_backend_dir_links_stub_for_this_python(tmp_path):
+    install = launcher.find_tritonserver()
+    stub = install.backend_dir / "python" / "triton_python_backend_stub"
+    assert stub.exists() and (install.backend_dir / "python" / "libtriton_python.so").exists()
+    wheel = launcher._pytriton_root() / "tritonserver"
+    out = launcher.assemble_backend_dir(wheel, tmp_path)
+    again = launcher.assemble_backend_dir(wheel, tmp_path)  # idempotent
+    assert out == again and len(list((out / "python").iterdir())) == 3
+
+
+def test_server_env_uses_this_venv():
+    env = launcher.server_env(launcher.find_tritonserver(), base={"PATH": "/usr/bin"})
+    import sys
+    import sysconfig
+
+    assert env["VIRTUAL_ENV"] == sys.prefix
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == sysconfig.get_config_var("LIBDIR")
+    assert env["OMP_NUM_THREADS"] == "1"
+
+
+def test_prepare_is_idempotent(tmp_path, monkeypatch):
+    from omni_triton.prepare import assets_for, prepare
+
+    monkeypatch.setenv("OMNI_TRITON_CACHE", str(tmp_path))
+    assert assets_for(["piper_tts", "tts"]) == ["piper-voices", "csm-tiny"]
+    lines: list[str] = []
+    prepare(["piper_tts"], log=lines.append)
+    voice = tmp_path / "models" / "piper-voices" / "joe" / "en_US-joe-medium.onnx"
+    assert voice.exists() and any("linked" in ln for ln in lines)
+    lines.clear()
+    prepare(["piper_tts"], log=lines.append)
+    assert not any("linked" in ln for ln in lines)  # nothing redone
+
+
+def test_failing_model_is_named_with_its_error(tmp_path):
+    _model(tmp_path, "good")
+    _model(tmp_path, "broken", body=textwrap.dedent("""\
+        class TritonPythonModel:
+            def initialize(self, args):
+                raise RuntimeError("weights folder /nowhere is missing")
+            def execute(self, requests):
+                return []
+        """))
+    server = TritonServer(["good", "broken"], http_port=free_port(), grpc_port=free_port(),
+                          metrics_port=free_port(), log_path=tmp_path / "server.log",
+                          repositories=[tmp_path])
+    server.start()
+    try:
+        with pytest.raises(ServerStartError) as info:
+            server.wait_ready(timeout=120)
+    finally:
+        server.stop()
+    message = str(info.value)
+    assert "broken" in message and "weights folder /nowhere is missing" in message
+    assert server.proc.poll() is not None
