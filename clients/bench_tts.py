@@ -1,0 +1,772 @@
+"""TTS serving benchmark: TTFP, latency, RTF and throughput, served vs. in-process.
+
+Run::
+
+    python -m clients.bench_tts --out bench_tts.json
+    python -m clients.bench_tts --models piper_tts --concurrency 1,4 --requests 8
+    python -m clients.bench_tts --frontend-url http://127.0.0.1:9000 --triton-grpc-url 127.0.0.1:8001
+
+In the spirit of vLLM-Omni's TTS serving benchmarks and CosyVoice's Triton client (which report
+RTF). For each model (``piper_tts``, ``tts``) and each concurrency level ``C`` it sends
+``N = max(--requests, C)`` streaming requests from a closed loop of ``C`` worker threads (each
+worker sends its next request as soon as its previous one finished) through three paths, one
+after another, never overlapping (they share the same CPU cores):
+
+``inprocess``
+    the same pipeline called in this process without Triton: ``PiperSpeaker.synthesize``
+    (sentence streaming) for ``piper_tts``; for ``tts`` the streamed in-process variant of
+    ``omni_triton.stages.codec_tts`` (``CodecTalker.stream`` -> ``ChunkSchedule`` with the chunk
+    parameters of the ``tts`` config -> ``CodecDecoder.decode`` per chunk, i.e. the streamed part of
+    ``synthesize_reference`` without its extra one-shot full decode, which the served path does
+    not do either). One model object shared by the ``C`` threads, as one Triton instance is.
+``triton``
+    Triton gRPC streaming straight to the model (``clients.tts_grpc_stream``: its
+    ``build_inputs`` and the same stream handling as ``stream_tts``, plus the final response time).
+``frontend``
+    the user path: ``POST /v1/audio/speech`` on the OpenAI frontend with ``stream: true``,
+    ``response_format: "pcm"`` (16-bit mono; samples = bytes / 2, rate from ``X-Sample-Rate``),
+    read with httpx streaming.
+
+Every path gets ``--warmup`` untimed requests per model before its first level.
+Unless ``--frontend-url``/``--triton-grpc-url`` are given, the benchmark starts its own
+tritonserver (``piper_tts``, ``tts``) and frontend on free ports (``omni_triton.launcher``) after
+the in-process phase, and always stops them (``try``/``finally``).
+
+Fairness: this process sets torch's intra-op threads to 1 (and ``OMP/MKL/OPENBLAS_NUM_THREADS=1``)
+as the Triton stubs do, and Piper's onnxruntime sessions use one intra-op thread as in the
+``piper_tts`` model. Differences that remain are listed under ``config.notes`` in the JSON.
+
+Metrics (per request):
+
+- ``ttfp_ms``: time to first audio packet, milliseconds, from just before the request is sent
+  (in-process: the call) to the arrival of the first non-empty audio chunk.
+- ``e2e_ms``: end-to-end latency, milliseconds, from the same start to the end of the stream (last
+  byte / final response / generator exhausted).
+- ``audio_s``: seconds of audio received = samples / sample rate (Hz).
+- ``rtf``: real-time factor = processing time / audio duration = ``e2e_ms / 1000 / audio_s``
+  (dimensionless; < 1 is faster than real time).
+
+Aggregates (per model, path, concurrency; over successful requests):
+
+- ``ttfp_ms`` / ``e2e_ms``: ``mean``, ``p50``, ``p90`` (percentiles by linear interpolation
+  between closest ranks, as ``numpy.percentile``'s default), ``min``, ``max``; milliseconds.
+- ``rtf_mean``: mean of the per-request RTFs (dimensionless).
+- ``audio_s_mean``: mean audio seconds per request; ``audio_s_total``: their sum.
+- ``wall_s``: wall-clock seconds from the first request sent to the last one finished.
+- ``throughput_audio_s_per_s``: ``audio_s_total / wall_s``, audio seconds generated per
+  wall-clock second (dimensionless; "x real time" for the whole server).
+- ``requests_per_s``: successful requests / ``wall_s``.
+- ``errors``: failed requests (their messages are in ``error_messages``).
+
+Ratios (``ratios.<model>.<C>``), served path over baseline at the same concurrency:
+``frontend_vs_inprocess``, ``triton_vs_inprocess``, ``frontend_vs_triton``, each with
+``ttfp_mean``, ``ttfp_p50``, ``e2e_mean``, ``e2e_p50``, ``rtf_mean`` (> 1: the served path is
+slower) and ``throughput`` (served / baseline audio-seconds per second; < 1: the served path
+generates less audio per second).
+
+No timing is asserted anywhere: this is a benchmark, not a test.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before torch/numpy start their pools; as the stubs get
+
+import argparse
+import json
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+MODELS = ("piper_tts", "tts")
+PATHS = ("inprocess", "triton", "frontend")
+
+#: Fixed English texts, several sentences each (~7-8 s of Piper audio). Request ``i`` uses
+#: ``TEXTS[i % len(TEXTS)]``.
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog. This is a test of the text to speech system. "
+    "The weather is nice today, and the sky is a clear and brilliant blue.",
+    "Good morning, and welcome to the station. The next train to the city leaves at half past "
+    "nine. Please stand clear of the doors and mind the gap.",
+    "She sells sea shells by the sea shore. Peter Piper picked a peck of pickled peppers. "
+    "How many pickled peppers did Peter Piper pick?",
+    "Streaming speech lowers the time to the first sound. Each sentence is sent as soon as it "
+    "is ready. The listener hears the start while the rest is still being made.",
+)
+
+#: Voices cycled per request: ``VOICES[model][i % len]``.
+VOICES = {"piper_tts": ("joe",), "tts": ("0", "1", "2", "3")}
+
+
+# ------------------------------------------------------------------------------ pure helpers
+
+
+@dataclass
+class RequestResult:
+    """One timed request. Times in seconds from the request start; see the module docstring."""
+
+    index: int
+    ttfp_s: float | None = None
+    e2e_s: float | None = None
+    samples: int = 0
+    sample_rate: int = 0
+    chunks: int = 0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.e2e_s is not None and self.samples > 0
+
+    @property
+    def audio_s(self) -> float:
+        return self.samples / self.sample_rate if self.sample_rate else 0.0
+
+    @property
+    def rtf(self) -> float | None:
+        return self.e2e_s / self.audio_s if self.ok and self.audio_s > 0 else None
+
+    def to_json(self) -> dict:
+        return {
+            "index": self.index,
+            "ttfp_ms": _ms(self.ttfp_s), "e2e_ms": _ms(self.e2e_s),
+            "audio_s": round(self.audio_s, 4), "rtf": _round(self.rtf, 4),
+            "samples": self.samples, "sample_rate": self.sample_rate, "chunks": self.chunks,
+            "error": self.error,
+        }
+
+
+def _round(x: float | None, nd: int = 2) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 2)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """``q``-th percentile (0..100) by linear interpolation between closest ranks (numpy's
+    default method); ``None`` for an empty sequence."""
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within [0, 100], got {q}")
+    xs = sorted(float(v) for v in values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def describe(values: Sequence[float]) -> dict:
+    """``{mean, p50, p90, min, max}`` of ``values`` (all ``None`` when empty)."""
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "min": None, "max": None}
+    return {
+        "mean": sum(values) / len(values),
+        "p50": percentile(values, 50), "p90": percentile(values, 90),
+        "min": min(values), "max": max(values),
+    }
+
+
+def summarize(results: Sequence[RequestResult], wall_s: float) -> dict:
+    """Aggregate one level (see the module docstring); times in ms, rounded to 0.01 ms."""
+    ok = [r for r in results if r.ok]
+    ttfp = {k: _round(v * 1000 if v is not None else None) for k, v in
+            describe([r.ttfp_s for r in ok if r.ttfp_s is not None]).items()}
+    e2e = {k: _round(v * 1000 if v is not None else None) for k, v in
+           describe([r.e2e_s for r in ok]).items()}
+    audio_total = sum(r.audio_s for r in ok)
+    rtfs = [r.rtf for r in ok if r.rtf is not None]
+    return {
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": len(results) - len(ok),
+        "error_messages": sorted({r.error for r in results if r.error})[:5],
+        "ttfp_ms": ttfp,
+        "e2e_ms": e2e,
+        "rtf_mean": _round(sum(rtfs) / len(rtfs), 4) if rtfs else None,
+        "audio_s_mean": _round(audio_total / len(ok), 3) if ok else None,
+        "audio_s_total": _round(audio_total, 3),
+        "wall_s": _round(wall_s, 3),
+        "throughput_audio_s_per_s": _round(audio_total / wall_s, 3) if wall_s > 0 and ok else None,
+        "requests_per_s": _round(len(ok) / wall_s, 3) if wall_s > 0 and ok else None,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def compare(served: dict, base: dict) -> dict:
+    """Ratios served / baseline of two :func:`summarize` results (see the module docstring)."""
+    return {
+        "ttfp_mean": _ratio(served["ttfp_ms"]["mean"], base["ttfp_ms"]["mean"]),
+        "ttfp_p50": _ratio(served["ttfp_ms"]["p50"], base["ttfp_ms"]["p50"]),
+        "e2e_mean": _ratio(served["e2e_ms"]["mean"], base["e2e_ms"]["mean"]),
+        "e2e_p50": _ratio(served["e2e_ms"]["p50"], base["e2e_ms"]["p50"]),
+        "rtf_mean": _ratio(served["rtf_mean"], base["rtf_mean"]),
+        "throughput": _ratio(served["throughput_audio_s_per_s"], base["throughput_audio_s_per_s"]),
+    }
+
+
+RATIO_PAIRS = (("frontend_vs_inprocess", "frontend", "inprocess"),
+               ("triton_vs_inprocess", "triton", "inprocess"),
+               ("frontend_vs_triton", "frontend", "triton"))
+
+
+def all_ratios(results: dict) -> dict:
+    """``{model: {concurrency: {pair: compare(...)}}}`` for every pair whose both paths ran."""
+    out: dict = {}
+    for model, paths in results.items():
+        levels = sorted({c for p in paths.values() for c in p}, key=int)
+        for c in levels:
+            for name, served, base in RATIO_PAIRS:
+                if c in paths.get(served, {}) and c in paths.get(base, {}):
+                    out.setdefault(model, {}).setdefault(c, {})[name] = compare(
+                        paths[served][c], paths[base][c])
+    return out
+
+
+def _fmt(x, nd: int = 1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def format_table(results: dict, ratios: dict) -> str:
+    """Readable stdout table of :func:`summarize` results and :func:`all_ratios`."""
+    head = (f"{'model':<10} {'path':<10} {'conc':>4} {'ok/n':>6} | {'TTFP mean':>9} {'p50':>8} "
+            f"{'p90':>8} | {'E2E mean':>9} {'p50':>8} {'p90':>8} | {'audio s':>7} {'RTF':>6} "
+            f"{'audio s/s':>9} {'req/s':>6}")
+    lines = ["Latency in ms; RTF = E2E / audio duration; audio s/s = audio seconds per wall second",
+             head, "-" * len(head)]
+    for model, paths in results.items():
+        for path in PATHS:
+            for c, s in sorted(paths.get(path, {}).items(), key=lambda kv: int(kv[0])):
+                lines.append(
+                    f"{model:<10} {path:<10} {c:>4} {s['ok']:>3}/{s['requests']:<2} | "
+                    f"{_fmt(s['ttfp_ms']['mean']):>9} {_fmt(s['ttfp_ms']['p50']):>8} "
+                    f"{_fmt(s['ttfp_ms']['p90']):>8} | {_fmt(s['e2e_ms']['mean']):>9} "
+                    f"{_fmt(s['e2e_ms']['p50']):>8} {_fmt(s['e2e_ms']['p90']):>8} | "
+                    f"{_fmt(s['audio_s_mean'], 2):>7} {_fmt(s['rtf_mean'], 3):>6} "
+                    f"{_fmt(s['throughput_audio_s_per_s'], 2):>9} {_fmt(s['requests_per_s'], 2):>6}")
+    if ratios:
+        rhead = (f"{'model':<10} {'conc':>4} {'ratio':<22} | {'TTFP mean':>9} {'TTFP p50':>8} | "
+                 f"{'E2E mean':>8} {'E2E p50':>8} | {'RTF':>6} | {'thrpt':>6}")
+        lines += ["", "Serving overhead (served / baseline; thrpt < 1: less audio per second)",
+                  rhead, "-" * len(rhead)]
+        for model, levels in ratios.items():
+            for c, pairs in sorted(levels.items(), key=lambda kv: int(kv[0])):
+                for name, r in pairs.items():
+                    lines.append(
+                        f"{model:<10} {c:>4} {name:<22} | {_fmt(r['ttfp_mean'], 2):>9} "
+                        f"{_fmt(r['ttfp_p50'], 2):>8} | {_fmt(r['e2e_mean'], 2):>8} "
+                        f"{_fmt(r['e2e_p50'], 2):>8} | {_fmt(r['rtf_mean'], 2):>6} | "
+                        f"{_fmt(r['throughput'], 2):>6}")
+    return "\n".join(lines)
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """``"1,4,8"`` -> ``[1, 4, 8]`` (positive, de-duplicated, in the given order)."""
+    levels: list[int] = []
+    for part in text.split(","):
+        if part.strip():
+            c = int(part)
+            if c < 1:
+                raise ValueError(f"concurrency must be >= 1, got {c}")
+            if c not in levels:
+                levels.append(c)
+    if not levels:
+        raise ValueError("no concurrency level given")
+    return levels
+
+
+# ---------------------------------------------------------------------------- load generator
+
+#: ``run_one(index, text, voice) -> RequestResult`` (fills ttfp/e2e relative to its own start).
+RunOne = Callable[[int, str, str], RequestResult]
+
+
+def run_level(run_one: RunOne, model: str, concurrency: int, n: int) -> tuple[list[RequestResult], float]:
+    """``n`` requests from ``concurrency`` closed-loop worker threads; returns results, wall s."""
+    voices = VOICES[model]
+    next_index = iter(range(n))
+    lock = threading.Lock()
+    results: list[RequestResult] = []
+
+    def worker():
+        while True:
+            with lock:
+                i = next(next_index, None)
+            if i is None:
+                return
+            try:
+                r = run_one(i, TEXTS[i % len(TEXTS)], voices[i % len(voices)])
+            except Exception as exc:  # recorded, never raised: one bad request must not end the run
+                r = RequestResult(index=i, error=f"{type(exc).__name__}: {exc}"[:300])
+            with lock:
+                results.append(r)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for f in [pool.submit(worker) for _ in range(concurrency)]:
+            f.result()
+    wall = time.perf_counter() - t0
+    return sorted(results, key=lambda r: r.index), wall
+
+
+def _timed_stream(index: int, chunks: Iterable[tuple[int, int]]) -> RequestResult:
+    """Consume ``(num_samples, sample_rate)`` per chunk, timing from now."""
+    r = RequestResult(index=index)
+    t0 = time.perf_counter()
+    for n, sr in chunks:
+        if n > 0:
+            if r.ttfp_s is None:
+                r.ttfp_s = time.perf_counter() - t0
+            r.samples += n
+            r.sample_rate = sr
+            r.chunks += 1
+    r.e2e_s = time.perf_counter() - t0
+    return r
+
+
+# ------------------------------------------------------------------------------ in-process
+
+
+def _set_torch_threads() -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    return {"torch_num_threads": torch.get_num_threads(),
+            "torch_num_interop_threads": torch.get_num_interop_threads()}
+
+
+class InProcessPiper:
+    """``PiperSpeaker`` loaded as the ``piper_tts`` model loads it (one intra-op thread)."""
+
+    def __init__(self):
+        from omni_triton.paths import model_dir
+        from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
+
+        self.speaker = PiperSpeaker(discover_voices(model_dir("piper-voices")), intra_op_threads=1)
+
+    def run_one(self, index: int, text: str, voice: str) -> RequestResult:
+        return _timed_stream(index, ((s.audio.size, s.sample_rate)
+                                     for s in self.speaker.synthesize(text, voice=voice)))
+
+
+class InProcessCodec:
+    """The ``tts`` pipeline in-process: talker stream -> ChunkSchedule -> Mimi decode per chunk,
+    with the chunk parameters and frame limits the served models use."""
+
+    def __init__(self, first_chunk: int, chunk: int, left_context: int,
+                 min_frames: int, max_frames: int):
+        from omni_triton.paths import model_dir
+        from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker
+
+        path = model_dir("csm-tiny")
+        self.talker = CodecTalker.from_pretrained(path)
+        self.decoder = CodecDecoder.from_pretrained(path)
+        self.first_chunk, self.chunk, self.left_context = first_chunk, chunk, left_context
+        self.min_frames, self.max_frames = min_frames, max_frames
+
+    def stream(self, text: str, speaker: int) -> Iterator[tuple[int, int]]:
+        """``(samples, sample_rate)`` per decoded chunk, exactly the BLS model's schedule."""
+        import numpy as np
+
+        from omni_triton.stages.codec_tts import ChunkSchedule, chunk_slices
+
+        sched = ChunkSchedule(self.first_chunk, self.chunk, self.left_context)
+        frames: list = []
+        sr = self.decoder.sampling_rate
+
+        def decode(ready):
+            codes = np.concatenate(frames)
+            for c, left in chunk_slices(codes, ready):
+                yield self.decoder.decode([c], [left])[0].size, sr
+
+        total = 0
+        for new in self.talker.stream(text, speaker, self.min_frames, self.max_frames):
+            frames.append(new)
+            total += len(new)
+            yield from decode(sched.push(total))
+        if frames:
+            yield from decode(sched.flush(total))
+
+    def run_one(self, index: int, text: str, voice: str) -> RequestResult:
+        return _timed_stream(index, self.stream(text, int(voice)))
+
+
+# --------------------------------------------------------------------------------- served
+
+
+def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: float) -> RequestResult:
+    """Like ``clients.tts_grpc_stream.stream_tts`` (same inputs and stream handling) but also
+    records the final response's arrival, which ``stream_tts`` does not expose."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from clients.tts_grpc_stream import build_inputs
+
+    responses: "queue.Queue" = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    r = RequestResult(index=0)
+    finished = False
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        t0 = time.perf_counter()
+        client.async_stream_infer(model, build_inputs(text, voice), enable_empty_final_response=True)
+        while True:
+            try:
+                res, err = responses.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError(f"no response from {model} for {timeout_s} s") from None
+            if err is not None:
+                raise err
+            audio = res.as_numpy("AUDIO")
+            if audio is not None and audio.size:
+                if r.ttfp_s is None:
+                    r.ttfp_s = time.perf_counter() - t0
+                r.samples += int(audio.size)
+                r.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                r.chunks += 1
+            final = res.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+        r.e2e_s = time.perf_counter() - t0
+        finished = True
+    finally:
+        # After a timeout or an error the server may never end the stream: cancel it, or
+        # stop_stream() would wait for it forever.
+        client.stop_stream(cancel_requests=not finished)
+        client.close()
+    return r
+
+
+def grpc_run_one(url: str, model: str, timeout_s: float) -> RunOne:
+    def run_one(index: int, text: str, voice: str) -> RequestResult:
+        r = _stream_tts_timed(url, model, text, voice, timeout_s)
+        r.index = index
+        return r
+
+    return run_one
+
+
+def frontend_run_one(client, base_url: str, model: str) -> RunOne:
+    def run_one(index: int, text: str, voice: str) -> RequestResult:
+        body = {"model": model, "input": text, "voice": voice, "response_format": "pcm",
+                "stream": True}
+        r = RequestResult(index=index)
+        t0 = time.perf_counter()
+        with client.stream("POST", f"{base_url}/v1/audio/speech", json=body) as resp:
+            if resp.status_code != 200:
+                resp.read()
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            r.sample_rate = int(resp.headers["x-sample-rate"])
+            nbytes = 0
+            for data in resp.iter_raw():
+                if data:
+                    if r.ttfp_s is None:
+                        r.ttfp_s = time.perf_counter() - t0
+                    nbytes += len(data)
+                    r.chunks += 1  # HTTP reads, not model chunks
+        r.e2e_s = time.perf_counter() - t0
+        r.samples = nbytes // 2  # s16le mono
+        return r
+
+    return run_one
+
+
+# ------------------------------------------------------------------------------- config
+
+
+def model_parameters(name: str, grpc_url: str | None) -> dict[str, str]:
+    """A model's config ``parameters``: from the running Triton when reachable, else from this
+    checkout's ``config.pbtxt``."""
+    if grpc_url:
+        try:
+            import tritonclient.grpc as grpcclient
+
+            with grpcclient.InferenceServerClient(grpc_url) as c:
+                cfg = c.get_model_config(name, as_json=True)["config"]
+            return {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+        except Exception:
+            pass
+    from omni_triton.launcher import available_models
+    from omni_triton.launcher import model_parameters as local_params
+
+    return local_params(available_models()[name])
+
+
+def codec_settings(grpc_url: str | None) -> dict:
+    tts = model_parameters("tts", grpc_url)
+    talker = model_parameters("tts_talker", grpc_url)
+    return {
+        "first_chunk_frames": int(tts.get("first_chunk_frames", 5)),
+        "chunk_frames": int(tts.get("chunk_frames", 25)),
+        "left_context_frames": int(tts.get("left_context_frames", 25)),
+        "min_frames": int(talker.get("default_min_frames", 8)),
+        "max_frames": int(talker.get("default_max_frames", 100)),
+        "talker_workers": int(talker.get("workers", 4)),
+        "tts_workers": int(tts.get("workers", 8)),
+    }
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "onnxruntime", "piper-tts", "tritonclient", "httpx",
+                "numpy", "nvidia-pytriton", "fastapi", "uvicorn"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _machine() -> dict:
+    cpu_model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"cpu_count": os.cpu_count(), "cpu_affinity": affinity, "cpu_model": cpu_model,
+            "platform": platform.platform(), "loadavg_at_start": load}
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------------- driver
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.levels = parse_concurrency(args.concurrency)
+        self.results: dict = {m: {} for m in args.models}
+        self.log = (lambda *a: print(*a, flush=True)) if not args.quiet else (lambda *a: None)
+
+    def n_requests(self, c: int) -> int:
+        return max(self.args.requests, c)
+
+    def run_path(self, model: str, path: str, run_one: RunOne) -> None:
+        for i in range(self.args.warmup):
+            try:
+                run_one(-1 - i, TEXTS[i % len(TEXTS)], VOICES[model][0])
+            except Exception as exc:
+                self.log(f"  warm-up failed: {exc}")
+        for c in self.levels:
+            n = self.n_requests(c)
+            res, wall = run_level(run_one, model, c, n)
+            s = summarize(res, wall)
+            s["concurrency"] = c
+            s["per_request"] = [r.to_json() for r in res]
+            self.results[model].setdefault(path, {})[str(c)] = s
+            self.log(f"  {model:<10} {path:<10} c={c:<2} n={n:<3} ok={s['ok']:<3} "
+                     f"TTFP mean {_fmt(s['ttfp_ms']['mean'])} ms  E2E mean "
+                     f"{_fmt(s['e2e_ms']['mean'])} ms  RTF {_fmt(s['rtf_mean'], 3)}  "
+                     f"{_fmt(s['throughput_audio_s_per_s'], 2)} audio s/s  ({wall:.1f} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench_tts.json", help="JSON output file")
+    p.add_argument("--models", default=",".join(MODELS), help="comma separated: piper_tts,tts")
+    p.add_argument("--paths", default=",".join(PATHS), help="comma separated: inprocess,triton,frontend")
+    p.add_argument("--concurrency", default="1,4,8", help="comma separated levels")
+    p.add_argument("--requests", type=int, default=8,
+                   help="requests per level (at least the concurrency)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests per model and path")
+    p.add_argument("--frontend-url", help="use this running frontend (no own stack)")
+    p.add_argument("--triton-grpc-url", help="use this running Triton gRPC host:port (no own stack)")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, s")
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="own stack start-up timeout, s")
+    p.add_argument("--quiet", action="store_true", help="only the final table")
+    args = p.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    for m in args.models:
+        if m not in MODELS:
+            p.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    for x in paths:
+        if x not in PATHS:
+            p.error(f"unknown path {x!r}; choose from {', '.join(PATHS)}")
+    external = bool(args.frontend_url or args.triton_grpc_url)
+    if external:  # only the paths whose endpoints were given
+        paths = [x for x in paths if x == "inprocess"
+                 or (x == "triton" and args.triton_grpc_url) or (x == "frontend" and args.frontend_url)]
+
+    started: list = []  # what this run started, stopped in `finally` and on SIGTERM
+
+    def on_sigterm(signum, frame):
+        # Stop the stack first: in-flight requests then fail instead of blocking the exit.
+        for proc in reversed(started):
+            proc.stop()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    t_start = time.perf_counter()
+    bench = Bench(args)
+    log = bench.log
+    threads = _set_torch_threads()
+    machine = _machine()
+    codec = codec_settings(args.triton_grpc_url) if "tts" in args.models else None
+    stack_info: dict = {"own_stack": not external}
+    stack_error = None
+
+    # 1) in-process baseline, before any server runs (never overlapping the served runs)
+    if "inprocess" in paths:
+        log("in-process (no Triton)")
+        for model in args.models:
+            t = time.perf_counter()
+            if model == "piper_tts":
+                engine = InProcessPiper()
+            else:
+                engine = InProcessCodec(codec["first_chunk_frames"], codec["chunk_frames"],
+                                        codec["left_context_frames"], codec["min_frames"],
+                                        codec["max_frames"])
+            log(f"  {model}: loaded in {time.perf_counter() - t:.1f} s")
+            bench.run_path(model, "inprocess", engine.run_one)
+            del engine
+        import gc
+
+        gc.collect()
+
+    # 2) served paths
+    served = [x for x in paths if x != "inprocess"]
+    server = frontend = None
+    try:
+        if served:
+            frontend_url, grpc_url = args.frontend_url, args.triton_grpc_url
+            if not external:
+                from omni_triton.launcher import Frontend, TritonServer, free_port
+                from omni_triton.paths import cache_dir
+
+                logs = cache_dir() / "logs"
+                tag = f"bench-{os.getpid()}"
+                t = time.perf_counter()
+                server = TritonServer(list(args.models), http_port=free_port(),
+                                      grpc_port=free_port(), metrics_port=free_port(),
+                                      log_path=logs / f"{tag}-tritonserver.log")
+                log(f"starting tritonserver ({', '.join(server.models)}) on gRPC {server.grpc_url}")
+                started.append(server)
+                server.start()
+                server.wait_ready(timeout=args.ready_timeout)
+                stack_info["triton_ready_s"] = round(time.perf_counter() - t, 2)
+                grpc_url = server.grpc_url
+                if "frontend" in served:
+                    frontend = Frontend(grpc_url, port=free_port(), models=list(args.models),
+                                        log_path=logs / f"{tag}-frontend.log")
+                    started.append(frontend)
+                    frontend.start()
+                    frontend.wait_ready()
+                    frontend_url = frontend.url
+                stack_info.update(stack_ready_s=round(time.perf_counter() - t, 2),
+                                  triton_log=str(server.log_path),
+                                  frontend_log=str(frontend.log_path) if frontend else None)
+                log(f"stack ready in {stack_info['stack_ready_s']} s (frontend {frontend_url})")
+                if "tts" in args.models:
+                    codec = codec_settings(grpc_url)  # what the server actually runs
+            stack_info.update(frontend_url=frontend_url, triton_grpc_url=grpc_url)
+            if grpc_url:
+                try:
+                    import tritonclient.grpc as grpcclient
+
+                    with grpcclient.InferenceServerClient(grpc_url) as c:
+                        stack_info["tritonserver_version"] = c.get_server_metadata(as_json=True).get("version")
+                except Exception:
+                    pass
+            import httpx
+
+            limit = max(bench.levels) + 2
+            with httpx.Client(timeout=httpx.Timeout(args.timeout, connect=10.0),
+                              limits=httpx.Limits(max_connections=limit,
+                                                  max_keepalive_connections=limit)) as http:
+                for model in args.models:
+                    if "triton" in served and grpc_url:
+                        log("Triton gRPC streaming")
+                        bench.run_path(model, "triton", grpc_run_one(grpc_url, model, args.timeout))
+                    if "frontend" in served and frontend_url:
+                        log("OpenAI frontend (httpx streaming, pcm)")
+                        bench.run_path(model, "frontend", frontend_run_one(http, frontend_url, model))
+    except Exception as exc:  # keep what was measured; report the failure
+        stack_error = f"{type(exc).__name__}: {exc}"
+        print(f"error: {stack_error}", file=sys.stderr)
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+
+    ratios = all_ratios(bench.results)
+    machine["loadavg_at_end"] = os.getloadavg()
+    config = {
+        "command": " ".join([Path(sys.executable).name, "-m", "clients.bench_tts", *(argv or sys.argv[1:])]),
+        "models": args.models,
+        "paths": paths,
+        "concurrency": bench.levels,
+        "requests_per_level": {str(c): bench.n_requests(c) for c in bench.levels},
+        "warmup_requests": args.warmup,
+        "texts": list(TEXTS),
+        "voices": {m: list(VOICES[m]) for m in args.models},
+        "request_text_voice": "request i: TEXTS[i % len(TEXTS)], voice VOICES[model][i % len]",
+        "load_pattern": "closed loop: C worker threads, each sends its next request when the "
+                        "previous one ended",
+        "tts_codec": codec,
+        "threads": {**threads,
+                    **{v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                      "OPENBLAS_NUM_THREADS")},
+                    "onnxruntime_intra_op_threads": 1,
+                    "note": "benchmark process: torch.set_num_threads(1) as the Triton stubs do"},
+        "machine": machine,
+        "versions": _versions(),
+        "git_commit": _git_commit(),
+        "stack": stack_info,
+        "notes": [
+            "in-process and served runs use the same CPU cores and run one after another",
+            "tts: frame counts are the talker defaults (MAX_FRAMES is not sent: the OpenAI "
+            "frontend cannot send it), so every path generates the same frames",
+            "tts talker: one model object per instance with a lock around generate, so "
+            "concurrent requests generate one after another in both in-process and served paths",
+            "piper_tts served: the model runs at most `workers` (2) syntheses at once; "
+            "in-process runs C threads on one shared onnxruntime session",
+            "tts served: code2wav chunks of concurrent streams are dynamically batched; "
+            "in-process decodes each chunk alone",
+            "frontend chunks count HTTP reads, not model chunks",
+        ],
+    }
+    report = {"config": config, "results": bench.results, "ratios": ratios,
+              "wall_s": round(time.perf_counter() - t_start, 2), "error": stack_error}
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print()
+    print(format_table(bench.results, ratios))
+    print(f"\nwrote {args.out}; total wall time {report['wall_s']:.1f} s")
+    return 1 if stack_error else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

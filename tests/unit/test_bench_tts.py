@@ -1,0 +1,88 @@
+"""clients.bench_tts: pure helpers only (percentiles, aggregation, ratios, table). No timing asserts."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from clients import bench_tts as b
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+@pytest.mark.parametrize("values", [[5.0], [3.0, 1.0], [1, 2, 3, 4, 10], list(range(17))])
+def test_percentile_matches_numpy_linear(values, q):
+    assert math.isclose(b.percentile(values, q), float(np.percentile(values, q)), rel_tol=1e-12)
+
+
+def test_percentile_edge_cases():
+    assert b.percentile([], 50) is None
+    with pytest.raises(ValueError):
+        b.percentile([1.0], 101)
+    d = b.describe([])
+    assert set(d) == {"mean", "p50", "p90", "min", "max"} and all(v is None for v in d.values())
+
+
+def _r(i, ttfp, e2e, samples, sr=1000, error=None):
+    return b.RequestResult(index=i, ttfp_s=ttfp, e2e_s=e2e, samples=samples, sample_rate=sr,
+                           chunks=1, error=error)
+
+
+def test_request_result_derived_values():
+    r = _r(0, 0.1, 0.5, 2000)
+    assert r.ok and r.audio_s == 2.0 and r.rtf == 0.25
+    js = r.to_json()
+    assert js["ttfp_ms"] == 100.0 and js["e2e_ms"] == 500.0 and js["rtf"] == 0.25
+    assert not _r(1, None, None, 0, error="boom").ok
+    assert _r(1, None, None, 0, error="boom").rtf is None
+
+
+def test_summarize_aggregates_successful_requests_only():
+    results = [_r(0, 0.1, 1.0, 4000), _r(1, 0.3, 2.0, 4000), _r(2, None, None, 0, error="HTTP 500")]
+    s = b.summarize(results, wall_s=2.0)
+    assert (s["requests"], s["ok"], s["errors"]) == (3, 2, 1)
+    assert s["error_messages"] == ["HTTP 500"]
+    assert s["ttfp_ms"]["mean"] == 200.0 and s["ttfp_ms"]["p50"] == 200.0
+    assert s["ttfp_ms"]["p90"] == pytest.approx(280.0)
+    assert s["e2e_ms"]["mean"] == 1500.0 and s["e2e_ms"]["max"] == 2000.0
+    assert s["rtf_mean"] == pytest.approx((0.25 + 0.5) / 2)
+    assert s["audio_s_total"] == 8.0 and s["audio_s_mean"] == 4.0
+    assert s["throughput_audio_s_per_s"] == 4.0 and s["requests_per_s"] == 1.0
+
+
+def test_summarize_all_failed():
+    s = b.summarize([_r(0, None, None, 0, error="x")], wall_s=1.0)
+    assert s["ok"] == 0 and s["ttfp_ms"]["mean"] is None and s["rtf_mean"] is None
+    assert s["throughput_audio_s_per_s"] is None
+
+
+def test_ratios_and_table():
+    base = b.summarize([_r(0, 0.1, 1.0, 4000)], wall_s=1.0)
+    served = b.summarize([_r(0, 0.2, 1.5, 4000)], wall_s=2.0)
+    results = {"tts": {"inprocess": {"1": base}, "triton": {"1": served}}}
+    ratios = b.all_ratios(results)
+    assert list(ratios["tts"]["1"]) == ["triton_vs_inprocess"]  # no frontend run: no such pair
+    r = ratios["tts"]["1"]["triton_vs_inprocess"]
+    assert r["ttfp_mean"] == 2.0 and r["e2e_mean"] == 1.5 and r["throughput"] == 0.5
+    table = b.format_table(results, ratios)
+    assert "triton_vs_inprocess" in table and "inprocess" in table
+
+
+def test_parse_concurrency():
+    assert b.parse_concurrency("1,4,8") == [1, 4, 8]
+    assert b.parse_concurrency("4, 4,1") == [4, 1]
+    for bad in ("", "0", "a"):
+        with pytest.raises(ValueError):
+            b.parse_concurrency(bad)
+
+
+def test_run_level_closed_loop_records_errors():
+    def run_one(i, text, voice):
+        if i == 2:
+            raise RuntimeError("bad")
+        return _r(i, 0.0, 0.0, 10)
+
+    res, wall = b.run_level(run_one, "tts", concurrency=3, n=5)
+    assert [r.index for r in res] == list(range(5)) and wall >= 0
+    assert [r.ok for r in res] == [True, True, False, True, True]
+    assert "RuntimeError: bad" in res[2].error
