@@ -77,7 +77,7 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
     responses: "queue.Queue" = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     result = StreamResult()
-    cancelled = False
+    completed = False  # the final response arrived: nothing left to cancel
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         start = time.perf_counter()
@@ -94,14 +94,15 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
                 result.arrival_s.append(time.perf_counter() - start)
                 result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
                 if max_chunks is not None and len(result.chunks) >= max_chunks:
-                    cancelled = True
                     break
             if final is not None and final.bool_param:
+                completed = True
                 break
     except queue.Empty:
         raise TimeoutError(f"no response from {model} for {timeout_s} s") from None
     finally:
-        client.stop_stream(cancel_requests=cancelled)
+        # Early stop, error or timeout: cancel, or stop_stream would wait for the server forever.
+        client.stop_stream(cancel_requests=not completed)
         client.close()
     return result
 
