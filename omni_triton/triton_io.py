@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -11,6 +12,13 @@ def _pb():
     import triton_python_backend_utils as pb_utils
 
     return pb_utils
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The ``parameters`` of the model's ``config.pbtxt`` as plain strings, from ``initialize``'s
+    ``args["model_config"]`` (JSON)."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
 
 
 def optional_input(request, name: str) -> Any:

@@ -256,6 +256,20 @@ def _build(out_dir: Path, seed: int, spec: TinyCsmSpec, h: str) -> None:
     man_path.write_text(json.dumps(manifest, indent=1))  # written last: marks the build complete
 
 
+def checkpoint_dir(name: str) -> Path:
+    """Folder of the CSM checkpoint ``name`` in the cache (``omni_triton.paths.model_dir``).
+
+    ``csm-tiny`` is (re)built here if missing: idempotent (manifest hash) and a few seconds, the
+    same files ``omni-triton prepare`` writes; any other name must already be there.
+    """
+    from omni_triton.paths import model_dir
+
+    path = model_dir(name)
+    if name == "csm-tiny":
+        build_tiny_csm(path)
+    return path
+
+
 def read_manifest(model_dir: Path) -> dict:
     """The builder's ``manifest.json`` of ``model_dir`` ({} when absent, e.g. a real checkpoint)."""
     p = Path(model_dir) / MANIFEST

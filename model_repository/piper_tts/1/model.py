@@ -3,7 +3,6 @@ import locale
 
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
-import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -13,15 +12,14 @@ import triton_python_backend_utils as pb_utils
 
 from omni_triton.paths import model_dir
 from omni_triton.stages.piper_tts import PiperSpeaker, SpeechInputError, discover_voices
-from omni_triton.triton_io import StageMetrics, optional_input, send_error, send_final
+from omni_triton.triton_io import model_parameters, StageMetrics, optional_input, send_error, send_final
 
 LOGGER = logging.getLogger("piper_tts")
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        params = model_parameters(args)
         voices = discover_voices(model_dir("piper-voices"))
         if not voices:
             raise RuntimeError(

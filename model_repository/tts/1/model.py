@@ -5,7 +5,6 @@ import locale
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
 
-import json
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_triton.stages.codec_tts import ChunkSchedule, TtsInputError, parse_tts_request
-from omni_triton.triton_io import optional_input, send_error, send_final
+from omni_triton.triton_io import model_parameters, optional_input, send_error, send_final
 
 LOGGER = logging.getLogger("tts")
 TALKER, CODE2WAV = "tts_talker", "tts_code2wav"
@@ -31,8 +30,7 @@ def _raise_if_error(response, who):
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        p = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        p = model_parameters(args)
         self.first_chunk = int(p.get("first_chunk_frames", "5"))
         self.chunk = int(p.get("chunk_frames", "25"))
         self.left_context = int(p.get("left_context_frames", "25"))

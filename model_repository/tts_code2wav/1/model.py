@@ -5,13 +5,13 @@ import locale
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
 
-import json
 import logging
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.paths import model_dir
+from omni_triton.triton_io import model_parameters
+
 
 LOGGER = logging.getLogger("tts_code2wav")
 
@@ -20,15 +20,11 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from omni_triton.stages.codec_tts import CodecDecoder, build_tiny_csm
+        from omni_triton.stages.codec_tts import CodecDecoder, checkpoint_dir
 
         torch.set_num_threads(1)
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        name = params.get("model_name", "csm-tiny")
-        path = model_dir(name)
-        if name == "csm-tiny":
-            build_tiny_csm(path)  # idempotent (manifest hash); normally done by `omni-triton prepare`
+        params = model_parameters(args)
+        path = checkpoint_dir(params.get("model_name", "csm-tiny"))
         self.decoder = CodecDecoder.from_pretrained(path)
         LOGGER.info("tts_code2wav ready: %s, %d samples/frame", path, self.decoder.samples_per_frame)
 

@@ -4,7 +4,6 @@ import locale
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
 
-import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -12,8 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.paths import model_dir
-from omni_triton.triton_io import optional_input, send_error, send_final
+from omni_triton.triton_io import model_parameters, optional_input, send_error, send_final
 
 LOGGER = logging.getLogger("tts_talker")
 
@@ -26,15 +24,11 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from omni_triton.stages.codec_tts import CancelRegistry, CodecTalker, build_tiny_csm
+        from omni_triton.stages.codec_tts import CancelRegistry, CodecTalker, checkpoint_dir
 
         torch.set_num_threads(1)
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        name = params.get("model_name", "csm-tiny")
-        path = model_dir(name)
-        if name == "csm-tiny":
-            build_tiny_csm(path)  # idempotent (manifest hash); normally done by `omni-triton prepare`
+        params = model_parameters(args)
+        path = checkpoint_dir(params.get("model_name", "csm-tiny"))
         self.talker = CodecTalker.from_pretrained(path)
         self.emit_frames = max(1, int(params.get("emit_frames", "1")))
         self.default_min = int(params.get("default_min_frames", self.talker.default_min_frames))
