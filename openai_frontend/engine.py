@@ -101,6 +101,9 @@ class ModelInfo:
     sample_rate: int | None = None
     supports_speed: bool = False
     max_input_chars: int | None = None
+    #: Stage models a BLS model calls (config parameter ``depends_on``): Triton reports a BLS
+    #: model READY even when they are not, so the frontend checks them itself.
+    depends_on: tuple[str, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -142,7 +145,19 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
         sample_rate=_int("sample_rate"),
         supports_speed=supports_speed,
         max_input_chars=_int("max_input_chars"),
+        depends_on=tuple(d.strip() for d in params.get("depends_on", "").split(",") if d.strip()),
     )
+
+
+def _unready_dependencies(info: ModelInfo, states: dict[str, tuple[str, str]]) -> ModelInfo:
+    """``info`` itself when all its ``depends_on`` stages are READY, else an UNAVAILABLE copy
+    whose reason names the stages that are not."""
+    missing = [f"{d} ({states.get(d, ('MISSING', ''))[0]})" for d in info.depends_on
+               if states.get(d, ("MISSING", ""))[0] != "READY"]
+    if not missing:
+        return info
+    return ModelInfo(name=info.name, state="UNAVAILABLE",
+                     reason="stages not ready: " + ", ".join(missing))
 
 
 # --------------------------------------------------------------------------- protocol
@@ -266,7 +281,7 @@ class TritonEngine:
                 out.append(ModelInfo(name=name, state=state, reason=reason))
                 continue
             try:
-                out.append(await self._config(name, state, reason))
+                out.append(_unready_dependencies(await self._config(name, state, reason), states))
             except InferenceError as exc:  # unloaded between the two calls
                 out.append(ModelInfo(name=name, state="UNAVAILABLE", reason=exc.message))
         return out
@@ -290,7 +305,13 @@ class TritonEngine:
                 + ")",
                 param="model",
             )
-        return await self._config(name, "READY", "")
+        info = await self._config(name, "READY", "")
+        if info.depends_on:
+            checked = _unready_dependencies(info, await self._index())
+            if not checked.ready:
+                raise ModelNotReadyError(
+                    f"The model '{name}' is not ready: {checked.reason}", param="model")
+        return info
 
     async def synthesize(
         self, model: str, text: str, voice: str | None = None, speed: float | None = None

@@ -17,10 +17,13 @@ async def health(request: Request):
     engine = request.app.state.engine
     live = await engine.is_live()
     models: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     message = None
     if live:
         try:
-            models = {m.name: m.state for m in await engine.list_models()}
+            infos = await engine.list_models()
+            models = {m.name: m.state for m in infos}
+            reasons = {m.name: m.reason for m in infos if m.reason}
         except EngineError as exc:
             live, message = False, exc.message
     else:
@@ -30,7 +33,9 @@ async def health(request: Request):
         message = "no models are served"
     ok = live and bool(models) and not not_ready
     if not_ready:
-        message = "models not ready: " + ", ".join(f"{n} ({models[n]})" for n in not_ready)
+        message = "models not ready: " + ", ".join(
+            f"{n} ({models[n]}" + (f": {reasons[n]}" if n in reasons else "") + ")" for n in not_ready
+        )
     status = HealthStatus(
         status="ok" if ok else "unhealthy",
         triton_live=live,

@@ -190,3 +190,29 @@ def test_bad_codec_requests(stack):
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
     ok = stream_tts(stack.triton_grpc_url, "tts", "Still serving.", voice="0")
     assert ok.chunks
+
+
+def test_health_is_not_ok_while_a_stage_is_down(stack):
+    """Triton keeps the BLS model ``tts`` READY when its talker is unloaded; the frontend's
+    /health and /v1/audio/speech still see that the pipeline cannot serve (503), and recover
+    once the stage is loaded again."""
+    repo = f"{stack.triton_http_url}/v2/repository/models/tts_talker"
+    assert httpx.post(f"{repo}/unload", timeout=60).status_code == 200
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{stack.triton_http_url}/v2/models/tts_talker/ready").status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        health = httpx.get(f"{stack.frontend_url}/health", timeout=30)
+        assert health.status_code == 503
+        assert "tts_talker" in health.json()["message"]
+        r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=60,
+                       json={"model": "tts", "voice": "0", "input": "hello"})
+        assert r.status_code == 503 and "tts_talker" in r.json()["error"]["message"]
+        ok = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=120,
+                        json={"model": "piper_tts", "voice": "joe", "input": "Piper still works."})
+        assert ok.status_code == 200
+    finally:
+        assert httpx.post(f"{repo}/load", timeout=300).status_code == 200
+    assert httpx.get(f"{stack.frontend_url}/health", timeout=30).status_code == 200
+    assert stream_tts(stack.triton_grpc_url, "tts", "Back again.", voice="0").chunks
