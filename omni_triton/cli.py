@@ -24,7 +24,6 @@ from omni_triton.launcher import (
     check_ports_free,
     dependencies,
 )
-from omni_triton.paths import cache_dir
 
 DEFAULT_MODELS = "piper_tts,tts"
 
@@ -62,9 +61,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not args.skip_prepare:
         prepare(models)
-    log_dir = cache_dir() / "logs"
     server = TritonServer(models, http_port=args.triton_http_port, grpc_port=args.triton_grpc_port,
-                          metrics_port=args.triton_metrics_port, log_path=log_dir / "tritonserver.log")
+                          metrics_port=args.triton_metrics_port, host=args.triton_host)
     frontend = None
     try:
         print(f"omni-triton: starting tritonserver with {', '.join(server.models)} "
@@ -83,7 +81,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"omni-triton: OpenAI API at {frontend.url}/v1  (try: curl {frontend.url}/v1/models)",
                   flush=True)
         print("omni-triton: serving; Ctrl-C to stop", flush=True)
+        ticks = 0
         while not stop.wait(0.5):
+            ticks += 1
+            if ticks % 10 == 0:  # every 5 s: a stub that died is restarted, not left failing
+                for model in server.models_without_stub():
+                    print(f"omni-triton: the stub process of {model} died; reloading {model}",
+                          file=sys.stderr, flush=True)
+                    try:
+                        server.reload(model)
+                        print(f"omni-triton: {model} reloaded", file=sys.stderr, flush=True)
+                    except ServerStartError as exc:
+                        print(f"omni-triton: {exc}", file=sys.stderr, flush=True)
             if server.proc.poll() is not None:
                 print(f"omni-triton: tritonserver exited ({server.proc.returncode})\n"
                       f"{server.failure_report()}", file=sys.stderr, flush=True)
@@ -117,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=DEFAULT_MODELS, help="comma separated Triton model names")
     p.add_argument("--host", default="127.0.0.1", help="frontend bind address")
     p.add_argument("--port", type=int, default=9000, help="frontend port")
+    p.add_argument("--triton-host", default="127.0.0.1",
+                   help="address Triton's HTTP/gRPC/metrics endpoints bind to (0.0.0.0: all; "
+                        "note anyone reaching it can load/unload models)")
     p.add_argument("--triton-http-port", type=int, default=8000)
     p.add_argument("--triton-grpc-port", type=int, default=8001)
     p.add_argument("--triton-metrics-port", type=int, default=8002)

@@ -303,28 +303,37 @@ class TritonServer:
         extra_args: more tritonserver flags.
         repositories: model repositories (default: this checkout's ``model_repository`` and
             ``ensembles``).
+        host: address Triton's HTTP, gRPC and metrics endpoints bind to. Default 127.0.0.1:
+            explicit model control lets any client load/unload models, so Triton is not exposed
+            beyond this machine unless asked (``0.0.0.0``).
     """
 
     def __init__(self, models: list[str], http_port: int = 8000, grpc_port: int = 8001,
                  metrics_port: int = 8002, log_path: Path | None = None,
                  exit_timeout: int = 10, extra_args: list[str] | None = None,
-                 repositories: list[Path] | None = None):
+                 repositories: list[Path] | None = None, host: str = "127.0.0.1"):
+        self.host = host
         self.repositories = repositories or model_repositories()
         self.models = resolve_models(models, self.repositories)
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
-        self.log_path = log_path or cache_dir() / "logs" / "tritonserver.log"
+        # One log per server (by HTTP port), so concurrent servers never overwrite each other's.
+        self.log_path = log_path or cache_dir() / "logs" / f"tritonserver-{http_port}.log"
         self.exit_timeout = exit_timeout
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
         self.install = find_tritonserver()
 
     @property
+    def _connect_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+    @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self._connect_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self._connect_host}:{self.grpc_port}"
 
     def command(self) -> list[str]:
         """The full tritonserver command line."""
@@ -336,6 +345,9 @@ class TritonServer:
             f"--backend-directory={self.install.backend_dir}",
             "--model-control-mode=explicit",
             *[f"--load-model={m}" for m in self.models],
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
@@ -424,6 +436,54 @@ class TritonServer:
         raise ServerStartError(
             f"tritonserver not ready after {timeout:.0f} s\n{self.failure_report()}"
         )
+
+    def python_models(self) -> list[str]:
+        """Loaded models that run in a Python-backend stub process (not ensembles)."""
+        paths = available_models(self.repositories)
+        return [m for m in self.models if _read_config(paths[m] / "config.pbtxt").backend == "python"]
+
+    def models_without_stub(self) -> list[str]:
+        """Python-backend models whose stub process is gone (killed, crashed, OOM).
+
+        Triton 2.51 keeps such a model READY and fails each request with "Stub process ... is
+        not healthy" until the model is loaded again.
+        """
+        import psutil
+
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        alive = set()
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                cmd = child.cmdline()
+            except psutil.Error:
+                continue
+            if len(cmd) > 1 and cmd[0].endswith("triton_python_backend_stub"):
+                alive.add(Path(cmd[1]).parent.parent.name)  # <repo>/<model>/<version>/model.py
+        return [m for m in self.python_models() if m not in alive]
+
+    def reload(self, model: str) -> None:
+        """Unload and load ``model`` through Triton's repository API (restarts its stubs).
+
+        A plain ``load`` of a loaded model whose files did not change is a no-op in Triton, so
+        the model is unloaded first; requests in between get "model not ready" (503 from the
+        frontend) instead of "stub not healthy".
+
+        Raises:
+            ServerStartError: Triton refused or failed to unload or load it.
+        """
+        repo = f"{self.http_url}/v2/repository/models/{model}"
+        r = httpx.post(f"{repo}/unload", timeout=600)
+        if r.status_code != 200:
+            raise ServerStartError(f"unloading {model} failed: {r.text}")
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{self.http_url}/v2/models/{model}/ready", timeout=5).status_code == 200:
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"{model} did not unload within 120 s")
+            time.sleep(0.2)
+        r = httpx.post(f"{repo}/load", timeout=600)
+        if r.status_code != 200:
+            raise ServerStartError(f"loading {model} again failed: {r.text}")
 
     def stop(self) -> None:
         """Stop the server and everything in its process group (stubs, engine children)."""

@@ -191,6 +191,9 @@ class Engine(Protocol):
 
 
 # --------------------------------------------------------------------------- Triton
+#: Triton 2.51's error when a model's Python stub process died; the model stays READY until it
+#: is loaded again (``omni-triton serve`` does that), so the request is retryable: 503.
+_STUB_DOWN = "is not healthy"
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -347,7 +350,11 @@ class TritonEngine:
         try:
             async for result, error in call:
                 if error is not None:
-                    raise InferenceError(f"{model}: {error.message()}")
+                    message = error.message()
+                    if _STUB_DOWN in message:  # the launcher reloads the model within seconds
+                        raise ModelNotReadyError(f"{model}: {message} (being restarted)",
+                                                 param="model")
+                    raise InferenceError(f"{model}: {message}")
                 response = result.get_response()
                 audio = result.as_numpy("AUDIO")
                 if audio is not None and audio.size:

@@ -84,6 +84,14 @@ def _plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
     """Validate the request against the model; return (format, voice, speed)."""
     if not body.input.strip():
         raise bad_request("'input' must not be empty", param="input", code="empty_input")
+    if "\x00" in body.input:
+        raise bad_request("'input' must not contain NUL characters", param="input",
+                          code="invalid_characters")
+    try:
+        body.input.encode("utf-8")
+    except UnicodeEncodeError as exc:  # e.g. a lone surrogate escaped as "\ud800" in the JSON
+        raise bad_request(f"'input' is not valid Unicode text ({exc.reason} at character "
+                          f"{exc.start})", param="input", code="invalid_characters") from None
     limit = info.max_input_chars or default_max_chars
     if len(body.input) > limit:
         raise bad_request(
@@ -122,6 +130,12 @@ def _plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
         )
     speed = body.speed if body.speed != 1.0 else None
     return fmt, voice, speed
+
+
+def _nothing_to_speak(model: str) -> OpenAIError:
+    """The model finished without any audio (e.g. input "..." has no speakable words)."""
+    return bad_request(f"The model '{model}' found nothing to speak in 'input'", param="input",
+                       code="no_speech")
 
 
 def _audio_headers(fmt_name: str, sample_rate: int) -> dict[str, str]:
@@ -173,8 +187,9 @@ async def create_speech(body: SpeechRequest, request: Request):
                     metrics.ttfa.labels(info.name).observe(time.perf_counter() - t0)
                 chunks.append(chunk)
                 rate = sr or rate
-            samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
-            rate = rate or 24000  # only when the model produced nothing and declares no rate
+            if not chunks:
+                raise _nothing_to_speak(info.name)
+            samples = np.concatenate(chunks)
             try:
                 data = await asyncio.to_thread(encode_audio, samples, rate, fmt.name)
             except UnsupportedFormatError as exc:  # rate only known after synthesis
@@ -195,6 +210,10 @@ async def create_speech(body: SpeechRequest, request: Request):
         await gen.aclose()
         finish(0, 0)
         raise
+    if first is None:
+        await gen.aclose()
+        finish(0, 0)
+        raise _nothing_to_speak(info.name)
     metrics.ttfa.labels(info.name).observe(time.perf_counter() - t0)
     rate = (first[1] if first else 0) or info.sample_rate or 24000
     counted = {"samples": 0}

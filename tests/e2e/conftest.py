@@ -33,6 +33,7 @@ class Stack:
     triton_grpc_url: str  # 127.0.0.1:PORT (KServe v2 gRPC)
     metrics_url: str  # http://127.0.0.1:PORT/metrics (Triton's Prometheus endpoint)
     log_path: str
+    triton_pid: int
 
     def metric(self, name: str, **labels: str) -> float:
         """Current value of one Prometheus sample of Triton's metrics endpoint (0 if absent)."""
@@ -75,13 +76,15 @@ def stack(tmp_path_factory):
                 pass
             time.sleep(1)
         started = psutil.Process(proc.pid).children(recursive=True)
-        assert any("tritonserver" in p.name() for p in started), [p.name() for p in started]
+        tritons = [p for p in started if p.name() == "tritonserver"]
+        assert len(tritons) == 1, [p.name() for p in started]
         yield Stack(
             frontend_url=url,
             triton_http_url=f"http://127.0.0.1:{ports['http']}",
             triton_grpc_url=f"127.0.0.1:{ports['grpc']}",
             metrics_url=f"http://127.0.0.1:{ports['metrics']}/metrics",
             log_path=str(log_path),
+            triton_pid=tritons[0].pid,
         )
     finally:
         started = []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import io
 import json
 import time
@@ -153,6 +154,9 @@ BAD_REQUESTS = [
     ({"model": "piper_tts", "voice": "joe", "input": "hi", "speed": 9.0}, 400, "speed"),
     ({"model": "piper_tts", "voice": "joe", "input": "word " * 2000}, 400, "input"),
     ({"model": "tts", "voice": "0", "input": "hi", "speed": 1.5}, 400, "speed"),
+    ({"model": "piper_tts", "voice": "joe", "input": "a\x00b"}, 400, "input"),
+    ({"model": "piper_tts", "voice": "joe", "input": "...", "response_format": "wav"}, 400, "input"),
+    ({"model": "piper_tts", "voice": "joe", "input": "...", "stream": True}, 400, "input"),
 ]
 
 
@@ -165,6 +169,27 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(stack, body, statu
     ok = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=120,
                     json={"model": "piper_tts", "voice": "joe", "input": "Still here.", "response_format": "wav"})
     assert ok.status_code == 200
+
+
+def test_lone_surrogate_is_a_400(stack):
+    r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", headers={"content-type": "application/json"},
+                   content=b'{"model": "piper_tts", "voice": "joe", "input": "a\\ud800b"}')
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "input"
+
+
+def test_triton_listens_on_loopback_only(stack):
+    import psutil
+
+    triton_ports = {int(u.rsplit(":", 1)[1].split("/")[0])
+                    for u in (stack.triton_http_url, stack.triton_grpc_url, stack.metrics_url)}
+    listening = [c for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port in triton_ports]
+    def loopback(ip: str) -> bool:  # gRPC listens on the IPv4-mapped form ::ffff:127.0.0.1
+        addr = ipaddress.ip_address(ip)
+        return (getattr(addr, "ipv4_mapped", None) or addr).is_loopback
+
+    assert listening and all(loopback(c.laddr.ip) for c in listening), listening
 
 
 def test_malformed_json(stack):
@@ -201,3 +226,32 @@ def test_client_disconnect_stops_piper(stack):
     seconds = stack.metric("omni_tts_audio_seconds_total", model="piper_tts")
     time.sleep(1.0)
     assert stack.metric("omni_tts_audio_seconds_total", model="piper_tts") == seconds
+
+
+def test_killed_stub_is_restarted_by_the_launcher(stack):
+    """Triton 2.51 keeps a model READY after its stub process dies and fails every request;
+    ``omni-triton serve`` notices the missing stub and loads the model again."""
+    import os
+    import signal
+
+    import psutil
+
+    def piper_stubs():
+        return [p for p in psutil.process_iter(["cmdline"])
+                if p.info["cmdline"] and p.info["cmdline"][0].endswith("triton_python_backend_stub")
+                and "/piper_tts/" in p.info["cmdline"][1]
+                and p.info["cmdline"][5] == str(stack.triton_pid)]
+
+    (stub,) = piper_stubs()
+    os.kill(stub.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, "piper_tts never came back after its stub was killed"
+        r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=120,
+                       json={"model": "piper_tts", "voice": "joe", "input": "Back again.",
+                             "response_format": "wav"})
+        if r.status_code == 200:
+            break
+        time.sleep(1)
+    assert [p.pid for p in piper_stubs()] != [stub.pid]
+    assert "reloading piper_tts" in open(stack.log_path).read()
