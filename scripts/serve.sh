@@ -4,5 +4,5 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
-VENV="${OMNI_TRITON_VENV:-${OMNI_TRITON_CACHE:-$HOME/.cache/omni-triton}/venv}"
+VENV="$ROOT/.venv"
 exec "$VENV/bin/omni-triton" serve --skip-prepare "$@"

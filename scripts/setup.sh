@@ -1,28 +1,48 @@
 #!/usr/bin/env bash
 # Idempotent set-up used by the README's two commands and by .ci/run:
-#   1. a virtualenv (cached in $OMNI_TRITON_CACHE/venv, rebuilt only when requirements.lock changes),
-#   2. the exact dependency set of requirements.lock, installed with --no-deps (see README "Pins"),
-#   3. this checkout installed editable (cheap; re-pointed at whichever clone runs it),
-#   4. the embedded default models prepared into $OMNI_TRITON_CACHE/models (skipped when present).
+#   1. a dependency virtualenv shared by every checkout on this machine, cached in
+#      $OMNI_TRITON_CACHE/venv and rebuilt only when requirements.lock changes; it holds the exact
+#      dependency set of requirements.lock, installed with --no-deps (see README "Pins");
+#   2. this checkout's own virtualenv, .venv/ (seconds): it sees the shared dependencies through a
+#      .pth file and has this checkout installed editable, so two clones never run each other's code;
+#   3. the embedded default models prepared into $OMNI_TRITON_CACHE/models (skipped when present).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export OMNI_TRITON_CACHE="${OMNI_TRITON_CACHE:-$HOME/.cache/omni-triton}"
-VENV="${OMNI_TRITON_VENV:-$OMNI_TRITON_CACHE/venv}"
+DEPS="${OMNI_TRITON_DEPS_VENV:-$OMNI_TRITON_CACHE/venv}"
+VENV="$ROOT/.venv"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 LOCK="$ROOT/requirements.lock"
-STAMP="$VENV/.omni-triton-lock.sha256"
+STAMP="$DEPS/.omni-triton-lock.sha256"
 want="$( (cat "$LOCK"; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
 
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
-  echo "setup: creating $VENV from requirements.lock (first run: a few minutes)"
-  rm -rf "$VENV"
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24"
+if [ ! -x "$DEPS/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  echo "setup: creating $DEPS from requirements.lock (first run: a few minutes)"
+  rm -rf "$DEPS"
+  "$PYTHON" -m venv "$DEPS"
+  "$DEPS/bin/python" -m pip install --quiet --upgrade "pip>=24"
   # torch 2.13.0+cpu comes from the wheel on this machine's disk (pip's find-links), the rest from PyPI.
-  "$VENV/bin/python" -m pip install --quiet --no-deps -r "$LOCK"
+  "$DEPS/bin/python" -m pip install --quiet --no-deps -r "$LOCK"
   echo "$want" > "$STAMP"
 else
-  echo "setup: reusing $VENV (requirements.lock unchanged)"
+  echo "setup: reusing $DEPS (requirements.lock unchanged)"
 fi
-"$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT"
+
+deps_site="$("$DEPS/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.omni-triton-deps" 2>/dev/null)" != "$deps_site $want" ]; then
+  echo "setup: creating $VENV on top of $DEPS"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv --without-pip "$VENV"
+  site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  # addsitedir (not a plain path line) so the shared site-packages' own .pth files are processed too.
+  echo "import site; site.addsitedir('$deps_site')" > "$site/omni_triton_deps.pth"
+  echo "$deps_site $want" > "$VENV/.omni-triton-deps"
+fi
+# The project lives in each checkout's .venv only (older set-ups installed it into the shared one).
+if "$DEPS/bin/python" -m pip show --quiet omni-triton >/dev/null 2>&1; then
+  "$DEPS/bin/python" -m pip uninstall --quiet --yes omni-triton
+fi
+if ! "$VENV/bin/python" -m pip install --no-deps --no-build-isolation -e "$ROOT" > "$VENV/install.log" 2>&1; then
+  cat "$VENV/install.log"; exit 1
+fi
 "$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,tts}"

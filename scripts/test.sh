@@ -4,6 +4,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
-VENV="${OMNI_TRITON_VENV:-${OMNI_TRITON_CACHE:-$HOME/.cache/omni-triton}/venv}"
+VENV="$ROOT/.venv"
 cd "$ROOT"
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests
