@@ -322,6 +322,7 @@ class TritonServer:
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
         self.install = find_tritonserver()
+        self._shm_regions: set[str] = set()
 
     @property
     def _connect_host(self) -> str:
@@ -452,15 +453,29 @@ class TritonServer:
 
         if self.proc is None or self.proc.poll() is not None:
             return []
-        alive = set()
-        for child in psutil.Process(self.proc.pid).children():
+        alive = {Path(cmd[1]).parent.parent.name for cmd in self._stub_cmdlines()}
+        return [m for m in self.python_models() if m not in alive]
+
+    def _stub_cmdlines(self) -> list[list[str]]:
+        """Command lines of the server's live stub processes; remembers their shared-memory
+        regions (argv[2]) so :meth:`stop` can remove what a killed stub leaves in /dev/shm."""
+        import psutil
+
+        cmds = []
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return cmds
+        for child in children:
             try:
                 cmd = child.cmdline()
             except psutil.Error:
                 continue
-            if len(cmd) > 1 and cmd[0].endswith("triton_python_backend_stub"):
-                alive.add(Path(cmd[1]).parent.parent.name)  # <repo>/<model>/<version>/model.py
-        return [m for m in self.python_models() if m not in alive]
+            # argv: stub <repo>/<model>/<version>/model.py <shm region> <sizes> <parent pid> ...
+            if len(cmd) > 2 and cmd[0].endswith("triton_python_backend_stub"):
+                cmds.append(cmd)
+                self._shm_regions.add(cmd[2])
+        return cmds
 
     def reload(self, model: str) -> None:
         """Unload and load ``model`` through Triton's repository API (restarts its stubs).
@@ -486,9 +501,14 @@ class TritonServer:
             raise ServerStartError(f"loading {model} again failed: {r.text}")
 
     def stop(self) -> None:
-        """Stop the server and everything in its process group (stubs, engine children)."""
+        """Stop the server and everything in its process group (stubs, engine children), then
+        remove shared-memory regions its stubs left in /dev/shm (a killed stub leaks its own)."""
         if self.proc is not None:
+            if self.proc.poll() is None:
+                self._stub_cmdlines()
             stop_process_group(self.proc, timeout=self.exit_timeout + 10)
+            for region in self._shm_regions:
+                (Path("/dev/shm") / region).unlink(missing_ok=True)
 
     def __enter__(self) -> "TritonServer":
         self.start()

@@ -22,7 +22,9 @@ if [ ! -x "$DEPS/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; 
   "$PYTHON" -m venv "$DEPS"
   "$DEPS/bin/python" -m pip install --quiet --upgrade "pip>=24"
   # torch 2.13.0+cpu comes from the wheel on this machine's disk (pip's find-links), the rest from PyPI.
-  "$DEPS/bin/python" -m pip install --quiet --no-deps -r "$LOCK"
+  # (this machine's pip config names local index folders that lack most packages: drop that noise)
+  "$DEPS/bin/python" -m pip install --quiet --no-deps -r "$LOCK" \
+    2> >(grep -v "^WARNING: Location 'file:" >&2)
   echo "$want" > "$STAMP"
 else
   echo "setup: reusing $DEPS (requirements.lock unchanged)"

@@ -72,6 +72,7 @@ async def _resolve_model(engine, name: str | None) -> ModelInfo:
                 "'model' is required when the server serves "
                 f"{len(speech)} speech models ({', '.join(m.name for m in speech) or 'none'})",
                 param="model",
+                code="model_required",
             )
         return speech[0]
     info = await engine.get_model(name)
@@ -110,13 +111,17 @@ def _plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
         )
     if body.speed != 1.0 and not info.supports_speed:
         raise bad_request(
-            f"The model '{info.name}' does not support 'speed' (only 1.0)", param="speed"
+            f"The model '{info.name}' does not support 'speed' (only 1.0)", param="speed",
+            code="unsupported_speed",
         )
     if body.instructions and body.instructions.strip():
         raise bad_request(
-            f"The model '{info.name}' does not support 'instructions'", param="instructions"
+            f"The model '{info.name}' does not support 'instructions'", param="instructions",
+            code="unsupported_instructions",
         )
-    name = body.response_format or (DEFAULT_STREAM_FORMAT if body.streaming else DEFAULT_FORMAT)
+    name = body.response_format
+    if name is None:
+        name = DEFAULT_STREAM_FORMAT if body.streaming else DEFAULT_FORMAT
     try:
         fmt = get_format(name, info.sample_rate)
     except UnsupportedFormatError as exc:

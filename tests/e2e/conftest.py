@@ -63,6 +63,7 @@ def stack(tmp_path_factory):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{ports['frontend']}"
     deadline = time.monotonic() + READY_TIMEOUT_S + 60
+    shm_regions: set[str] = set()
     try:
         while True:
             if proc.poll() is not None:
@@ -78,6 +79,7 @@ def stack(tmp_path_factory):
         started = psutil.Process(proc.pid).children(recursive=True)
         tritons = [p for p in started if p.name() == "tritonserver"]
         assert len(tritons) == 1, [p.name() for p in started]
+        shm_regions |= _stub_shm_regions(started)
         yield Stack(
             frontend_url=url,
             triton_http_url=f"http://127.0.0.1:{ports['http']}",
@@ -92,6 +94,7 @@ def stack(tmp_path_factory):
             started = psutil.Process(proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             pass
+        shm_regions |= _stub_shm_regions(started)
         proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait(timeout=60)
@@ -104,3 +107,18 @@ def stack(tmp_path_factory):
             p.kill()
         assert not alive, f"processes left behind after SIGTERM: {[(p.pid, p.name()) for p in alive]}"
         assert code == 0, f"omni-triton serve exited with {code}:\n{log_path.read_text()[-3000:]}"
+        leaked = [r for r in shm_regions if os.path.exists(f"/dev/shm/{r}")]
+        assert not leaked, f"shared-memory regions left in /dev/shm: {leaked}"
+
+
+def _stub_shm_regions(processes) -> set[str]:
+    """Shared-memory region names of Triton Python stubs (their argv[2])."""
+    regions = set()
+    for p in processes:
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if len(cmd) > 2 and cmd[0].endswith("triton_python_backend_stub"):
+            regions.add(cmd[2])
+    return regions

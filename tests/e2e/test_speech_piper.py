@@ -155,6 +155,7 @@ BAD_REQUESTS = [
     ({"model": "piper_tts", "voice": "joe", "input": "word " * 2000}, 400, "input"),
     ({"model": "tts", "voice": "0", "input": "hi", "speed": 1.5}, 400, "speed"),
     ({"model": "piper_tts", "voice": "joe", "input": "a\x00b"}, 400, "input"),
+    ({"model": "piper_tts", "voice": "joe", "input": "hi", "response_format": ""}, 400, "response_format"),
     ({"model": "piper_tts", "voice": "joe", "input": "...", "response_format": "wav"}, 400, "input"),
     ({"model": "piper_tts", "voice": "joe", "input": "...", "stream": True}, 400, "input"),
 ]
