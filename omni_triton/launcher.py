@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from omni_triton.paths import cache_dir, model_repositories
+from omni_triton.paths import cache_dir, model_repositories, server_run_dir
 
 _PR_SET_PDEATHSIG = 1
 
@@ -507,6 +507,7 @@ class TritonServer:
             if self.proc.poll() is None:
                 self._stub_cmdlines()
             stop_process_group(self.proc, timeout=self.exit_timeout + 10)
+            shutil.rmtree(server_run_dir(self.proc.pid), ignore_errors=True)
             for region in self._shm_regions:
                 (Path("/dev/shm") / region).unlink(missing_ok=True)
 

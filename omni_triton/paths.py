@@ -25,3 +25,11 @@ def model_dir(name: str) -> Path:
 def model_repositories() -> list[Path]:
     """The Triton model repositories of this checkout: stage models, then ensembles."""
     return [REPO_ROOT / "model_repository", REPO_ROOT / "ensembles"]
+
+
+def server_run_dir(server_pid: int) -> Path:
+    """Scratch folder of one running tritonserver (e.g. the talker's cancel flags); removed by
+    the launcher when that server stops."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"omni-triton-run-{server_pid}"

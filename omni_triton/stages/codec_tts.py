@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import threading
 import time
@@ -622,33 +623,48 @@ def parse_tts_request(text, voice, speed, voices: Sequence[str], default_voice: 
     return text, int(voice)
 
 
-class CancelRegistry:
-    """Thread-safe, bounded set of cancelled request ids (the ``tts_talker`` CANCEL_ID side channel).
+class CancelFlags:
+    """Cancellation flags for talker streams, shared by every process of one tritonserver.
 
-    A cancel may arrive before or after its stream starts, so ids are remembered (oldest dropped
-    past ``capacity``) until :meth:`discard` is called when the stream ends.
+    Why: Triton 2.51's BLS response iterator has no ``cancel()``, so the ``tts`` BLS model cannot
+    cancel the ``tts_talker`` request it started. It passes a ``REQUEST_ID`` instead and, when its
+    own client goes away, raises the flag for that id; the talker checks the flag after every
+    frame. The talker runs several instances (separate stub processes) that execute one request
+    each, so the flags live in files, one per cancelled id, in a folder named after the server's
+    pid (the stubs' parent process): cheap to check (one ``stat`` per frame) and visible to all
+    instances at once. A flag raised before its stream starts still stops it.
+
+    Args:
+        directory: the folder of flags; created if missing.
     """
 
-    def __init__(self, capacity: int = 4096):
-        self._ids: "dict[str, None]" = {}
-        self._lock = threading.Lock()
-        self.capacity = capacity
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def for_server(cls, server_pid: int | None = None) -> "CancelFlags":
+        """Flags of the tritonserver whose pid is ``server_pid`` (default: this stub's parent)."""
+        from omni_triton.paths import server_run_dir
+
+        pid = os.getppid() if server_pid is None else server_pid
+        return cls(server_run_dir(pid) / "cancel")
+
+    def _path(self, request_id: str) -> Path:
+        return self.directory / hashlib.sha256(request_id.encode("utf-8")).hexdigest()[:32]
 
     def cancel(self, request_id: str) -> None:
-        with self._lock:
-            self._ids[request_id] = None
-            while len(self._ids) > self.capacity:
-                self._ids.pop(next(iter(self._ids)))
+        """Raise the flag of ``request_id``."""
+        self._path(request_id).touch()
 
     def is_cancelled(self, request_id: str | None) -> bool:
-        if not request_id:
-            return False
-        with self._lock:
-            return request_id in self._ids
+        """Whether the flag of ``request_id`` is raised (``False`` for ``None``/empty)."""
+        return bool(request_id) and self._path(request_id).exists()
 
     def discard(self, request_id: str | None) -> None:
-        with self._lock:
-            self._ids.pop(request_id, None)
+        """Lower the flag (when its stream ended)."""
+        if request_id:
+            self._path(request_id).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- in-process pipeline

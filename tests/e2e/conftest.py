@@ -36,15 +36,17 @@ class Stack:
     triton_pid: int
 
     def metric(self, name: str, **labels: str) -> float:
-        """Current value of one Prometheus sample of Triton's metrics endpoint (0 if absent)."""
+        """Sum of the samples of one metric on Triton's metrics endpoint whose labels include
+        ``labels`` (e.g. over all instances of a model); 0 if absent."""
         text = httpx.get(self.metrics_url, timeout=10).text
+        total = 0.0
         for line in text.splitlines():
             if not line.startswith(name + "{") and not line.startswith(name + " "):
                 continue
             found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
             if all(found.get(k) == v for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+                total += float(line.rsplit(" ", 1)[1])
+        return total
 
 
 @pytest.fixture(scope="session")

@@ -114,12 +114,24 @@ def test_openai_sdk_wav_from_codec_pipeline(stack, reference):
 def test_concurrent_requests_each_get_their_own_audio(stack, reference):
     """Four concurrent streams (code2wav batches their chunks) equal their in-process references."""
     texts = [(f"Concurrent request number {i}, with its own words.", i % 4) for i in range(4)]
+    before = _talker_requests_by_instance(stack)
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda tv: stream_tts(stack.triton_grpc_url, "tts", tv[0], voice=str(tv[1])), texts))
+    after = _talker_requests_by_instance(stack)
+    busy = [i for i in after if after[i] > before.get(i, 0)]
+    assert len(busy) == 2, f"talker instances that served requests: {busy}"
     for (text, voice), result in zip(texts, results):
         ref = reference(text, voice)
         assert result.audio.size == ref.audio.size
         assert np.max(np.abs(result.audio - ref.audio)) <= FLOAT_TOL
+
+
+def _talker_requests_by_instance(stack) -> dict[str, float]:
+    import re
+
+    text = httpx.get(stack.metrics_url, timeout=10).text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^omni_tts_talker_requests_total\{[^}]*instance="([^"]+)"[^}]*\} (\S+)$', text, re.M)}
 
 
 def test_code2wav_batches_concurrent_chunks(stack, reference):
@@ -162,7 +174,7 @@ def test_code2wav_batches_concurrent_chunks(stack, reference):
 
 def test_grpc_cancel_stops_the_talker(stack):
     """Cancelling the ``tts`` stream after one chunk stops the talker within a few frames (the
-    BLS forwards the cancellation through the talker's CANCEL_ID side channel)."""
+    BLS raises the talker's shared cancel flag: omni_triton.stages.codec_tts.CancelFlags)."""
     frames_before = stack.metric("omni_tts_talker_frames_total", model="tts_talker")
     cancelled_before = stack.metric("omni_tts_talker_cancelled_total", model="tts_talker")
     result = stream_tts(stack.triton_grpc_url, "tts", "A very long request that should be stopped.",

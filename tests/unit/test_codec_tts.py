@@ -177,13 +177,19 @@ def test_parse_tts_request():
             ct.parse_tts_request(text, voice, speed, voices, "0", 10)
 
 
-def test_cancel_registry():
-    reg = ct.CancelRegistry(capacity=2)
-    assert not reg.is_cancelled("a") and not reg.is_cancelled(None)
-    reg.cancel("a")
-    assert reg.is_cancelled("a")
-    reg.cancel("b")
-    reg.cancel("c")  # over capacity: the oldest id is forgotten
-    assert not reg.is_cancelled("a") and reg.is_cancelled("c")
-    reg.discard("c")
-    assert not reg.is_cancelled("c")
+def test_cancel_flags_are_shared_between_instances(tmp_path):
+    """Two CancelFlags on one folder (two talker stub processes) see each other's flags; ids of
+    any text map to safe file names; a flag raised before the stream starts is kept."""
+    bls, talker = ct.CancelFlags(tmp_path / "f"), ct.CancelFlags(tmp_path / "f")
+    assert not talker.is_cancelled("a") and not talker.is_cancelled(None)
+    bls.cancel("a")
+    bls.cancel("../../etc/passwd \n id")
+    assert talker.is_cancelled("a") and talker.is_cancelled("../../etc/passwd \n id")
+    assert all(len(p.name) == 32 for p in (tmp_path / "f").iterdir())
+    talker.discard("a")
+    talker.discard("never-raised")
+    assert not bls.is_cancelled("a")
+    flags = ct.CancelFlags.for_server(2**22 + 12345)  # above pid_max: never a live server's
+    assert flags.directory.parent.name == f"omni-triton-run-{2**22 + 12345}"
+    flags.directory.rmdir()
+    flags.directory.parent.rmdir()

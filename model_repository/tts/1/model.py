@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.stages.codec_tts import ChunkSchedule, TtsInputError, parse_tts_request
+from omni_triton.stages.codec_tts import CancelFlags, ChunkSchedule, TtsInputError, parse_tts_request
 from omni_triton.triton_io import model_parameters, optional_input, send_error, send_final
 
 LOGGER = logging.getLogger("tts")
@@ -40,6 +40,7 @@ class TritonPythonModel:
         self.max_input_chars = int(p.get("max_input_chars", "2000"))
         ChunkSchedule(self.first_chunk, self.chunk, self.left_context)  # validates the parameters
         self.pool = ThreadPoolExecutor(max_workers=int(p.get("workers", "8")))
+        self.cancel_flags = CancelFlags.for_server()
 
     def execute(self, requests):
         for request in requests:
@@ -60,12 +61,8 @@ class TritonPythonModel:
         return pb_utils.get_output_tensor_by_name(resp, "AUDIO").as_numpy().reshape(-1).astype(np.float32)
 
     def _cancel_talker(self, talker_id):
-        req = pb_utils.InferenceRequest(
-            model_name=TALKER, requested_output_names=["CODES"],
-            inputs=[_bytes_tensor("CANCEL_ID", talker_id)],
-        )
-        for _ in req.exec(decoupled=True):  # one empty FINAL response
-            pass
+        # 2.51's BLS response iterator has no cancel(): raise the talker's shared cancel flag.
+        self.cancel_flags.cancel(talker_id)
 
     def _run(self, request):
         sender = request.get_response_sender()

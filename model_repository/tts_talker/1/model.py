@@ -1,17 +1,18 @@
-"""Triton adapter for the CSM talker (decoupled). Logic lives in omni_triton.stages.codec_tts."""
+"""Triton adapter for the CSM talker (decoupled). Logic lives in omni_triton.stages.codec_tts.
+
+Each instance generates one request at a time inside ``execute`` (the config runs several
+instances, so Triton's scheduler spreads concurrent requests over them and queues the rest).
+"""
 import locale
 
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
-
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import model_parameters, optional_input, send_error, send_final
+from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send_error, send_final
 
 LOGGER = logging.getLogger("tts_talker")
 
@@ -24,7 +25,7 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from omni_triton.stages.codec_tts import CancelRegistry, CodecTalker, checkpoint_dir
+        from omni_triton.stages.codec_tts import CancelFlags, CodecTalker, checkpoint_dir
 
         torch.set_num_threads(1)
         params = model_parameters(args)
@@ -33,48 +34,27 @@ class TritonPythonModel:
         self.emit_frames = max(1, int(params.get("emit_frames", "1")))
         self.default_min = int(params.get("default_min_frames", self.talker.default_min_frames))
         self.default_max = int(params.get("default_max_frames", self.talker.default_max_frames))
-        self.cancels = CancelRegistry()
-        self.pool = ThreadPoolExecutor(max_workers=int(params.get("workers", "4")))
-        labels = {"model": args["model_name"], "version": args["model_version"]}
-        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
-        self._families = [
-            pb_utils.MetricFamily("omni_tts_talker_frames_total", "Codec frames generated", counter),
-            pb_utils.MetricFamily("omni_tts_talker_requests_total", "Talker requests started", counter),
-            pb_utils.MetricFamily("omni_tts_talker_cancelled_total", "Talker requests cancelled", counter),
-            pb_utils.MetricFamily("omni_tts_talker_active", "Talker requests in progress", gauge),
-        ]
-        self.m_frames, self.m_requests, self.m_cancelled, self.m_active = (
-            f.Metric(labels=labels) for f in self._families
+        self.flags = CancelFlags.for_server()
+        self.metrics = StageMetrics(
+            {"model": args["model_name"], "instance": args["model_instance_name"]},
+            frames=("omni_tts_talker_frames_total", "Codec frames generated", "counter"),
+            requests=("omni_tts_talker_requests_total", "Talker requests started", "counter"),
+            cancelled=("omni_tts_talker_cancelled_total", "Talker requests cancelled", "counter"),
+            active=("omni_tts_talker_active", "Talker requests being generated (per instance)", "gauge"),
         )
-        self._active = 0
-        self._active_lock = threading.Lock()
         LOGGER.info("tts_talker ready: %s (%d codebooks)", path, self.talker.num_codebooks)
 
     def execute(self, requests):
         for request in requests:
-            try:
-                cancel_id = _str(optional_input(request, "CANCEL_ID"))
-                if cancel_id:
-                    self.cancels.cancel(cancel_id)
-                    send_final(request.get_response_sender())
-                    continue
-            except Exception as exc:  # never raise out of a decoupled execute
-                send_error(request.get_response_sender(), f"tts_talker: bad request: {exc}")
-                continue
-            self.pool.submit(self._run, request)
+            self._run(request)
         return None
-
-    def _add_active(self, delta):
-        with self._active_lock:
-            self._active += delta
-            self.m_active.set(self._active)
 
     def _run(self, request):
         sender = request.get_response_sender()
         request_id = None
-        self._add_active(1)
         try:
-            self.m_requests.increment(1)
+            self.metrics.active.set(1)
+            self.metrics.requests.increment(1)
             text = _str(optional_input(request, "TEXT"))
             if not text:
                 send_error(sender, "tts_talker: TEXT is required", pb_utils.TritonError.INVALID_ARG)
@@ -83,7 +63,7 @@ class TritonPythonModel:
             max_frames = optional_input(request, "MAX_FRAMES")
             min_frames = optional_input(request, "MIN_FRAMES")
             request_id = _str(optional_input(request, "REQUEST_ID"))
-            cancelled = lambda: request.is_cancelled() or self.cancels.is_cancelled(request_id)  # noqa: E731
+            cancelled = lambda: request.is_cancelled() or self.flags.is_cancelled(request_id)  # noqa: E731
             pending = []
             for frames in self.talker.stream(
                 text,
@@ -92,13 +72,13 @@ class TritonPythonModel:
                 max_frames=self.default_max if max_frames is None else int(max_frames),
                 should_stop=cancelled,
             ):
-                self.m_frames.increment(len(frames))
+                self.metrics.frames.increment(len(frames))
                 pending.append(frames)
                 if sum(len(f) for f in pending) >= self.emit_frames:
                     sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("CODES", np.concatenate(pending))]))
                     pending = []
             if cancelled():
-                self.m_cancelled.increment(1)
+                self.metrics.cancelled.increment(1)
                 send_final(sender)
             elif pending:
                 sender.send(
@@ -114,8 +94,5 @@ class TritonPythonModel:
             except Exception:
                 LOGGER.exception("tts_talker could not send its error response")
         finally:
-            self.cancels.discard(request_id)
-            self._add_active(-1)
-
-    def finalize(self):
-        self.pool.shutdown(wait=True, cancel_futures=True)
+            self.flags.discard(request_id)
+            self.metrics.active.set(0)
