@@ -449,7 +449,6 @@ class TritonServer:
         Triton 2.51 keeps such a model READY and fails each request with "Stub process ... is
         not healthy" until the model is loaded again.
         """
-        import psutil
 
         if self.proc is None or self.proc.poll() is not None:
             return []

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 
@@ -30,9 +31,25 @@ def optional_input(request, name: str) -> Any:
     return array[0] if array.size else None
 
 
+_SEND_LOCK = threading.Lock()
+
+
+def send(sender, response=None, flags: int = 0) -> None:
+    """Send on a decoupled request's response sender, one send at a time per stub process.
+
+    Concurrent sends from several threads crashed tritonserver 2.51 once here (SIGSEGV in
+    libtriton_python.so after ``boost::interprocess::lock_exception``, during 4 concurrent
+    ``piper_tts`` streams whose worker threads each send); Triton's vllm_backend likewise sends
+    every response from one thread. Sends are short (a shared-memory copy), so the lock costs
+    little.
+    """
+    with _SEND_LOCK:
+        sender.send(response, flags=flags)
+
+
 def send_final(sender) -> None:
     """Close a decoupled response stream with an empty response carrying the FINAL flag."""
-    sender.send(flags=_pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    send(sender, flags=_pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def send_error(sender, message: str, code=None) -> None:
@@ -45,10 +62,8 @@ def send_error(sender, message: str, code=None) -> None:
     """
     pb = _pb()
     error = pb.TritonError(message) if code is None else pb.TritonError(message, code)
-    sender.send(
-        pb.InferenceResponse(output_tensors=[], error=error),
-        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-    )
+    send(sender, pb.InferenceResponse(output_tensors=[], error=error),
+         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 class StageMetrics:

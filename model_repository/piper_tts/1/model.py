@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_triton.paths import model_dir
 from omni_triton.stages.piper_tts import PiperSpeaker, SpeechInputError, discover_voices
-from omni_triton.triton_io import model_parameters, StageMetrics, optional_input, send_error, send_final
+from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send, send_error, send_final
 
 LOGGER = logging.getLogger("piper_tts")
 
@@ -58,14 +58,10 @@ class TritonPythonModel:
                 text, voice=voice or None, speed=speed, is_cancelled=request.is_cancelled
             ):
                 self.metrics.seconds.increment(sentence.audio.size / sentence.sample_rate)
-                sender.send(
-                    pb_utils.InferenceResponse(
-                        output_tensors=[
-                            pb_utils.Tensor("AUDIO", sentence.audio),
-                            pb_utils.Tensor("SAMPLE_RATE", np.array([sentence.sample_rate], np.int32)),
-                        ]
-                    )
-                )
+                send(sender, pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("AUDIO", sentence.audio),
+                    pb_utils.Tensor("SAMPLE_RATE", np.array([sentence.sample_rate], np.int32)),
+                ]))
             if request.is_cancelled():
                 self.metrics.cancelled.increment(1)
             send_final(sender)

@@ -13,7 +13,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_triton.stages.codec_tts import CancelFlags, ChunkSchedule, TtsInputError, parse_tts_request
-from omni_triton.triton_io import model_parameters, optional_input, send_error, send_final
+from omni_triton.triton_io import model_parameters, optional_input, send, send_error, send_final
 
 LOGGER = logging.getLogger("tts")
 TALKER, CODE2WAV = "tts_talker", "tts_code2wav"
@@ -94,7 +94,7 @@ class TritonPythonModel:
                 codes = np.concatenate(frames)
                 for start, end, left in chunks:
                     pcm = self._decode(codes[start:end], left)
-                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("AUDIO", pcm), sr]))
+                    send(sender, pb_utils.InferenceResponse([pb_utils.Tensor("AUDIO", pcm), sr]))
 
             for resp in stream:
                 if cancelled:

@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send_error, send_final
+from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send, send_error, send_final
 
 LOGGER = logging.getLogger("tts_talker")
 
@@ -75,16 +75,14 @@ class TritonPythonModel:
                 self.metrics.frames.increment(len(frames))
                 pending.append(frames)
                 if sum(len(f) for f in pending) >= self.emit_frames:
-                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("CODES", np.concatenate(pending))]))
+                    send(sender, pb_utils.InferenceResponse([pb_utils.Tensor("CODES", np.concatenate(pending))]))
                     pending = []
             if cancelled():
                 self.metrics.cancelled.increment(1)
                 send_final(sender)
             elif pending:
-                sender.send(
-                    pb_utils.InferenceResponse([pb_utils.Tensor("CODES", np.concatenate(pending))]),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                )
+                send(sender, pb_utils.InferenceResponse([pb_utils.Tensor("CODES", np.concatenate(pending))]),
+                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
                 send_final(sender)
         except Exception as exc:  # a stage reports failures as error responses, never raises
