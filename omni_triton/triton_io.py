@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from typing import Any
 
@@ -87,3 +88,17 @@ class StageMetrics:
             family = pb.MetricFamily(name, description, kinds[kind])
             self._families.append(family)
             setattr(self, attr, family.Metric(labels=labels))
+
+
+def send_failure(sender, stage: str, exc: BaseException) -> None:
+    """Report an unexpected exception of ``stage`` as a FINAL error response and log it.
+
+    A stage never lets an exception escape a decoupled ``execute`` (the client would wait
+    forever); if even the error response cannot be sent (the client is gone), that is logged too.
+    """
+    logger = logging.getLogger(stage)
+    logger.error("%s failed", stage, exc_info=exc)
+    try:
+        send_error(sender, f"{stage} failed: {exc}")
+    except Exception:
+        logger.exception("%s could not send its error response", stage)

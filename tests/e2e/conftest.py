@@ -35,6 +35,15 @@ class Stack:
     log_path: str
     triton_pid: int
 
+    @staticmethod
+    def wait_until(condition, failure: str, timeout_s: float = 60.0) -> None:
+        """Poll ``condition()`` every 0.1 s; fail with ``failure`` after ``timeout_s``. A bound on
+        waiting for an event, not a timing assertion."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, failure
+            time.sleep(0.1)
+
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of one metric on Triton's metrics endpoint whose labels include
         ``labels`` (e.g. over all instances of a model); 0 if absent."""

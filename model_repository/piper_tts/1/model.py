@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_triton.paths import model_dir
 from omni_triton.stages.piper_tts import PiperSpeaker, SpeechInputError, discover_voices
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send, send_error, send_final
+from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("piper_tts")
 
@@ -68,8 +68,7 @@ class TritonPythonModel:
         except SpeechInputError as exc:
             send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:  # a stage reports failures as error responses, never raises
-            LOGGER.exception("piper_tts failed")
-            send_error(sender, f"piper_tts failed: {exc}")
+            send_failure(sender, "piper_tts", exc)
         finally:
             self._add_active(-1)
 

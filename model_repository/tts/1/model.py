@@ -13,7 +13,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_triton.stages.codec_tts import CancelFlags, ChunkSchedule, TtsInputError, parse_tts_request
-from omni_triton.triton_io import model_parameters, optional_input, send, send_error, send_final
+from omni_triton.triton_io import model_parameters, optional_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("tts")
 TALKER, CODE2WAV = "tts_talker", "tts_code2wav"
@@ -117,11 +117,7 @@ class TritonPythonModel:
         except TtsInputError as exc:
             send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:  # a stage reports failures as error responses, never raises
-            LOGGER.exception("tts failed")
-            try:
-                send_error(sender, f"tts failed: {exc}")
-            except Exception:
-                LOGGER.exception("tts could not send its error response")
+            send_failure(sender, "tts", exc)
             if stream is not None and not finished:  # stop and drain the talker stream
                 try:
                     self._cancel_talker(talker_id)

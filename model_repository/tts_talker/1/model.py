@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send, send_error, send_final
+from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("tts_talker")
 
@@ -86,11 +86,7 @@ class TritonPythonModel:
             else:
                 send_final(sender)
         except Exception as exc:  # a stage reports failures as error responses, never raises
-            LOGGER.exception("tts_talker failed")
-            try:
-                send_error(sender, f"tts_talker failed: {exc}")
-            except Exception:
-                LOGGER.exception("tts_talker could not send its error response")
+            send_failure(sender, "tts_talker", exc)
         finally:
             self.flags.discard(request_id)
             self.metrics.active.set(0)
