@@ -193,6 +193,7 @@ async def create_speech(body: SpeechRequest, request: Request):
                 chunks.append(chunk)
                 rate = sr or rate
             if not chunks:
+                outcome = "invalid_input"  # a client error, not a server one
                 raise _nothing_to_speak(info.name)
             samples = np.concatenate(chunks)
             try:
@@ -217,6 +218,7 @@ async def create_speech(body: SpeechRequest, request: Request):
         raise
     if first is None:
         await gen.aclose()
+        outcome = "invalid_input"  # a client error, not a server one
         finish(0, 0)
         raise _nothing_to_speak(info.name)
     metrics.ttfa.labels(info.name).observe(time.perf_counter() - t0)

@@ -253,3 +253,11 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
         time.sleep(1)
     assert [p.pid for p in piper_stubs()] != [stub.pid]
     assert "reloading piper_tts" in open(stack.log_path).read()
+
+
+def test_nothing_to_speak_counts_as_a_client_error(stack):
+    r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=60,
+                   json={"model": "piper_tts", "voice": "joe", "input": "...", "response_format": "wav"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "no_speech"
+    metrics = httpx.get(f"{stack.frontend_url}/metrics").text
+    assert 'outcome="invalid_input"' in metrics
