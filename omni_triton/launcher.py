@@ -323,6 +323,7 @@ class TritonServer:
         self.proc: subprocess.Popen | None = None
         self.install = find_tritonserver()
         self._shm_regions: set[str] = set()
+        self._python_models: list[str] | None = None
 
     @property
     def _connect_host(self) -> str:
@@ -439,9 +440,13 @@ class TritonServer:
         )
 
     def python_models(self) -> list[str]:
-        """Loaded models that run in a Python-backend stub process (not ensembles)."""
-        paths = available_models(self.repositories)
-        return [m for m in self.models if _read_config(paths[m] / "config.pbtxt").backend == "python"]
+        """Loaded models that run in a Python-backend stub process (not ensembles); read from the
+        configs once, not on every health poll."""
+        if self._python_models is None:
+            paths = available_models(self.repositories)
+            self._python_models = [m for m in self.models
+                                   if _read_config(paths[m] / "config.pbtxt").backend == "python"]
+        return self._python_models
 
     def models_without_stub(self) -> list[str]:
         """Python-backend models whose stub process is gone (killed, crashed, OOM).

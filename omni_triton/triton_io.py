@@ -48,6 +48,14 @@ def send(sender, response=None, flags: int = 0) -> None:
         sender.send(response, flags=flags)
 
 
+def optional_str_input(request, name: str) -> str | None:
+    """First element of an optional BYTES input decoded as UTF-8, or ``None`` when absent."""
+    value = optional_input(request, name)
+    if value is None:
+        return None
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 def send_final(sender) -> None:
     """Close a decoupled response stream with an empty response carrying the FINAL flag."""
     send(sender, flags=_pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from omni_triton.paths import model_dir
 from omni_triton.stages.piper_tts import PiperSpeaker, SpeechInputError, discover_voices
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send, send_error, send_failure, send_final
+from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("piper_tts")
 
@@ -48,10 +48,8 @@ class TritonPythonModel:
         try:
             self._add_active(1)
             self.metrics.requests.increment(1)
-            text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)[0]
-            text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-            voice = optional_input(request, "VOICE")
-            voice = voice.decode("utf-8") if isinstance(voice, bytes) else voice
+            text = optional_str_input(request, "TEXT") or ""  # required by config.pbtxt
+            voice = optional_str_input(request, "VOICE")
             speed = optional_input(request, "SPEED")
             speed = 1.0 if speed is None else float(speed)
             for sentence in self.speaker.synthesize(

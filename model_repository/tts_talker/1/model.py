@@ -12,13 +12,9 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, send, send_error, send_failure, send_final
+from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("tts_talker")
-
-
-def _str(value):
-    return value.decode("utf-8") if isinstance(value, bytes) else (None if value is None else str(value))
 
 
 class TritonPythonModel:
@@ -55,14 +51,14 @@ class TritonPythonModel:
         try:
             self.metrics.active.set(1)
             self.metrics.requests.increment(1)
-            text = _str(optional_input(request, "TEXT"))
+            text = optional_str_input(request, "TEXT")
             if not text:
                 send_error(sender, "tts_talker: TEXT is required", pb_utils.TritonError.INVALID_ARG)
                 return
             speaker = optional_input(request, "SPEAKER")
             max_frames = optional_input(request, "MAX_FRAMES")
             min_frames = optional_input(request, "MIN_FRAMES")
-            request_id = _str(optional_input(request, "REQUEST_ID"))
+            request_id = optional_str_input(request, "REQUEST_ID")
             cancelled = lambda: request.is_cancelled() or self.flags.is_cancelled(request_id)  # noqa: E731
             pending = []
             for frames in self.talker.stream(
