@@ -118,24 +118,39 @@ def _train_tokenizer():
     )
 
 
+def kaiming_init_conv_(mod: torch.nn.Module, gen: torch.Generator) -> None:
+    """Kaiming-normal init of one ``Conv1d``/``ConvTranspose1d`` (fan-in from its weight shape),
+    bias zeroed. Random codec decoders with their default conv init give ~1e-8 amplitude."""
+    fan_in = mod.weight[0].numel() if isinstance(mod, torch.nn.Conv1d) else mod.weight.shape[0] // max(mod.groups, 1) * mod.weight.shape[-1]
+    mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * (2.0 / max(fan_in, 1)) ** 0.5)
+    if mod.bias is not None:
+        mod.bias.zero_()
+
+
+def kaiming_init_convs_(module: torch.nn.Module, gen: torch.Generator, last_conv: torch.nn.Module,
+                        last_conv_scale: float) -> None:
+    """Kaiming-init every conv of a random codec decoder (module order), then scale ``last_conv``
+    (the one producing the waveform) by ``last_conv_scale`` so the output is noise-like, neither
+    silent (~1e-8) nor clipped."""
+    for mod in module.modules():
+        if isinstance(mod, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
+            kaiming_init_conv_(mod, gen)
+    last_conv.weight.mul_(last_conv_scale)
+
+
 def _init_codec_(codec: torch.nn.Module, spec: TinyCsmSpec, gen: torch.Generator) -> None:
     """Make a random Mimi audible: random codebook centroids (Mimi inits them to zeros, so every
     code would decode to the same vector) and kaiming-initialised convs, last conv scaled down so
     the output is noise-like, neither silent (~1e-8) nor clipped."""
     from transformers.models.mimi.modeling_mimi import MimiEuclideanCodebook
 
-    convs = []
-    for mod in codec.modules():
+    for mod in codec.modules():  # one pass in module order (the RNG order the csm-tiny hash implies)
         if isinstance(mod, MimiEuclideanCodebook):
             mod.embed_sum.copy_(torch.randn(mod.embed_sum.shape, generator=gen))
             mod.cluster_usage.fill_(1.0)
             mod._embed = None
         elif isinstance(mod, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
-            fan_in = mod.weight[0].numel() if isinstance(mod, torch.nn.Conv1d) else mod.weight.shape[0] // max(mod.groups, 1) * mod.weight.shape[-1]
-            mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * (2.0 / max(fan_in, 1)) ** 0.5)
-            if mod.bias is not None:
-                mod.bias.zero_()
-            convs.append(mod)
+            kaiming_init_conv_(mod, gen)
     last = [m for n, m in codec.named_modules() if n.startswith("decoder.") and isinstance(m, torch.nn.Conv1d)][-1]
     last.weight.mul_(spec.last_conv_scale)
 
@@ -151,21 +166,27 @@ def build_tiny_csm(out_dir: Path, seed: int = 0, spec: TinyCsmSpec | None = None
     ``MimiModel.from_pretrained``) and ``manifest.json`` (seed, config hash, talker defaults).
     Idempotent: returns at once when the manifest exists with the same hash.
     """
+    spec = spec or TinyCsmSpec()
+    return build_once(Path(out_dir), spec.config_hash(seed), lambda d, h: _build(d, seed, spec, h))
+
+
+def build_once(out_dir: Path, config_hash: str, build: Callable[[Path, str], None]) -> Path:
+    """Run ``build(out_dir, config_hash)`` unless ``out_dir/manifest.json`` already records
+    ``config_hash``; return ``out_dir``. ``build`` must write the manifest last (it marks the build
+    complete). Several Triton models may start at once and all find the folder missing: one builds
+    under a file lock, the others wait on it and then see the finished manifest."""
     import fcntl
 
-    spec = spec or TinyCsmSpec()
-    out_dir = Path(out_dir)
-    h = spec.config_hash(seed)
-    if _manifest_hash(out_dir) == h:
+    if _manifest_hash(out_dir) == config_hash:
         return out_dir
-    # Several Triton models may start at once and all find the folder missing: one builds, the
-    # others wait on the lock and then see the finished manifest.
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _manifest_hash(out_dir) == h:
+        if _manifest_hash(out_dir) == config_hash:
             return out_dir
-        _build(out_dir, seed, spec, h)
+        (out_dir / MANIFEST).unlink(missing_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        build(out_dir, config_hash)
     return out_dir
 
 
@@ -181,8 +202,6 @@ def _build(out_dir: Path, seed: int, spec: TinyCsmSpec, h: str) -> None:
         CsmConfig, CsmForConditionalGeneration, CsmProcessor, EncodecFeatureExtractor, MimiConfig,
     )
 
-    (out_dir / MANIFEST).unlink(missing_ok=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
     man_path = out_dir / MANIFEST
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -534,11 +553,28 @@ class CodecDecoder:
         with torch.inference_mode():
             audio = self.codec.decode(torch.from_numpy(batch).transpose(1, 2)).audio_values  # [n, 1, S]
         audio = audio[:, 0].float().numpy()
-        spf = self.samples_per_frame
         for i in range(n):
-            lo, hi = left[i] * spf, lens[i] * spf
-            out[i] = np.ascontiguousarray(audio[i, lo:hi], dtype=np.float32)
+            out[i] = keep_new_samples(audio[i], lens[i], left[i], self.samples_per_frame)
         return out
+
+
+def keep_new_samples(audio: np.ndarray, n_frames: int, left_context: int, samples_per_frame: int,
+                     trailing_loss: int = 0) -> np.ndarray:
+    """The PCM of the new frames of one chunk decoded with left context.
+
+    ``audio`` is the decoder output for ``n_frames`` frames (possibly longer: right padding of a
+    batch), whose first ``left_context`` frames were context only. A causal decoder emits
+    ``n_frames * samples_per_frame - trailing_loss`` valid samples: ``trailing_loss`` > 0 for
+    decoders whose causal transposed convs trim the samples that still need the next frame
+    (Qwen3-Omni code2wav); those samples come from the next chunk, whose left context covers them,
+    so a chunk with context keeps ``[left*spf - trailing_loss, n*spf - trailing_loss)``: the
+    concatenated chunks then tile exactly the samples one decode of all frames gives.
+    Returns ``np.float32 [(n_frames - left_context) * spf]`` (minus ``trailing_loss`` for a chunk
+    without context). Mimi (``trailing_loss=0``) keeps ``[left*spf, n*spf)``.
+    """
+    lo = left_context * samples_per_frame - (trailing_loss if left_context > 0 else 0)
+    hi = n_frames * samples_per_frame - trailing_loss
+    return np.ascontiguousarray(audio[max(lo, 0):max(hi, 0)], dtype=np.float32)
 
 
 # ------------------------------------------------------------------------------ chunk schedule
