@@ -7,6 +7,8 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   (``en_US-joe-medium.onnx`` + ``.onnx.json``) as ``<cache>/models/piper-voices/joe/``.
 - ``csm-tiny``: a tiny random-weight CSM (backbone, depth decoder, Mimi codec) with a locally
   trained tokenizer, saved with ``save_pretrained`` (``omni_triton.stages.codec_tts``).
+- ``qwen3-omni-tiny``: a tiny random-weight Qwen3-Omni (thinker, talker + code predictor,
+  code2wav) with a locally trained ChatML tokenizer (``omni_triton.stages.qwen3_omni``).
 
 Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
 """
@@ -42,9 +44,16 @@ def _prepare_csm_tiny(dest: Path, log: Callable[[str], None]) -> None:
     build_tiny_csm(dest)
 
 
+def _prepare_qwen3_omni_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.qwen3_omni import build_tiny_qwen3_omni
+
+    build_tiny_qwen3_omni(dest)
+
+
 ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "piper-voices": _prepare_piper_voices,
     "csm-tiny": _prepare_csm_tiny,
+    "qwen3-omni-tiny": _prepare_qwen3_omni_tiny,
 }
 
 

@@ -677,6 +677,29 @@ class OmniThinker:
         yield ThinkerStep(text[len(sent):] if text.startswith(sent) else "", len(generated), reason, output)
 
 
+def prepare_thinker_request(thinker: OmniThinker, prompt: str | None, messages: str | None, sampling: str | None,
+                            default_max_tokens: int, max_model_len: int, talker_inputs: bool = False
+                            ) -> tuple[list[int], SamplingSettings]:
+    """Validate one chat-contract request for the thinker; returns ``(prompt_ids, sampling)``.
+
+    ``max_tokens`` defaults to ``min(default_max_tokens, max_model_len - prompt_len)``; a prompt of
+    ``max_model_len`` tokens or more, or ``prompt + max_tokens > max_model_len``, is an
+    :class:`OmniInputError` (as vLLM's OpenAI server refuses it). With ``talker_inputs`` the prompt
+    must contain ``<|im_start|>assistant`` (the talker's prompt is built from that turn on).
+    """
+    if (prompt is None) == (messages is None):
+        raise OmniInputError("exactly one of PROMPT and MESSAGES must be given")
+    ids = thinker.encode(prompt=prompt) if messages is None else thinker.encode(messages=parse_messages(messages))
+    if len(ids) >= max_model_len:
+        raise OmniInputError(f"the prompt has {len(ids)} tokens; this model's context is max_model_len={max_model_len}")
+    s = parse_sampling(sampling, min(default_max_tokens, max_model_len - len(ids)))
+    if len(ids) + s.max_tokens > max_model_len:
+        raise OmniInputError(f"prompt ({len(ids)} tokens) + max_tokens ({s.max_tokens}) exceeds max_model_len={max_model_len}")
+    if talker_inputs and not thinker.has_assistant_start(ids):
+        raise OmniInputError("audio output needs a chat prompt ending in <|im_start|>assistant (send MESSAGES)")
+    return ids, s
+
+
 # ------------------------------------------------------------------------------------ talker
 
 
