@@ -506,6 +506,12 @@ def _threaded(run: Callable[[], object], q: "queue.Queue", done: object) -> Iter
     yield box.get("result")  # last item: generate's return value
 
 
+def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` cut before the earliest stop string (excluded, as vLLM does) and whether one was found."""
+    found = [text.find(s) for s in stops if s in text]
+    return (text[: min(found)], True) if found else (text, False)
+
+
 class OmniThinker:
     """The thinker of a Qwen3-Omni checkpoint (text-only inputs), streaming text as it generates.
 
@@ -644,8 +650,8 @@ class OmniThinker:
             generated.extend(items)
             if cancelled.is_set():
                 continue
-            text = text_of(generated)
-            upto = len(text) - hold
+            text, cut = _cut_at_stop(text_of(generated), sampling.stop)
+            upto = len(text) if cut else len(text) - hold
             while upto > len(sent) and text[upto - 1] == "\ufffd":
                 upto -= 1
             if upto > len(sent):
@@ -656,11 +662,10 @@ class OmniThinker:
         if cancelled.is_set():
             yield ThinkerStep("", len(generated), "abort")
             return
-        text = text_of(generated)
+        text, cut = _cut_at_stop(text_of(generated), sampling.stop)
         reason = "length"
-        if stop_hit:
-            cut = min(text.find(s) for s in sampling.stop if s in text)
-            text, reason = text[:cut], "stop"
+        if cut or stop_hit:
+            reason = "stop"
         elif not sampling.ignore_eos and generated and generated[-1] == self.eos_token_id:
             reason = "stop"
         output = None
