@@ -83,10 +83,12 @@ def build_chat_inputs(messages: list[dict] | None = None, prompt: str | None = N
 
 
 def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None = None,
-                stop_after_text: bool = False, timeout_s: float = 300.0) -> ChatStreamResult:
+                max_text_deltas: int | None = None, stop_after_text: bool = False,
+                timeout_s: float = 300.0) -> ChatStreamResult:
     """Send one request on a gRPC stream and collect text deltas and audio chunks as they come.
 
-    ``max_audio_chunks`` / ``stop_after_text``: stop early and cancel the request
+    ``max_audio_chunks`` / ``max_text_deltas`` / ``stop_after_text`` (after the response carrying
+    FINISH_REASON): stop early and cancel the request
     (``stop_stream(cancel_requests=True)``). Raises ``InferenceServerException`` on an error
     response, ``TimeoutError`` after ``timeout_s`` without a response.
     """
@@ -94,7 +96,10 @@ def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None
     client = grpcclient.InferenceServerClient(url)
     result = ChatStreamResult()
     try:
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        # triton_grpc_error: Triton (>= 2.42) ends the stream with the error's gRPC status (e.g.
+        # INVALID_ARGUMENT for a stage's INVALID_ARG) instead of an in-band message without a code.
+        client.start_stream(callback=lambda result, error: responses.put((result, error)),
+                            headers={"triton_grpc_error": "true"})
         start = time.perf_counter()
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
@@ -110,6 +115,8 @@ def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None
                 if delta:
                     result.text_deltas.append(delta)
                     result.text_arrival_s.append(now)
+                    if max_text_deltas is not None and len(result.text_deltas) >= max_text_deltas:
+                        break
                 reason = res.as_numpy("FINISH_REASON").reshape(-1)[0].decode("utf-8")
                 result.finish_reason = reason or result.finish_reason
                 result.prompt_tokens = int(res.as_numpy("PROMPT_TOKENS").reshape(-1)[0])

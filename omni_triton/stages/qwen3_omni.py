@@ -512,6 +512,39 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(found)], True) if found else (text, False)
 
 
+class ChatTokenizer:
+    """The checkpoint's tokenizer and the ChatML ids the pipeline needs; no weights. Used by the
+    thinker and by the ``omni`` BLS model (which validates requests before calling the stages)."""
+
+    def __init__(self, tokenizer, im_start_token_id: int, assistant_token_id: int):
+        self.tokenizer = tokenizer
+        self.im_start_token_id, self.assistant_token_id = int(im_start_token_id), int(assistant_token_id)
+
+    @classmethod
+    def from_pretrained(cls, model_dir) -> "ChatTokenizer":
+        from transformers import AutoTokenizer
+
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        return cls(AutoTokenizer.from_pretrained(model_dir), cfg["im_start_token_id"], cfg["assistant_token_id"])
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        """Token ids of a raw prompt, or of messages through the chat template (generation prompt)."""
+        if (prompt is None) == (messages is None):
+            raise OmniInputError("exactly one of PROMPT and MESSAGES must be given")
+        if messages is not None:
+            ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            return [int(i) for i in ids]
+        if not prompt:
+            raise OmniInputError("PROMPT is empty")
+        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+
+    def has_assistant_start(self, ids: Sequence[int]) -> bool:
+        """Whether ``ids`` contain ``<|im_start|>assistant`` (the talker's prompt needs it)."""
+        a, b = self.im_start_token_id, self.assistant_token_id
+        return any(x == a and y == b for x, y in zip(ids, ids[1:]))
+
+
 class OmniThinker:
     """The thinker of a Qwen3-Omni checkpoint (text-only inputs), streaming text as it generates.
 
@@ -528,6 +561,7 @@ class OmniThinker:
         self.config = model.config
         self.manifest = manifest or {}
         self.eos_token_id = int(self.manifest.get("thinker_eos_token_id", self.config.im_end_token_id))
+        self.chat = ChatTokenizer(tokenizer, self.config.im_start_token_id, self.config.assistant_token_id)
         self._lock = threading.Lock()
 
     @classmethod
@@ -548,21 +582,12 @@ class OmniThinker:
         return cls(model, AutoTokenizer.from_pretrained(model_dir), read_manifest(model_dir))
 
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
-        """Token ids of a raw prompt, or of messages through the chat template (generation prompt)."""
-        if (prompt is None) == (messages is None):
-            raise OmniInputError("exactly one of PROMPT and MESSAGES must be given")
-        if messages is not None:
-            ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            return [int(i) for i in ids]
-        if not prompt:
-            raise OmniInputError("PROMPT is empty")
-        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+        """See :meth:`ChatTokenizer.encode`."""
+        return self.chat.encode(prompt, messages)
 
     def has_assistant_start(self, ids: Sequence[int]) -> bool:
-        """Whether ``ids`` contain ``<|im_start|>assistant`` (the talker's prompt needs it)."""
-        a, b = self.config.im_start_token_id, self.config.assistant_token_id
-        return any(x == a and y == b for x, y in zip(ids, ids[1:]))
+        """See :meth:`ChatTokenizer.has_assistant_start`."""
+        return self.chat.has_assistant_start(ids)
 
     def tts_embeds(self) -> np.ndarray:
         """float32 [3, H]: thinker input embeddings of tts_bos, tts_eos, tts_pad (the reference
@@ -682,7 +707,7 @@ class OmniThinker:
         yield ThinkerStep(text[len(sent):] if text.startswith(sent) else "", len(generated), reason, output)
 
 
-def prepare_thinker_request(thinker: OmniThinker, prompt: str | None, messages: str | None, sampling: str | None,
+def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str | None, messages: str | None, sampling: str | None,
                             default_max_tokens: int, max_model_len: int, talker_inputs: bool = False
                             ) -> tuple[list[int], SamplingSettings]:
     """Validate one chat-contract request for the thinker; returns ``(prompt_ids, sampling)``.

@@ -13,8 +13,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_triton.stages.codec_tts import CancelFlags, ChunkSchedule, chunk_slices
-from omni_triton.stages.qwen3_omni import OmniInputError, parse_modalities
-from omni_triton.triton_io import model_parameters, optional_str_input, send, send_error, send_failure, send_final
+from omni_triton.stages.qwen3_omni import ChatTokenizer, OmniInputError, checkpoint_dir, parse_modalities, prepare_thinker_request
+from omni_triton.triton_io import model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("omni")
 THINKER, TALKER, CODE2WAV = "omni_thinker", "omni_talker", "omni_code2wav"
@@ -52,6 +52,12 @@ class TritonPythonModel:
         self.sample_rate = int(p.get("sample_rate", "24000"))
         self.pool = ThreadPoolExecutor(max_workers=int(p.get("workers", "8")))
         self.flags = CancelFlags.for_server()
+        # Validation happens here too, not only in omni_thinker: on 2.51 an error response that
+        # reaches a BLS model through InferenceRequest.exec(decoupled=True) arrives with code
+        # INTERNAL whatever the stage sent, so the thinker's INVALID_ARG would become a 500.
+        self.chat = ChatTokenizer.from_pretrained(checkpoint_dir(p.get("model_name", "qwen3-omni-tiny")))
+        self.default_max_tokens = int(p.get("default_max_tokens", "32"))
+        self.max_model_len = int(p.get("max_model_len", "1024"))
 
     def execute(self, requests):
         for request in requests:
@@ -111,6 +117,12 @@ class TritonPythonModel:
             if not match:
                 raise OmniInputError(f"unknown voice {voice!r}; available: {', '.join(self.voices)}")
             audio = "audio" in modalities
+            prepare_thinker_request(
+                self.chat, optional_str_input(request, "PROMPT"), optional_str_input(request, "MESSAGES"),
+                optional_str_input(request, "SAMPLING_PARAMETERS"), self.default_max_tokens, self.max_model_len, audio)
+            max_frames = optional_input(request, "MAX_AUDIO_FRAMES")
+            if max_frames is not None and int(max_frames) < 1:
+                raise OmniInputError(f"MAX_AUDIO_FRAMES must be >= 1, got {int(max_frames)}")
             thinker_id = f"omni-thinker-{uuid.uuid4().hex}"
             inputs = [_str(n, v) for n in ("PROMPT", "MESSAGES", "SAMPLING_PARAMETERS")
                       if (v := optional_str_input(request, n)) is not None]
@@ -140,8 +152,10 @@ class TritonPythonModel:
                 for c, left in chunk_slices(codes, chunks):
                     send(sender, self._response("", "", *counts, audio=self._decode(c, left)))
 
-            for resp in self._stream(request, TALKER, talker_in + [_str("VOICE", match[0]), _str("REQUEST_ID", talker_id)],
-                                     ["CODES"], talker_id):
+            talker_in += [_str("VOICE", match[0]), _str("REQUEST_ID", talker_id)]
+            if max_frames is not None:
+                talker_in.append(pb_utils.Tensor("MAX_FRAMES", np.array([int(max_frames)], np.int32)))
+            for resp in self._stream(request, TALKER, talker_in, ["CODES"], talker_id):
                 new = _out(resp, "CODES")
                 if new is not None and new.size:
                     frames.append(new.reshape(-1, new.shape[-1]))

@@ -1,0 +1,155 @@
+"""End-to-end: the Qwen3-Omni pipeline (omni_thinker -> omni_talker -> omni_code2wav, BLS ``omni``)
+on the real tritonserver, through tritonclient gRPC streaming.
+
+Parity reference: ``Qwen3OmniMoeForConditionalGeneration.generate(..., return_audio=True)`` on the
+same prepared checkpoint in this test process, greedy thinker and talker, with the talker settings
+of ``model_repository/omni_talker/config.pbtxt``. Text must be equal; the waveform within
+WAVE_TOL = 2e-4: the pipeline decodes chunks with 25 frames of left context while the reference
+decodes all frames at once, and code2wav's 72-frame attention window is cut to the context
+(measured 2.7e-5 / 4.0e-5 in process, tests/unit/test_qwen3_omni.py; dynamic batching of chunks
+adds float rounding only).
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from clients.omni_grpc_stream import build_chat_inputs, stream_chat
+from omni_triton.launcher import available_models, model_parameters
+from omni_triton.paths import model_dir
+
+pytestmark = pytest.mark.e2e
+
+WAVE_TOL = 2e-4
+QUESTION = "What is the capital of France?"
+
+
+def _msgs(text):
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """(text, waveform) of the reference generate for a question, voice and max_tokens."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+
+    from omni_triton.stages.qwen3_omni import read_manifest
+
+    torch.set_num_threads(1)
+    path = model_dir("qwen3-omni-tiny")
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    eos = read_manifest(path)["thinker_eos_token_id"]
+    talker = model_parameters(available_models()["omni_talker"])
+    lock = threading.Lock()
+
+    def run(question: str, voice: str = "Ethan", max_tokens: int = 16):
+        ids = tok.apply_chat_template(_msgs(question), tokenize=True, add_generation_prompt=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        with lock, torch.inference_mode():
+            seq, wav = model.generate(
+                torch.tensor([ids]), speaker=voice, return_audio=True, thinker_max_new_tokens=max_tokens,
+                thinker_eos_token_id=eos, talker_do_sample=talker["do_sample"] == "true",
+                talker_repetition_penalty=float(talker["repetition_penalty"]),
+                talker_max_new_tokens=int(talker["default_max_frames"]),
+                talker_min_new_tokens=int(talker["default_min_frames"]))
+        return tok.decode(seq[0, len(ids):], skip_special_tokens=True), wav[0, 0].float().numpy()
+
+    return run
+
+
+def _chat(stack, question=QUESTION, max_tokens=16, **kw):
+    sampling = {"temperature": 0, "max_tokens": max_tokens}
+    return stream_chat(stack.triton_grpc_url, "omni", build_chat_inputs(_msgs(question), sampling=sampling, **kw))
+
+
+def test_streamed_text_and_audio_match_reference_generate(stack, reference):
+    ref_text, ref_wav = reference(QUESTION, "Ethan")
+    r = _chat(stack, voice="Ethan")
+    assert r.completed and r.finish_reason in ("stop", "length")
+    assert r.text == ref_text
+    assert r.prompt_tokens > 0 and r.completion_tokens == 16
+    assert r.sample_rate == 24000
+    assert r.audio.shape == ref_wav.shape
+    assert np.abs(r.audio - ref_wav).max() <= WAVE_TOL
+    # streaming really streams: several text deltas, text before audio, several audio chunks, the
+    # first one small (5 frames of 1920 samples, less the decoder's trimmed tail)
+    assert len(r.text_deltas) > 1 and r.text_arrival_s[0] < r.audio_arrival_s[0]
+    assert len(r.audio_chunks) >= 3 and r.audio_chunks[0].size < r.audio_chunks[1].size
+    assert r.audio_arrival_s == sorted(r.audio_arrival_s) and r.audio_arrival_s[0] < r.total_s
+    assert 1e-3 < float(np.sqrt(np.mean(r.audio ** 2))) and np.abs(r.audio).max() < 0.99
+
+
+def test_text_only_skips_the_talker(stack, reference):
+    before = stack.metric("omni_talker_requests_total", model="omni_talker")
+    r = _chat(stack, modalities=["text"])
+    assert r.completed and r.text == reference(QUESTION)[0]
+    assert not r.audio_chunks
+    assert stack.metric("omni_talker_requests_total", model="omni_talker") == before
+
+
+def test_concurrent_chats_each_get_their_own_answer(stack, reference):
+    jobs = [("Tell me a story.", "Chelsie"), ("Hello, how are you?", "Aiden")]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda qv: _chat(stack, qv[0], voice=qv[1]), jobs))
+    for (question, voice), r in zip(jobs, results):
+        ref_text, ref_wav = reference(question, voice)
+        assert r.text == ref_text
+        assert r.audio.shape == ref_wav.shape and np.abs(r.audio - ref_wav).max() <= WAVE_TOL
+
+
+def test_cancel_mid_audio_stops_the_talker(stack):
+    """Cancelling after the first audio chunk of a 3000-frame request stops the talker (the BLS
+    raises its cancel flag, omni_triton.stages.codec_tts.CancelFlags)."""
+    frames_before = stack.metric("omni_talker_frames_total", model="omni_talker")
+    cancelled_before = stack.metric("omni_talker_cancelled_total", model="omni_talker")
+    inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, "max_tokens": 8})
+    import tritonclient.grpc as grpcclient
+
+    cap = grpcclient.InferInput("MAX_AUDIO_FRAMES", [1], "INT32")
+    cap.set_data_from_numpy(np.array([3000], np.int32))
+    r = stream_chat(stack.triton_grpc_url, "omni", inputs + [cap], max_audio_chunks=1)
+    assert len(r.audio_chunks) == 1 and not r.completed
+    stack.wait_until(lambda: stack.metric("omni_talker_cancelled_total", model="omni_talker") > cancelled_before,
+                     "talker never saw the cancellation")
+    stack.wait_until(lambda: stack.metric("omni_talker_active", model="omni_talker") == 0,
+                     "talker still generating for a gone client")
+    generated = stack.metric("omni_talker_frames_total", model="omni_talker") - frames_before
+    assert generated < 3000 // 4, f"talker generated {generated} of 3000 frames after cancel"
+
+
+def test_cancel_mid_text_stops_the_thinker(stack):
+    tokens_before = stack.metric("omni_thinker_tokens_total", model="omni_thinker")
+    cancelled_before = stack.metric("omni_thinker_cancelled_total", model="omni_thinker")
+    inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, "max_tokens": 1000, "ignore_eos": True})
+    r = stream_chat(stack.triton_grpc_url, "omni", inputs, max_text_deltas=1)
+    assert r.text_deltas and not r.completed
+    stack.wait_until(lambda: stack.metric("omni_thinker_cancelled_total", model="omni_thinker") > cancelled_before,
+                     "thinker never saw the cancellation")
+    stack.wait_until(lambda: stack.metric("omni_thinker_active", model="omni_thinker") == 0, "thinker still busy")
+    generated = stack.metric("omni_thinker_tokens_total", model="omni_thinker") - tokens_before
+    assert generated < 1000, f"thinker generated {generated} of 1000 tokens after cancel"
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(messages=[{"role": "robot", "content": "hi"}]), "role"),
+    (dict(messages=[]), "non-empty"),
+    (dict(messages=_msgs("hi"), sampling={"max_tokens": -1}), "max_tokens"),
+    (dict(messages=_msgs("hi"), sampling={"temperature": "hot"}), "temperature"),
+    (dict(messages=_msgs("hi"), modalities=["video"]), "MODALITIES"),
+    (dict(messages=_msgs("hi"), voice="Bob"), "voice"),
+    (dict(prompt="no chat template here"), "assistant"),
+    (dict(messages=_msgs("word " * 1200)), "max_model_len"),
+])
+def test_bad_input_is_invalid_arg_and_server_keeps_serving(stack, kwargs, needle):
+    with pytest.raises(InferenceServerException) as exc:
+        stream_chat(stack.triton_grpc_url, "omni", build_chat_inputs(**kwargs), timeout_s=60)
+    assert "INVALID_ARG" in str(exc.value.status()), exc.value.message()
+    assert needle in exc.value.message(), exc.value.message()
+    ok = _chat(stack, "Still there?", max_tokens=4, modalities=["text"])
+    assert ok.completed and ok.completion_tokens == 4
