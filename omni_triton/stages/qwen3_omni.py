@@ -993,7 +993,12 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
                  first_chunk_frames: int = 5, chunk_frames: int = 25, left_context_frames: int = 25) -> OmniResult:
     """The whole pipeline in-process, doing what the ``omni`` BLS model does through Triton:
     thinker text deltas -> (audio) talker frames -> :class:`ChunkSchedule` -> code2wav chunks.
-    The no-Triton baseline of the benchmark and the unit parity test's subject."""
+    The no-Triton baseline of the benchmark and the unit parity test's subject.
+
+    ``timings`` (seconds): ``ttft_s`` (first text delta), ``thinker_s`` (thinker done),
+    ``ttfp_s`` (first audio chunk), ``total_s``; stage costs ``talker_s`` (talker + code
+    predictor, wall time while streaming minus decoding) and ``code2wav_s`` (sum over chunks);
+    ``frames``: codec frames generated."""
     t0 = time.perf_counter()
     res = OmniResult()
     out = None
@@ -1009,14 +1014,18 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
         return res
     sched = ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames)
     frames: list[np.ndarray] = []
+    res.timings["code2wav_s"] = 0.0
 
     def emit(chunks):
         codes = np.concatenate(frames)
         for c, left in chunk_slices(codes, chunks):
+            td = time.perf_counter()
             res.audio_chunks.append(decoder.decode([c], [left])[0])
+            res.timings["code2wav_s"] += time.perf_counter() - td
             res.timings.setdefault("ttfp_s", time.perf_counter() - t0)
 
     total = 0
+    t_talker = time.perf_counter()
     for new in talker.stream(out, voice, talker_settings or TalkerSettings()):
         frames.append(new)
         total += len(new)
@@ -1025,4 +1034,6 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
         emit(sched.flush(total))
     res.codes = np.concatenate(frames) if frames else np.zeros((0, talker.num_code_groups), np.int64)
     res.timings["total_s"] = time.perf_counter() - t0
+    res.timings["talker_s"] = time.perf_counter() - t_talker - res.timings["code2wav_s"]
+    res.timings["frames"] = int(total)
     return res

@@ -1,0 +1,193 @@
+"""Omni pipeline benchmark: text TTFT, audio TTFP, end-to-end latency and RTF, Triton vs in-process.
+
+Run::
+
+    python -m clients.bench_omni --out bench_omni.json
+    python -m clients.bench_omni --concurrency 1,2 --requests 6 --triton-grpc-url 127.0.0.1:8001
+
+For each concurrency level ``C`` it sends ``N = max(--requests, C)`` chat requests (greedy,
+``--max-tokens`` text tokens, text + audio) from a closed loop of ``C`` worker threads through two
+paths, one after the other (they share the CPU cores):
+
+``inprocess``
+    ``omni_triton.stages.qwen3_omni.run_pipeline`` in this process (thinker -> talker ->
+    ChunkSchedule -> code2wav, the chunk and talker settings of the served configs), one set of
+    stage objects shared by the threads (each stage generates one request at a time, as one
+    Triton instance does). Also gives the per-stage cost (thinker, talker, code2wav seconds).
+``triton``
+    Triton gRPC streaming to the BLS model ``omni`` (``clients.omni_grpc_stream.stream_chat``).
+
+Unless ``--triton-grpc-url`` is given it starts its own tritonserver with ``omni`` on free ports
+after the in-process phase and always stops it. torch uses one thread here, as in the stubs.
+
+Per request: ``ttft_ms`` (send -> first non-empty text delta), ``ttfp_ms`` (send -> first audio
+chunk), ``e2e_ms`` (send -> end of stream), ``audio_s`` (samples / 24000), ``rtf``
+(e2e / audio seconds). Aggregates: mean / p50 / p90 / min / max (``clients.bench_tts.describe``),
+and ratios triton / inprocess of the means. JSON to ``--out``, a table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+
+from clients.bench_tts import describe
+
+QUESTIONS = ["What is the capital of France?", "Tell me a story about a cat.", "Hello, how are you today?",
+             "What is the weather like?"]
+
+
+def _ms(d: dict) -> dict:
+    return {k: None if v is None else round(v * 1000, 1) for k, v in d.items()}
+
+
+def run_level(run_one, concurrency: int, n: int) -> tuple[list[dict], float]:
+    """``n`` requests from ``concurrency`` closed-loop workers; returns (results, wall seconds)."""
+    lock, results, next_i = threading.Lock(), [], [0]
+
+    def worker():
+        while True:
+            with lock:
+                if next_i[0] >= n:
+                    return
+                i = next_i[0]
+                next_i[0] += 1
+            try:
+                results.append(run_one(i))
+            except Exception as exc:  # reported, not fatal
+                results.append({"error": str(exc)})
+
+    t = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return results, time.perf_counter() - t
+
+
+def summarize(results: list[dict], wall_s: float) -> dict:
+    ok = [r for r in results if "error" not in r]
+    out = {"requests": len(results), "ok": len(ok), "errors": sorted({r["error"] for r in results if "error" in r})[:3],
+           "wall_s": round(wall_s, 3)}
+    for key in ("ttft_s", "ttfp_s", "e2e_s"):
+        out[key.replace("_s", "_ms")] = _ms(describe([r[key] for r in ok if r.get(key) is not None]))
+    audio = [r["audio_s"] for r in ok]
+    out["audio_s_mean"] = round(sum(audio) / len(audio), 3) if audio else None
+    out["rtf_mean"] = round(sum(r["e2e_s"] / r["audio_s"] for r in ok if r["audio_s"]) / len(ok), 4) if ok else None
+    for key in ("thinker_s", "talker_s", "code2wav_s"):
+        vals = [r[key] for r in ok if key in r]
+        if vals:
+            out[key.replace("_s", "_ms_mean")] = round(1000 * sum(vals) / len(vals), 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench_omni.json")
+    p.add_argument("--concurrency", default="1,2")
+    p.add_argument("--requests", type=int, default=6)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--triton-grpc-url", help="use this running Triton (no own server)")
+    p.add_argument("--ready-timeout", type=float, default=600.0)
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    import torch
+
+    from clients.omni_grpc_stream import build_chat_inputs, stream_chat
+    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.stages import qwen3_omni as qo
+
+    torch.set_num_threads(1)
+    models = available_models()
+    bls, tp = model_parameters(models["omni"]), model_parameters(models["omni_talker"])
+    path = qo.checkpoint_dir(bls.get("model_name", "qwen3-omni-tiny"))
+    sampling = {"temperature": 0, "max_tokens": args.max_tokens}
+    report: dict = {"config": {"max_tokens": args.max_tokens, "levels": levels, "requests": args.requests,
+                               "talker_max_frames": int(tp["default_max_frames"]),
+                               "talker_min_frames": int(tp["default_min_frames"]),
+                               "chunks": [int(bls[k]) for k in ("first_chunk_frames", "chunk_frames", "left_context_frames")],
+                               "cpus": os.cpu_count()}, "results": {}}
+
+    # 1) in-process
+    thinker, talker, decoder = (qo.OmniThinker.from_pretrained(path), qo.OmniTalker.from_pretrained(path),
+                                qo.OmniCode2Wav.from_pretrained(path))
+    settings = qo.TalkerSettings(max_frames=int(tp["default_max_frames"]), min_frames=int(tp["default_min_frames"]),
+                                 do_sample=tp["do_sample"] == "true", repetition_penalty=float(tp["repetition_penalty"]))
+    pipe_lock = threading.Lock()  # one request at a time through each stage object, as one Triton instance
+
+    def inprocess(i):
+        ids = thinker.encode(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
+        t = time.perf_counter()
+        with pipe_lock:
+            wait = time.perf_counter() - t  # queueing, as in Triton's scheduler; counted in TTFT/TTFP
+            r = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=args.max_tokens),
+                                "Ethan", settings, first_chunk_frames=int(bls["first_chunk_frames"]),
+                                chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]))
+        e2e = time.perf_counter() - t
+        return {"ttft_s": wait + r.timings["ttft_s"] if "ttft_s" in r.timings else None,
+                "ttfp_s": wait + r.timings["ttfp_s"] if "ttfp_s" in r.timings else None, "e2e_s": e2e,
+                "audio_s": r.audio.size / decoder.sampling_rate, "thinker_s": r.timings["thinker_s"],
+                "talker_s": r.timings.get("talker_s", 0.0), "code2wav_s": r.timings.get("code2wav_s", 0.0)}
+
+    def run_path(name, fn):
+        for i in range(args.warmup):
+            fn(i)
+        for c in levels:
+            results, wall = run_level(fn, c, max(args.requests, c))
+            report["results"].setdefault(name, {})[str(c)] = summarize(results, wall)
+            print(f"{name} c={c}: {json.dumps(report['results'][name][str(c)])}", flush=True)
+
+    run_path("inprocess", inprocess)
+    del thinker, talker, decoder
+
+    # 2) Triton gRPC
+    server = None
+    try:
+        url = args.triton_grpc_url
+        if not url:
+            from omni_triton.launcher import TritonServer, free_port
+            from omni_triton.paths import cache_dir
+
+            server = TritonServer(["omni"], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                                  log_path=cache_dir() / "logs" / f"bench-omni-{os.getpid()}.log")
+            server.start()
+            server.wait_ready(timeout=args.ready_timeout)
+            url = server.grpc_url
+
+        def triton(i):
+            inputs = build_chat_inputs([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], sampling=sampling,
+                                       voice="Ethan")
+            r = stream_chat(url, "omni", inputs)
+            return {"ttft_s": r.ttft_s, "ttfp_s": r.ttfp_s, "e2e_s": r.total_s,
+                    "audio_s": r.audio.size / max(r.sample_rate, 1)}
+
+        run_path("triton", triton)
+    finally:
+        if server is not None:
+            server.stop()
+    ratios = {}
+    for c in map(str, levels):
+        a, b = report["results"].get("triton", {}).get(c), report["results"]["inprocess"].get(c)
+        if a and b:
+            ratios[c] = {k: round(a[k]["mean"] / b[k]["mean"], 3) if a[k]["mean"] and b[k]["mean"] else None
+                         for k in ("ttft_ms", "ttfp_ms", "e2e_ms")}
+    report["ratios_triton_vs_inprocess"] = ratios
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"\n{'path':10} {'C':>3} {'TTFT ms':>9} {'TTFP ms':>9} {'E2E ms':>9} {'RTF':>7} {'audio s':>8}")
+    for name, lv in report["results"].items():
+        for c, s in lv.items():
+            print(f"{name:10} {c:>3} {s['ttft_ms']['mean'] or 0:9.1f} {s['ttfp_ms']['mean'] or 0:9.1f} "
+                  f"{s['e2e_ms']['mean'] or 0:9.1f} {s['rtf_mean'] or 0:7.3f} {s['audio_s_mean'] or 0:8.2f}")
+    print(f"ratios triton/inprocess (means): {json.dumps(ratios)}\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
