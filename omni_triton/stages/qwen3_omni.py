@@ -459,19 +459,22 @@ class _QueueStreamer:
         pass
 
 
-def _stopping(should_stop: Callable[[], bool]):
+def _stopping(should_stop: Callable[[torch.Tensor], bool]):
+    """A transformers ``StoppingCriteria`` calling ``should_stop(input_ids)`` after every step."""
     from transformers import StoppingCriteria
 
     class _Stop(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
-            return torch.full((input_ids.shape[0],), bool(should_stop()), dtype=torch.bool)
+            return torch.full((input_ids.shape[0],), bool(should_stop(input_ids)), dtype=torch.bool)
 
     return _Stop()
 
 
-def _threaded(run: Callable[[], object], q: "queue.Queue", done: object) -> Iterator[list]:
-    """Run ``run()`` on a thread (one torch thread); yield the items it queues, batched by what is
-    already there, until ``run`` returns; re-raise its exception. Its result is ``gen.result``."""
+def _threaded(run: Callable[[], object], q: "queue.Queue", done: object, closed: threading.Event) -> Iterator:
+    """Run ``run()`` on a thread (one torch thread); yield the lists of items it queues (batched by
+    what is already there) until it returns, then its return value; re-raise its exception.
+    Closing the generator early sets ``closed`` (``run``'s stopping criterion must watch it) and
+    joins the thread."""
     box: dict = {}
 
     def target():
@@ -500,6 +503,7 @@ def _threaded(run: Callable[[], object], q: "queue.Queue", done: object) -> Iter
                 finished = True
             yield items
     finally:
+        closed.set()
         th.join()
     if "error" in box:
         raise box["error"]
@@ -624,35 +628,27 @@ class OmniThinker:
         user_stop = should_stop or (lambda: False)
         generated: list[int] = []
         stop_hit: list[bool] = []
-        cancelled = threading.Event()
+        cancelled, closed = threading.Event(), threading.Event()
+        n_prompt = len(prompt_ids)
 
         def text_of(ids):
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-        def stop_now() -> bool:  # on the generate thread, after every token
-            if user_stop():
+        def stop_now(ids: torch.Tensor) -> bool:  # on the generate thread, after every token
+            if closed.is_set() or user_stop():
                 cancelled.set()
                 return True
-            if sampling.stop:
-                gen_text = text_of(generated_ids_box[0])
-                if any(s in gen_text for s in sampling.stop):
-                    stop_hit.append(True)
-                    return True
+            if sampling.stop and _cut_at_stop(text_of(ids[0, n_prompt:].tolist()), sampling.stop)[1]:
+                stop_hit.append(True)
+                return True
             return False
 
-        generated_ids_box: list = [[]]
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
         kw = self.generate_kwargs(sampling)
         if with_talker_inputs:
             kw.update(output_hidden_states=True, return_dict_in_generate=True)
         q: queue.Queue = queue.Queue()
         done = object()
-
-        class _Streamer(_QueueStreamer):
-            def put(self, value):
-                if self._prompt_seen:
-                    generated_ids_box[0] = generated_ids_box[0] + value.reshape(-1).tolist()
-                super().put(value)
 
         def run():
             from transformers import StoppingCriteriaList
@@ -662,12 +658,12 @@ class OmniThinker:
                     torch.manual_seed(int(sampling.seed))
                 return self.thinker.generate(
                     input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                    streamer=_Streamer(q), stopping_criteria=StoppingCriteriaList([_stopping(stop_now)]), **kw)
+                    streamer=_QueueStreamer(q), stopping_criteria=StoppingCriteriaList([_stopping(stop_now)]), **kw)
 
         sent = ""
         hold = max((len(s) for s in sampling.stop), default=1) - 1
         result = None
-        it = _threaded(run, q, done)
+        it = _threaded(run, q, done, closed)
         for items in it:
             if not isinstance(items, list):
                 result = items
@@ -872,6 +868,7 @@ class OmniTalker:
         inputs = build_talker_inputs(self.model, out, self.speaker_id(voice), self.thinker_eos_token_id)
         kw = talker_generate_kwargs(self.config, settings)
         user_stop = should_stop or (lambda: False)
+        closed = threading.Event()
         q: queue.Queue = queue.Queue()
         done = object()
 
@@ -886,11 +883,12 @@ class OmniTalker:
             with self._lock:
                 handle = self.talker.register_forward_hook(hook)
                 try:
-                    self.talker.generate(**inputs, stopping_criteria=StoppingCriteriaList([_stopping(user_stop)]), **kw)
+                    stop = _stopping(lambda ids: closed.is_set() or user_stop())
+                    self.talker.generate(**inputs, stopping_criteria=StoppingCriteriaList([stop]), **kw)
                 finally:
                     handle.remove()
 
-        for items in _threaded(run, q, done):
+        for items in _threaded(run, q, done, closed):
             if isinstance(items, list) and items:
                 yield np.stack(items).astype(np.int64)
 

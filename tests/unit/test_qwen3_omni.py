@@ -211,3 +211,22 @@ def test_parse_requests(stages):
         qo.prepare_thinker_request(thinker, "plain prompt", None, None, 32, 1024, talker_inputs=True)
     with pytest.raises(qo.OmniInputError):
         qo.prepare_thinker_request(thinker, None, None, None, 32, 1024)
+
+
+def test_closing_streams_early_stops_generation(stages):
+    """A consumer that goes away (generator closed) stops the generate thread at its next step."""
+    thinker, talker, _ = stages
+    ids = _chat_ids(thinker, PROMPTS[0])
+    calls = []
+    gen = thinker.stream(ids, qo.SamplingSettings(max_tokens=500, ignore_eos=True), True,
+                         should_stop=lambda: calls.append(1) or False)
+    next(gen)
+    gen.close()
+    assert len(calls) < 50, len(calls)
+    out = [s for s in thinker.stream(ids, qo.SamplingSettings(max_tokens=8), True)][-1].output
+    calls.clear()
+    gen = talker.stream(out, "Ethan", qo.TalkerSettings(max_frames=500, do_sample=False),
+                        lambda: calls.append(1) or False)
+    next(gen)
+    gen.close()
+    assert len(calls) < 50, len(calls)
