@@ -230,3 +230,17 @@ def test_closing_streams_early_stops_generation(stages):
     next(gen)
     gen.close()
     assert len(calls) < 50, len(calls)
+
+
+def test_text_only_talker_conditioning_is_the_embedding_of_the_ids(stages):
+    """For text-only input the talker reads only ``hidden_states[0]`` (input embeddings) of every
+    fed token: the embedding rows of ``sequence[:-1]``. An engine that returns only token ids (vLLM)
+    would need no second forward pass for it; accept-layer states matter only at multimodal
+    positions of the user turns (prompt positions: a partial prefill)."""
+    thinker = stages[0]
+    out = list(thinker.stream(_chat_ids(thinker, PROMPTS[0]), qo.SamplingSettings(max_tokens=6), True))[-1].output
+    assert out.embeds.shape == out.hidden.shape == (len(out.sequence) - 1, thinker.config.thinker_config.text_config.hidden_size)
+    with torch.inference_mode():
+        emb = thinker.thinker.get_input_embeddings()(torch.from_numpy(out.sequence[:-1]))
+    np.testing.assert_array_equal(out.embeds, emb.numpy())
+    assert out.tts_embeds.shape == (3, out.embeds.shape[1])
