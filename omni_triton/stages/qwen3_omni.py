@@ -40,13 +40,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np

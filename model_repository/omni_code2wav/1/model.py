@@ -6,7 +6,6 @@ locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text enco
 
 import logging
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_triton.triton_io import model_parameters
