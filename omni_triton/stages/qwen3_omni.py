@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from omni_triton.stages.codec_tts import (
-    MANIFEST, ChunkSchedule, build_once, chunk_slices, kaiming_init_convs_, keep_new_samples, read_manifest,
+    MANIFEST, ChunkSchedule, build_once, chunk_slices, kaiming_init_convs_, keep_new_samples, read_manifest,  # noqa: F401
 )
 
 BUILDER_VERSION = 1

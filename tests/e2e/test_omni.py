@@ -153,3 +153,50 @@ def test_bad_input_is_invalid_arg_and_server_keeps_serving(stack, kwargs, needle
     assert needle in exc.value.message(), exc.value.message()
     ok = _chat(stack, "Still there?", max_tokens=4, modalities=["text"])
     assert ok.completed and ok.completion_tokens == 4
+
+
+def test_raw_prompt_text_only(stack):
+    """``PROMPT`` (``/v1/completions``) is tokenized as is; text-only, since the talker's prompt
+    needs a chat turn."""
+    r = stream_chat(stack.triton_grpc_url, "omni", build_chat_inputs(
+        prompt="The capital of France is", sampling={"temperature": 0, "max_tokens": 6}, modalities=["text"]))
+    assert r.completed and r.completion_tokens == 6 and r.text and not r.audio_chunks
+
+
+def test_code2wav_batches_concurrent_chunks(stack):
+    """Chunks of different lengths sent together run in one execution (ragged dynamic batching)
+    and each gets exactly its own samples."""
+    import httpx
+    import tritonclient.grpc as grpcclient
+
+    def batch_sizes():
+        s = httpx.get(f"{stack.triton_http_url}/v2/models/omni_code2wav/stats").json()
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s["model_stats"][0].get("batch_stats", [])}
+
+    before = batch_sizes()
+    client = grpcclient.InferenceServerClient(stack.triton_grpc_url)
+    rng = np.random.default_rng(0)
+    done, event = [], threading.Event()
+
+    def callback(result, error):
+        done.append((result, error))
+        if len(done) == 8:
+            event.set()
+
+    for i in range(8):
+        frames = 5 + 3 * i
+        codes = grpcclient.InferInput("CODES", [1, frames, 4], "INT64")
+        codes.set_data_from_numpy(rng.integers(0, 64, size=(1, frames, 4), dtype=np.int64))
+        left = grpcclient.InferInput("LEFT_CONTEXT", [1, 1], "INT32")
+        left.set_data_from_numpy(np.array([[2]], np.int32))
+        client.async_infer("omni_code2wav", [codes, left], callback)
+    assert event.wait(120)
+    client.close()
+    assert all(err is None for _, err in done), [str(e) for _, e in done if e]
+    # 1920 samples per frame; a chunk with context gives the new frames' samples exactly
+    assert sorted(res.as_numpy("AUDIO").size for res, _ in done) == [(3 + 3 * i) * 1920 for i in range(8)]
+    executed = lambda: sum(k * (v - before.get(k, 0)) for k, v in batch_sizes().items())  # noqa: E731
+    stack.wait_until(lambda: executed() >= 8, "statistics never counted the 8 requests")  # updated after the responses
+    after = batch_sizes()
+    grew = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
+    assert any(k > 1 for k in grew), f"no multi-request batch executed: {grew}"

@@ -244,3 +244,18 @@ def test_text_only_talker_conditioning_is_the_embedding_of_the_ids(stages):
         emb = thinker.thinker.get_input_embeddings()(torch.from_numpy(out.sequence[:-1]))
     np.testing.assert_array_equal(out.embeds, emb.numpy())
     assert out.tts_embeds.shape == (3, out.embeds.shape[1])
+
+
+def test_keep_new_samples_tiles_chunks_with_a_trimmed_tail():
+    """Decoder returning n*spf - loss samples: chunk 1 (no context) keeps [0, n1*spf - loss), a chunk
+    with context keeps [left*spf - loss, n*spf - loss), so they tile the one-shot output."""
+    spf, loss = 10, 3
+    full = np.arange(7 * spf - loss, dtype=np.float32)  # "decode" of frames 0..6: sample k is k
+
+    def decode(start, end):  # a causal decoder: the same samples for the same absolute positions
+        return full[start * spf: end * spf - loss] if end == 7 else np.arange(start * spf, end * spf - loss, dtype=np.float32)
+
+    a = qo.keep_new_samples(decode(0, 2), 2, 0, spf, loss)
+    b = qo.keep_new_samples(decode(0, 5), 5, 2, spf, loss)
+    c = qo.keep_new_samples(decode(3, 7), 4, 2, spf, loss)
+    np.testing.assert_array_equal(np.concatenate([a, b, c]), full)
