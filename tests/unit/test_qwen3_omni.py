@@ -259,3 +259,14 @@ def test_keep_new_samples_tiles_chunks_with_a_trimmed_tail():
     b = qo.keep_new_samples(decode(0, 5), 5, 2, spf, loss)
     c = qo.keep_new_samples(decode(3, 7), 4, 2, spf, loss)
     np.testing.assert_array_equal(np.concatenate([a, b, c]), full)
+
+
+def test_validate_chunk():
+    from omni_triton.stages.codec_tts import validate_chunk
+
+    c, left = validate_chunk(np.zeros((1, 6, 4), np.int32), np.array([[2]]), 4, 64)
+    assert c.shape == (6, 4) and c.dtype == np.int64 and left == 2
+    for codes, lc in [(np.zeros((1, 6, 3)), 0), (np.full((1, 6, 4), 64), 0), (np.full((1, 6, 4), -1), 0),
+                      (np.zeros((1, 6, 4)), 7), (np.zeros((1, 6, 4)), -1)]:
+        with pytest.raises(ValueError):
+            validate_chunk(codes, np.array([lc]), 4, 64)
