@@ -7,6 +7,8 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   (``en_US-joe-medium.onnx`` + ``.onnx.json``) as ``<cache>/models/piper-voices/joe/``.
 - ``csm-tiny``: a tiny random-weight CSM (backbone, depth decoder, Mimi codec) with a locally
   trained tokenizer, saved with ``save_pretrained`` (``omni_triton.stages.codec_tts``).
+- ``qwen-image-tiny`` / ``qwen-image-edit-tiny``: tiny random-weight diffusers
+  ``QwenImagePipeline`` / ``QwenImageEditPipeline`` folders (``omni_triton.stages.diffusion``).
 
 Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
 """
@@ -42,9 +44,23 @@ def _prepare_csm_tiny(dest: Path, log: Callable[[str], None]) -> None:
     build_tiny_csm(dest)
 
 
+def _prepare_qwen_image_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.diffusion import KIND_T2I, build_tiny_qwen_image
+
+    build_tiny_qwen_image(dest, KIND_T2I)
+
+
+def _prepare_qwen_image_edit_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.diffusion import KIND_EDIT, build_tiny_qwen_image
+
+    build_tiny_qwen_image(dest, KIND_EDIT)
+
+
 ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "piper-voices": _prepare_piper_voices,
     "csm-tiny": _prepare_csm_tiny,
+    "qwen-image-tiny": _prepare_qwen_image_tiny,
+    "qwen-image-edit-tiny": _prepare_qwen_image_edit_tiny,
 }
 
 
