@@ -271,7 +271,7 @@ def load_pipeline(path: Path | str):
     index = json.loads((path / "model_index.json").read_text())
     if "processor" in index and importlib.util.find_spec("torchvision") is None:
         kwargs["processor"] = image_only_processor_class().from_pretrained(str(path / "processor"))
-    pipe = DiffusionPipeline.from_pretrained(str(path), torch_dtype=torch.float32, **kwargs)
+    pipe = DiffusionPipeline.from_pretrained(str(path), dtype=torch.float32, **kwargs)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
