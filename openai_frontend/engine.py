@@ -288,7 +288,7 @@ class ImageEngineMixin:
 
         Raises:
             ``ModelNotFoundError`` / ``ModelNotReadyError`` / ``InvalidRequestError`` (not an image
-            model, size or steps out of range) / ``InferenceError`` / ``TritonUnavailableError``.
+            model, ``n`` out of range; size or steps out of range are rejected by the model) / ``InferenceError`` / ``TritonUnavailableError``.
         """
         import secrets
 
@@ -298,13 +298,15 @@ class ImageEngineMixin:
         if not info.is_image or info.is_image_edit:
             raise InvalidRequestError(f"The model '{model}' is not a text-to-image model", param="model")
         width, height = size or info.default_size or (64, 64)
+        if not 1 <= n <= (info.max_images or 1):
+            raise InvalidRequestError(f"n must be between 1 and {info.max_images or 1}", param="n")
         try:
             fmt = normalise_format(output_format)
         except ValueError as exc:
             raise InvalidRequestError(str(exc), param="output_format") from None
         job = ImageJob(
             prompt=prompt, width=width, height=height, n=n,
-            steps=steps or info.default_steps or 2,
+            steps=steps if steps is not None else (info.default_steps or 2),
             seed=secrets.randbits(31) if seed is None else seed,
             negative_prompt=negative_prompt,
             true_cfg_scale=true_cfg_scale if true_cfg_scale is not None else (info.default_true_cfg_scale or 4.0),

@@ -104,7 +104,7 @@ def _plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]
         fmt = normalise_format(body.output_format)
     except UnsupportedImageFormatError as exc:
         raise bad_request(str(exc), param="output_format", code="unsupported_format") from None
-    steps = body.num_inference_steps or info.default_steps or 2
+    steps = body.num_inference_steps if body.num_inference_steps is not None else (info.default_steps or 2)
     max_steps = info.max_steps or 50
     if not 1 <= steps <= max_steps:
         raise bad_request(f"'num_inference_steps' must be between 1 and {max_steps}",

@@ -180,6 +180,7 @@ async def test_generation_output_formats(engine, fmt, pil, compression):
     ({"model": "qwen_image", "prompt": "x", "output_format": "gif"}, 400, "output_format", "unsupported_format"),
     ({"model": "qwen_image", "prompt": "x", "output_compression": 101}, 400, "output_compression", None),
     ({"model": "qwen_image", "prompt": "x", "num_inference_steps": 9}, 400, "num_inference_steps", None),
+    ({"model": "qwen_image", "prompt": "x", "num_inference_steps": 0}, 400, "num_inference_steps", None),
     ({"model": "qwen_image", "prompt": "x", "seed": -1}, 400, "seed", None),
     ({"model": "qwen_image", "prompt": "x", "stream": True}, 400, "stream", None),
     ({"model": "qwen_image", "prompt": "x", "colour": "red"}, 400, "colour", None),
