@@ -184,3 +184,35 @@ def batched_execute(requests, stage: str, parse, run, outputs) -> list:
             for i in idx:
                 responses[i] = pb.InferenceResponse(error=pb.TritonError(f"{stage} failed: {exc}"))
     return responses
+
+
+class TritonLogHandler(logging.Handler):
+    """Forwards Python ``logging`` records to Triton's own log (``pb_utils.Logger``), so library
+    messages (e.g. the denoiser's per-step progress) appear in the server log with Triton's
+    timestamps: INFO -> ``log_info``, WARNING -> ``log_warn``, ERROR and above -> ``log_error``,
+    DEBUG -> ``log_verbose`` (shown with ``--log-verbose=1``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            logger = _pb().Logger
+            message = f"{record.name}: {self.format(record)}"
+            if record.levelno >= logging.ERROR:
+                logger.log_error(message)
+            elif record.levelno >= logging.WARNING:
+                logger.log_warn(message)
+            elif record.levelno >= logging.INFO:
+                logger.log_info(message)
+            else:
+                logger.log_verbose(message)
+        except Exception:  # noqa: BLE001 - logging must never break a request
+            self.handleError(record)
+
+
+def forward_logs_to_triton(name: str, level: int = logging.INFO) -> logging.Logger:
+    """Attach one :class:`TritonLogHandler` to logger ``name`` (idempotent) at ``level``."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(h, TritonLogHandler) for h in logger.handlers):
+        logger.addHandler(TritonLogHandler())
+    logger.setLevel(level)
+    logger.propagate = False
+    return logger

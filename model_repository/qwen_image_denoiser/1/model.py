@@ -8,7 +8,8 @@ locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text enco
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import batched_execute, input_array, model_parameters, scalar_input
+from omni_triton.triton_io import (batched_execute, forward_logs_to_triton, input_array, model_parameters,
+                                  scalar_input)
 
 
 class TritonPythonModel:
@@ -18,6 +19,7 @@ class TritonPythonModel:
         from omni_triton.stages import diffusion
 
         torch.set_num_threads(1)
+        forward_logs_to_triton("omni_triton.diffusion")  # per-step progress in Triton's log
         params = model_parameters(args)
         self.d = diffusion
         self.name = args["model_name"]
