@@ -140,10 +140,10 @@ def test_parity_with_diffusers_call(stack, sdk, triton, reference):
 def test_sdk_edit_and_parity(sdk, reference):
     src = condition_png()
     r = sdk.images.edit(model="qwen_image_edit", image=("in.png", src, "image/png"),
-                        prompt="make the sky purple", size="64x32", output_format="webp",
+                        prompt="make the sky purple", size="64x32", output_format="webp", n=2,
                         extra_body={"seed": 9})
-    im = decode(r.data[0].b64_json)
-    assert im.format == "WEBP" and im.size == (64, 32)
+    images = [decode(d.b64_json) for d in r.data]
+    assert len(images) == 2 and all(im.format == "WEBP" and im.size == (64, 32) for im in images)
     r = sdk.images.edit(model="qwen_image_edit", image=("in.png", src, "image/png"),
                         prompt="make the sky purple", size="64x32", extra_body={"seed": 9})
     got = np.asarray(decode(r.data[0].b64_json))

@@ -139,6 +139,18 @@ def test_seed_per_item_inside_a_batch(pipe):
         assert np.abs(t.astype(int) - a).max() <= IMAGE_ATOL
 
 
+def test_edit_batch_seed_per_item(edit_pipe, condition):
+    resized, _ = d.condition_image(edit_pipe, condition)
+    embeds = d.encode_prompts(edit_pipe, ["make it purple", "add a rainbow please"], [resized, resized])
+    latents = d.vae_encode(edit_pipe, [condition])[0]
+    items = [d.DenoiseItem(e, 32, 32, 2, seed, image=condition, image_latents=latents)
+             for e, seed in zip(embeds, (1, 2))]
+    together = d.denoise(edit_pipe, items)
+    for t, item in zip(together, items):
+        alone = d.denoise(edit_pipe, [item])[0]
+        np.testing.assert_allclose(t.latents, alone.latents, atol=LATENT_ATOL, rtol=0)
+
+
 def test_incompatible_items_run_as_separate_groups(pipe):
     e = d.encode_prompts(pipe, ["a red fox"])[0]
     items = [d.DenoiseItem(e, 64, 64, 2, 1), d.DenoiseItem(e, 32, 48, 2, 1),
