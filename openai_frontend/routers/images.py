@@ -26,7 +26,7 @@ from starlette.datastructures import UploadFile
 
 from omni_triton.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
 
-from ..engine import ImageJob, ModelInfo
+from ..engine import ImageJob, InvalidRequestError, ModelInfo
 from ..errors import OpenAIError, bad_request
 from ..schemas import ImageData, ImageGenerationRequest, ImagesResponse, ImageUsage
 
@@ -132,8 +132,8 @@ async def _run(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compr
         images = await state.engine.generate_images(info.name, job)
         encoded = [await asyncio.to_thread(encode_image, im.pixels, fmt, compression) for im in images]
         outcome = "ok"
-    except OpenAIError:
-        outcome = "invalid_input"
+    except (OpenAIError, InvalidRequestError):
+        outcome = "invalid_input"  # a client error, not a server one
         raise
     except asyncio.CancelledError:
         outcome = "cancelled"
