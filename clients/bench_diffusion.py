@@ -34,6 +34,11 @@ Metrics (per level, over successful requests):
 - ``slo_attainment``: fraction of all requests (failed ones count as misses) that succeeded
   within ``--slo-ms``.
 - ``denoise_s_mean`` (frontend): mean of ``usage.denoise_seconds`` (the denoiser call's wall time).
+- ``denoiser_mean_batch`` (frontend, own stack or ``--metrics-url``): requests / executions of
+  ``qwen_image_denoiser`` during the level, from Triton's metrics (``nv_inference_request_success``,
+  ``nv_inference_exec_count``): how many images one DiT batch carried on average. It separates
+  the gain of batching from that of pipelining (text encoder, denoiser and VAE decoder run in
+  separate processes, so different requests' stages also overlap).
 
 Ratios (``ratios``):
 
@@ -129,6 +134,15 @@ def ratios(results: dict) -> dict:
     return out
 
 
+def metric_sum(metrics_text: str, name: str, model: str) -> float:
+    """Sum of the samples of Prometheus metric ``name`` whose ``model`` label is ``model``."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def run_level(run_one: Callable[[int], Result], concurrency: int, n: int) -> tuple[list[Result], float]:
     """``n`` requests from a closed loop of ``concurrency`` threads; returns results and wall s."""
     counter = iter(range(n))
@@ -203,13 +217,15 @@ def format_table(results: dict, rat: dict) -> str:
         return "-" if x is None else f"{x:.{nd}f}"
 
     lines = [f"{'path':<10} {'C':>2} {'n':>4} {'ok':>4} {'req/s':>7} {'p50 ms':>8} {'p90 ms':>8} "
-             f"{'p99 ms':>8} {'mean ms':>8} {'SLO':>6}"]
+             f"{'p99 ms':>8} {'mean ms':>8} {'SLO':>6} {'DiT batch':>9}"]
     for path, levels in results.items():
         for c, s in sorted(levels.items(), key=lambda kv: int(kv[0])):
             lat = s["latency_ms"]
             lines.append(f"{path:<10} {c:>2} {s['requests']:>4} {s['ok']:>4} {f(s['requests_per_s'], 2):>7} "
                          f"{f(lat['p50']):>8} {f(lat['p90']):>8} {f(lat['p99']):>8} {f(lat['mean']):>8} "
-                         f"{f(s['slo_attainment'], 2):>6}")
+                         f"{f(s['slo_attainment'], 2):>6} {f(s.get('denoiser_mean_batch'), 2):>9}")
+    lines.append(f"(SLO: fraction of requests within {next(iter(next(iter(results.values())).values()))['slo_ms']:.0f} ms; "
+                 "DiT batch: images per denoiser execution)" if results else "")
     lines.append("")
     lines.append(f"serving overhead (frontend C=1 p50 / in-process p50): {rat.get('serving_overhead_latency_p50')}")
     lines.append(f"batching gain (frontend C={rat.get('batching_gain_at_concurrency')} / C=1 req/s): "
@@ -229,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slo-ms", type=float, default=1000.0, help="latency SLO, milliseconds")
     p.add_argument("--paths", default="inprocess,frontend")
     p.add_argument("--frontend-url", help="use this running frontend (no own stack)")
+    p.add_argument("--metrics-url", help="Triton metrics URL of that running server (for the mean batch)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--ready-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
@@ -247,14 +264,30 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     error = None
 
+    metrics_url = {"url": args.metrics_url}
+
+    def denoiser_counts():
+        if not metrics_url["url"]:
+            return None
+        import httpx
+
+        text = httpx.get(metrics_url["url"], timeout=10).text
+        return (metric_sum(text, "nv_inference_request_success", "qwen_image_denoiser"),
+                metric_sum(text, "nv_inference_exec_count", "qwen_image_denoiser"))
+
     def run_path(path: str, run_one, level_list):
         for i in range(args.warmup):
             run_one(10_000 + i)
         for c in level_list:
             n = max(args.requests, c)
+            before = denoiser_counts() if path == "frontend" else None
             res, wall = run_level(run_one, c, n)
             s = summarize(res, wall, args.slo_ms)
             s["concurrency"] = c
+            if before is not None:
+                after = denoiser_counts()
+                execs = after[1] - before[1]
+                s["denoiser_mean_batch"] = round((after[0] - before[0]) / execs, 3) if execs else None
             results.setdefault(path, {})[str(c)] = s
             print(f"  {path:<10} C={c} n={n} ok={s['ok']} {s['requests_per_s']} req/s "
                   f"p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms", flush=True)
@@ -287,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                 frontend.start()
                 frontend.wait_ready()
                 url = frontend.url
+                metrics_url["url"] = f"http://127.0.0.1:{server.metrics_port}/metrics"
                 stack.update(ready_s=round(time.perf_counter() - t, 2), models=server.models,
                              triton_log=str(server.log_path))
             import httpx

@@ -27,3 +27,12 @@ def test_ratios():
 def test_run_level_sends_every_request_once():
     res, wall = run_level(lambda i: Result(i, latency_s=0.0), concurrency=3, n=7)
     assert [r.index for r in res] == list(range(7)) and wall >= 0
+
+
+def test_metric_sum():
+    from clients.bench_diffusion import metric_sum
+
+    text = ('nv_inference_exec_count{model="qwen_image_denoiser",version="1"} 3\n'
+            'nv_inference_exec_count{model="qwen_image_vae_decoder",version="1"} 7\n'
+            '# HELP nv_inference_exec_count x\n')
+    assert metric_sum(text, "nv_inference_exec_count", "qwen_image_denoiser") == 3.0
