@@ -9,6 +9,8 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   trained tokenizer, saved with ``save_pretrained`` (``omni_triton.stages.codec_tts``).
 - ``qwen3-omni-tiny``: a tiny random-weight Qwen3-Omni (thinker, talker + code predictor,
   code2wav) with a locally trained ChatML tokenizer (``omni_triton.stages.qwen3_omni``).
+- ``qwen-image-tiny`` / ``qwen-image-edit-tiny``: tiny random-weight diffusers
+  ``QwenImagePipeline`` / ``QwenImageEditPipeline`` folders (``omni_triton.stages.diffusion``).
 
 Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
 """
@@ -50,10 +52,24 @@ def _prepare_qwen3_omni_tiny(dest: Path, log: Callable[[str], None]) -> None:
     build_tiny_qwen3_omni(dest)
 
 
+def _prepare_qwen_image_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.diffusion import KIND_T2I, build_tiny_qwen_image
+
+    build_tiny_qwen_image(dest, KIND_T2I)
+
+
+def _prepare_qwen_image_edit_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.diffusion import KIND_EDIT, build_tiny_qwen_image
+
+    build_tiny_qwen_image(dest, KIND_EDIT)
+
+
 ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "piper-voices": _prepare_piper_voices,
     "csm-tiny": _prepare_csm_tiny,
     "qwen3-omni-tiny": _prepare_qwen3_omni_tiny,
+    "qwen-image-tiny": _prepare_qwen_image_tiny,
+    "qwen-image-edit-tiny": _prepare_qwen_image_edit_tiny,
 }
 
 

@@ -110,3 +110,109 @@ def send_failure(sender, stage: str, exc: BaseException) -> None:
         send_error(sender, f"{stage} failed: {exc}")
     except Exception:
         logger.exception("%s could not send its error response", stage)
+
+
+class InvalidInput(ValueError):
+    """A request's inputs are wrong: reported to the client as INVALID_ARG (a 4xx), not INTERNAL."""
+
+
+def input_array(request, name: str, required: bool = True):
+    """The numpy array of input ``name`` without its batch dimension (non-decoupled, dynamically
+    batched models get each request's own ``[1, ...]`` tensor); ``None`` when absent and optional.
+
+    Raises:
+        InvalidInput: a required input is missing.
+    """
+    tensor = _pb().get_input_tensor_by_name(request, name)
+    if tensor is None:
+        if required:
+            raise InvalidInput(f"missing input {name}")
+        return None
+    array = tensor.as_numpy()
+    return array[0] if array.ndim and array.shape[0] == 1 else array
+
+
+def scalar_input(request, name: str, kind=float, required: bool = True):
+    """First element of input ``name`` as ``kind`` (``int``/``float``/``str``), ``None`` if absent."""
+    array = input_array(request, name, required)
+    if array is None:
+        return None
+    value = array.reshape(-1)[0] if array.size else None
+    if value is None:
+        raise InvalidInput(f"input {name} is empty")
+    if kind is str:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    return kind(value)
+
+
+def batched_execute(requests, stage: str, parse, run, outputs) -> list:
+    """The body of a dynamically batched (non-decoupled) ``execute``.
+
+    Args:
+        requests: the batch Triton hands to ``execute``.
+        stage: name used in error messages and logs.
+        parse: ``request -> item``; an :class:`InvalidInput` (or ``ValueError``) becomes that
+            request's INVALID_ARG error response, the others still run.
+        run: ``list[item] -> list[result]`` for the valid items (one batched call).
+        outputs: ``result -> list[pb_utils.Tensor]``.
+
+    Returns:
+        one ``InferenceResponse`` per request; a failure of ``run`` is an INTERNAL error response
+        for each of its items (logged), never an exception out of ``execute``.
+    """
+    pb = _pb()
+    responses = [None] * len(requests)
+    items, idx = [], []
+    for i, request in enumerate(requests):
+        try:
+            items.append(parse(request))
+            idx.append(i)
+        except (InvalidInput, ValueError, UnicodeDecodeError) as exc:
+            responses[i] = pb.InferenceResponse(
+                error=pb.TritonError(f"{stage}: {exc}", pb.TritonError.INVALID_ARG))
+    if items:
+        try:
+            results = run(items)
+            for i, result in zip(idx, results):
+                responses[i] = pb.InferenceResponse(output_tensors=outputs(result))
+        except InvalidInput as exc:
+            for i in idx:
+                responses[i] = pb.InferenceResponse(
+                    error=pb.TritonError(f"{stage}: {exc}", pb.TritonError.INVALID_ARG))
+        except Exception as exc:  # noqa: BLE001 - reported as error responses
+            logging.getLogger(stage).exception("%s failed", stage)
+            for i in idx:
+                responses[i] = pb.InferenceResponse(error=pb.TritonError(f"{stage} failed: {exc}"))
+    return responses
+
+
+class TritonLogHandler(logging.Handler):
+    """Forwards Python ``logging`` records to Triton's own log (``pb_utils.Logger``), so library
+    messages (e.g. the denoiser's per-step progress) appear in the server log with Triton's
+    timestamps: INFO -> ``log_info``, WARNING -> ``log_warn``, ERROR and above -> ``log_error``,
+    DEBUG -> ``log_verbose`` (shown with ``--log-verbose=1``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            logger = _pb().Logger
+            message = f"{record.name}: {self.format(record)}"
+            if record.levelno >= logging.ERROR:
+                logger.log_error(message)
+            elif record.levelno >= logging.WARNING:
+                logger.log_warn(message)
+            elif record.levelno >= logging.INFO:
+                logger.log_info(message)
+            else:
+                logger.log_verbose(message)
+        except Exception:  # noqa: BLE001 - logging must never break a request
+            self.handleError(record)
+
+
+def forward_logs_to_triton(name: str, level: int = logging.INFO) -> logging.Logger:
+    """Attach one :class:`TritonLogHandler` to logger ``name`` (idempotent) at ``level``."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(h, TritonLogHandler) for h in logger.handlers):
+        logger.addHandler(TritonLogHandler())
+    logger.setLevel(level)
+    logger.propagate = False
+    return logger

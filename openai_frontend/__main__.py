@@ -24,7 +24,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--max-inflight", type=int, default=16, help="admitted speech requests; 429 beyond")
     p.add_argument("--default-max-input-chars", type=int, default=4096)
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-body-bytes", type=int, default=16 << 20)
     p.add_argument("--rpc-timeout", type=float, default=5.0, help="seconds, Triton metadata calls")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)

@@ -12,7 +12,7 @@ from .admission import AdmissionController
 from .engine import Engine
 from .errors import ErrorDetail, error_json, install_error_handlers
 from .metrics import FrontendMetrics
-from .routers import audio, models, observability
+from .routers import audio, images, models, observability
 
 
 @dataclass
@@ -22,12 +22,13 @@ class Settings:
     max_inflight: speech requests admitted at once; more get 429 + ``Retry-After``.
     default_max_input_chars: input limit for models whose config has no ``max_input_chars``
         (4096 = OpenAI's limit).
-    max_body_bytes: requests with a larger ``Content-Length`` get 413.
+    max_body_bytes: requests with a larger ``Content-Length`` get 413 (16 MiB: room for a few
+        uploaded images on ``/v1/images/edits``).
     """
 
     max_inflight: int = 16
     default_max_input_chars: int = 4096
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = 16 << 20
     retry_after_s: int = 1
 
 
@@ -95,6 +96,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.include_router(audio.router)
+    app.include_router(images.router)
     app.include_router(models.router)
     app.include_router(observability.router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)

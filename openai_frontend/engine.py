@@ -9,6 +9,9 @@ Model metadata comes from Triton itself:
   ``docs/speech_contracts.md`` (``voices``, ``default_voice``, ``sample_rate``,
   ``supports_speed``, ``max_input_chars``).
 
+Images (``generate_images``) are unary ``ModelInfer`` calls on a diffusion ensemble, one per
+image, all in flight at once (Triton's dynamic batchers group them); see docs/image_contracts.md.
+
 Speech is one ``ModelStreamInfer`` call per HTTP request on a decoupled model: every response
 that carries ``AUDIO`` is yielded as soon as it arrives. Closing the iterator (HTTP client gone,
 task cancelled, consumer stopped) cancels the gRPC call; Triton's gRPC stream handler then
@@ -17,6 +20,7 @@ cancels the in-flight request, which a Python-backend model sees as ``request.is
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -72,6 +76,14 @@ class ModelNotReadyError(EngineError):
     code = "model_not_ready"
 
 
+class InvalidRequestError(EngineError):
+    """Triton rejected the request's inputs (the model answered INVALID_ARG): a client error."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_value"
+
+
 class InferenceError(EngineError):
     """Triton answered with an error response (the model's ``TritonError``) or the stream broke."""
 
@@ -104,6 +116,17 @@ class ModelInfo:
     #: Stage models a BLS model calls (config parameter ``depends_on``): Triton reports a BLS
     #: model READY even when they are not, so the frontend checks them itself.
     depends_on: tuple[str, ...] = ()
+    #: image models (diffusion ensembles): the config ``parameters`` of docs/image_contracts.md
+    task: str | None = None
+    default_size: tuple[int, int] | None = None  # (width, height)
+    size_multiple: int = 16
+    max_size: int | None = None
+    default_steps: int | None = None
+    max_steps: int | None = None
+    default_true_cfg_scale: float | None = None
+    max_images: int | None = None
+    max_input_images: int | None = None
+    supports_mask: bool = False
 
     @property
     def ready(self) -> bool:
@@ -113,6 +136,33 @@ class ModelInfo:
     def is_speech(self) -> bool:
         """Text in, PCM out (``TEXT`` -> ``AUDIO``): servable by ``/v1/audio/speech``."""
         return "TEXT" in self.inputs and "AUDIO" in self.outputs
+
+    @property
+    def is_image(self) -> bool:
+        """Prompt in, image out (``PROMPT`` -> ``IMAGE``): servable by ``/v1/images/*``."""
+        return "PROMPT" in self.inputs and "IMAGE" in self.outputs
+
+    @property
+    def is_image_edit(self) -> bool:
+        """An image model that takes a condition image (``INPUT_IMAGE``)."""
+        return self.is_image and "INPUT_IMAGE" in self.inputs
+
+    @property
+    def modality(self) -> str:
+        """``image``, ``audio`` or ``text`` (what ``/v1/models`` reports)."""
+        if self.is_image:
+            return "image"
+        if "AUDIO" in self.outputs:
+            return "audio"
+        return "text"
+
+
+def _parse_size(text: str) -> tuple[int, int] | None:
+    """``"WxH"`` -> (W, H); ``None`` when not of that form."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def model_info_from_config(config, state: str = "READY", reason: str = "") -> ModelInfo:
@@ -133,6 +183,13 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
             logger.warning("model %s: parameter %s=%r is not an integer", config.name, key, params[key])
             return None
 
+    def _float(key: str) -> float | None:
+        try:
+            return float(params[key]) if params.get(key) else None
+        except ValueError:
+            logger.warning("model %s: parameter %s=%r is not a number", config.name, key, params[key])
+            return None
+
     return ModelInfo(
         name=config.name,
         state=state,
@@ -146,6 +203,16 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
         supports_speed=supports_speed,
         max_input_chars=_int("max_input_chars"),
         depends_on=tuple(d.strip() for d in params.get("depends_on", "").split(",") if d.strip()),
+        task=params.get("task") or None,
+        default_size=_parse_size(params.get("default_size", "")),
+        size_multiple=_int("size_multiple") or 16,
+        max_size=_int("max_size"),
+        default_steps=_int("default_steps"),
+        max_steps=_int("max_steps"),
+        default_true_cfg_scale=_float("default_true_cfg_scale"),
+        max_images=_int("max_images"),
+        max_input_images=_int("max_input_images"),
+        supports_mask=params.get("supports_mask", "").lower() in ("true", "1", "yes"),
     )
 
 
@@ -158,6 +225,95 @@ def _unready_dependencies(info: ModelInfo, states: dict[str, tuple[str, str]]) -
         return info
     return ModelInfo(name=info.name, state="UNAVAILABLE",
                      reason="stages not ready: " + ", ".join(missing))
+
+
+# --------------------------------------------------------------------------- images
+@dataclass(frozen=True)
+class ImageJob:
+    """What to generate: ``n`` images of ``width`` x ``height`` pixels for ``prompt``.
+
+    Image ``i`` uses seed ``seed + i``, so each image equals a single-image request with that
+    seed whatever else is batched with it. ``negative_prompt`` ``None`` (or ``""``) turns true CFG
+    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model.
+    """
+
+    prompt: str
+    width: int
+    height: int
+    steps: int
+    seed: int
+    n: int = 1
+    negative_prompt: str | None = None
+    true_cfg_scale: float = 4.0
+    guidance_scale: float | None = None
+    image: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedImage:
+    """One generated image: ``uint8 [H, W, 3]`` RGB pixels, its seed, the denoising steps run and
+    the wall time (seconds) of the denoiser call it was part of."""
+
+    pixels: np.ndarray
+    seed: int
+    steps: int
+    denoise_seconds: float
+
+
+class ImageEngineMixin:
+    """``generate_encoded_images`` for any engine that has ``get_model`` and ``generate_images``.
+
+    This is the entry point for APIs that want image *files* rather than pixels (e.g. a chat
+    completion on a diffusion model returning an ``image_url`` data URL part).
+    """
+
+    async def generate_encoded_images(
+        self, model: str, prompt: str, *, n: int = 1, size: tuple[int, int] | None = None,
+        output_format: str = "png", output_compression: int | None = None, seed: int | None = None,
+        negative_prompt: str | None = None, steps: int | None = None,
+        true_cfg_scale: float | None = None, guidance_scale: float | None = None,
+    ) -> list:
+        """Generate ``n`` images for ``prompt`` on the image model ``model``; return them encoded.
+
+        Args:
+            size: (width, height); default the model's ``default_size``.
+            output_format: ``png`` / ``jpeg`` / ``webp`` (Pillow).
+            seed: image ``i`` uses ``seed + i``; ``None`` picks a random seed.
+            steps, true_cfg_scale: default the model's ``default_steps`` /
+                ``default_true_cfg_scale``.
+
+        Returns:
+            ``list[omni_triton.image.EncodedImage]`` (``data`` bytes, ``fmt``, ``mime_type``);
+            a data URL is ``f"data:{e.mime_type};base64,{base64.b64encode(e.data).decode()}"``.
+
+        Raises:
+            ``ModelNotFoundError`` / ``ModelNotReadyError`` / ``InvalidRequestError`` (not an image
+            model, ``n`` out of range; size or steps out of range are rejected by the model) / ``InferenceError`` / ``TritonUnavailableError``.
+        """
+        import secrets
+
+        from omni_triton.image import encode_image, normalise_format
+
+        info = await self.get_model(model)
+        if not info.is_image or info.is_image_edit:
+            raise InvalidRequestError(f"The model '{model}' is not a text-to-image model", param="model")
+        width, height = size or info.default_size or (64, 64)
+        if not 1 <= n <= (info.max_images or 1):
+            raise InvalidRequestError(f"n must be between 1 and {info.max_images or 1}", param="n")
+        try:
+            fmt = normalise_format(output_format)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param="output_format") from None
+        job = ImageJob(
+            prompt=prompt, width=width, height=height, n=n,
+            steps=steps if steps is not None else (info.default_steps or 2),
+            seed=secrets.randbits(31) if seed is None else seed,
+            negative_prompt=negative_prompt,
+            true_cfg_scale=true_cfg_scale if true_cfg_scale is not None else (info.default_true_cfg_scale or 4.0),
+            guidance_scale=guidance_scale,
+        )
+        images = await self.generate_images(model, job)
+        return [await asyncio.to_thread(encode_image, im.pixels, fmt, output_compression) for im in images]
 
 
 # --------------------------------------------------------------------------- protocol
@@ -186,6 +342,13 @@ class Engine(Protocol):
         ``InferenceError`` (model error) or ``TritonUnavailableError`` while iterating.
         """
 
+    async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
+        """Generate ``job.n`` images on the image model ``model`` (all requests in flight at once).
+
+        Raises ``InvalidRequestError`` (the model rejected an input), ``InferenceError``,
+        ``ModelNotReadyError`` or ``TritonUnavailableError``.
+        """
+
     async def close(self) -> None:
         """Release connections."""
 
@@ -211,7 +374,7 @@ def _translate(exc: Exception, what: str) -> EngineError:
     return InferenceError(f"{what}: {exc}")
 
 
-class TritonEngine:
+class TritonEngine(ImageEngineMixin):
     """``Engine`` over one ``tritonclient.grpc.aio.InferenceServerClient``.
 
     Args:
@@ -379,6 +542,75 @@ class TritonEngine:
             if not finished:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+
+
+    async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
+        """``job.n`` unary ``ModelInfer`` calls on the ensemble ``model``, all in flight at once.
+
+        One request per image (seed ``job.seed + i``) rather than one request with a batch
+        dimension of ``n``: each image is then scheduled on its own by Triton's dynamic batchers
+        (mixed with other clients' images up to ``max_batch_size``), an ``n`` above a stage's
+        ``max_batch_size`` still works, and every image equals the single-image request with its
+        seed. A ``TaskGroup`` cancels the others when one fails or the caller is cancelled (client
+        disconnect), which cancels their gRPC calls.
+        """
+
+        async def one(i: int) -> GeneratedImage:
+            try:
+                result = await self._client.infer(model, _image_inputs(job, i),
+                                                  request_id=f"{uuid.uuid4().hex}-{i}")
+            except InferenceServerException as exc:
+                message = exc.message() or str(exc)
+                if _STUB_DOWN in message:
+                    raise ModelNotReadyError(f"{model}: {message} (being restarted)", param="model") from exc
+                if (exc.status() or "").endswith("INVALID_ARGUMENT"):
+                    raise InvalidRequestError(f"{model}: {message}") from exc
+                raise _translate(exc, f"inference on {model}") from exc
+            except grpc.aio.AioRpcError as exc:
+                raise _translate(exc, f"inference on {model}") from exc
+            pixels = result.as_numpy("IMAGE")
+            if pixels is None:
+                raise InferenceError(f"{model}: no IMAGE in the response")
+            steps = result.as_numpy("NUM_STEPS")
+            seconds = result.as_numpy("DENOISE_SECONDS")
+            return GeneratedImage(
+                pixels=np.asarray(pixels, dtype=np.uint8).reshape(pixels.shape[-3:]),
+                seed=job.seed + i,
+                steps=int(steps.reshape(-1)[0]) if steps is not None else job.steps,
+                denoise_seconds=float(seconds.reshape(-1)[0]) if seconds is not None else 0.0,
+            )
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(i)) for i in range(job.n)]
+        except* EngineError as eg:
+            raise eg.exceptions[0] from None
+        return [t.result() for t in tasks]
+
+
+def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
+    """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md)."""
+    inputs = []
+    for name, text in (("PROMPT", job.prompt), ("NEGATIVE_PROMPT", job.negative_prompt or "")):
+        t = InferInput(name, [1, 1], "BYTES")  # [batch, 1]: the ensembles have max_batch_size > 0
+        t.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
+        inputs.append(t)
+    for name, dtype, value in (
+        ("HEIGHT", np.int32, job.height), ("WIDTH", np.int32, job.width),
+        ("NUM_INFERENCE_STEPS", np.int32, job.steps), ("TRUE_CFG_SCALE", np.float32, job.true_cfg_scale),
+        ("GUIDANCE_SCALE", np.float32, job.guidance_scale if job.guidance_scale is not None else 0.0),
+        ("SEED", np.int64, job.seed + index),
+    ):
+        array = np.array([[value]], dtype=dtype)
+        t = InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32", np.int64: "INT64"}[dtype])
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    if job.image is not None:
+        array = np.ascontiguousarray(job.image, dtype=np.uint8)[None]
+        t = InferInput("INPUT_IMAGE", list(array.shape), "UINT8")
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    return inputs
 
 
 def _bytes_input(name: str, value: str) -> InferInput:

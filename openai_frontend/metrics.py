@@ -37,5 +37,17 @@ class FrontendMetrics:
             "Speech requests holding an admission slot",
             registry=self.registry,
         )
+        self.image_requests = Counter(
+            "omni_frontend_image_requests",
+            "Image requests by model, API (generations/edits) and outcome",
+            ["model", "api", "outcome"],
+            registry=self.registry,
+        )
+        self.images = Counter(
+            "omni_frontend_images",
+            "Images generated",
+            ["model"],
+            registry=self.registry,
+        )
         if admission is not None:
             self.inflight.set_function(lambda: admission.inflight)

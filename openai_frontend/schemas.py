@@ -28,6 +28,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "omni-triton"
+    #: extension: ``image`` (diffusion pipelines), ``audio`` (speech) or ``text``
+    modality: str | None = None
 
 
 class ModelList(BaseModel):
@@ -132,3 +134,63 @@ class HealthStatus(BaseModel):
     models: dict[str, str]  # name -> Triton state
     not_ready: list[str] = []
     message: str | None = None
+
+
+# --------------------------------------------------------------------------- images
+class ImageGenerationRequest(BaseModel):
+    """``POST /v1/images/generations`` body.
+
+    OpenAI fields: ``prompt``, ``model``, ``n``, ``size``, ``response_format`` (only
+    ``b64_json``), ``output_format``, ``output_compression``; accepted and ignored when at their
+    no-op values: ``quality``, ``style``, ``background``, ``moderation``, ``user``.
+    Extensions (vLLM-Omni's names): ``seed``, ``negative_prompt``, ``num_inference_steps``,
+    ``guidance_scale``, ``true_cfg_scale``. Unknown fields are rejected (400).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str
+    model: str | None = None
+    n: int = 1
+    size: str | None = None
+    response_format: str | None = None
+    output_format: str | None = None
+    output_compression: int | None = Field(None, ge=0, le=100)
+    seed: int | None = Field(None, ge=0, le=2**62)
+    negative_prompt: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = Field(None, ge=0)
+    true_cfg_scale: float | None = Field(None, ge=0)
+    stream: bool = False
+    quality: str | None = None
+    style: str | None = None
+    background: str | None = None
+    moderation: str | None = None
+    user: str | None = None
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    revised_prompt: str | None = None
+    #: extension: the seed this image was generated with
+    seed: int | None = None
+
+
+class ImageUsage(BaseModel):
+    """OpenAI's image usage (``input_tokens`` = prompt characters: the frontend has no
+    tokenizer; ``output_tokens`` = 0), plus the denoising extensions: steps per image and the
+    summed wall time (seconds) of the denoiser calls that made the images."""
+
+    input_tokens: int
+    output_tokens: int = 0
+    total_tokens: int
+    num_inference_steps: int
+    denoise_seconds: float
+
+
+class ImagesResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+    output_format: str
+    size: str
+    usage: ImageUsage

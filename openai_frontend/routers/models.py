@@ -15,7 +15,7 @@ async def list_models(request: Request) -> ModelList:
     state = request.app.state
     models = await state.engine.list_models()
     return ModelList(
-        data=[ModelCard(id=m.name, created=state.started_at) for m in models if m.ready]
+        data=[ModelCard(id=m.name, created=state.started_at, modality=m.modality) for m in models if m.ready]
     )
 
 
@@ -24,5 +24,5 @@ async def retrieve_model(model_id: str, request: Request) -> ModelCard:
     state = request.app.state
     for m in await state.engine.list_models():
         if m.name == model_id and m.ready:
-            return ModelCard(id=m.name, created=state.started_at)
+            return ModelCard(id=m.name, created=state.started_at, modality=m.modality)
     raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")

@@ -111,6 +111,9 @@ class FakeEngine:
             if not done:
                 self.cancelled += 1
 
+    async def generate_images(self, model, job):
+        raise InferenceError(f"{model}: this fake serves no image models")
+
     async def close(self):
         pass
 

@@ -1,0 +1,366 @@
+"""Image-generation serving benchmark: throughput, latency percentiles and SLO attainment.
+
+Run::
+
+    python -m clients.bench_diffusion --out bench_diffusion.json
+    python -m clients.bench_diffusion --size 128x128 --steps 4 --concurrency 1,4 --requests 16
+    python -m clients.bench_diffusion --frontend-url http://127.0.0.1:9000   # a running server
+
+In the spirit of vLLM-Omni's diffusion serving benchmark. Two paths, one after the other (they
+share the CPU cores, never overlapping):
+
+``inprocess``
+    the plain diffusers ``QwenImagePipeline.__call__`` in this process on the same prepared
+    weights (``omni_triton.stages.diffusion.reference_images``), called sequentially: the
+    baseline without Triton, without the stage split and without batching.
+``frontend``
+    the user path: ``POST /v1/images/generations`` (``n=1``, PNG, ``b64_json``) on the OpenAI
+    frontend over the ``qwen_image`` ensemble, from a closed loop of ``C`` threads (each sends
+    its next request when its previous one ended), at each ``--concurrency`` level.
+
+Unless ``--frontend-url`` is given, the benchmark starts its own tritonserver (the ensemble and
+its stages) and frontend on free ports after the in-process phase and always stops them.
+Every request ``i`` uses prompt ``PROMPTS[i % len]`` and seed ``i``; all use the same size and
+steps (so all are batch-compatible), no negative prompt (CFG off). This process uses one torch
+thread, as each Triton stub does.
+
+Metrics (per level, over successful requests):
+
+- ``latency_ms``: ``mean``, ``p50``, ``p90``, ``p99`` (linear interpolation between closest
+  ranks, numpy's default), ``min``, ``max``; milliseconds from request sent to response read
+  (in-process: the ``__call__`` including PNG encoding, as the frontend encodes PNG too).
+- ``requests_per_s`` (= images per second): successful requests / ``wall_s``, the wall-clock
+  seconds from the first request sent to the last one finished.
+- ``slo_attainment``: fraction of all requests (failed ones count as misses) that succeeded
+  within ``--slo-ms``.
+- ``denoise_s_mean`` (frontend): mean of ``usage.denoise_seconds`` (the denoiser call's wall time).
+- ``denoiser_mean_batch`` (frontend, own stack or ``--metrics-url``): requests / executions of
+  ``qwen_image_denoiser`` during the level, from Triton's metrics (``nv_inference_request_success``,
+  ``nv_inference_exec_count``): how many images one DiT batch carried on average. It separates
+  the gain of batching from that of pipelining (text encoder, denoiser and VAE decoder run in
+  separate processes, so different requests' stages also overlap).
+
+Ratios (``ratios``):
+
+- ``serving_overhead_latency_p50``: frontend ``C=1`` p50 latency / in-process p50 (> 1: what
+  Triton + frontend + stage split cost per request when alone);
+- ``batching_gain_throughput``: frontend at the highest ``C`` / frontend ``C=1`` requests/s
+  (> 1: concurrent requests batched by Triton's dynamic batchers served faster);
+- ``throughput_vs_inprocess`` per level: frontend requests/s / in-process sequential requests/s.
+
+No timing is asserted anywhere: this is a benchmark, not a test.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before torch/numpy start their pools; as the stubs get
+
+import argparse
+import base64
+import io
+import json
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from clients.bench_tts import _git_commit, _machine, parse_concurrency, percentile
+
+MODEL = "qwen_image"
+ASSET = "qwen-image-tiny"
+PROMPTS = ("a red fox in the snow, golden hour", "a lighthouse on a cliff at night",
+           "a bowl of fruit on a wooden table", "a cat wearing a hat")
+
+
+@dataclass
+class Result:
+    """One request: ``latency_s`` (None if failed), ``error``, denoiser seconds (frontend)."""
+
+    index: int
+    latency_s: float | None = None
+    error: str | None = None
+    denoise_s: float | None = None
+
+
+def summarize(results: Sequence[Result], wall_s: float, slo_ms: float) -> dict:
+    """Aggregate one level (see the module docstring); times in ms rounded to 0.01 ms."""
+    ok = [r for r in results if r.error is None and r.latency_s is not None]
+    lat = [r.latency_s * 1000 for r in ok]
+
+    def rnd(x):
+        return None if x is None else round(float(x), 2)
+
+    latency = {"mean": rnd(sum(lat) / len(lat)) if lat else None,
+               **{f"p{q}": rnd(percentile(lat, q)) for q in (50, 90, 99)},
+               "min": rnd(min(lat)) if lat else None, "max": rnd(max(lat)) if lat else None}
+    den = [r.denoise_s for r in ok if r.denoise_s is not None]
+    return {
+        "requests": len(results), "ok": len(ok), "errors": len(results) - len(ok),
+        "error_messages": sorted({r.error for r in results if r.error})[:5],
+        "latency_ms": latency,
+        "requests_per_s": round(len(ok) / wall_s, 3) if wall_s > 0 and ok else None,
+        "slo_ms": slo_ms,
+        "slo_attainment": round(sum(1 for x in lat if x <= slo_ms) / len(results), 4) if results else None,
+        "denoise_s_mean": round(sum(den) / len(den), 5) if den else None,
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def _ratio(a, b):
+    return round(a / b, 3) if a is not None and b else None
+
+
+def ratios(results: dict) -> dict:
+    """The ratios of the module docstring from ``{"inprocess": {"1": ...}, "frontend": {...}}``."""
+    out: dict = {}
+    base = results.get("inprocess", {}).get("1")
+    front = results.get("frontend", {})
+    levels = sorted(front, key=int)
+    if base and "1" in front:
+        out["serving_overhead_latency_p50"] = _ratio(front["1"]["latency_ms"]["p50"], base["latency_ms"]["p50"])
+        out["serving_overhead_latency_mean"] = _ratio(front["1"]["latency_ms"]["mean"], base["latency_ms"]["mean"])
+    if "1" in front and levels:
+        top = levels[-1]
+        out["batching_gain_throughput"] = _ratio(front[top]["requests_per_s"], front["1"]["requests_per_s"])
+        out["batching_gain_at_concurrency"] = int(top)
+    if base:
+        out["throughput_vs_inprocess"] = {c: _ratio(front[c]["requests_per_s"], base["requests_per_s"])
+                                          for c in levels}
+    return out
+
+
+def metric_sum(metrics_text: str, name: str, model: str) -> float:
+    """Sum of the samples of Prometheus metric ``name`` whose ``model`` label is ``model``."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_level(run_one: Callable[[int], Result], concurrency: int, n: int) -> tuple[list[Result], float]:
+    """``n`` requests from a closed loop of ``concurrency`` threads; returns results and wall s."""
+    counter = iter(range(n))
+    lock = threading.Lock()
+    results: list[Result] = []
+
+    def worker():
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            r = run_one(i)
+            with lock:
+                results.append(r)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(results, key=lambda r: r.index), time.perf_counter() - start
+
+
+def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
+    import torch
+
+    from omni_triton.image import encode_image
+    from omni_triton.paths import model_dir
+    from omni_triton.stages.diffusion import load_pipeline, reference_images
+
+    torch.set_num_threads(1)
+    pipe = load_pipeline(model_dir(ASSET))
+    lock = threading.Lock()
+
+    def run_one(i: int) -> Result:
+        t = time.perf_counter()
+        try:
+            with lock:
+                pixels = reference_images(pipe, PROMPTS[i % len(PROMPTS)], height=height, width=width,
+                                          steps=steps, seed=i)
+            encode_image(pixels, "png")
+            return Result(i, time.perf_counter() - t)
+        except Exception as exc:  # noqa: BLE001
+            return Result(i, error=f"{type(exc).__name__}: {exc}")
+
+    return run_one
+
+
+def frontend_run_one(http, url: str, width: int, height: int, steps: int) -> Callable[[int], Result]:
+    def run_one(i: int) -> Result:
+        t = time.perf_counter()
+        try:
+            r = http.post(f"{url}/v1/images/generations", json={
+                "model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "size": f"{width}x{height}",
+                "num_inference_steps": steps, "seed": i, "response_format": "b64_json"})
+            elapsed = time.perf_counter() - t
+            if r.status_code != 200:
+                return Result(i, error=f"HTTP {r.status_code}: {r.text[:200]}")
+            body = r.json()
+            base64.b64decode(body["data"][0]["b64_json"])
+            return Result(i, elapsed, denoise_s=body["usage"].get("denoise_seconds"))
+        except Exception as exc:  # noqa: BLE001
+            return Result(i, error=f"{type(exc).__name__}: {exc}")
+
+    return run_one
+
+
+def format_table(results: dict, rat: dict) -> str:
+    def f(x, nd=1):
+        return "-" if x is None else f"{x:.{nd}f}"
+
+    lines = [f"{'path':<10} {'C':>2} {'n':>4} {'ok':>4} {'req/s':>7} {'p50 ms':>8} {'p90 ms':>8} "
+             f"{'p99 ms':>8} {'mean ms':>8} {'SLO':>6} {'DiT batch':>9}"]
+    for path, levels in results.items():
+        for c, s in sorted(levels.items(), key=lambda kv: int(kv[0])):
+            lat = s["latency_ms"]
+            lines.append(f"{path:<10} {c:>2} {s['requests']:>4} {s['ok']:>4} {f(s['requests_per_s'], 2):>7} "
+                         f"{f(lat['p50']):>8} {f(lat['p90']):>8} {f(lat['p99']):>8} {f(lat['mean']):>8} "
+                         f"{f(s['slo_attainment'], 2):>6} {f(s.get('denoiser_mean_batch'), 2):>9}")
+    lines.append(f"(SLO: fraction of requests within {next(iter(next(iter(results.values())).values()))['slo_ms']:.0f} ms; "
+                 "DiT batch: images per denoiser execution)" if results else "")
+    lines.append("")
+    lines.append(f"serving overhead (frontend C=1 p50 / in-process p50): {rat.get('serving_overhead_latency_p50')}")
+    lines.append(f"batching gain (frontend C={rat.get('batching_gain_at_concurrency')} / C=1 req/s): "
+                 f"{rat.get('batching_gain_throughput')}")
+    lines.append(f"throughput vs in-process sequential: {rat.get('throughput_vs_inprocess')}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench_diffusion.json", help="JSON output file")
+    p.add_argument("--size", default="128x128", help="WIDTHxHEIGHT of every image")
+    p.add_argument("--steps", type=int, default=4, help="denoising steps of every image")
+    p.add_argument("--concurrency", default="1,4", help="frontend levels, comma separated")
+    p.add_argument("--requests", type=int, default=16, help="requests per level (>= concurrency)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed requests per path")
+    p.add_argument("--slo-ms", type=float, default=1000.0, help="latency SLO, milliseconds")
+    p.add_argument("--paths", default="inprocess,frontend")
+    p.add_argument("--frontend-url", help="use this running frontend (no own stack)")
+    p.add_argument("--metrics-url", help="Triton metrics URL of that running server (for the mean batch)")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--ready-timeout", type=float, default=600.0)
+    args = p.parse_args(argv)
+    width, height = (int(v) for v in args.size.lower().split("x"))
+    levels = parse_concurrency(args.concurrency)
+    paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    started: list = []
+
+    def on_sigterm(signum, frame):
+        for proc in reversed(started):
+            proc.stop()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    t0 = time.perf_counter()
+    results: dict = {}
+    error = None
+
+    metrics_url = {"url": args.metrics_url}
+
+    def denoiser_counts():
+        if not metrics_url["url"]:
+            return None
+        import httpx
+
+        text = httpx.get(metrics_url["url"], timeout=10).text
+        return (metric_sum(text, "nv_inference_request_success", "qwen_image_denoiser"),
+                metric_sum(text, "nv_inference_exec_count", "qwen_image_denoiser"))
+
+    def run_path(path: str, run_one, level_list):
+        for i in range(args.warmup):
+            run_one(10_000 + i)
+        for c in level_list:
+            n = max(args.requests, c)
+            before = denoiser_counts() if path == "frontend" else None
+            res, wall = run_level(run_one, c, n)
+            s = summarize(res, wall, args.slo_ms)
+            s["concurrency"] = c
+            if before is not None:
+                after = denoiser_counts()
+                execs = after[1] - before[1]
+                s["denoiser_mean_batch"] = round((after[0] - before[0]) / execs, 3) if execs else None
+            results.setdefault(path, {})[str(c)] = s
+            print(f"  {path:<10} C={c} n={n} ok={s['ok']} {s['requests_per_s']} req/s "
+                  f"p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms", flush=True)
+
+    if "inprocess" in paths:
+        print("in-process diffusers __call__ (sequential)", flush=True)
+        from omni_triton.stages.diffusion import checkpoint_dir
+
+        checkpoint_dir(ASSET)
+        run_path("inprocess", inprocess_run_one(width, height, args.steps), [1])
+    stack: dict = {"own_stack": not args.frontend_url}
+    try:
+        if "frontend" in paths:
+            url = args.frontend_url
+            if not url:
+                from omni_triton.launcher import Frontend, TritonServer, free_port
+                from omni_triton.paths import cache_dir
+
+                logs = cache_dir() / "logs"
+                tag = f"bench-diffusion-{os.getpid()}"
+                t = time.perf_counter()
+                server = TritonServer([MODEL], http_port=free_port(), grpc_port=free_port(),
+                                      metrics_port=free_port(), log_path=logs / f"{tag}-tritonserver.log")
+                started.append(server)
+                server.start()
+                server.wait_ready(timeout=args.ready_timeout)
+                frontend = Frontend(server.grpc_url, port=free_port(), models=[MODEL],
+                                    log_path=logs / f"{tag}-frontend.log")
+                started.append(frontend)
+                frontend.start()
+                frontend.wait_ready()
+                url = frontend.url
+                metrics_url["url"] = f"http://127.0.0.1:{server.metrics_port}/metrics"
+                stack.update(ready_s=round(time.perf_counter() - t, 2), models=server.models,
+                             triton_log=str(server.log_path))
+            import httpx
+
+            print(f"OpenAI frontend {url}", flush=True)
+            limit = max(levels) + 2
+            with httpx.Client(timeout=httpx.Timeout(args.timeout, connect=10.0),
+                              limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)) as http:
+                run_path("frontend", frontend_run_one(http, url, width, height, args.steps), levels)
+    except Exception as exc:  # keep what was measured; report the failure
+        error = f"{type(exc).__name__}: {exc}"
+        print(f"error: {error}", file=sys.stderr)
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+
+    rat = ratios(results)
+    report = {
+        "config": {
+            "command": " ".join([Path(sys.executable).name, "-m", "clients.bench_diffusion",
+                                 *(argv if argv is not None else sys.argv[1:])]),
+            "model": MODEL, "asset": ASSET, "size": f"{width}x{height}", "steps": args.steps,
+            "concurrency": levels, "requests_per_level": args.requests, "warmup": args.warmup,
+            "slo_ms": args.slo_ms, "prompts": list(PROMPTS), "seed": "request index",
+            "load_pattern": "closed loop: C threads, each sends its next request when the previous ended",
+            "machine": _machine(), "git_commit": _git_commit(), "stack": stack,
+            "notes": ["in-process: plain diffusers __call__ + PNG encode, one torch thread",
+                      "served: text encoder, denoiser and VAE decoder each one instance, one torch "
+                      "thread each, dynamic batching (config.pbtxt)",
+                      "tiny random-weight checkpoint: compute per image is small, so fixed "
+                      "per-request costs weigh more than they would with real weights"],
+        },
+        "results": results, "ratios": rat, "wall_s": round(time.perf_counter() - t0, 2), "error": error,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print()
+    print(format_table(results, rat))
+    print(f"\nwrote {args.out}; total wall time {report['wall_s']:.1f} s")
+    return 1 if error else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
