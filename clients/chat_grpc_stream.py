@@ -114,13 +114,14 @@ def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
         start = time.perf_counter()
         client.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in names],
                                   enable_empty_final_response=True)
-        texts = 0
+        texts, finished = 0, False
         while True:
             res, err = responses.get(timeout=timeout_s)
             now = time.perf_counter() - start
             if err is not None:
                 result.error = err.message() if isinstance(err, InferenceServerException) else str(err)
                 result.error_status = err.status() if isinstance(err, InferenceServerException) else None
+                finished = True
                 break
             final = res.get_response().parameters.get("triton_final_response")
             if res.as_numpy("TEXT_DELTA") is not None:
@@ -139,12 +140,16 @@ def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
                     result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
                     result.kinds.append("audio")
             if final is not None and final.bool_param:
+                finished = True
                 break
             if cancel_after is not None and texts >= cancel_after:
                 client.stop_stream(cancel_requests=True)
                 break
     finally:
-        client.stop_stream(cancel_requests=True)
+        # Cancel only a request still running: cancelling a gRPC stream whose request already
+        # ended can crash tritonserver 2.51 (SIGSEGV after "HandleCancellation called even when the
+        # context was not cancelled"; triton-inference-server/server#7368, fixed in 24.12 by #7840).
+        client.stop_stream(cancel_requests=not finished)
         client.close()
     return result
 
