@@ -17,6 +17,7 @@ cancels the in-flight request, which a Python-backend model sees as ``request.is
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -32,6 +33,45 @@ logger = logging.getLogger(__name__)
 
 #: (float32 PCM chunk of shape [T] in [-1, 1], sample rate in Hz)
 AudioChunk = tuple[np.ndarray, int]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request to a chat-contract model (``docs/chat_contracts.md``).
+
+    Exactly one of ``messages`` (OpenAI chat messages, sent as the ``MESSAGES`` JSON) and
+    ``prompt`` (sent as ``PROMPT``) is set. ``sampling`` holds vLLM ``SamplingParams`` names
+    (``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed``...), sent as the
+    ``SAMPLING_PARAMETERS`` JSON with only the keys the client gave. ``modalities`` / ``voice``
+    go to speech models only (``MODALITIES`` / ``VOICE``). ``request_id`` is Triton's request id.
+    """
+
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    sampling: dict = field(default_factory=dict)
+    modalities: tuple[str, ...] | None = None
+    voice: str | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """One streamed response of a chat-contract model.
+
+    text: text generated since the previous chunk (``TEXT_DELTA``, may be empty).
+    finish_reason: None until the last text chunk, then ``stop``, ``length`` or ``abort``.
+    prompt_tokens / completion_tokens: prompt length and tokens generated so far (cumulative);
+        None when the response did not carry them.
+    audio: float32 PCM [T] in [-1, 1] generated since the previous chunk, or None.
+    sample_rate: Hz of ``audio`` (``SAMPLE_RATE``), or None.
+    """
+
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
 
 
 # --------------------------------------------------------------------------- errors
@@ -72,6 +112,15 @@ class ModelNotReadyError(EngineError):
     code = "model_not_ready"
 
 
+class InvalidRequestError(EngineError):
+    """The model rejected the request's content (Triton ``INVALID_ARG``, e.g. a prompt longer
+    than the model's context): the client's fault, HTTP 400."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_value"
+
+
 class InferenceError(EngineError):
     """Triton answered with an error response (the model's ``TritonError``) or the stream broke."""
 
@@ -104,10 +153,52 @@ class ModelInfo:
     #: Stage models a BLS model calls (config parameter ``depends_on``): Triton reports a BLS
     #: model READY even when they are not, so the frontend checks them itself.
     depends_on: tuple[str, ...] = ()
+    #: Output modalities (config parameter ``modalities``, e.g. ``("text", "audio")``); empty
+    #: when the config does not say (speech models: see ``output_modalities``).
+    modalities: tuple[str, ...] = ()
+    #: The name clients use (config parameter ``served_model_name``); None: the Triton name.
+    served_model_name: str | None = None
+    #: On a speech twin (``llm_tts``): the text model whose spoken answers it produces.
+    speaks_for: str | None = None
+    #: Context length in tokens (config parameter ``max_model_len``), if declared.
+    max_model_len: int | None = None
 
     @property
     def ready(self) -> bool:
         return self.state == "READY"
+
+    @property
+    def public_name(self) -> str:
+        """The id clients see in ``/v1/models`` and send as ``model``."""
+        return self.served_model_name or self.name
+
+    @property
+    def is_chat(self) -> bool:
+        """Implements the chat contract (``docs/chat_contracts.md``): ``MESSAGES`` in,
+        ``TEXT_DELTA`` out: servable by ``/v1/chat/completions``."""
+        return "MESSAGES" in self.inputs and "TEXT_DELTA" in self.outputs
+
+    @property
+    def is_completion(self) -> bool:
+        """``PROMPT`` in, ``TEXT_DELTA`` out: servable by ``/v1/completions``."""
+        return "PROMPT" in self.inputs and "TEXT_DELTA" in self.outputs
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        """What the model can answer with: the ``modalities`` parameter, else ``("audio",)`` for
+        a speech model, ``("text",)`` for a chat/completion model, ``()`` for internal stages."""
+        if self.modalities:
+            return self.modalities
+        if self.is_speech:
+            return ("audio",)
+        if self.is_chat or self.is_completion:
+            return ("text",)
+        return ()
+
+    @property
+    def can_speak(self) -> bool:
+        """A chat model that can answer with audio (``AUDIO`` out, ``audio`` in its modalities)."""
+        return "audio" in self.output_modalities and "AUDIO" in self.outputs
 
     @property
     def is_speech(self) -> bool:
@@ -146,6 +237,10 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
         supports_speed=supports_speed,
         max_input_chars=_int("max_input_chars"),
         depends_on=tuple(d.strip() for d in params.get("depends_on", "").split(",") if d.strip()),
+        modalities=tuple(m.strip().lower() for m in params.get("modalities", "").split(",") if m.strip()),
+        served_model_name=params.get("served_model_name") or None,
+        speaks_for=params.get("speaks_for") or None,
+        max_model_len=_int("max_model_len"),
     )
 
 
@@ -184,6 +279,14 @@ class Engine(Protocol):
 
         Closing the iterator early must cancel the request in the server. Raises
         ``InferenceError`` (model error) or ``TritonUnavailableError`` while iterating.
+        """
+
+    def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Stream the chat-contract responses of one request as the model produces them.
+
+        Closing the iterator early must cancel the request in the server (the stage then aborts
+        it in its engine). Raises ``InvalidRequestError`` (the model rejected the input),
+        ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
         """
 
     async def close(self) -> None:
@@ -379,6 +482,114 @@ class TritonEngine:
             if not finished:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+
+
+    async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """One ``ModelStreamInfer`` RPC carrying one chat-contract request; yields every response.
+
+        The stream is opened with the header ``triton_grpc_error: true``: Triton (>= 2.42,
+        ``grpc/stream_infer_handler.cc``) then ends the RPC with the error's gRPC status instead
+        of an in-band ``error_message`` without a code, so the model's ``INVALID_ARG`` arrives as
+        ``INVALID_ARGUMENT`` and becomes ``InvalidRequestError`` (HTTP 400). Cancellation as in
+        ``synthesize``: closing the generator (or cancelling its task) cancels the gRPC call,
+        which Triton turns into ``request.is_cancelled()`` in the stage.
+        """
+        info = self._config_cache.get(model)
+        declared = info.inputs if info is not None else frozenset(
+            {"PROMPT", "MESSAGES", "SAMPLING_PARAMETERS", "MODALITIES", "VOICE"})
+        inputs = chat_inputs(request, declared)
+        request_id = request.request_id or uuid.uuid4().hex
+
+        async def _requests():
+            yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+
+        call = self._client.stream_infer(_requests(), headers={"triton_grpc_error": "true"})
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:  # in-band error (older servers ignore the header)
+                    raise _stream_error(model, error.message(), None)
+                yield chunk_from_result(result, info.sample_rate if info else None)
+                param = result.get_response().parameters.get("triton_final_response")
+                if param is not None and param.bool_param:
+                    finished = True
+            finished = True
+        except EngineError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                raise InferenceError(f"{model}: stream cancelled by the server") from exc
+            raise _stream_error(model, exc.details() or "", exc.code()) from exc
+        except InferenceServerException as exc:
+            raise _translate(exc, f"stream to {model}") from exc
+        finally:
+            if not finished:
+                call.cancel()
+                logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+
+
+def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:
+    """Typed error for a failed chat stream (gRPC status from ``triton_grpc_error`` mode)."""
+    if _STUB_DOWN in message:  # the launcher reloads the model within seconds
+        return ModelNotReadyError(f"{model}: {message} (being restarted)", param="model")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequestError(message)
+    if code in _UNAVAILABLE_CODES or code == grpc.StatusCode.NOT_FOUND:
+        # NOT_FOUND: the model was unloaded between the readiness check and the request
+        return ModelNotReadyError(f"{model}: {message}", param="model")
+    return InferenceError(f"{model}: {message}")
+
+
+def chat_inputs(request: GenerationRequest, declared: frozenset[str]) -> list[InferInput]:
+    """Triton inputs of one chat-contract request (``docs/chat_contracts.md``).
+
+    Optional inputs the model does not declare (``MODALITIES`` / ``VOICE`` on a text-only model)
+    are left out rather than sent; ``SAMPLING_PARAMETERS`` is sent only when non-empty.
+    """
+    if (request.messages is None) == (request.prompt is None):
+        raise ValueError("exactly one of messages / prompt must be set")
+    if request.messages is not None:
+        inputs = [_bytes_input("MESSAGES", json.dumps(request.messages, ensure_ascii=False))]
+    else:
+        inputs = [_bytes_input("PROMPT", request.prompt)]
+    if request.sampling:
+        inputs.append(_bytes_input("SAMPLING_PARAMETERS", json.dumps(request.sampling)))
+    if request.modalities is not None and "MODALITIES" in declared:
+        inputs.append(_bytes_input("MODALITIES", json.dumps(list(request.modalities))))
+    if request.voice is not None and "VOICE" in declared:
+        inputs.append(_bytes_input("VOICE", request.voice))
+    return inputs
+
+
+def _first(result, name: str):
+    arr = result.as_numpy(name)
+    if arr is None or arr.size == 0:
+        return None
+    return arr.reshape(-1)[0]
+
+
+def chunk_from_result(result, default_rate: int | None = None) -> GenerationChunk:
+    """A ``GenerationChunk`` from one tritonclient ``InferResult`` of a chat-contract model."""
+    text = _first(result, "TEXT_DELTA")
+    reason = _first(result, "FINISH_REASON")
+    prompt_tokens = _first(result, "PROMPT_TOKENS")
+    completion_tokens = _first(result, "COMPLETION_TOKENS")
+    audio = result.as_numpy("AUDIO")
+    rate = _first(result, "SAMPLE_RATE")
+
+    def _str(v) -> str:
+        if v is None:
+            return ""
+        return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+    return GenerationChunk(
+        text=_str(text),
+        finish_reason=_str(reason) or None,
+        prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else None,
+        completion_tokens=int(completion_tokens) if completion_tokens is not None else None,
+        audio=np.asarray(audio, dtype=np.float32).reshape(-1) if audio is not None and audio.size else None,
+        sample_rate=int(rate) if rate is not None else default_rate,
+    )
 
 
 def _bytes_input(name: str, value: str) -> InferInput:

@@ -111,6 +111,11 @@ class FakeEngine:
             if not done:
                 self.cancelled += 1
 
+    async def generate(self, model, request):
+        """Speech-only fake; the chat fake is in test_chat_frontend.py."""
+        raise InferenceError(f"{model}: this fake serves no chat model")
+        yield  # pragma: no cover - makes this an async generator
+
     async def close(self):
         pass
 
