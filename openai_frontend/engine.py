@@ -9,6 +9,9 @@ Model metadata comes from Triton itself:
   ``docs/speech_contracts.md`` (``voices``, ``default_voice``, ``sample_rate``,
   ``supports_speed``, ``max_input_chars``).
 
+Chat-contract models (``docs/chat_contracts.md``) also report ``modalities``, ``served_model_name``,
+``speaks_for`` and ``max_model_len``; ``generate`` streams one such request (one RPC per choice).
+
 Speech is one ``ModelStreamInfer`` call per HTTP request on a decoupled model: every response
 that carries ``AUDIO`` is yielded as soon as it arrives. Closing the iterator (HTTP client gone,
 task cancelled, consumer stopped) cancels the gRPC call; Triton's gRPC stream handler then
