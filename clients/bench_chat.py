@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench_chat.json", help="JSON output file")
     p.add_argument("--servers", default=",".join(SERVERS), help="comma separated: triton,vllm")
     p.add_argument("--concurrency", default="1,8", help="comma separated levels")
-    p.add_argument("--requests", type=int, default=8, help="requests per level (at least the concurrency)")
+    p.add_argument("--requests", type=int, default=16, help="requests per level (at least the concurrency)")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
     p.add_argument("--warmup", type=int, default=2, help="untimed requests per server")
     p.add_argument("--omni", choices=("auto", "skip"), default="auto",
