@@ -15,9 +15,12 @@ import soundfile as sf
 from conftest import E2E_MODELS
 from test_speech_piper import assert_speech_like
 
+from omni_triton.launcher import resolve_models
+
 pytestmark = pytest.mark.e2e
 
-SERVED = {m.strip() for m in E2E_MODELS.split(",")}
+#: what the session server loads: the listed models and their dependencies (llm_tts -> llm)
+SERVED = set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()]))
 needs_llm = pytest.mark.skipif("llm" not in SERVED, reason="llm not in OMNI_TRITON_E2E_MODELS")
 needs_llm_tts = pytest.mark.skipif("llm_tts" not in SERVED, reason="llm_tts not in OMNI_TRITON_E2E_MODELS")
 
