@@ -25,7 +25,7 @@ from omni_triton.launcher import (
     dependencies,
 )
 
-DEFAULT_MODELS = "piper_tts,tts,llm_tts"
+DEFAULT_MODELS = "piper_tts,tts,llm,llm_tts"
 
 
 def _model_list(text: str) -> list[str]:
