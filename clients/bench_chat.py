@@ -463,8 +463,11 @@ def main(argv: list[str] | None = None) -> int:
                                    else f"no '{OMNI_MODEL}' model in the model repository")
             frontend_url = args.frontend_url
             if not frontend_url:
+                from omni_triton.prepare import prepare
+
                 t = time.perf_counter()
                 models = [MODEL] + ([OMNI_MODEL] if want_omni else [])
+                prepare(models, log=lambda m: log(f"  prepare: {m}"))  # idempotent, as serve does
                 server = TritonServer(models, http_port=free_port(), grpc_port=free_port(),
                                       metrics_port=free_port(), log_path=logs / f"{tag}-tritonserver.log")
                 started.append(server)
