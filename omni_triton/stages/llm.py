@@ -199,6 +199,17 @@ _SAMPLING_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# Value ranges (low, high or None, low bound excluded?) as vLLM's SamplingParams checks them
+# (vllm/sampling_params.py ``_verify_args``), checked here too so a BLS caller that does not import
+# vLLM (llm_tts) rejects the same requests.
+_SAMPLING_RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "temperature": (0.0, None, False), "top_p": (0.0, 1.0, True), "top_k": (-1, None, False),
+    "max_tokens": (1, None, False), "min_tokens": (0, None, False), "min_p": (0.0, 1.0, False),
+    "presence_penalty": (-2.0, 2.0, False), "frequency_penalty": (-2.0, 2.0, False),
+    "repetition_penalty": (0.0, None, True),
+}
+
+
 def parse_messages(text: str) -> list[dict[str, str]]:
     """Validate MESSAGES (JSON array of OpenAI chat messages) into ``[{"role", "content"}]``.
 
@@ -241,11 +252,11 @@ def parse_messages(text: str) -> list[dict[str, str]]:
 def parse_sampling_parameters(text: str | None) -> dict[str, Any]:
     """Validate SAMPLING_PARAMETERS (JSON object) into ``SamplingParams`` keyword arguments.
 
-    Checks names and JSON types here; value ranges are checked by vLLM's ``SamplingParams``
-    itself in :func:`make_sampling_params`.
+    Checks names, JSON types and value ranges (those of vLLM's ``SamplingParams``, which checks
+    them again in :func:`make_sampling_params`).
 
     Raises:
-        LlmInputError: not a JSON object, unknown key, wrong type.
+        LlmInputError: not a JSON object, unknown key, wrong type, value out of range.
     """
     if text is None or not text.strip():
         return {}
@@ -269,6 +280,14 @@ def parse_sampling_parameters(text: str | None) -> dict[str, Any]:
             if not all(isinstance(s, str) for s in value):
                 raise LlmInputError("stop must be a string or a list of strings")
         out[key] = value
+    for key, (low, high, low_open) in _SAMPLING_RANGES.items():
+        if key in out:
+            v = out[key]
+            if (v <= low if low_open else v < low) or (high is not None and v > high):
+                bound = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}]"
+                raise LlmInputError(f"sampling parameter {key}={v} is outside {bound}")
+    if "min_tokens" in out and "max_tokens" in out and out["min_tokens"] > out["max_tokens"]:
+        raise LlmInputError("min_tokens must not exceed max_tokens")
     return out
 
 
@@ -304,7 +323,8 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
 
 
 def build_generation_job(request_id: str, tokenizer, prompt: str | None, messages: str | None,
-                         sampling: str | None, max_model_len: int, default_max_tokens: int) -> GenerationJob:
+                         sampling: str | None, max_model_len: int, default_max_tokens: int,
+                         check_with_vllm: bool = True) -> GenerationJob:
     """Validate one request and tokenize its prompt.
 
     Exactly one of ``prompt`` (raw text, tokenized as is) and ``messages`` (JSON, chat template
@@ -312,6 +332,9 @@ def build_generation_job(request_id: str, tokenizer, prompt: str | None, message
     ``max_tokens`` defaults to ``min(default_max_tokens, max_model_len - prompt_len)``; a prompt
     of ``max_model_len`` tokens or more, or ``prompt_len + max_tokens > max_model_len``, is an
     error (as vLLM's OpenAI server does).
+
+    ``check_with_vllm=False`` skips building vLLM's ``SamplingParams`` (for callers that do not
+    import vLLM, e.g. the ``llm_tts`` BLS validating before it calls ``llm``).
 
     Raises:
         LlmInputError: anything wrong with the inputs.
@@ -331,14 +354,13 @@ def build_generation_job(request_id: str, tokenizer, prompt: str | None, message
         raise LlmInputError(f"the prompt has {n} tokens; this model's context is {max_model_len} "
                             "tokens (prompt + completion)")
     if "max_tokens" in kwargs:
-        if kwargs["max_tokens"] < 1:
-            raise LlmInputError(f"max_tokens must be >= 1, got {kwargs['max_tokens']}")
         if n + kwargs["max_tokens"] > max_model_len:
             raise LlmInputError(f"prompt ({n} tokens) + max_tokens ({kwargs['max_tokens']}) exceeds "
                                 f"this model's context of {max_model_len} tokens")
     else:
         kwargs["max_tokens"] = min(default_max_tokens, max_model_len - n)
-    make_sampling_params(kwargs)  # vLLM's own value checks, here so they are INVALID_ARG
+    if check_with_vllm:
+        make_sampling_params(kwargs)  # vLLM's own value checks, here so they are INVALID_ARG
     return GenerationJob(request_id=request_id, prompt_ids=list(ids), sampling=kwargs)
 
 
@@ -449,16 +471,34 @@ class AsyncEngineRunner:
             self._active -= 1
             watcher.cancel()
 
-    def shutdown(self, timeout: float = 3.0) -> bool:
+    def shutdown(self, timeout: float = 1.0, reaper: "ChildReaper | None" = None) -> bool:
         """Shut the engine down (stops its EngineCore process) and stop the loop thread.
 
-        vLLM's own shutdown gives its worker a 5 s grace period; Triton's exit timeout is short
-        (10 s here), so this waits at most ``timeout`` seconds and returns whether the engine
-        finished shutting down (the caller then reaps what is left, :class:`ChildReaper`).
+        vLLM's own shutdown gives its worker a 5 s grace period, while Triton's exit timeout is
+        short (10 s in the launcher) and the stub still has to exit after ``finalize``. So this
+        waits ``timeout`` seconds for a clean shutdown, then lets ``reaper`` kill the engine's
+        processes (nothing of them is kept) and waits ``timeout`` more for vLLM to notice.
+
+        Returns:
+            whether vLLM's shutdown completed.
         """
         done = threading.Thread(target=self.engine.shutdown, name="vllm-shutdown", daemon=True)
         done.start()
         done.join(timeout)
+        if done.is_alive() and reaper is not None:
+            reaper.reap(timeout=0.5)
+            done.join(timeout)
+
+        async def cancel_tasks():  # the engine's output handler tasks, so the loop stops clean
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks, timeout=1.0) if tasks else None
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_tasks(), self.loop).result(timeout=2)
+        except Exception:
+            LOGGER.warning("engine loop tasks did not stop in time")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=2)
         return not done.is_alive()

@@ -5,9 +5,11 @@ import locale
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding (vLLM/inductor)
 
 import atexit
+import gc
 import logging
 import os
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -69,7 +71,7 @@ class TritonPythonModel:
         self.reaper.watch(os.getppid(), on_gone=lambda: os._exit(0))
         self._lock = threading.Lock()
         self._active = 0
-        LOGGER.info("llm ready: %s (engine children %s)", model_path, self.reaper.snapshot())
+        pb_utils.Logger.log_info(f"llm ready: {model_path} (engine processes {self.reaper.snapshot()})")
 
     def execute(self, requests):
         from omni_triton.stages.llm import LlmInputError, build_generation_job
@@ -129,10 +131,17 @@ class TritonPythonModel:
             self.metrics.active.set(self._active)
 
     def finalize(self):
+        start = time.monotonic()
         try:
-            clean = self.runner.shutdown(timeout=3.0)
+            clean = self.runner.shutdown(timeout=1.0, reaper=self.reaper)
         except Exception:
             LOGGER.exception("llm: engine shutdown failed")
             clean = False
-        reaped = self.reaper.reap(timeout=1.0)  # what vLLM's shutdown left (e.g. in its grace period)
-        LOGGER.info("llm finalized (engine shutdown %s; reaped %s)", "clean" if clean else "timed out", reaped)
+        reaped = self.reaper.reap(timeout=0.5)  # whatever is left
+        pb_utils.Logger.log_info(f"llm finalized in {time.monotonic() - start:.1f} s (engine shutdown "
+                                 f"{'clean' if clean else 'timed out'}; reaped {reaped})")
+        # Drop the metric families now: destroyed later, at interpreter exit (the engine's threads
+        # and closures keep this object alive until then), they segfault the 2.51 stub
+        # (Metric::Clear after its shared memory is gone).
+        self.metrics = None
+        gc.collect()

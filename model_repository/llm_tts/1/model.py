@@ -13,7 +13,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_triton.stages.codec_tts import CancelFlags
-from omni_triton.stages.llm import LlmInputError, SentenceSegmenter, SentenceSpeaker, parse_modalities
+from omni_triton.paths import model_dir
+from omni_triton.stages.llm import (
+    LlmInputError,
+    SentenceSegmenter,
+    SentenceSpeaker,
+    build_generation_job,
+    parse_modalities,
+)
 from omni_triton.triton_io import model_parameters, optional_str_input, send, send_error, send_failure
 
 LOGGER = logging.getLogger("llm_tts")
@@ -44,6 +51,12 @@ class TritonPythonModel:
         self.max_chars = int(p.get("max_sentence_chars", "300"))
         self.pool = ThreadPoolExecutor(max_workers=int(p.get("workers", "16")))
         self.flags = CancelFlags.for_server()
+        # The llm's tokenizer, to reject bad input with INVALID_ARG before calling the llm: 2.51
+        # turns a BLS response's error code into INTERNAL, so the llm's INVALID_ARG would be lost.
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir(p.get("tokenizer", "smollm2")))
+        self.max_model_len = int(p.get("max_model_len", "2048"))
 
     def execute(self, requests):
         for request in requests:
@@ -87,11 +100,12 @@ class TritonPythonModel:
             voice = optional_str_input(request, "VOICE") or self.default_voice
             if voice not in self.voices:
                 raise LlmInputError(f"unknown voice {voice!r}; voices: {', '.join(self.voices)}")
+            text_inputs = {n: optional_str_input(request, n) for n in ("PROMPT", "MESSAGES", "SAMPLING_PARAMETERS")}
+            build_generation_job(llm_id, self.tokenizer, text_inputs["PROMPT"], text_inputs["MESSAGES"],
+                                 text_inputs["SAMPLING_PARAMETERS"], self.max_model_len, 1,
+                                 check_with_vllm=False)  # validation only; the llm tokenizes again
             inputs = [_bytes("REQUEST_ID", llm_id)]
-            for name in ("PROMPT", "MESSAGES", "SAMPLING_PARAMETERS"):
-                value = optional_str_input(request, name)
-                if value is not None:
-                    inputs.append(_bytes(name, value))
+            inputs += [_bytes(name, value) for name, value in text_inputs.items() if value is not None]
             stream = pb_utils.InferenceRequest(
                 model_name=LLM, requested_output_names=_TEXT_OUTPUTS, inputs=inputs,
             ).exec(decoupled=True)  # 2.51: a plain iterator, no cancel(): cancel through the flag
