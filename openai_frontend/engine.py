@@ -490,12 +490,16 @@ class TritonEngine:
     async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """One ``ModelStreamInfer`` RPC carrying one chat-contract request; yields every response.
 
-        The stream is opened with the header ``triton_grpc_error: true``: Triton (>= 2.42,
-        ``grpc/stream_infer_handler.cc``) then ends the RPC with the error's gRPC status instead
-        of an in-band ``error_message`` without a code, so the model's ``INVALID_ARG`` arrives as
-        ``INVALID_ARGUMENT`` and becomes ``InvalidRequestError`` (HTTP 400). Cancellation as in
-        ``synthesize``: closing the generator (or cancelling its task) cancels the gRPC call,
-        which Triton turns into ``request.is_cancelled()`` in the stage.
+        For single-stage models the stream is opened with the header ``triton_grpc_error:
+        true``: Triton (>= 2.42, ``grpc/stream_infer_handler.cc``) then ends the RPC with the
+        error's gRPC status instead of an in-band ``error_message`` without a code, so the
+        model's ``INVALID_ARG`` arrives as ``INVALID_ARGUMENT`` and becomes
+        ``InvalidRequestError`` (HTTP 400). Not for BLS models (config ``depends_on``: llm_tts,
+        omni): there tritonserver 2.51 crashed (SIGSEGV, after "HandleCancellation called even
+        when the context was not cancelled") within ~200 error responses in that mode, while the
+        same load without the header ran clean; their errors stay in-band (HTTP 500, the code is
+        lost). Cancellation as in ``synthesize``: closing the generator (or cancelling its task)
+        cancels the gRPC call, which Triton turns into ``request.is_cancelled()`` in the stage.
         """
         info = self._config_cache.get(model)
         declared = info.inputs if info is not None else frozenset(
@@ -506,7 +510,9 @@ class TritonEngine:
         async def _requests():
             yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
-        call = self._client.stream_infer(_requests(), headers={"triton_grpc_error": "true"})
+        grpc_errors = info is None or not info.depends_on  # see the docstring: BLS models crash 2.51
+        call = self._client.stream_infer(
+            _requests(), headers={"triton_grpc_error": "true"} if grpc_errors else None)
         finished = False
         try:
             async for result, error in call:

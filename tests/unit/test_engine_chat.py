@@ -89,7 +89,7 @@ class FakeChatTriton(pbg.GRPCInferenceServiceServicer):
             "llm": chat_config("llm", False, modalities="text", max_model_len="2048",
                                served_model_name="smollm2"),
             "llm_tts": chat_config("llm_tts", True, modalities="text,audio", speaks_for="llm",
-                                   voices="joe", sample_rate="22050"),
+                                   voices="joe", sample_rate="22050", depends_on="llm"),
         }
         self.mode = "ok"  # ok | invalid | endless | crash
         self.requests: list[pb.ModelInferRequest] = []
@@ -120,6 +120,9 @@ class FakeChatTriton(pbg.GRPCInferenceServiceServicer):
                 self.streaming.set()
                 if self.mode == "invalid":  # what tritonserver does in triton_grpc_error mode
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is 9000 tokens; max 2048")
+                if self.mode == "inband":  # what tritonserver does without triton_grpc_error
+                    yield pb.ModelStreamInferResponse(error_message="the prompt has 9000 tokens")
+                    return
                 if self.mode == "crash":
                     await context.abort(grpc.StatusCode.INTERNAL, "engine died")
                 words = ["Paris", " is", " the", " capital", "."]
@@ -248,3 +251,24 @@ def test_exactly_one_of_prompt_and_messages():
         chat_inputs(GenerationRequest(), frozenset())
     with pytest.raises(ValueError):
         chat_inputs(GenerationRequest(prompt="a", messages=[]), frozenset())
+
+
+async def test_bls_model_streams_without_grpc_error_mode(triton):
+    """tritonserver 2.51 crashed on BLS error responses in triton_grpc_error mode: BLS models
+    (config depends_on) get in-band errors instead."""
+    engine = TritonEngine(triton.url)
+    try:
+        await engine.get_model("llm_tts")
+        chunks = [c async for c in engine.generate("llm_tts", GenerationRequest(prompt="hi"))]
+        assert chunks and "triton_grpc_error" not in triton.metadata[-1]
+        triton.mode = "inband"
+        with pytest.raises(InferenceError, match="9000 tokens") as info:
+            async for _ in engine.generate("llm_tts", GenerationRequest(prompt="x")):
+                pass
+        assert info.value.status_code == 500  # the code is lost in-band
+        await engine.get_model("llm")
+        triton.mode = "ok"
+        [c async for c in engine.generate("llm", GenerationRequest(prompt="hi"))]
+        assert triton.metadata[-1].get("triton_grpc_error") == "true"
+    finally:
+        await engine.close()
