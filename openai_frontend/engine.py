@@ -456,6 +456,7 @@ class TritonEngine:
         try:
             async for result, error in call:
                 if error is not None:
+                    finished = True  # the request's final response: never cancel an ended stream
                     message = error.message()
                     if _STUB_DOWN in message:  # the launcher reloads the model within seconds
                         raise ModelNotReadyError(f"{model}: {message} (being restarted)",
@@ -516,7 +517,8 @@ class TritonEngine:
         finished = False
         try:
             async for result, error in call:
-                if error is not None:  # in-band error (older servers ignore the header)
+                if error is not None:  # in-band error: the request's final response
+                    finished = True  # never cancel an ended stream (2.51 may crash, server#7368)
                     raise _stream_error(model, error.message(), None)
                 yield chunk_from_result(result, info.sample_rate if info else None)
                 param = result.get_response().parameters.get("triton_final_response")
@@ -526,6 +528,7 @@ class TritonEngine:
         except EngineError:
             raise
         except grpc.aio.AioRpcError as exc:
+            finished = True  # the RPC has ended with this status: nothing to cancel
             if exc.code() == grpc.StatusCode.CANCELLED:
                 raise InferenceError(f"{model}: stream cancelled by the server") from exc
             raise _stream_error(model, exc.details() or "", exc.code()) from exc
