@@ -91,7 +91,8 @@ def build_chat_inputs(messages: list[dict] | None = None, prompt: str | None = N
 
 
 def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
-                cancel_after: int | None = None, speech: bool = False) -> ChatStreamResult:
+                cancel_after: int | None = None, speech: bool = False,
+                grpc_error_status: bool = False) -> ChatStreamResult:
     """Send one request on a gRPC stream and collect every response up to the FINAL flag.
 
     Args:
@@ -99,6 +100,12 @@ def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
             ``stop_stream(cancel_requests=True)`` (the model sees ``request.is_cancelled()``) and
             return what arrived.
         speech: also request AUDIO and SAMPLE_RATE (``llm_tts``).
+        grpc_error_status: open the stream with the header ``triton_grpc_error: true``, so an
+            error response ends the stream with its gRPC status (``INVALID_ARG`` ->
+            ``StatusCode.INVALID_ARGUMENT`` in ``error_status``) instead of an in-band message
+            without a code. Off by default: on tritonserver 2.51 every such error goes through
+            the server's cancellation path ("HandleCancellation called even when the context was
+            not cancelled"), which crashed the server (SIGSEGV) a few times here.
     """
     names = ["TEXT_DELTA", "FINISH_REASON", "PROMPT_TOKENS", "COMPLETION_TOKENS"]
     if speech:
@@ -107,20 +114,19 @@ def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
     result = ChatStreamResult()
     client = grpcclient.InferenceServerClient(url)
     try:
-        # triton_grpc_error: Triton ends the stream with the error's gRPC status (e.g.
-        # INVALID_ARGUMENT for the stage's INVALID_ARG) instead of an in-band message without one.
         client.start_stream(callback=lambda result, error: responses.put((result, error)),
-                            headers={"triton_grpc_error": "true"})
+                            headers={"triton_grpc_error": "true"} if grpc_error_status else None)
         start = time.perf_counter()
         client.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in names],
                                   enable_empty_final_response=True)
-        texts = 0
+        texts, finished = 0, False
         while True:
             res, err = responses.get(timeout=timeout_s)
             now = time.perf_counter() - start
             if err is not None:
                 result.error = err.message() if isinstance(err, InferenceServerException) else str(err)
                 result.error_status = err.status() if isinstance(err, InferenceServerException) else None
+                finished = True
                 break
             final = res.get_response().parameters.get("triton_final_response")
             if res.as_numpy("TEXT_DELTA") is not None:
@@ -139,12 +145,16 @@ def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
                     result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
                     result.kinds.append("audio")
             if final is not None and final.bool_param:
+                finished = True
                 break
             if cancel_after is not None and texts >= cancel_after:
                 client.stop_stream(cancel_requests=True)
                 break
     finally:
-        client.stop_stream(cancel_requests=True)
+        # Cancel only a request still running: cancelling a gRPC stream whose request already
+        # ended can crash tritonserver 2.51 (SIGSEGV after "HandleCancellation called even when the
+        # context was not cancelled"; triton-inference-server/server#7368, fixed in 24.12 by #7840).
+        client.stop_stream(cancel_requests=not finished)
         client.close()
     return result
 

@@ -99,15 +99,19 @@ BAD_INPUTS = [
 ]
 
 
+# The INVALID_ARG code is asserted through the stage's counter of invalid requests: over a gRPC
+# stream the code only travels with the header `triton_grpc_error: true`, whose error path crashed
+# tritonserver 2.51 (SIGSEGV) in this suite (see clients/chat_grpc_stream.stream_chat).
+INVALID_METRIC = {"llm": "omni_llm_invalid_requests_total", "llm_tts": "omni_llm_tts_invalid_requests_total"}
+
+
 @pytest.mark.parametrize("model", ["llm", "llm_tts"])
 def test_bad_inputs_are_invalid_arg_and_model_keeps_serving(chat, stack, model):
-    invalid = stack.metric("omni_llm_invalid_requests_total", model="llm")
+    invalid = stack.metric(INVALID_METRIC[model], model=model)
     for raw, match in [p.values for p in BAD_INPUTS]:
         result = chat(model, raw=raw)
-        assert result.error_status == "StatusCode.INVALID_ARGUMENT", (raw, result.error_status, result.error)
-        assert match in result.error, (raw, result.error)
-    if model == "llm":
-        assert stack.metric("omni_llm_invalid_requests_total", model="llm") == invalid + len(BAD_INPUTS)
+        assert result.error is not None and match in result.error, (raw, result.error)
+    assert stack.metric(INVALID_METRIC[model], model=model) == invalid + len(BAD_INPUTS)
     assert "Paris" in chat(model, messages=QUESTION, sampling=GREEDY).text
 
 
@@ -116,14 +120,19 @@ def test_bad_inputs_are_invalid_arg_and_model_keeps_serving(chat, stack, model):
     ({"PROMPT": "hi", "MODALITIES": "[]"}, "MODALITIES"),
     ({"PROMPT": "hi", "VOICE": "alloy"}, "voice"),
 ])
-def test_llm_tts_bad_speech_inputs(chat, raw, match):
+def test_llm_tts_bad_speech_inputs(chat, stack, raw, match):
+    invalid = stack.metric("omni_llm_tts_invalid_requests_total", model="llm_tts")
     result = chat("llm_tts", raw=raw)
-    assert result.error_status == "StatusCode.INVALID_ARGUMENT" and match in result.error, result
+    assert result.error is not None and match in result.error, result
+    assert stack.metric("omni_llm_tts_invalid_requests_total", model="llm_tts") == invalid + 1
 
 
-def test_llm_tts_text_and_speech(chat):
+def test_llm_tts_text_and_speech(chat, stack):
+    seconds = stack.metric("omni_llm_tts_audio_seconds_total", model="llm_tts")
     result = chat("llm_tts", messages=QUESTION, sampling=GREEDY, modalities=["text", "audio"])
     assert result.error is None, result.error
+    assert stack.metric("omni_llm_tts_audio_seconds_total", model="llm_tts") - seconds == pytest.approx(
+        result.audio.size / 22050, rel=1e-3)
     assert "Paris" in result.text and result.finish_reason == "stop"
     assert result.sample_rate == 22050  # Piper's en_US-joe-medium
     assert_speech_like(result.audio, result.sample_rate, min_seconds=1.0)
@@ -146,11 +155,13 @@ def test_llm_tts_audio_interleaved_with_text(chat):
 
 def test_llm_tts_cancel_aborts_llm(chat, stack):
     aborted = stack.metric("omni_llm_aborted_total", model="llm")
+    cancelled = stack.metric("omni_llm_tts_cancelled_total", model="llm_tts")
     result = chat("llm_tts", messages=[{"role": "user", "content": "Tell me a very long story."}],
                   sampling=LONG, modalities=["text", "audio"], cancel_after=20)
     assert result.error is None
     stack.wait_until(lambda: stack.metric("omni_llm_aborted_total", model="llm") == aborted + 1,
                      "cancelling llm_tts did not abort the llm request in the engine")
+    assert stack.metric("omni_llm_tts_cancelled_total", model="llm_tts") == cancelled + 1
     stack.wait_until(lambda: stack.metric("omni_llm_active_requests", model="llm") == 0,
                      "the llm request is still active")
     assert "Paris" in chat("llm_tts", messages=QUESTION, sampling=GREEDY).text

@@ -64,7 +64,11 @@ class TritonPythonModel:
             active=("omni_llm_active_requests", "LLM requests being generated now", "gauge"),
         )
         self.reaper = ChildReaper()
-        self.runner = AsyncEngineRunner(config.engine_args)
+        try:
+            self.runner = AsyncEngineRunner(config.engine_args)
+        except BaseException:
+            self.reaper.reap(timeout=1.0)  # a half-started engine leaves no process behind
+            raise
         self.reaper.snapshot()
         atexit.register(self.reaper.reap)
         # If tritonserver dies, the EngineCore would outlive it: reap it and leave.

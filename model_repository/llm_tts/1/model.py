@@ -21,7 +21,7 @@ from omni_triton.stages.llm import (
     build_generation_job,
     parse_modalities,
 )
-from omni_triton.triton_io import model_parameters, optional_str_input, send, send_error, send_failure
+from omni_triton.triton_io import StageMetrics, model_parameters, optional_str_input, send, send_error, send_failure
 
 LOGGER = logging.getLogger("llm_tts")
 LLM, TTS = "llm", "piper_tts"
@@ -57,6 +57,14 @@ class TritonPythonModel:
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir(p.get("tokenizer", "smollm2")))
         self.max_model_len = int(p.get("max_model_len", "2048"))
+        self.metrics = StageMetrics(
+            {"model": args["model_name"]},
+            requests=("omni_llm_tts_requests_total", "Spoken-answer requests received", "counter"),
+            invalid=("omni_llm_tts_invalid_requests_total", "Requests rejected as invalid input", "counter"),
+            cancelled=("omni_llm_tts_cancelled_total", "Requests cancelled by the client", "counter"),
+            sentences=("omni_llm_tts_sentences_total", "Sentences sent to the TTS stage", "counter"),
+            seconds=("omni_llm_tts_audio_seconds_total", "Seconds of audio streamed", "counter"),
+        )
 
     def execute(self, requests):
         for request in requests:
@@ -95,6 +103,7 @@ class TritonPythonModel:
         llm_id = f"llm_tts-{uuid.uuid4().hex}"
         stream, speaker, closed = None, None, False
         counts = [0, 0]
+        self.metrics.requests.increment(1)
         try:
             modalities = parse_modalities(optional_str_input(request, "MODALITIES"))
             voice = optional_str_input(request, "VOICE") or self.default_voice
@@ -110,9 +119,12 @@ class TritonPythonModel:
                 model_name=LLM, requested_output_names=_TEXT_OUTPUTS, inputs=inputs,
             ).exec(decoupled=True)  # 2.51: a plain iterator, no cancel(): cancel through the flag
             if "audio" in modalities:
+                def on_audio(pcm):
+                    self.metrics.seconds.increment(pcm.size / self.sample_rate)
+                    send(sender, self._response("", "", tuple(counts), pcm))
+
                 speaker = SentenceSpeaker(
-                    self._synthesize(voice),
-                    lambda pcm: send(sender, self._response("", "", tuple(counts), pcm)),
+                    self._synthesize(voice), on_audio,
                     SentenceSegmenter(min_chars=self.min_chars, max_chars=self.max_chars),
                 )
             cancelled, finish = False, ""
@@ -129,6 +141,7 @@ class TritonPythonModel:
                 counts[:] = [_first_int(resp, "PROMPT_TOKENS"), _first_int(resp, "COMPLETION_TOKENS")]
                 if request.is_cancelled():
                     cancelled = True
+                    self.metrics.cancelled.increment(1)
                     self.flags.cancel(llm_id)  # the llm aborts the request in its engine
                     if speaker is not None:
                         speaker.cancel()
@@ -143,10 +156,12 @@ class TritonPythonModel:
                 return
             if speaker is not None and not cancelled:
                 speaker.finish()
+                self.metrics.sentences.increment(len(speaker.sentences))
             closed = True
             send(sender, self._response("", finish or ("abort" if cancelled else "stop"), tuple(counts)),
                  flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except LlmInputError as exc:
+            self.metrics.invalid.increment(1)
             send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:  # a stage reports failures as error responses, never raises
             if speaker is not None:
@@ -165,3 +180,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.metrics = None  # metric families go before the stub's shared memory does
