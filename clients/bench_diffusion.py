@@ -59,7 +59,6 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 import argparse
 import base64
-import io
 import json
 import signal
 import sys

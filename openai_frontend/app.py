@@ -12,14 +12,14 @@ from .admission import AdmissionController
 from .engine import Engine
 from .errors import ErrorDetail, error_json, install_error_handlers
 from .metrics import FrontendMetrics
-from .routers import audio, images, models, observability
+from .routers import audio, chat, images, models, observability
 
 
 @dataclass
 class Settings:
     """Frontend knobs (all settable from ``python -m openai_frontend``).
 
-    max_inflight: speech requests admitted at once; more get 429 + ``Retry-After``.
+    max_inflight: speech / chat / completion requests admitted at once; more get 429 + ``Retry-After``.
     default_max_input_chars: input limit for models whose config has no ``max_input_chars``
         (4096 = OpenAI's limit).
     max_body_bytes: requests with a larger ``Content-Length`` get 413 (16 MiB: room for a few
@@ -97,6 +97,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     install_error_handlers(app)
     app.include_router(audio.router)
     app.include_router(images.router)
+    app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(observability.router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)

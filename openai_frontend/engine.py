@@ -11,6 +11,8 @@ Model metadata comes from Triton itself:
 
 Images (``generate_images``) are unary ``ModelInfer`` calls on a diffusion ensemble, one per
 image, all in flight at once (Triton's dynamic batchers group them); see docs/image_contracts.md.
+Chat-contract models (``docs/chat_contracts.md``) also report ``modalities``, ``served_model_name``,
+``speaks_for`` and ``max_model_len``; ``generate`` streams one such request (one RPC per choice).
 
 Speech is one ``ModelStreamInfer`` call per HTTP request on a decoupled model: every response
 that carries ``AUDIO`` is yielded as soon as it arrives. Closing the iterator (HTTP client gone,
@@ -21,6 +23,7 @@ cancels the in-flight request, which a Python-backend model sees as ``request.is
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +39,45 @@ logger = logging.getLogger(__name__)
 
 #: (float32 PCM chunk of shape [T] in [-1, 1], sample rate in Hz)
 AudioChunk = tuple[np.ndarray, int]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request to a chat-contract model (``docs/chat_contracts.md``).
+
+    Exactly one of ``messages`` (OpenAI chat messages, sent as the ``MESSAGES`` JSON) and
+    ``prompt`` (sent as ``PROMPT``) is set. ``sampling`` holds vLLM ``SamplingParams`` names
+    (``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed``...), sent as the
+    ``SAMPLING_PARAMETERS`` JSON with only the keys the client gave. ``modalities`` / ``voice``
+    go to speech models only (``MODALITIES`` / ``VOICE``). ``request_id`` is Triton's request id.
+    """
+
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    sampling: dict = field(default_factory=dict)
+    modalities: tuple[str, ...] | None = None
+    voice: str | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """One streamed response of a chat-contract model.
+
+    text: text generated since the previous chunk (``TEXT_DELTA``, may be empty).
+    finish_reason: None until the last text chunk, then ``stop``, ``length`` or ``abort``.
+    prompt_tokens / completion_tokens: prompt length and tokens generated so far (cumulative);
+        None when the response did not carry them.
+    audio: float32 PCM [T] in [-1, 1] generated since the previous chunk, or None.
+    sample_rate: Hz of ``audio`` (``SAMPLE_RATE``), or None.
+    """
+
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
 
 
 # --------------------------------------------------------------------------- errors
@@ -77,7 +119,8 @@ class ModelNotReadyError(EngineError):
 
 
 class InvalidRequestError(EngineError):
-    """Triton rejected the request's inputs (the model answered INVALID_ARG): a client error."""
+    """The model rejected the request's content (Triton ``INVALID_ARG``, e.g. a prompt longer
+    than the model's context): the client's fault, HTTP 400."""
 
     status_code = 400
     error_type = "invalid_request_error"
@@ -127,10 +170,55 @@ class ModelInfo:
     max_images: int | None = None
     max_input_images: int | None = None
     supports_mask: bool = False
+    #: Output modalities (config parameter ``modalities``, e.g. ``("text", "audio")``); empty
+    #: when the config does not say (speech models: see ``output_modalities``).
+    modalities: tuple[str, ...] = ()
+    #: The name clients use (config parameter ``served_model_name``); None: the Triton name.
+    served_model_name: str | None = None
+    #: On a speech twin (``llm_tts``): the text model whose spoken answers it produces.
+    speaks_for: str | None = None
+    #: Context length in tokens (config parameter ``max_model_len``), if declared.
+    max_model_len: int | None = None
 
     @property
     def ready(self) -> bool:
         return self.state == "READY"
+
+    @property
+    def public_name(self) -> str:
+        """The id clients see in ``/v1/models`` and send as ``model``."""
+        return self.served_model_name or self.name
+
+    @property
+    def is_chat(self) -> bool:
+        """Implements the chat contract (``docs/chat_contracts.md``): ``MESSAGES`` in,
+        ``TEXT_DELTA`` out: servable by ``/v1/chat/completions``."""
+        return "MESSAGES" in self.inputs and "TEXT_DELTA" in self.outputs
+
+    @property
+    def is_completion(self) -> bool:
+        """``PROMPT`` in, ``TEXT_DELTA`` out: servable by ``/v1/completions``."""
+        return "PROMPT" in self.inputs and "TEXT_DELTA" in self.outputs
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        """What the model can answer with: the ``modalities`` parameter, else ``("audio",)`` for
+        a speech model, ``("image",)`` for a diffusion ensemble, ``("text",)`` for a chat/completion
+        model, ``()`` for internal stages."""
+        if self.modalities:
+            return self.modalities
+        if self.is_image:
+            return ("image",)
+        if self.is_speech:
+            return ("audio",)
+        if self.is_chat or self.is_completion:
+            return ("text",)
+        return ()
+
+    @property
+    def can_speak(self) -> bool:
+        """A chat model that can answer with audio (``AUDIO`` out, ``audio`` in its modalities)."""
+        return "audio" in self.output_modalities and "AUDIO" in self.outputs
 
     @property
     def is_speech(self) -> bool:
@@ -213,6 +301,10 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
         max_images=_int("max_images"),
         max_input_images=_int("max_input_images"),
         supports_mask=params.get("supports_mask", "").lower() in ("true", "1", "yes"),
+        modalities=tuple(m.strip().lower() for m in params.get("modalities", "").split(",") if m.strip()),
+        served_model_name=params.get("served_model_name") or None,
+        speaks_for=params.get("speaks_for") or None,
+        max_model_len=_int("max_model_len"),
     )
 
 
@@ -347,6 +439,14 @@ class Engine(Protocol):
 
         Raises ``InvalidRequestError`` (the model rejected an input), ``InferenceError``,
         ``ModelNotReadyError`` or ``TritonUnavailableError``.
+        """
+
+    def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Stream the chat-contract responses of one request as the model produces them.
+
+        Closing the iterator early must cancel the request in the server (the stage then aborts
+        it in its engine). Raises ``InvalidRequestError`` (the model rejected the input),
+        ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
         """
 
     async def close(self) -> None:
@@ -513,6 +613,7 @@ class TritonEngine(ImageEngineMixin):
         try:
             async for result, error in call:
                 if error is not None:
+                    finished = True  # the request's final response: never cancel an ended stream
                     message = error.message()
                     if _STUB_DOWN in message:  # the launcher reloads the model within seconds
                         raise ModelNotReadyError(f"{model}: {message} (being restarted)",
@@ -611,6 +712,122 @@ def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
         t.set_data_from_numpy(array)
         inputs.append(t)
     return inputs
+
+
+    async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """One ``ModelStreamInfer`` RPC carrying one chat-contract request; yields every response.
+
+        For single-stage models the stream is opened with the header ``triton_grpc_error:
+        true``: Triton (>= 2.42, ``grpc/stream_infer_handler.cc``) then ends the RPC with the
+        error's gRPC status instead of an in-band ``error_message`` without a code, so the
+        model's ``INVALID_ARG`` arrives as ``INVALID_ARGUMENT`` and becomes
+        ``InvalidRequestError`` (HTTP 400). Not for BLS models (config ``depends_on``: llm_tts,
+        omni): there tritonserver 2.51 crashed (SIGSEGV, after "HandleCancellation called even
+        when the context was not cancelled") within ~200 error responses in that mode, while the
+        same load without the header ran clean; their errors stay in-band (HTTP 500, the code is
+        lost). Cancellation as in ``synthesize``: closing the generator (or cancelling its task)
+        cancels the gRPC call, which Triton turns into ``request.is_cancelled()`` in the stage.
+        """
+        info = self._config_cache.get(model)
+        declared = info.inputs if info is not None else frozenset(
+            {"PROMPT", "MESSAGES", "SAMPLING_PARAMETERS", "MODALITIES", "VOICE"})
+        inputs = chat_inputs(request, declared)
+        request_id = request.request_id or uuid.uuid4().hex
+
+        async def _requests():
+            yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+
+        grpc_errors = info is None or not info.depends_on  # see the docstring: BLS models crash 2.51
+        call = self._client.stream_infer(
+            _requests(), headers={"triton_grpc_error": "true"} if grpc_errors else None)
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:  # in-band error: the request's final response
+                    finished = True  # never cancel an ended stream (2.51 may crash, server#7368)
+                    raise _stream_error(model, error.message(), None)
+                yield chunk_from_result(result, info.sample_rate if info else None)
+                param = result.get_response().parameters.get("triton_final_response")
+                if param is not None and param.bool_param:
+                    finished = True
+            finished = True
+        except EngineError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            finished = True  # the RPC has ended with this status: nothing to cancel
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                raise InferenceError(f"{model}: stream cancelled by the server") from exc
+            raise _stream_error(model, exc.details() or "", exc.code()) from exc
+        except InferenceServerException as exc:
+            raise _translate(exc, f"stream to {model}") from exc
+        finally:
+            if not finished:
+                call.cancel()
+                logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+
+
+def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:
+    """Typed error for a failed chat stream (gRPC status from ``triton_grpc_error`` mode)."""
+    if _STUB_DOWN in message:  # the launcher reloads the model within seconds
+        return ModelNotReadyError(f"{model}: {message} (being restarted)", param="model")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequestError(message)
+    if code in _UNAVAILABLE_CODES or code == grpc.StatusCode.NOT_FOUND:
+        # NOT_FOUND: the model was unloaded between the readiness check and the request
+        return ModelNotReadyError(f"{model}: {message}", param="model")
+    return InferenceError(f"{model}: {message}")
+
+
+def chat_inputs(request: GenerationRequest, declared: frozenset[str]) -> list[InferInput]:
+    """Triton inputs of one chat-contract request (``docs/chat_contracts.md``).
+
+    Optional inputs the model does not declare (``MODALITIES`` / ``VOICE`` on a text-only model)
+    are left out rather than sent; ``SAMPLING_PARAMETERS`` is sent only when non-empty.
+    """
+    if (request.messages is None) == (request.prompt is None):
+        raise ValueError("exactly one of messages / prompt must be set")
+    if request.messages is not None:
+        inputs = [_bytes_input("MESSAGES", json.dumps(request.messages, ensure_ascii=False))]
+    else:
+        inputs = [_bytes_input("PROMPT", request.prompt)]
+    if request.sampling:
+        inputs.append(_bytes_input("SAMPLING_PARAMETERS", json.dumps(request.sampling)))
+    if request.modalities is not None and "MODALITIES" in declared:
+        inputs.append(_bytes_input("MODALITIES", json.dumps(list(request.modalities))))
+    if request.voice is not None and "VOICE" in declared:
+        inputs.append(_bytes_input("VOICE", request.voice))
+    return inputs
+
+
+def _first(result, name: str):
+    arr = result.as_numpy(name)
+    if arr is None or arr.size == 0:
+        return None
+    return arr.reshape(-1)[0]
+
+
+def chunk_from_result(result, default_rate: int | None = None) -> GenerationChunk:
+    """A ``GenerationChunk`` from one tritonclient ``InferResult`` of a chat-contract model."""
+    text = _first(result, "TEXT_DELTA")
+    reason = _first(result, "FINISH_REASON")
+    prompt_tokens = _first(result, "PROMPT_TOKENS")
+    completion_tokens = _first(result, "COMPLETION_TOKENS")
+    audio = result.as_numpy("AUDIO")
+    rate = _first(result, "SAMPLE_RATE")
+
+    def _str(v) -> str:
+        if v is None:
+            return ""
+        return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+    return GenerationChunk(
+        text=_str(text),
+        finish_reason=_str(reason) or None,
+        prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else None,
+        completion_tokens=int(completion_tokens) if completion_tokens is not None else None,
+        audio=np.asarray(audio, dtype=np.float32).reshape(-1) if audio is not None and audio.size else None,
+        sample_rate=int(rate) if rate is not None else default_rate,
+    )
 
 
 def _bytes_input(name: str, value: str) -> InferInput:

@@ -34,7 +34,26 @@ class FrontendMetrics:
         )
         self.inflight = Gauge(
             "omni_frontend_inflight_requests",
-            "Speech requests holding an admission slot",
+            "Requests (speech, chat, completions) holding an admission slot",
+            registry=self.registry,
+        )
+        self.generation_requests = Counter(
+            "omni_frontend_generation_requests",
+            "Chat / completion requests by model, endpoint (chat|completions), mode and outcome",
+            ["model", "endpoint", "mode", "outcome"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "omni_frontend_time_to_first_token_seconds",
+            "Time from request admission to the first text from Triton (TTFT)",
+            ["model"],
+            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.completion_tokens = Counter(
+            "omni_frontend_completion_tokens",
+            "Completion tokens generated (as reported by the stage)",
+            ["model"],
             registry=self.registry,
         )
         self.image_requests = Counter(

@@ -24,12 +24,18 @@ class ErrorResponse(BaseModel):
 
 # --------------------------------------------------------------------------- models
 class ModelCard(BaseModel):
+    """OpenAI model object plus two extensions: ``modalities`` (what the model answers with:
+    ``["text"]``, ``["text", "audio"]``, ``["audio"]`` for speech models; absent for internal
+    stages) and ``max_model_len`` (context in tokens, as vLLM's server reports it)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "omni-triton"
     #: extension: ``image`` (diffusion pipelines), ``audio`` (speech) or ``text``
     modality: str | None = None
+    modalities: list[str] | None = None
+    max_model_len: int | None = None
 
 
 class ModelList(BaseModel):
@@ -194,3 +200,218 @@ class ImagesResponse(BaseModel):
     output_format: str
     size: str
     usage: ImageUsage
+# --------------------------------------------------------------------------- chat / completions
+#: Roles a chat message may have. ``developer`` (OpenAI's newer name for ``system``) is sent to
+#: the stage as ``system``; tool / function messages are not supported (no tool calling).
+ChatRole = Literal["system", "developer", "user", "assistant"]
+
+
+class TextPart(BaseModel):
+    """A ``{"type": "text", "text": ...}`` content part (the only part type served)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One input message: ``role`` and ``content`` (a string or a list of text parts).
+
+    ``name`` is accepted and passed on. Image / audio input parts, tool calls and unknown
+    fields are rejected (400) rather than silently dropped.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    role: ChatRole
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class AudioParam(BaseModel):
+    """``audio`` of a chat request (OpenAI ``ChatCompletionAudioParam``): output ``format`` and
+    ``voice`` (a voice id of the model, or ``{"id": ...}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["wav", "mp3", "flac", "opus", "pcm16", "aac"] = "wav"
+    voice: str | VoiceRef | None = None
+
+    @property
+    def voice_id(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+class _SamplingFields(BaseModel):
+    """Sampling fields shared by chat and completions (OpenAI names; ranges as OpenAI's API
+    reference states them). ``top_k``, ``min_tokens`` and ``ignore_eos`` are vLLM extensions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=16)
+    user: str | None = None
+    top_k: int | None = Field(None, ge=-1)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = None
+
+    @property
+    def stop_list(self) -> list[str] | None:
+        if self.stop is None:
+            return None
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions`` body (OpenAI fields the served models can honour).
+
+    ``max_completion_tokens`` (OpenAI's current name) wins over the deprecated ``max_tokens``.
+    ``modalities``: output modalities, ``["text"]`` (default), ``["text", "audio"]`` or
+    ``["audio"]`` (audio plus its transcript, no ``content``). ``audio``: output format and
+    voice when audio is asked for (default ``wav`` and the model's default voice).
+    """
+
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1)
+    audio: AudioParam | None = None
+    logprobs: Literal[False] | None = None
+    frequency_penalty: Literal[0, 0.0] | None = None
+    presence_penalty: Literal[0, 0.0] | None = None
+
+    @property
+    def wants_audio(self) -> bool:
+        return bool(self.modalities and "audio" in self.modalities)
+
+    @property
+    def wants_text(self) -> bool:
+        return self.modalities is None or "text" in self.modalities
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions`` body: ``prompt`` is a string or a list of strings (each gets
+    ``n`` choices, indexed ``prompt_index * n + i`` as OpenAI does). ``max_tokens`` defaults to
+    16, OpenAI's default for this API."""
+
+    prompt: str | list[str]
+    max_tokens: int | None = Field(16, ge=1)
+    echo: Literal[False] | None = None
+    logprobs: None = None
+    suffix: None = None
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+class Usage(BaseModel):
+    """Token counts reported by the stage: the prompt counted once, completions summed over
+    choices (as OpenAI and vLLM count them for ``n`` > 1)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletionAudio(BaseModel):
+    """``message.audio`` (OpenAI ``ChatCompletionAudio``): base64 of the whole clip in the
+    requested format, and the text it speaks."""
+
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class ChatCompletionMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: None = None
+    audio: ChatCompletionAudio | None = None
+
+
+class ChatCompletionChoice(BaseModel):
+    index: int
+    message: ChatCompletionMessage
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChoiceDeltaAudio(BaseModel):
+    """A streamed audio update (OpenAI ``ChoiceDeltaAudio``): ``id`` on the first one,
+    ``data`` = base64 of the next bytes of the audio stream, and a last update with
+    ``expires_at`` and the whole ``transcript``."""
+
+    id: str | None = None
+    data: str | None = None
+    expires_at: int | None = None
+    transcript: str | None = None
+
+
+class ChoiceDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    audio: ChoiceDeltaAudio | None = None
+
+
+class ChatCompletionChunkChoice(BaseModel):
+    index: int
+    delta: ChoiceDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """``text_completion`` object; a streamed chunk has the same shape with the text delta."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None

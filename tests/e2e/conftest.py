@@ -20,7 +20,7 @@ import pytest
 
 from omni_triton.launcher import free_port
 
-E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper_tts,tts,llm_tts,omni,qwen_image,qwen_image_edit")  # dev knob: fewer models
+E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit")  # dev knob: fewer models
 READY_TIMEOUT_S = 600
 
 

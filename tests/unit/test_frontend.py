@@ -114,6 +114,11 @@ class FakeEngine:
     async def generate_images(self, model, job):
         raise InferenceError(f"{model}: this fake serves no image models")
 
+    async def generate(self, model, request):
+        """Speech-only fake; the chat fake is in test_chat_frontend.py."""
+        raise InferenceError(f"{model}: this fake serves no chat model")
+        yield  # pragma: no cover - makes this an async generator
+
     async def close(self):
         pass
 

@@ -5,7 +5,6 @@ import locale
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
 import logging
-import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
