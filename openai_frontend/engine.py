@@ -689,31 +689,6 @@ class TritonEngine(ImageEngineMixin):
         return [t.result() for t in tasks]
 
 
-def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
-    """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md)."""
-    inputs = []
-    for name, text in (("PROMPT", job.prompt), ("NEGATIVE_PROMPT", job.negative_prompt or "")):
-        t = InferInput(name, [1, 1], "BYTES")  # [batch, 1]: the ensembles have max_batch_size > 0
-        t.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
-        inputs.append(t)
-    for name, dtype, value in (
-        ("HEIGHT", np.int32, job.height), ("WIDTH", np.int32, job.width),
-        ("NUM_INFERENCE_STEPS", np.int32, job.steps), ("TRUE_CFG_SCALE", np.float32, job.true_cfg_scale),
-        ("GUIDANCE_SCALE", np.float32, job.guidance_scale if job.guidance_scale is not None else 0.0),
-        ("SEED", np.int64, job.seed + index),
-    ):
-        array = np.array([[value]], dtype=dtype)
-        t = InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32", np.int64: "INT64"}[dtype])
-        t.set_data_from_numpy(array)
-        inputs.append(t)
-    if job.image is not None:
-        array = np.ascontiguousarray(job.image, dtype=np.uint8)[None]
-        t = InferInput("INPUT_IMAGE", list(array.shape), "UINT8")
-        t.set_data_from_numpy(array)
-        inputs.append(t)
-    return inputs
-
-
     async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """One ``ModelStreamInfer`` RPC carrying one chat-contract request; yields every response.
 
@@ -764,6 +739,31 @@ def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
             if not finished:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+
+
+def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
+    """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md)."""
+    inputs = []
+    for name, text in (("PROMPT", job.prompt), ("NEGATIVE_PROMPT", job.negative_prompt or "")):
+        t = InferInput(name, [1, 1], "BYTES")  # [batch, 1]: the ensembles have max_batch_size > 0
+        t.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
+        inputs.append(t)
+    for name, dtype, value in (
+        ("HEIGHT", np.int32, job.height), ("WIDTH", np.int32, job.width),
+        ("NUM_INFERENCE_STEPS", np.int32, job.steps), ("TRUE_CFG_SCALE", np.float32, job.true_cfg_scale),
+        ("GUIDANCE_SCALE", np.float32, job.guidance_scale if job.guidance_scale is not None else 0.0),
+        ("SEED", np.int64, job.seed + index),
+    ):
+        array = np.array([[value]], dtype=dtype)
+        t = InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32", np.int64: "INT64"}[dtype])
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    if job.image is not None:
+        array = np.ascontiguousarray(job.image, dtype=np.uint8)[None]
+        t = InferInput("INPUT_IMAGE", list(array.shape), "UINT8")
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    return inputs
 
 
 def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:

@@ -287,11 +287,19 @@ class ChatCompletionRequest(_SamplingFields):
 
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1)
+    modalities: list[Literal["text", "audio", "image"]] | None = Field(None, min_length=1)
     audio: AudioParam | None = None
     logprobs: Literal[False] | None = None
     frequency_penalty: Literal[0, 0.0] | None = None
     presence_penalty: Literal[0, 0.0] | None = None
+    #: Diffusion models only (vLLM-Omni's chat on image models; same meaning as in
+    #: ``ImageGenerationRequest``): the last user message is the prompt.
+    size: str | None = None
+    negative_prompt: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = Field(None, ge=0)
+    true_cfg_scale: float | None = Field(None, ge=0)
+    output_format: str | None = None
 
     @property
     def wants_audio(self) -> bool:

@@ -27,6 +27,7 @@ aborts the request in its engine.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -35,11 +36,13 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from omni_triton.audio import UnsupportedFormatError, get_format
 
+from . import images as images_router
 from ..engine import EngineError, GenerationRequest, ModelInfo, ModelNotFoundError
 from ..errors import OpenAIError, bad_request, engine_error_detail, error_json
 from ..generation import (
@@ -70,6 +73,7 @@ from ..schemas import (
     CompletionRequest,
     ErrorDetail,
     ErrorResponse,
+    ImageGenerationRequest,
 )
 
 logger = logging.getLogger(__name__)
@@ -161,6 +165,13 @@ def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, st
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
+    if info.is_image and not info.is_image_edit:
+        return await _image_chat(body, request, info)
+    given = [f for f in IMAGE_FIELDS if getattr(body, f) is not None]
+    if given or (body.modalities and "image" in body.modalities):
+        raise bad_request(f"The model '{body.model}' does not generate images "
+                          f"({', '.join(given) or 'modalities'} applies to image models only)",
+                          param=given[0] if given else "modalities", code="unsupported_modality")
     if not info.is_chat:
         raise bad_request(f"The model '{body.model}' does not support chat completions",
                           param="model", code="unsupported_model")
@@ -190,6 +201,55 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     plan = _Plan("chat", body.model, target, requests, body.stream, body.include_usage,
                  wants_text=body.wants_text, audio_format=fmt, response_id=response_id)
     return await _run(plan, request)
+
+
+#: ``ChatCompletionRequest`` fields that only a diffusion model takes.
+IMAGE_FIELDS = ("size", "negative_prompt", "num_inference_steps", "guidance_scale",
+                "true_cfg_scale", "output_format")
+
+
+async def _image_chat(body: ChatCompletionRequest, request: Request, info: ModelInfo) -> JSONResponse:
+    """A chat completion on a text-to-image model, as vLLM-Omni answers it: the last user
+    message is the prompt and ``message.content`` is a list of ``image_url`` parts, one data URL
+    (``data:image/png;base64,...``) per image (``n`` images, image ``i`` with ``seed + i``).
+
+    Image options are the images API's (``size``, ``negative_prompt``, ``num_inference_steps``,
+    ``guidance_scale``, ``true_cfg_scale``, ``output_format``, ``seed``) and are validated the same
+    way; ``usage`` carries ``num_inference_steps`` and ``denoise_seconds`` (also as the
+    ``X-Denoise-Steps`` / ``X-Denoise-Seconds`` headers). Streaming and audio are 400s.
+    """
+    if body.stream:
+        raise bad_request("Streaming is not supported for image generation models", param="stream",
+                          code="unsupported_value")
+    if body.wants_audio:
+        raise bad_request(f"The model '{body.model}' cannot produce audio", param="modalities",
+                          code="unsupported_modality")
+    users = [m for m in body.messages if m.role == "user"]
+    if not users:
+        raise bad_request("A user message with the image prompt is required", param="messages",
+                          code="invalid_value")
+    content = users[-1].content
+    prompt = content if isinstance(content, str) else " ".join(p.text for p in content or [])
+    image_body = ImageGenerationRequest(
+        prompt=prompt, model=info.name, n=body.n, size=body.size, seed=body.seed,
+        negative_prompt=body.negative_prompt, num_inference_steps=body.num_inference_steps,
+        guidance_scale=body.guidance_scale, true_cfg_scale=body.true_cfg_scale,
+        output_format=body.output_format)
+    job, fmt = images_router._plan(image_body, info)
+    images, encoded, steps, seconds = await images_router.generate(request, info, job, fmt, None, "chat")
+    parts = [{"type": "image_url",
+              "image_url": {"url": f"data:{e.mime_type};base64,{base64.b64encode(e.data).decode('ascii')}"}}
+             for e in encoded]
+    response = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": body.model,
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                     "message": {"role": "assistant", "content": parts}}],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt),
+                  "num_inference_steps": steps, "denoise_seconds": seconds},
+    }
+    return JSONResponse(response, headers={"X-Denoise-Steps": str(steps),
+                                           "X-Denoise-Seconds": f"{seconds:.6f}"})
 
 
 @router.post("/v1/completions", response_model=None)

@@ -118,8 +118,15 @@ def _plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]
     return job, fmt
 
 
-async def _run(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
-               api: str) -> JSONResponse:
+async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str,
+                   compression: int | None, api: str):
+    """Run ``job`` on the image model ``info`` under admission control and encode the images.
+
+    Shared by the images APIs and by chat completions on a diffusion model (``api`` labels the
+    request metric). Returns ``(images, encoded, steps, seconds)``: the ``GeneratedImage`` list,
+    their ``EncodedImage`` files in ``fmt``, the denoising step count and the denoiser seconds
+    (images batched together share one denoiser call, whose time is counted once).
+    """
     state = request.app.state
     metrics = state.metrics
     try:
@@ -145,6 +152,12 @@ async def _run(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compr
     steps = images[0].steps if images else 0
     # images batched together share one denoiser call: count each call's time once
     seconds = round(sum(set(im.denoise_seconds for im in images)), 6)
+    return images, encoded, steps, seconds
+
+
+async def _run(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
+               api: str) -> JSONResponse:
+    images, encoded, steps, seconds = await generate(request, info, job, fmt, compression, api)
     n_chars = len(job.prompt)
     body = ImagesResponse(
         created=int(time.time()),

@@ -91,6 +91,9 @@ class ChatFakeEngine:
     def audio_chunks(self, model: str, request) -> bool:
         return self.models[model].can_speak and "audio" in (request.modalities or ())
 
+    async def generate_images(self, model, job):  # pragma: no cover - chat-only fake
+        raise InferenceError(f"{model}: this fake serves no image models")
+
     async def generate(self, model, request):
         self.requests.append((model, request))
         source = json.dumps(request.messages) if request.messages is not None else request.prompt

@@ -80,6 +80,10 @@ class FakeImageEngine(ImageEngineMixin):
         return [GeneratedImage(pixels_for(job.seed + i, job.width, job.height), job.seed + i,
                                job.steps, 0.5) for i in range(job.n)]
 
+    async def generate(self, model, request):  # pragma: no cover - image-only fake
+        raise NotImplementedError
+        yield
+
     async def close(self):
         pass
 
@@ -325,3 +329,53 @@ def test_encode_decode_round_trip():
     rgba = io.BytesIO()
     Image.new("RGBA", (3, 2), (1, 2, 3, 4)).save(rgba, "PNG")
     assert decode_image(rgba.getvalue()).shape == (2, 3, 3)
+
+
+# ------------------------------------------------------------------ chat on a diffusion model
+async def test_chat_on_image_model_returns_image_url_parts(engine):
+    async with client(engine) as c:
+        r = await c.post("/v1/chat/completions", json={
+            "model": "qwen_image", "n": 2, "seed": 5, "size": "32x48", "num_inference_steps": 3,
+            "messages": [{"role": "system", "content": "ignored"},
+                         {"role": "user", "content": "a cat"},
+                         {"role": "assistant", "content": "ok"},
+                         {"role": "user", "content": [{"type": "text", "text": "a red fox"}]}]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
+    parts = body["choices"][0]["message"]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "image_url"]
+    for i, p in enumerate(parts):
+        url = p["image_url"]["url"]
+        assert url.startswith("data:image/png;base64,")
+        pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB"))
+        assert pixels.shape == (48, 32, 3)
+        assert np.array_equal(pixels, pixels_for(5 + i, 32, 48))
+    model, job = engine.jobs[-1]
+    assert model == "qwen_image" and job.prompt == "a red fox" and job.steps == 3 and job.n == 2
+    assert body["usage"]["num_inference_steps"] == 3 and r.headers["X-Denoise-Steps"] == "3"
+
+
+@pytest.mark.parametrize("payload, param", [
+    ({"stream": True}, "stream"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"size": "30x30"}, "size"),
+    ({"n": 0}, None),
+    ({"messages": [{"role": "system", "content": "only a system message"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "  "}]}, "prompt"),
+])
+async def test_chat_on_image_model_bad_input(engine, payload, param):
+    body = {"model": "qwen_image", "messages": [{"role": "user", "content": "a fox"}], **payload}
+    async with client(engine) as c:
+        r = await c.post("/v1/chat/completions", json=body)
+        assert_error(r, 400, param=param)
+        ok = await c.post("/v1/chat/completions", json={
+            "model": "qwen_image", "messages": [{"role": "user", "content": "a fox"}]})
+    assert ok.status_code == 200, ok.text
+
+
+async def test_image_fields_on_a_model_without_images_are_400(engine):
+    async with client(engine) as c:
+        r = await c.post("/v1/chat/completions", json={
+            "model": SPEECH.name, "size": "64x64", "messages": [{"role": "user", "content": "hi"}]})
+    assert_error(r, 400, param="size", code="unsupported_modality")
