@@ -54,7 +54,7 @@ from omni_triton.stages.codec_tts import (
     MANIFEST, ChunkSchedule, build_once, chunk_slices, kaiming_init_convs_, keep_new_samples, read_manifest,  # noqa: F401
 )
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: MoE experts initialised (were uninitialised memory)
 
 # ChatML special tokens (names as in Qwen3-Omni's tokenizer). Each is one token.
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -240,6 +240,13 @@ def _build(out_dir: Path, seed: int, spec: TinyOmniSpec, h: str) -> None:
                     mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen))
                 elif isinstance(mod, torch.nn.Linear):
                     mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * (1.5 / mod.in_features ** 0.5))
+                elif type(mod).__name__.endswith("Experts"):
+                    # transformers 5 keeps MoE experts as fused 3D parameters ([experts, out, in]:
+                    # gate_up_proj, down_proj) that its _init_weights leaves as torch.empty for the
+                    # talker: uninitialised memory made the build irreproducible (and at times
+                    # all-zero codes). Initialise them like the linears.
+                    for param in mod.parameters(recurse=False):
+                        param.copy_(torch.randn(param.shape, generator=gen) * (1.5 / param.shape[-1] ** 0.5))
         for head in [model.thinker.lm_head.weight, model.talker.codec_head.weight,
                      *[h.weight for h in model.talker.code_predictor.lm_head]]:
             head.copy_(torch.randn(head.shape, generator=gen) * 0.5)
