@@ -113,6 +113,24 @@ def test_sdk_generate(sdk, reference):
         assert np.abs(np.asarray(im).astype(int) - ref).max() <= IMAGE_ATOL
 
 
+def test_sdk_chat_on_image_model_returns_data_url_images(sdk, reference):
+    """vLLM-Omni's chat on a diffusion model: image_url data URL parts, each image its seed's."""
+    r = sdk.chat.completions.create(
+        model="qwen_image", n=2, seed=31,
+        messages=[{"role": "user", "content": "a lighthouse at dusk"}],
+        extra_body={"size": "32x48", "num_inference_steps": 3})
+    parts = r.choices[0].message.content
+    assert [p["type"] for p in parts] == ["image_url", "image_url"]
+    for i, part in enumerate(parts):
+        url = part["image_url"]["url"]
+        assert url.startswith("data:image/png;base64,")
+        im = decode(url.split(",", 1)[1])
+        assert im.size == (32, 48)
+        ref = reference("qwen-image-tiny", "a lighthouse at dusk", height=48, width=32, steps=3, seed=31 + i)
+        assert np.abs(np.asarray(im).astype(int) - ref).max() <= IMAGE_ATOL
+    assert r.usage.model_extra["num_inference_steps"] == 3
+
+
 @pytest.mark.parametrize("fmt,pil", [("jpeg", "JPEG"), ("webp", "WEBP")])
 def test_sdk_generate_formats(sdk, fmt, pil):
     r = sdk.images.generate(model="qwen_image", prompt="a cat", size="32x64", output_format=fmt,
