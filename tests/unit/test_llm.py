@@ -1,7 +1,7 @@
 """Unit tests of the llm stage library (omni_triton.stages.llm), without Triton.
 
 The tokenizer tests use the real SmolLM2 folder that ``omni-triton prepare`` builds (built here if
-missing, ~20 s once); the vLLM engine itself is exercised end to end in tests/e2e/test_llm.py.
+missing, ~20 s once); the vLLM engine itself is exercised end to end in tests/e2e/test_llm_stage.py.
 """
 from __future__ import annotations
 
