@@ -61,15 +61,25 @@ def send_final(sender) -> None:
     send(sender, flags=_pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
+#: Start of every INVALID_ARG message a stage sends. Triton 2.51 delivers a streamed error without
+#: its code (in-band ``error_message``; the ``triton_grpc_error`` mode that keeps the code crashed
+#: tritonserver 2.51 on BLS error responses, server#7368) and turns a BLS stage's INVALID_ARG into
+#: INTERNAL, so the OpenAI frontend recognises a client error by this prefix (HTTP 400).
+INVALID_INPUT_PREFIX = "invalid input: "
+
+
 def send_error(sender, message: str, code=None) -> None:
     """Send an error response with the FINAL flag (2.51 has no ``sender.send(error=...)`` shortcut).
 
     Args:
         sender: the request's ``InferenceResponseSender``.
-        message: human readable reason; the frontend shows it to the client.
+        message: human readable reason; the frontend shows it to the client. With ``INVALID_ARG``
+            it is prefixed with ``INVALID_INPUT_PREFIX`` (unless already).
         code: a ``pb_utils.TritonError`` code (e.g. ``INVALID_ARG``); ``None`` means INTERNAL.
     """
     pb = _pb()
+    if code == pb.TritonError.INVALID_ARG and INVALID_INPUT_PREFIX not in message:
+        message = INVALID_INPUT_PREFIX + message
     error = pb.TritonError(message) if code is None else pb.TritonError(message, code)
     send(sender, pb.InferenceResponse(output_tensors=[], error=error),
          flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

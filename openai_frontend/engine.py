@@ -35,6 +35,8 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
+from omni_triton.triton_io import INVALID_INPUT_PREFIX
+
 logger = logging.getLogger(__name__)
 
 #: (float32 PCM chunk of shape [T] in [-1, 1], sample rate in Hz)
@@ -772,6 +774,8 @@ def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> Eng
         return ModelNotReadyError(f"{model}: {message} (being restarted)", param="model")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequestError(message)
+    if INVALID_INPUT_PREFIX in message:  # a stage's INVALID_ARG that arrived in-band, code lost
+        return InvalidRequestError(message.split(INVALID_INPUT_PREFIX, 1)[1] or message)
     if code in _UNAVAILABLE_CODES or code == grpc.StatusCode.NOT_FOUND:
         # NOT_FOUND: the model was unloaded between the readiness check and the request
         return ModelNotReadyError(f"{model}: {message}", param="model")

@@ -217,10 +217,13 @@ def test_bad_chat_input(stack, payload, status, param):
 
 @needs_llm
 @pytest.mark.parametrize("stream", [False, True])
-def test_oversize_prompt_is_400_from_the_stage(stack, stream):
-    # text only: through the llm_tts BLS the code is lost (in-band errors, see TritonEngine.generate)
+@pytest.mark.parametrize("modalities", [["text"], ["text", "audio"]])
+def test_oversize_prompt_is_400_from_the_stage(stack, stream, modalities):
+    # with audio the request goes through the llm_tts BLS, whose error reaches the frontend in-band
+    # without its code: the stage's "invalid input: " prefix still makes it a 400
     words = " ".join(f"word{i}" for i in range(4000))  # well over SmolLM2's 2048-token context
-    payload = {"model": "llm", "messages": [{"role": "user", "content": words}], "stream": stream}
+    payload = {"model": "llm", "messages": [{"role": "user", "content": words}], "stream": stream,
+               "modalities": modalities}
     err = _assert_openai_error(httpx.post(f"{stack.frontend_url}/v1/chat/completions", json=payload,
                                           timeout=60), 400)
     assert err["type"] == "invalid_request_error"

@@ -272,3 +272,14 @@ async def test_bls_model_streams_without_grpc_error_mode(triton):
         assert triton.metadata[-1].get("triton_grpc_error") == "true"
     finally:
         await engine.close()
+
+
+def test_in_band_stage_invalid_input_is_a_client_error():
+    """A stage's INVALID_ARG that arrives in-band (code lost on 2.51) is still a 400."""
+    from omni_triton.triton_io import INVALID_INPUT_PREFIX
+    from openai_frontend.engine import InferenceError, InvalidRequestError, _stream_error
+
+    err = _stream_error("llm_tts", INVALID_INPUT_PREFIX + "prompt has 4001 tokens; the context is 2048", None)
+    assert isinstance(err, InvalidRequestError) and err.status_code == 400
+    assert err.message == "prompt has 4001 tokens; the context is 2048"
+    assert isinstance(_stream_error("llm_tts", "llm failed: engine died", None), InferenceError)
