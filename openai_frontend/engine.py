@@ -694,15 +694,13 @@ class TritonEngine(ImageEngineMixin):
     async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """One ``ModelStreamInfer`` RPC carrying one chat-contract request; yields every response.
 
-        For single-stage models the stream is opened with the header ``triton_grpc_error:
-        true``: Triton (>= 2.42, ``grpc/stream_infer_handler.cc``) then ends the RPC with the
-        error's gRPC status instead of an in-band ``error_message`` without a code, so the
-        model's ``INVALID_ARG`` arrives as ``INVALID_ARGUMENT`` and becomes
-        ``InvalidRequestError`` (HTTP 400). Not for BLS models (config ``depends_on``: llm_tts,
-        omni): there tritonserver 2.51 crashed (SIGSEGV, after "HandleCancellation called even
-        when the context was not cancelled") within ~200 error responses in that mode, while the
-        same load without the header ran clean; their errors stay in-band (HTTP 500, the code is
-        lost). Cancellation as in ``synthesize``: closing the generator (or cancelling its task)
+        Errors arrive in-band (an ``error_message`` without a code). The header
+        ``triton_grpc_error: true`` would carry the gRPC status instead, but in that mode
+        tritonserver 2.51 crashed (SIGSEGV after "HandleCancellation called even when the context
+        was not cancelled", server#7368): on BLS error responses in ~200 tries, and on single-stage
+        ``llm`` errors while BLS streams ran (newcomer trial, 3 of 3 servers). So a stage's
+        ``INVALID_ARG`` is recognised by its message prefix (``INVALID_INPUT_PREFIX``) and becomes
+        ``InvalidRequestError`` (HTTP 400); other errors are 500s. Cancellation as in ``synthesize``: closing the generator (or cancelling its task)
         cancels the gRPC call, which Triton turns into ``request.is_cancelled()`` in the stage.
         """
         info = self._config_cache.get(model)
@@ -714,9 +712,7 @@ class TritonEngine(ImageEngineMixin):
         async def _requests():
             yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
-        grpc_errors = info is None or not info.depends_on  # see the docstring: BLS models crash 2.51
-        call = self._client.stream_infer(
-            _requests(), headers={"triton_grpc_error": "true"} if grpc_errors else None)
+        call = self._client.stream_infer(_requests())  # in-band errors: see the docstring
         finished = False
         try:
             async for result, error in call:

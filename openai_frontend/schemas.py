@@ -258,7 +258,7 @@ class _SamplingFields(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 16)  # 64-bit in the engines; choice i: seed + i
     n: int = Field(1, ge=1, le=16)
     user: str | None = None
     top_k: int | None = Field(None, ge=-1)

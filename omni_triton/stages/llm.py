@@ -207,6 +207,8 @@ _SAMPLING_RANGES: dict[str, tuple[float, float | None, bool]] = {
     "max_tokens": (1, None, False), "min_tokens": (0, None, False), "min_p": (0.0, 1.0, False),
     "presence_penalty": (-2.0, 2.0, False), "frequency_penalty": (-2.0, 2.0, False),
     "repetition_penalty": (0.0, None, True),
+    # vLLM's msgspec serialisation of SamplingParams takes a 64-bit int (OverflowError otherwise)
+    "seed": (-(2**63), 2**63 - 1, False),
 }
 
 

@@ -373,7 +373,7 @@ def parse_sampling(raw: str | None, default_max_tokens: int) -> SamplingSettings
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop)):
         raise OmniInputError("stop must be a list of non-empty strings")
     s.stop = list(stop or [])
-    s.seed = num("seed", int)
+    s.seed = num("seed", int, -(2**63), 2**63 - 1)  # torch.Generator.manual_seed: a 64-bit int
     ie = obj.get("ignore_eos", False)
     if not isinstance(ie, bool):
         raise OmniInputError("ignore_eos must be true or false")

@@ -167,6 +167,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     info = await resolve_model(engine, body.model)
     if info.is_image and not info.is_image_edit:
         return await _image_chat(body, request, info)
+    if info.is_image_edit:
+        raise bad_request(f"The model '{body.model}' edits images and does not support chat "
+                          "completions (image inputs in messages are not supported); use "
+                          "POST /v1/images/edits", param="model", code="unsupported_model")
     given = [f for f in IMAGE_FIELDS if getattr(body, f) is not None]
     if given or (body.modalities and "image" in body.modalities):
         raise bad_request(f"The model '{body.model}' does not generate images "
@@ -271,6 +275,8 @@ async def create_completion(body: CompletionRequest, request: Request):
             choice = p_index * body.n + i
             requests.append(GenerationRequest(
                 prompt=prompt, sampling=sampling_parameters(body, body.max_tokens, i),
+                # a completion is text: a model that can also speak (omni) is told so
+                modalities=("text",) if "MODALITIES" in info.inputs else None,
                 request_id=f"{response_id}-{choice}"))
             groups.append(p_index)
     plan = _Plan("completions", body.model, info, requests, body.stream, body.include_usage,

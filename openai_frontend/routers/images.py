@@ -30,6 +30,9 @@ from ..engine import ImageJob, InvalidRequestError, ModelInfo
 from ..errors import OpenAIError, bad_request
 from ..schemas import ImageData, ImageGenerationRequest, ImagesResponse, ImageUsage
 
+#: omni_triton.stages.diffusion.MIN_INFERENCE_STEPS (not imported: that module imports torch)
+MIN_INFERENCE_STEPS = 2
+
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["images"])
 
@@ -106,8 +109,9 @@ def _plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]
         raise bad_request(str(exc), param="output_format", code="unsupported_format") from None
     steps = body.num_inference_steps if body.num_inference_steps is not None else (info.default_steps or 2)
     max_steps = info.max_steps or 50
-    if not 1 <= steps <= max_steps:
-        raise bad_request(f"'num_inference_steps' must be between 1 and {max_steps}",
+    if not MIN_INFERENCE_STEPS <= steps <= max_steps:
+        # one step gives NaN latents in diffusers' flow-match pipelines (a black image)
+        raise bad_request(f"'num_inference_steps' must be between {MIN_INFERENCE_STEPS} and {max_steps}",
                           param="num_inference_steps", code="invalid_value")
     width, height = _size(body, info)
     cfg = body.true_cfg_scale if body.true_cfg_scale is not None else (info.default_true_cfg_scale or 4.0)

@@ -183,8 +183,8 @@ def test_progress_log(caplog, pipe):
 # ------------------------------------------------------------------ validation
 def test_limits():
     limits = d.Limits(16, 256, 10)
-    limits.check(64, 32, 1)
-    for h, w, s in [(60, 64, 2), (64, 0, 2), (272, 64, 2), (64, 64, 0), (64, 64, 11)]:
+    limits.check(64, 32, 2)
+    for h, w, s in [(60, 64, 2), (64, 0, 2), (272, 64, 2), (64, 64, 0), (64, 64, 1), (64, 64, 11)]:
         with pytest.raises(ValueError):
             limits.check(h, w, s)
 

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from omni_triton.triton_io import INVALID_INPUT_PREFIX
 from openai_frontend.engine import (
     GenerationRequest,
     InferenceError,
@@ -118,8 +119,10 @@ class FakeChatTriton(pbg.GRPCInferenceServiceServicer):
             async for req in request_iterator:
                 self.requests.append(req)
                 self.streaming.set()
-                if self.mode == "invalid":  # what tritonserver does in triton_grpc_error mode
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is 9000 tokens; max 2048")
+                if self.mode == "invalid":  # a stage's INVALID_ARG as tritonserver sends it (in-band)
+                    yield pb.ModelStreamInferResponse(
+                        error_message=INVALID_INPUT_PREFIX + "prompt is 9000 tokens; max 2048")
+                    return
                 if self.mode == "inband":  # what tritonserver does without triton_grpc_error
                     yield pb.ModelStreamInferResponse(error_message="the prompt has 9000 tokens")
                     return
@@ -180,7 +183,7 @@ async def test_generate_sends_contract_inputs_and_parses_outputs(triton):
         assert [i.name for i in sent.inputs] == ["MESSAGES", "SAMPLING_PARAMETERS"]
         assert json.loads(decode_bytes_input(sent, "MESSAGES")) == MESSAGES
         assert json.loads(decode_bytes_input(sent, "SAMPLING_PARAMETERS")) == {"temperature": 0, "max_tokens": 8}
-        assert triton.metadata[0].get("triton_grpc_error") == "true"
+        assert "triton_grpc_error" not in triton.metadata[0]  # in-band errors (2.51 crashes)
         assert "".join(c.text for c in chunks) == "Paris is the capital."
         assert [c.finish_reason for c in chunks] == [None] * 4 + ["stop"]
         assert [c.completion_tokens for c in chunks] == [1, 2, 3, 4, 5]
@@ -253,23 +256,21 @@ def test_exactly_one_of_prompt_and_messages():
         chat_inputs(GenerationRequest(prompt="a", messages=[]), frozenset())
 
 
-async def test_bls_model_streams_without_grpc_error_mode(triton):
-    """tritonserver 2.51 crashed on BLS error responses in triton_grpc_error mode: BLS models
-    (config depends_on) get in-band errors instead."""
+async def test_streams_never_use_grpc_error_mode(triton):
+    """tritonserver 2.51 crashed on error responses in triton_grpc_error mode (BLS and
+    single-stage models alike): every stream gets in-band errors, without a code."""
     engine = TritonEngine(triton.url)
     try:
-        await engine.get_model("llm_tts")
-        chunks = [c async for c in engine.generate("llm_tts", GenerationRequest(prompt="hi"))]
-        assert chunks and "triton_grpc_error" not in triton.metadata[-1]
-        triton.mode = "inband"
-        with pytest.raises(InferenceError, match="9000 tokens") as info:
-            async for _ in engine.generate("llm_tts", GenerationRequest(prompt="x")):
-                pass
-        assert info.value.status_code == 500  # the code is lost in-band
-        await engine.get_model("llm")
-        triton.mode = "ok"
-        [c async for c in engine.generate("llm", GenerationRequest(prompt="hi"))]
-        assert triton.metadata[-1].get("triton_grpc_error") == "true"
+        for model in ("llm_tts", "llm"):
+            await engine.get_model(model)
+            triton.mode = "ok"
+            chunks = [c async for c in engine.generate(model, GenerationRequest(prompt="hi"))]
+            assert chunks and "triton_grpc_error" not in triton.metadata[-1]
+            triton.mode = "inband"
+            with pytest.raises(InferenceError, match="9000 tokens") as info:
+                async for _ in engine.generate(model, GenerationRequest(prompt="x")):
+                    pass
+            assert info.value.status_code == 500  # no "invalid input: " prefix: a server error
     finally:
         await engine.close()
 

@@ -379,3 +379,16 @@ async def test_image_fields_on_a_model_without_images_are_400(engine):
         r = await c.post("/v1/chat/completions", json={
             "model": SPEECH.name, "size": "64x64", "messages": [{"role": "user", "content": "hi"}]})
     assert_error(r, 400, param="size", code="unsupported_modality")
+
+
+async def test_one_step_is_rejected_before_it_makes_a_black_image(engine):
+    """diffusers' flow-match pipelines give NaN latents with one step; the frontend and the stage
+    share the bound."""
+    from omni_triton.stages.diffusion import MIN_INFERENCE_STEPS
+    from openai_frontend.routers import images
+
+    assert images.MIN_INFERENCE_STEPS == MIN_INFERENCE_STEPS == 2
+    async with client(engine) as c:
+        r = await c.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "x",
+                                                         "num_inference_steps": 1})
+    assert_error(r, 400, param="num_inference_steps")
