@@ -615,13 +615,14 @@ class Limits:
     max_size: int = 1024
     max_steps: int = 50
 
-    def check(self, height: int, width: int, steps: int) -> None:
-        """Raise ``ValueError`` naming the first out-of-range value."""
+    def check(self, height: int, width: int, steps: int | None = None) -> None:
+        """Raise ``ValueError`` naming the first out-of-range value (``steps=None``: a stage
+        without a denoising loop checks the size only)."""
         for name, v in (("height", height), ("width", width)):
             if v < self.multiple or v > self.max_size or v % self.multiple:
                 raise ValueError(f"{name}={v}: must be a multiple of {self.multiple} "
                                  f"in [{self.multiple}, {self.max_size}]")
-        if not MIN_INFERENCE_STEPS <= steps <= self.max_steps:
+        if steps is not None and not MIN_INFERENCE_STEPS <= steps <= self.max_steps:
             raise ValueError(f"num_inference_steps={steps}: must be in [{MIN_INFERENCE_STEPS}, {self.max_steps}]")
 
 

@@ -25,7 +25,7 @@ class TritonPythonModel:
     def execute(self, requests):
         def parse(request):
             height, width = scalar_input(request, "HEIGHT", int), scalar_input(request, "WIDTH", int)
-            self.limits.check(height, width, 1)
+            self.limits.check(height, width)
             return input_array(request, "LATENTS"), (height, width)
 
         def run(items):
