@@ -82,6 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   flush=True)
         print("omni-triton: serving; Ctrl-C to stop", flush=True)
         ticks = 0
+        restarts = 0
         while not stop.wait(0.5):
             ticks += 1
             if ticks % 10 == 0:  # every 5 s: a stub that died is restarted, not left failing
@@ -96,7 +97,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if server.proc.poll() is not None:
                 print(f"omni-triton: tritonserver exited ({server.proc.returncode})\n"
                       f"{server.failure_report()}", file=sys.stderr, flush=True)
-                return 1
+                if restarts >= args.max_restarts:
+                    print(f"omni-triton: not restarting tritonserver again ({restarts} restarts)",
+                          file=sys.stderr, flush=True)
+                    return 1
+                restarts += 1
+                _restart_server(server, args.ready_timeout, restarts)
             if frontend is not None and frontend.proc.poll() is not None:
                 print(f"omni-triton: frontend exited ({frontend.proc.returncode})", file=sys.stderr, flush=True)
                 return 1
@@ -109,6 +115,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
             frontend.stop()
         server.stop()
         print("omni-triton: stopped", flush=True)
+
+
+def _restart_server(server: TritonServer, ready_timeout: float, restarts: int) -> None:
+    """Bring a tritonserver that died (e.g. the SIGSEGV tritonserver 2.51 can hit in its Python
+    backend under concurrent error responses; see docs/chat_contracts.md) back on the same ports.
+
+    The frontend keeps running and answers 503 (Triton unavailable) meanwhile. The dead server's
+    process group (stubs, vLLM engine children) is killed first and its log is kept as
+    ``<log>.crash-<n>``. Raises ``ServerStartError`` if the new server does not become READY.
+    """
+    server.stop()
+    crash_log = server.log_path.with_name(f"{server.log_path.name}.crash-{restarts}")
+    if server.log_path.exists():
+        server.log_path.replace(crash_log)
+    print(f"omni-triton: restarting tritonserver (restart {restarts}; the crashed server's log: "
+          f"{crash_log})", file=sys.stderr, flush=True)
+    server.start()
+    server.wait_ready(timeout=ready_timeout)
+    print("omni-triton: Triton READY again", file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triton-grpc-port", type=int, default=8001)
     p.add_argument("--triton-metrics-port", type=int, default=8002)
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for READY")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="restart tritonserver this many times if it dies (0: exit instead)")
     p.add_argument("--no-frontend", action="store_true", help="serve Triton only")
     p.add_argument("--skip-prepare", action="store_true", help="do not run prepare first")
     p.add_argument("--frontend-arg", action="append", default=[],

@@ -138,3 +138,48 @@ def test_failing_model_is_named_with_its_error(tmp_path):
     message = str(info.value)
     assert "broken" in message and "weights folder /nowhere is missing" in message
     assert server.proc.poll() is not None
+
+
+def test_serve_restarts_a_crashed_tritonserver(tmp_path):
+    """tritonserver 2.51 can die with SIGSEGV in its Python backend (docs/chat_contracts.md):
+    ``omni-triton serve`` brings it back on the same ports, keeps the crashed server's log, and
+    still leaves nothing behind on SIGINT."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import psutil
+
+    from omni_triton.launcher import free_port
+
+    http, grpc_port, metrics = free_port(), free_port(), free_port()
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper_tts", "--no-frontend",
+         "--triton-http-port", str(http), "--triton-grpc-port", str(grpc_port),
+         "--triton-metrics-port", str(metrics)], stdout=log, stderr=subprocess.STDOUT)
+    ready = f"http://127.0.0.1:{http}/v2/models/piper_tts/ready"
+
+    def wait_for(text: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in (tmp_path / "serve.log").read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.5)
+
+    try:
+        wait_for("serving; Ctrl-C to stop")
+        first = [p for p in psutil.Process(proc.pid).children() if p.name() == "tritonserver"][0]
+        first.send_signal(signal.SIGSEGV)
+        wait_for("Triton READY again")
+        assert httpx.get(ready, timeout=5).status_code == 200
+        second = [p for p in psutil.Process(proc.pid).children() if p.name() == "tritonserver"][0]
+        assert second.pid != first.pid
+        assert any(p.name.endswith(".crash-1") for p in Path(launcher.cache_dir(), "logs").iterdir())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        log.close()
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if f"--http-port={http}" in " ".join(p.info["cmdline"] or [])]
