@@ -1,0 +1,1 @@
+"""Triton Python-backend model classes shared by several model folders (stub-only imports)."""
