@@ -537,25 +537,45 @@ class CodecDecoder:
         left_context_list: frames at the start of each item that are context only.
         Returns ``np.float32 [(T_i - left_i) * samples_per_frame]`` per item.
         """
-        n = len(codes_list)
-        left = [0] * n if left_context_list is None else [int(x) for x in left_context_list]
-        lens = [int(np.asarray(c).shape[0]) for c in codes_list]
-        out: list[np.ndarray] = [np.zeros(0, np.float32) for _ in range(n)]
-        tmax = max(lens, default=0)
-        if tmax == 0:
-            return out
-        batch = np.zeros((n, tmax, self.num_codebooks), np.int64)
-        for i, c in enumerate(codes_list):
-            c = np.asarray(c, dtype=np.int64).reshape(-1, self.num_codebooks)
-            if c.size and (c.min() < 0 or c.max() >= self.codebook_size):
-                raise ValueError(f"codes must lie in [0, {self.codebook_size}), got [{c.min()}, {c.max()}]")
-            batch[i, : c.shape[0]] = c
-        with torch.inference_mode():
-            audio = self.codec.decode(torch.from_numpy(batch).transpose(1, 2)).audio_values  # [n, 1, S]
-        audio = audio[:, 0].float().numpy()
-        for i in range(n):
-            out[i] = keep_new_samples(audio[i], lens[i], left[i], self.samples_per_frame)
+        return decode_ragged(codes_list, left_context_list, self.num_codebooks, self.codebook_size,
+                             self.samples_per_frame,
+                             lambda codes: self.codec.decode(codes).audio_values[:, 0])
+
+
+def decode_ragged(codes_list: Sequence[np.ndarray], left_context_list: Sequence[int] | None,
+                  num_codebooks: int, codebook_size: int, samples_per_frame: int,
+                  forward: Callable[[torch.Tensor], torch.Tensor], trailing_loss: int = 0) -> list[np.ndarray]:
+    """Decode chunks of different lengths in ONE forward pass of a causal codec decoder.
+
+    The items (``[T_i, num_codebooks]`` int arrays, T_i may be 0) are right-padded to the longest
+    and stacked as int64 ``[n, num_codebooks, T_max]`` for ``forward``, which returns PCM
+    ``[n, S]``; each item keeps the samples of its new frames (:func:`keep_new_samples`). Right
+    padding cannot reach earlier samples of a causal decoder (the kept tail trimmed by
+    ``trailing_loss`` samples included). Shared by Mimi (``CodecDecoder``) and Qwen3-Omni's
+    code2wav (``qwen3_omni.OmniCode2Wav``).
+
+    Returns: ``np.float32 [(T_i - left_i) * samples_per_frame]`` per item (empty for T_i = 0).
+    Raises: ``ValueError`` for codes outside [0, codebook_size).
+    """
+    n = len(codes_list)
+    left = [0] * n if left_context_list is None else [int(x) for x in left_context_list]
+    lens = [int(np.asarray(c).shape[0]) for c in codes_list]
+    out: list[np.ndarray] = [np.zeros(0, np.float32) for _ in range(n)]
+    tmax = max(lens, default=0)
+    if tmax == 0:
         return out
+    batch = np.zeros((n, tmax, num_codebooks), np.int64)
+    for i, c in enumerate(codes_list):
+        c = np.asarray(c, dtype=np.int64).reshape(-1, num_codebooks)
+        if c.size and (c.min() < 0 or c.max() >= codebook_size):
+            raise ValueError(f"codes must lie in [0, {codebook_size}), got [{c.min()}, {c.max()}]")
+        batch[i, : c.shape[0]] = c
+    with torch.inference_mode():
+        audio = forward(torch.from_numpy(batch).transpose(1, 2)).float().numpy()  # [n, S]
+    for i in range(n):
+        if lens[i]:
+            out[i] = keep_new_samples(audio[i], lens[i], left[i], samples_per_frame, trailing_loss)
+    return out
 
 
 def keep_new_samples(audio: np.ndarray, n_frames: int, left_context: int, samples_per_frame: int,

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from omni_triton.stages.codec_tts import (
-    MANIFEST, ChunkSchedule, build_once, chunk_slices, kaiming_init_convs_, keep_new_samples, read_manifest,  # noqa: F401
+    MANIFEST, ChunkSchedule, build_once, chunk_slices, decode_ragged, kaiming_init_convs_, keep_new_samples, read_manifest,  # noqa: F401
 )
 
 BUILDER_VERSION = 2  # 2: MoE experts initialised (were uninitialised memory)
@@ -939,25 +939,9 @@ class OmniCode2Wav:
     def decode(self, codes_list: Sequence[np.ndarray], left_context_list: Sequence[int] | None = None) -> list[np.ndarray]:
         """Decode a batch in one forward pass: ``[T_i, G]`` int arrays (0 allowed) -> float32 PCM of
         each item's new frames (:func:`keep_new_samples`). Codes outside [0, codebook_size) raise."""
-        n = len(codes_list)
-        left = [0] * n if left_context_list is None else [int(x) for x in left_context_list]
-        lens = [int(np.asarray(c).shape[0]) for c in codes_list]
-        out = [np.zeros(0, np.float32) for _ in range(n)]
-        tmax = max(lens, default=0)
-        if tmax == 0:
-            return out
-        batch = np.zeros((n, tmax, self.num_code_groups), np.int64)
-        for i, c in enumerate(codes_list):
-            c = np.asarray(c, dtype=np.int64).reshape(-1, self.num_code_groups)
-            if c.size and (c.min() < 0 or c.max() >= self.codebook_size):
-                raise ValueError(f"codes must lie in [0, {self.codebook_size}), got [{c.min()}, {c.max()}]")
-            batch[i, : c.shape[0]] = c
-        with torch.inference_mode():
-            audio = self.code2wav(torch.from_numpy(batch).transpose(1, 2))[:, 0].float().numpy()  # [n, S]
-        for i in range(n):
-            if lens[i]:
-                out[i] = keep_new_samples(audio[i], lens[i], left[i], self.samples_per_frame, self.trailing_loss)
-        return out
+        return decode_ragged(codes_list, left_context_list, self.num_code_groups, self.codebook_size,
+                             self.samples_per_frame, lambda codes: self.code2wav(codes)[:, 0],
+                             trailing_loss=self.trailing_loss)
 
     def decode_reference(self, codes: np.ndarray) -> np.ndarray:
         """The reference's own decode: ``code2wav.chunked_decode(codes, chunk_size=300,
