@@ -20,7 +20,7 @@ from omni_triton.stages.llm import (
     build_generation_job,
     parse_modalities,
 )
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_str_input, send, send_error, send_failure
+from omni_triton.triton_io import is_cancelled, StageMetrics, model_parameters, optional_str_input, send, send_error, send_failure
 
 LOGGER = logging.getLogger("llm_tts")
 LLM, TTS = "llm", "piper_tts"
@@ -138,7 +138,7 @@ class TritonPythonModel:
                 text = _first_str(resp, "TEXT_DELTA")
                 finish = _first_str(resp, "FINISH_REASON") or finish
                 counts[:] = [_first_int(resp, "PROMPT_TOKENS"), _first_int(resp, "COMPLETION_TOKENS")]
-                if request.is_cancelled():
+                if is_cancelled(request):
                     cancelled = True
                     self.metrics.cancelled.increment(1)
                     self.flags.cancel(llm_id)  # the llm aborts the request in its engine
