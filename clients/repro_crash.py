@@ -7,9 +7,9 @@ exit code and the signal line of its log).
 
 Usage::
 
-    .venv/bin/python scripts/repro_crash.py --seconds 60 --clients 8
-    .venv/bin/python scripts/repro_crash.py --runs 20 --seconds 30      # 20 fresh servers
-    .venv/bin/python scripts/repro_crash.py --model llm_tts --chat-over-context --clients 5
+    .venv/bin/python -m clients.repro_crash --seconds 60 --clients 8
+    .venv/bin/python -m clients.repro_crash --runs 20 --seconds 30      # 20 fresh servers
+    .venv/bin/python -m clients.repro_crash --model llm_tts --chat-over-context --clients 5
 
 The request loop is bounded in time and count and talks only to 127.0.0.1.
 Environment passed to the server, e.g. ``OMNI_TRITON_STUB_CALLS=unlocked`` (the old
@@ -120,35 +120,59 @@ async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clien
         await client.close()
 
 
+def drive(grpc_url: str, model: str, clients: int = 8, seconds: float = 30.0,
+          over_context: bool = False, text: str = "Hello there. How are you?",
+          one_stream: bool = False, max_requests: int = 100_000,
+          alive=lambda: True) -> dict:
+    """Drive ``model`` with ``clients`` concurrent request loops for ``seconds``.
+
+    Args:
+        grpc_url: Triton gRPC ``host:port`` (loopback).
+        model: a speech model (``piper_tts``, ``tts``: TEXT) or a chat model (``llm_tts``,
+            ``omni``: MESSAGES; ``over_context`` makes every prompt longer than the context, so
+            every request is answered with INVALID_ARG).
+        one_stream: each client keeps one gRPC stream for all its requests (default: one stream
+            per request, as the OpenAI frontend does; that pattern reproduced the crash fastest).
+        alive: stops the loops early when it returns False (the server died).
+
+    Returns:
+        counts of request outcomes: ``{"ok": n, "error": n, "timeout": n}`` (keys present when > 0).
+    """
+    counts: dict = {}
+    lock = threading.Lock()
+    if model in ("llm_tts", "omni", "llm"):
+        make = lambda: chat_inputs(text, over_context)  # noqa: E731
+    else:
+        make = lambda: speech_inputs(text)  # noqa: E731
+    deadline = time.monotonic() + seconds
+    if one_stream:
+        threads = [threading.Thread(target=client_loop, daemon=True,
+                                    args=(grpc_url, model, make, deadline, max_requests,
+                                          counts, lock, alive))
+                   for _ in range(clients)]
+    else:
+        threads = [threading.Thread(target=asyncio.run, daemon=True, args=(_aio_clients(
+            grpc_url, model, make, deadline, clients, max_requests, counts, alive),))]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads) and alive():
+        time.sleep(0.2)
+    return counts
+
+
 def one_run(args, run: int) -> dict:
+    """Start a fresh tritonserver with ``args.model``, drive it, report whether it crashed."""
     ports = [free_port() for _ in range(3)]
     log = Path(args.log_dir) / f"repro-{os.getpid()}-{run}.log"
     server = TritonServer(args.model.split(","), http_port=ports[0], grpc_port=ports[1],
                           metrics_port=ports[2], log_path=log)
     with server:
-        counts: dict = {}
-        lock = threading.Lock()
-        if args.model.startswith("llm_tts") or args.model.startswith("omni"):
-            make = lambda: chat_inputs("Hello there. How are you?", args.chat_over_context)  # noqa: E731
-        else:
-            make = lambda: speech_inputs(args.text)  # noqa: E731
         target = args.model.split(",")[0]
         start = time.monotonic()
-        deadline = start + args.seconds
         alive = lambda: server.proc.poll() is None  # noqa: E731
-        if args.one_stream:
-            threads = [threading.Thread(target=client_loop, daemon=True,
-                                        args=(server.grpc_url, target, make, deadline,
-                                              args.max_requests, counts, lock, alive))
-                       for _ in range(args.clients)]
-        else:
-            threads = [threading.Thread(target=asyncio.run, daemon=True, args=(_aio_clients(
-                server.grpc_url, target, make, deadline, args.clients, args.max_requests,
-                counts, alive),))]
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads) and alive():
-            time.sleep(0.2)
+        counts = drive(server.grpc_url, target, args.clients, args.seconds,
+                       args.chat_over_context, args.text, args.one_stream, args.max_requests,
+                       alive)
         elapsed = time.monotonic() - start
         code = server.proc.poll()
         text = server.log_text()
