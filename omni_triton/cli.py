@@ -15,11 +15,15 @@ import argparse
 import signal
 import sys
 import threading
+import time
 
 from omni_triton.launcher import (
     Frontend,
+    RestartBackoff,
     ServerStartError,
+    ServeStatus,
     TritonServer,
+    crash_reason,
     available_models,
     check_ports_free,
     dependencies,
@@ -64,48 +68,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = TritonServer(models, http_port=args.triton_http_port, grpc_port=args.triton_grpc_port,
                           metrics_port=args.triton_metrics_port, host=args.triton_host)
     frontend = None
+    status = ServeStatus(server.log_path.with_name(f"serve-status-{server.http_port}.json"))
+    status.write(state="starting")
     try:
         print(f"omni-triton: starting tritonserver with {', '.join(server.models)} "
               f"(log: {server.log_path})", flush=True)
         if not args.no_frontend:
             check_ports_free({"frontend": args.port})  # fail before the slow model loading
         server.start()
-        server.wait_ready(timeout=args.ready_timeout)
+        server.wait_ready(timeout=args.ready_timeout, should_stop=stop.is_set)
         print(f"omni-triton: Triton READY (HTTP {server.http_url}, gRPC {server.grpc_url}, "
               f"metrics http://127.0.0.1:{server.metrics_port}/metrics)", flush=True)
         if not args.no_frontend:
             frontend = Frontend(server.grpc_url, host=args.host, port=args.port, models=models,
-                                extra_args=args.frontend_arg)
+                                extra_args=args.frontend_arg,
+                                env={"OMNI_TRITON_SERVE_STATUS": str(status.path)})
             frontend.start()
             frontend.wait_ready()
             print(f"omni-triton: OpenAI API at {frontend.url}/v1  (try: curl {frontend.url}/v1/models)",
                   flush=True)
         print("omni-triton: serving; Ctrl-C to stop", flush=True)
-        ticks = 0
-        restarts = 0
-        while not stop.wait(0.5):
-            ticks += 1
-            if ticks % 10 == 0:  # every 5 s: a stub that died is restarted, not left failing
-                for model in server.models_without_stub():
-                    print(f"omni-triton: the stub process of {model} died; reloading {model}",
-                          file=sys.stderr, flush=True)
-                    try:
-                        server.reload(model)
-                        print(f"omni-triton: {model} reloaded", file=sys.stderr, flush=True)
-                    except ServerStartError as exc:
-                        print(f"omni-triton: {exc}", file=sys.stderr, flush=True)
-            if server.proc.poll() is not None:
-                print(f"omni-triton: tritonserver exited ({server.proc.returncode})\n"
-                      f"{server.failure_report()}", file=sys.stderr, flush=True)
-                if restarts >= args.max_restarts:
-                    print(f"omni-triton: not restarting tritonserver again ({restarts} restarts)",
-                          file=sys.stderr, flush=True)
-                    return 1
-                restarts += 1
-                _restart_server(server, args.ready_timeout, restarts)
-            if frontend is not None and frontend.proc.poll() is not None:
-                print(f"omni-triton: frontend exited ({frontend.proc.returncode})", file=sys.stderr, flush=True)
-                return 1
+        status.write(state="ready")
+        _supervise(server, frontend, args, stop, status)
         return 0
     except ServerStartError as exc:
         print(f"omni-triton: {exc}", file=sys.stderr, flush=True)
@@ -117,22 +101,91 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("omni-triton: stopped", flush=True)
 
 
-def _restart_server(server: TritonServer, ready_timeout: float, restarts: int) -> None:
-    """Bring a tritonserver that died (e.g. the SIGSEGV tritonserver 2.51 can hit in its Python
-    backend under concurrent error responses; see docs/chat_contracts.md) back on the same ports.
+def _log(message: str) -> None:
+    print(f"omni-triton: {message}", file=sys.stderr, flush=True)
+
+
+def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: threading.Event,
+               status: ServeStatus) -> None:
+    """Keep tritonserver, its stubs and the frontend running until ``stop`` is set.
+
+    Every second: a stub process that died has its orphaned children (vLLM engine processes) and
+    their /dev/shm files removed and its model reloaded. A tritonserver that died is restarted
+    after a backoff (1 s doubling to 30 s; ``--max-restarts`` bounds the count, -1: never give
+    up), its log kept as ``<log>.crash-<n>``; a restart that fails is retried the same way. A
+    frontend that died is started again. :class:`ServeStatus` records all of it for ``/health``.
+    """
+    backoff = RestartBackoff()
+    started_at = time.monotonic()
+    ticks = 0
+    while not stop.wait(0.5):
+        ticks += 1
+        if server.proc.poll() is None and ticks % 2 == 0:
+            for report in server.track_stub_families():
+                _log(f"the stub process of {report['model']} died; killed its children "
+                     f"{report['killed']}, removed {len(report['shm_removed'])} /dev/shm files")
+                status.write(last_stub_death={"at": time.time(), "model": report["model"],
+                                              "killed_children": report["killed"],
+                                              "shm_removed": len(report["shm_removed"])})
+            for model in server.models_without_stub():
+                _log(f"reloading {model}")
+                try:
+                    server.reload(model)
+                    reloads = dict(status.stub_reloads)
+                    reloads[model] = reloads.get(model, 0) + 1
+                    status.write(stub_reloads=reloads)
+                    _log(f"{model} reloaded")
+                except ServerStartError as exc:
+                    _log(str(exc))
+        if server.proc.poll() is not None:
+            code = server.proc.returncode
+            reason = crash_reason(server.log_text(), code)
+            _log(f"tritonserver exited ({code}: {reason})\n{server.failure_report()}")
+            if 0 <= args.max_restarts <= status.restarts:
+                _log(f"not restarting tritonserver again ({status.restarts} restarts, "
+                     f"--max-restarts {args.max_restarts})")
+                raise ServerStartError("tritonserver died and --max-restarts is reached")
+            restarts = status.restarts + 1
+            crash_log = server.log_path.with_name(f"{server.log_path.name}.crash-{restarts}")
+            status.write(state="restarting", restarts=restarts, last_crash={
+                "at": time.time(), "exit_code": code, "reason": reason, "log": str(crash_log)})
+            delay = backoff.delay(time.monotonic() - started_at)
+            if stop.wait(delay):
+                return
+            try:
+                _restart_server(server, args.ready_timeout, restarts, crash_log, stop)
+                started_at = time.monotonic()
+                status.write(state="ready")
+            except ServerStartError as exc:
+                _log(f"restart {restarts} failed: {exc}")  # the next tick restarts it again
+                started_at = time.monotonic()
+                if server.proc is not None and server.proc.poll() is None:
+                    server.stop()
+        if frontend is not None and frontend.proc.poll() is not None and not stop.is_set():
+            _log(f"frontend exited ({frontend.proc.returncode}); starting it again")
+            try:
+                frontend.start()
+                frontend.wait_ready()
+            except ServerStartError as exc:
+                _log(str(exc))
+
+
+def _restart_server(server: TritonServer, ready_timeout: float, restarts: int, crash_log,
+                    stop: threading.Event) -> None:
+    """Bring a tritonserver that died back on the same ports.
 
     The frontend keeps running and answers 503 (Triton unavailable) meanwhile. The dead server's
     process group (stubs, vLLM engine children) is killed first and its log is kept as
-    ``<log>.crash-<n>``. Raises ``ServerStartError`` if the new server does not become READY.
+    ``crash_log``. Raises ``ServerStartError`` if the new server does not become READY (or
+    ``stop`` is set meanwhile).
     """
     server.stop()
-    crash_log = server.log_path.with_name(f"{server.log_path.name}.crash-{restarts}")
     if server.log_path.exists():
         server.log_path.replace(crash_log)
     print(f"omni-triton: restarting tritonserver (restart {restarts}; the crashed server's log: "
           f"{crash_log})", file=sys.stderr, flush=True)
     server.start()
-    server.wait_ready(timeout=ready_timeout)
+    server.wait_ready(timeout=ready_timeout, should_stop=stop.is_set)
     print("omni-triton: Triton READY again", file=sys.stderr, flush=True)
 
 
@@ -158,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triton-grpc-port", type=int, default=8001)
     p.add_argument("--triton-metrics-port", type=int, default=8002)
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for READY")
-    p.add_argument("--max-restarts", type=int, default=5,
-                   help="restart tritonserver this many times if it dies (0: exit instead)")
+    p.add_argument("--max-restarts", type=int, default=-1,
+                   help="restart tritonserver at most this many times if it dies (0: exit "
+                        "instead; default -1: always, with a backoff of 1 s doubling to 30 s)")
     p.add_argument("--no-frontend", action="store_true", help="serve Triton only")
     p.add_argument("--skip-prepare", action="store_true", help="do not run prepare first")
     p.add_argument("--frontend-arg", action="append", default=[],

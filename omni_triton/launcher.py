@@ -287,6 +287,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _shm_files(pid: int) -> set[str]:
+    """Files under /dev/shm that process ``pid`` maps (from /proc/<pid>/maps); empty if gone."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {line.split(None, 5)[5].strip() for line in maps
+                    if " /dev/shm/" in line and len(line.split(None, 5)) == 6}
+    except OSError:
+        return set()
+
+
 # Lines a CPU-only tritonserver always logs; they never explain a failure.
 _CPU_NOISE = ("CudaDriverHelper has not been initialized", "Failed to initialize NVML")
 _MODEL_LINE = re.compile(r"^\|\s*(?P<model>[\w.-]+)\s*\|\s*\d+\s*\|\s*(?P<status>.*?)\s*\|?\s*$")
@@ -408,16 +418,19 @@ class TritonServer:
         r = httpx.post(f"{self.http_url}/v2/repository/index", json={}, timeout=5)
         return {m["name"]: (m.get("state", ""), m.get("reason", "")) for m in r.json()}
 
-    def wait_ready(self, timeout: float = 600.0) -> None:
+    def wait_ready(self, timeout: float = 600.0, should_stop=lambda: False) -> None:
         """Block until the server and every loaded model is READY.
 
         Raises:
-            ServerStartError: the server exited, a model became UNAVAILABLE, or ``timeout``
-                seconds passed; the message names the failing model(s) and their errors.
+            ServerStartError: the server exited, a model became UNAVAILABLE, ``timeout``
+                seconds passed, or ``should_stop()`` became true; the message names the failing
+                model(s) and their errors.
         """
         assert self.proc is not None, "start() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if should_stop():
+                raise ServerStartError("stopped while waiting for tritonserver to be READY")
             if self.proc.poll() is not None:
                 raise ServerStartError(
                     f"tritonserver exited with code {self.proc.returncode} while loading "
@@ -459,6 +472,74 @@ class TritonServer:
             return []
         alive = {Path(cmd[1]).parent.parent.name for cmd in self._stub_cmdlines()}
         return [m for m in self.python_models() if m not in alive]
+
+    def track_stub_families(self) -> list[dict]:
+        """Remember every live stub's descendants (e.g. vLLM's EngineCore) and the /dev/shm files
+        they map; for each stub that died since the last call, kill its remembered descendants
+        that still run (same pid and start time: never a reused pid) and remove their /dev/shm
+        files.
+
+        A stub killed with SIGKILL leaves its children orphaned in the server's process group,
+        where they live (~3 GB for vLLM) until the server stops; called every second by
+        ``serve``.
+
+        Returns:
+            one dict per dead stub: ``{"model", "stub_pid", "killed": [pid], "shm_removed": [path]}``.
+        """
+        import psutil
+
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return []
+        live = {}
+        for child in children:
+            try:
+                cmd = child.cmdline()
+                if len(cmd) > 2 and cmd[0].endswith("triton_python_backend_stub"):
+                    live[(child.pid, child.create_time())] = (Path(cmd[1]).parent.parent.name, child)
+            except psutil.Error:
+                continue
+        families = getattr(self, "_families", {})
+        for key, (model, stub) in live.items():
+            family = families.setdefault(key, {"model": model, "children": set(), "shm": set()})
+            try:
+                descendants = stub.children(recursive=True)
+            except psutil.Error:
+                continue
+            for d in descendants:
+                try:
+                    family["children"].add((d.pid, d.create_time()))
+                except psutil.Error:
+                    continue
+                family["shm"].update(_shm_files(d.pid))
+        reports = []
+        for key in [k for k in families if k not in live]:
+            family = families.pop(key)
+            killed, removed = [], []
+            for pid, created in family["children"]:
+                try:
+                    proc = psutil.Process(pid)
+                    if proc.create_time() == created:
+                        proc.kill()
+                        killed.append(pid)
+                except psutil.Error:
+                    continue
+            if killed:
+                psutil.wait_procs([psutil.Process(p) for p in killed if psutil.pid_exists(p)],
+                                  timeout=5)
+            for path in family["shm"]:
+                try:
+                    Path(path).unlink()
+                    removed.append(path)
+                except OSError:
+                    pass
+            reports.append({"model": family["model"], "stub_pid": key[0], "killed": killed,
+                            "shm_removed": removed})
+        self._families = families
+        return reports
 
     def _stub_cmdlines(self) -> list[list[str]]:
         """Command lines of the server's live stub processes; remembers their shared-memory
@@ -541,8 +622,9 @@ class Frontend:
 
     def __init__(self, triton_grpc_url: str, host: str = "127.0.0.1", port: int = 9000,
                  models: list[str] | None = None, log_path: Path | None = None,
-                 extra_args: list[str] | None = None):
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None):
         self.triton_grpc_url, self.host, self.port = triton_grpc_url, host, port
+        self.env = env or {}
         self.models = models or []
         self.log_path = log_path
         self.extra_args = extra_args or []
@@ -570,7 +652,8 @@ class Frontend:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup,
+                                     env={**os.environ, **self.env})
         if out:
             out.close()
 
@@ -599,3 +682,73 @@ class Frontend:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process_group(self.proc, timeout=10)
+
+
+class RestartBackoff:
+    """Delay before the next tritonserver restart: ``initial_s`` doubling per consecutive crash up
+    to ``max_s``; back to ``initial_s`` once a server has run ``reset_after_s`` without dying.
+
+    ``serve`` never gives up while the user has not stopped it: the delay keeps a server that
+    crashes at start-up from spinning the CPU, nothing more.
+    """
+
+    def __init__(self, initial_s: float = 1.0, max_s: float = 30.0, reset_after_s: float = 300.0):
+        self.initial_s, self.max_s, self.reset_after_s = initial_s, max_s, reset_after_s
+        self._next = initial_s
+
+    def delay(self, ran_for_s: float) -> float:
+        """Seconds to wait before restarting a server that ran ``ran_for_s`` seconds."""
+        if ran_for_s >= self.reset_after_s:
+            self._next = self.initial_s
+        delay, self._next = self._next, min(self._next * 2, self.max_s)
+        return delay
+
+
+@dataclass
+class ServeStatus:
+    """What ``serve`` knows about its tritonserver, written as JSON to :attr:`path` after every
+    change (atomically: a temporary file renamed) so the OpenAI frontend's ``/health`` can show it
+    (the frontend gets the path in ``OMNI_TRITON_SERVE_STATUS``).
+
+    Attributes:
+        state: ``starting``, ``ready`` or ``restarting``.
+        restarts: tritonserver restarts since ``serve`` started.
+        last_crash: ``{"at": unix seconds, "exit_code": int, "reason": str, "log": path}`` of the
+            last tritonserver death, or ``None``.
+        stub_reloads: model -> times its stub process died and the model was reloaded.
+        last_stub_death: ``{"at", "model", "killed_children": [pid], "shm_removed": n}`` or ``None``.
+    """
+
+    path: Path
+    state: str = "starting"
+    restarts: int = 0
+    last_crash: dict | None = None
+    stub_reloads: dict = field(default_factory=dict)
+    last_stub_death: dict | None = None
+
+    def write(self, **changes) -> None:
+        import json
+
+        for key, value in changes.items():
+            setattr(self, key, value)
+        data = {k: getattr(self, k) for k in ("state", "restarts", "last_crash", "stub_reloads",
+                                               "last_stub_death")}
+        data["updated_at"] = time.time()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.path)
+
+
+def crash_reason(log_text: str, exit_code: int | None) -> str:
+    """A one-line reason for a tritonserver death: its ``Signal (N) received.`` line, else the
+    signal name of a negative exit code, else the exit code."""
+    for line in log_text.splitlines():
+        if re.search(r"Signal \(\d+\) received", line):
+            return line.strip()
+    if exit_code is not None and exit_code < 0:
+        try:
+            return f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {exit_code}"

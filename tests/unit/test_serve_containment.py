@@ -1,0 +1,119 @@
+"""``serve``'s supervision (omni_triton.cli._supervise) against a real tritonserver on a throw-away
+repository: a stub killed with SIGKILL has its orphaned child process and that child's /dev/shm
+file removed and its model reloaded; a tritonserver that dies with SIGSEGV is restarted after the
+backoff, and the status file (``/health``'s source) records the restart and the crash reason."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from omni_triton.cli import _supervise
+from omni_triton.launcher import RestartBackoff, ServeStatus, TritonServer, crash_reason, free_port
+
+SPAWNER = textwrap.dedent('''\
+    import json, os, subprocess
+
+    CHILD = """
+    import mmap, sys, time
+    f = open(sys.argv[1], "w+b"); f.truncate(4096); m = mmap.mmap(f.fileno(), 4096)
+    time.sleep(3600)
+    """
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            params = json.loads(args["model_config"])["parameters"]
+            out = params["out"]["string_value"]
+            shm = f"/dev/shm/omni-triton-test-{os.getpid()}"
+            child = subprocess.Popen(["python3", "-c", CHILD, shm])  # like vLLM's EngineCore
+            with open(out, "a") as f:
+                f.write(json.dumps({"stub": os.getpid(), "child": child.pid, "shm": shm}) + "\\n")
+
+        def execute(self, requests):
+            return []
+    ''')
+
+
+def _wait(condition, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_backoff_doubles_and_resets():
+    b = RestartBackoff(initial_s=1, max_s=8, reset_after_s=100)
+    assert [b.delay(1) for _ in range(5)] == [1, 2, 4, 8, 8]
+    assert b.delay(100) == 1
+
+
+def test_crash_reason_prefers_the_signal_line():
+    assert crash_reason("x\nSignal (11) received.\n 0# ...", -11) == "Signal (11) received."
+    assert crash_reason("", -9) == "killed by SIGKILL"
+    assert crash_reason("", 1) == "exited with code 1"
+
+
+def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
+    out = tmp_path / "spawned.jsonl"
+    folder = tmp_path / "repo" / "spawner"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
+        name: "spawner"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+        output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+        parameters {{ key: "out" value {{ string_value: "{out}" }} }}
+        """))
+    (folder / "1" / "model.py").write_text(SPAWNER)
+    server = TritonServer(["spawner"], http_port=free_port(), grpc_port=free_port(),
+                          metrics_port=free_port(), log_path=tmp_path / "server.log",
+                          repositories=[tmp_path / "repo"])
+    status = ServeStatus(tmp_path / "status.json")
+    args = argparse.Namespace(max_restarts=-1, ready_timeout=120)
+    stop = threading.Event()
+    spawned = lambda: [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []  # noqa: E731
+    server.start()
+    try:
+        server.wait_ready(timeout=120)
+        first = spawned()[0]
+        _wait(lambda: os.path.exists(first["shm"]), "the child's shm file")
+        supervisor = threading.Thread(target=_supervise, args=(server, None, args, stop, status))
+        supervisor.start()
+        time.sleep(2.5)  # a few supervision ticks: the stub's family is remembered
+
+        os.kill(first["stub"], signal.SIGKILL)
+        _wait(lambda: status.stub_reloads.get("spawner") == 1, "the model reload")
+        assert not psutil.pid_exists(first["child"]) or \
+            psutil.Process(first["child"]).status() == psutil.STATUS_ZOMBIE, "orphan child still runs"
+        assert not os.path.exists(first["shm"]), "the orphan's /dev/shm file is left"
+        assert status.last_stub_death["model"] == "spawner"
+        assert first["child"] in status.last_stub_death["killed_children"]
+        _wait(lambda: len(spawned()) == 2, "the reloaded stub")
+
+        old_pid = server.proc.pid
+        server.proc.send_signal(signal.SIGSEGV)
+        _wait(lambda: status.restarts == 1 and status.state == "ready", "the restart")
+        assert server.proc.pid != old_pid and server.proc.poll() is None
+        saved = json.loads(status.path.read_text())
+        assert saved["restarts"] == 1 and "Signal (11)" in saved["last_crash"]["reason"]
+        assert Path(saved["last_crash"]["log"]).exists()
+        stop.set()
+        supervisor.join(timeout=30)
+        assert not supervisor.is_alive()
+    finally:
+        stop.set()
+        server.stop()
+        for item in spawned():
+            try:
+                psutil.Process(item["child"]).kill()
+            except psutil.Error:
+                pass
+            Path(item["shm"]).unlink(missing_ok=True)
