@@ -24,6 +24,7 @@ from omni_triton.launcher import (
     ServeStatus,
     TritonServer,
     crash_reason,
+    dependents,
     available_models,
     check_ports_free,
     dependencies,
@@ -125,6 +126,8 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
                 _log(f"the stub process of {report['model']} died; killed its children "
                      f"{report['killed']}, removed {len(report['shm_removed'])} /dev/shm files")
                 status.write(last_stub_death={"at": time.time(), "model": report["model"],
+                                              "affected": dependents(report["model"], server.models,
+                                                                     server.repositories),
                                               "killed_children": report["killed"],
                                               "shm_removed": len(report["shm_removed"])})
             for model in server.models_without_stub():

@@ -194,6 +194,21 @@ def dependencies(model_path: Path) -> list[str]:
     return deps
 
 
+def dependents(model: str, loaded: list[str], repositories: list[Path] | None = None) -> list[str]:
+    """``model`` and every model of ``loaded`` that needs it, directly or through others
+    (ensembles and BLS models whose requests hang when ``model``'s stub dies)."""
+    paths = available_models(repositories)
+    needs = {m: set(dependencies(paths[m])) for m in loaded if m in paths}
+    hit, changed = {model}, True
+    while changed:
+        changed = False
+        for m, deps in needs.items():
+            if m not in hit and deps & hit:
+                hit.add(m)
+                changed = True
+    return [m for m in loaded if m in hit] or [model]
+
+
 def resolve_models(names: list[str], repositories: list[Path] | None = None) -> list[str]:
     """Requested models plus their dependencies, dependencies first.
 
@@ -716,7 +731,10 @@ class ServeStatus:
         last_crash: ``{"at": unix seconds, "exit_code": int, "reason": str, "log": path}`` of the
             last tritonserver death, or ``None``.
         stub_reloads: model -> times its stub process died and the model was reloaded.
-        last_stub_death: ``{"at", "model", "killed_children": [pid], "shm_removed": n}`` or ``None``.
+        last_stub_death: ``{"at", "model", "affected": [models whose in-flight requests hang on
+            it], "killed_children": [pid], "shm_removed": n}`` or ``None``. The frontend fails
+            the in-flight requests of the ``affected`` models when this changes (Triton 2.51
+            never completes the requests of a dead stub).
     """
 
     path: Path

@@ -95,6 +95,7 @@ def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
             psutil.Process(first["child"]).status() == psutil.STATUS_ZOMBIE, "orphan child still runs"
         assert not os.path.exists(first["shm"]), "the orphan's /dev/shm file is left"
         assert status.last_stub_death["model"] == "spawner"
+        assert status.last_stub_death["affected"] == ["spawner"]
         assert first["child"] in status.last_stub_death["killed_children"]
         _wait(lambda: len(spawned()) == 2, "the reloaded stub")
 
