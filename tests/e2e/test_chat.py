@@ -13,7 +13,7 @@ import openai
 import pytest
 import soundfile as sf
 from conftest import E2E_MODELS
-from test_speech_piper import assert_speech_like
+from speech_reference import assert_speech_like
 
 from omni_triton.launcher import resolve_models
 
@@ -132,7 +132,7 @@ def test_sdk_chat_text_and_audio_non_stream(stack):
     assert audio.id and audio.expires_at > 0 and audio.transcript == message.content
     samples, rate = sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="float32")
     assert rate == 22050
-    assert_speech_like(samples, rate, min_seconds=0.8)
+    assert_speech_like(samples, rate, audio.transcript, min_seconds=0.8)
     _assert_usage(resp.usage)
 
 
@@ -164,7 +164,7 @@ def test_sdk_chat_text_and_audio_stream(stack):
     assert text and transcript == text
     assert len(audio_ids) == 1 and "audio" in order and order[0] == "text"
     samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32767
-    assert_speech_like(samples, 22050, min_seconds=0.8)
+    assert_speech_like(samples, 22050, text, min_seconds=0.8)
     _assert_usage(usage)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from clients.chat_grpc_stream import build_chat_inputs, stream_chat
-from test_speech_piper import assert_speech_like
+from speech_reference import assert_speech_like
 
 pytestmark = pytest.mark.e2e
 
@@ -135,7 +135,7 @@ def test_llm_tts_text_and_speech(chat, stack):
         result.audio.size / 22050, rel=1e-3)
     assert "Paris" in result.text and result.finish_reason == "stop"
     assert result.sample_rate == 22050  # Piper's en_US-joe-medium
-    assert_speech_like(result.audio, result.sample_rate, min_seconds=1.0)
+    assert_speech_like(result.audio, result.sample_rate, result.text, min_seconds=1.0)
     text_only = chat("llm_tts", messages=QUESTION, sampling=GREEDY)  # default modalities: text
     assert text_only.text == result.text and text_only.audio.size == 0
 
@@ -148,7 +148,7 @@ def test_llm_tts_audio_interleaved_with_text(chat):
     assert result.kinds.count("audio") >= 2, result.kinds
     first_audio = result.kinds.index("audio")
     assert "text" in result.kinds[first_audio:], f"no text after the first audio chunk: {result.kinds}"
-    assert_speech_like(result.audio, 22050, min_seconds=3.0)
+    assert_speech_like(result.audio, 22050, result.text, min_seconds=3.0)
     rms = [float(np.sqrt(np.mean(c ** 2))) for c in result.audio_chunks]
     assert min(rms) > 0.02, rms  # every sentence is speech, not silence
 
