@@ -9,7 +9,7 @@ process died, so requests after the restart succeed and would hide it. After eve
 session teardown) :func:`crash_evidence` looks for the three traces a crash leaves: a different
 tritonserver process than the one the session started, ``serve``'s restart/reload lines in its
 log, and a ``tritonserver-<http port>.log.crash-<n>`` file for this session's server in the
-cache's ``logs/`` folder. A test that kills a stub on purpose is marked
+cache's ``logs/`` folder. A test that kills or unloads a stub on purpose is marked
 ``@pytest.mark.kills_stub`` (stub reloads are then expected; a tritonserver restart never is).
 """
 from __future__ import annotations
@@ -76,7 +76,7 @@ STUB_DEATH_LINES = ("died; reloading",)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "kills_stub: the test kills a stub process on purpose "
+    config.addinivalue_line("markers", "kills_stub: the test kills or unloads a stub process on purpose "
                                        "(serve reloading that model is expected)")
 
 
