@@ -55,20 +55,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from clients.bench_tts import _machine, _versions, describe, parse_concurrency
+from clients.bench_common import (
+    closed_loop,
+    describe_ms,
+    machine_info,
+    package_versions,
+    parse_concurrency,
+    ratio,
+    stop_all_on_sigterm,
+)
 
 SERVERS = ("triton", "vllm")
 MODEL = "llm"
+#: packages whose versions go into the report
+CHAT_PACKAGES = ("torch", "transformers", "tritonclient", "httpx", "numpy", "nvidia-pytriton", "fastapi", "uvicorn")
 OMNI_MODEL = "omni"
 
 #: Fixed chat prompts; request ``i`` uses ``PROMPTS[i % len(PROMPTS)]``.
@@ -132,10 +139,6 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
 
-def _describe_ms(values_s: Sequence[float]) -> dict:
-    return {k: (None if v is None else round(v * 1000.0, 2)) for k, v in describe(list(values_s)).items()}
-
-
 def summarize(results: Sequence[ChatResult], wall_s: float) -> dict:
     """Aggregate one level (see the module docstring); times in ms."""
     ok = [r for r in results if r.ok]
@@ -145,11 +148,11 @@ def summarize(results: Sequence[ChatResult], wall_s: float) -> dict:
         "ok": len(ok),
         "errors": len(results) - len(ok),
         "error_messages": sorted({r.error for r in results if r.error})[:5],
-        "ttft_ms": _describe_ms([r.ttft_s for r in ok]),
-        "itl_ms": _describe_ms([x for r in ok for x in r.itl_s]),
-        "tpot_ms": _describe_ms([r.tpot_s for r in ok if r.tpot_s is not None]),
-        "e2e_ms": _describe_ms([r.e2e_s for r in ok]),
-        "ttfp_ms": _describe_ms([r.ttfp_s for r in ok if r.ttfp_s is not None]),
+        "ttft_ms": describe_ms([r.ttft_s for r in ok]),
+        "itl_ms": describe_ms([x for r in ok for x in r.itl_s]),
+        "tpot_ms": describe_ms([r.tpot_s for r in ok if r.tpot_s is not None]),
+        "e2e_ms": describe_ms([r.e2e_s for r in ok]),
+        "ttfp_ms": describe_ms([r.ttfp_s for r in ok if r.ttfp_s is not None]),
         "output_tokens_total": tokens,
         "wall_s": round(wall_s, 3),
         "output_tokens_per_s": round(tokens / wall_s, 2) if wall_s > 0 and ok else None,
@@ -157,19 +160,15 @@ def summarize(results: Sequence[ChatResult], wall_s: float) -> dict:
     }
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
-
-
 def compare(served: dict, base: dict) -> dict:
     """``served / base`` of two :func:`summarize` results."""
     return {
-        "ttft_mean": _ratio(served["ttft_ms"]["mean"], base["ttft_ms"]["mean"]),
-        "ttft_p50": _ratio(served["ttft_ms"]["p50"], base["ttft_ms"]["p50"]),
-        "itl_mean": _ratio(served["itl_ms"]["mean"], base["itl_ms"]["mean"]),
-        "tpot_mean": _ratio(served["tpot_ms"]["mean"], base["tpot_ms"]["mean"]),
-        "e2e_mean": _ratio(served["e2e_ms"]["mean"], base["e2e_ms"]["mean"]),
-        "output_tokens_per_s": _ratio(served["output_tokens_per_s"], base["output_tokens_per_s"]),
+        "ttft_mean": ratio(served["ttft_ms"]["mean"], base["ttft_ms"]["mean"]),
+        "ttft_p50": ratio(served["ttft_ms"]["p50"], base["ttft_ms"]["p50"]),
+        "itl_mean": ratio(served["itl_ms"]["mean"], base["itl_ms"]["mean"]),
+        "tpot_mean": ratio(served["tpot_ms"]["mean"], base["tpot_ms"]["mean"]),
+        "e2e_mean": ratio(served["e2e_ms"]["mean"], base["e2e_ms"]["mean"]),
+        "output_tokens_per_s": ratio(served["output_tokens_per_s"], base["output_tokens_per_s"]),
     }
 
 
@@ -297,25 +296,7 @@ def run_one(http, base_url: str, payload: dict, index: int) -> ChatResult:
 def run_level(http, base_url: str, make_payload: Callable[[int], dict], concurrency: int,
               n: int) -> tuple[list[ChatResult], float]:
     """``n`` requests from ``concurrency`` closed-loop worker threads; results and wall seconds."""
-    next_index = iter(range(n))
-    lock = threading.Lock()
-    results: list[ChatResult] = []
-
-    def worker():
-        while True:
-            with lock:
-                i = next(next_index, None)
-            if i is None:
-                return
-            r = run_one(http, base_url, make_payload(i), i)
-            with lock:
-                results.append(r)
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        for fut in [pool.submit(worker) for _ in range(concurrency)]:
-            fut.result()
-    return sorted(results, key=lambda r: r.index), time.perf_counter() - t0
+    return closed_loop(lambda i: run_one(http, base_url, make_payload(i), i), concurrency, n)
 
 
 # ---------------------------------------------------------------------------- servers
@@ -416,14 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     from omni_triton.launcher import Frontend, TritonServer, available_models, free_port
     from omni_triton.paths import cache_dir
 
-    started: list = []
-
-    def on_sigterm(signum, frame):
-        for proc in reversed(started):
-            proc.stop()
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    started = stop_all_on_sigterm()  # what this run starts, stopped in `finally` and on SIGTERM
     t_start = time.perf_counter()
     results: dict = {}
     omni: dict | None = None if args.omni == "skip" else {}
@@ -432,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = cache_dir() / "logs"
     tag = f"bench-chat-{os.getpid()}"
     engine_args, engine_env = llm_engine_config()
-    machine = _machine()
+    machine = machine_info()
     limit = max(levels) + 2
     http = httpx.Client(timeout=httpx.Timeout(args.timeout, connect=10.0),
                         limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
@@ -550,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             "request": "temperature 0, ignore_eos, stream with include_usage; request i: PROMPTS[i % len]",
             "load_pattern": "closed loop: C worker threads, each sends its next request when the previous one ended",
             "engine_args": engine_args, "engine_env": engine_env,
-            "machine": machine, "versions": {**_versions(), **_vllm_version()},
+            "machine": machine, "versions": {**package_versions(CHAT_PACKAGES), **_vllm_version()},
             "notes": ["the two servers run one after the other on the same cores, never together",
                       "TTFT/ITL are measured at the HTTP client (httpx), same client code for both"],
         },

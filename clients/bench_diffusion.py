@@ -9,10 +9,16 @@ Run::
 In the spirit of vLLM-Omni's diffusion serving benchmark. Two paths, one after the other (they
 share the CPU cores, never overlapping):
 
-``inprocess``
+``inprocess_call``
     the plain diffusers ``QwenImagePipeline.__call__`` in this process on the same prepared
-    weights (``omni_triton.stages.diffusion.reference_images``), called sequentially: the
-    baseline without Triton, without the stage split and without batching.
+    weights (``omni_triton.stages.diffusion.reference_images``), called sequentially (``C=1``):
+    the baseline without Triton, without the stage split and without batching.
+``inprocess``
+    the served stage split in this process (text encoder -> denoiser -> VAE decoder functions
+    of ``omni_triton.stages.diffusion``) at every ``--concurrency`` level, with one lock per
+    stage: one instance per stage, as the ensemble's stages have, so requests overlap in
+    different stages as in Triton; what it lacks is only Triton (IPC, scheduling) and dynamic
+    batching. Ratios at equal concurrency compare equal parallelism.
 ``frontend``
     the user path: ``POST /v1/images/generations`` (``n=1``, PNG, ``b64_json``) on the OpenAI
     frontend over the ``qwen_image`` ensemble, from a closed loop of ``C`` threads (each sends
@@ -42,11 +48,13 @@ Metrics (per level, over successful requests):
 
 Ratios (``ratios``):
 
-- ``serving_overhead_latency_p50``: frontend ``C=1`` p50 latency / in-process p50 (> 1: what
-  Triton + frontend + stage split cost per request when alone);
+- ``serving_overhead_latency_p50`` (and ``_mean``): frontend ``C=1`` latency / in-process
+  stage split ``C=1`` (> 1: what Triton + frontend cost per request when alone);
+- ``latency_p50_vs_diffusers_call``: frontend ``C=1`` p50 / plain ``__call__`` p50;
 - ``batching_gain_throughput``: frontend at the highest ``C`` / frontend ``C=1`` requests/s
   (> 1: concurrent requests batched by Triton's dynamic batchers served faster);
-- ``throughput_vs_inprocess`` per level: frontend requests/s / in-process sequential requests/s.
+- ``throughput_vs_inprocess`` per level: frontend requests/s / in-process stage split
+  requests/s at the same concurrency (> 1: batching outweighs the serving overhead).
 
 No timing is asserted anywhere: this is a benchmark, not a test.
 """
@@ -60,7 +68,6 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import argparse
 import base64
 import json
-import signal
 import sys
 import threading
 import time
@@ -68,7 +75,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clients.bench_tts import _git_commit, _machine, parse_concurrency, percentile
+from clients.bench_common import (
+    closed_loop,
+    git_commit,
+    machine_info,
+    parse_concurrency,
+    percentile,
+    ratio,
+    stop_all_on_sigterm,
+)
 
 MODEL = "qwen_image"
 ASSET = "qwen-image-tiny"
@@ -110,26 +125,27 @@ def summarize(results: Sequence[Result], wall_s: float, slo_ms: float) -> dict:
     }
 
 
-def _ratio(a, b):
-    return round(a / b, 3) if a is not None and b else None
-
-
 def ratios(results: dict) -> dict:
-    """The ratios of the module docstring from ``{"inprocess": {"1": ...}, "frontend": {...}}``."""
+    """The ratios of the module docstring from ``{"inprocess": {"1": ...}, "frontend": {...},
+    "inprocess_call": {"1": ...}}``."""
     out: dict = {}
-    base = results.get("inprocess", {}).get("1")
+    inproc = results.get("inprocess", {})
+    base = inproc.get("1")
+    call = results.get("inprocess_call", {}).get("1")
     front = results.get("frontend", {})
     levels = sorted(front, key=int)
     if base and "1" in front:
-        out["serving_overhead_latency_p50"] = _ratio(front["1"]["latency_ms"]["p50"], base["latency_ms"]["p50"])
-        out["serving_overhead_latency_mean"] = _ratio(front["1"]["latency_ms"]["mean"], base["latency_ms"]["mean"])
+        out["serving_overhead_latency_p50"] = ratio(front["1"]["latency_ms"]["p50"], base["latency_ms"]["p50"])
+        out["serving_overhead_latency_mean"] = ratio(front["1"]["latency_ms"]["mean"], base["latency_ms"]["mean"])
+    if call and "1" in front:
+        out["latency_p50_vs_diffusers_call"] = ratio(front["1"]["latency_ms"]["p50"], call["latency_ms"]["p50"])
     if "1" in front and levels:
         top = levels[-1]
-        out["batching_gain_throughput"] = _ratio(front[top]["requests_per_s"], front["1"]["requests_per_s"])
+        out["batching_gain_throughput"] = ratio(front[top]["requests_per_s"], front["1"]["requests_per_s"])
         out["batching_gain_at_concurrency"] = int(top)
-    if base:
-        out["throughput_vs_inprocess"] = {c: _ratio(front[c]["requests_per_s"], base["requests_per_s"])
-                                          for c in levels}
+    if inproc:  # same concurrency on both sides: the same parallelism, see inprocess_run_one
+        out["throughput_vs_inprocess"] = {c: ratio(front[c]["requests_per_s"], inproc[c]["requests_per_s"])
+                                          for c in levels if c in inproc}
     return out
 
 
@@ -144,38 +160,25 @@ def metric_sum(metrics_text: str, name: str, model: str) -> float:
 
 def run_level(run_one: Callable[[int], Result], concurrency: int, n: int) -> tuple[list[Result], float]:
     """``n`` requests from a closed loop of ``concurrency`` threads; returns results and wall s."""
-    counter = iter(range(n))
-    lock = threading.Lock()
-    results: list[Result] = []
-
-    def worker():
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                return
-            r = run_one(i)
-            with lock:
-                results.append(r)
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sorted(results, key=lambda r: r.index), time.perf_counter() - start
+    return closed_loop(run_one, concurrency, n)
 
 
-def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
+def _load_pipeline():
     import torch
 
-    from omni_triton.image import encode_image
     from omni_triton.paths import model_dir
-    from omni_triton.stages.diffusion import load_pipeline, reference_images
+    from omni_triton.stages.diffusion import load_pipeline
 
     torch.set_num_threads(1)
-    pipe = load_pipeline(model_dir(ASSET))
+    return load_pipeline(model_dir(ASSET))
+
+
+def call_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
+    """The plain diffusers ``__call__`` + PNG encode, one request at a time (path ``inprocess_call``)."""
+    from omni_triton.image import encode_image
+    from omni_triton.stages.diffusion import reference_images
+
+    pipe = _load_pipeline()
     lock = threading.Lock()
 
     def run_one(i: int) -> Result:
@@ -184,6 +187,35 @@ def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Re
             with lock:
                 pixels = reference_images(pipe, PROMPTS[i % len(PROMPTS)], height=height, width=width,
                                           steps=steps, seed=i)
+            encode_image(pixels, "png")
+            return Result(i, time.perf_counter() - t)
+        except Exception as exc:  # noqa: BLE001
+            return Result(i, error=f"{type(exc).__name__}: {exc}")
+
+    return run_one
+
+
+def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
+    """The served stage split in this process (path ``inprocess``): text encoder -> denoiser ->
+    VAE decoder of ``omni_triton.stages.diffusion`` on one pipeline, with one lock per stage, i.e.
+    one instance per stage as ``qwen_image``'s stages have: concurrent requests overlap in
+    different stages as they do in Triton, without dynamic batching and without Triton."""
+    from omni_triton.image import encode_image
+    from omni_triton.stages.diffusion import DenoiseItem, denoise, encode_prompts, vae_decode
+
+    pipe = _load_pipeline()
+    text_lock, denoise_lock, vae_lock = threading.Lock(), threading.Lock(), threading.Lock()
+
+    def run_one(i: int) -> Result:
+        t = time.perf_counter()
+        try:
+            with text_lock:
+                embeds = encode_prompts(pipe, [PROMPTS[i % len(PROMPTS)]])[0]
+            item = DenoiseItem(embeds, height, width, steps, i, None)  # no negative prompt: CFG off
+            with denoise_lock:
+                latents = denoise(pipe, [item])[0].latents
+            with vae_lock:
+                pixels = vae_decode(pipe, [latents], [(height, width)])[0]
             encode_image(pixels, "png")
             return Result(i, time.perf_counter() - t)
         except Exception as exc:  # noqa: BLE001
@@ -215,12 +247,12 @@ def format_table(results: dict, rat: dict) -> str:
     def f(x, nd=1):
         return "-" if x is None else f"{x:.{nd}f}"
 
-    lines = [f"{'path':<10} {'C':>2} {'n':>4} {'ok':>4} {'req/s':>7} {'p50 ms':>8} {'p90 ms':>8} "
+    lines = [f"{'path':<14} {'C':>2} {'n':>4} {'ok':>4} {'req/s':>7} {'p50 ms':>8} {'p90 ms':>8} "
              f"{'p99 ms':>8} {'mean ms':>8} {'SLO':>6} {'DiT batch':>9}"]
     for path, levels in results.items():
         for c, s in sorted(levels.items(), key=lambda kv: int(kv[0])):
             lat = s["latency_ms"]
-            lines.append(f"{path:<10} {c:>2} {s['requests']:>4} {s['ok']:>4} {f(s['requests_per_s'], 2):>7} "
+            lines.append(f"{path:<14} {c:>2} {s['requests']:>4} {s['ok']:>4} {f(s['requests_per_s'], 2):>7} "
                          f"{f(lat['p50']):>8} {f(lat['p90']):>8} {f(lat['p99']):>8} {f(lat['mean']):>8} "
                          f"{f(s['slo_attainment'], 2):>6} {f(s.get('denoiser_mean_batch'), 2):>9}")
     lines.append(f"(SLO: fraction of requests within {next(iter(next(iter(results.values())).values()))['slo_ms']:.0f} ms; "
@@ -229,7 +261,8 @@ def format_table(results: dict, rat: dict) -> str:
     lines.append(f"serving overhead (frontend C=1 p50 / in-process p50): {rat.get('serving_overhead_latency_p50')}")
     lines.append(f"batching gain (frontend C={rat.get('batching_gain_at_concurrency')} / C=1 req/s): "
                  f"{rat.get('batching_gain_throughput')}")
-    lines.append(f"throughput vs in-process sequential: {rat.get('throughput_vs_inprocess')}")
+    lines.append(f"throughput vs in-process stage split at the same C: {rat.get('throughput_vs_inprocess')}")
+    lines.append(f"frontend C=1 p50 / plain diffusers __call__ p50: {rat.get('latency_p50_vs_diffusers_call')}")
     return "\n".join(lines)
 
 
@@ -251,14 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     width, height = (int(v) for v in args.size.lower().split("x"))
     levels = parse_concurrency(args.concurrency)
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
-    started: list = []
-
-    def on_sigterm(signum, frame):
-        for proc in reversed(started):
-            proc.stop()
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    started = stop_all_on_sigterm()  # what this run starts, stopped in `finally` and on SIGTERM
     t0 = time.perf_counter()
     results: dict = {}
     error = None
@@ -288,15 +314,17 @@ def main(argv: list[str] | None = None) -> int:
                 execs = after[1] - before[1]
                 s["denoiser_mean_batch"] = round((after[0] - before[0]) / execs, 3) if execs else None
             results.setdefault(path, {})[str(c)] = s
-            print(f"  {path:<10} C={c} n={n} ok={s['ok']} {s['requests_per_s']} req/s "
+            print(f"  {path:<14} C={c} n={n} ok={s['ok']} {s['requests_per_s']} req/s "
                   f"p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms", flush=True)
 
     if "inprocess" in paths:
-        print("in-process diffusers __call__ (sequential)", flush=True)
         from omni_triton.stages.diffusion import checkpoint_dir
 
         checkpoint_dir(ASSET)
-        run_path("inprocess", inprocess_run_one(width, height, args.steps), [1])
+        print("in-process diffusers __call__ (sequential)", flush=True)
+        run_path("inprocess_call", call_run_one(width, height, args.steps), [1])
+        print("in-process stage split, one lock per stage (the served parallelism)", flush=True)
+        run_path("inprocess", inprocess_run_one(width, height, args.steps), levels)
     stack: dict = {"own_stack": not args.frontend_url}
     try:
         if "frontend" in paths:
@@ -345,8 +373,10 @@ def main(argv: list[str] | None = None) -> int:
             "concurrency": levels, "requests_per_level": args.requests, "warmup": args.warmup,
             "slo_ms": args.slo_ms, "prompts": list(PROMPTS), "seed": "request index",
             "load_pattern": "closed loop: C threads, each sends its next request when the previous ended",
-            "machine": _machine(), "git_commit": _git_commit(), "stack": stack,
-            "notes": ["in-process: plain diffusers __call__ + PNG encode, one torch thread",
+            "machine": machine_info(), "git_commit": git_commit(), "stack": stack,
+            "notes": ["inprocess_call: plain diffusers __call__ + PNG encode, one torch thread, sequential",
+                      "inprocess: the stage split with one lock per stage (one instance each, as "
+                      "served), C threads, one torch thread for the process; no batching",
                       "served: text encoder, denoiser and VAE decoder each one instance, one torch "
                       "thread each, dynamic batching (config.pbtxt)",
                       "tiny random-weight checkpoint: compute per image is small, so fixed "

@@ -11,9 +11,12 @@ paths, one after the other (they share the CPU cores):
 
 ``inprocess``
     ``omni_triton.stages.qwen3_omni.run_pipeline`` in this process (thinker -> talker ->
-    ChunkSchedule -> code2wav, the chunk and talker settings of the served configs), one set of
-    stage objects shared by the threads (each stage generates one request at a time, as one
-    Triton instance does). Also gives the per-stage cost (thinker, talker, code2wav seconds).
+    ChunkSchedule -> code2wav, the chunk and talker settings of the served configs) with the
+    served parallelism: one stage object per Triton instance of that stage (``omni_thinker`` 1,
+    ``omni_talker`` 2, ``omni_code2wav`` 1; ``clients.bench_common.InstancePool``), each held by
+    one request at a time and only while that stage works for it, so one request's talker runs
+    while another's thinker does, as in Triton. Also gives the per-stage cost (thinker, talker,
+    code2wav seconds).
 ``triton``
     Triton gRPC streaming to the BLS model ``omni`` (``clients.omni_grpc_stream.stream_chat``).
 
@@ -22,18 +25,18 @@ after the in-process phase and always stops it. torch uses one thread here, as i
 
 Per request: ``ttft_ms`` (send -> first non-empty text delta), ``ttfp_ms`` (send -> first audio
 chunk), ``e2e_ms`` (send -> end of stream), ``audio_s`` (samples / 24000), ``rtf``
-(e2e / audio seconds). Aggregates: mean / p50 / p90 / min / max (``clients.bench_tts.describe``),
-and ratios triton / inprocess of the means. JSON to ``--out``, a table on stdout.
+(e2e / audio seconds). Aggregates: mean / p50 / p90 / min / max (``clients.bench_common.describe``),
+``rtf_mean`` over the requests that returned audio, and ratios triton / inprocess of the means.
+JSON to ``--out``, a table on stdout.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import threading
 import time
 
-from clients.bench_tts import describe
+from clients.bench_common import InstancePool, closed_loop, describe, instance_count, parse_concurrency
 
 QUESTIONS = ["What is the capital of France?", "Tell me a story about a cat.", "Hello, how are you today?",
              "What is the weather like?"]
@@ -45,27 +48,33 @@ def _ms(d: dict) -> dict:
 
 def run_level(run_one, concurrency: int, n: int) -> tuple[list[dict], float]:
     """``n`` requests from ``concurrency`` closed-loop workers; returns (results, wall seconds)."""
-    lock, results, next_i = threading.Lock(), [], [0]
+    return closed_loop(run_one, concurrency, n, on_error=lambda i, exc: {"error": str(exc)})  # reported, not fatal
 
-    def worker():
-        while True:
-            with lock:
-                if next_i[0] >= n:
-                    return
-                i = next_i[0]
-                next_i[0] += 1
-            try:
-                results.append(run_one(i))
-            except Exception as exc:  # reported, not fatal
-                results.append({"error": str(exc)})
 
-    t = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return results, time.perf_counter() - t
+class _TalkerPool:
+    """``OmniTalker`` objects used as ``run_pipeline``'s talker: each ``stream`` holds a free one
+    for the whole generation (one decoupled talker instance per request), then gives it back."""
+
+    def __init__(self, talkers):
+        self.pool = InstancePool(talkers)
+        self.num_code_groups = talkers[0].num_code_groups
+
+    def stream(self, *args, **kwargs):
+        with self.pool.take() as talker:
+            yield from talker.stream(*args, **kwargs)
+
+
+class _LockedDecoder:
+    """``OmniCode2Wav`` objects used as ``run_pipeline``'s decoder: each ``decode`` holds one
+    (one Triton instance executes one batch at a time)."""
+
+    def __init__(self, decoders):
+        self.pool = InstancePool(decoders)
+        self.sampling_rate = decoders[0].sampling_rate
+
+    def decode(self, *args, **kwargs):
+        with self.pool.take() as decoder:
+            return decoder.decode(*args, **kwargs)
 
 
 def summarize(results: list[dict], wall_s: float) -> dict:
@@ -76,7 +85,9 @@ def summarize(results: list[dict], wall_s: float) -> dict:
         out[key.replace("_s", "_ms")] = _ms(describe([r[key] for r in ok if r.get(key) is not None]))
     audio = [r["audio_s"] for r in ok]
     out["audio_s_mean"] = round(sum(audio) / len(audio), 3) if audio else None
-    out["rtf_mean"] = round(sum(r["e2e_s"] / r["audio_s"] for r in ok if r["audio_s"]) / len(ok), 4) if ok else None
+    rtfs = [r["e2e_s"] / r["audio_s"] for r in ok if r["audio_s"]]  # requests that returned audio
+    out["rtf_mean"] = round(sum(rtfs) / len(rtfs), 4) if rtfs else None
+    out["with_audio"] = len(rtfs)
     for key in ("thinker_s", "talker_s", "code2wav_s"):
         vals = [r[key] for r in ok if key in r]
         if vals:
@@ -94,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--triton-grpc-url", help="use this running Triton (no own server)")
     p.add_argument("--ready-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    levels = parse_concurrency(args.concurrency)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     import torch
@@ -114,24 +125,27 @@ def main(argv: list[str] | None = None) -> int:
                                "chunks": [int(bls[k]) for k in ("first_chunk_frames", "chunk_frames", "left_context_frames")],
                                "cpus": os.cpu_count()}, "results": {}}
 
-    # 1) in-process
-    thinker, talker, decoder = (qo.OmniThinker.from_pretrained(path), qo.OmniTalker.from_pretrained(path),
-                                qo.OmniCode2Wav.from_pretrained(path))
+    # 1) in-process, one stage object per served instance
+    counts = {stage: instance_count(stage) for stage in ("omni_thinker", "omni_talker", "omni_code2wav")}
+    report["config"]["instances"] = counts
+    if counts["omni_thinker"] != 1:
+        raise SystemExit("bench_omni: run_pipeline takes one thinker object; omni_thinker has "
+                         f"{counts['omni_thinker']} instances")
+    thinker = qo.OmniThinker.from_pretrained(path)  # generates one request at a time (its own lock)
+    talker = _TalkerPool([qo.OmniTalker.from_pretrained(path) for _ in range(counts["omni_talker"])])
+    decoder = _LockedDecoder([qo.OmniCode2Wav.from_pretrained(path) for _ in range(counts["omni_code2wav"])])
     settings = qo.TalkerSettings(max_frames=int(tp["default_max_frames"]), min_frames=int(tp["default_min_frames"]),
                                  do_sample=tp["do_sample"] == "true", repetition_penalty=float(tp["repetition_penalty"]))
-    pipe_lock = threading.Lock()  # one request at a time through each stage object, as one Triton instance
 
     def inprocess(i):
         ids = thinker.encode(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
         t = time.perf_counter()
-        with pipe_lock:
-            wait = time.perf_counter() - t  # queueing, as in Triton's scheduler; counted in TTFT/TTFP
-            r = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=args.max_tokens),
-                                "Ethan", settings, first_chunk_frames=int(bls["first_chunk_frames"]),
-                                chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]))
+        # waiting for a busy stage object counts in TTFT/TTFP/E2E, as queueing in Triton does
+        r = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=args.max_tokens),
+                            "Ethan", settings, first_chunk_frames=int(bls["first_chunk_frames"]),
+                            chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]))
         e2e = time.perf_counter() - t
-        return {"ttft_s": wait + r.timings["ttft_s"] if "ttft_s" in r.timings else None,
-                "ttfp_s": wait + r.timings["ttfp_s"] if "ttfp_s" in r.timings else None, "e2e_s": e2e,
+        return {"ttft_s": r.timings.get("ttft_s"), "ttfp_s": r.timings.get("ttfp_s"), "e2e_s": e2e,
                 "audio_s": r.audio.size / decoder.sampling_rate, "thinker_s": r.timings["thinker_s"],
                 "talker_s": r.timings.get("talker_s", 0.0), "code2wav_s": r.timings.get("code2wav_s", 0.0)}
 

@@ -18,7 +18,9 @@ after another, never overlapping (they share the same CPU cores):
     ``omni_triton.stages.codec_tts`` (``CodecTalker.stream`` -> ``ChunkSchedule`` with the chunk
     parameters of the ``tts`` config -> ``CodecDecoder.decode`` per chunk, i.e. the streamed part of
     ``synthesize_reference`` without its extra one-shot full decode, which the served path does
-    not do either). One model object shared by the ``C`` threads, as one Triton instance is.
+    not do either). The same parallelism as the served models: one talker object per
+    ``tts_talker`` instance (2), one decoder per ``tts_code2wav`` instance, at most ``workers`` x
+    instances Piper syntheses at once (``clients.bench_common.InstancePool``, ``instance_count``).
 ``triton``
     Triton gRPC streaming straight to the model (``clients.tts_grpc_stream``: its
     ``build_inputs`` and the same stream handling as ``stream_tts``, plus the final response time).
@@ -75,18 +77,30 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 import argparse
 import json
-import platform
-import signal
-import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
+from clients.bench_common import (
+    InstancePool,
+    closed_loop,
+    describe,
+    git_commit,
+    instance_count,
+    machine_info,
+    package_versions,
+    parse_concurrency,
+    ratio,
+    stop_all_on_sigterm,
+)
+
 MODELS = ("piper_tts", "tts")
+#: packages whose versions go into the report
+TTS_PACKAGES = ("torch", "transformers", "onnxruntime", "piper-tts", "tritonclient", "httpx", "numpy",
+                "nvidia-pytriton", "fastapi", "uvicorn")
 PATHS = ("inprocess", "triton", "frontend")
 
 #: Fixed English texts, several sentences each (~7-8 s of Piper audio). Request ``i`` uses
@@ -151,31 +165,6 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """``q``-th percentile (0..100) by linear interpolation between closest ranks (numpy's
-    default method); ``None`` for an empty sequence."""
-    if not values:
-        return None
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile must be within [0, 100], got {q}")
-    xs = sorted(float(v) for v in values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def describe(values: Sequence[float]) -> dict:
-    """``{mean, p50, p90, min, max}`` of ``values`` (all ``None`` when empty)."""
-    if not values:
-        return {"mean": None, "p50": None, "p90": None, "min": None, "max": None}
-    return {
-        "mean": sum(values) / len(values),
-        "p50": percentile(values, 50), "p90": percentile(values, 90),
-        "min": min(values), "max": max(values),
-    }
-
-
 def summarize(results: Sequence[RequestResult], wall_s: float) -> dict:
     """Aggregate one level (see the module docstring); times in ms, rounded to 0.01 ms."""
     ok = [r for r in results if r.ok]
@@ -201,19 +190,15 @@ def summarize(results: Sequence[RequestResult], wall_s: float) -> dict:
     }
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
-
-
 def compare(served: dict, base: dict) -> dict:
     """Ratios served / baseline of two :func:`summarize` results (see the module docstring)."""
     return {
-        "ttfp_mean": _ratio(served["ttfp_ms"]["mean"], base["ttfp_ms"]["mean"]),
-        "ttfp_p50": _ratio(served["ttfp_ms"]["p50"], base["ttfp_ms"]["p50"]),
-        "e2e_mean": _ratio(served["e2e_ms"]["mean"], base["e2e_ms"]["mean"]),
-        "e2e_p50": _ratio(served["e2e_ms"]["p50"], base["e2e_ms"]["p50"]),
-        "rtf_mean": _ratio(served["rtf_mean"], base["rtf_mean"]),
-        "throughput": _ratio(served["throughput_audio_s_per_s"], base["throughput_audio_s_per_s"]),
+        "ttfp_mean": ratio(served["ttfp_ms"]["mean"], base["ttfp_ms"]["mean"]),
+        "ttfp_p50": ratio(served["ttfp_ms"]["p50"], base["ttfp_ms"]["p50"]),
+        "e2e_mean": ratio(served["e2e_ms"]["mean"], base["e2e_ms"]["mean"]),
+        "e2e_p50": ratio(served["e2e_ms"]["p50"], base["e2e_ms"]["p50"]),
+        "rtf_mean": ratio(served["rtf_mean"], base["rtf_mean"]),
+        "throughput": ratio(served["throughput_audio_s_per_s"], base["throughput_audio_s_per_s"]),
     }
 
 
@@ -272,21 +257,6 @@ def format_table(results: dict, ratios: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_concurrency(text: str) -> list[int]:
-    """``"1,4,8"`` -> ``[1, 4, 8]`` (positive, de-duplicated, in the given order)."""
-    levels: list[int] = []
-    for part in text.split(","):
-        if part.strip():
-            c = int(part)
-            if c < 1:
-                raise ValueError(f"concurrency must be >= 1, got {c}")
-            if c not in levels:
-                levels.append(c)
-    if not levels:
-        raise ValueError("no concurrency level given")
-    return levels
-
-
 # ---------------------------------------------------------------------------- load generator
 
 #: ``run_one(index, text, voice) -> RequestResult`` (fills ttfp/e2e relative to its own start).
@@ -296,29 +266,14 @@ RunOne = Callable[[int, str, str], RequestResult]
 def run_level(run_one: RunOne, model: str, concurrency: int, n: int) -> tuple[list[RequestResult], float]:
     """``n`` requests from ``concurrency`` closed-loop worker threads; returns results, wall s."""
     voices = VOICES[model]
-    next_index = iter(range(n))
-    lock = threading.Lock()
-    results: list[RequestResult] = []
 
-    def worker():
-        while True:
-            with lock:
-                i = next(next_index, None)
-            if i is None:
-                return
-            try:
-                r = run_one(i, TEXTS[i % len(TEXTS)], voices[i % len(voices)])
-            except Exception as exc:  # recorded, never raised: one bad request must not end the run
-                r = RequestResult(index=i, error=f"{type(exc).__name__}: {exc}"[:300])
-            with lock:
-                results.append(r)
+    def one(i: int) -> RequestResult:
+        return run_one(i, TEXTS[i % len(TEXTS)], voices[i % len(voices)])
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        for f in [pool.submit(worker) for _ in range(concurrency)]:
-            f.result()
-    wall = time.perf_counter() - t0
-    return sorted(results, key=lambda r: r.index), wall
+    def failed(i: int, exc: Exception) -> RequestResult:  # recorded: one bad request must not end the run
+        return RequestResult(index=i, error=f"{type(exc).__name__}: {exc}"[:300])
+
+    return closed_loop(one, concurrency, n, on_error=failed)
 
 
 def _timed_stream(index: int, chunks: Iterable[tuple[int, int]]) -> RequestResult:
@@ -348,31 +303,40 @@ def _set_torch_threads() -> dict:
 
 
 class InProcessPiper:
-    """``PiperSpeaker`` loaded as the ``piper_tts`` model loads it (one intra-op thread)."""
+    """``PiperSpeaker`` loaded as the ``piper_tts`` model loads it (one intra-op thread), running
+    at most as many syntheses at once as the served model does (``workers`` threads per instance
+    times its instances), so concurrency levels compare equal parallelism."""
 
-    def __init__(self):
+    def __init__(self, parallel: int):
         from omni_triton.paths import model_dir
         from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
 
         self.speaker = PiperSpeaker(discover_voices(model_dir("piper-voices")), intra_op_threads=1)
+        self.parallel = parallel
+        self._slots = threading.BoundedSemaphore(parallel)
 
     def run_one(self, index: int, text: str, voice: str) -> RequestResult:
-        return _timed_stream(index, ((s.audio.size, s.sample_rate)
-                                     for s in self.speaker.synthesize(text, voice=voice)))
+        with self._slots:  # waiting for a slot counts, as queueing in Triton does
+            return _timed_stream(index, ((s.audio.size, s.sample_rate)
+                                         for s in self.speaker.synthesize(text, voice=voice)))
 
 
 class InProcessCodec:
     """The ``tts`` pipeline in-process: talker stream -> ChunkSchedule -> Mimi decode per chunk,
-    with the chunk parameters and frame limits the served models use."""
+    with the chunk parameters and frame limits the served models use, and the served parallelism:
+    one ``CodecTalker`` object per ``tts_talker`` instance (a request holds one for its whole
+    generation, as a decoupled talker instance does) and one ``CodecDecoder`` per
+    ``tts_code2wav`` instance (a chunk holds one while it decodes)."""
 
     def __init__(self, first_chunk: int, chunk: int, left_context: int,
-                 min_frames: int, max_frames: int):
+                 min_frames: int, max_frames: int, talker_instances: int, code2wav_instances: int):
         from omni_triton.paths import model_dir
         from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker
 
         path = model_dir("csm-tiny")
-        self.talker = CodecTalker.from_pretrained(path)
-        self.decoder = CodecDecoder.from_pretrained(path)
+        self.talkers = InstancePool([CodecTalker.from_pretrained(path) for _ in range(talker_instances)])
+        self.decoders = InstancePool([CodecDecoder.from_pretrained(path) for _ in range(code2wav_instances)])
+        self.sampling_rate = self.decoders.instances[0].sampling_rate
         self.first_chunk, self.chunk, self.left_context = first_chunk, chunk, left_context
         self.min_frames, self.max_frames = min_frames, max_frames
 
@@ -384,18 +348,21 @@ class InProcessCodec:
 
         sched = ChunkSchedule(self.first_chunk, self.chunk, self.left_context)
         frames: list = []
-        sr = self.decoder.sampling_rate
+        sr = self.sampling_rate
 
         def decode(ready):
             codes = np.concatenate(frames)
             for c, left in chunk_slices(codes, ready):
-                yield self.decoder.decode([c], [left])[0].size, sr
+                with self.decoders.take() as decoder:
+                    samples = decoder.decode([c], [left])[0].size
+                yield samples, sr
 
         total = 0
-        for new in self.talker.stream(text, speaker, self.min_frames, self.max_frames):
-            frames.append(new)
-            total += len(new)
-            yield from decode(sched.push(total))
+        with self.talkers.take() as talker:
+            for new in talker.stream(text, speaker, self.min_frames, self.max_frames):
+                frames.append(new)
+                total += len(new)
+                yield from decode(sched.push(total))
         if frames:
             yield from decode(sched.flush(total))
 
@@ -505,6 +472,11 @@ def model_parameters(name: str, grpc_url: str | None) -> dict[str, str]:
     return local_params(available_models()[name])
 
 
+def piper_parallelism() -> int:
+    """Syntheses ``piper_tts`` runs at once: its ``workers`` threads times its instances."""
+    return int(model_parameters("piper_tts", None).get("workers", 2)) * instance_count("piper_tts")
+
+
 def codec_settings(grpc_url: str | None) -> dict:
     tts = model_parameters("tts", grpc_url)
     talker = model_parameters("tts_talker", grpc_url)
@@ -517,48 +489,6 @@ def codec_settings(grpc_url: str | None) -> dict:
         "talker_workers": int(talker.get("workers", 4)),
         "tts_workers": int(tts.get("workers", 8)),
     }
-
-
-def _versions() -> dict:
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "onnxruntime", "piper-tts", "tritonclient", "httpx",
-                "numpy", "nvidia-pytriton", "fastapi", "uvicorn"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def _machine() -> dict:
-    cpu_model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    return {"cpu_count": os.cpu_count(), "cpu_affinity": affinity, "cpu_model": cpu_model,
-            "platform": platform.platform(), "loadavg_at_start": load}
-
-
-def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=5).stdout.strip() or None
-    except Exception:
-        return None
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -621,21 +551,13 @@ def main(argv: list[str] | None = None) -> int:
         paths = [x for x in paths if x == "inprocess"
                  or (x == "triton" and args.triton_grpc_url) or (x == "frontend" and args.frontend_url)]
 
-    started: list = []  # what this run started, stopped in `finally` and on SIGTERM
-
-    def on_sigterm(signum, frame):
-        # Stop the stack first: in-flight requests then fail instead of blocking the exit.
-        for proc in reversed(started):
-            proc.stop()
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    started = stop_all_on_sigterm()  # what this run starts, stopped in `finally` and on SIGTERM
 
     t_start = time.perf_counter()
     bench = Bench(args)
     log = bench.log
     threads = _set_torch_threads()
-    machine = _machine()
+    machine = machine_info()
     codec = codec_settings(args.triton_grpc_url) if "tts" in args.models else None
     stack_info: dict = {"own_stack": not external}
     stack_error = None
@@ -646,11 +568,12 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:
             t = time.perf_counter()
             if model == "piper_tts":
-                engine = InProcessPiper()
+                engine = InProcessPiper(piper_parallelism())
             else:
                 engine = InProcessCodec(codec["first_chunk_frames"], codec["chunk_frames"],
                                         codec["left_context_frames"], codec["min_frames"],
-                                        codec["max_frames"])
+                                        codec["max_frames"], instance_count("tts_talker"),
+                                        instance_count("tts_code2wav"))
             log(f"  {model}: loaded in {time.perf_counter() - t:.1f} s")
             bench.run_path(model, "inprocess", engine.run_one)
             del engine
@@ -743,19 +666,19 @@ def main(argv: list[str] | None = None) -> int:
                     "onnxruntime_intra_op_threads": 1,
                     "note": "benchmark process: torch.set_num_threads(1) as the Triton stubs do"},
         "machine": machine,
-        "versions": _versions(),
-        "git_commit": _git_commit(),
+        "versions": package_versions(TTS_PACKAGES),
+        "git_commit": git_commit(),
         "stack": stack_info,
         "notes": [
             "in-process and served runs use the same CPU cores and run one after another",
             "tts: frame counts are the talker defaults (MAX_FRAMES is not sent: the OpenAI "
             "frontend cannot send it), so every path generates the same frames",
-            "tts talker: one model object per instance with a lock around generate, so "
-            "concurrent requests generate one after another in both in-process and served paths",
-            "piper_tts served: the model runs at most `workers` (2) syntheses at once; "
-            "in-process runs C threads on one shared onnxruntime session",
+            "same parallelism in-process as served: tts uses one talker object per tts_talker "
+            "instance (each generates one request at a time) and one decoder per tts_code2wav "
+            "instance; piper_tts runs at most `workers` x instances syntheses at once on one "
+            "onnxruntime session, as the served model does",
             "tts served: code2wav chunks of concurrent streams are dynamically batched; "
-            "in-process decodes each chunk alone",
+            "in-process decodes each chunk alone (the batching is what serving adds)",
             "frontend chunks count HTTP reads, not model chunks",
         ],
     }

@@ -16,6 +16,7 @@ import queue
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -84,22 +85,25 @@ def build_chat_inputs(messages: list[dict] | None = None, prompt: str | None = N
 
 def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None = None,
                 max_text_deltas: int | None = None, stop_after_text: bool = False,
-                timeout_s: float = 300.0) -> ChatStreamResult:
+                timeout_s: float = 300.0,
+                on_audio: Callable[[int, np.ndarray], None] | None = None) -> ChatStreamResult:
     """Send one request on a gRPC stream and collect text deltas and audio chunks as they come.
 
     ``max_audio_chunks`` / ``max_text_deltas`` / ``stop_after_text`` (after the response carrying
     FINISH_REASON): stop early and cancel the request
-    (``stop_stream(cancel_requests=True)``). Raises ``InferenceServerException`` on an error
-    response, ``TimeoutError`` after ``timeout_s`` without a response.
+    (``stop_stream(cancel_requests=True)``). ``on_audio(chunk index, float32 PCM)`` runs as each
+    audio chunk arrives, while the stream is still open (e.g. to read a stage's metrics). Raises ``InferenceServerException`` on an error
+    response (in-band: its message, no gRPC status), ``TimeoutError`` after ``timeout_s`` without a
+    response.
     """
     responses: "queue.Queue" = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     result = ChatStreamResult()
     try:
-        # triton_grpc_error: Triton (>= 2.42) ends the stream with the error's gRPC status (e.g.
-        # INVALID_ARGUMENT for a stage's INVALID_ARG) instead of an in-band message without a code.
-        client.start_stream(callback=lambda result, error: responses.put((result, error)),
-                            headers={"triton_grpc_error": "true"})
+        # No `triton_grpc_error` header: its error path crashed tritonserver 2.51 (SIGSEGV) on BLS
+        # error responses (server#7368). Errors arrive in-band, without their gRPC code; a stage's
+        # INVALID_ARG is recognised by omni_triton.triton_io.INVALID_INPUT_PREFIX in the message.
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
         start = time.perf_counter()
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
@@ -128,6 +132,8 @@ def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None
                 result.audio_chunks.append(audio.astype(np.float32).reshape(-1))
                 result.audio_arrival_s.append(now)
                 result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                if on_audio is not None:
+                    on_audio(len(result.audio_chunks) - 1, result.audio_chunks[-1])
                 if max_audio_chunks is not None and len(result.audio_chunks) >= max_audio_chunks:
                     break
             if final is not None and final.bool_param:

@@ -14,6 +14,7 @@ import argparse
 import queue
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -61,7 +62,8 @@ def build_inputs(text: str, voice: str | None = None, speed: float | None = None
 def stream_tts(url: str, model: str, text: str, voice: str | None = None,
                speed: float | None = None, max_frames: int | None = None,
                max_chunks: int | None = None,
-               timeout_s: float = 300.0) -> StreamResult:
+               timeout_s: float = 300.0,
+               on_chunk: Callable[[int, np.ndarray], None] | None = None) -> StreamResult:
     """Send one request on a gRPC bidirectional stream and collect the audio chunks.
 
     Args:
@@ -69,6 +71,8 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
         model: a decoupled speech model (``piper_tts`` or ``tts``).
         max_chunks: stop after this many chunks and cancel the request
             (``stop_stream(cancel_requests=True)``); ``None`` reads to the final response.
+        on_chunk: called with (chunk index, float32 PCM) as each chunk arrives, while the stream
+            is still open (e.g. to read a stage's metrics at the first audio).
 
     Raises:
         InferenceServerException: the model answered with an error.
@@ -93,6 +97,8 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
                 result.chunks.append(audio.astype(np.float32).reshape(-1))
                 result.arrival_s.append(time.perf_counter() - start)
                 result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                if on_chunk is not None:
+                    on_chunk(len(result.chunks) - 1, result.chunks[-1])
                 if max_chunks is not None and len(result.chunks) >= max_chunks:
                     break
             if final is not None and final.bool_param:

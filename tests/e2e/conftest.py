@@ -3,6 +3,14 @@
 The server runs exactly as a user starts it (``python -m omni_triton serve``), on free ports, with
 the speech models. Teardown sends SIGTERM and checks that no process the launcher started
 (tritonserver, Python stubs, the frontend) is left behind.
+
+A crash fails the run: ``serve`` restarts a tritonserver that died and reloads a model whose stub
+process died, so requests after the restart succeed and would hide it. After every test (and at
+session teardown) :func:`crash_evidence` looks for the three traces a crash leaves: a different
+tritonserver process than the one the session started, ``serve``'s restart/reload lines in its
+log, and a ``tritonserver-<http port>.log.crash-<n>`` file for this session's server in the
+cache's ``logs/`` folder. A test that kills or unloads a stub on purpose is marked
+``@pytest.mark.kills_stub`` (stub reloads are then expected; a tritonserver restart never is).
 """
 from __future__ import annotations
 
@@ -13,12 +21,14 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from omni_triton.launcher import free_port
+from omni_triton.paths import cache_dir
 
 E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit")  # dev knob: fewer models
 READY_TIMEOUT_S = 600
@@ -34,6 +44,8 @@ class Stack:
     metrics_url: str  # http://127.0.0.1:PORT/metrics (Triton's Prometheus endpoint)
     log_path: str
     triton_pid: int
+    serve_pid: int = 0  # the ``omni-triton serve`` process
+    triton_log: str = ""  # tritonserver's own log (``<cache>/logs/tritonserver-<http port>.log``)
 
     @staticmethod
     def wait_until(condition, failure: str, timeout_s: float = 60.0) -> None:
@@ -58,8 +70,75 @@ class Stack:
         return total
 
 
+#: ``serve`` log lines that mean tritonserver died (and was restarted) or a stub process died
+SERVER_CRASH_LINES = ("tritonserver exited", "restarting tritonserver", "Triton READY again")
+STUB_DEATH_LINES = ("died; reloading",)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kills_stub: the test kills or unloads a stub process on purpose "
+                                       "(serve reloading that model is expected)")
+
+
+def _crash_logs(triton_log: Path) -> dict[str, int]:
+    """``<triton_log>.crash-<n>`` files -> mtime (ns): ``serve`` renames a crashed server's log so."""
+    if not triton_log.parent.is_dir():
+        return {}
+    return {str(p): p.stat().st_mtime_ns for p in triton_log.parent.glob(triton_log.name + ".crash-*")}
+
+
+def crash_evidence(stack: "Stack", serve_log_from: int = 0, allow_stub_reload: bool = False,
+                   old_crash_logs: dict[str, int] | None = None) -> list[str]:
+    """Traces of a tritonserver crash (or a stub death) since the session started.
+
+    Args:
+        stack: the running stack.
+        serve_log_from: byte offset in ``serve``'s log to read from (a test's start).
+        allow_stub_reload: do not report ``serve`` reloading a model whose stub died.
+        old_crash_logs: crash-log files (path -> mtime ns) that existed before the session (another
+            run that once used the same port); only new or rewritten ones count.
+
+    Returns:
+        One line per trace; empty when there is none.
+    """
+    found = []
+    try:
+        tritons = [p.pid for p in psutil.Process(stack.serve_pid).children() if p.name() == "tritonserver"]
+    except psutil.NoSuchProcess:
+        tritons = []
+    if tritons and tritons != [stack.triton_pid]:
+        found.append(f"tritonserver is now pid {tritons}, the session started pid {stack.triton_pid}")
+    with open(stack.log_path, "rb") as f:
+        f.seek(serve_log_from)
+        text = f.read().decode(errors="replace")
+    needles = SERVER_CRASH_LINES + (() if allow_stub_reload else STUB_DEATH_LINES)
+    found += [f"serve log: {ln.strip()}" for ln in text.splitlines() if any(n in ln for n in needles)]
+    old = old_crash_logs or {}
+    found += [f"crash log of this session's server: {path}"
+              for path, mtime in _crash_logs(Path(stack.triton_log)).items() if old.get(path) != mtime]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_crash(request):
+    """After each test that used the server: fail it if tritonserver crashed or a stub died
+    (``serve`` restarted it; see the module docstring)."""
+    if "stack" not in request.fixturenames:
+        yield
+        return
+    stack = request.getfixturevalue("stack")
+    start = os.path.getsize(stack.log_path)
+    yield
+    evidence = crash_evidence(stack, start, allow_stub_reload=request.node.get_closest_marker("kills_stub") is not None,
+                              old_crash_logs=request.config.stash.get(_OLD_CRASH_LOGS, {}))
+    assert not evidence, "tritonserver crashed or a stub died during this test:\n" + "\n".join(evidence)
+
+
+_OLD_CRASH_LOGS = pytest.StashKey[dict]()
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, request):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     ports = {name: free_port() for name in ("http", "grpc", "metrics", "frontend")}
     cmd = [
@@ -70,6 +149,9 @@ def stack(tmp_path_factory):
         "--triton-metrics-port", str(ports["metrics"]),
         "--ready-timeout", str(READY_TIMEOUT_S),
     ]
+    triton_log = cache_dir() / "logs" / f"tritonserver-{ports['http']}.log"  # TritonServer's default
+    old_crash_logs = _crash_logs(triton_log)
+    request.config.stash[_OLD_CRASH_LOGS] = old_crash_logs
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{ports['frontend']}"
@@ -91,14 +173,21 @@ def stack(tmp_path_factory):
         tritons = [p for p in started if p.name() == "tritonserver"]
         assert len(tritons) == 1, [p.name() for p in started]
         shm_regions |= _stub_shm_regions(started)
-        yield Stack(
+        session = Stack(
             frontend_url=url,
             triton_http_url=f"http://127.0.0.1:{ports['http']}",
             triton_grpc_url=f"127.0.0.1:{ports['grpc']}",
             metrics_url=f"http://127.0.0.1:{ports['metrics']}/metrics",
             log_path=str(log_path),
             triton_pid=tritons[0].pid,
+            serve_pid=proc.pid,
+            triton_log=str(triton_log),
         )
+        yield session
+        # A crash between tests, or one the per-test check could not see (a test without the
+        # fixture), still fails the session. Stub reloads were checked per test (some are wanted).
+        evidence = crash_evidence(session, allow_stub_reload=True, old_crash_logs=old_crash_logs)
+        assert not evidence, "tritonserver crashed during this session:\n" + "\n".join(evidence)
     finally:
         started = []
         try:

@@ -1,8 +1,15 @@
 """End-to-end: the codec-token TTS pipeline (tts_talker -> tts_code2wav, BLS ``tts``) on Triton.
 
-Parity reference: the same prepared tiny CSM checkpoint run in this test process with
-``omni_triton.stages.codec_tts.synthesize_reference`` (greedy talker, one-shot Mimi decode of all
-codes). Tolerances:
+Parity reference: plain transformers on the same prepared tiny CSM checkpoint in this test process,
+none of the project's generation code: ``CsmProcessor.apply_chat_template`` (the speaker id as the
+role), ``CsmForConditionalGeneration.generate`` greedy with the served settings (the talker's
+``default_min_frames``/``default_max_frames``), the frames cut at CSM's EOS frame (codebooks
+0..K-2 all ``codebook_eos_token_id``, generate's own stopping rule), and one Mimi
+``codec_model.decode`` of all frames. The depth decoder's settings are passed as generate's
+``depth_decoder_*`` arguments from the checkpoint's ``generation_config.json`` (transformers 5.19's
+``GenerationConfig.from_pretrained`` drops those keys). The min-frames floor is a logits processor
+written here: generate's ``min_new_tokens`` counts codebooks, not frames, for CSM's 3-D ids.
+Tolerances:
 - float32 PCM from Triton gRPC vs the one-shot reference: 2e-5 max abs. Chunked decoding with 25
   frames of left context differs from the one-shot decode by ~1.5e-6 on this tiny model, and
   dynamic batching (right padding, other requests in the batch) by ~2.7e-7 (measured; see
@@ -35,33 +42,61 @@ INT16_TOL = FLOAT_TOL + 1.5 / 32767
 
 @pytest.fixture(scope="module")
 def reference():
-    """In-process pipeline on the same checkpoint and the same settings as the served models."""
-    import torch
+    """``reference(text, speaker)`` -> SimpleNamespace(codes ``int64 [T, K]``, audio ``float32
+    [T * samples_per_frame]``) from plain transformers (see the module docstring)."""
+    import json
+    from types import SimpleNamespace
 
-    from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker, synthesize_reference
+    import torch
+    from transformers import AutoProcessor, CsmForConditionalGeneration, LogitsProcessor, LogitsProcessorList
 
     torch.set_num_threads(1)
+    path = model_dir("csm-tiny")
     models = available_models()
     talker_params = model_parameters(models["tts_talker"])
     tts_params = model_parameters(models["tts"])
-    talker = CodecTalker.from_pretrained(model_dir("csm-tiny"))
-    decoder = CodecDecoder.from_pretrained(model_dir("csm-tiny"))
+    model = CsmForConditionalGeneration.from_pretrained(path).eval()
+    processor = AutoProcessor.from_pretrained(path)
+    saved = json.loads((path / "generation_config.json").read_text())
+    depth = {k: v for k, v in saved.items() if k in ("depth_decoder_do_sample", "depth_decoder_suppress_tokens")}
+    eos = model.config.codebook_eos_token_id
+    min_frames, max_frames = int(talker_params["default_min_frames"]), int(talker_params["default_max_frames"])
+
+    class MinFrames(LogitsProcessor):
+        """No EOS in codebook 0 before ``min_frames`` frames (CSM's ids are [batch, frames, K])."""
+
+        def __call__(self, input_ids, scores):
+            if (input_ids.shape[1] if input_ids.ndim == 3 else 0) < min_frames:
+                scores = scores.clone()
+                scores[:, eos] = -float("inf")
+            return scores
+
     lock = threading.Lock()
 
     def run(text: str, speaker: int):
-        with lock:
-            return synthesize_reference(
-                talker, decoder, text, speaker,
-                min_frames=int(talker_params["default_min_frames"]),
-                max_frames=int(talker_params["default_max_frames"]),
-                first_chunk_frames=int(tts_params["first_chunk_frames"]),
-                chunk_frames=int(tts_params["chunk_frames"]),
-                left_context_frames=int(tts_params["left_context_frames"]),
-            )
+        conversation = [{"role": str(speaker), "content": [{"type": "text", "text": text}]}]
+        inputs = processor.apply_chat_template(conversation, tokenize=True, return_dict=True, return_tensors="pt")
+        with lock, torch.inference_mode():
+            codes = model.generate(**inputs, do_sample=False, max_new_tokens=max_frames, **depth,
+                                   logits_processor=LogitsProcessorList([MinFrames()]))[0]
+            ended = (codes[:, :-1] == eos).all(-1).nonzero()
+            codes = codes[: int(ended.min()) if ended.numel() else codes.shape[0]]
+            audio = model.codec_model.decode(codes.transpose(0, 1).unsqueeze(0)).audio_values[0, 0]
+        return SimpleNamespace(codes=codes.numpy(), audio=audio.numpy())
 
     run.first_chunk_frames = int(tts_params["first_chunk_frames"])
-    run.samples_per_frame = decoder.samples_per_frame
+    run.chunk_frames = int(tts_params["chunk_frames"])
+    run.samples_per_frame = int(round(model.codec_model.config.sampling_rate / model.codec_model.config.frame_rate))
     return run
+
+
+def _chunk_frames(total: int, first: int, chunk: int) -> list[int]:
+    """New frames per streamed chunk under the tts schedule: a small first chunk, then ``chunk``
+    frames each, then the rest (docs/speech_contracts.md)."""
+    sizes = [min(first, total)]
+    while sum(sizes) < total:
+        sizes.append(min(chunk, total - sum(sizes)))
+    return [s for s in sizes if s]
 
 
 def test_grpc_stream_matches_in_process_reference(stack, reference):
@@ -71,13 +106,29 @@ def test_grpc_stream_matches_in_process_reference(stack, reference):
     assert len(result.chunks) >= 3, "expected a small first chunk and further chunks"
     assert result.chunks[0].size == reference.first_chunk_frames * reference.samples_per_frame
     assert result.chunks[0].size < result.chunks[1].size  # smaller first chunk: low TTFP
-    assert result.arrival_s == sorted(result.arrival_s)
-    # streamed chunks in-process and through Triton run the same schedule: identical sizes
-    assert [c.size for c in result.chunks] == [c.size for c in ref.streamed_chunks]
+    frames = len(ref.codes)
+    assert [c.size for c in result.chunks] == [
+        n * reference.samples_per_frame for n in _chunk_frames(frames, reference.first_chunk_frames, reference.chunk_frames)]
     assert result.audio.size == ref.audio.size
     assert np.max(np.abs(result.audio - ref.audio)) <= FLOAT_TOL
     rms = float(np.sqrt(np.mean(result.audio ** 2)))
     assert rms > 1e-3 and np.max(np.abs(result.audio)) < 1.0  # audible, not clipped
+
+
+def test_first_audio_arrives_before_the_talker_finishes(stack, reference):
+    """Streaming, not buffering: when the first chunk reaches the client the talker has generated
+    only part of the frames (its frames counter, read while the stream is open)."""
+    before = stack.metric("omni_tts_talker_frames_total", model="tts_talker")
+    at_first = []
+
+    def on_chunk(index, _pcm):
+        if index == 0:
+            at_first.append(stack.metric("omni_tts_talker_frames_total", model="tts_talker") - before)
+
+    result = stream_tts(stack.triton_grpc_url, "tts", TEXT, voice="1", on_chunk=on_chunk)
+    total = result.audio.size // reference.samples_per_frame
+    assert stack.metric("omni_tts_talker_frames_total", model="tts_talker") - before == total
+    assert at_first and at_first[0] < total, f"{at_first} of {total} frames generated at the first audio"
 
 
 def test_frontend_streamed_pcm_equals_non_streamed_and_reference(stack, reference):
@@ -201,6 +252,7 @@ def test_bad_codec_requests(stack):
     assert ok.chunks
 
 
+@pytest.mark.kills_stub  # tts_talker's stubs go away on purpose: serve may see them gone and reload it
 def test_health_is_not_ok_while_a_stage_is_down(stack):
     """Triton keeps the BLS model ``tts`` READY when its talker is unloaded; the frontend's
     /health and /v1/audio/speech still see that the pipeline cannot serve (503), and recover

@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 
 from clients.tts_grpc_stream import stream_tts
+from speech_reference import assert_speech_like, piper_reference
 
 pytestmark = pytest.mark.e2e
 
@@ -25,29 +26,6 @@ LONG_TEXT = " ".join(
 
 def _sdk(stack) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{stack.frontend_url}/v1", api_key="unused", max_retries=0)
-
-
-def assert_speech_like(audio: np.ndarray, sample_rate: int, min_seconds: float = 0.5,
-                       lossy: bool = False) -> None:
-    """Non-silent, non-clipped, and with a speech-like spectrum (not silence, not white noise).
-
-    Piper normalises each sentence to a peak of 1.0; a lossy codec (mp3) may overshoot that by a
-    few percent when decoded, so ``lossy`` allows a 10% overshoot and skips the clipping count.
-
-    Speech energy concentrates below ~4 kHz: the spectral centroid of voiced English sits near
-    0.5-3 kHz, while white noise at 22.05 kHz has its centroid near 5.5 kHz (fs/4).
-    """
-    assert audio.ndim == 1 and audio.size >= min_seconds * sample_rate
-    rms = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
-    assert rms > 0.02, f"too quiet: rms={rms}"
-    assert np.max(np.abs(audio)) <= (1.1 if lossy else 1.0)
-    if not lossy:
-        clipped = float(np.mean(np.abs(audio) >= 0.999))
-        assert clipped < 0.001, f"clipped fraction {clipped}"
-    spectrum = np.abs(np.fft.rfft(audio)) ** 2
-    freqs = np.fft.rfftfreq(audio.size, 1 / sample_rate)
-    centroid = float(np.sum(freqs * spectrum) / np.sum(spectrum))
-    assert 300 < centroid < 3500, f"spectral centroid {centroid:.0f} Hz is not speech-like"
 
 
 def test_models_voices_health(stack):
@@ -65,8 +43,7 @@ def test_openai_sdk_wav_is_real_speech(stack):
     )
     audio, sr = sf.read(io.BytesIO(response.content), dtype="float32")
     assert sr == 22050
-    assert_speech_like(audio, sr)
-    assert audio.size < 10 * sr  # one short sentence
+    assert_speech_like(audio, sr, SENTENCE)
 
 
 @pytest.mark.parametrize("fmt", ["flac", "pcm", "mp3"])
@@ -80,7 +57,7 @@ def test_other_formats(stack, fmt):
     else:
         audio, sr = sf.read(io.BytesIO(r.content), dtype="float32")
         assert sr == 22050
-    assert_speech_like(audio.reshape(-1) if audio.ndim == 1 else audio[:, 0], 22050, lossy=fmt == "mp3")
+    assert_speech_like(audio.reshape(-1) if audio.ndim == 1 else audio[:, 0], 22050, SENTENCE, lossy=fmt == "mp3")
 
 
 def test_speed_changes_duration(stack):
@@ -119,13 +96,14 @@ def test_sse_stream_arrives_while_synthesis_runs(stack):
     assert len(deltas) >= 12  # one per sentence at least
     assert done is not None and done["usage"]["input_tokens"] > 0
     audio = np.frombuffer(b"".join(deltas), dtype="<i2").astype(np.float32) / 32767
-    assert_speech_like(audio, 22050, min_seconds=10)
+    assert_speech_like(audio, 22050, LONG_TEXT, min_seconds=10)
 
 
 def test_raw_stream_with_sdk(stack):
     chunks = []
+    text = "First sentence here. Second sentence here."
     with _sdk(stack).audio.speech.with_streaming_response.create(
-        model="piper_tts", voice="joe", input="First sentence here. Second sentence here.",
+        model="piper_tts", voice="joe", input=text,
         response_format="wav", extra_body={"stream": True},
     ) as response:
         for chunk in response.iter_bytes():
@@ -134,14 +112,28 @@ def test_raw_stream_with_sdk(stack):
     assert data[:4] == b"RIFF"
     audio, sr = sf.read(io.BytesIO(data), dtype="float32")
     assert sr == 22050
-    assert_speech_like(audio, sr)
+    assert_speech_like(audio, sr, text)
 
 
 def test_grpc_stream_direct_to_piper(stack):
-    result = stream_tts(stack.triton_grpc_url, "piper_tts", "One sentence. Another sentence. A third.")
+    text = "One sentence. Another sentence. A third."
+    result = stream_tts(stack.triton_grpc_url, "piper_tts", text)
     assert len(result.chunks) == 3 and result.sample_rate == 22050
-    assert result.arrival_s == sorted(result.arrival_s)
-    assert_speech_like(result.audio, 22050)
+    assert_speech_like(result.audio, 22050, text)
+
+
+def test_grpc_first_audio_arrives_before_the_last_sentence_is_synthesised(stack):
+    """Streaming, not buffering: when the first chunk reaches the client, piper_tts has produced
+    only part of the answer's audio (its audio-seconds counter, read while the stream is open, is
+    below the whole answer's seconds)."""
+    before = stack.metric("omni_tts_audio_seconds_total", model="piper_tts")
+    at_first = []
+    result = stream_tts(stack.triton_grpc_url, "piper_tts", LONG_TEXT, on_chunk=lambda i, _: i == 0 and at_first.append(
+        stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - before))
+    total = result.audio.size / result.sample_rate
+    assert len(result.chunks) >= 12 and at_first
+    assert stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - before == pytest.approx(total, rel=1e-3)
+    assert at_first[0] < total / 2, f"{at_first[0]:.1f} s of {total:.1f} s synthesised at the first chunk"
 
 
 BAD_REQUESTS = [
@@ -210,10 +202,15 @@ def test_sdk_raises_typed_errors(stack):
 
 def test_client_disconnect_stops_piper(stack):
     """Closing the stream after the first chunk cancels the Triton request: the model counts a
-    cancellation, stops synthesising (audio seconds stop growing) and goes idle."""
+    cancellation (only when synthesis stopped early: a request whose sentences were all
+    synthesised is not counted), goes idle, and synthesises far less audio than the whole text's
+    (36 sentences)."""
+    cancel_text = " ".join([LONG_TEXT] * 3)
+    full_seconds = 3 * piper_reference(LONG_TEXT)[0].size / 22050  # the in-process voice, ~2 min
     cancelled_before = stack.metric("omni_tts_cancelled_total", model="piper_tts")
+    seconds_before = stack.metric("omni_tts_audio_seconds_total", model="piper_tts")
     with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", timeout=300,
-                      json={"model": "piper_tts", "voice": "joe", "input": LONG_TEXT * 3,
+                      json={"model": "piper_tts", "voice": "joe", "input": cancel_text,
                             "response_format": "pcm", "stream": True}) as r:
         assert r.status_code == 200
         next(r.iter_bytes())
@@ -221,11 +218,15 @@ def test_client_disconnect_stops_piper(stack):
                      "piper_tts never saw the cancellation")
     stack.wait_until(lambda: stack.metric("omni_tts_active_requests", model="piper_tts") == 0,
                      "piper_tts still synthesising for a gone client")
-    seconds = stack.metric("omni_tts_audio_seconds_total", model="piper_tts")
+    produced = stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - seconds_before
+    assert produced < full_seconds / 4, f"piper_tts synthesised {produced:.1f} s of {full_seconds:.1f} s after a cancel"
     time.sleep(1.0)
-    assert stack.metric("omni_tts_audio_seconds_total", model="piper_tts") == seconds
+    assert stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - seconds_before == produced
+    assert stack.metric("omni_tts_cancelled_total", model="piper_tts") == cancelled_before + 1
 
 
+
+@pytest.mark.kills_stub
 def test_killed_stub_is_restarted_by_the_launcher(stack):
     """Triton 2.51 keeps a model READY after its stub process dies and fails every request;
     ``omni-triton serve`` notices the missing stub and loads the model again."""

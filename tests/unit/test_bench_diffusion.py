@@ -18,10 +18,12 @@ def test_ratios():
     def lvl(p50, rps):
         return {"latency_ms": {"p50": p50, "mean": p50}, "requests_per_s": rps}
 
-    r = ratios({"inprocess": {"1": lvl(50, 20)}, "frontend": {"1": lvl(100, 10), "4": lvl(150, 30)}})
+    r = ratios({"inprocess": {"1": lvl(50, 20), "4": lvl(60, 25)}, "inprocess_call": {"1": lvl(40, 25)},
+                "frontend": {"1": lvl(100, 10), "4": lvl(150, 30)}})
     assert r["serving_overhead_latency_p50"] == 2.0 and r["batching_gain_throughput"] == 3.0
-    assert r["batching_gain_at_concurrency"] == 4
-    assert r["throughput_vs_inprocess"] == {"1": 0.5, "4": 1.5}
+    assert r["batching_gain_at_concurrency"] == 4 and r["latency_p50_vs_diffusers_call"] == 2.5
+    # each level against the in-process run at the same concurrency (same parallelism)
+    assert r["throughput_vs_inprocess"] == {"1": 0.5, "4": 1.2}
 
 
 def test_run_level_sends_every_request_once():

@@ -100,9 +100,28 @@ def test_cancellation_stops_within_one_frame(talker, codes):
 
 
 def test_closing_generator_stops_generation(talker):
-    gen = talker.stream(TEXT, min_frames=200, max_frames=200)
-    next(gen)
-    gen.close()  # joins the generate thread; must not hang for 200 frames' worth of work
+    """Closing the generator stops ``generate`` within a frame or two and joins its thread.
+
+    The hook (called once per frame on the generate thread until the consumer closes) holds frame
+    3 back until the consumer is about to close, so no frame beyond 3 can start before the close:
+    at most the frame in flight at the close is computed (and dropped) after it. If closing did
+    not stop generation, the hook would run for all 200 frames."""
+    closing = threading.Event()
+    calls = []
+
+    def hook():
+        calls.append(1)
+        if len(calls) >= 3:
+            assert closing.wait(timeout=60), "the consumer never closed the generator"
+        return False
+
+    gen = talker.stream(TEXT, min_frames=200, max_frames=200, should_stop=hook)
+    first = next(gen)
+    closing.set()
+    gen.close()  # joins the generate thread
+    assert first.shape[1] == talker.num_codebooks
+    assert not [t for t in threading.enumerate() if t.name == "csm-generate" and t.is_alive()]
+    assert len(calls) <= 5, f"{len(calls)} frames generated after a close at frame 3"
 
 
 def test_batched_padded_decode_equals_one_by_one(decoder, codes):

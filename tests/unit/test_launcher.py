@@ -155,6 +155,9 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
     from omni_triton.launcher import free_port
 
     http, grpc_port, metrics = free_port(), free_port(), free_port()
+    stale = Path(launcher.cache_dir(), "logs", f"tritonserver-{http}.log.crash-1")
+    stale.unlink(missing_ok=True)  # left by an old run that got the same free port: not this run's
+    started_at = time.time()
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "omni_triton", "serve", "--models", "piper_tts", "--no-frontend",
@@ -176,7 +179,16 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
         assert httpx.get(ready, timeout=5).status_code == 200
         second = [p for p in psutil.Process(proc.pid).children() if p.name() == "tritonserver"][0]
         assert second.pid != first.pid
-        assert any(p.name.endswith(".crash-1") for p in Path(launcher.cache_dir(), "logs").iterdir())
+        # the crashed server's own log, kept by this run (any old *.crash-1 in the shared folder
+        # would not do): named after this server's HTTP port, written after this test started,
+        # named in serve's output, and the log of the first server (its pid, its gRPC port)
+        crash_log = Path(launcher.cache_dir(), "logs", f"tritonserver-{http}.log.crash-1")
+        assert crash_log.is_file(), sorted(p.name for p in crash_log.parent.iterdir())
+        assert crash_log.stat().st_mtime >= started_at
+        assert str(crash_log) in (tmp_path / "serve.log").read_text()
+        kept = crash_log.read_text(errors="replace")
+        assert f"Started GRPCInferenceService at 127.0.0.1:{grpc_port}" in kept
+        assert f" {first.pid} " in kept and f" {second.pid} " not in kept
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

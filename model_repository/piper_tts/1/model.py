@@ -52,15 +52,23 @@ class TritonPythonModel:
             voice = optional_str_input(request, "VOICE")
             speed = optional_input(request, "SPEED")
             speed = 1.0 if speed is None else float(speed)
+            stopped = []  # the synthesis stopped early because the request was cancelled
+
+            def cancelled():
+                if is_cancelled(request):
+                    stopped.append(True)  # synthesize() returns at the first True
+                    return True
+                return False
+
             for sentence in self.speaker.synthesize(
-                text, voice=voice or None, speed=speed, is_cancelled=lambda: is_cancelled(request)
+                text, voice=voice or None, speed=speed, is_cancelled=cancelled
             ):
                 self.metrics.seconds.increment(sentence.audio.size / sentence.sample_rate)
                 send(sender, pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("AUDIO", sentence.audio),
                     pb_utils.Tensor("SAMPLE_RATE", np.array([sentence.sample_rate], np.int32)),
                 ]))
-            if is_cancelled(request):
+            if stopped:  # not when every sentence was synthesised before the cancel came
                 self.metrics.cancelled.increment(1)
             send_final(sender)
         except SpeechInputError as exc:

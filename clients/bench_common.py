@@ -1,0 +1,246 @@
+"""Helpers every benchmark driver shares (``clients/bench_*.py``): statistics, the closed-loop
+load generator, in-process stage instances sized like the served ones, and run metadata.
+
+No benchmark imports another benchmark; they all import this module. Nothing here measures or
+asserts a timing by itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Generic, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """``q``-th percentile (0..100) by linear interpolation between closest ranks (numpy's
+    default method); ``None`` for an empty sequence.
+
+    Raises:
+        ValueError: ``q`` outside [0, 100].
+    """
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within [0, 100], got {q}")
+    xs = sorted(float(v) for v in values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def describe(values: Sequence[float]) -> dict:
+    """``{mean, p50, p90, min, max}`` of ``values`` (all ``None`` when empty)."""
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "min": None, "max": None}
+    return {
+        "mean": sum(values) / len(values),
+        "p50": percentile(values, 50), "p90": percentile(values, 90),
+        "min": min(values), "max": max(values),
+    }
+
+
+def describe_ms(values_s: Sequence[float], ndigits: int = 2) -> dict:
+    """:func:`describe` of seconds, reported in milliseconds rounded to ``ndigits``."""
+    return {k: None if v is None else round(v * 1000.0, ndigits) for k, v in describe(list(values_s)).items()}
+
+
+def ratio(a: float | None, b: float | None, ndigits: int = 3) -> float | None:
+    """``a / b`` rounded, or ``None`` when either is missing or ``b`` is 0."""
+    return round(a / b, ndigits) if a is not None and b else None
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """``"1,4,8"`` -> ``[1, 4, 8]`` (positive, de-duplicated, in the given order).
+
+    Raises:
+        ValueError: a level below 1, or no level.
+    """
+    levels: list[int] = []
+    for part in text.split(","):
+        if part.strip():
+            c = int(part)
+            if c < 1:
+                raise ValueError(f"concurrency must be >= 1, got {c}")
+            if c not in levels:
+                levels.append(c)
+    if not levels:
+        raise ValueError("no concurrency level given")
+    return levels
+
+
+# -------------------------------------------------------------------------- load generator
+
+
+def closed_loop(run_one: Callable[[int], T], concurrency: int, n: int,
+                on_error: Callable[[int, Exception], T] | None = None) -> tuple[list[T], float]:
+    """Send requests ``0 .. n-1`` from ``concurrency`` worker threads, each sending its next
+    request as soon as its previous one ended.
+
+    Args:
+        run_one: ``run_one(index) -> result``.
+        on_error: turns an exception of ``run_one`` into a result (one bad request must not end
+            the run); ``None`` lets it propagate.
+
+    Returns:
+        (results in index order, wall-clock seconds from the first send to the last end).
+    """
+    next_index = iter(range(n))
+    lock = threading.Lock()
+    results: dict[int, T] = {}
+    failures: list[BaseException] = []
+
+    def worker():
+        while True:
+            with lock:
+                i = next(next_index, None)
+            if i is None or failures:
+                return
+            try:
+                r = run_one(i)
+            except Exception as exc:
+                if on_error is None:
+                    failures.append(exc)
+                    return
+                r = on_error(i, exc)
+            with lock:
+                results[i] = r
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, name=f"bench-worker-{k}") for k in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    if failures:
+        raise failures[0]
+    return [results[i] for i in sorted(results)], wall
+
+
+# ------------------------------------------------------------ in-process stage instances
+
+
+class InstancePool(Generic[T]):
+    """In-process copies of one stage, used like Triton's model instances: a request holds one
+    copy for as long as it runs on it, and waits when all are busy.
+
+    Baselines must get the parallelism the served stage has (e.g. 2 talker objects where
+    ``tts_talker`` has ``instance_group count: 2``), or the served/in-process ratios are not
+    comparable.
+
+    Args:
+        instances: the stage objects (one per served instance).
+    """
+
+    def __init__(self, instances: Sequence[T]):
+        if not instances:
+            raise ValueError("an InstancePool needs at least one instance")
+        self.instances = list(instances)
+        self._free: "queue.Queue[T]" = queue.Queue()
+        for obj in self.instances:
+            self._free.put(obj)
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+    @contextlib.contextmanager
+    def take(self) -> Iterator[T]:
+        """Hold a free instance for the ``with`` block (blocks while all are busy)."""
+        obj = self._free.get()
+        try:
+            yield obj
+        finally:
+            self._free.put(obj)
+
+
+def instance_count(model: str) -> int:
+    """Instances a model of this checkout's repositories runs (sum of its ``instance_group``
+    counts in ``config.pbtxt``; 1 when it has none).
+
+    Raises:
+        KeyError: no such model.
+    """
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from omni_triton.launcher import available_models
+
+    config = text_format.Parse((available_models()[model] / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    return sum(g.count or 1 for g in config.instance_group) or 1
+
+
+def stop_all_on_sigterm() -> list:
+    """A list for the processes a benchmark starts (anything with ``stop()``); on SIGTERM they are
+    stopped, newest first, before the benchmark exits (in-flight requests then fail instead of
+    blocking the exit). The caller still stops them in its own ``finally``."""
+    import signal
+
+    started: list = []
+
+    def on_sigterm(signum, frame):
+        for proc in reversed(started):
+            proc.stop()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return started
+
+
+# ---------------------------------------------------------------------------- run metadata
+
+
+def package_versions(packages: Sequence[str]) -> dict[str, str | None]:
+    """``{"python": ..., package: installed version or None}``."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in packages:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def machine_info() -> dict:
+    """CPU count, affinity, model name, platform and load average of this machine."""
+    cpu_model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"cpu_count": os.cpu_count(), "cpu_affinity": affinity, "cpu_model": cpu_model,
+            "platform": platform.platform(), "loadavg_at_start": load}
+
+
+def git_commit() -> str | None:
+    """``HEAD`` of this checkout, or ``None`` outside git."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except Exception:
+        return None

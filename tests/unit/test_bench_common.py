@@ -1,0 +1,100 @@
+"""clients.bench_common: statistics, the closed-loop generator, instance pools (no timing asserted)."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from clients import bench_common as bc
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+@pytest.mark.parametrize("values", [[5.0], [3.0, 1.0], [1, 2, 3, 4, 10], list(range(17))])
+def test_percentile_matches_numpy_linear(values, q):
+    assert math.isclose(bc.percentile(values, q), float(np.percentile(values, q)), rel_tol=1e-12)
+
+
+def test_percentile_edge_cases():
+    assert bc.percentile([], 50) is None
+    with pytest.raises(ValueError):
+        bc.percentile([1.0], 101)
+    d = bc.describe([])
+    assert set(d) == {"mean", "p50", "p90", "min", "max"} and all(v is None for v in d.values())
+    assert bc.describe_ms([0.1, 0.3])["mean"] == 200.0
+    assert bc.ratio(3, 2) == 1.5 and bc.ratio(None, 2) is None and bc.ratio(1, 0) is None
+
+
+def test_parse_concurrency():
+    assert bc.parse_concurrency("1,4,8") == [1, 4, 8]
+    assert bc.parse_concurrency("4, 4,1") == [4, 1]
+    for bad in ("", "0", "a"):
+        with pytest.raises(ValueError):
+            bc.parse_concurrency(bad)
+
+
+def test_closed_loop_sends_every_request_once_in_index_order():
+    seen = []
+    res, wall = bc.closed_loop(lambda i: seen.append(i) or i * 10, concurrency=3, n=7)
+    assert res == [i * 10 for i in range(7)] and sorted(seen) == list(range(7)) and wall >= 0
+
+
+def test_closed_loop_errors_recorded_or_raised():
+    def run_one(i):
+        if i == 2:
+            raise RuntimeError("bad")
+        return i
+
+    res, _ = bc.closed_loop(run_one, 2, 4, on_error=lambda i, exc: f"{i}: {exc}")
+    assert res == [0, 1, "2: bad", 3]
+    with pytest.raises(RuntimeError, match="bad"):
+        bc.closed_loop(run_one, 2, 4)
+
+
+def test_instance_pool_runs_as_many_at_once_as_it_has_instances():
+    """The in-process baselines' parallelism: two instances serve two requests at a time, a
+    third waits for one of them (as a third request waits for a busy Triton instance)."""
+    pool = bc.InstancePool(["a", "b"])
+    running, peak, lock = [0], [0], threading.Lock()
+    held: list[str] = []
+
+    def run_one(i):
+        with pool.take() as obj:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+                held.append(obj)
+            time.sleep(0.05)  # hold the instance while others try to take one (not a timing assert)
+            with lock:
+                running[0] -= 1
+        return obj
+
+    res, _ = bc.closed_loop(run_one, concurrency=6, n=12)
+    assert peak[0] == 2 and set(res) == {"a", "b"} and len(pool) == 2
+    with pytest.raises(ValueError):
+        bc.InstancePool([])
+
+
+def test_instance_count_reads_instance_groups():
+    assert bc.instance_count("tts_talker") == 2
+    assert bc.instance_count("omni_talker") == 2
+    assert bc.instance_count("piper_tts") == 1
+    with pytest.raises(KeyError):
+        bc.instance_count("no-such-model")
+
+
+def test_no_benchmark_imports_another():
+    import ast
+    from pathlib import Path
+
+    clients = Path(bc.__file__).parent
+    for path in clients.glob("bench_*.py"):
+        if path.name == "bench_common.py":
+            continue
+        tree = ast.parse(path.read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        others = {m for m in imported if m.startswith("clients.bench_") and m != "clients.bench_common"}
+        assert not others, f"{path.name} imports {others}"
