@@ -72,7 +72,7 @@ class Stack:
 
 #: ``serve`` log lines that mean tritonserver died (and was restarted) or a stub process died
 SERVER_CRASH_LINES = ("tritonserver exited", "restarting tritonserver", "Triton READY again")
-STUB_DEATH_LINES = ("died; reloading",)
+STUB_DEATH_LINES = ("died; reloading", "the stub process of")
 
 
 def pytest_configure(config):
