@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .engine import EngineError
+from .engine.errors import EngineError
 from .schemas import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)

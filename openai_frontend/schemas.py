@@ -175,6 +175,13 @@ class ImageGenerationRequest(BaseModel):
     user: str | None = None
 
 
+class ImageEditForm(ImageGenerationRequest):
+    """The non-file fields of ``POST /v1/images/edits`` (validated like the JSON body of
+    generations; ``input_fidelity`` is accepted and ignored)."""
+
+    input_fidelity: str | None = None
+
+
 class ImageData(BaseModel):
     b64_json: str
     revised_prompt: str | None = None

@@ -1,18 +1,13 @@
-"""The frontend's view of Triton: an engine protocol and its ``tritonclient.grpc.aio`` implementation.
-
-Routers only see the ``Engine`` protocol (as in Triton server's ``python/openai`` frontend), so
-unit tests can plug in a small fake; the real server path is ``TritonEngine``.
+"""``TritonEngine``: the ``Engine`` protocol over ``tritonclient.grpc.aio``.
 
 Model metadata comes from Triton itself:
 * the repository index gives every model's state (``READY``, ``UNAVAILABLE``, ...);
-* ``get_model_config`` gives inputs/outputs and the ``parameters`` documented in
-  ``docs/speech_contracts.md`` (``voices``, ``default_voice``, ``sample_rate``,
-  ``supports_speed``, ``max_input_chars``).
+* ``get_model_config`` gives inputs/outputs and the ``parameters`` read by
+  ``model_info.model_info_from_config``.
 
 Images (``generate_images``) are unary ``ModelInfer`` calls on a diffusion ensemble, one per
 image, all in flight at once (Triton's dynamic batchers group them); see docs/image_contracts.md.
-Chat-contract models (``docs/chat_contracts.md``) also report ``modalities``, ``served_model_name``,
-``speaks_for`` and ``max_model_len``; ``generate`` streams one such request (one RPC per choice).
+``generate`` streams one chat-contract request (docs/chat_contracts.md; one RPC per choice).
 
 Speech is one ``ModelStreamInfer`` call per HTTP request on a decoupled model: every response
 that carries ``AUDIO`` is yielded as soon as it arrives. Closing the iterator (HTTP client gone,
@@ -26,8 +21,7 @@ import asyncio
 import json
 import logging
 import uuid
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, runtime_checkable
+from typing import AsyncIterator
 
 import grpc
 import numpy as np
@@ -37,423 +31,12 @@ from tritonclient.utils import InferenceServerException
 
 from omni_triton.triton_io import INVALID_INPUT_PREFIX
 
+from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
+                     ModelNotReadyError, TritonUnavailableError)
+from .model_info import ModelInfo, model_info_from_config, unready_dependencies
+from .protocol import AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob
+
 logger = logging.getLogger(__name__)
-
-#: (float32 PCM chunk of shape [T] in [-1, 1], sample rate in Hz)
-AudioChunk = tuple[np.ndarray, int]
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One request to a chat-contract model (``docs/chat_contracts.md``).
-
-    Exactly one of ``messages`` (OpenAI chat messages, sent as the ``MESSAGES`` JSON) and
-    ``prompt`` (sent as ``PROMPT``) is set. ``sampling`` holds vLLM ``SamplingParams`` names
-    (``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed``...), sent as the
-    ``SAMPLING_PARAMETERS`` JSON with only the keys the client gave. ``modalities`` / ``voice``
-    go to speech models only (``MODALITIES`` / ``VOICE``). ``request_id`` is Triton's request id.
-    """
-
-    messages: list[dict] | None = None
-    prompt: str | None = None
-    sampling: dict = field(default_factory=dict)
-    modalities: tuple[str, ...] | None = None
-    voice: str | None = None
-    request_id: str = ""
-
-
-@dataclass(frozen=True)
-class GenerationChunk:
-    """One streamed response of a chat-contract model.
-
-    text: text generated since the previous chunk (``TEXT_DELTA``, may be empty).
-    finish_reason: None until the last text chunk, then ``stop``, ``length`` or ``abort``.
-    prompt_tokens / completion_tokens: prompt length and tokens generated so far (cumulative);
-        None when the response did not carry them.
-    audio: float32 PCM [T] in [-1, 1] generated since the previous chunk, or None.
-    sample_rate: Hz of ``audio`` (``SAMPLE_RATE``), or None.
-    """
-
-    text: str = ""
-    finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    audio: np.ndarray | None = None
-    sample_rate: int | None = None
-
-
-# --------------------------------------------------------------------------- errors
-class EngineError(Exception):
-    """Base of every error the engine raises; carries the HTTP mapping used by the routers."""
-
-    status_code = 500
-    error_type = "server_error"
-    code: str | None = "internal_error"
-
-    def __init__(self, message: str, *, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-class TritonUnavailableError(EngineError):
-    """Triton cannot be reached (connection refused, shutting down, deadline)."""
-
-    status_code = 503
-    error_type = "service_unavailable"
-    code = "triton_unavailable"
-
-
-class ModelNotFoundError(EngineError):
-    """The model is not one this frontend serves."""
-
-    status_code = 404
-    error_type = "invalid_request_error"
-    code = "model_not_found"
-
-
-class ModelNotReadyError(EngineError):
-    """The model is served but not READY in Triton (loading, failed, unloaded, missing)."""
-
-    status_code = 503
-    error_type = "service_unavailable"
-    code = "model_not_ready"
-
-
-class InvalidRequestError(EngineError):
-    """The model rejected the request's content (Triton ``INVALID_ARG``, e.g. a prompt longer
-    than the model's context): the client's fault, HTTP 400."""
-
-    status_code = 400
-    error_type = "invalid_request_error"
-    code = "invalid_value"
-
-
-class InferenceError(EngineError):
-    """Triton answered with an error response (the model's ``TritonError``) or the stream broke."""
-
-    status_code = 500
-    error_type = "server_error"
-    code = "inference_error"
-
-
-# --------------------------------------------------------------------------- model metadata
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the frontend knows about one served model.
-
-    ``voices``/``default_voice``/``sample_rate``/``supports_speed``/``max_input_chars`` come from
-    the model config's ``parameters`` (empty/None when the model is not READY, since Triton only
-    returns configs of loaded models).
-    """
-
-    name: str
-    state: str = "READY"
-    reason: str = ""
-    inputs: frozenset[str] = field(default_factory=frozenset)
-    outputs: frozenset[str] = field(default_factory=frozenset)
-    decoupled: bool = False
-    voices: tuple[str, ...] = ()
-    default_voice: str | None = None
-    sample_rate: int | None = None
-    supports_speed: bool = False
-    max_input_chars: int | None = None
-    #: Stage models a BLS model calls (config parameter ``depends_on``): Triton reports a BLS
-    #: model READY even when they are not, so the frontend checks them itself.
-    depends_on: tuple[str, ...] = ()
-    #: image models (diffusion ensembles): the config ``parameters`` of docs/image_contracts.md
-    task: str | None = None
-    default_size: tuple[int, int] | None = None  # (width, height)
-    size_multiple: int = 16
-    max_size: int | None = None
-    default_steps: int | None = None
-    max_steps: int | None = None
-    default_true_cfg_scale: float | None = None
-    max_images: int | None = None
-    max_input_images: int | None = None
-    supports_mask: bool = False
-    #: Output modalities (config parameter ``modalities``, e.g. ``("text", "audio")``); empty
-    #: when the config does not say (speech models: see ``output_modalities``).
-    modalities: tuple[str, ...] = ()
-    #: The name clients use (config parameter ``served_model_name``); None: the Triton name.
-    served_model_name: str | None = None
-    #: On a speech twin (``llm_tts``): the text model whose spoken answers it produces.
-    speaks_for: str | None = None
-    #: Context length in tokens (config parameter ``max_model_len``), if declared.
-    max_model_len: int | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.state == "READY"
-
-    @property
-    def public_name(self) -> str:
-        """The id clients see in ``/v1/models`` and send as ``model``."""
-        return self.served_model_name or self.name
-
-    @property
-    def is_chat(self) -> bool:
-        """Implements the chat contract (``docs/chat_contracts.md``): ``MESSAGES`` in,
-        ``TEXT_DELTA`` out: servable by ``/v1/chat/completions``."""
-        return "MESSAGES" in self.inputs and "TEXT_DELTA" in self.outputs
-
-    @property
-    def is_completion(self) -> bool:
-        """``PROMPT`` in, ``TEXT_DELTA`` out: servable by ``/v1/completions``."""
-        return "PROMPT" in self.inputs and "TEXT_DELTA" in self.outputs
-
-    @property
-    def output_modalities(self) -> tuple[str, ...]:
-        """What the model can answer with: the ``modalities`` parameter, else ``("audio",)`` for
-        a speech model, ``("image",)`` for a diffusion ensemble, ``("text",)`` for a chat/completion
-        model, ``()`` for internal stages."""
-        if self.modalities:
-            return self.modalities
-        if self.is_image:
-            return ("image",)
-        if self.is_speech:
-            return ("audio",)
-        if self.is_chat or self.is_completion:
-            return ("text",)
-        return ()
-
-    @property
-    def can_speak(self) -> bool:
-        """A chat model that can answer with audio (``AUDIO`` out, ``audio`` in its modalities)."""
-        return "audio" in self.output_modalities and "AUDIO" in self.outputs
-
-    @property
-    def is_speech(self) -> bool:
-        """Text in, PCM out (``TEXT`` -> ``AUDIO``): servable by ``/v1/audio/speech``."""
-        return "TEXT" in self.inputs and "AUDIO" in self.outputs
-
-    @property
-    def is_image(self) -> bool:
-        """Prompt in, image out (``PROMPT`` -> ``IMAGE``): servable by ``/v1/images/*``."""
-        return "PROMPT" in self.inputs and "IMAGE" in self.outputs
-
-    @property
-    def is_image_edit(self) -> bool:
-        """An image model that takes a condition image (``INPUT_IMAGE``)."""
-        return self.is_image and "INPUT_IMAGE" in self.inputs
-
-    @property
-    def modality(self) -> str:
-        """``image``, ``audio`` or ``text`` (what ``/v1/models`` reports)."""
-        if self.is_image:
-            return "image"
-        if "AUDIO" in self.outputs:
-            return "audio"
-        return "text"
-
-
-def _parse_size(text: str) -> tuple[int, int] | None:
-    """``"WxH"`` -> (W, H); ``None`` when not of that form."""
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        return None
-    return int(parts[0]), int(parts[1])
-
-
-def model_info_from_config(config, state: str = "READY", reason: str = "") -> ModelInfo:
-    """Build a ``ModelInfo`` from a ``inference.ModelConfig`` protobuf."""
-    params = {k: v.string_value.strip() for k, v in config.parameters.items()}
-    inputs = frozenset(i.name for i in config.input)
-    voices = tuple(v.strip() for v in params.get("voices", "").split(",") if v.strip())
-    default_voice = params.get("default_voice") or (voices[0] if voices else None)
-    if "supports_speed" in params:
-        supports_speed = params["supports_speed"].lower() in ("true", "1", "yes")
-    else:
-        supports_speed = False
-
-    def _int(key: str) -> int | None:
-        try:
-            return int(params[key]) if params.get(key) else None
-        except ValueError:
-            logger.warning("model %s: parameter %s=%r is not an integer", config.name, key, params[key])
-            return None
-
-    def _float(key: str) -> float | None:
-        try:
-            return float(params[key]) if params.get(key) else None
-        except ValueError:
-            logger.warning("model %s: parameter %s=%r is not a number", config.name, key, params[key])
-            return None
-
-    return ModelInfo(
-        name=config.name,
-        state=state,
-        reason=reason,
-        inputs=inputs,
-        outputs=frozenset(o.name for o in config.output),
-        decoupled=bool(config.model_transaction_policy.decoupled),
-        voices=voices,
-        default_voice=default_voice,
-        sample_rate=_int("sample_rate"),
-        supports_speed=supports_speed,
-        max_input_chars=_int("max_input_chars"),
-        depends_on=tuple(d.strip() for d in params.get("depends_on", "").split(",") if d.strip()),
-        task=params.get("task") or None,
-        default_size=_parse_size(params.get("default_size", "")),
-        size_multiple=_int("size_multiple") or 16,
-        max_size=_int("max_size"),
-        default_steps=_int("default_steps"),
-        max_steps=_int("max_steps"),
-        default_true_cfg_scale=_float("default_true_cfg_scale"),
-        max_images=_int("max_images"),
-        max_input_images=_int("max_input_images"),
-        supports_mask=params.get("supports_mask", "").lower() in ("true", "1", "yes"),
-        modalities=tuple(m.strip().lower() for m in params.get("modalities", "").split(",") if m.strip()),
-        served_model_name=params.get("served_model_name") or None,
-        speaks_for=params.get("speaks_for") or None,
-        max_model_len=_int("max_model_len"),
-    )
-
-
-def _unready_dependencies(info: ModelInfo, states: dict[str, tuple[str, str]]) -> ModelInfo:
-    """``info`` itself when all its ``depends_on`` stages are READY, else an UNAVAILABLE copy
-    whose reason names the stages that are not."""
-    missing = [f"{d} ({states.get(d, ('MISSING', ''))[0]})" for d in info.depends_on
-               if states.get(d, ("MISSING", ""))[0] != "READY"]
-    if not missing:
-        return info
-    return ModelInfo(name=info.name, state="UNAVAILABLE",
-                     reason="stages not ready: " + ", ".join(missing))
-
-
-# --------------------------------------------------------------------------- images
-@dataclass(frozen=True)
-class ImageJob:
-    """What to generate: ``n`` images of ``width`` x ``height`` pixels for ``prompt``.
-
-    Image ``i`` uses seed ``seed + i``, so each image equals a single-image request with that
-    seed whatever else is batched with it. ``negative_prompt`` ``None`` (or ``""``) turns true CFG
-    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model.
-    """
-
-    prompt: str
-    width: int
-    height: int
-    steps: int
-    seed: int
-    n: int = 1
-    negative_prompt: str | None = None
-    true_cfg_scale: float = 4.0
-    guidance_scale: float | None = None
-    image: np.ndarray | None = None
-
-
-@dataclass(frozen=True)
-class GeneratedImage:
-    """One generated image: ``uint8 [H, W, 3]`` RGB pixels, its seed, the denoising steps run and
-    the wall time (seconds) of the denoiser call it was part of."""
-
-    pixels: np.ndarray
-    seed: int
-    steps: int
-    denoise_seconds: float
-
-
-class ImageEngineMixin:
-    """``generate_encoded_images`` for any engine that has ``get_model`` and ``generate_images``.
-
-    This is the entry point for APIs that want image *files* rather than pixels (e.g. a chat
-    completion on a diffusion model returning an ``image_url`` data URL part).
-    """
-
-    async def generate_encoded_images(
-        self, model: str, prompt: str, *, n: int = 1, size: tuple[int, int] | None = None,
-        output_format: str = "png", output_compression: int | None = None, seed: int | None = None,
-        negative_prompt: str | None = None, steps: int | None = None,
-        true_cfg_scale: float | None = None, guidance_scale: float | None = None,
-    ) -> list:
-        """Generate ``n`` images for ``prompt`` on the image model ``model``; return them encoded.
-
-        Args:
-            size: (width, height); default the model's ``default_size``.
-            output_format: ``png`` / ``jpeg`` / ``webp`` (Pillow).
-            seed: image ``i`` uses ``seed + i``; ``None`` picks a random seed.
-            steps, true_cfg_scale: default the model's ``default_steps`` /
-                ``default_true_cfg_scale``.
-
-        Returns:
-            ``list[omni_triton.image.EncodedImage]`` (``data`` bytes, ``fmt``, ``mime_type``);
-            a data URL is ``f"data:{e.mime_type};base64,{base64.b64encode(e.data).decode()}"``.
-
-        Raises:
-            ``ModelNotFoundError`` / ``ModelNotReadyError`` / ``InvalidRequestError`` (not an image
-            model, ``n`` out of range; size or steps out of range are rejected by the model) / ``InferenceError`` / ``TritonUnavailableError``.
-        """
-        import secrets
-
-        from omni_triton.image import encode_image, normalise_format
-
-        info = await self.get_model(model)
-        if not info.is_image or info.is_image_edit:
-            raise InvalidRequestError(f"The model '{model}' is not a text-to-image model", param="model")
-        width, height = size or info.default_size or (64, 64)
-        if not 1 <= n <= (info.max_images or 1):
-            raise InvalidRequestError(f"n must be between 1 and {info.max_images or 1}", param="n")
-        try:
-            fmt = normalise_format(output_format)
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc), param="output_format") from None
-        job = ImageJob(
-            prompt=prompt, width=width, height=height, n=n,
-            steps=steps if steps is not None else (info.default_steps or 2),
-            seed=secrets.randbits(31) if seed is None else seed,
-            negative_prompt=negative_prompt,
-            true_cfg_scale=true_cfg_scale if true_cfg_scale is not None else (info.default_true_cfg_scale or 4.0),
-            guidance_scale=guidance_scale,
-        )
-        images = await self.generate_images(model, job)
-        return [await asyncio.to_thread(encode_image, im.pixels, fmt, output_compression) for im in images]
-
-
-# --------------------------------------------------------------------------- protocol
-@runtime_checkable
-class Engine(Protocol):
-    """What the routers need from a backend."""
-
-    async def is_live(self) -> bool:
-        """True when the inference server answers and reports itself live."""
-
-    async def list_models(self) -> list[ModelInfo]:
-        """Every served model with its current state (READY or not). Raises ``TritonUnavailableError``."""
-
-    async def get_model(self, name: str) -> ModelInfo:
-        """The served, READY model ``name``.
-
-        Raises ``ModelNotFoundError``, ``ModelNotReadyError`` or ``TritonUnavailableError``.
-        """
-
-    def synthesize(
-        self, model: str, text: str, voice: str | None = None, speed: float | None = None
-    ) -> AsyncIterator[AudioChunk]:
-        """Stream ``(float32 [T] PCM, sample_rate Hz)`` chunks as the model produces them.
-
-        Closing the iterator early must cancel the request in the server. Raises
-        ``InferenceError`` (model error) or ``TritonUnavailableError`` while iterating.
-        """
-
-    async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
-        """Generate ``job.n`` images on the image model ``model`` (all requests in flight at once).
-
-        Raises ``InvalidRequestError`` (the model rejected an input), ``InferenceError``,
-        ``ModelNotReadyError`` or ``TritonUnavailableError``.
-        """
-
-    def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        """Stream the chat-contract responses of one request as the model produces them.
-
-        Closing the iterator early must cancel the request in the server (the stage then aborts
-        it in its engine). Raises ``InvalidRequestError`` (the model rejected the input),
-        ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
-        """
-
-    async def close(self) -> None:
-        """Release connections."""
-
 
 # --------------------------------------------------------------------------- Triton
 #: Triton 2.51's error when a model's Python stub process died; the model stays READY until it
@@ -476,7 +59,7 @@ def _translate(exc: Exception, what: str) -> EngineError:
     return InferenceError(f"{what}: {exc}")
 
 
-class TritonEngine(ImageEngineMixin):
+class TritonEngine:
     """``Engine`` over one ``tritonclient.grpc.aio.InferenceServerClient``.
 
     Args:
@@ -549,7 +132,7 @@ class TritonEngine(ImageEngineMixin):
                 out.append(ModelInfo(name=name, state=state, reason=reason))
                 continue
             try:
-                out.append(_unready_dependencies(await self._config(name, state, reason), states))
+                out.append(unready_dependencies(await self._config(name, state, reason), states))
             except InferenceError as exc:  # unloaded between the two calls
                 out.append(ModelInfo(name=name, state="UNAVAILABLE", reason=exc.message))
         return out
@@ -575,7 +158,7 @@ class TritonEngine(ImageEngineMixin):
             )
         info = await self._config(name, "READY", "")
         if info.depends_on:
-            checked = _unready_dependencies(info, await self._index())
+            checked = unready_dependencies(info, await self._index())
             if not checked.ready:
                 raise ModelNotReadyError(
                     f"The model '{name}' is not ready: {checked.reason}", param="model")
@@ -834,3 +417,4 @@ def _bytes_input(name: str, value: str) -> InferInput:
     t = InferInput(name, [1], "BYTES")
     t.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
     return t
+
