@@ -127,6 +127,14 @@ def _check_token_limit(info: ModelInfo, limit: int | None, param: str) -> None:
             f"{info.max_model_len} tokens", param=param, code="invalid_value")
 
 
+def _check_fanout(count: int, limit: int, what: str) -> None:
+    """400 when one HTTP request would become more than ``limit`` Triton requests
+    (``--max-fanout``; 64 prompts x n=16 were 1,024 requests on one admission slot)."""
+    if count > limit:
+        raise bad_request(f"{what} is {count} generations; at most {limit} per request",
+                          param="n" if what.startswith("n=") else "prompt", code="too_many_generations")
+
+
 def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, str | None]:
     """Validated (audio format, voice) of a chat request that asks for audio."""
     fmt = body.audio.format if body.audio is not None else "wav"
@@ -179,6 +187,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     elif body.audio is not None:
         raise bad_request("'audio' is only valid with modalities including 'audio'", param="audio",
                           code="invalid_value")
+    _check_fanout(body.n, request.app.state.settings.max_fanout, f"n={body.n}")
     limit = body.token_limit
     _check_token_limit(target, limit, "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
     messages = [message_json(m) for m in body.messages]
@@ -257,6 +266,8 @@ async def create_completion(body: CompletionRequest, request):
         raise bad_request("'prompt' must be a non-empty string or a non-empty list of them",
                           param="prompt", code="invalid_value")
     _check_token_limit(info, body.max_tokens, "max_tokens")
+    _check_fanout(len(prompts) * body.n, request.app.state.settings.max_fanout,
+                  f"{len(prompts)} prompt(s) x n={body.n}")
     response_id = f"cmpl-{uuid.uuid4().hex}"
     requests, groups = [], []
     for p_index, prompt in enumerate(prompts):

@@ -24,12 +24,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 
 from omni_triton.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
 
 from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
-from ..errors import bad_request
+from ..errors import OpenAIError, bad_request
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
 from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model
 
@@ -80,9 +81,6 @@ def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
     if len(body.prompt) > MAX_PROMPT_CHARS:
         raise bad_request(f"'prompt' is {len(body.prompt)} characters; at most {MAX_PROMPT_CHARS}",
                           param="prompt", code="prompt_too_long")
-    if "\x00" in body.prompt or (body.negative_prompt and "\x00" in body.negative_prompt):
-        raise bad_request("prompts must not contain NUL characters", param="prompt",
-                          code="invalid_characters")
     max_n = info.max_images or 1
     if not 1 <= body.n <= max_n:
         raise bad_request(f"'n' must be between 1 and {max_n} for the model '{info.name}'",
@@ -93,6 +91,9 @@ def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
                           code="unsupported_format")
     if body.stream:
         raise bad_request("Streaming partial images is not supported", param="stream")
+    if body.output_format is not None and not body.output_format.strip():
+        raise bad_request("'output_format' must not be empty; supported: png, jpeg, webp",
+                          param="output_format", code="unsupported_format")
     try:
         fmt = normalise_format(body.output_format)
     except UnsupportedImageFormatError as exc:
@@ -110,6 +111,23 @@ def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
                    negative_prompt=body.negative_prompt or None, true_cfg_scale=cfg,
                    guidance_scale=body.guidance_scale)
     return job, fmt
+
+
+#: Largest width/height ratio (either way) of an edit's condition image. The edit pipeline
+#: resizes it to ~1 MP at the same ratio (``calculate_dimensions``) and Qwen2.5-VL's image
+#: processor refuses ratios above 200 (``smart_resize``); 4096x4 and 2x4096 uploads were 500s.
+#: 100 keeps the resized ratio under 200 after rounding to multiples of 32 (the stage checks the
+#: resized image itself: omni_triton.stages.diffusion.check_condition_image).
+MAX_CONDITION_ASPECT_RATIO = 100
+
+
+def check_aspect_ratio(pixels) -> None:
+    """400 ``invalid_image`` when the ``uint8 [H, W, 3]`` upload is more elongated than
+    :data:`MAX_CONDITION_ASPECT_RATIO`."""
+    h, w = pixels.shape[:2]
+    if max(h, w) > MAX_CONDITION_ASPECT_RATIO * min(h, w):
+        raise bad_request(f"The uploaded image is {w}x{h}; its aspect ratio must be at most "
+                          f"{MAX_CONDITION_ASPECT_RATIO}:1", param="image", code="invalid_image")
 
 
 @dataclass
@@ -172,6 +190,11 @@ async def create_image(body: ImageGenerationRequest, request) -> JSONResponse:
     return await _respond(request, info, job, fmt, body.output_compression, "generations")
 
 
+#: multipart limits: file parts (images + mask), form fields, bytes of one non-file field
+MAX_FORM_FILES = 8
+MAX_FORM_FIELDS = 64
+MAX_FIELD_BYTES = 256 << 10
+
 #: multipart field names of the image files (the OpenAI SDK sends a list as ``image[]``)
 _IMAGE_FIELDS = ("image", "image[]")
 
@@ -183,8 +206,12 @@ async def edit_image(request) -> JSONResponse:
     if not content_type.startswith("multipart/form-data"):
         raise bad_request("POST /v1/images/edits takes multipart/form-data (fields 'image', "
                           "'prompt', ...)", code="invalid_content_type")
+    settings = request.app.state.settings
     try:
-        form = await request.form()
+        form = await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS,
+                                  max_part_size=MAX_FIELD_BYTES)
+    except HTTPException:  # the body cap (413)
+        raise
     except Exception as exc:  # noqa: BLE001 - malformed multipart body
         raise bad_request(f"Malformed multipart body: {exc}", code="invalid_multipart") from None
     try:
@@ -221,11 +248,16 @@ async def edit_image(request) -> JSONResponse:
             raise bad_request(f"The model '{info.name}' takes at most {max_inputs} input image(s); "
                               f"got {len(images)}", param="image", code="too_many_images")
         job, fmt = plan(body, info)
+        for upload in images:
+            if upload.size is not None and upload.size > settings.max_upload_bytes:
+                raise OpenAIError(413, f"The uploaded image is {upload.size} bytes; at most "
+                                  f"{settings.max_upload_bytes}", param="image", code="payload_too_large")
         data = await images[0].read()
         try:
             pixels = await asyncio.to_thread(decode_image, data)
         except InvalidImageError as exc:
             raise bad_request(str(exc), param="image", code="invalid_image") from None
+        check_aspect_ratio(pixels)
     finally:
         await form.close()
     job = dataclasses.replace(job, image=pixels)

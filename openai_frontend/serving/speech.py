@@ -74,14 +74,6 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
     """
     if not body.input.strip():
         raise bad_request("'input' must not be empty", param="input", code="empty_input")
-    if "\x00" in body.input:
-        raise bad_request("'input' must not contain NUL characters", param="input",
-                          code="invalid_characters")
-    try:
-        body.input.encode("utf-8")
-    except UnicodeEncodeError as exc:  # e.g. a lone surrogate escaped as "\ud800" in the JSON
-        raise bad_request(f"'input' is not valid Unicode text ({exc.reason} at character "
-                          f"{exc.start})", param="input", code="invalid_characters") from None
     limit = info.max_input_chars or default_max_chars
     if len(body.input) > limit:
         raise bad_request(
