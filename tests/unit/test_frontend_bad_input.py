@@ -34,7 +34,7 @@ class AllFake(ChatFakeEngine):
     def __init__(self):
         self.images = FakeImageEngine()
         super().__init__()
-        self.models.update(self.images.models)
+        self.models = {**self.images.models, **self.models}  # the chat fakes' piper_tts has voices
         self.speech_started = 0
 
     async def generate_images(self, model, job):
