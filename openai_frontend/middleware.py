@@ -13,6 +13,19 @@ from .errors import ErrorDetail, error_json
 logger = logging.getLogger(__name__)
 
 
+class _TrackingSend:
+    """An ASGI ``send`` that remembers whether the response has started (status line sent)."""
+
+    def __init__(self, send):
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message):
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
 class UnexpectedErrors:
     """An exception no handler took becomes a JSON 500 (``server_error`` / ``internal_error``,
     the exception's class name only: no message, path or stack trace), sent as a normal response
@@ -26,18 +39,11 @@ class UnexpectedErrors:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = False
-
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        sent = _TrackingSend(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, sent)
         except Exception as exc:
-            if started:
+            if sent.started:
                 raise
             logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             detail = ErrorDetail(message=f"Internal server error ({type(exc).__name__})",
@@ -96,7 +102,6 @@ class BodySizeLimit:
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await self._reject(scope, receive, send)
         seen = 0
-        started = False
 
         async def limited_receive():
             nonlocal seen
@@ -107,16 +112,11 @@ class BodySizeLimit:
                     raise BodyTooLarge(self.limit)
             return message
 
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        sent = _TrackingSend(send)
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, sent)
         except BodyTooLarge:
-            if started:
+            if sent.started:
                 raise
             await self._reject(scope, receive, send)
 

@@ -141,19 +141,20 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
     else:
         supports_speed = False
 
-    def _int(key: str) -> int | None:
+    def _number(key: str, kind=int):
+        """Parameter ``key`` as ``kind`` (``int``/``float``); None when absent or malformed."""
         try:
-            return int(params[key]) if params.get(key) else None
+            return kind(params[key]) if params.get(key) else None
         except ValueError:
-            logger.warning("model %s: parameter %s=%r is not an integer", config.name, key, params[key])
+            logger.warning("model %s: parameter %s=%r is not a %s", config.name, key, params[key],
+                           kind.__name__)
             return None
 
+    def _int(key: str) -> int | None:
+        return _number(key, int)
+
     def _float(key: str) -> float | None:
-        try:
-            return float(params[key]) if params.get(key) else None
-        except ValueError:
-            logger.warning("model %s: parameter %s=%r is not a number", config.name, key, params[key])
-            return None
+        return _number(key, float)
 
     return ModelInfo(
         name=config.name,

@@ -188,47 +188,53 @@ class TritonEngine:
             t = InferInput("SPEED", [1], "FP32")
             t.set_data_from_numpy(np.array([speed], dtype=np.float32))
             inputs.append(t)
-        request_id = uuid.uuid4().hex
+        async for result in self._stream(model, inputs, uuid.uuid4().hex):
+            audio = result.as_numpy("AUDIO")
+            if audio is not None and audio.size:
+                rate = result.as_numpy("SAMPLE_RATE")
+                sample_rate = int(rate.reshape(-1)[0]) if rate is not None and rate.size else None
+                if sample_rate is None:
+                    sample_rate = info.sample_rate if info and info.sample_rate else 0
+                yield np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate
+
+    async def _stream(self, model: str, inputs: list[InferInput], request_id: str):
+        """One ``ModelStreamInfer`` RPC carrying one request; yields each response's
+        ``InferResult`` until the request's final response.
+
+        Errors arrive in-band (an ``error_message`` without a code; see ``generate``) and become
+        typed ``EngineError`` s (``_stream_error``). The RPC is cancelled in ``finally`` whenever
+        it has not ended on its own (consumer stopped, task cancelled, our own error), and never
+        once it has ended: cancelling an ended stream can crash tritonserver 2.51 (server#7368).
+        """
 
         async def _requests():
             yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
-        call = self._client.stream_infer(_requests())
+        call = self._client.stream_infer(_requests())  # in-band errors: see ``generate``
         finished = False
         try:
             async for result, error in call:
-                if error is not None:
-                    finished = True  # the request's final response: never cancel an ended stream
-                    message = error.message()
-                    if _STUB_DOWN in message:  # the launcher reloads the model within seconds
-                        raise ModelNotReadyError(f"{model}: {message} (being restarted)",
-                                                 param="model")
-                    raise InferenceError(f"{model}: {message}")
-                response = result.get_response()
-                audio = result.as_numpy("AUDIO")
-                if audio is not None and audio.size:
-                    rate = result.as_numpy("SAMPLE_RATE")
-                    sample_rate = int(rate.reshape(-1)[0]) if rate is not None and rate.size else None
-                    if sample_rate is None:
-                        sample_rate = info.sample_rate if info and info.sample_rate else 0
-                    yield np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate
-                param = response.parameters.get("triton_final_response")
+                if error is not None:  # in-band error: the request's final response
+                    finished = True
+                    raise _stream_error(model, error.message(), None)
+                yield result
+                param = result.get_response().parameters.get("triton_final_response")
                 if param is not None and param.bool_param:
                     finished = True  # the RPC ends right after; keep reading to its end
             finished = True
         except EngineError:
             raise
         except grpc.aio.AioRpcError as exc:
+            finished = True  # the RPC has ended with this status: nothing to cancel
             if exc.code() == grpc.StatusCode.CANCELLED:
                 raise InferenceError(f"{model}: stream cancelled by the server") from exc
-            raise _translate(exc, f"stream to {model}") from exc
+            raise _stream_error(model, exc.details() or "", exc.code()) from exc
         except InferenceServerException as exc:
             raise _translate(exc, f"stream to {model}") from exc
         finally:
             if not finished:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
-
 
     async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
         """``job.n`` unary ``ModelInfer`` calls on the ensemble ``model``, all in flight at once.
@@ -290,36 +296,8 @@ class TritonEngine:
         declared = info.inputs if info is not None else frozenset(
             {"PROMPT", "MESSAGES", "SAMPLING_PARAMETERS", "MODALITIES", "VOICE"})
         inputs = chat_inputs(request, declared)
-        request_id = request.request_id or uuid.uuid4().hex
-
-        async def _requests():
-            yield {"model_name": model, "inputs": inputs, "request_id": request_id}
-
-        call = self._client.stream_infer(_requests())  # in-band errors: see the docstring
-        finished = False
-        try:
-            async for result, error in call:
-                if error is not None:  # in-band error: the request's final response
-                    finished = True  # never cancel an ended stream (2.51 may crash, server#7368)
-                    raise _stream_error(model, error.message(), None)
-                yield chunk_from_result(result, info.sample_rate if info else None)
-                param = result.get_response().parameters.get("triton_final_response")
-                if param is not None and param.bool_param:
-                    finished = True
-            finished = True
-        except EngineError:
-            raise
-        except grpc.aio.AioRpcError as exc:
-            finished = True  # the RPC has ended with this status: nothing to cancel
-            if exc.code() == grpc.StatusCode.CANCELLED:
-                raise InferenceError(f"{model}: stream cancelled by the server") from exc
-            raise _stream_error(model, exc.details() or "", exc.code()) from exc
-        except InferenceServerException as exc:
-            raise _translate(exc, f"stream to {model}") from exc
-        finally:
-            if not finished:
-                call.cancel()
-                logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+        async for result in self._stream(model, inputs, request.request_id or uuid.uuid4().hex):
+            yield chunk_from_result(result, info.sample_rate if info else None)
 
 
 def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
@@ -348,15 +326,18 @@ def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
 
 
 def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:
-    """Typed error for a failed chat stream (gRPC status from ``triton_grpc_error`` mode)."""
+    """Typed error for a failed stream: ``message`` of an in-band error (``code`` None) or the
+    gRPC status the RPC ended with."""
     if _STUB_DOWN in message:  # the launcher reloads the model within seconds
         return ModelNotReadyError(f"{model}: {message} (being restarted)", param="model")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequestError(message)
     if INVALID_INPUT_PREFIX in message:  # a stage's INVALID_ARG that arrived in-band, code lost
         return InvalidRequestError(message.split(INVALID_INPUT_PREFIX, 1)[1] or message)
-    if code in _UNAVAILABLE_CODES or code == grpc.StatusCode.NOT_FOUND:
-        # NOT_FOUND: the model was unloaded between the readiness check and the request
+    if code in _UNAVAILABLE_CODES:
+        return TritonUnavailableError(f"Triton is unavailable (stream to {model}): {message}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        # the model was unloaded between the readiness check and the request
         return ModelNotReadyError(f"{model}: {message}", param="model")
     return InferenceError(f"{model}: {message}")
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from openai_frontend.app import Settings, create_app
-from test_chat_frontend import USER, ChatFakeEngine
+from test_chat_frontend import USER, ChatFakeEngine, assert_error
 from test_images_frontend import FakeImageEngine
 
 pytestmark = pytest.mark.anyio
@@ -50,17 +50,6 @@ def client(engine, **settings) -> httpx.AsyncClient:
     app = create_app(engine, Settings(**settings))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
                              base_url="http://test")
-
-
-def assert_error(r, status, param=None, code=None):
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"], err
-    if param is not None:
-        assert err["param"] == param, err
-    if code is not None:
-        assert err["code"] == code, err
-    return err
 
 
 def raw(payload) -> dict:
