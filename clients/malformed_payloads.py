@@ -441,9 +441,11 @@ def check(response_status: int, body: bytes) -> str | None:
 
 @dataclass
 class Report:
-    """Answers per endpoint: ``statuses`` (status -> count), ``failures`` (case name, problem)."""
+    """Answers per endpoint: ``statuses`` (status -> count over the cases), ``valid`` (status of
+    the valid request sent afterwards), ``failures`` (endpoint, case name, problem)."""
 
     statuses: dict[str, Counter] = field(default_factory=dict)
+    valid: dict[str, int] = field(default_factory=dict)
     failures: list[tuple[str, str, str]] = field(default_factory=list)
 
     def count_5xx(self) -> int:
@@ -453,8 +455,7 @@ class Report:
 def run(url: str, endpoints=ENDPOINTS, models: Models = Models(), timeout_s: float = 30.0,
         api_key: str | None = None) -> Report:
     """Send every case of ``endpoints`` to the frontend at ``url``, one after another, then one
-    valid request per endpoint; returns the report (the valid requests are
-    ``report.statuses[endpoint]["valid"]``)."""
+    valid request per endpoint; returns the report."""
     import httpx
 
     report = Report()
@@ -479,7 +480,7 @@ def run(url: str, endpoints=ENDPOINTS, models: Models = Models(), timeout_s: flo
                 r = client.post(PATHS[endpoint], data=valid, files=valid_files())
             else:
                 r = client.post(PATHS[endpoint], json=valid)
-            counts["valid"] = r.status_code
+            report.valid[endpoint] = r.status_code
             if r.status_code != 200:
                 report.failures.append((endpoint, "valid request afterwards", f"status {r.status_code}: {r.text[:200]}"))
             report.statuses[endpoint] = counts
@@ -494,7 +495,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     report = run(args.url, [e for e in args.endpoints.split(",") if e], api_key=args.api_key)
     for endpoint, counts in report.statuses.items():
-        valid = counts.pop("valid")
+        valid = report.valid[endpoint]
         print(f"{endpoint:20s} cases={sum(counts.values()):4d} 5xx={sum(n for s, n in counts.items() if s >= 500):3d} "
               f"statuses={dict(sorted(counts.items()))} valid-afterwards={valid}")
     for endpoint, name, problem in report.failures:
