@@ -12,6 +12,7 @@ and on SIGINT/SIGTERM (or when either process dies) stops both process groups.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -81,6 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"omni-triton: Triton READY (HTTP {server.http_url}, gRPC {server.grpc_url}, "
               f"metrics http://127.0.0.1:{server.metrics_port}/metrics)", flush=True)
         if not args.no_frontend:
+            if args.api_key:  # the frontend reads it from its environment (not argv: ps shows that)
+                os.environ["OMNI_TRITON_API_KEY"] = args.api_key
             frontend = Frontend(server.grpc_url, host=args.host, port=args.port, models=models,
                                 extra_args=args.frontend_arg,
                                 env={"OMNI_TRITON_SERVE_STATUS": str(status.path)})
@@ -219,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "instead; default -1: always, with a backoff of 1 s doubling to 30 s)")
     p.add_argument("--no-frontend", action="store_true", help="serve Triton only")
     p.add_argument("--skip-prepare", action="store_true", help="do not run prepare first")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer <key>' on the OpenAI API (default: env "
+                        "OMNI_TRITON_API_KEY; /health and /metrics stay open)")
     p.add_argument("--frontend-arg", action="append", default=[],
                    help="extra argument for python -m openai_frontend (repeatable)")
     p.set_defaults(func=cmd_serve)

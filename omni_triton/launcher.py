@@ -685,7 +685,9 @@ class Frontend:
             if self.proc.poll() is not None:
                 raise ServerStartError(f"OpenAI frontend exited with code {self.proc.returncode}")
             try:
-                r = httpx.get(f"{self.url}/health", timeout=2)
+                key = os.environ.get("OMNI_TRITON_API_KEY")  # in case /health is not exempt
+                r = httpx.get(f"{self.url}/health", timeout=2,
+                              headers={"Authorization": f"Bearer {key}"} if key else None)
                 if r.status_code == 200:
                     return
                 last = r.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 import uvicorn
 
@@ -22,9 +23,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated Triton models to serve (default: every model in the repository "
         "index; /health then requires all of them READY)",
     )
-    p.add_argument("--max-inflight", type=int, default=16, help="admitted speech requests; 429 beyond")
+    p.add_argument("--max-inflight", type=int, default=16,
+                   help="admitted Triton requests (speech, chat choices, images); 429 beyond")
     p.add_argument("--default-max-input-chars", type=int, default=4096)
     p.add_argument("--max-body-bytes", type=int, default=16 << 20)
+    p.add_argument("--max-upload-bytes", type=int, default=8 << 20,
+                   help="largest uploaded file part (image edits); 413 beyond")
+    p.add_argument("--max-fanout", type=int, default=16,
+                   help="Triton requests one HTTP request may become (chat n, completions prompts x n)")
+    p.add_argument("--api-key", default=os.environ.get("OMNI_TRITON_API_KEY") or None,
+                   help="require 'Authorization: Bearer <key>' (default: env OMNI_TRITON_API_KEY; "
+                        "unset: no key). Prefer the env variable: arguments show in ps")
+    p.add_argument("--auth-exempt-paths", default="/health,/metrics",
+                   help="comma-separated paths served without the API key ('' : none)")
     p.add_argument("--rpc-timeout", type=float, default=5.0, help="seconds, Triton metadata calls")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
@@ -39,6 +50,10 @@ def main(argv=None) -> None:
         max_inflight=args.max_inflight,
         default_max_input_chars=args.default_max_input_chars,
         max_body_bytes=args.max_body_bytes,
+        max_upload_bytes=args.max_upload_bytes,
+        max_fanout=args.max_fanout,
+        api_key=args.api_key,
+        auth_exempt_paths=tuple(p.strip() for p in args.auth_exempt_paths.split(",") if p.strip()),
     )
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())

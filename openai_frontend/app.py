@@ -1,4 +1,5 @@
-"""FastAPI application factory: routers, OpenAI-style errors, admission control, body limit."""
+"""FastAPI application factory: routers, OpenAI-style errors, admission control, body limit,
+optional API key."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from fastapi import FastAPI
 
 from .admission import AdmissionController
 from .engine import Engine
-from .errors import ErrorDetail, error_json, install_error_handlers
+from .errors import install_error_handlers
 from .metrics import FrontendMetrics
+from .middleware import ApiKey, BodySizeLimit, UnexpectedErrors
 from .routers import audio, chat, images, models, observability
 
 
@@ -19,61 +21,28 @@ from .routers import audio, chat, images, models, observability
 class Settings:
     """Frontend knobs (all settable from ``python -m openai_frontend``).
 
-    max_inflight: speech / chat / completion requests admitted at once; more get 429 + ``Retry-After``.
+    max_inflight: Triton requests (speech, chat choices, completions, images) admitted at once;
+        more get 429 + ``Retry-After``.
     default_max_input_chars: input limit for models whose config has no ``max_input_chars``
         (4096 = OpenAI's limit).
-    max_body_bytes: requests with a larger ``Content-Length`` get 413 (16 MiB: room for a few
-        uploaded images on ``/v1/images/edits``).
+    max_body_bytes: requests with a larger body get 413 (``Content-Length`` or, chunked, counted
+        while read; 16 MiB: room for a few uploaded images on ``/v1/images/edits``).
+    retry_after_s: ``Retry-After`` seconds of a 429.
+    max_fanout: Triton requests one HTTP request may become (chat ``n``; completions prompts x
+        ``n``); more is a 400. Each counts against ``max_inflight``.
+    api_key: when set, every path but ``auth_exempt_paths`` needs ``Authorization: Bearer <key>``
+        (401 otherwise).
+    max_upload_bytes: largest uploaded file part (``/v1/images/edits``); larger is a 413.
     """
 
     max_inflight: int = 16
     default_max_input_chars: int = 4096
     max_body_bytes: int = 16 << 20
     retry_after_s: int = 1
-
-
-class BodySizeLimit:
-    """ASGI middleware: 413 (OpenAI error body) when the request body exceeds ``limit`` bytes,
-    judged by ``Content-Length`` or, for chunked bodies, by counting while it is read."""
-
-    def __init__(self, app, limit: int):
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or ())
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await self._reject(scope, receive, send)
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await self._reject(scope, receive, send)
-
-    async def _reject(self, scope, receive, send):
-        detail = ErrorDetail(
-            message=f"Request body larger than {self.limit} bytes",
-            type="invalid_request_error",
-            code="payload_too_large",
-        )
-        await error_json(413, detail)(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
+    max_fanout: int = 16
+    api_key: str | None = None
+    auth_exempt_paths: tuple[str, ...] = ("/health", "/metrics")
+    max_upload_bytes: int = 8 << 20
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -100,5 +69,9 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(observability.router)
+    # add_middleware wraps: the last added runs first (outermost)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    if settings.api_key:
+        app.add_middleware(ApiKey, key=settings.api_key, exempt=tuple(settings.auth_exempt_paths))
+    app.add_middleware(UnexpectedErrors)
     return app

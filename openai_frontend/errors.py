@@ -2,19 +2,22 @@
 
 Every error leaves the server as ``{"error": {"message", "type", "param", "code"}}`` with a
 matching HTTP status, including FastAPI's validation errors (400, not 422), malformed JSON,
-unknown routes and unexpected exceptions (500; logged, never fatal to the server).
+unknown routes and unexpected exceptions (500 via ``middleware.UnexpectedErrors``; logged,
+never fatal to the server). Messages never carry file paths or stack traces (``public_message``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .engine import EngineError
+from .engine.errors import EngineError
 from .schemas import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -43,21 +46,54 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return OpenAIError(400, message, param=param, code=code)
 
 
+#: Absolute paths under the usual system roots (``/root/.cache/...``, ``/usr/lib/...``): never
+#: shown to clients. API paths such as ``/v1/images/edits`` are left alone.
+_PATH = re.compile(r"(?<![\w/])(?:/(?:root|home|tmp|usr|opt|work|var|etc|dev|proc|srv|mnt|run|lib|lib64|"
+                   r"app|workspace|data|site-packages)\b[^\s'\",:;()\[\]]*|[A-Za-z]:\\[^\s'\",:;]*)")
+_TRACEBACK = "Traceback (most recent call last)"
+
+
+def public_message(message: str) -> str:
+    """``message`` fit for a client: stack traces cut off, file paths replaced by ``<path>``,
+    and never empty (an exception without text once gave "llm: llm failed: ")."""
+    if _TRACEBACK in message:
+        message = message.split(_TRACEBACK, 1)[0].rstrip()
+    message = _PATH.sub("<path>", message).strip()
+    if not message or message.endswith(":"):
+        message = (message + " " if message else "") + "no details available"
+    return message
+
+
+class _ErrorResponse(JSONResponse):
+    """JSON with ASCII escapes: an error that quotes client text can never fail to encode (a lone
+    surrogate would make Starlette's UTF-8 rendering raise)."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def error_json(
     status_code: int, detail: ErrorDetail, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse(
-        ErrorResponse(error=detail).model_dump(), status_code=status_code, headers=headers
-    )
+    """The OpenAI error body ``{"error": {"message", "type", "param", "code"}}`` with
+    ``status_code``; the message goes through ``public_message``."""
+    detail = detail.model_copy(update={"message": public_message(detail.message)})
+    return _ErrorResponse(ErrorResponse(error=detail).model_dump(), status_code=status_code,
+                          headers=headers)
 
 
 def engine_error_detail(exc: EngineError) -> ErrorDetail:
-    return ErrorDetail(message=exc.message, type=exc.error_type, param=exc.param, code=exc.code)
+    """The OpenAI error detail of an engine error (message cleaned by ``public_message``; also
+    used for error events inside streams)."""
+    return ErrorDetail(message=public_message(exc.message), type=exc.error_type, param=exc.param,
+                       code=exc.code)
 
 
 def _validation_detail(exc: RequestValidationError) -> ErrorDetail:
     errors = exc.errors()
-    first = errors[0] if errors else {}
+    # our own validators' errors say the most; with unions pydantic lists one error per member
+    ours = [e for e in errors if e.get("type") in _CUSTOM_CODES]
+    first = ours[0] if ours else (errors[0] if errors else {})
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
         return ErrorDetail(
@@ -65,7 +101,7 @@ def _validation_detail(exc: RequestValidationError) -> ErrorDetail:
             type="invalid_request_error",
             code="invalid_json",
         )
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
     param = loc[0] if loc else None
     where = ".".join(loc) if loc else "body"
     if first.get("type") == "extra_forbidden":
@@ -76,9 +112,16 @@ def _validation_detail(exc: RequestValidationError) -> ErrorDetail:
         message = f"Invalid value for '{where}': {first.get('msg', 'invalid')}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more error(s))"
-    return ErrorDetail(
-        message=message, type="invalid_request_error", param=param, code="invalid_value"
-    )
+    code = first.get("type") if first.get("type") in _CUSTOM_CODES else "invalid_value"
+    return ErrorDetail(message=message, type="invalid_request_error", param=param, code=code)
+
+
+#: loc parts that name a union member (``str``, ``list[TextPart]``, ``function-after[...]``,
+#: ``VoiceRef``) rather than a field
+_UNION_TAG = re.compile(r"[\[\]()]|^(str|int|float|bool|list|dict|none|literal)$|^[A-Z]")
+
+#: pydantic error types of our own validators (``schemas._text``) sent as the error ``code``
+_CUSTOM_CODES = {"invalid_characters"}
 
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
@@ -107,14 +150,10 @@ def install_error_handlers(app: FastAPI) -> None:
             type="invalid_request_error" if exc.status_code < 500 else "server_error",
             code=_HTTP_CODES.get(exc.status_code),
         )
-        return error_json(exc.status_code, detail, getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 413:  # the rest of the body was not read
+            headers["Connection"] = "close"
+        return error_json(exc.status_code, detail, headers or None)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
-        logger.exception("unhandled error")
-        detail = ErrorDetail(
-            message=f"Internal server error: {type(exc).__name__}",
-            type="server_error",
-            code="internal_error",
-        )
-        return error_json(500, detail)
+    # Unexpected exceptions: middleware.UnexpectedErrors (a handler for Exception would run in
+    # Starlette's ServerErrorMiddleware, which re-raises and so drops the connection).

@@ -3,9 +3,43 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+#: Config of every request body model: unknown fields rejected (400, like OpenAI's
+#: "Unrecognized request argument"); strict types, as OpenAI's API is (``"n": "2"`` and
+#: ``"max_tokens": true`` are 400s, not 2 and 1); no NaN/Infinity in numbers (Python's JSON
+#: parser accepts the literals ``NaN`` and ``Infinity``).
+REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+#: The largest value of any integer request field that is not a seed (int32: what the engines'
+#: tensors hold; beyond it vLLM failed with an empty 500).
+INT32_MAX = 2**31 - 1
+
+#: Upper bound of ``true_cfg_scale`` / ``guidance_scale`` (omni_triton.stages.diffusion
+#: .MAX_GUIDANCE_SCALE, not imported: that module imports torch). 1e308 or Infinity made an
+#: all-black image; 4.0 is the default and real use stays well under 20.
+MAX_GUIDANCE_SCALE = 100.0
+
+
+def _text(value: str) -> str:
+    """Reject what cannot travel as UTF-8 to Triton: lone surrogates (``"\\ud800"`` in the JSON)
+    and NUL characters."""
+    if "\x00" in value:
+        raise PydanticCustomError("invalid_characters", "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError(
+            "invalid_characters", "is not valid Unicode text ({reason} at character {start})",
+            {"reason": exc.reason, "start": exc.start}) from None
+    return value
+
+
+#: A request string: valid Unicode without NUL (see ``_text``).
+Text = Annotated[str, AfterValidator(_text)]
 
 
 # --------------------------------------------------------------------------- errors
@@ -47,8 +81,8 @@ class ModelList(BaseModel):
 class VoiceRef(BaseModel):
     """OpenAI's custom-voice form ``{"id": "..."}``; the id must be one of the model's voices."""
 
-    model_config = ConfigDict(extra="forbid")
-    id: str
+    model_config = REQUEST_CONFIG
+    id: Text
 
 
 class SpeechRequest(BaseModel):
@@ -65,14 +99,14 @@ class SpeechRequest(BaseModel):
     * ``stream_format``: ``audio`` (default) or ``sse``; ``sse`` always streams.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
-    model: str | None = None
-    input: str
-    voice: str | VoiceRef | None = None
-    response_format: str | None = None
+    model: Text | None = None
+    input: Text
+    voice: Text | VoiceRef | None = None
+    response_format: Text | None = None
     speed: float = Field(1.0, ge=0.25, le=4.0)
-    instructions: str | None = None
+    instructions: Text | None = None
     stream: bool = False
     stream_format: Literal["audio", "sse"] = "audio"
 
@@ -153,26 +187,37 @@ class ImageGenerationRequest(BaseModel):
     ``guidance_scale``, ``true_cfg_scale``. Unknown fields are rejected (400).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
-    prompt: str
-    model: str | None = None
-    n: int = 1
-    size: str | None = None
-    response_format: str | None = None
-    output_format: str | None = None
+    prompt: Text
+    model: Text | None = None
+    n: int = 1  # checked against the model's max_images (400 invalid_n)
+    size: Text | None = None
+    response_format: Text | None = None
+    output_format: Text | None = None
     output_compression: int | None = Field(None, ge=0, le=100)
     seed: int | None = Field(None, ge=0, le=2**62)
-    negative_prompt: str | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = Field(None, ge=0)
-    true_cfg_scale: float | None = Field(None, ge=0)
+    negative_prompt: Text | None = None
+    num_inference_steps: int | None = None  # checked against the model's max_steps
+    guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
+    true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     stream: bool = False
-    quality: str | None = None
-    style: str | None = None
-    background: str | None = None
-    moderation: str | None = None
-    user: str | None = None
+    quality: Text | None = None
+    style: Text | None = None
+    background: Text | None = None
+    moderation: Text | None = None
+    user: Text | None = None
+
+
+class ImageEditForm(ImageGenerationRequest):
+    """The non-file fields of ``POST /v1/images/edits`` (validated like the JSON body of
+    generations; ``input_fidelity`` is accepted and ignored)."""
+
+    #: multipart form fields are strings: numbers and booleans are parsed from them (lax), but
+    #: NaN/Infinity and out-of-range values are still rejected
+    model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
+
+    input_fidelity: Text | None = None
 
 
 class ImageData(BaseModel):
@@ -209,9 +254,9 @@ ChatRole = Literal["system", "developer", "user", "assistant"]
 class TextPart(BaseModel):
     """A ``{"type": "text", "text": ...}`` content part (the only part type served)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
@@ -221,14 +266,14 @@ class ChatMessage(BaseModel):
     fields are rejected (400) rather than silently dropped.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
     role: ChatRole
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
     include_usage: bool = False
 
 
@@ -236,9 +281,9 @@ class AudioParam(BaseModel):
     """``audio`` of a chat request (OpenAI ``ChatCompletionAudioParam``): output ``format`` and
     ``voice`` (a voice id of the model, or ``{"id": ...}``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
     format: Literal["wav", "mp3", "flac", "opus", "pcm16", "aac"] = "wav"
-    voice: str | VoiceRef | None = None
+    voice: Text | VoiceRef | None = None
 
     @property
     def voice_id(self) -> str | None:
@@ -249,24 +294,24 @@ class _SamplingFields(BaseModel):
     """Sampling fields shared by chat and completions (OpenAI names; ranges as OpenAI's API
     reference states them). ``top_k``, ``min_tokens`` and ``ignore_eos`` are vLLM extensions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
-    model: str
+    model: Text
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    stop: Text | list[Text] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 16)  # 64-bit in the engines; choice i: seed + i
     n: int = Field(1, ge=1, le=16)
-    user: str | None = None
-    top_k: int | None = Field(None, ge=-1)
-    min_tokens: int | None = Field(None, ge=0)
+    user: Text | None = None
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
     ignore_eos: bool | None = None
 
     @property
-    def stop_list(self) -> list[str] | None:
+    def stop_list(self) -> list[Text] | None:
         if self.stop is None:
             return None
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
@@ -286,7 +331,7 @@ class ChatCompletionRequest(_SamplingFields):
     """
 
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     modalities: list[Literal["text", "audio", "image"]] | None = Field(None, min_length=1)
     audio: AudioParam | None = None
     logprobs: Literal[False] | None = None
@@ -294,12 +339,12 @@ class ChatCompletionRequest(_SamplingFields):
     presence_penalty: Literal[0, 0.0] | None = None
     #: Diffusion models only (vLLM-Omni's chat on image models; same meaning as in
     #: ``ImageGenerationRequest``): the last user message is the prompt.
-    size: str | None = None
-    negative_prompt: str | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = Field(None, ge=0)
-    true_cfg_scale: float | None = Field(None, ge=0)
-    output_format: str | None = None
+    size: Text | None = None
+    negative_prompt: Text | None = None
+    num_inference_steps: int | None = None  # checked against the model's max_steps
+    guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
+    true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
+    output_format: Text | None = None
 
     @property
     def wants_audio(self) -> bool:
@@ -319,14 +364,14 @@ class CompletionRequest(_SamplingFields):
     ``n`` choices, indexed ``prompt_index * n + i`` as OpenAI does). ``max_tokens`` defaults to
     16, OpenAI's default for this API."""
 
-    prompt: str | list[str]
-    max_tokens: int | None = Field(16, ge=1)
+    prompt: Text | list[Text]
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
     echo: Literal[False] | None = None
     logprobs: None = None
     suffix: None = None
 
     @property
-    def prompts(self) -> list[str]:
+    def prompts(self) -> list[Text]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
 

@@ -37,7 +37,9 @@ class TextEncoder:
                 raise ValueError("PROMPT is empty")
             image = None
             if self.edit:
-                image = self.d.condition_image(self.pipe, self.d.image_from_array(input_array(request, "IMAGE")))[0]
+                original = self.d.image_from_array(input_array(request, "IMAGE"))
+                self.d.check_condition_image(self.pipe, original)  # per item: see its docstring
+                image = self.d.condition_image(self.pipe, original)[0]
             return prompt, negative, image
 
         def run(items):
@@ -86,14 +88,17 @@ class Denoiser:
             steps = scalar_input(request, "NUM_INFERENCE_STEPS", int)
             self.limits.check(height, width, steps)
             guidance = scalar_input(request, "GUIDANCE_SCALE", float, required=False)
+            true_cfg = scalar_input(request, "TRUE_CFG_SCALE", float, required=False)
+            self.d.check_guidance(true_cfg, guidance)
             item = self.d.DenoiseItem(
                 prompt_embeds=input_array(request, "PROMPT_EMBEDS"),
                 negative_prompt_embeds=input_array(request, "NEGATIVE_PROMPT_EMBEDS", required=False),
                 height=height, width=width, steps=steps, seed=scalar_input(request, "SEED", int),
-                true_cfg_scale=scalar_input(request, "TRUE_CFG_SCALE", float, required=False) or 1.0,
+                true_cfg_scale=true_cfg or 1.0,
                 guidance_scale=guidance if guidance and guidance > 0 else None)
             if self.edit:
                 item.image = self.d.image_from_array(input_array(request, "IMAGE"))
+                self.d.check_condition_image(self.pipe, item.image)
                 item.image_latents = input_array(request, "IMAGE_LATENTS")
             return item
 

@@ -626,6 +626,36 @@ class Limits:
             raise ValueError(f"num_inference_steps={steps}: must be in [{MIN_INFERENCE_STEPS}, {self.max_steps}]")
 
 
+#: Qwen2.5-VL's image processor (``smart_resize``) refuses images more elongated than this; the
+#: edit pipeline hands it the condition image resized by :func:`edit_condition_size`.
+MAX_CONDITION_ASPECT_RATIO = 200
+#: Upper bound of ``true_cfg_scale`` / ``guidance_scale`` (1e308 or Infinity gave an all-black
+#: image; the default is 4.0). The OpenAI frontend applies the same bound.
+MAX_GUIDANCE_SCALE = 100.0
+
+
+def check_condition_image(pipe, image) -> None:
+    """Raise ``ValueError`` when the edit pipeline cannot encode the condition ``image`` (PIL):
+    resized to :func:`edit_condition_size`, it must be at least 1 pixel each way and at most
+    :data:`MAX_CONDITION_ASPECT_RATIO` times longer than wide (either way). Checked per request
+    while parsing, so one such image is answered alone instead of failing its whole batch (a 4096x4
+    upload failed the 11 good edits batched with it)."""
+    w, h = edit_condition_size(pipe, image.size)
+    if min(w, h) < 1 or max(w, h) > MAX_CONDITION_ASPECT_RATIO * min(w, h):
+        raise ValueError(f"condition image {image.size[0]}x{image.size[1]} is too elongated "
+                         f"(resized to {w}x{h}; the aspect ratio must be at most "
+                         f"{MAX_CONDITION_ASPECT_RATIO}:1)")
+
+
+def check_guidance(true_cfg_scale: float | None, guidance_scale: float | None) -> None:
+    """Raise ``ValueError`` unless each given scale is finite and in [0, MAX_GUIDANCE_SCALE]
+    (``guidance_scale`` <= 0 means none)."""
+    if true_cfg_scale is not None and not 0.0 <= true_cfg_scale <= MAX_GUIDANCE_SCALE:
+        raise ValueError(f"true_cfg_scale={true_cfg_scale}: must be in [0, {MAX_GUIDANCE_SCALE}]")
+    if guidance_scale is not None and not guidance_scale <= MAX_GUIDANCE_SCALE:
+        raise ValueError(f"guidance_scale={guidance_scale}: must be at most {MAX_GUIDANCE_SCALE}")
+
+
 def image_from_array(array: np.ndarray):
     """``uint8 [H, W, 3]`` RGB -> PIL image (``ValueError`` for any other shape/dtype)."""
     from PIL import Image

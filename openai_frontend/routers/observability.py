@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..engine import EngineError
+from ..errors import public_message
 from ..schemas import HealthStatus
 
 router = APIRouter(tags=["observability"])
@@ -41,7 +42,7 @@ async def health(request: Request):
         triton_live=live,
         models=models,
         not_ready=not_ready,
-        message=message,
+        message=public_message(message) if message else None,  # no file paths
     )
     return JSONResponse(status.model_dump(), status_code=200 if ok else 503)
 

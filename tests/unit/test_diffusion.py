@@ -195,3 +195,40 @@ def test_image_from_array():
     for bad in (np.zeros((5, 7), np.uint8), np.zeros((5, 7, 4), np.uint8), np.zeros((5, 7, 3), np.float32)):
         with pytest.raises(ValueError):
             d.image_from_array(bad)
+
+
+@pytest.mark.parametrize("size", [(4096, 4), (2, 4096), (4096, 1)])
+def test_check_condition_image_rejects_what_the_text_encoder_cannot_encode(edit_pipe, size):
+    """These uploads made the edit text encoder raise inside the batched call (a 500 for every
+    request batched with them); the per-item check rejects each one alone, and the same image
+    does fail the pipeline's own encode, so the check is not stricter than needed."""
+    image = Image.new("RGB", size)
+    with pytest.raises(ValueError, match="aspect ratio"):
+        d.check_condition_image(edit_pipe, image)
+    with pytest.raises(ValueError):  # 4096x1 fails already while resizing (width 0)
+        d.encode_prompts(edit_pipe, ["x"], [d.condition_image(edit_pipe, image)[0]])
+
+
+def test_check_condition_image_accepts_what_the_frontend_lets_through(edit_pipe, condition):
+    """The frontend lets through aspect ratios up to 100:1 (serving.images.MAX_CONDITION_ASPECT_RATIO)."""
+    from openai_frontend.serving.images import MAX_CONDITION_ASPECT_RATIO
+
+    for size in [condition.size, (MAX_CONDITION_ASPECT_RATIO, 1), (1, MAX_CONDITION_ASPECT_RATIO),
+                 (837, 10), (1000, 11)]:
+        d.check_condition_image(edit_pipe, Image.new("RGB", size))
+
+
+@pytest.mark.parametrize("true_cfg, guidance", [
+    (float("inf"), None), (1e308, None), (float("nan"), None), (-1.0, None), (101.0, None),
+    (4.0, float("inf")), (4.0, float("nan")), (4.0, 1e308)])
+def test_check_guidance_rejects_non_finite_and_huge_scales(true_cfg, guidance):
+    with pytest.raises(ValueError):
+        d.check_guidance(true_cfg, guidance)
+
+
+def test_check_guidance_accepts_the_usual_range():
+    from openai_frontend.schemas import MAX_GUIDANCE_SCALE
+
+    assert MAX_GUIDANCE_SCALE == d.MAX_GUIDANCE_SCALE
+    for true_cfg, guidance in [(None, None), (0.0, 0.0), (4.0, None), (100.0, 100.0), (1.0, -1.0)]:
+        d.check_guidance(true_cfg, guidance)

@@ -227,7 +227,7 @@ async def test_invalid_arg_becomes_invalid_request_error(triton):
 
 
 async def test_stub_down_is_model_not_ready():
-    from openai_frontend.engine import _stream_error
+    from openai_frontend.engine.triton import _stream_error
 
     err = _stream_error("llm", "Failed to process the request(s) for model 'llm', message: Stub process "
                         "'llm_0_0' is not healthy.", grpc.StatusCode.INTERNAL)
@@ -278,7 +278,8 @@ async def test_streams_never_use_grpc_error_mode(triton):
 def test_in_band_stage_invalid_input_is_a_client_error():
     """A stage's INVALID_ARG that arrives in-band (code lost on 2.51) is still a 400."""
     from omni_triton.triton_io import INVALID_INPUT_PREFIX
-    from openai_frontend.engine import InferenceError, InvalidRequestError, _stream_error
+    from openai_frontend.engine import InferenceError, InvalidRequestError
+    from openai_frontend.engine.triton import _stream_error
 
     err = _stream_error("llm_tts", INVALID_INPUT_PREFIX + "prompt has 4001 tokens; the context is 2048", None)
     assert isinstance(err, InvalidRequestError) and err.status_code == 400

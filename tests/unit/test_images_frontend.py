@@ -21,7 +21,6 @@ from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import (
     Engine,
     GeneratedImage,
-    ImageEngineMixin,
     InvalidRequestError,
     ModelInfo,
     ModelNotFoundError,
@@ -46,7 +45,7 @@ def pixels_for(seed: int, w: int, h: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-class FakeImageEngine(ImageEngineMixin):
+class FakeImageEngine:
     def __init__(self, models=(T2I, EDIT, SPEECH)):
         self.models = {m.name: m for m in models}
         self.jobs = []
@@ -289,16 +288,6 @@ async def test_models_list_modality(engine):
         "qwen_image": "image", "qwen_image_edit": "image", "piper_tts": "audio"}
 
 
-async def test_generate_encoded_images(engine):
-    out = await engine.generate_encoded_images("qwen_image", "a fox", n=2, size=(32, 16),
-                                               output_format="webp", seed=3)
-    assert [e.fmt for e in out] == ["webp", "webp"] and out[0].mime_type == "image/webp"
-    assert Image.open(io.BytesIO(out[1].data)).size == (32, 16)
-    assert engine.jobs[0][1].seed == 3
-    with pytest.raises(InvalidRequestError):
-        await engine.generate_encoded_images("qwen_image_edit", "a fox")
-
-
 def test_model_info_from_ensemble_config():
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
@@ -385,7 +374,7 @@ async def test_one_step_is_rejected_before_it_makes_a_black_image(engine):
     """diffusers' flow-match pipelines give NaN latents with one step; the frontend and the stage
     share the bound."""
     from omni_triton.stages.diffusion import MIN_INFERENCE_STEPS
-    from openai_frontend.routers import images
+    from openai_frontend.serving import images
 
     assert images.MIN_INFERENCE_STEPS == MIN_INFERENCE_STEPS == 2
     async with client(engine) as c:

@@ -1,0 +1,507 @@
+"""Malformed-payload cases for the OpenAI frontend, generated from its pydantic request schemas
+plus hostile strings, and a driver that sends them to a running server.
+
+Run against a running stack (loopback only)::
+
+    python -m clients.malformed_payloads --url http://127.0.0.1:9000 [--endpoints chat,speech]
+
+Every case must be answered with a 4xx and the OpenAI error body ``{"error": {"message",
+"type", "param", "code"}}``; the driver prints the answers per endpoint and class and exits 1 if
+any case got something else (a 5xx above all). Cases per endpoint (``cases(endpoint)``):
+
+* **schema cases**: for every field of the request model (nested models and list items too), a
+  pool of wrong values (wrong JSON types, lone surrogates, NUL, non-ASCII digits, huge numbers,
+  ``NaN``/``Infinity``, empty strings, deep nesting), each kept only if the schema itself
+  rejects it (``model_validate`` on the decoded JSON, exactly what FastAPI does); missing
+  required fields; an unknown field;
+* **semantic cases** the schema accepts but the API must refuse (unknown model, sizes like
+  ``"²³x64"``, ``top_k`` 2^70, huge fan-out, extreme aspect-ratio uploads, ...);
+* **body cases**: truncated JSON, non-JSON, wrong content types, empty and non-object bodies,
+  an oversized body; for edits: corrupt, empty and oversized uploads, broken multipart.
+
+No pytest here: ``tests/unit/test_frontend_malformed.py`` runs all cases through ASGI against a
+fake engine, ``tests/e2e/test_malformed.py`` against the real server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import typing
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ValidationError
+
+from openai_frontend.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ImageEditForm,
+    ImageGenerationRequest,
+    SpeechRequest,
+)
+
+ENDPOINTS = ("chat", "completions", "images_generations", "images_edits", "speech")
+
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "images_generations": "/v1/images/generations",
+    "images_edits": "/v1/images/edits",
+    "speech": "/v1/audio/speech",
+}
+
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "chat": ChatCompletionRequest,
+    "completions": CompletionRequest,
+    "images_generations": ImageGenerationRequest,
+    "images_edits": ImageEditForm,
+    "speech": SpeechRequest,
+}
+
+
+@dataclass(frozen=True)
+class Models:
+    """Model names the valid base requests use (those of the embedded defaults)."""
+
+    chat: str = "llm"
+    image: str = "qwen_image"
+    image_edit: str = "qwen_image_edit"
+    speech: str = "piper_tts"
+
+
+def valid_request(endpoint: str, models: Models = Models()) -> dict:
+    """A small request of ``endpoint`` that a served model answers with 200 (for edits: the form
+    fields; ``valid_files`` holds the upload)."""
+    return {
+        "chat": {"model": models.chat, "messages": [{"role": "user", "content": "Say hi."}],
+                 "max_tokens": 4, "temperature": 0},
+        "completions": {"model": models.chat, "prompt": "The capital of France is", "max_tokens": 4,
+                        "temperature": 0},
+        "images_generations": {"model": models.image, "prompt": "a red fox", "size": "32x32",
+                               "num_inference_steps": 2, "seed": 1},
+        "images_edits": {"model": models.image_edit, "prompt": "make it blue", "size": "32x32",
+                         "num_inference_steps": 2, "seed": 1},
+        "speech": {"model": models.speech, "input": "Hello.", "response_format": "wav"},
+    }[endpoint]
+
+
+def png(width: int = 32, height: int = 32) -> bytes:
+    """A PNG of ``width`` x ``height`` pixels (Pillow)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (30, 120, 200)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def valid_files() -> list[tuple[str, tuple[str, bytes, str]]]:
+    """The upload of a valid edit request (httpx ``files=``)."""
+    return [("image", ("in.png", png(), "image/png"))]
+
+
+@dataclass
+class Case:
+    """One request to send.
+
+    ``json`` is serialised by Python's encoder (``allow_nan``: lone surrogates stay ``\\ud800``
+    escapes, ``NaN``/``Infinity`` are written as such); ``content`` is sent as-is; ``form`` /
+    ``files`` make a multipart body (``form_bytes`` adds raw field values, e.g. invalid UTF-8).
+    """
+
+    endpoint: str
+    name: str
+    json: typing.Any = None
+    content: bytes | None = None
+    content_type: str | None = "application/json"
+    form: dict | None = None
+    form_bytes: dict | None = None
+    files: list | None = None
+    has_json: bool = False
+
+    @property
+    def path(self) -> str:
+        return PATHS[self.endpoint]
+
+    def request_kwargs(self) -> dict:
+        """``httpx`` keyword arguments of this case (``content`` + ``headers``)."""
+        headers = {}
+        if self.form is not None or self.files is not None or self.form_bytes is not None:
+            body, ctype = multipart(self.form or {}, self.files or [], self.form_bytes or {})
+            return {"content": body, "headers": {"content-type": ctype}}
+        if self.has_json:
+            body = json.dumps(self.json, allow_nan=True).encode("ascii")
+        else:
+            body = self.content if self.content is not None else b""
+        if self.content_type is not None:
+            headers["content-type"] = self.content_type
+        return {"content": body, "headers": headers}
+
+
+def multipart(form: dict, files: list, raw_fields: dict, boundary: str = "malformed-0123456789") -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body built by hand, so field values may be any bytes (httpx
+    would refuse to encode a lone surrogate)."""
+    out = io.BytesIO()
+    for key, value in list(form.items()) + list(raw_fields.items()):
+        data = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
+        out.write(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{key}\"\r\n\r\n".encode())
+        out.write(data + b"\r\n")
+    for key, (filename, data, ctype) in files:
+        out.write(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{key}\"; "
+                  f"filename=\"{filename}\"\r\nContent-Type: {ctype}\r\n\r\n".encode())
+        out.write(data + b"\r\n")
+    out.write(f"--{boundary}--\r\n".encode())
+    return out.getvalue(), f"multipart/form-data; boundary={boundary}"
+
+
+# --------------------------------------------------------------------------- hostile values
+HOSTILE_STRINGS = [
+    "\ud800",  # lone high surrogate
+    "ok\udfffok",  # lone low surrogate inside text
+    "a\x00b",  # NUL
+    "\x00",
+]
+WRONG_TYPES = [123, -1, 1.5, True, False, [], {}, ["x"], {"a": 1}, None]
+HUGE_NUMBERS = [2**70, -(2**70), 1180591620717411303424, 1e308, -1e308, float("nan"), float("inf"),
+                float("-inf")]
+NUMERIC_STRINGS = ["2", "1.5", "²", "①⑥", "1e400", "NaN", "Infinity", "0x10", "", " "]
+DEEP = [[[[[[[[[[[[[[[[[[[[[[[[[["deep"]]]]]]]]]]]]]]]]]]]]]]]]]]
+
+
+#: Cases per field at most (the first values of ``_pool`` that the field's schema rejects), so
+#: the suite stays a few seconds per endpoint against a real server.
+MAX_VALUES_PER_FIELD = 10
+
+
+def _pool() -> list:
+    """Wrong values, most telling first: text that cannot travel as UTF-8, numbers no engine
+    holds, then wrong JSON types."""
+    return (HOSTILE_STRINGS[:1] + HUGE_NUMBERS[:1] + [float("nan"), float("inf")] + HOSTILE_STRINGS[1:]
+            + ["2", "²"] + WRONG_TYPES + HUGE_NUMBERS[1:] + NUMERIC_STRINGS + [DEEP, "x" * 70000])
+
+
+def _rejected(schema: type[BaseModel], payload) -> bool:
+    """True when the schema refuses ``payload`` after a JSON round trip (what FastAPI sees)."""
+    try:
+        decoded = json.loads(json.dumps(payload, allow_nan=True))
+        schema.model_validate(decoded)
+    except (ValidationError, ValueError, RecursionError):
+        return True
+    return False
+
+
+def _field_paths(schema: type[BaseModel], base: dict) -> list[tuple]:
+    """Paths (tuples of keys / list indexes) of every field of ``schema`` and of the nested
+    models present in ``base`` (e.g. ``("messages", 0, "content")``)."""
+    paths = [(name,) for name in schema.model_fields]
+    for name, value in base.items():
+        sub = _nested_model(schema.model_fields[name].annotation) if name in schema.model_fields else None
+        if sub is None:
+            continue
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            paths += [(name, 0) + p for p in _field_paths(sub, value[0])]
+        elif isinstance(value, dict):
+            paths += [(name,) + p for p in _field_paths(sub, value)]
+    return paths
+
+
+def _nested_model(annotation):
+    """The pydantic model inside ``annotation`` (``X``, ``list[X]``, ``X | None``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _with(base: dict, path: tuple, value) -> dict:
+    out = json.loads(json.dumps(base))
+    target = out
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return out
+
+
+def _without(base: dict, path: tuple) -> dict:
+    out = json.loads(json.dumps(base))
+    target = out
+    for key in path[:-1]:
+        target = target[key]
+    target.pop(path[-1], None)
+    return out
+
+
+def _label(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def schema_cases(endpoint: str, models: Models = Models()) -> list[Case]:
+    """Wrong values for every field (kept only when the schema rejects them), missing required
+    fields and an unknown field."""
+    schema = SCHEMAS[endpoint]
+    base = valid_request(endpoint, models)
+    out = []
+    if endpoint == "images_edits":
+        return _form_schema_cases(base)
+    for path in _field_paths(schema, base):
+        where = ".".join(str(p) for p in path)
+        kept = 0
+        for value in _pool():
+            payload = _with(base, path, value)
+            if kept < MAX_VALUES_PER_FIELD and _rejected(schema, payload):
+                out.append(Case(endpoint, f"{where}={_label(value)}", json=payload, has_json=True))
+                kept += 1
+        if path[-1] in base or len(path) > 1:
+            payload = _without(base, path)
+            if _rejected(schema, payload):
+                out.append(Case(endpoint, f"missing {where}", json=payload, has_json=True))
+    out.append(Case(endpoint, "unknown field", json={**base, "not_a_field": 1}, has_json=True))
+    return out
+
+
+#: Form values (a lone surrogate cannot be sent: it is not UTF-8; Starlette reads a field that is
+#: not valid UTF-8 as Latin-1 rather than refusing it, so such a field is not a case here).
+_FORM_VALUES = ["abc", "NaN", "Infinity", "-Infinity", "1e400", "²", "①⑥", "0x10", "-5", "1.5",
+                "99999999999999999999999", "a\x00b", "\x00", "true?", "[1]", "{}"]
+
+
+def _form_schema_cases(base: dict) -> list[Case]:
+    """Edit form fields (strings by nature): each field given strings its type refuses."""
+    out = []
+    for name in ImageEditForm.model_fields:
+        for value in _FORM_VALUES:
+            fields = {**{k: str(v) for k, v in base.items()}, name: value}
+            try:
+                ImageEditForm.model_validate(fields)
+            except ValidationError:
+                out.append(Case("images_edits", f"form {name}={_label(value)}", form=fields,
+                                files=valid_files()))
+    fields = {k: str(v) for k, v in base.items()}
+    del fields["prompt"]
+    out.append(Case("images_edits", "missing prompt", form=fields, files=valid_files()))
+    out.append(Case("images_edits", "unknown field", form={**{k: str(v) for k, v in base.items()},
+                                                            "not_a_field": "1"}, files=valid_files()))
+    return out
+
+
+def semantic_cases(endpoint: str, models: Models = Models()) -> list[Case]:
+    """Requests the schema accepts that the API must still refuse with a 4xx."""
+    base = valid_request(endpoint, models)
+
+    def j(name: str, **changes) -> Case:
+        return Case(endpoint, name, json={**base, **changes}, has_json=True)
+
+    common = [j("unknown model", model="no-such-model"), j("model with spaces", model="  "),
+              j("model is an API path", model="../../v2/models")]
+    if endpoint == "chat":
+        return common + [
+            j("empty messages", messages=[]),
+            j("content null", messages=[{"role": "user", "content": None}]),
+            j("max_tokens over the context", max_tokens=10**6),
+            j("audio without audio modality", audio={"format": "wav"}),
+            j("audio from a text model with no twin", modalities=["audio"], model=models.speech),
+            j("unknown voice", modalities=["text", "audio"], audio={"format": "wav", "voice": "nobody"}),
+            j("unstreamable audio format", modalities=["text", "audio"], stream=True,
+              audio={"format": "mp3"}),
+            j("image fields on a text model", size="64x64"),
+            j("n over the fan-out", n=17),
+            j("logprobs true", logprobs=True),
+            j("presence_penalty", presence_penalty=1.0),
+            j("speech model", model=models.speech),
+            j("image size with non-ASCII digits", model=models.image, size="²³x64"),
+            j("image size ①⑥x16", model=models.image, size="①⑥x16"),
+            j("image true_cfg_scale 1e308", model=models.image, true_cfg_scale=1e308),
+            j("image true_cfg_scale Infinity", model=models.image, true_cfg_scale=float("inf")),
+            j("image stream", model=models.image, stream=True),
+            j("image with only a system message", model=models.image,
+              messages=[{"role": "system", "content": "x"}]),
+            j("chat on the edit model", model=models.image_edit),
+        ]
+    if endpoint == "completions":
+        return common + [
+            j("empty prompt", prompt=""),
+            j("empty prompt list", prompt=[]),
+            j("list with an empty prompt", prompt=["x", ""]),
+            j("64 prompts x n=16", prompt=["x"] * 64, n=16),
+            j("17 prompts", prompt=["x"] * 17),
+            j("max_tokens over the context", max_tokens=10**6),
+            j("speech model", model=models.speech),
+            j("image model", model=models.image),
+            j("top_k 2^70", top_k=2**70),
+            j("echo true", echo=True),
+        ]
+    if endpoint == "images_generations":
+        return common + [
+            j("empty prompt", prompt="   "),
+            j("prompt over 32000 characters", prompt="x" * 32001),
+            j("size ²³x64", size="²³x64"), j("size ①⑥x16", size="①⑥x16"), j("size 64x", size="64x"),
+            j("size not a multiple", size="30x30"), j("size too large", size="4096x4096"),
+            j("size 0x0", size="0x0"), j("size with 5000 digits", size="9" * 5000 + "x64"),
+            j("n 0", n=0), j("n 1000", n=1000), j("n -1", n=-1),
+            j("one step", num_inference_steps=1), j("steps 10^6", num_inference_steps=10**6),
+            j("true_cfg_scale 1e308", true_cfg_scale=1e308),
+            j("true_cfg_scale Infinity", true_cfg_scale=float("inf")),
+            j("guidance_scale NaN", guidance_scale=float("nan")),
+            j("output_format empty", output_format=""), j("output_format gif", output_format="gif"),
+            j("response_format url", response_format="url"), j("stream", stream=True),
+            j("edit model", model=models.image_edit), j("speech model", model=models.speech),
+            j("output_compression 101", output_compression=101), j("seed 2^63", seed=2**63),
+        ]
+    if endpoint == "speech":
+        return common + [
+            j("empty input", input=""), j("blank input", input="   "),
+            j("input over the limit", input="x" * 5000),
+            j("unknown voice", voice="nobody"), j("voice object unknown", voice={"id": "nobody"}),
+            j("format aac", response_format="aac"), j("format nonsense", response_format="wav2"),
+            j("stream mp3", stream=True, response_format="mp3"),
+            j("speed 0.1", speed=0.1), j("speed 10", speed=10),
+            j("instructions", instructions="whisper"), j("stream_format ws", stream_format="ws"),
+            j("image model", model=models.image), j("chat model", model=models.chat),
+        ]
+    # edits
+    fields = {k: str(v) for k, v in base.items()}
+
+    def e(name: str, files=None, **changes) -> Case:
+        return Case(endpoint, name, form={**fields, **changes},
+                    files=valid_files() if files is None else files)
+
+    return [
+        e("unknown model", model="no-such-model"), e("text-to-image model", model=models.image),
+        e("empty prompt", prompt=" "), e("size ²³x64", size="²³x64"), e("size ①⑥x16", size="①⑥x16"),
+        e("true_cfg_scale 1e308", true_cfg_scale="1e308"), e("true_cfg_scale inf", true_cfg_scale="inf"),
+        e("n 0", n="0"), e("one step", num_inference_steps="1"), e("output_format empty", output_format=""),
+        e("no image", files=[]),
+        e("empty image", files=[("image", ("a.png", b"", "image/png"))]),
+        e("corrupt image", files=[("image", ("a.png", png()[:40], "image/png"))]),
+        e("text as image", files=[("image", ("a.png", b"not an image at all", "image/png"))]),
+        e("4096x4 image", files=[("image", ("a.png", png(4096, 4), "image/png"))]),
+        e("2x4096 image", files=[("image", ("a.png", png(2, 4096), "image/png"))]),
+        e("two images", files=valid_files() * 2),
+        e("nine images", files=valid_files() * 9),
+        e("mask", files=valid_files() + [("mask", ("m.png", png(), "image/png"))]),
+        e("image as a text field", files=[], image="not a file"),
+        Case(endpoint, "prompt twice", form=fields, form_bytes={"prompt": b"again"}, files=valid_files()),
+        e("unexpected file field", files=valid_files() + [("other", ("o.png", png(), "image/png"))]),
+        e("oversized upload", files=[("image", ("big.png", png() + b"\0" * (9 << 20), "image/png"))]),
+    ]
+
+
+def body_cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 16 << 20) -> list[Case]:
+    """Broken bodies: truncated JSON, wrong content types, non-objects, oversized, and for edits
+    broken multipart."""
+    base = json.dumps(valid_request(endpoint, models)).encode()
+    out = [Case(endpoint, f"truncated at {n}", content=base[:n]) for n in (1, len(base) // 2, len(base) - 1)]
+    out += [
+        Case(endpoint, "empty body", content=b""),
+        Case(endpoint, "null", content=b"null"), Case(endpoint, "array", content=b"[1, 2]"),
+        Case(endpoint, "string", content=b'"x"'), Case(endpoint, "number", content=b"42"),
+        Case(endpoint, "not JSON", content=b"model=llm&input=x"),
+        Case(endpoint, "invalid UTF-8", content=b'{"model": "\xff\xfe"}'),
+        Case(endpoint, "NaN literal body", content=b"NaN"),
+        Case(endpoint, "deep nesting", content=b"[" * 100000 + b"]" * 100000),
+        Case(endpoint, "text/plain", content=base, content_type="text/plain"),
+        Case(endpoint, "no content type", content=base, content_type=None),
+        Case(endpoint, "oversized body", content=b'{"x": "' + b"a" * (max_body_bytes + 1) + b'"}'),
+    ]
+    if endpoint == "images_edits":
+        out = [c for c in out if c.name != "oversized body"] + [
+            Case(endpoint, "JSON instead of multipart", content=base),
+            Case(endpoint, "multipart without boundary", content=b"--x\r\n\r\n", content_type="multipart/form-data"),
+            Case(endpoint, "multipart cut short", content=multipart({"prompt": "x"}, valid_files(), {})[0][:80],
+                 content_type=multipart({}, [], {})[1]),
+            Case(endpoint, "oversized body", content=b"-" * (max_body_bytes + 1),
+                 content_type=multipart({}, [], {})[1]),
+        ]
+    return out
+
+
+def cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 16 << 20) -> list[Case]:
+    """Every malformed case of ``endpoint`` (schema, semantic and body cases)."""
+    return schema_cases(endpoint, models) + semantic_cases(endpoint, models) + body_cases(endpoint, models, max_body_bytes)
+
+
+def check(response_status: int, body: bytes) -> str | None:
+    """None when the answer is a 4xx with the OpenAI error body, else what is wrong."""
+    if not 400 <= response_status < 500:
+        return f"status {response_status}"
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"status {response_status} without the OpenAI error body: {body[:200]!r}"
+    if set(error) != {"message", "type", "param", "code"} or not error["message"]:
+        return f"error body {error!r}"
+    return None
+
+
+@dataclass
+class Report:
+    """Answers per endpoint: ``statuses`` (status -> count over the cases), ``valid`` (status of
+    the valid request sent afterwards), ``failures`` (endpoint, case name, problem)."""
+
+    statuses: dict[str, Counter] = field(default_factory=dict)
+    valid: dict[str, int] = field(default_factory=dict)
+    failures: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def count_5xx(self) -> int:
+        return sum(n for c in self.statuses.values() for s, n in c.items() if s >= 500)
+
+
+def run(url: str, endpoints=ENDPOINTS, models: Models = Models(), timeout_s: float = 30.0,
+        api_key: str | None = None) -> Report:
+    """Send every case of ``endpoints`` to the frontend at ``url``, one after another, then one
+    valid request per endpoint; returns the report."""
+    import httpx
+
+    report = Report()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=url, timeout=timeout_s, headers=headers) as client:
+        for endpoint in endpoints:
+            counts: Counter = Counter()
+            for case in cases(endpoint, models):
+                kwargs = case.request_kwargs()
+                kwargs["headers"] = {**headers, **kwargs["headers"]}
+                try:
+                    r = client.post(case.path, **kwargs)
+                    status, body = r.status_code, r.content
+                except httpx.HTTPError as exc:
+                    status, body = 599, repr(exc).encode()
+                counts[status] += 1
+                problem = check(status, body)
+                if problem:
+                    report.failures.append((endpoint, case.name, problem))
+            valid = valid_request(endpoint, models)
+            if endpoint == "images_edits":
+                r = client.post(PATHS[endpoint], data=valid, files=valid_files())
+            else:
+                r = client.post(PATHS[endpoint], json=valid)
+            report.valid[endpoint] = r.status_code
+            if r.status_code != 200:
+                report.failures.append((endpoint, "valid request afterwards", f"status {r.status_code}: {r.text[:200]}"))
+            report.statuses[endpoint] = counts
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m clients.malformed_payloads", description=__doc__.split("\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:9000", help="frontend URL (loopback)")
+    p.add_argument("--endpoints", default=",".join(ENDPOINTS))
+    p.add_argument("--api-key", default=None)
+    args = p.parse_args(argv)
+    report = run(args.url, [e for e in args.endpoints.split(",") if e], api_key=args.api_key)
+    for endpoint, counts in report.statuses.items():
+        valid = report.valid[endpoint]
+        print(f"{endpoint:20s} cases={sum(counts.values()):4d} 5xx={sum(n for s, n in counts.items() if s >= 500):3d} "
+              f"statuses={dict(sorted(counts.items()))} valid-afterwards={valid}")
+    for endpoint, name, problem in report.failures:
+        print(f"FAIL {endpoint}: {name}: {problem}")
+    return 1 if report.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Typed errors of the engine; each carries the HTTP status, OpenAI error ``type`` and ``code``
+the frontend answers with (``openai_frontend.errors`` turns them into the OpenAI error body)."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises; carries the HTTP mapping used by the routers."""
+
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class TritonUnavailableError(EngineError):
+    """Triton cannot be reached (connection refused, shutting down, deadline)."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "triton_unavailable"
+
+
+class ModelNotFoundError(EngineError):
+    """The model is not one this frontend serves."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class ModelNotReadyError(EngineError):
+    """The model is served but not READY in Triton (loading, failed, unloaded, missing)."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "model_not_ready"
+
+
+class InvalidRequestError(EngineError):
+    """The model rejected the request's content (Triton ``INVALID_ARG``, e.g. a prompt longer
+    than the model's context): the client's fault, HTTP 400."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_value"
+
+
+class InferenceError(EngineError):
+    """Triton answered with an error response (the model's ``TritonError``) or the stream broke."""
+
+    status_code = 500
+    error_type = "server_error"
+    code = "inference_error"

@@ -1,0 +1,197 @@
+"""What the frontend knows about a served model, read from Triton's model config ``parameters``
+(docs/speech_contracts.md, docs/chat_contracts.md, docs/image_contracts.md)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the frontend knows about one served model.
+
+    ``voices``/``default_voice``/``sample_rate``/``supports_speed``/``max_input_chars`` come from
+    the model config's ``parameters`` (empty/None when the model is not READY, since Triton only
+    returns configs of loaded models).
+    """
+
+    name: str
+    state: str = "READY"
+    reason: str = ""
+    inputs: frozenset[str] = field(default_factory=frozenset)
+    outputs: frozenset[str] = field(default_factory=frozenset)
+    decoupled: bool = False
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
+    sample_rate: int | None = None
+    supports_speed: bool = False
+    max_input_chars: int | None = None
+    #: Stage models a BLS model calls (config parameter ``depends_on``): Triton reports a BLS
+    #: model READY even when they are not, so the frontend checks them itself.
+    depends_on: tuple[str, ...] = ()
+    #: image models (diffusion ensembles): the config ``parameters`` of docs/image_contracts.md
+    task: str | None = None
+    default_size: tuple[int, int] | None = None  # (width, height)
+    size_multiple: int = 16
+    max_size: int | None = None
+    default_steps: int | None = None
+    max_steps: int | None = None
+    default_true_cfg_scale: float | None = None
+    max_images: int | None = None
+    max_input_images: int | None = None
+    supports_mask: bool = False
+    #: Output modalities (config parameter ``modalities``, e.g. ``("text", "audio")``); empty
+    #: when the config does not say (speech models: see ``output_modalities``).
+    modalities: tuple[str, ...] = ()
+    #: The name clients use (config parameter ``served_model_name``); None: the Triton name.
+    served_model_name: str | None = None
+    #: On a speech twin (``llm_tts``): the text model whose spoken answers it produces.
+    speaks_for: str | None = None
+    #: Context length in tokens (config parameter ``max_model_len``), if declared.
+    max_model_len: int | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "READY"
+
+    @property
+    def public_name(self) -> str:
+        """The id clients see in ``/v1/models`` and send as ``model``."""
+        return self.served_model_name or self.name
+
+    @property
+    def is_chat(self) -> bool:
+        """Implements the chat contract (``docs/chat_contracts.md``): ``MESSAGES`` in,
+        ``TEXT_DELTA`` out: servable by ``/v1/chat/completions``."""
+        return "MESSAGES" in self.inputs and "TEXT_DELTA" in self.outputs
+
+    @property
+    def is_completion(self) -> bool:
+        """``PROMPT`` in, ``TEXT_DELTA`` out: servable by ``/v1/completions``."""
+        return "PROMPT" in self.inputs and "TEXT_DELTA" in self.outputs
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        """What the model can answer with: the ``modalities`` parameter, else ``("audio",)`` for
+        a speech model, ``("image",)`` for a diffusion ensemble, ``("text",)`` for a chat/completion
+        model, ``()`` for internal stages."""
+        if self.modalities:
+            return self.modalities
+        if self.is_image:
+            return ("image",)
+        if self.is_speech:
+            return ("audio",)
+        if self.is_chat or self.is_completion:
+            return ("text",)
+        return ()
+
+    @property
+    def can_speak(self) -> bool:
+        """A chat model that can answer with audio (``AUDIO`` out, ``audio`` in its modalities)."""
+        return "audio" in self.output_modalities and "AUDIO" in self.outputs
+
+    @property
+    def is_speech(self) -> bool:
+        """Text in, PCM out (``TEXT`` -> ``AUDIO``): servable by ``/v1/audio/speech``."""
+        return "TEXT" in self.inputs and "AUDIO" in self.outputs
+
+    @property
+    def is_image(self) -> bool:
+        """Prompt in, image out (``PROMPT`` -> ``IMAGE``): servable by ``/v1/images/*``."""
+        return "PROMPT" in self.inputs and "IMAGE" in self.outputs
+
+    @property
+    def is_image_edit(self) -> bool:
+        """An image model that takes a condition image (``INPUT_IMAGE``)."""
+        return self.is_image and "INPUT_IMAGE" in self.inputs
+
+    @property
+    def modality(self) -> str:
+        """``image``, ``audio`` or ``text`` (what ``/v1/models`` reports)."""
+        if self.is_image:
+            return "image"
+        if "AUDIO" in self.outputs:
+            return "audio"
+        return "text"
+
+
+#: ``WIDTHxHEIGHT``: ASCII digits only (``str.isdigit`` also accepts "²" or "①", which ``int``
+#: rejects), at most 5 digits each (longer numbers are out of range for any model anyway).
+_SIZE = re.compile(r"([0-9]{1,5})[xX]([0-9]{1,5})")
+
+
+def parse_size(text: str) -> tuple[int, int] | None:
+    """``"WxH"`` -> (W, H) in pixels; ``None`` when ``text`` is not of that form."""
+    m = _SIZE.fullmatch(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def model_info_from_config(config, state: str = "READY", reason: str = "") -> ModelInfo:
+    """Build a ``ModelInfo`` from a ``inference.ModelConfig`` protobuf."""
+    params = {k: v.string_value.strip() for k, v in config.parameters.items()}
+    inputs = frozenset(i.name for i in config.input)
+    voices = tuple(v.strip() for v in params.get("voices", "").split(",") if v.strip())
+    default_voice = params.get("default_voice") or (voices[0] if voices else None)
+    if "supports_speed" in params:
+        supports_speed = params["supports_speed"].lower() in ("true", "1", "yes")
+    else:
+        supports_speed = False
+
+    def _number(key: str, kind=int):
+        """Parameter ``key`` as ``kind`` (``int``/``float``); None when absent or malformed."""
+        try:
+            return kind(params[key]) if params.get(key) else None
+        except ValueError:
+            logger.warning("model %s: parameter %s=%r is not a %s", config.name, key, params[key],
+                           kind.__name__)
+            return None
+
+    def _int(key: str) -> int | None:
+        return _number(key, int)
+
+    def _float(key: str) -> float | None:
+        return _number(key, float)
+
+    return ModelInfo(
+        name=config.name,
+        state=state,
+        reason=reason,
+        inputs=inputs,
+        outputs=frozenset(o.name for o in config.output),
+        decoupled=bool(config.model_transaction_policy.decoupled),
+        voices=voices,
+        default_voice=default_voice,
+        sample_rate=_int("sample_rate"),
+        supports_speed=supports_speed,
+        max_input_chars=_int("max_input_chars"),
+        depends_on=tuple(d.strip() for d in params.get("depends_on", "").split(",") if d.strip()),
+        task=params.get("task") or None,
+        default_size=parse_size(params.get("default_size", "")),
+        size_multiple=_int("size_multiple") or 16,
+        max_size=_int("max_size"),
+        default_steps=_int("default_steps"),
+        max_steps=_int("max_steps"),
+        default_true_cfg_scale=_float("default_true_cfg_scale"),
+        max_images=_int("max_images"),
+        max_input_images=_int("max_input_images"),
+        supports_mask=params.get("supports_mask", "").lower() in ("true", "1", "yes"),
+        modalities=tuple(m.strip().lower() for m in params.get("modalities", "").split(",") if m.strip()),
+        served_model_name=params.get("served_model_name") or None,
+        speaks_for=params.get("speaks_for") or None,
+        max_model_len=_int("max_model_len"),
+    )
+
+
+def unready_dependencies(info: ModelInfo, states: dict[str, tuple[str, str]]) -> ModelInfo:
+    """``info`` itself when all its ``depends_on`` stages are READY, else an UNAVAILABLE copy
+    whose reason names the stages that are not."""
+    missing = [f"{d} ({states.get(d, ('MISSING', ''))[0]})" for d in info.depends_on
+               if states.get(d, ("MISSING", ""))[0] != "READY"]
+    if not missing:
+        return info
+    return ModelInfo(name=info.name, state="UNAVAILABLE",
+                     reason="stages not ready: " + ", ".join(missing))

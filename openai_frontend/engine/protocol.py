@@ -1,0 +1,135 @@
+"""The ``Engine`` protocol the serving layer talks to, and the plain data it exchanges.
+
+As in Triton server's ``python/openai`` frontend, ``openai_frontend.serving`` only sees this
+protocol, so unit tests plug in small fakes; the real server path is
+``openai_frontend.engine.triton.TritonEngine``. No torch, no tritonclient types here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol, runtime_checkable
+
+import numpy as np
+
+from .model_info import ModelInfo
+
+#: (float32 PCM chunk of shape [T] in [-1, 1], sample rate in Hz)
+AudioChunk = tuple[np.ndarray, int]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request to a chat-contract model (``docs/chat_contracts.md``).
+
+    Exactly one of ``messages`` (OpenAI chat messages, sent as the ``MESSAGES`` JSON) and
+    ``prompt`` (sent as ``PROMPT``) is set. ``sampling`` holds vLLM ``SamplingParams`` names
+    (``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed``...), sent as the
+    ``SAMPLING_PARAMETERS`` JSON with only the keys the client gave. ``modalities`` / ``voice``
+    go to speech models only (``MODALITIES`` / ``VOICE``). ``request_id`` is Triton's request id.
+    """
+
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    sampling: dict = field(default_factory=dict)
+    modalities: tuple[str, ...] | None = None
+    voice: str | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """One streamed response of a chat-contract model.
+
+    text: text generated since the previous chunk (``TEXT_DELTA``, may be empty).
+    finish_reason: None until the last text chunk, then ``stop``, ``length`` or ``abort``.
+    prompt_tokens / completion_tokens: prompt length and tokens generated so far (cumulative);
+        None when the response did not carry them.
+    audio: float32 PCM [T] in [-1, 1] generated since the previous chunk, or None.
+    sample_rate: Hz of ``audio`` (``SAMPLE_RATE``), or None.
+    """
+
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+
+
+
+@dataclass(frozen=True)
+class ImageJob:
+    """What to generate: ``n`` images of ``width`` x ``height`` pixels for ``prompt``.
+
+    Image ``i`` uses seed ``seed + i``, so each image equals a single-image request with that
+    seed whatever else is batched with it. ``negative_prompt`` ``None`` (or ``""``) turns true CFG
+    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model.
+    """
+
+    prompt: str
+    width: int
+    height: int
+    steps: int
+    seed: int
+    n: int = 1
+    negative_prompt: str | None = None
+    true_cfg_scale: float = 4.0
+    guidance_scale: float | None = None
+    image: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedImage:
+    """One generated image: ``uint8 [H, W, 3]`` RGB pixels, its seed, the denoising steps run and
+    the wall time (seconds) of the denoiser call it was part of."""
+
+    pixels: np.ndarray
+    seed: int
+    steps: int
+    denoise_seconds: float
+
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the routers need from a backend."""
+
+    async def is_live(self) -> bool:
+        """True when the inference server answers and reports itself live."""
+
+    async def list_models(self) -> list[ModelInfo]:
+        """Every served model with its current state (READY or not). Raises ``TritonUnavailableError``."""
+
+    async def get_model(self, name: str) -> ModelInfo:
+        """The served, READY model ``name``.
+
+        Raises ``ModelNotFoundError``, ``ModelNotReadyError`` or ``TritonUnavailableError``.
+        """
+
+    def synthesize(
+        self, model: str, text: str, voice: str | None = None, speed: float | None = None
+    ) -> AsyncIterator[AudioChunk]:
+        """Stream ``(float32 [T] PCM, sample_rate Hz)`` chunks as the model produces them.
+
+        Closing the iterator early must cancel the request in the server. Raises
+        ``InferenceError`` (model error) or ``TritonUnavailableError`` while iterating.
+        """
+
+    async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
+        """Generate ``job.n`` images on the image model ``model`` (all requests in flight at once).
+
+        Raises ``InvalidRequestError`` (the model rejected an input), ``InferenceError``,
+        ``ModelNotReadyError`` or ``TritonUnavailableError``.
+        """
+
+    def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Stream the chat-contract responses of one request as the model produces them.
+
+        Closing the iterator early must cancel the request in the server (the stage then aborts
+        it in its engine). Raises ``InvalidRequestError`` (the model rejected the input),
+        ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
+        """
+
+    async def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,401 @@
+"""``TritonEngine``: the ``Engine`` protocol over ``tritonclient.grpc.aio``.
+
+Model metadata comes from Triton itself:
+* the repository index gives every model's state (``READY``, ``UNAVAILABLE``, ...);
+* ``get_model_config`` gives inputs/outputs and the ``parameters`` read by
+  ``model_info.model_info_from_config``.
+
+Images (``generate_images``) are unary ``ModelInfer`` calls on a diffusion ensemble, one per
+image, all in flight at once (Triton's dynamic batchers group them); see docs/image_contracts.md.
+``generate`` streams one chat-contract request (docs/chat_contracts.md; one RPC per choice).
+
+Speech is one ``ModelStreamInfer`` call per HTTP request on a decoupled model: every response
+that carries ``AUDIO`` is yielded as soon as it arrives. Closing the iterator (HTTP client gone,
+task cancelled, consumer stopped) cancels the gRPC call; Triton's gRPC stream handler then
+cancels the in-flight request, which a Python-backend model sees as ``request.is_cancelled()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from typing import AsyncIterator
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
+
+from omni_triton.triton_io import INVALID_INPUT_PREFIX
+
+from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
+                     ModelNotReadyError, TritonUnavailableError)
+from .model_info import ModelInfo, model_info_from_config, unready_dependencies
+from .protocol import AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob
+
+logger = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- Triton
+#: Triton 2.51's error when a model's Python stub process died; the model stays READY until it
+#: is loaded again (``omni-triton serve`` does that), so the request is retryable: 503.
+_STUB_DOWN = "is not healthy"
+_UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def _translate(exc: Exception, what: str) -> EngineError:
+    """Map tritonclient / gRPC exceptions to typed engine errors."""
+    if isinstance(exc, InferenceServerException):
+        status = exc.status() or ""
+        if any(status.endswith(c.name) for c in _UNAVAILABLE_CODES):
+            return TritonUnavailableError(f"Triton is unavailable ({what}): {exc.message()}")
+        return InferenceError(f"Triton error ({what}): {exc.message()}")
+    if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() in _UNAVAILABLE_CODES:
+            return TritonUnavailableError(f"Triton is unavailable ({what}): {exc.details()}")
+        return InferenceError(f"Triton error ({what}): {exc.code().name}: {exc.details()}")
+    return InferenceError(f"{what}: {exc}")
+
+
+class TritonEngine:
+    """``Engine`` over one ``tritonclient.grpc.aio.InferenceServerClient``.
+
+    Args:
+        url: Triton gRPC endpoint, ``host:port`` (default port 8001).
+        models: names to serve; None serves every model in Triton's repository index.
+        rpc_timeout_s: deadline for unary metadata calls (health, index, config).
+    """
+
+    def __init__(self, url: str, models: list[str] | None = None, rpc_timeout_s: float = 5.0):
+        self.url = url
+        self._served = list(dict.fromkeys(models)) if models else None
+        self._timeout = rpc_timeout_s
+        # Created on first use, inside the event loop that will use it (grpc.aio channels
+        # belong to one loop; uvicorn starts its loop after this object is built).
+        self._client_obj: grpcclient.InferenceServerClient | None = None
+        # name -> ModelInfo of a READY model; dropped when the model is seen not READY (reload)
+        self._config_cache: dict[str, ModelInfo] = {}
+
+    @property
+    def _client(self) -> grpcclient.InferenceServerClient:
+        if self._client_obj is None:
+            self._client_obj = grpcclient.InferenceServerClient(url=self.url)
+        return self._client_obj
+
+    async def close(self) -> None:
+        if self._client_obj is not None:
+            await self._client_obj.close()
+            self._client_obj = None
+
+    async def is_live(self) -> bool:
+        try:
+            return bool(await self._client.is_server_live(client_timeout=self._timeout))
+        except Exception:  # noqa: BLE001 - any failure means "not live"
+            return False
+
+    async def _index(self) -> dict[str, tuple[str, str]]:
+        """name -> (state, reason); a model with any READY version counts as READY."""
+        try:
+            index = await self._client.get_model_repository_index(client_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, "repository index") from exc
+        states: dict[str, tuple[str, str]] = {}
+        for m in index.models:
+            prev = states.get(m.name)
+            if prev is None or (prev[0] != "READY" and m.state == "READY"):
+                # Triton lists models it has not loaded (explicit model control) with no state
+                states[m.name] = (m.state or "UNLOADED", m.reason)
+        return states
+
+    async def _config(self, name: str, state: str, reason: str) -> ModelInfo:
+        cached = self._config_cache.get(name)
+        if cached is not None:
+            return cached
+        try:
+            resp = await self._client.get_model_config(name, client_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, f"config of {name}") from exc
+        info = model_info_from_config(resp.config, state, reason)
+        self._config_cache[name] = info
+        return info
+
+    async def list_models(self) -> list[ModelInfo]:
+        states = await self._index()
+        names = self._served if self._served is not None else sorted(states)
+        out = []
+        for name in names:
+            state, reason = states.get(name, ("MISSING", "not in Triton's model repository"))
+            if state != "READY":
+                self._config_cache.pop(name, None)  # reloaded models may change config
+                out.append(ModelInfo(name=name, state=state, reason=reason))
+                continue
+            try:
+                out.append(unready_dependencies(await self._config(name, state, reason), states))
+            except InferenceError as exc:  # unloaded between the two calls
+                out.append(ModelInfo(name=name, state="UNAVAILABLE", reason=exc.message))
+        return out
+
+    async def get_model(self, name: str) -> ModelInfo:
+        if self._served is not None and name not in self._served:
+            raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
+        try:
+            ready = await self._client.is_model_ready(name, client_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, f"readiness of {name}") from exc
+        if not ready:
+            self._config_cache.pop(name, None)
+            states = await self._index()
+            if name not in states and self._served is None:
+                raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
+            state, reason = states.get(name, ("MISSING", "not in Triton's model repository"))
+            raise ModelNotReadyError(
+                f"The model '{name}' is not ready in Triton (state {state}"
+                + (f": {reason}" if reason else "")
+                + ")",
+                param="model",
+            )
+        info = await self._config(name, "READY", "")
+        if info.depends_on:
+            checked = unready_dependencies(info, await self._index())
+            if not checked.ready:
+                raise ModelNotReadyError(
+                    f"The model '{name}' is not ready: {checked.reason}", param="model")
+        return info
+
+    async def synthesize(
+        self, model: str, text: str, voice: str | None = None, speed: float | None = None
+    ) -> AsyncIterator[AudioChunk]:
+        """One ``ModelStreamInfer`` RPC: send one request, yield each ``AUDIO`` response.
+
+        The request iterator yields the single request and ends, which half-closes the stream;
+        Triton finishes the RPC once that request's FINAL flag is out. Every streamed response
+        carries ``triton_final_response``, so the last audio response is recognised too.
+
+        Cancellation: ``stream_infer`` returns tritonclient's ``_ResponseIterator`` whose
+        ``cancel()`` is ``grpc.aio.Call.cancel()`` (tritonclient 2.73,
+        ``tritonclient/grpc/aio/__init__.py``). It is called in ``finally`` whenever the RPC
+        has not finished on its own: on ``aclose()`` / ``GeneratorExit`` (consumer stopped), on
+        ``CancelledError`` (task cancelled, e.g. HTTP disconnect) and on our own errors.
+        """
+        info = self._config_cache.get(model)
+        inputs_declared = info.inputs if info is not None else frozenset({"TEXT", "VOICE", "SPEED"})
+        inputs = [_bytes_input("TEXT", text)]
+        if voice is not None and "VOICE" in inputs_declared:
+            inputs.append(_bytes_input("VOICE", voice))
+        if speed is not None and "SPEED" in inputs_declared:
+            t = InferInput("SPEED", [1], "FP32")
+            t.set_data_from_numpy(np.array([speed], dtype=np.float32))
+            inputs.append(t)
+        async for result in self._stream(model, inputs, uuid.uuid4().hex):
+            audio = result.as_numpy("AUDIO")
+            if audio is not None and audio.size:
+                rate = result.as_numpy("SAMPLE_RATE")
+                sample_rate = int(rate.reshape(-1)[0]) if rate is not None and rate.size else None
+                if sample_rate is None:
+                    sample_rate = info.sample_rate if info and info.sample_rate else 0
+                yield np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate
+
+    async def _stream(self, model: str, inputs: list[InferInput], request_id: str):
+        """One ``ModelStreamInfer`` RPC carrying one request; yields each response's
+        ``InferResult`` until the request's final response.
+
+        Errors arrive in-band (an ``error_message`` without a code; see ``generate``) and become
+        typed ``EngineError`` s (``_stream_error``). The RPC is cancelled in ``finally`` whenever
+        it has not ended on its own (consumer stopped, task cancelled, our own error), and never
+        once it has ended: cancelling an ended stream can crash tritonserver 2.51 (server#7368).
+        """
+
+        async def _requests():
+            yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+
+        call = self._client.stream_infer(_requests())  # in-band errors: see ``generate``
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:  # in-band error: the request's final response
+                    finished = True
+                    raise _stream_error(model, error.message(), None)
+                yield result
+                param = result.get_response().parameters.get("triton_final_response")
+                if param is not None and param.bool_param:
+                    finished = True  # the RPC ends right after; keep reading to its end
+            finished = True
+        except EngineError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            finished = True  # the RPC has ended with this status: nothing to cancel
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                raise InferenceError(f"{model}: stream cancelled by the server") from exc
+            raise _stream_error(model, exc.details() or "", exc.code()) from exc
+        except InferenceServerException as exc:
+            raise _translate(exc, f"stream to {model}") from exc
+        finally:
+            if not finished:
+                call.cancel()
+                logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+
+    async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
+        """``job.n`` unary ``ModelInfer`` calls on the ensemble ``model``, all in flight at once.
+
+        One request per image (seed ``job.seed + i``) rather than one request with a batch
+        dimension of ``n``: each image is then scheduled on its own by Triton's dynamic batchers
+        (mixed with other clients' images up to ``max_batch_size``), an ``n`` above a stage's
+        ``max_batch_size`` still works, and every image equals the single-image request with its
+        seed. A ``TaskGroup`` cancels the others when one fails or the caller is cancelled (client
+        disconnect), which cancels their gRPC calls.
+        """
+
+        async def one(i: int) -> GeneratedImage:
+            try:
+                result = await self._client.infer(model, _image_inputs(job, i),
+                                                  request_id=f"{uuid.uuid4().hex}-{i}")
+            except InferenceServerException as exc:
+                message = exc.message() or str(exc)
+                if _STUB_DOWN in message:
+                    raise ModelNotReadyError(f"{model}: {message} (being restarted)", param="model") from exc
+                if (exc.status() or "").endswith("INVALID_ARGUMENT"):
+                    raise InvalidRequestError(f"{model}: {message}") from exc
+                raise _translate(exc, f"inference on {model}") from exc
+            except grpc.aio.AioRpcError as exc:
+                raise _translate(exc, f"inference on {model}") from exc
+            pixels = result.as_numpy("IMAGE")
+            if pixels is None:
+                raise InferenceError(f"{model}: no IMAGE in the response")
+            steps = result.as_numpy("NUM_STEPS")
+            seconds = result.as_numpy("DENOISE_SECONDS")
+            return GeneratedImage(
+                pixels=np.asarray(pixels, dtype=np.uint8).reshape(pixels.shape[-3:]),
+                seed=job.seed + i,
+                steps=int(steps.reshape(-1)[0]) if steps is not None else job.steps,
+                denoise_seconds=float(seconds.reshape(-1)[0]) if seconds is not None else 0.0,
+            )
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(i)) for i in range(job.n)]
+        except* EngineError as eg:
+            raise eg.exceptions[0] from None
+        return [t.result() for t in tasks]
+
+
+    async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """One ``ModelStreamInfer`` RPC carrying one chat-contract request; yields every response.
+
+        Errors arrive in-band (an ``error_message`` without a code). The header
+        ``triton_grpc_error: true`` would carry the gRPC status instead, but in that mode
+        tritonserver 2.51 crashed (SIGSEGV after "HandleCancellation called even when the context
+        was not cancelled", server#7368): on BLS error responses in ~200 tries, and on single-stage
+        ``llm`` errors while BLS streams ran (newcomer trial, 3 of 3 servers). So a stage's
+        ``INVALID_ARG`` is recognised by its message prefix (``INVALID_INPUT_PREFIX``) and becomes
+        ``InvalidRequestError`` (HTTP 400); other errors are 500s. Cancellation as in ``synthesize``: closing the generator (or cancelling its task)
+        cancels the gRPC call, which Triton turns into ``request.is_cancelled()`` in the stage.
+        """
+        info = self._config_cache.get(model)
+        declared = info.inputs if info is not None else frozenset(
+            {"PROMPT", "MESSAGES", "SAMPLING_PARAMETERS", "MODALITIES", "VOICE"})
+        inputs = chat_inputs(request, declared)
+        async for result in self._stream(model, inputs, request.request_id or uuid.uuid4().hex):
+            yield chunk_from_result(result, info.sample_rate if info else None)
+
+
+def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
+    """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md)."""
+    inputs = []
+    for name, text in (("PROMPT", job.prompt), ("NEGATIVE_PROMPT", job.negative_prompt or "")):
+        t = InferInput(name, [1, 1], "BYTES")  # [batch, 1]: the ensembles have max_batch_size > 0
+        t.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
+        inputs.append(t)
+    for name, dtype, value in (
+        ("HEIGHT", np.int32, job.height), ("WIDTH", np.int32, job.width),
+        ("NUM_INFERENCE_STEPS", np.int32, job.steps), ("TRUE_CFG_SCALE", np.float32, job.true_cfg_scale),
+        ("GUIDANCE_SCALE", np.float32, job.guidance_scale if job.guidance_scale is not None else 0.0),
+        ("SEED", np.int64, job.seed + index),
+    ):
+        array = np.array([[value]], dtype=dtype)
+        t = InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32", np.int64: "INT64"}[dtype])
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    if job.image is not None:
+        array = np.ascontiguousarray(job.image, dtype=np.uint8)[None]
+        t = InferInput("INPUT_IMAGE", list(array.shape), "UINT8")
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    return inputs
+
+
+def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:
+    """Typed error for a failed stream: ``message`` of an in-band error (``code`` None) or the
+    gRPC status the RPC ended with."""
+    if _STUB_DOWN in message:  # the launcher reloads the model within seconds
+        return ModelNotReadyError(f"{model}: {message} (being restarted)", param="model")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequestError(message)
+    if INVALID_INPUT_PREFIX in message:  # a stage's INVALID_ARG that arrived in-band, code lost
+        return InvalidRequestError(message.split(INVALID_INPUT_PREFIX, 1)[1] or message)
+    if code in _UNAVAILABLE_CODES:
+        return TritonUnavailableError(f"Triton is unavailable (stream to {model}): {message}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        # the model was unloaded between the readiness check and the request
+        return ModelNotReadyError(f"{model}: {message}", param="model")
+    return InferenceError(f"{model}: {message}")
+
+
+def chat_inputs(request: GenerationRequest, declared: frozenset[str]) -> list[InferInput]:
+    """Triton inputs of one chat-contract request (``docs/chat_contracts.md``).
+
+    Optional inputs the model does not declare (``MODALITIES`` / ``VOICE`` on a text-only model)
+    are left out rather than sent; ``SAMPLING_PARAMETERS`` is sent only when non-empty.
+    """
+    if (request.messages is None) == (request.prompt is None):
+        raise ValueError("exactly one of messages / prompt must be set")
+    if request.messages is not None:
+        inputs = [_bytes_input("MESSAGES", json.dumps(request.messages, ensure_ascii=False))]
+    else:
+        inputs = [_bytes_input("PROMPT", request.prompt)]
+    if request.sampling:
+        inputs.append(_bytes_input("SAMPLING_PARAMETERS", json.dumps(request.sampling)))
+    if request.modalities is not None and "MODALITIES" in declared:
+        inputs.append(_bytes_input("MODALITIES", json.dumps(list(request.modalities))))
+    if request.voice is not None and "VOICE" in declared:
+        inputs.append(_bytes_input("VOICE", request.voice))
+    return inputs
+
+
+def _first(result, name: str):
+    arr = result.as_numpy(name)
+    if arr is None or arr.size == 0:
+        return None
+    return arr.reshape(-1)[0]
+
+
+def chunk_from_result(result, default_rate: int | None = None) -> GenerationChunk:
+    """A ``GenerationChunk`` from one tritonclient ``InferResult`` of a chat-contract model."""
+    text = _first(result, "TEXT_DELTA")
+    reason = _first(result, "FINISH_REASON")
+    prompt_tokens = _first(result, "PROMPT_TOKENS")
+    completion_tokens = _first(result, "COMPLETION_TOKENS")
+    audio = result.as_numpy("AUDIO")
+    rate = _first(result, "SAMPLE_RATE")
+
+    def _str(v) -> str:
+        if v is None:
+            return ""
+        return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+    return GenerationChunk(
+        text=_str(text),
+        finish_reason=_str(reason) or None,
+        prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else None,
+        completion_tokens=int(completion_tokens) if completion_tokens is not None else None,
+        audio=np.asarray(audio, dtype=np.float32).reshape(-1) if audio is not None and audio.size else None,
+        sample_rate=int(rate) if rate is not None else default_rate,
+    )
+
+
+def _bytes_input(name: str, value: str) -> InferInput:
+    t = InferInput(name, [1], "BYTES")
+    t.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
+    return t
+

@@ -1,0 +1,126 @@
+"""ASGI middleware of the frontend: unexpected errors as JSON 500s, the optional API key, and the
+request body cap. Each answers in the OpenAI error shape (``errors.error_json``)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from starlette.exceptions import HTTPException
+
+from .errors import ErrorDetail, error_json
+
+logger = logging.getLogger(__name__)
+
+
+class _TrackingSend:
+    """An ASGI ``send`` that remembers whether the response has started (status line sent)."""
+
+    def __init__(self, send):
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message):
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+class UnexpectedErrors:
+    """An exception no handler took becomes a JSON 500 (``server_error`` / ``internal_error``,
+    the exception's class name only: no message, path or stack trace), sent as a normal response
+    so the keep-alive connection survives. (Starlette's own 500 handler re-raises after
+    answering, and uvicorn then drops the connection without ``Connection: close``.)
+    An exception after the status line was sent is re-raised: the transfer must be aborted."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        sent = _TrackingSend(send)
+        try:
+            await self.app(scope, receive, sent)
+        except Exception as exc:
+            if sent.started:
+                raise
+            logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            detail = ErrorDetail(message=f"Internal server error ({type(exc).__name__})",
+                                 type="server_error", code="internal_error")
+            await error_json(500, detail)(scope, receive, send)
+
+
+class ApiKey:
+    """Optional API key: every path except ``exempt`` needs ``Authorization: Bearer <key>``
+    (what the OpenAI SDKs send); otherwise 401 ``invalid_api_key`` with
+    ``WWW-Authenticate: Bearer``. Keys are compared in constant time."""
+
+    def __init__(self, app, key: str, exempt: tuple[str, ...] = ("/health", "/metrics")):
+        if not key:
+            raise ValueError("empty API key")
+        self.app = app
+        self._key = key.encode("utf-8")
+        self.exempt = frozenset(exempt)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") in self.exempt:
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or ())
+        auth = headers.get(b"authorization", b"")
+        scheme, _, token = auth.partition(b" ")
+        if scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self._key):
+            return await self.app(scope, receive, send)
+        message = ("Incorrect API key provided" if auth else
+                   "Missing API key: send it as 'Authorization: Bearer <key>'")
+        detail = ErrorDetail(message=message, type="invalid_request_error", code="invalid_api_key")
+        await error_json(401, detail, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` once a body passes the cap. An ``HTTPException``, so FastAPI's
+    body reader re-raises it as-is (anything else becomes its 400 "error parsing the body") and
+    the app's handler answers 413."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"Request body larger than {limit} bytes")
+
+
+class BodySizeLimit:
+    """413 (OpenAI error body, ``payload_too_large``) when the request body exceeds ``limit``
+    bytes, judged by ``Content-Length`` or, for chunked bodies, by counting while it is read."""
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or ())
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self._reject(scope, receive, send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        sent = _TrackingSend(send)
+        try:
+            await self.app(scope, limited_receive, sent)
+        except BodyTooLarge:
+            if sent.started:
+                raise
+            await self._reject(scope, receive, send)
+
+    async def _reject(self, scope, receive, send):
+        detail = ErrorDetail(message=f"Request body larger than {self.limit} bytes",
+                             type="invalid_request_error", code="payload_too_large")
+        await error_json(413, detail, {"Connection": "close"})(scope, receive, send)

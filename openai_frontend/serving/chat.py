@@ -1,0 +1,477 @@
+"""Serving of ``POST /v1/chat/completions`` and ``POST /v1/completions`` over chat-contract
+Triton models (and chat on a text-to-image model, answered with images).
+
+Each choice is one Triton request (``docs/chat_contracts.md``) on its own ``ModelStreamInfer``
+RPC; ``n`` choices are ``n`` requests run concurrently (with a ``seed``, choice ``i`` uses
+``seed + i``). The model's stage applies the chat template and counts tokens; the frontend only
+validates what it can without a tokenizer, frames the answer and reports the stage's counts.
+
+Audio: ``modalities`` containing ``"audio"`` needs a model that speaks. A text model (``llm``)
+whose speech twin is served (a model whose config parameter ``speaks_for`` names it, e.g.
+``llm_tts``) has the request sent to that twin; a model that cannot speak is a 400.
+
+* non-stream: ``message.content`` (when text is asked for) and ``message.audio`` =
+  ``{id, data: base64 of the whole clip in audio.format, expires_at, transcript}``.
+* stream (SSE, ``data: {chunk}`` ... ``data: [DONE]``): a first chunk per choice with the role
+  (and ``audio.id``), then chunks in arrival order carrying ``delta.content`` (text) and
+  ``delta.audio.data`` (base64 of the next bytes of a ``pcm16`` or streaming-``wav`` byte
+  stream), then per choice a last chunk with ``finish_reason`` (and ``audio.expires_at`` +
+  the whole ``audio.transcript``), then the usage chunk if ``stream_options.include_usage``.
+
+Streams wait for the first response of every choice before the status line is sent, so input
+the stage rejects (``INVALID_ARG``, e.g. a prompt over the context) is still a JSON 400. A
+later failure is sent as ``data: {"error": {...}}`` (the OpenAI SDK raises ``APIError`` on it)
+before ``[DONE]``. A client that goes away cancels every choice's gRPC stream; the stage then
+aborts the request in its engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from omni_triton.audio import UnsupportedFormatError, get_format
+
+from ..engine import EngineError, GenerationRequest, ModelInfo
+from ..errors import bad_request, engine_error_detail, error_json
+from ..generation import (
+    CHAT_AUDIO_FORMATS,
+    CHAT_STREAM_AUDIO_FORMATS,
+    END,
+    AudioStreamEncoder,
+    ChoiceState,
+    encode_clip_b64,
+    merge,
+    message_json,
+    now,
+    sampling_parameters,
+    usage_of,
+)
+from ..schemas import (
+    ChatCompletion,
+    ChatCompletionAudio,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChoiceDelta,
+    ChoiceDeltaAudio,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ErrorDetail,
+    ErrorResponse,
+    ImageGenerationRequest,
+)
+from . import images
+from .common import AdmittedRequest, resolve_model, until_disconnect
+
+logger = logging.getLogger(__name__)
+
+
+async def speaking_model(engine, info: ModelInfo) -> ModelInfo:
+    """The model that answers ``info``'s chat requests with audio: ``info`` itself if it can
+    speak, else its served speech twin (config parameter ``speaks_for``). 400 if neither."""
+    if info.can_speak:
+        return info
+    names = {info.name, info.public_name}
+    twins = [m for m in await engine.list_models() if m.speaks_for in names]
+    if not twins:
+        raise bad_request(
+            f"The model '{info.public_name}' cannot produce audio (its output modalities: "
+            f"{', '.join(info.output_modalities) or 'text'}) and no model that speaks for it is "
+            "served; ask for modalities ['text']",
+            param="modalities", code="unsupported_modality")
+    ready = [m for m in twins if m.ready]
+    # get_model raises ModelNotReadyError (503) with the reason when none is READY
+    return await engine.get_model((ready or twins)[0].name)
+
+
+# --------------------------------------------------------------------------- plan of a request
+@dataclass
+class _Plan:
+    """One HTTP request turned into Triton requests and a response shape."""
+
+    endpoint: str  # "chat" | "completions"
+    model_name: str  # as the client named it (the response's ``model``)
+    target: ModelInfo  # the Triton model that serves it
+    requests: list[GenerationRequest]
+    stream: bool
+    include_usage: bool
+    prompt_of_choice: list[int] | None = None  # completions: prompt index of each choice
+    wants_text: bool = True
+    audio_format: str | None = None  # chat audio.format when audio is asked for
+    response_id: str = ""
+    created: int = field(default_factory=now)
+
+    @property
+    def mode(self) -> str:
+        return "stream" if self.stream else "whole"
+
+
+def _check_token_limit(info: ModelInfo, limit: int | None, param: str) -> None:
+    if limit is not None and info.max_model_len and limit > info.max_model_len:
+        raise bad_request(
+            f"'{param}' is {limit} but the model '{info.public_name}' has a context of "
+            f"{info.max_model_len} tokens", param=param, code="invalid_value")
+
+
+def _check_fanout(count: int, limit: int, what: str) -> None:
+    """400 when one HTTP request would become more than ``limit`` Triton requests
+    (``--max-fanout``; 64 prompts x n=16 were 1,024 requests on one admission slot)."""
+    if count > limit:
+        raise bad_request(f"{what} is {count} generations; at most {limit} per request",
+                          param="n" if what.startswith("n=") else "prompt", code="too_many_generations")
+
+
+def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, str | None]:
+    """Validated (audio format, voice) of a chat request that asks for audio."""
+    fmt = body.audio.format if body.audio is not None else "wav"
+    try:
+        get_format(CHAT_AUDIO_FORMATS[fmt], target.sample_rate)
+    except UnsupportedFormatError as exc:
+        raise bad_request(str(exc).replace("response_format", "audio.format"), param="audio.format",
+                          code="unsupported_format") from None
+    if body.stream and fmt not in CHAT_STREAM_AUDIO_FORMATS:
+        raise bad_request(
+            f"audio.format '{fmt}' cannot be streamed; streaming supports: "
+            + ", ".join(CHAT_STREAM_AUDIO_FORMATS), param="audio.format", code="unsupported_format")
+    voice = body.audio.voice_id if body.audio is not None else None
+    if voice is None:
+        voice = target.default_voice
+    elif target.voices and voice not in target.voices:
+        raise bad_request(
+            f"Unknown voice '{voice}' for model '{target.public_name}'; available: "
+            + ", ".join(target.voices), param="audio.voice", code="invalid_voice")
+    return fmt, voice
+
+
+async def create_chat_completion(body: ChatCompletionRequest, request):
+    """Serve ``POST /v1/chat/completions`` (``request``: the Starlette request). Returns the
+    completion (a dict), an SSE response, or an image chat's ``JSONResponse``."""
+    engine = request.app.state.engine
+    info = await resolve_model(engine, body.model)
+    if info.is_image and not info.is_image_edit:
+        return await _image_chat(body, request, info)
+    if info.is_image_edit:
+        raise bad_request(f"The model '{body.model}' edits images and does not support chat "
+                          "completions (image inputs in messages are not supported); use "
+                          "POST /v1/images/edits", param="model", code="unsupported_model")
+    given = [f for f in IMAGE_FIELDS if getattr(body, f) is not None]
+    if given or (body.modalities and "image" in body.modalities):
+        raise bad_request(f"The model '{body.model}' does not generate images "
+                          f"({', '.join(given) or 'modalities'} applies to image models only)",
+                          param=given[0] if given else "modalities", code="unsupported_modality")
+    if not info.is_chat:
+        raise bad_request(f"The model '{body.model}' does not support chat completions",
+                          param="model", code="unsupported_model")
+    for i, m in enumerate(body.messages):
+        if m.content is None:
+            raise bad_request(f"messages[{i}].content is required", param=f"messages.{i}.content",
+                              code="invalid_value")
+    target, fmt, voice = info, None, None
+    if body.wants_audio:
+        target = await speaking_model(engine, info)
+        fmt, voice = _plan_audio(body, target)
+    elif body.audio is not None:
+        raise bad_request("'audio' is only valid with modalities including 'audio'", param="audio",
+                          code="invalid_value")
+    _check_fanout(body.n, request.app.state.settings.max_fanout, f"n={body.n}")
+    limit = body.token_limit
+    _check_token_limit(target, limit, "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+    messages = [message_json(m) for m in body.messages]
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    modalities = None
+    if "MODALITIES" in target.inputs:  # speech models: say whether audio is wanted
+        modalities = ("text", "audio") if body.wants_audio else ("text",)
+    requests = [
+        GenerationRequest(messages=messages, sampling=sampling_parameters(body, limit, i),
+                          modalities=modalities, voice=voice, request_id=f"{response_id}-{i}")
+        for i in range(body.n)
+    ]
+    plan = _Plan("chat", body.model, target, requests, body.stream, body.include_usage,
+                 wants_text=body.wants_text, audio_format=fmt, response_id=response_id)
+    return await _run(plan, request)
+
+
+#: ``ChatCompletionRequest`` fields that only a diffusion model takes.
+IMAGE_FIELDS = ("size", "negative_prompt", "num_inference_steps", "guidance_scale",
+                "true_cfg_scale", "output_format")
+
+
+async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> JSONResponse:
+    """A chat completion on a text-to-image model, as vLLM-Omni answers it: the last user
+    message is the prompt and ``message.content`` is a list of ``image_url`` parts, one data URL
+    (``data:image/png;base64,...``) per image (``n`` images, image ``i`` with ``seed + i``).
+
+    Image options are the images API's (``size``, ``negative_prompt``, ``num_inference_steps``,
+    ``guidance_scale``, ``true_cfg_scale``, ``output_format``, ``seed``) and are validated the same
+    way; ``usage`` carries ``num_inference_steps`` and ``denoise_seconds`` (also as the
+    ``X-Denoise-Steps`` / ``X-Denoise-Seconds`` headers). Streaming and audio are 400s.
+    """
+    if body.stream:
+        raise bad_request("Streaming is not supported for image generation models", param="stream",
+                          code="unsupported_value")
+    if body.wants_audio:
+        raise bad_request(f"The model '{body.model}' cannot produce audio", param="modalities",
+                          code="unsupported_modality")
+    users = [m for m in body.messages if m.role == "user"]
+    if not users:
+        raise bad_request("A user message with the image prompt is required", param="messages",
+                          code="invalid_value")
+    content = users[-1].content
+    prompt = content if isinstance(content, str) else " ".join(p.text for p in content or [])
+    image_body = ImageGenerationRequest(
+        prompt=prompt, model=info.name, n=body.n, size=body.size, seed=body.seed,
+        negative_prompt=body.negative_prompt, num_inference_steps=body.num_inference_steps,
+        guidance_scale=body.guidance_scale, true_cfg_scale=body.true_cfg_scale,
+        output_format=body.output_format)
+    job, fmt = images.plan(image_body, info)
+    result = await images.generate(request, info, job, fmt, None, "chat")
+    parts = [{"type": "image_url",
+              "image_url": {"url": f"data:{e.mime_type};base64,{base64.b64encode(e.data).decode('ascii')}"}}
+             for e in result.encoded]
+    response = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": body.model,
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                     "message": {"role": "assistant", "content": parts}}],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt),
+                  "num_inference_steps": result.steps, "denoise_seconds": result.seconds},
+    }
+    return JSONResponse(response, headers=images.denoise_headers(result))
+
+
+async def create_completion(body: CompletionRequest, request):
+    """Serve ``POST /v1/completions``: each prompt gets ``n`` choices (indexed
+    ``prompt_index * n + i``). Returns the completion (a dict) or an SSE response."""
+    engine = request.app.state.engine
+    info = await resolve_model(engine, body.model)
+    if not info.is_completion:
+        raise bad_request(f"The model '{body.model}' does not support completions",
+                          param="model", code="unsupported_model")
+    prompts = body.prompts
+    if not prompts or any(not p for p in prompts):
+        raise bad_request("'prompt' must be a non-empty string or a non-empty list of them",
+                          param="prompt", code="invalid_value")
+    _check_token_limit(info, body.max_tokens, "max_tokens")
+    _check_fanout(len(prompts) * body.n, request.app.state.settings.max_fanout,
+                  f"{len(prompts)} prompt(s) x n={body.n}")
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    requests, groups = [], []
+    for p_index, prompt in enumerate(prompts):
+        for i in range(body.n):
+            choice = p_index * body.n + i
+            requests.append(GenerationRequest(
+                prompt=prompt, sampling=sampling_parameters(body, body.max_tokens, i),
+                # a completion is text: a model that can also speak (omni) is told so
+                modalities=("text",) if "MODALITIES" in info.inputs else None,
+                request_id=f"{response_id}-{choice}"))
+            groups.append(p_index)
+    plan = _Plan("completions", body.model, info, requests, body.stream, body.include_usage,
+                 prompt_of_choice=groups, response_id=response_id)
+    return await _run(plan, request)
+
+
+# --------------------------------------------------------------------------- execution
+async def _run(plan: _Plan, request):
+    """Admit the plan's Triton requests (one unit each), run them concurrently and answer."""
+    state = request.app.state
+    engine, metrics = state.engine, state.metrics
+    states = [ChoiceState() for _ in plan.requests]
+    seen = {"first_text": False}
+
+    def record(outcome: str) -> None:
+        metrics.generation_requests.labels(plan.target.name, plan.endpoint, plan.mode, outcome).inc()
+        metrics.completion_tokens.labels(plan.target.name).inc(sum(s.completion_tokens for s in states))
+
+    async with AdmittedRequest(state, record, cost=len(plan.requests)) as req:
+
+        def observe(chunk) -> None:
+            if chunk is not None and chunk.text and not seen["first_text"]:
+                seen["first_text"] = True
+                metrics.ttft.labels(plan.target.name).observe(req.elapsed())
+
+        merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
+        if not plan.stream:
+            try:
+                finished = await until_disconnect(request, _collect(merged, states, observe))
+            finally:
+                await merged.aclose()
+            if not finished:
+                req.outcome = "cancelled"
+                # nobody reads this; 499 is nginx's "client closed request", for the access log
+                return error_json(499, ErrorDetail(message="Client disconnected", type="invalid_request_error",
+                                                   code="client_disconnected"))
+            return await asyncio.to_thread(_whole_response, plan, states)
+
+        # ---- stream: wait for every choice's first response so early errors keep their status
+        buffered: list[tuple[int, object]] = []
+        try:
+            started: set[int] = set()
+            while len(started) < len(states):
+                i, chunk = await merged.__anext__()
+                buffered.append((i, chunk))
+                started.add(i)
+        except StopAsyncIteration:
+            pass
+        except BaseException:
+            await merged.aclose()
+            raise
+        body = req.hand_over(_events(plan, states, buffered, merged, observe, req))
+        # The background task runs after the response ends, also after a client disconnect: the
+        # Triton streams are cancelled even if the body iterator was parked at a ``yield``.
+        return EventSourceResponse(body, background=BackgroundTask(_close_all, body, req))
+
+
+async def _close_all(body, req: AdmittedRequest) -> None:
+    await body.aclose()
+    await req.close()
+
+
+async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, observe,
+                  req: AdmittedRequest) -> AsyncIterator[ServerSentEvent]:
+    """The SSE events of a streamed answer: the buffered first responses, then the rest as they
+    arrive; a failure after the status line is a ``data: {"error": ...}`` event."""
+    framer = _StreamFramer(plan, states)
+    try:
+        for line in framer.opening():
+            yield ServerSentEvent(data=line)
+        try:
+            async def items():
+                for item in buffered:
+                    yield item
+                async for item in merged:
+                    yield item
+
+            async for i, chunk in items():
+                observe(chunk)
+                for line in framer.on_item(i, chunk):
+                    yield ServerSentEvent(data=line)
+        except EngineError as exc:
+            logger.warning("%s stream failed: %s", plan.endpoint, exc.message)
+            req.outcome = "error"
+            yield ServerSentEvent(data=ErrorResponse(error=engine_error_detail(exc)).model_dump_json())
+            yield ServerSentEvent(data="[DONE]")
+            return
+        for line in framer.closing():
+            yield ServerSentEvent(data=line)
+        yield ServerSentEvent(data="[DONE]")
+    finally:
+        await merged.aclose()
+
+
+async def _collect(merged, states: list[ChoiceState], observe) -> None:
+    async for i, chunk in merged:
+        observe(chunk)
+        if chunk is not END:
+            states[i].add(chunk)
+
+
+# --------------------------------------------------------------------------- framing
+def _whole_response(plan: _Plan, states: list[ChoiceState]) -> dict:
+    """The non-streamed body (runs in a thread: audio encoding is CPU work)."""
+    usage = usage_of(states, plan.prompt_of_choice)
+    if plan.endpoint == "completions":
+        return Completion(
+            id=plan.response_id, created=plan.created, model=plan.model_name, usage=usage,
+            choices=[CompletionChoice(index=i, text=s.full_text, finish_reason=s.finish_reason)
+                     for i, s in enumerate(states)],
+        ).model_dump()
+    choices = []
+    for i, s in enumerate(states):
+        audio = None
+        if plan.audio_format is not None:
+            rate = s.sample_rate or plan.target.sample_rate or 24000
+            audio = ChatCompletionAudio(
+                id=f"audio_{uuid.uuid4().hex}", data=encode_clip_b64(s.samples, rate, plan.audio_format),
+                expires_at=plan.created, transcript=s.full_text)
+        message = ChatCompletionMessage(content=s.full_text if plan.wants_text else None, audio=audio)
+        choices.append(ChatCompletionChoice(index=i, message=message, finish_reason=s.finish_reason))
+    return ChatCompletion(id=plan.response_id, created=plan.created, model=plan.model_name,
+                          choices=choices, usage=usage).model_dump()
+
+
+def chunk_json(chunk) -> str:
+    """One SSE ``data`` payload: ``None`` fields dropped except each choice's ``finish_reason``
+    (OpenAI always sends it, ``null`` until the end) and ``usage`` when the client asked for it."""
+    data = chunk.model_dump(exclude_none=True)
+    for choice in data.get("choices", []):
+        choice.setdefault("finish_reason", None)
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+class _StreamFramer:
+    """Turns ``(choice index, GenerationChunk | END)`` items into SSE ``data`` payloads."""
+
+    def __init__(self, plan: _Plan, states: list[ChoiceState]):
+        self.plan = plan
+        self.states = states
+        self.audio_ids = [f"audio_{uuid.uuid4().hex}" for _ in states]
+        self.encoders = [AudioStreamEncoder(plan.audio_format) if plan.audio_format else None
+                         for _ in states]
+
+    def _chat(self, index: int, delta: ChoiceDelta, finish_reason: str | None = None) -> str:
+        chunk = ChatCompletionChunk(
+            id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
+            choices=[ChatCompletionChunkChoice(index=index, delta=delta, finish_reason=finish_reason)])
+        return chunk_json(chunk)
+
+    def _completion(self, index: int, text: str, finish_reason: str | None = None) -> str:
+        chunk = Completion(
+            id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
+            choices=[CompletionChoice(index=index, text=text, finish_reason=finish_reason)])
+        return chunk_json(chunk)
+
+    def opening(self) -> list[str]:
+        if self.plan.endpoint != "chat":
+            return []
+        out = []
+        for i in range(len(self.states)):
+            audio = ChoiceDeltaAudio(id=self.audio_ids[i]) if self.plan.audio_format else None
+            out.append(self._chat(i, ChoiceDelta(role="assistant", content="" if self.plan.wants_text else None,
+                                                 audio=audio)))
+        return out
+
+    def on_item(self, i: int, chunk) -> list[str]:
+        state = self.states[i]
+        if chunk is END:
+            if self.plan.endpoint == "completions":
+                return [self._completion(i, "", state.finish_reason or "stop")]
+            audio = None
+            if self.plan.audio_format:
+                audio = ChoiceDeltaAudio(id=self.audio_ids[i], expires_at=self.plan.created,
+                                         transcript=state.full_text)
+            return [self._chat(i, ChoiceDelta(audio=audio), state.finish_reason or "stop")]
+        state.add(chunk)
+        if self.plan.endpoint == "completions":
+            return [self._completion(i, chunk.text)] if chunk.text else []
+        content = chunk.text if (chunk.text and self.plan.wants_text) else None
+        audio = None
+        encoder = self.encoders[i]
+        if encoder is not None and chunk.audio is not None and chunk.audio.size:
+            rate = chunk.sample_rate or self.plan.target.sample_rate or 24000
+            audio = ChoiceDeltaAudio(id=self.audio_ids[i], data=encoder.encode(chunk.audio, rate))
+        if content is None and audio is None:
+            return []
+        return [self._chat(i, ChoiceDelta(content=content, audio=audio))]
+
+    def closing(self) -> list[str]:
+        if not self.plan.include_usage:
+            return []
+        usage = usage_of(self.states, self.plan.prompt_of_choice)
+        cls = ChatCompletionChunk if self.plan.endpoint == "chat" else Completion
+        chunk = cls(id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
+                    choices=[], usage=usage)
+        return [json.dumps(chunk.model_dump(exclude_none=True), separators=(",", ":"))]

@@ -1,0 +1,194 @@
+"""What every API's serving code shares: model resolution, the admitted-request scope, and
+waiting on work while watching for a client disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from ..engine import EngineError, ModelInfo, ModelNotFoundError
+from ..errors import OpenAIError, bad_request
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- model resolution
+@dataclass(frozen=True)
+class ModelKind:
+    """A family of models one API serves: ``accepts(info)`` says whether ``info`` belongs to it,
+    ``description`` names it in error messages (e.g. ``text-to-speech``)."""
+
+    description: str
+    accepts: Callable[[ModelInfo], bool]
+
+
+SPEECH = ModelKind("text-to-speech", lambda m: m.is_speech)
+TEXT_TO_IMAGE = ModelKind("text-to-image", lambda m: m.is_image and not m.is_image_edit)
+IMAGE_EDIT = ModelKind("image-edit", lambda m: m.is_image_edit)
+
+
+async def resolve_model(engine, name: str | None, kind: ModelKind | None = None) -> ModelInfo:
+    """The READY model a client calls ``name``.
+
+    Args:
+        engine: the ``Engine``.
+        name: the Triton model name or a model's ``served_model_name``; ``None`` picks the only
+            READY model of ``kind`` (a 400 ``model_required`` unless there is exactly one).
+        kind: when given, a model outside it is a 400 ``model_not_supported`` (``param: model``).
+
+    Raises:
+        ModelNotFoundError (404), ModelNotReadyError (503), TritonUnavailableError (503),
+        OpenAIError (400) as above.
+    """
+    if name is None:
+        if kind is None:
+            raise bad_request("'model' is required", param="model", code="model_required")
+        models = [m for m in await engine.list_models() if m.ready and kind.accepts(m)]
+        if len(models) != 1:
+            raise bad_request(f"'model' is required when the server serves {len(models)} "
+                              f"{kind.description} models ({', '.join(m.name for m in models) or 'none'})",
+                              param="model", code="model_required")
+        return models[0]
+    try:
+        info = await engine.get_model(name)
+    except ModelNotFoundError:
+        aliases = [m for m in await engine.list_models()
+                   if m.served_model_name == name and m.name != name]
+        if not aliases:
+            raise
+        info = await engine.get_model(aliases[0].name)
+    if kind is not None and not kind.accepts(info):
+        raise bad_request(f"The model '{name}' is not a {kind.description} model", param="model",
+                          code="model_not_supported")
+    return info
+
+
+# --------------------------------------------------------------------------- admission
+def outcome_of(exc: BaseException | None) -> str:
+    """The metric outcome of a request that ended with ``exc``: ``ok`` (None), ``cancelled``
+    (task cancelled, body closed), ``invalid_input`` (a 4xx: the client's fault), else ``error``."""
+    if exc is None:
+        return "ok"
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return "cancelled"
+    status = getattr(exc, "status_code", 500)
+    if isinstance(exc, (OpenAIError, EngineError)) and status < 500:
+        return "invalid_input"
+    return "error"
+
+
+class AdmittedRequest:
+    """One request holding admission capacity, from the first Triton call until its response is
+    fully sent, failed, or its client went away; records its outcome exactly once.
+
+    ``async with AdmittedRequest(state, record) as req:`` takes ``cost`` units of admission
+    (a 429 ``rate_limit_exceeded`` + ``Retry-After`` beyond ``--max-inflight``, counted in
+    ``omni_frontend_rejected_requests``). On exit the outcome is ``req.outcome`` if the body set
+    it, else derived from the exception (``outcome_of``); ``record(outcome)`` is called and the
+    capacity released. A streaming response calls ``req.hand_over(body)`` inside the block: the
+    block's exit then leaves the request open, and the returned iterator closes it when the body
+    ends (``req.close`` is also the response's background task, for a body that never started).
+
+    Args:
+        state: ``app.state`` (``admission``, ``metrics``).
+        record: called once with the outcome (``ok``, ``invalid_input``, ``cancelled``, ``error``).
+        cost: Triton requests this HTTP request fans out to (choices x prompts, images);
+            capped at the admission limit so the largest allowed request can still run alone.
+    """
+
+    def __init__(self, state, record: Callable[[str], None], cost: int = 1):
+        self._admission = state.admission
+        self._metrics = state.metrics
+        self._record = record
+        self._cost = max(1, min(cost, self._admission.max_inflight))
+        self._slot = None
+        self._handed_over = False
+        self._closed = False
+        self.outcome: str | None = None
+        self.t0 = 0.0
+
+    async def __aenter__(self) -> "AdmittedRequest":
+        try:
+            self._slot = self._admission.acquire(self._cost)
+        except OpenAIError:
+            self._metrics.rejected.inc()
+            raise
+        self.t0 = time.perf_counter()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        if exc is None and self._handed_over:
+            return False
+        self.finish(exc)
+        return False
+
+    def elapsed(self) -> float:
+        """Seconds since admission."""
+        return time.perf_counter() - self.t0
+
+    def finish(self, exc: BaseException | None = None) -> None:
+        """Record the outcome and release the capacity (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        outcome = outcome_of(exc) if exc is not None else (self.outcome or "ok")
+        try:
+            self._record(outcome)
+        finally:
+            self._slot.release()
+
+    def hand_over(self, body: AsyncIterator) -> AsyncIterator:
+        """Make the streaming ``body`` own this request: the returned iterator yields ``body``'s
+        items and finishes the request when it ends, fails or is closed."""
+        self._handed_over = True
+        return self._own(body)
+
+    async def _own(self, body: AsyncIterator) -> AsyncIterator:
+        error: BaseException | None = None
+        try:
+            async for item in body:
+                yield item
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            await body.aclose()
+            self.finish(error)
+
+    async def close(self) -> None:
+        """Finish as ``cancelled`` unless already finished (a response body that never ran)."""
+        if not self._closed:
+            self.finish(asyncio.CancelledError())
+
+
+async def until_disconnect(request, work) -> bool:
+    """Run the coroutine ``work``; True when it finished, False when the HTTP client disconnected
+    first (then ``work`` is cancelled, which cancels its Triton calls). Starlette does not cancel a
+    non-streaming handler on disconnect, hence this watcher (vLLM's server does the same).
+    Exceptions of ``work`` propagate."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            logger.info("client disconnected; request cancelled")
+            return False
+        task.result()  # raises the work's exception
+        return True
+    finally:
+        watcher.cancel()
+        if not task.done():  # this handler was cancelled: stop the work before returning
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

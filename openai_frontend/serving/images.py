@@ -1,0 +1,264 @@
+"""``POST /v1/images/generations`` (JSON) and ``POST /v1/images/edits`` (multipart), and the
+images of a chat completion on a diffusion model.
+
+All run a diffusion ensemble (docs/image_contracts.md) through ``Engine.generate_images``: the
+``n`` images of a request are ``n`` Triton requests in flight at once (image ``i`` has seed
+``seed + i``), so Triton's dynamic batchers batch them with each other and with other clients'
+images. The response is OpenAI's ``{created, data: [{b64_json, revised_prompt}], usage}`` plus
+``output_format``/``size`` (as gpt-image-1 returns them) and the extensions ``data[].seed`` and
+``usage.num_inference_steps``/``usage.denoise_seconds`` (also as ``X-Denoise-Steps`` and
+``X-Denoise-Seconds`` headers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+from omni_triton.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
+
+from ..engine import GeneratedImage, ImageJob, ModelInfo
+from ..engine.model_info import parse_size
+from ..errors import OpenAIError, bad_request
+from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
+from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model
+
+#: omni_triton.stages.diffusion.MIN_INFERENCE_STEPS (not imported: that module imports torch)
+MIN_INFERENCE_STEPS = 2
+
+logger = logging.getLogger(__name__)
+
+#: prompt length limit (characters; gpt-image-1's documented limit)
+MAX_PROMPT_CHARS = 32000
+
+
+def size(body: ImageGenerationRequest, info: ModelInfo) -> tuple[int, int]:
+    """(width, height) in pixels from ``size`` ("WxH" or "auto"), checked against the model.
+
+    Raises:
+        OpenAIError: 400 ``invalid_size`` (not ``WxH`` with ASCII digits, not a multiple of the
+            model's ``size_multiple``, or outside [multiple, ``max_size``]).
+    """
+    default = info.default_size or (64, 64)
+    if body.size is None or body.size == "auto":
+        return default
+    parsed = parse_size(body.size)
+    if parsed is None:
+        raise bad_request(f"Invalid size '{body.size}': expected 'WIDTHxHEIGHT' (e.g. "
+                          f"'{default[0]}x{default[1]}') or 'auto'", param="size", code="invalid_size")
+    width, height = parsed
+    m, top = info.size_multiple, info.max_size or 1024
+    for v in (width, height):
+        if v < m or v > top or v % m:
+            raise bad_request(f"Invalid size '{body.size}': width and height must be multiples of {m} "
+                              f"in [{m}, {top}] for the model '{info.name}'", param="size",
+                              code="invalid_size")
+    return width, height
+
+
+def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
+    """Validate ``body`` against the model.
+
+    Returns:
+        the job (without condition image) and the output format (``png``/``jpeg``/``webp``).
+
+    Raises:
+        OpenAIError: 400 naming the offending field.
+    """
+    if not body.prompt.strip():
+        raise bad_request("'prompt' must not be empty", param="prompt", code="empty_prompt")
+    if len(body.prompt) > MAX_PROMPT_CHARS:
+        raise bad_request(f"'prompt' is {len(body.prompt)} characters; at most {MAX_PROMPT_CHARS}",
+                          param="prompt", code="prompt_too_long")
+    max_n = info.max_images or 1
+    if not 1 <= body.n <= max_n:
+        raise bad_request(f"'n' must be between 1 and {max_n} for the model '{info.name}'",
+                          param="n", code="invalid_n")
+    if body.response_format not in (None, "b64_json"):
+        raise bad_request(f"Unsupported response_format '{body.response_format}': only 'b64_json' "
+                          "(this server does not host image URLs)", param="response_format",
+                          code="unsupported_format")
+    if body.stream:
+        raise bad_request("Streaming partial images is not supported", param="stream")
+    if body.output_format is not None and not body.output_format.strip():
+        raise bad_request("'output_format' must not be empty; supported: png, jpeg, webp",
+                          param="output_format", code="unsupported_format")
+    try:
+        fmt = normalise_format(body.output_format)
+    except UnsupportedImageFormatError as exc:
+        raise bad_request(str(exc), param="output_format", code="unsupported_format") from None
+    steps = body.num_inference_steps if body.num_inference_steps is not None else (info.default_steps or 2)
+    max_steps = info.max_steps or 50
+    if not MIN_INFERENCE_STEPS <= steps <= max_steps:
+        # one step gives NaN latents in diffusers' flow-match pipelines (a black image)
+        raise bad_request(f"'num_inference_steps' must be between {MIN_INFERENCE_STEPS} and {max_steps}",
+                          param="num_inference_steps", code="invalid_value")
+    width, height = size(body, info)
+    cfg = body.true_cfg_scale if body.true_cfg_scale is not None else (info.default_true_cfg_scale or 4.0)
+    job = ImageJob(prompt=body.prompt, width=width, height=height, steps=steps,
+                   seed=body.seed if body.seed is not None else secrets.randbits(31), n=body.n,
+                   negative_prompt=body.negative_prompt or None, true_cfg_scale=cfg,
+                   guidance_scale=body.guidance_scale)
+    return job, fmt
+
+
+#: Largest width/height ratio (either way) of an edit's condition image. The edit pipeline
+#: resizes it to ~1 MP at the same ratio (``calculate_dimensions``) and Qwen2.5-VL's image
+#: processor refuses ratios above 200 (``smart_resize``); 4096x4 and 2x4096 uploads were 500s.
+#: 100 keeps the resized ratio under 200 after rounding to multiples of 32 (the stage checks the
+#: resized image itself: omni_triton.stages.diffusion.check_condition_image).
+MAX_CONDITION_ASPECT_RATIO = 100
+
+
+def check_aspect_ratio(pixels) -> None:
+    """400 ``invalid_image`` when the ``uint8 [H, W, 3]`` upload is more elongated than
+    :data:`MAX_CONDITION_ASPECT_RATIO`."""
+    h, w = pixels.shape[:2]
+    if max(h, w) > MAX_CONDITION_ASPECT_RATIO * min(h, w):
+        raise bad_request(f"The uploaded image is {w}x{h}; its aspect ratio must be at most "
+                          f"{MAX_CONDITION_ASPECT_RATIO}:1", param="image", code="invalid_image")
+
+
+@dataclass
+class ImageResult:
+    """Generated images of one request: ``images`` (pixels and seeds), ``encoded``
+    (``omni_triton.image.EncodedImage`` files), denoising ``steps`` per image and the denoiser
+    ``seconds`` (images batched together share one denoiser call, counted once)."""
+
+    images: list[GeneratedImage]
+    encoded: list
+    steps: int
+    seconds: float
+
+
+async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
+                   api: str) -> ImageResult:
+    """Run ``job`` on the image model ``info`` under admission control (``job.n`` units) and
+    encode the images in ``fmt``. ``api`` labels the request metric (``generations``, ``edits``,
+    ``chat``). Raises ``OpenAIError`` (429) / ``EngineError``."""
+    state = request.app.state
+    metrics = state.metrics
+
+    def record(outcome: str) -> None:
+        metrics.image_requests.labels(info.name, api, outcome).inc()
+
+    async with AdmittedRequest(state, record, cost=job.n):
+        images = await state.engine.generate_images(info.name, job)
+        encoded = [await asyncio.to_thread(encode_image, im.pixels, fmt, compression) for im in images]
+    metrics.images.labels(info.name).inc(len(images))
+    steps = images[0].steps if images else 0
+    seconds = round(sum(set(im.denoise_seconds for im in images)), 6)
+    return ImageResult(images, encoded, steps, seconds)
+
+
+def denoise_headers(result: ImageResult) -> dict[str, str]:
+    """``X-Denoise-Steps`` / ``X-Denoise-Seconds`` of an image response."""
+    return {"X-Denoise-Steps": str(result.steps), "X-Denoise-Seconds": f"{result.seconds:.6f}"}
+
+
+async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
+                   api: str) -> JSONResponse:
+    result = await generate(request, info, job, fmt, compression, api)
+    n_chars = len(job.prompt)
+    body = ImagesResponse(
+        created=int(time.time()),
+        data=[ImageData(b64_json=base64.b64encode(e.data).decode("ascii"), revised_prompt=job.prompt,
+                        seed=im.seed) for e, im in zip(result.encoded, result.images)],
+        output_format=fmt,
+        size=f"{job.width}x{job.height}",
+        usage=ImageUsage(input_tokens=n_chars, total_tokens=n_chars, num_inference_steps=result.steps,
+                         denoise_seconds=result.seconds),
+    )
+    return JSONResponse(body.model_dump(), headers=denoise_headers(result))
+
+
+async def create_image(body: ImageGenerationRequest, request) -> JSONResponse:
+    """``POST /v1/images/generations``."""
+    info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_IMAGE)
+    job, fmt = plan(body, info)
+    return await _respond(request, info, job, fmt, body.output_compression, "generations")
+
+
+#: multipart limits: file parts (images + mask), form fields, bytes of one non-file field
+MAX_FORM_FILES = 8
+MAX_FORM_FIELDS = 64
+MAX_FIELD_BYTES = 256 << 10
+
+#: multipart field names of the image files (the OpenAI SDK sends a list as ``image[]``)
+_IMAGE_FIELDS = ("image", "image[]")
+
+
+async def edit_image(request) -> JSONResponse:
+    """``POST /v1/images/edits`` (``multipart/form-data``: ``image`` file part(s), optional
+    ``mask``, the generation fields as form fields)."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        raise bad_request("POST /v1/images/edits takes multipart/form-data (fields 'image', "
+                          "'prompt', ...)", code="invalid_content_type")
+    settings = request.app.state.settings
+    try:
+        form = await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS,
+                                  max_part_size=MAX_FIELD_BYTES)
+    except HTTPException:  # the body cap (413)
+        raise
+    except Exception as exc:  # noqa: BLE001 - malformed multipart body
+        raise bad_request(f"Malformed multipart body: {exc}", code="invalid_multipart") from None
+    try:
+        images: list[UploadFile] = []
+        mask = None
+        fields: dict[str, str] = {}
+        for key, value in form.multi_items():
+            if key in _IMAGE_FIELDS:
+                if not isinstance(value, UploadFile):
+                    raise bad_request("'image' must be a file part", param="image", code="invalid_image")
+                images.append(value)
+            elif key == "mask":
+                mask = value
+            elif isinstance(value, UploadFile):
+                raise bad_request(f"Unexpected file field '{key}'", param=key)
+            elif key in fields:
+                raise bad_request(f"Field '{key}' given more than once", param=key)
+            else:
+                fields[key] = value
+        if "prompt" not in fields:
+            raise bad_request("Missing required parameter: 'prompt'", param="prompt", code="invalid_value")
+        try:
+            body = ImageEditForm.model_validate(fields)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        if not images:
+            raise bad_request("Missing required parameter: 'image'", param="image", code="invalid_value")
+        info = await resolve_model(request.app.state.engine, body.model, IMAGE_EDIT)
+        if mask is not None and not info.supports_mask:
+            raise bad_request(f"The model '{info.name}' does not support 'mask' (its pipeline has "
+                              "no inpainting)", param="mask", code="unsupported_mask")
+        max_inputs = info.max_input_images or 1
+        if len(images) > max_inputs:
+            raise bad_request(f"The model '{info.name}' takes at most {max_inputs} input image(s); "
+                              f"got {len(images)}", param="image", code="too_many_images")
+        job, fmt = plan(body, info)
+        for upload in images:
+            if upload.size is not None and upload.size > settings.max_upload_bytes:
+                raise OpenAIError(413, f"The uploaded image is {upload.size} bytes; at most "
+                                  f"{settings.max_upload_bytes}", param="image", code="payload_too_large")
+        data = await images[0].read()
+        try:
+            pixels = await asyncio.to_thread(decode_image, data)
+        except InvalidImageError as exc:
+            raise bad_request(str(exc), param="image", code="invalid_image") from None
+        check_aspect_ratio(pixels)
+    finally:
+        await form.close()
+    job = dataclasses.replace(job, image=pixels)
+    return await _respond(request, info, job, fmt, body.output_compression, "edits")

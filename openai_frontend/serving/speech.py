@@ -1,0 +1,271 @@
+"""``POST /v1/audio/speech`` and ``GET /v1/audio/voices``: validation, synthesis, framing.
+
+Response modes of ``/v1/audio/speech``:
+
+* whole clip (default): the model's chunks are collected, then encoded once
+  (``mp3`` default, ``opus``, ``flac``, ``wav``, ``pcm``).
+* ``stream=true`` (``stream_format="audio"``): raw bytes sent as each chunk arrives from Triton:
+  ``pcm`` (int16 LE mono) or ``wav`` (``omni_triton.audio.streaming_wav_header`` then int16 PCM).
+* ``stream_format="sse"``: ``speech.audio.delta`` events whose ``audio`` is base64 of the next
+  bytes of that same byte stream, then ``speech.audio.done`` with ``usage``; if Triton fails
+  mid-stream, ``speech.audio.error`` is sent instead of ``done``.
+
+Streaming responses wait for the first chunk before sending the status line, so an error that
+happens before any audio exists (model error, Triton down) is still a JSON error with its
+status code. A raw-audio stream that fails later is aborted (no terminating chunk), so clients
+see a truncated transfer rather than a clean end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+
+import numpy as np
+from fastapi.responses import Response, StreamingResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from omni_triton.audio import (
+    STREAMING_FORMATS,
+    SUPPORTED_FORMATS,
+    UnsupportedFormatError,
+    encode_audio,
+    float_to_pcm16,
+    get_format,
+    streaming_wav_header,
+)
+
+from ..engine import EngineError, ModelInfo, ModelNotFoundError
+from ..errors import OpenAIError, bad_request, engine_error_detail
+from ..schemas import (
+    ModelVoices,
+    SpeechAudioDelta,
+    SpeechAudioDone,
+    SpeechAudioError,
+    SpeechRequest,
+    SpeechUsage,
+    VoiceList,
+)
+from .common import SPEECH, AdmittedRequest, resolve_model
+
+logger = logging.getLogger(__name__)
+
+#: Default ``response_format`` for a whole clip: OpenAI's ``mp3`` when libsndfile can write it.
+DEFAULT_FORMAT = "mp3" if "mp3" in SUPPORTED_FORMATS else "wav"
+#: Default ``response_format`` when streaming (raw bytes or SSE).
+DEFAULT_STREAM_FORMAT = "pcm"
+
+
+class StreamAborted(RuntimeError):
+    """Raised out of a raw-audio response body after Triton failed mid-stream."""
+
+
+def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
+    """Validate the request against the model.
+
+    Returns:
+        (``omni_triton.audio`` format, voice or None, speed or None when 1.0).
+
+    Raises:
+        OpenAIError: 400 naming the offending field (empty/too long input, unknown voice,
+            unsupported speed/instructions/format).
+    """
+    if not body.input.strip():
+        raise bad_request("'input' must not be empty", param="input", code="empty_input")
+    limit = info.max_input_chars or default_max_chars
+    if len(body.input) > limit:
+        raise bad_request(
+            f"'input' is {len(body.input)} characters; the model '{info.name}' accepts at most {limit}",
+            param="input",
+            code="input_too_long",
+        )
+    voice = body.voice_id
+    if voice is None:
+        voice = info.default_voice
+    elif info.voices and voice not in info.voices:
+        raise bad_request(
+            f"Unknown voice '{voice}' for model '{info.name}'; available: {', '.join(info.voices)}",
+            param="voice",
+            code="invalid_voice",
+        )
+    if body.speed != 1.0 and not info.supports_speed:
+        raise bad_request(
+            f"The model '{info.name}' does not support 'speed' (only 1.0)", param="speed",
+            code="unsupported_speed",
+        )
+    if body.instructions and body.instructions.strip():
+        raise bad_request(
+            f"The model '{info.name}' does not support 'instructions'", param="instructions",
+            code="unsupported_instructions",
+        )
+    name = body.response_format
+    if name is None:
+        name = DEFAULT_STREAM_FORMAT if body.streaming else DEFAULT_FORMAT
+    try:
+        fmt = get_format(name, info.sample_rate)
+    except UnsupportedFormatError as exc:
+        raise bad_request(str(exc), param="response_format", code="unsupported_format") from None
+    if body.streaming and name not in STREAMING_FORMATS:
+        raise bad_request(
+            f"response_format '{name}' cannot be streamed; streaming supports: "
+            + ", ".join(STREAMING_FORMATS),
+            param="response_format",
+            code="unsupported_format",
+        )
+    speed = body.speed if body.speed != 1.0 else None
+    return fmt, voice, speed
+
+
+def _nothing_to_speak(model: str) -> OpenAIError:
+    """The model finished without any audio (e.g. input "..." has no speakable words)."""
+    return bad_request(f"The model '{model}' found nothing to speak in 'input'", param="input",
+                       code="no_speech")
+
+
+def _audio_headers(fmt_name: str, sample_rate: int) -> dict[str, str]:
+    headers = {"X-Sample-Rate": str(sample_rate), "Cache-Control": "no-store"}
+    if fmt_name == "pcm":
+        headers.update({"X-Sample-Format": "s16le", "X-Channels": "1"})
+    return headers
+
+
+async def create_speech(body: SpeechRequest, request):
+    """Serve one ``/v1/audio/speech`` request (``request``: anything with ``app.state``).
+
+    Returns a ``Response`` (whole clip), ``StreamingResponse`` (raw stream) or
+    ``EventSourceResponse`` (SSE). Raises ``OpenAIError`` / ``EngineError`` before any byte is sent.
+    """
+    state = request.app.state
+    engine, metrics = state.engine, state.metrics
+    info = await resolve_model(engine, body.model, SPEECH)
+    fmt, voice, speed = plan(body, info, state.settings.default_max_input_chars)
+    mode = "sse" if body.stream_format == "sse" else ("stream" if body.stream else "clip")
+    counted = {"samples": 0, "rate": info.sample_rate or 0}
+
+    def record(outcome: str) -> None:
+        metrics.requests.labels(info.name, mode, outcome).inc()
+        if counted["rate"]:
+            metrics.audio_seconds.labels(info.name).inc(counted["samples"] / counted["rate"])
+
+    async with AdmittedRequest(state, record) as req:
+        gen = engine.synthesize(info.name, body.input, voice, speed)
+        if not body.streaming:
+            chunks: list[np.ndarray] = []
+            try:
+                async for chunk, sr in gen:
+                    if not chunks:
+                        metrics.ttfa.labels(info.name).observe(req.elapsed())
+                    chunks.append(chunk)
+                    counted["samples"] += len(chunk)
+                    counted["rate"] = sr or counted["rate"]
+            finally:
+                await gen.aclose()
+            if not chunks:
+                raise _nothing_to_speak(info.name)
+            try:
+                data = await asyncio.to_thread(encode_audio, np.concatenate(chunks), counted["rate"], fmt.name)
+            except UnsupportedFormatError as exc:  # rate only known after synthesis
+                raise bad_request(str(exc), param="response_format") from None
+            return Response(data, media_type=fmt.content_type,
+                            headers=_audio_headers(fmt.name, counted["rate"]))
+
+        # ---- streaming: wait for the first chunk so early errors keep their status code
+        try:
+            first = await gen.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await gen.aclose()
+            raise
+        if first is None:
+            await gen.aclose()
+            raise _nothing_to_speak(info.name)
+        metrics.ttfa.labels(info.name).observe(req.elapsed())
+        rate = first[1] or info.sample_rate or 24000
+        counted["rate"] = rate
+
+        async def pcm_stream():
+            """Bytes of the ``fmt`` stream: optional WAV header, then int16 PCM per chunk."""
+            try:
+                if fmt.name == "wav":
+                    yield streaming_wav_header(rate)
+                counted["samples"] += len(first[0])
+                yield float_to_pcm16(first[0])
+                async for chunk, _ in gen:
+                    counted["samples"] += len(chunk)
+                    yield float_to_pcm16(chunk)
+            finally:
+                await gen.aclose()
+
+        if body.stream_format == "audio":
+            body_iter = req.hand_over(_raw_audio(pcm_stream()))
+            return StreamingResponse(
+                body_iter, media_type=fmt.content_type, headers=_audio_headers(fmt.name, rate),
+                # Runs after the response ends, including after a client disconnect: makes sure
+                # the Triton stream is cancelled even if the iterator was parked at a yield.
+                background=BackgroundTask(_close_all, body_iter, req))
+
+        def done() -> SpeechAudioDone:
+            n = len(body.input)
+            return SpeechAudioDone(usage=SpeechUsage(
+                input_tokens=n, total_tokens=n, audio_samples=counted["samples"],
+                audio_seconds=round(counted["samples"] / rate, 6), sample_rate=rate))
+
+        body_iter = req.hand_over(_sse_events(pcm_stream(), done, req))
+        return EventSourceResponse(body_iter, headers={"X-Sample-Rate": str(rate)},
+                                   background=BackgroundTask(_close_all, body_iter, req))
+
+
+async def _close_all(body_iter, req: AdmittedRequest) -> None:
+    await body_iter.aclose()
+    await req.close()
+
+
+async def _raw_audio(stream):
+    """Raw audio bytes; a Triton failure after the status line aborts the transfer (the server
+    closes the connection without the last chunk): the only honest signal left."""
+    try:
+        async for data in stream:
+            yield data
+    except EngineError as exc:
+        logger.warning("speech stream aborted: %s", exc.message)
+        raise StreamAborted(exc.message) from exc
+    finally:
+        await stream.aclose()
+
+
+async def _sse_events(stream, done, req: AdmittedRequest):
+    """``speech.audio.delta`` per chunk, then ``speech.audio.done`` (or ``speech.audio.error``)."""
+    try:
+        async for data in stream:
+            delta = SpeechAudioDelta(audio=base64.b64encode(data).decode("ascii"))
+            yield ServerSentEvent(data=delta.model_dump_json(), event=delta.type)
+    except EngineError as exc:
+        logger.warning("speech SSE stream failed: %s", exc.message)
+        req.outcome = "error"
+        err = SpeechAudioError(error=engine_error_detail(exc))
+        yield ServerSentEvent(data=err.model_dump_json(), event=err.type)
+        return
+    finally:
+        await stream.aclose()
+    final = done()
+    yield ServerSentEvent(data=final.model_dump_json(), event=final.type)
+
+
+async def list_voices(engine, model: str | None) -> VoiceList:
+    """``GET /v1/audio/voices[?model=]``: the READY speech models' voices (404 for an unknown
+    ``model``)."""
+    models = [m for m in await engine.list_models() if m.ready and m.is_speech]
+    if model is not None:
+        models = [m for m in models if m.name == model]
+        if not models:
+            raise ModelNotFoundError(f"The model '{model}' does not exist", param="model")
+    data = [
+        ModelVoices(model=m.name, voices=list(m.voices), default_voice=m.default_voice,
+                    sample_rate=m.sample_rate, supports_speed=m.supports_speed,
+                    max_input_chars=m.max_input_chars)
+        for m in models
+    ]
+    return VoiceList(voices=sorted({v for m in models for v in m.voices}), data=data)

@@ -1,0 +1,111 @@
+"""End-to-end: the malformed-payload suite (``clients/malformed_payloads.py``) against the real
+server, and an overload burst.
+
+Every case, sent one after another over loopback, must be a 4xx with the OpenAI error body
+(never a 5xx), and afterwards a valid request of each endpoint must succeed. Endpoints whose
+model is not served (``OMNI_TRITON_E2E_MODELS``) are skipped. Then 4x the admission limit
+(``--max-inflight`` 16) of concurrent speech requests: each ends with 200 or 429/503 +
+``Retry-After``. Also edits of good and bad (4096x4) images sent together: only the bad ones fail.
+"""
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from clients import malformed_payloads as mp
+
+from conftest import E2E_MODELS
+
+pytestmark = pytest.mark.e2e
+
+SERVED = set(E2E_MODELS.split(","))
+NEEDS = {"chat": "llm", "completions": "llm", "images_generations": "qwen_image",
+         "images_edits": "qwen_image_edit", "speech": "piper_tts"}
+MAX_INFLIGHT = 16  # the frontend's default --max-inflight
+
+
+@pytest.mark.parametrize("endpoint", mp.ENDPOINTS)
+def test_malformed_payloads_are_4xx_and_the_server_keeps_serving(stack, endpoint):
+    if NEEDS[endpoint] not in SERVED:
+        pytest.skip(f"{NEEDS[endpoint]} is not served")
+    report = mp.run(stack.frontend_url, [endpoint])
+    counts = report.statuses[endpoint]
+    print(f"{endpoint}: {sum(counts.values())} cases, statuses {dict(sorted(counts.items()))}, "
+          f"5xx {report.count_5xx()}, valid request afterwards {report.valid[endpoint]}")
+    assert report.count_5xx() == 0, report.failures
+    assert not report.failures, report.failures[:20]
+    assert report.valid[endpoint] == 200
+
+
+def test_overload_burst_is_200_or_429_with_retry_after(stack):
+    if "piper_tts" not in SERVED:
+        pytest.skip("piper_tts is not served")
+    body = {"model": "piper_tts", "input": "Hello there. How are you?", "response_format": "wav"}
+
+    def one(_):
+        r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", json=body, timeout=120)
+        return r.status_code, r.headers.get("retry-after"), r.content
+
+    with ThreadPoolExecutor(4 * MAX_INFLIGHT) as pool:
+        results = list(pool.map(one, range(4 * MAX_INFLIGHT)))
+    statuses = [s for s, _, _ in results]
+    print("overload statuses:", {s: statuses.count(s) for s in set(statuses)})
+    assert set(statuses) <= {200, 429, 503}, statuses
+    assert 200 in statuses
+    for status, retry_after, content in results:
+        if status != 200:
+            assert retry_after and mp.check(status, content) is None
+    assert httpx.post(f"{stack.frontend_url}/v1/audio/speech", json=body, timeout=60).status_code == 200
+
+
+def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
+    """A 4096x4 upload is refused by the frontend; the stages also refuse it per request (sent
+    straight to Triton, batched with good ones, only it fails)."""
+    if "qwen_image_edit" not in SERVED:
+        pytest.skip("qwen_image_edit is not served")
+    import numpy as np
+    import tritonclient.http as httpclient
+    from PIL import Image
+
+    r = httpx.post(f"{stack.frontend_url}/v1/images/edits", timeout=60,
+                   data={"model": "qwen_image_edit", "prompt": "x", "size": "32x32"},
+                   files={"image": ("a.png", mp.png(4096, 4), "image/png")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "image"
+
+    def infer(pixels: np.ndarray):
+        client = httpclient.InferenceServerClient(stack.triton_http_url.removeprefix("http://"),
+                                                  network_timeout=300)
+        inputs = []
+        for name, value, dtype in [("PROMPT", np.array([[b"x"]], dtype=object), "BYTES"),
+                                   ("NEGATIVE_PROMPT", np.array([[b""]], dtype=object), "BYTES"),
+                                   ("HEIGHT", np.array([[32]], np.int32), "INT32"),
+                                   ("WIDTH", np.array([[32]], np.int32), "INT32"),
+                                   ("NUM_INFERENCE_STEPS", np.array([[2]], np.int32), "INT32"),
+                                   ("TRUE_CFG_SCALE", np.array([[4.0]], np.float32), "FP32"),
+                                   ("GUIDANCE_SCALE", np.array([[0.0]], np.float32), "FP32"),
+                                   ("SEED", np.array([[1]], np.int64), "INT64"),
+                                   ("INPUT_IMAGE", pixels[None], "UINT8")]:
+            t = httpclient.InferInput(name, list(value.shape), dtype)
+            t.set_data_from_numpy(value)
+            inputs.append(t)
+        try:
+            client.infer("qwen_image_edit", inputs)
+            return "ok"
+        except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+            return str(exc)
+        finally:
+            client.close()
+
+    good = np.asarray(Image.open(io.BytesIO(mp.png(40, 30))).convert("RGB"))
+    bad = np.zeros((4, 4096, 3), np.uint8)
+    jobs = [good, good, bad, good, good, bad]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outcomes = list(pool.map(infer, jobs))
+    for pixels, outcome in zip(jobs, outcomes):
+        if pixels is bad:
+            assert outcome != "ok" and "aspect ratio" in outcome, outcome
+        else:
+            assert outcome == "ok", outcome

@@ -1,0 +1,343 @@
+"""Bad input measured as 5xx (issue 9) is a 4xx in the OpenAI error shape; unexpected errors are
+JSON 500s that keep the connection; strict types; bounded fan-out; API key; body caps.
+
+Runs the app through ASGI against the fakes of the other frontend unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from openai_frontend.app import Settings, create_app
+from test_chat_frontend import USER, ChatFakeEngine, assert_error
+from test_images_frontend import FakeImageEngine
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class AllFake(ChatFakeEngine):
+    """Chat, completions, speech and image models in one fake (chat behaviour from
+    ``ChatFakeEngine``, images from ``FakeImageEngine``, speech: one chunk of silence)."""
+
+    def __init__(self):
+        self.images = FakeImageEngine()
+        super().__init__()
+        self.models = {**self.images.models, **self.models}  # the chat fakes' piper_tts has voices
+        self.speech_started = 0
+
+    async def generate_images(self, model, job):
+        return await self.images.generate_images(model, job)
+
+    async def synthesize(self, model, text, voice=None, speed=None):
+        self.speech_started += 1
+        await asyncio.sleep(0)
+        yield np.zeros(2205, np.float32), self.models[model].sample_rate or 22050
+
+
+def client(engine, **settings) -> httpx.AsyncClient:
+    app = create_app(engine, Settings(**settings))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                             base_url="http://test")
+
+
+def raw(payload) -> dict:
+    """Request kwargs of a JSON body written by Python's encoder, which keeps lone surrogates as
+    ``\\ud800`` escapes and writes ``NaN``/``Infinity`` (httpx's ``json=`` would refuse both)."""
+    return {"content": json.dumps(payload, allow_nan=True).encode(),
+            "headers": {"content-type": "application/json"}}
+
+
+def png(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (10, 200, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+LONE = "\ud800"
+CHAT = {"model": "llm", "messages": USER}
+IMAGE = {"model": "qwen_image", "prompt": "a fox"}
+
+
+# ------------------------------------------------------------------ lone surrogates
+@pytest.mark.parametrize("path, payload, param", [
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": LONE}]}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "a" + LONE}]}]}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi", "name": LONE}]}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "model": LONE}, "model"),
+    ("/v1/chat/completions", {**CHAT, "stop": [LONE]}, "stop"),
+    ("/v1/completions", {"model": "llm", "prompt": LONE}, "prompt"),
+    ("/v1/completions", {"model": "llm", "prompt": ["ok", LONE]}, "prompt"),
+    ("/v1/completions", {"model": LONE, "prompt": "x"}, "model"),
+    ("/v1/images/generations", {**IMAGE, "prompt": LONE}, "prompt"),
+    ("/v1/images/generations", {**IMAGE, "negative_prompt": LONE}, "negative_prompt"),
+    ("/v1/images/generations", {**IMAGE, "model": LONE}, "model"),
+    ("/v1/audio/speech", {"model": "piper_tts", "input": "x", "voice": LONE}, "voice"),
+    ("/v1/audio/speech", {"model": "piper_tts", "input": LONE}, "input"),
+])
+async def test_lone_surrogate_is_400(path, payload, param):
+    engine = AllFake()
+    async with client(engine) as c:
+        r = await c.post(path, **raw(payload))
+    assert_error(r, 400, param=param, code="invalid_characters")
+    assert engine.requests == [] and engine.images.jobs == []
+
+
+async def test_nul_in_chat_content_is_400():
+    async with client(AllFake()) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": "a\x00b"}]})
+    assert_error(r, 400, param="messages", code="invalid_characters")
+
+
+# ------------------------------------------------------------------ sizes, sampling, guidance
+@pytest.mark.parametrize("size", ["²³x64", "①⑥x16", "6４x64", "64x64 ", "9" * 5000 + "x64"])
+async def test_size_with_non_ascii_digits_is_400(size):
+    async with client(AllFake()) as c:
+        r = await c.post("/v1/images/generations", json={**IMAGE, "size": size})
+        assert_error(r, 400, param="size", code="invalid_size")
+        r = await c.post("/v1/chat/completions", json={"model": "qwen_image", "messages": USER, "size": size})
+        assert_error(r, 400, param="size", code="invalid_size")
+
+
+@pytest.mark.parametrize("field", ["top_k", "min_tokens", "max_tokens", "max_completion_tokens", "n", "seed"])
+async def test_huge_integer_sampling_fields_are_400(field):
+    engine = AllFake()
+    async with client(engine) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, field: 1180591620717411303424})
+        assert_error(r, 400, param=field)
+        if field != "max_completion_tokens":
+            r = await c.post("/v1/completions", json={"model": "llm", "prompt": "x", field: 1180591620717411303424})
+            assert_error(r, 400, param=field)
+    assert engine.requests == []
+
+
+@pytest.mark.parametrize("value", [1e308, float("inf"), float("-inf"), float("nan"), 101.0, -1.0])
+@pytest.mark.parametrize("field", ["true_cfg_scale", "guidance_scale"])
+async def test_guidance_scales_are_finite_and_bounded(field, value):
+    engine = AllFake()
+    async with client(engine) as c:
+        r = await c.post("/v1/images/generations", **raw({**IMAGE, field: value}))
+        assert_error(r, 400, param=field)
+        r = await c.post("/v1/chat/completions", **raw({"model": "qwen_image", "messages": USER, field: value}))
+        assert_error(r, 400, param=field)
+        r = await c.post("/v1/images/edits", files={"image": ("a.png", png(64, 64), "image/png")},
+                         data={"model": "qwen_image_edit", "prompt": "x", field: repr(value)})
+        assert_error(r, 400, param=field)
+    assert engine.images.jobs == []
+
+
+@pytest.mark.parametrize("path, payload, param", [
+    ("/v1/chat/completions", {**CHAT, "max_tokens": True}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "n": "2"}, "n"),
+    ("/v1/chat/completions", {**CHAT, "temperature": "0.5"}, "temperature"),
+    ("/v1/chat/completions", {**CHAT, "stream": "true"}, "stream"),
+    ("/v1/chat/completions", {**CHAT, "seed": 1.0}, "seed"),
+    ("/v1/completions", {"model": "llm", "prompt": "x", "n": "2"}, "n"),
+    ("/v1/completions", {"model": "llm", "prompt": "x", "max_tokens": True}, "max_tokens"),
+    ("/v1/images/generations", {**IMAGE, "n": "2"}, "n"),
+    ("/v1/images/generations", {**IMAGE, "seed": "7"}, "seed"),
+    ("/v1/images/generations", {**IMAGE, "output_format": ""}, "output_format"),
+    ("/v1/chat/completions", {"model": "qwen_image", "messages": USER, "output_format": ""}, "output_format"),
+    ("/v1/audio/speech", {"model": "piper_tts", "input": "x", "speed": "1.5"}, "speed"),
+    ("/v1/audio/speech", {"model": "piper_tts", "input": "x", "stream": 1}, "stream"),
+])
+async def test_strict_types(path, payload, param):
+    engine = AllFake()
+    async with client(engine) as c:
+        r = await c.post(path, json=payload)
+    assert_error(r, 400, param=param)
+    assert engine.requests == [] and engine.images.jobs == [] and engine.speech_started == 0
+
+
+async def test_edit_form_fields_are_still_parsed_from_strings():
+    engine = AllFake()
+    async with client(engine) as c:
+        r = await c.post("/v1/images/edits", files={"image": ("a.png", png(64, 64), "image/png")},
+                         data={"model": "qwen_image_edit", "prompt": "x", "n": "2", "seed": "3",
+                               "true_cfg_scale": "2.5"})
+    assert r.status_code == 200, r.text
+    job = engine.images.jobs[-1][1]
+    assert (job.n, job.seed, job.true_cfg_scale) == (2, 3, 2.5)
+
+
+# ------------------------------------------------------------------ edits: aspect ratio
+@pytest.mark.parametrize("w, h", [(4096, 4), (2, 4096), (101, 1)])
+async def test_edit_with_extreme_aspect_ratio_is_400(w, h):
+    engine = AllFake()
+    async with client(engine) as c:
+        r = await c.post("/v1/images/edits", files={"image": ("a.png", png(w, h), "image/png")},
+                         data={"model": "qwen_image_edit", "prompt": "x"})
+        assert_error(r, 400, param="image", code="invalid_image")
+        ok = await c.post("/v1/images/edits", files={"image": ("a.png", png(100, 1), "image/png")},
+                          data={"model": "qwen_image_edit", "prompt": "x"})
+    assert ok.status_code == 200, ok.text
+    assert len(engine.images.jobs) == 1
+
+
+# ------------------------------------------------------------------ completions fan-out
+async def test_completions_fanout_is_bounded_and_counted():
+    engine = AllFake()
+    async with client(engine, max_fanout=16, max_inflight=32) as c:
+        r = await c.post("/v1/completions", json={"model": "llm", "prompt": ["x"] * 64, "n": 16})
+        assert_error(r, 400, param="prompt", code="too_many_generations")
+        r = await c.post("/v1/completions", json={"model": "llm", "prompt": ["x"] * 17})
+        assert_error(r, 400, param="prompt", code="too_many_generations")
+        r = await c.post("/v1/chat/completions", json={**CHAT, "n": 5})
+        assert r.status_code == 200
+    async with client(engine, max_fanout=4) as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "n": 5})
+        assert_error(r, 400, param="n", code="too_many_generations")
+    assert len(engine.requests) == 5
+
+
+async def test_completions_fanout_counts_against_admission():
+    """4 prompts x n=2 take 8 units: with 10 free, a second such request is a 429."""
+    engine = AllFake()
+    engine.block_at = 1
+    app = create_app(engine, Settings(max_inflight=10))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        first = asyncio.create_task(c.post("/v1/completions", json={"model": "llm", "prompt": ["a", "b", "c", "d"], "n": 2}))
+        await asyncio.wait_for(engine.reached_block.wait(), 5)
+        assert app.state.admission.inflight == 8
+        r = await c.post("/v1/completions", json={"model": "llm", "prompt": ["a", "b"], "n": 2})
+        assert_error(r, 429, code="rate_limit_exceeded")
+        assert r.headers["retry-after"]
+        r = await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "x"})  # 1 unit fits
+        assert r.status_code == 200, r.text
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+    await asyncio.sleep(0.05)
+    assert app.state.admission.inflight == 0
+
+
+# ------------------------------------------------------------------ unexpected errors
+class Exploding(AllFake):
+    async def list_models(self):
+        raise RuntimeError("secret detail at /root/.cache/omni-triton/models/llm/weights.bin")
+
+
+async def test_unexpected_error_is_a_json_500_that_keeps_the_connection():
+    """No exception leaves the app (Starlette's ServerErrorMiddleware would answer, then re-raise,
+    and uvicorn then drops the keep-alive connection without ``Connection: close``): with
+    ``raise_app_exceptions`` on, the request would raise here."""
+    app = create_app(Exploding(), Settings())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        r = await c.post("/v1/audio/speech", json={"input": "x"})
+    err = assert_error(r, 500, code="internal_error")
+    assert err["type"] == "server_error" and "RuntimeError" in err["message"]
+    assert "/root" not in r.text and "secret" not in r.text and "Traceback" not in r.text
+    assert r.headers.get("connection") != "close"
+
+
+async def test_engine_error_messages_carry_no_paths():
+    class PathyFailure(AllFake):
+        async def generate_images(self, model, job):
+            from openai_frontend.engine import InferenceError
+            raise InferenceError(f"{model}: denoiser failed: [Errno 2] No such file: "
+                                 "'/root/.cache/omni-triton/models/x/unet.bin' Traceback (most recent "
+                                 "call last):\n  File \"/usr/lib/python3.11/a.py\", line 1")
+
+    async with client(PathyFailure()) as c:
+        r = await c.post("/v1/images/generations", json=IMAGE)
+    err = assert_error(r, 500, code="inference_error")
+    assert "/root" not in err["message"] and "Traceback" not in err["message"] and "<path>" in err["message"]
+
+
+# ------------------------------------------------------------------ API key
+@pytest.mark.parametrize("headers, status", [
+    ({}, 401), ({"Authorization": "Bearer wrong"}, 401), ({"Authorization": "sk-test"}, 401),
+    ({"Authorization": "Bearer sk-test"}, 200), ({"Authorization": "bearer sk-test"}, 200),
+])
+async def test_api_key(headers, status):
+    async with client(AllFake(), api_key="sk-test") as c:
+        r = await c.post("/v1/chat/completions", json=CHAT, headers=headers)
+        assert r.status_code == status, r.text
+        if status == 401:
+            assert_error(r, 401, code="invalid_api_key")
+            assert r.headers["www-authenticate"] == "Bearer"
+        assert (await c.get("/health")).status_code != 401
+        assert (await c.get("/metrics")).status_code == 200
+        assert (await c.get("/v1/models", headers=headers)).status_code == status
+
+
+async def test_api_key_exempt_paths_are_configurable():
+    async with client(AllFake(), api_key="k", auth_exempt_paths=("/metrics",)) as c:
+        assert_error(await c.get("/health"), 401, code="invalid_api_key")
+        assert (await c.get("/metrics")).status_code == 200
+        assert (await c.get("/health", headers={"Authorization": "Bearer k"})).status_code == 200
+
+
+async def test_sdk_sends_the_api_key():
+    import openai
+
+    app = create_app(AllFake(), Settings(api_key="sk-test"))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    good = openai.AsyncOpenAI(base_url="http://test/v1", api_key="sk-test", http_client=http, max_retries=0)
+    r = await good.chat.completions.create(model="llm", messages=USER)
+    assert r.choices[0].message.content
+    bad = openai.AsyncOpenAI(base_url="http://test/v1", api_key="nope", http_client=http, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        await bad.chat.completions.create(model="llm", messages=USER)
+
+
+def test_api_key_from_env_and_flag(monkeypatch):
+    from openai_frontend.__main__ import parse_args
+
+    monkeypatch.setenv("OMNI_TRITON_API_KEY", "from-env")
+    assert parse_args([]).api_key == "from-env"
+    assert parse_args(["--api-key", "flag"]).api_key == "flag"
+    monkeypatch.delenv("OMNI_TRITON_API_KEY")
+    assert parse_args([]).api_key is None
+
+
+# ------------------------------------------------------------------ body and upload caps
+async def chunks(data: bytes, size: int = 1000):
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/audio/speech",
+                                  "/v1/images/generations"])
+async def test_chunked_body_over_the_cap_is_413(path):
+    body = json.dumps({"model": "llm", "prompt": "x" * 5000, "input": "y" * 5000}).encode()
+    async with client(AllFake(), max_body_bytes=2000) as c:
+        r = await c.post(path, content=chunks(body), headers={"content-type": "application/json"})
+        assert_error(r, 413, code="payload_too_large")
+        r = await c.post(path, content=body, headers={"content-type": "application/json"})
+        assert_error(r, 413, code="payload_too_large")
+
+
+async def test_chunked_multipart_over_the_cap_is_413():
+    boundary = "b0undary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n"
+            f"Content-Type: image/png\r\n\r\n").encode() + png(64, 64) + b"\0" * 6000 + f"\r\n--{boundary}--\r\n".encode()
+    async with client(AllFake(), max_body_bytes=4000) as c:
+        r = await c.post("/v1/images/edits", content=chunks(body),
+                         headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+    assert_error(r, 413, code="payload_too_large")
+
+
+async def test_upload_over_the_cap_is_413():
+    engine = AllFake()
+    async with client(engine, max_upload_bytes=1000) as c:
+        big = png(64, 64) + b"\0" * 2000
+        r = await c.post("/v1/images/edits", files={"image": ("a.png", big, "image/png")},
+                         data={"model": "qwen_image_edit", "prompt": "x"})
+        assert_error(r, 413, param="image", code="payload_too_large")
+        r = await c.post("/v1/images/edits", files=[("image", ("a.png", png(8, 8), "image/png"))] * 9,
+                         data={"model": "qwen_image_edit", "prompt": "x"})
+        assert_error(r, 400)
+    assert engine.images.jobs == []

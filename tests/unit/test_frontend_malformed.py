@@ -1,0 +1,76 @@
+"""The malformed-payload suite (``clients/malformed_payloads.py``, >= 100 cases per endpoint)
+through ASGI against a fake engine: every case is a 4xx with the OpenAI error body, the fake
+engine never sees one of them, and a valid request of each endpoint succeeds afterwards.
+The same cases run against the real server in ``tests/e2e/test_malformed.py``."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from clients import malformed_payloads as mp
+from openai_frontend.app import Settings, create_app
+from test_frontend_bad_input import AllFake
+
+pytestmark = pytest.mark.anyio
+
+#: the fake's models under the names the cases use
+MODELS = mp.Models(chat="llm", image="qwen_image", image_edit="qwen_image_edit", speech="piper_tts")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.parametrize("endpoint", mp.ENDPOINTS)
+def test_at_least_100_cases_per_endpoint(endpoint):
+    assert len(mp.cases(endpoint, MODELS)) >= 100
+
+
+@pytest.mark.parametrize("endpoint", mp.ENDPOINTS)
+async def test_every_malformed_case_is_a_4xx_with_the_openai_error_body(endpoint):
+    engine = AllFake()
+    app = create_app(engine, Settings())
+    failures, statuses = [], {}
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        for case in mp.cases(endpoint, MODELS):
+            r = await c.post(case.path, **case.request_kwargs())
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            problem = mp.check(r.status_code, r.content)
+            if problem:
+                failures.append(f"{case.name}: {problem}")
+        assert not failures, f"{len(failures)} of {sum(statuses.values())} cases: " + "\n".join(failures[:40])
+        # nothing reached the engine, and the server still serves
+        assert engine.requests == [] and engine.images.jobs == [] and engine.speech_started == 0
+        valid = mp.valid_request(endpoint, MODELS)
+        if endpoint == "images_edits":
+            r = await c.post(mp.PATHS[endpoint], data=valid, files=mp.valid_files())
+        else:
+            r = await c.post(mp.PATHS[endpoint], json=valid)
+        assert r.status_code == 200, r.text
+    assert app.state.admission.inflight == 0
+
+
+# ------------------------------------------------------------------ overload
+async def test_overload_4x_the_admission_limit():
+    """4x ``max_inflight`` concurrent requests over all APIs: each ends with 200 or 429/503 with
+    ``Retry-After``; no slot leaks; a request after the burst succeeds."""
+    import asyncio
+
+    engine = AllFake()
+    limit = 4
+    app = create_app(engine, Settings(max_inflight=limit))
+    requests = [(mp.PATHS[e], mp.valid_request(e, MODELS)) for e in mp.ENDPOINTS if e != "images_edits"]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        rs = await asyncio.gather(*[c.post(*requests[i % len(requests)][:1], json=requests[i % len(requests)][1])
+                                    for i in range(4 * limit)])
+        statuses = [r.status_code for r in rs]
+        assert set(statuses) <= {200, 429, 503}, statuses
+        assert 200 in statuses and 429 in statuses, statuses  # the burst did overload it
+        for r in rs:
+            if r.status_code != 200:
+                assert r.headers["retry-after"] and mp.check(r.status_code, r.content) is None
+        assert (await c.post(requests[0][0], json=requests[0][1])).status_code == 200
+    assert app.state.admission.inflight == 0
