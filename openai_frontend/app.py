@@ -15,6 +15,7 @@ from .errors import install_error_handlers
 from .metrics import FrontendMetrics
 from .middleware import ApiKey, BodySizeLimit, UnexpectedErrors
 from .routers import audio, chat, images, models, observability
+from .stage_watch import ServeStatusWatch
 
 
 @dataclass
@@ -49,16 +50,23 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     """Build the app around ``engine`` (``TritonEngine`` in production, a fake in unit tests)."""
     settings = settings or Settings()
 
+    # serve's status file (omni_triton.launcher.ServeStatus): restarts and stub deaths for
+    # /health; a stage that died has the in-flight requests it would leave hanging ended.
+    watch = ServeStatusWatch.from_env(getattr(engine, "abort_inflight", None))
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        watch.start()
         try:
             yield
         finally:
+            await watch.stop()
             if close_engine:
                 await engine.close()
 
     app = FastAPI(title="Omni-Triton OpenAI frontend", lifespan=lifespan)
     app.state.engine = engine
+    app.state.serve_watch = watch
     app.state.settings = settings
     app.state.admission = AdmissionController(settings.max_inflight, settings.retry_after_s)
     app.state.metrics = FrontendMetrics(app.state.admission)

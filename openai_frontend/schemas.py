@@ -174,6 +174,10 @@ class HealthStatus(BaseModel):
     models: dict[str, str]  # name -> Triton state
     not_ready: list[str] = []
     message: str | None = None
+    #: ``omni-triton serve``'s supervision record when the frontend runs under it: ``state``
+    #: (starting/ready/restarting), ``restarts``, ``last_crash`` (``at``, ``exit_code``,
+    #: ``reason``), ``stub_reloads`` (model -> count), ``last_stub_death``; ``None`` otherwise.
+    serve: dict | None = None
 
 
 # --------------------------------------------------------------------------- images

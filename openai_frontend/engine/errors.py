@@ -41,6 +41,15 @@ class ModelNotReadyError(EngineError):
     code = "model_not_ready"
 
 
+class StageRestartedError(ModelNotReadyError):
+    """A stage the request was running on died (its stub process was killed, crashed or ran out
+    of memory) and is being restarted; Triton 2.51 would never have finished the request. A 503
+    the client can retry (``Retry-After``); the frontend retries once itself where the request
+    has no side effects and is deterministic."""
+
+    code = "stage_restarted"
+
+
 class InvalidRequestError(EngineError):
     """The model rejected the request's content (Triton ``INVALID_ARG``, e.g. a prompt longer
     than the model's context): the client's fault, HTTP 400."""

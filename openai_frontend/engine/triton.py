@@ -32,7 +32,7 @@ from tritonclient.utils import InferenceServerException
 from omni_triton.triton_io import INVALID_INPUT_PREFIX
 
 from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
-                     ModelNotReadyError, TritonUnavailableError)
+                     ModelNotReadyError, StageRestartedError, TritonUnavailableError)
 from .model_info import ModelInfo, model_info_from_config, unready_dependencies
 from .protocol import AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob
 
@@ -43,6 +43,18 @@ logger = logging.getLogger(__name__)
 #: is loaded again (``omni-triton serve`` does that), so the request is retryable: 503.
 _STUB_DOWN = "is not healthy"
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+#: Channel options: tritonclient's defaults (unlimited message sizes) plus a short reconnect
+#: backoff. gRPC's default backoff grows to 120 s, so after a tritonserver restart the frontend
+#: kept answering 503 for up to 28 s (measured); with these it reconnects within ~1 s of Triton
+#: listening again.
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 2**31 - 1),
+]
 
 
 def _translate(exc: Exception, what: str) -> EngineError:
@@ -77,12 +89,46 @@ class TritonEngine:
         self._client_obj: grpcclient.InferenceServerClient | None = None
         # name -> ModelInfo of a READY model; dropped when the model is seen not READY (reload)
         self._config_cache: dict[str, ModelInfo] = {}
+        # request id -> (model, cancel()) of every Triton call in flight; abort_inflight ends the
+        # calls of a stage that died, recording request id -> dead stage in _aborted.
+        self._inflight: dict[str, tuple[str, object]] = {}
+        self._aborted: dict[str, str] = {}
 
     @property
     def _client(self) -> grpcclient.InferenceServerClient:
         if self._client_obj is None:
-            self._client_obj = grpcclient.InferenceServerClient(url=self.url)
+            self._client_obj = grpcclient.InferenceServerClient(url=self.url, channel_args=CHANNEL_ARGS)
         return self._client_obj
+
+    def abort_inflight(self, models: list[str], dead_stage: str) -> int:
+        """End every in-flight Triton call on ``models`` because ``dead_stage``'s stub died.
+
+        Triton 2.51 never finishes a request whose stub process died, and the model's reload
+        waits for it; so the calls are cancelled here and raise :class:`StageRestartedError`
+        (503) in their callers. Called by ``stage_watch.ServeStatusWatch`` (``serve``'s status
+        file). Returns the number of calls ended.
+        """
+        ended = 0
+        for request_id, (model, cancel) in list(self._inflight.items()):
+            if model in models:
+                self._aborted[request_id] = dead_stage
+                cancel()
+                ended += 1
+        if ended:
+            logger.warning("ended %d in-flight request(s) on %s: stage %s died", ended,
+                           ", ".join(models), dead_stage)
+        return ended
+
+    def _stage_restarted(self, request_id: str, model: str) -> StageRestartedError | None:
+        """The error for a call that :meth:`abort_inflight` cancelled (not a task cancellation:
+        the caller's own cancel, e.g. an HTTP disconnect, stays a ``CancelledError``)."""
+        dead = self._aborted.pop(request_id, None)
+        task = asyncio.current_task()
+        if dead is None or (task is not None and task.cancelling()):
+            return None
+        return StageRestartedError(
+            f"{model}: its stage {dead} died while this request was running and is being "
+            "restarted; retry the request", param="model")
 
     async def close(self) -> None:
         if self._client_obj is not None:
@@ -212,6 +258,7 @@ class TritonEngine:
 
         call = self._client.stream_infer(_requests())  # in-band errors: see ``generate``
         finished = False
+        self._inflight[request_id] = (model, call.cancel)
         try:
             async for result, error in call:
                 if error is not None:  # in-band error: the request's final response
@@ -231,7 +278,15 @@ class TritonEngine:
             raise _stream_error(model, exc.details() or "", exc.code()) from exc
         except InferenceServerException as exc:
             raise _translate(exc, f"stream to {model}") from exc
+        except asyncio.CancelledError:
+            error = self._stage_restarted(request_id, model)
+            if error is None:
+                raise
+            finished = True  # abort_inflight cancelled it already
+            raise error from None
         finally:
+            self._inflight.pop(request_id, None)
+            self._aborted.pop(request_id, None)
             if not finished:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
@@ -248,9 +303,18 @@ class TritonEngine:
         """
 
         async def one(i: int) -> GeneratedImage:
+            request_id = f"{uuid.uuid4().hex}-{i}"
+            call = asyncio.ensure_future(self._client.infer(model, _image_inputs(job, i),
+                                                            request_id=request_id))
+            self._inflight[request_id] = (model, call.cancel)
             try:
-                result = await self._client.infer(model, _image_inputs(job, i),
-                                                  request_id=f"{uuid.uuid4().hex}-{i}")
+                result = await call
+            except asyncio.CancelledError:
+                call.cancel()
+                error = self._stage_restarted(request_id, model)
+                if error is None:
+                    raise
+                raise error from None
             except InferenceServerException as exc:
                 message = exc.message() or str(exc)
                 if _STUB_DOWN in message:
@@ -260,6 +324,9 @@ class TritonEngine:
                 raise _translate(exc, f"inference on {model}") from exc
             except grpc.aio.AioRpcError as exc:
                 raise _translate(exc, f"inference on {model}") from exc
+            finally:
+                self._inflight.pop(request_id, None)
+                self._aborted.pop(request_id, None)
             pixels = result.as_numpy("IMAGE")
             if pixels is None:
                 raise InferenceError(f"{model}: no IMAGE in the response")

@@ -43,8 +43,20 @@ async def health(request: Request):
         models=models,
         not_ready=not_ready,
         message=public_message(message) if message else None,  # no file paths
+        serve=_serve_status(request),
     )
-    return JSONResponse(status.model_dump(), status_code=200 if ok else 503)
+    headers = None if ok else {"Retry-After": str(request.app.state.settings.retry_after_s)}
+    return JSONResponse(status.model_dump(), status_code=200 if ok else 503, headers=headers)
+
+
+def _serve_status(request: Request) -> dict | None:
+    """``serve``'s supervision record (restarts, last crash reason, stub reloads), without the
+    crash log's path (no file paths in answers)."""
+    watch = getattr(request.app.state, "serve_watch", None)
+    status = watch.health() if watch is not None else None
+    if status and status.get("last_crash"):
+        status = {**status, "last_crash": {k: v for k, v in status["last_crash"].items() if k != "log"}}
+    return status
 
 
 @router.get("/metrics")

@@ -75,7 +75,7 @@ from ..schemas import (
     ImageGenerationRequest,
 )
 from . import images
-from .common import AdmittedRequest, resolve_model, until_disconnect
+from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect
 
 logger = logging.getLogger(__name__)
 
@@ -303,12 +303,19 @@ async def _run(plan: _Plan, request):
                 seen["first_text"] = True
                 metrics.ttft.labels(plan.target.name).observe(req.elapsed())
 
-        merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
         if not plan.stream:
-            try:
-                finished = await until_disconnect(request, _collect(merged, states, observe))
-            finally:
-                await merged.aclose()
+            async def attempt():
+                states[:] = [ChoiceState() for _ in plan.requests]
+                merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
+                try:
+                    return await until_disconnect(request, _collect(merged, states, observe))
+                finally:
+                    await merged.aclose()
+
+            if all(_deterministic(r) for r in plan.requests):  # greedy or seeded: retried once
+                finished = await retry_after_stage_restart(engine, plan.target.name, attempt)
+            else:
+                finished = await attempt()
             if not finished:
                 req.outcome = "cancelled"
                 # nobody reads this; 499 is nginx's "client closed request", for the access log
@@ -317,6 +324,7 @@ async def _run(plan: _Plan, request):
             return await asyncio.to_thread(_whole_response, plan, states)
 
         # ---- stream: wait for every choice's first response so early errors keep their status
+        merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
         buffered: list[tuple[int, object]] = []
         try:
             started: set[int] = set()
@@ -333,6 +341,12 @@ async def _run(plan: _Plan, request):
         # The background task runs after the response ends, also after a client disconnect: the
         # Triton streams are cancelled even if the body iterator was parked at a ``yield``.
         return EventSourceResponse(body, background=BackgroundTask(_close_all, body, req))
+
+
+def _deterministic(request) -> bool:
+    """Whether running ``request`` again gives the same answer: greedy (temperature 0) or seeded."""
+    sampling = request.sampling or {}
+    return sampling.get("temperature") == 0 or sampling.get("seed") is not None
 
 
 async def _close_all(body, req: AdmittedRequest) -> None:

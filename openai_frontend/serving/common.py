@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
+from ..engine.errors import StageRestartedError
 from ..errors import OpenAIError, bad_request
 
 logger = logging.getLogger(__name__)
@@ -192,3 +193,30 @@ async def until_disconnect(request, work) -> bool:
         if not task.done():  # this handler was cancelled: stop the work before returning
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+# --------------------------------------------------------------------------- stage restarts
+async def retry_after_stage_restart(engine, model: str, attempt, wait_s: float = 180.0,
+                                    poll_s: float = 0.5):
+    """``await attempt()``; if a stage died under it (:class:`StageRestartedError`), wait until
+    ``model`` is READY again and run ``attempt()`` once more.
+
+    For requests without side effects whose answer does not depend on the try (speech, seeded
+    images, greedy or seeded chat): the client gets the answer it would have got, late, instead
+    of a 503. A second failure, or ``model`` not READY within ``wait_s`` seconds, raises the
+    503 (``StageRestartedError``, with ``Retry-After``).
+    """
+    try:
+        return await attempt()
+    except StageRestartedError as first:
+        logger.warning("%s: %s; retrying once when it is READY again", model, first.message)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                await engine.get_model(model)
+                break
+            except EngineError:
+                if time.monotonic() > deadline:
+                    raise first from None
+                await asyncio.sleep(poll_s)
+        return await attempt()

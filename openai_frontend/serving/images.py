@@ -32,7 +32,7 @@ from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
 from ..errors import OpenAIError, bad_request
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
-from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model
+from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model, retry_after_stage_restart
 
 #: omni_triton.stages.diffusion.MIN_INFERENCE_STEPS (not imported: that module imports torch)
 MIN_INFERENCE_STEPS = 2
@@ -154,7 +154,9 @@ async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
         metrics.image_requests.labels(info.name, api, outcome).inc()
 
     async with AdmittedRequest(state, record, cost=job.n):
-        images = await state.engine.generate_images(info.name, job)
+        # Seeded images have no side effects: retried once if a stage dies under them.
+        images = await retry_after_stage_restart(
+            state.engine, info.name, lambda: state.engine.generate_images(info.name, job))
         encoded = [await asyncio.to_thread(encode_image, im.pixels, fmt, compression) for im in images]
     metrics.images.labels(info.name).inc(len(images))
     steps = images[0].steps if images else 0

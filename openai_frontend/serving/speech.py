@@ -48,7 +48,7 @@ from ..schemas import (
     SpeechUsage,
     VoiceList,
 )
-from .common import SPEECH, AdmittedRequest, resolve_model
+from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart
 
 logger = logging.getLogger(__name__)
 
@@ -150,18 +150,24 @@ async def create_speech(body: SpeechRequest, request):
             metrics.audio_seconds.labels(info.name).inc(counted["samples"] / counted["rate"])
 
     async with AdmittedRequest(state, record) as req:
-        gen = engine.synthesize(info.name, body.input, voice, speed)
         if not body.streaming:
             chunks: list[np.ndarray] = []
-            try:
-                async for chunk, sr in gen:
-                    if not chunks:
-                        metrics.ttfa.labels(info.name).observe(req.elapsed())
-                    chunks.append(chunk)
-                    counted["samples"] += len(chunk)
-                    counted["rate"] = sr or counted["rate"]
-            finally:
-                await gen.aclose()
+
+            async def attempt():  # speech has no side effects: retried once if a stage dies
+                chunks.clear()
+                counted["samples"] = 0
+                gen = engine.synthesize(info.name, body.input, voice, speed)
+                try:
+                    async for chunk, sr in gen:
+                        if not chunks:
+                            metrics.ttfa.labels(info.name).observe(req.elapsed())
+                        chunks.append(chunk)
+                        counted["samples"] += len(chunk)
+                        counted["rate"] = sr or counted["rate"]
+                finally:
+                    await gen.aclose()
+
+            await retry_after_stage_restart(engine, info.name, attempt)
             if not chunks:
                 raise _nothing_to_speak(info.name)
             try:
@@ -172,6 +178,7 @@ async def create_speech(body: SpeechRequest, request):
                             headers=_audio_headers(fmt.name, counted["rate"]))
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
+        gen = engine.synthesize(info.name, body.input, voice, speed)
         try:
             first = await gen.__anext__()
         except StopAsyncIteration:
