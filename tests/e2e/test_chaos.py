@@ -1,0 +1,150 @@
+"""Chaos: kill -9 one stage's stub, and separately tritonserver itself, while requests are in
+flight. Only the killed stage's requests may fail, each must end promptly (no hang, no admission
+slot kept), and the stage / server must serve again. Recovery times are printed for the notes.
+
+The stub test uses the session stack (``kills_stub``: serve reloading piper_tts is expected).
+The tritonserver test starts its own ``omni-triton serve`` (piper_tts only, restarts in seconds),
+so the session server's no-crash checks stay meaningful.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from omni_triton.launcher import free_port
+
+LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(60))
+
+
+def _stubs(model: str, triton_pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and p.info["cmdline"][0].endswith("triton_python_backend_stub")
+            and f"/{model}/" in p.info["cmdline"][1] and p.info["cmdline"][5] == str(triton_pid)]
+
+
+def _in_thread(fn) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            out["result"] = fn()
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test reads
+            out["error"] = repr(exc)
+        out["ended_s"] = time.monotonic() - t0
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def _sse_speech(url: str) -> list[str]:
+    """Event names of a streamed (SSE) speech request for LONG_TEXT."""
+    events = []
+    with httpx.stream("POST", f"{url}/v1/audio/speech", timeout=300, json={
+            "model": "piper_tts", "voice": "joe", "input": LONG_TEXT, "stream_format": "sse"}) as r:
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                events.append(line.split(":", 1)[1].strip())
+    return events
+
+
+@pytest.mark.kills_stub
+def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
+    url = stack.frontend_url
+    chat_body = {"model": "llm", "messages": [{"role": "user", "content": "What is the capital of Japan?"}],
+                 "max_tokens": 24, "temperature": 0}
+    streamed, streamed_out = _in_thread(lambda: _sse_speech(url))
+    whole, whole_out = _in_thread(lambda: httpx.post(f"{url}/v1/audio/speech", timeout=300, json={
+        "model": "piper_tts", "voice": "joe", "input": LONG_TEXT, "response_format": "wav"}).status_code)
+    chat, chat_out = _in_thread(lambda: httpx.post(f"{url}/v1/chat/completions", json=chat_body,
+                                                   timeout=300).status_code)
+    time.sleep(1.5)  # all three are running
+    (stub,) = _stubs("piper_tts", stack.triton_pid)
+    killed_at = time.monotonic()
+    os.kill(stub.pid, signal.SIGKILL)
+    for t in (streamed, whole, chat):
+        t.join(timeout=240)
+    assert not streamed.is_alive() and not whole.is_alive() and not chat.is_alive(), "a request hangs"
+    ended = time.monotonic() - killed_at
+    # The stream ends with an error event instead of hanging (Triton 2.51 never finishes it).
+    assert "speech.audio.error" in streamed_out.get("result", []), streamed_out
+    # Speech has no side effects: the whole-clip request is retried on the reloaded stage (200),
+    # or, if the reload takes too long, a clear 503.
+    assert whole_out.get("result") in (200, 503), whole_out
+    assert chat_out.get("result") == 200, chat_out  # another stage's request is untouched
+    back = time.monotonic()
+    while httpx.post(f"{url}/v1/audio/speech", timeout=120, json={
+            "model": "piper_tts", "voice": "joe", "input": "Back.", "response_format": "wav"}).status_code != 200:
+        assert time.monotonic() - back < 120, "piper_tts did not come back"
+        time.sleep(0.5)
+    health = httpx.get(f"{url}/health", timeout=10).json()
+    assert health["serve"]["stub_reloads"].get("piper_tts", 0) >= 1, health
+    print(json.dumps({"stub_kill": {"requests_ended_s": round(ended, 1),
+                                    "stream_ended_s": round(streamed_out["ended_s"], 1),
+                                    "whole": whole_out.get("result"),
+                                    "serving_again_s": round(time.monotonic() - killed_at, 1)}}))
+    # no admission slot leaked: every request above released its slot
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    inflight = [ln for ln in metrics.splitlines() if ln.startswith("omni_frontend_inflight")]
+    assert all(float(ln.rsplit(" ", 1)[1]) == 0 for ln in inflight), inflight
+
+
+def test_killing_tritonserver_ends_requests_with_503_and_serve_brings_it_back(tmp_path):
+    ports = {k: free_port() for k in ("http", "grpc", "metrics", "frontend")}
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper_tts", "--skip-prepare",
+         "--port", str(ports["frontend"]), "--triton-http-port", str(ports["http"]),
+         "--triton-grpc-port", str(ports["grpc"]), "--triton-metrics-port", str(ports["metrics"])],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{ports['frontend']}"
+    try:
+        deadline = time.monotonic() + 300
+        while "serving; Ctrl-C" not in (tmp_path / "serve.log").read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.5)
+        (triton,) = [p for p in psutil.Process(proc.pid).children() if p.name() == "tritonserver"]
+        streamed, streamed_out = _in_thread(lambda: _sse_speech(url))
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        triton.kill()
+        streamed.join(timeout=120)
+        assert not streamed.is_alive(), "the stream hangs after tritonserver died"
+        events = streamed_out.get("result")
+        assert events is None or "speech.audio.done" not in events, streamed_out  # it did not "succeed"
+        # Meanwhile: 503 with Retry-After (never a hang or a connection refused).
+        r = httpx.post(f"{url}/v1/audio/speech", timeout=60, json={
+            "model": "piper_tts", "voice": "joe", "input": "Hello.", "response_format": "wav"})
+        assert r.status_code in (200, 503), r.text
+        if r.status_code == 503:
+            assert "retry-after" in r.headers
+        while True:
+            r = httpx.post(f"{url}/v1/audio/speech", timeout=60, json={
+                "model": "piper_tts", "voice": "joe", "input": "Hello.", "response_format": "wav"})
+            if r.status_code == 200:
+                break
+            assert time.monotonic() - killed_at < 180, r.text
+            time.sleep(0.2)
+        recovered = time.monotonic() - killed_at
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        assert health["serve"]["restarts"] == 1 and health["serve"]["last_crash"]["reason"], health
+        print(json.dumps({"triton_kill": {"stream_ended_s": round(streamed_out["ended_s"], 1),
+                                          "serving_again_s": round(recovered, 1)}}))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            log.close()
