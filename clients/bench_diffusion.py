@@ -170,7 +170,7 @@ def run_level(run_one: Callable[[int], Result], concurrency: int, n: int) -> tup
 def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
     import torch
 
-    from omni_triton.image import encode_image
+    from omni_triton.media.image import encode_image
     from omni_triton.paths import model_dir
     from omni_triton.stages.diffusion import load_pipeline, reference_images
 
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if "inprocess" in paths:
         print("in-process diffusers __call__ (sequential)", flush=True)
-        from omni_triton.stages.diffusion import checkpoint_dir
+        from omni_triton.checkpoints.qwen_image import checkpoint_dir
 
         checkpoint_dir(ASSET)
         run_path("inprocess", inprocess_run_one(width, height, args.steps), [1])

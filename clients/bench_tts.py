@@ -380,7 +380,7 @@ class InProcessCodec:
         """``(samples, sample_rate)`` per decoded chunk, exactly the BLS model's schedule."""
         import numpy as np
 
-        from omni_triton.stages.codec_tts import ChunkSchedule, chunk_slices
+        from omni_triton.stages.chunking import ChunkSchedule, chunk_slices
 
         sched = ChunkSchedule(self.first_chunk, self.chunk, self.left_context)
         frames: list = []

@@ -386,7 +386,7 @@ class ImageEngineMixin:
         """
         import secrets
 
-        from omni_triton.image import encode_image, normalise_format
+        from omni_triton.media.image import encode_image, normalise_format
 
         info = await self.get_model(model)
         if not info.is_image or info.is_image_edit:

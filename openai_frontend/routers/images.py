@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from omni_triton.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
+from omni_triton.media.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
 
 from ..engine import ImageJob, InvalidRequestError, ModelInfo
 from ..errors import OpenAIError, bad_request

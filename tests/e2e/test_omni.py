@@ -38,7 +38,7 @@ def reference():
     import torch
     from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
-    from omni_triton.stages.qwen3_omni import read_manifest
+    from omni_triton.checkpoints.qwen3_omni import read_manifest
 
     torch.set_num_threads(1)
     path = model_dir("qwen3-omni-tiny")
@@ -105,7 +105,7 @@ def test_concurrent_chats_each_get_their_own_answer(stack, reference):
 
 def test_cancel_mid_audio_stops_the_talker(stack):
     """Cancelling after the first audio chunk of a 3000-frame request stops the talker (the BLS
-    raises its cancel flag, omni_triton.stages.codec_tts.CancelFlags)."""
+    raises its cancel flag, omni_triton.runtime.cancel_flags.CancelFlags)."""
     frames_before = stack.metric("omni_talker_frames_total", model="omni_talker")
     cancelled_before = stack.metric("omni_talker_cancelled_total", model="omni_talker")
     inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, "max_tokens": 8})

@@ -174,7 +174,7 @@ def test_code2wav_batches_concurrent_chunks(stack, reference):
 
 def test_grpc_cancel_stops_the_talker(stack):
     """Cancelling the ``tts`` stream after one chunk stops the talker within a few frames (the
-    BLS raises the talker's shared cancel flag: omni_triton.stages.codec_tts.CancelFlags)."""
+    BLS raises the talker's shared cancel flag: omni_triton.runtime.cancel_flags.CancelFlags)."""
     frames_before = stack.metric("omni_tts_talker_frames_total", model="tts_talker")
     cancelled_before = stack.metric("omni_tts_talker_cancelled_total", model="tts_talker")
     result = stream_tts(stack.triton_grpc_url, "tts", "A very long request that should be stopped.",

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_triton.image import decode_image, encode_image, normalise_format
+from omni_triton.media.image import decode_image, encode_image, normalise_format
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import (
     Engine,

@@ -19,20 +19,9 @@ import psutil
 import pytest
 
 from omni_triton.paths import model_dir
-from omni_triton.stages.llm import (
-    ChildReaper,
-    LlmInputError,
-    SentenceSegmenter,
-    SentenceSpeaker,
-    build_generation_job,
-    build_smollm2,
-    make_sampling_params,
-    parse_engine_config,
-    parse_messages,
-    parse_modalities,
-    parse_sampling_parameters,
-    speakable,
-)
+from omni_triton.runtime.reaper import ChildReaper
+from omni_triton.stages.llm import LlmInputError, SentenceSegmenter, SentenceSpeaker, build_generation_job, make_sampling_params, parse_engine_config, parse_messages, parse_modalities, parse_sampling_parameters, speakable
+from omni_triton.checkpoints.smollm2 import build_smollm2
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -353,7 +342,7 @@ def test_reaper_kills_descendants_even_stubborn_ones():
 
 _WATCHED = textwrap.dedent("""
     import os, subprocess, sys, time
-    from omni_triton.stages.llm import ChildReaper
+    from omni_triton.runtime.reaper import ChildReaper
     server_pid = int(sys.argv[1])
     engine = subprocess.Popen(["sleep", "600"])   # stands for the EngineCore child of a stub
     reaper = ChildReaper()

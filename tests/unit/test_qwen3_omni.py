@@ -20,6 +20,9 @@ pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
 from omni_triton.stages import qwen3_omni as qo  # noqa: E402
+from omni_triton.checkpoints import qwen3_omni as ckpt  # noqa: E402
+from omni_triton.stages import chunking  # noqa: E402
+from omni_triton.stages import codec_tts as ct  # noqa: E402
 
 WAVE_TOL = 2e-4
 PROMPTS = ["What is the capital of France?", "Tell me a story."]
@@ -28,7 +31,7 @@ TALKER = qo.TalkerSettings(max_frames=60, min_frames=20, do_sample=False)
 
 @pytest.fixture(scope="module")
 def omni_dir(tmp_path_factory):
-    return qo.build_tiny_qwen3_omni(tmp_path_factory.mktemp("omni") / "qwen3-omni-tiny", seed=0)
+    return ckpt.build_tiny_qwen3_omni(tmp_path_factory.mktemp("omni") / "qwen3-omni-tiny", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +53,14 @@ def _chat_ids(thinker, text):
 
 def test_builder_idempotent_and_tokenizer(omni_dir, stages):
     before = {p: p.stat().st_mtime_ns for p in omni_dir.rglob("*") if p.is_file()}
-    assert qo.build_tiny_qwen3_omni(omni_dir, seed=0) == omni_dir
+    assert ckpt.build_tiny_qwen3_omni(omni_dir, seed=0) == omni_dir
     assert before == {p: p.stat().st_mtime_ns for p in omni_dir.rglob("*") if p.is_file()}
     thinker = stages[0]
     tok, cfg = thinker.tokenizer, thinker.config
     for word, cid in [("user", cfg.user_token_id), ("assistant", cfg.assistant_token_id),
-                      ("system", cfg.system_token_id), (qo.IM_START, cfg.im_start_token_id),
-                      (qo.IM_END, cfg.im_end_token_id), (qo.TTS_PAD, cfg.tts_pad_token_id),
-                      (qo.TTS_BOS, cfg.tts_bos_token_id), (qo.TTS_EOS, cfg.tts_eos_token_id)]:
+                      ("system", cfg.system_token_id), (ckpt.IM_START, cfg.im_start_token_id),
+                      (ckpt.IM_END, cfg.im_end_token_id), (ckpt.TTS_PAD, cfg.tts_pad_token_id),
+                      (ckpt.TTS_BOS, cfg.tts_bos_token_id), (ckpt.TTS_EOS, cfg.tts_eos_token_id)]:
         assert tok.convert_tokens_to_ids(word) == cid, word
     ids = _chat_ids(thinker, "Hi")
     (nl,) = tok("\n", add_special_tokens=False)["input_ids"]
@@ -123,12 +126,12 @@ def test_chunked_decode_tiles_the_one_shot_decode(stages, first, chunk, left):
     left context (the attention window) by float rounding only."""
     decoder = stages[2]
     codes = np.random.default_rng(1).integers(0, decoder.codebook_size, size=(60, decoder.num_code_groups))
-    sched = qo.ChunkSchedule(first, chunk, left)
+    sched = chunking.ChunkSchedule(first, chunk, left)
     chunks = []
     for total in range(0, 61, 3):
         chunks += sched.push(total)
     chunks += sched.flush(60)
-    pcm = np.concatenate([decoder.decode([c], [lc])[0] for c, lc in qo.chunk_slices(codes, chunks)])
+    pcm = np.concatenate([decoder.decode([c], [lc])[0] for c, lc in chunking.chunk_slices(codes, chunks)])
     full = decoder.decode([codes])[0]
     assert pcm.shape == full.shape == (60 * decoder.samples_per_frame - decoder.trailing_loss,)
     assert np.abs(pcm - full).max() <= (1e-5 if left >= 72 else WAVE_TOL)
@@ -255,9 +258,9 @@ def test_keep_new_samples_tiles_chunks_with_a_trimmed_tail():
     def decode(start, end):  # a causal decoder: the same samples for the same absolute positions
         return full[start * spf: end * spf - loss] if end == 7 else np.arange(start * spf, end * spf - loss, dtype=np.float32)
 
-    a = qo.keep_new_samples(decode(0, 2), 2, 0, spf, loss)
-    b = qo.keep_new_samples(decode(0, 5), 5, 2, spf, loss)
-    c = qo.keep_new_samples(decode(3, 7), 4, 2, spf, loss)
+    a = ct.keep_new_samples(decode(0, 2), 2, 0, spf, loss)
+    b = ct.keep_new_samples(decode(0, 5), 5, 2, spf, loss)
+    c = ct.keep_new_samples(decode(3, 7), 4, 2, spf, loss)
     np.testing.assert_array_equal(np.concatenate([a, b, c]), full)
 
 

@@ -36,7 +36,8 @@ def _response(delta):
 
 class TritonPythonModel:
     def initialize(self, args):
-        from omni_triton.stages.llm import ChildReaper, parse_engine_config
+        from omni_triton.runtime.reaper import ChildReaper
+        from omni_triton.stages.llm import parse_engine_config
 
         config = parse_engine_config(model_parameters(args), cache_dir() / "models")
         os.environ.update(config.env)  # before vLLM is imported
@@ -44,8 +45,8 @@ class TritonPythonModel:
         import torch
         from transformers import AutoTokenizer
 
-        from omni_triton.stages.codec_tts import CancelFlags
-        from omni_triton.stages.llm import AsyncEngineRunner
+        from omni_triton.runtime.cancel_flags import CancelFlags
+        from omni_triton.runtime.vllm_runner import AsyncEngineRunner
 
         torch.set_num_threads(1)
         self.config = config

@@ -11,15 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.stages.codec_tts import CancelFlags
+from omni_triton.runtime.cancel_flags import CancelFlags
 from omni_triton.paths import model_dir
-from omni_triton.stages.llm import (
-    LlmInputError,
-    SentenceSegmenter,
-    SentenceSpeaker,
-    build_generation_job,
-    parse_modalities,
-)
+from omni_triton.stages.llm import LlmInputError, SentenceSegmenter, SentenceSpeaker, build_generation_job, parse_modalities
 from omni_triton.triton_io import StageMetrics, model_parameters, optional_str_input, send, send_error, send_failure
 
 LOGGER = logging.getLogger("llm_tts")

@@ -12,8 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.stages.codec_tts import CancelFlags, ChunkSchedule, chunk_slices
-from omni_triton.stages.qwen3_omni import ChatTokenizer, OmniInputError, checkpoint_dir, parse_modalities, prepare_thinker_request
+from omni_triton.runtime.cancel_flags import CancelFlags
+from omni_triton.stages.chunking import ChunkSchedule, chunk_slices
+from omni_triton.stages.qwen3_omni import ChatTokenizer, OmniInputError, parse_modalities, prepare_thinker_request
+from omni_triton.checkpoints.qwen3_omni import checkpoint_dir
 from omni_triton.triton_io import model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("omni")

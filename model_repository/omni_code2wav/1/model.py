@@ -17,7 +17,8 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from omni_triton.stages.qwen3_omni import OmniCode2Wav, checkpoint_dir
+        from omni_triton.stages.qwen3_omni import OmniCode2Wav
+        from omni_triton.checkpoints.qwen3_omni import checkpoint_dir
 
         torch.set_num_threads(1)
         p = model_parameters(args)

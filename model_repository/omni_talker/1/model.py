@@ -20,8 +20,9 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from omni_triton.stages.codec_tts import CancelFlags
-        from omni_triton.stages.qwen3_omni import OmniTalker, TalkerSettings, checkpoint_dir
+        from omni_triton.runtime.cancel_flags import CancelFlags
+        from omni_triton.stages.qwen3_omni import OmniTalker, TalkerSettings
+        from omni_triton.checkpoints.qwen3_omni import checkpoint_dir
 
         torch.set_num_threads(1)
         p = model_parameters(args)

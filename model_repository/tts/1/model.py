@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.stages.codec_tts import CancelFlags, ChunkSchedule, TtsInputError, parse_tts_request
+from omni_triton.runtime.cancel_flags import CancelFlags
+from omni_triton.stages.chunking import ChunkSchedule
+from omni_triton.stages.codec_tts import TtsInputError, parse_tts_request
 from omni_triton.triton_io import model_parameters, optional_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("tts")

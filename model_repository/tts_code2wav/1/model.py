@@ -20,7 +20,8 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from omni_triton.stages.codec_tts import CodecDecoder, checkpoint_dir
+        from omni_triton.stages.codec_tts import CodecDecoder
+        from omni_triton.checkpoints.csm import checkpoint_dir
 
         torch.set_num_threads(1)
         params = model_parameters(args)

@@ -21,7 +21,9 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from omni_triton.stages.codec_tts import CancelFlags, CodecTalker, checkpoint_dir
+        from omni_triton.runtime.cancel_flags import CancelFlags
+        from omni_triton.stages.codec_tts import CodecTalker
+        from omni_triton.checkpoints.csm import checkpoint_dir
 
         torch.set_num_threads(1)
         params = model_parameters(args)
