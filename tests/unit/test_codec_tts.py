@@ -10,10 +10,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
-from omni_triton.stages import codec_tts as ct  # noqa: E402
 from omni_triton.checkpoints import common, csm  # noqa: E402
+from omni_triton.contracts import speech  # noqa: E402
 from omni_triton.runtime import cancel_flags  # noqa: E402
 from omni_triton.stages import chunking  # noqa: E402
+from omni_triton.stages import codec_tts as ct  # noqa: E402
 
 TEXT = "Hello world, this is a test of the talker."
 
@@ -173,11 +174,11 @@ def test_synthesize_reference(talker, decoder):
 
 def test_parse_tts_request():
     voices = ["0", "1", "2", "3"]
-    assert ct.parse_tts_request(b"hi", None, None, voices, "0", 10) == ("hi", 0)
-    assert ct.parse_tts_request("hi", b"2", 1.0, voices, "0", 10) == ("hi", 2)
+    assert speech.parse_tts_request("hi", None, None, voices, "0", 10) == ("hi", 0)
+    assert speech.parse_tts_request("hi", "2", 1.0, voices, "0", 10) == ("hi", 2)
     for text, voice, speed in [("", None, None), ("hi", "9", None), ("hi", None, 1.5), ("x" * 11, None, None)]:
-        with pytest.raises(ct.TtsInputError):
-            ct.parse_tts_request(text, voice, speed, voices, "0", 10)
+        with pytest.raises(speech.SpeechInputError):
+            speech.parse_tts_request(text, voice, speed, voices, "0", 10)
 
 
 def test_cancel_flags_are_shared_between_instances(tmp_path):

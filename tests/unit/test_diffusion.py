@@ -19,8 +19,9 @@ torch.set_num_threads(1)
 
 from PIL import Image  # noqa: E402
 
-from omni_triton.stages import diffusion as d  # noqa: E402
 from omni_triton.checkpoints import qwen_image as qi  # noqa: E402
+from omni_triton.contracts.image import Limits  # noqa: E402
+from omni_triton.stages import diffusion as d  # noqa: E402
 
 LATENT_ATOL = 1e-5  # batched vs single GEMM summation order
 IMAGE_ATOL = 2  # uint8 levels, same reason
@@ -183,7 +184,7 @@ def test_progress_log(caplog, pipe):
 
 # ------------------------------------------------------------------ validation
 def test_limits():
-    limits = d.Limits(16, 256, 10)
+    limits = Limits(16, 256, 10)
     limits.check(64, 32, 2)
     for h, w, s in [(60, 64, 2), (64, 0, 2), (272, 64, 2), (64, 64, 0), (64, 64, 1), (64, 64, 11)]:
         with pytest.raises(ValueError):

@@ -384,7 +384,7 @@ async def test_image_fields_on_a_model_without_images_are_400(engine):
 async def test_one_step_is_rejected_before_it_makes_a_black_image(engine):
     """diffusers' flow-match pipelines give NaN latents with one step; the frontend and the stage
     share the bound."""
-    from omni_triton.stages.diffusion import MIN_INFERENCE_STEPS
+    from omni_triton.contracts.image import MIN_INFERENCE_STEPS
     from openai_frontend.routers import images
 
     assert images.MIN_INFERENCE_STEPS == MIN_INFERENCE_STEPS == 2

@@ -19,10 +19,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
-from omni_triton.stages import qwen3_omni as qo  # noqa: E402
 from omni_triton.checkpoints import qwen3_omni as ckpt  # noqa: E402
+from omni_triton.contracts import chat  # noqa: E402
 from omni_triton.stages import chunking  # noqa: E402
 from omni_triton.stages import codec_tts as ct  # noqa: E402
+from omni_triton.stages import qwen3_omni as qo  # noqa: E402
 
 WAVE_TOL = 2e-4
 PROMPTS = ["What is the capital of France?", "Tell me a story."]
@@ -102,7 +103,7 @@ def test_text_only_and_voice_change_audio(stages):
     b = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=8), "chelsie", settings)
     assert a.text == b.text == text_only.text
     assert not np.array_equal(a.codes, b.codes)  # the speaker id is part of the talker's prompt
-    with pytest.raises(qo.OmniInputError):
+    with pytest.raises(chat.ChatInputError):
         list(talker.stream(None, "Bob", settings))
 
 
@@ -187,32 +188,32 @@ def test_sampling_seed_stop_and_min_tokens(stages):
 
 def test_parse_requests(stages):
     thinker = stages[0]
-    s = qo.parse_sampling(json.dumps({"temperature": 0.5, "top_p": 0.9, "max_tokens": 5, "stop": "x", "seed": 1}), 32)
+    s = qo.sampling_settings(json.dumps({"temperature": 0.5, "top_p": 0.9, "max_tokens": 5, "stop": "x", "seed": 1}), 32)
     assert (s.temperature, s.top_p, s.max_tokens, s.stop, s.seed) == (0.5, 0.9, 5, ["x"], 1)
-    assert qo.parse_sampling(None, 32).greedy and qo.parse_sampling(None, 32).max_tokens == 32
+    assert qo.sampling_settings(None, 32).greedy and qo.sampling_settings(None, 32).max_tokens == 32
     for bad in ['{"temperature": -1}', '{"max_tokens": 0}', '{"max_tokens": -3}', '{"top_p": 0}', "[1]", "nope",
                 '{"stop": [1]}', '{"min_tokens": 9, "max_tokens": 3}', '{"best_of": 2}', '{"max_tokens": 1.5}']:
-        with pytest.raises(qo.OmniInputError):
-            qo.parse_sampling(bad, 32)
+        with pytest.raises(chat.ChatInputError):
+            qo.sampling_settings(bad, 32)
     for bad in ["[]", '[{"role": "robot", "content": "hi"}]', '[{"role": "user", "content": 3}]', "{",
                 '[{"role": "user", "content": [{"type": "image_url"}]}]']:
-        with pytest.raises(qo.OmniInputError):
-            qo.parse_messages(bad)
-    assert qo.parse_messages('[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]') == [{"role": "user", "content": "ab"}]
-    assert qo.parse_modalities(None) == ["text", "audio"] and qo.parse_modalities('["text"]') == ["text"]
+        with pytest.raises(chat.ChatInputError):
+            chat.parse_messages(bad)
+    assert chat.parse_messages('[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]') == [{"role": "user", "content": "ab"}]
+    assert chat.parse_modalities(None, default=("text", "audio")) == ["text", "audio"] and chat.parse_modalities('["text"]') == ["text"]
     for bad in ['["video"]', "[]", "text"]:
-        with pytest.raises(qo.OmniInputError):
-            qo.parse_modalities(bad)
+        with pytest.raises(chat.ChatInputError):
+            chat.parse_modalities(bad)
     msgs = json.dumps([{"role": "user", "content": "Hello"}])
     ids, s = qo.prepare_thinker_request(thinker, None, msgs, None, 32, 1024, talker_inputs=True)
     assert ids == _chat_ids(thinker, "Hello") and s.max_tokens == 32
-    with pytest.raises(qo.OmniInputError, match="max_model_len"):
+    with pytest.raises(chat.ChatInputError, match="max_model_len"):
         qo.prepare_thinker_request(thinker, None, json.dumps([{"role": "user", "content": "word " * 300}]), None, 32, 64)
-    with pytest.raises(qo.OmniInputError, match="exceeds"):
+    with pytest.raises(chat.ChatInputError, match="exceeds"):
         qo.prepare_thinker_request(thinker, None, msgs, '{"max_tokens": 2000}', 32, 1024)
-    with pytest.raises(qo.OmniInputError, match="assistant"):
+    with pytest.raises(chat.ChatInputError, match="assistant"):
         qo.prepare_thinker_request(thinker, "plain prompt", None, None, 32, 1024, talker_inputs=True)
-    with pytest.raises(qo.OmniInputError):
+    with pytest.raises(chat.ChatInputError):
         qo.prepare_thinker_request(thinker, None, None, None, 32, 1024)
 
 

@@ -79,7 +79,8 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"llm ready: {model_path} (engine processes {self.reaper.snapshot()})")
 
     def execute(self, requests):
-        from omni_triton.stages.llm import LlmInputError, build_generation_job
+        from omni_triton.contracts.chat import ChatInputError
+        from omni_triton.stages.llm import build_generation_job
 
         for request in requests:
             sender = request.get_response_sender()
@@ -91,7 +92,7 @@ class TritonPythonModel:
                     optional_str_input(request, "SAMPLING_PARAMETERS"),
                     self.config.max_model_len, self.config.default_max_tokens,
                 )
-            except LlmInputError as exc:
+            except ChatInputError as exc:
                 self.metrics.invalid.increment(1)
                 send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
                 continue

@@ -13,7 +13,8 @@ import triton_python_backend_utils as pb_utils
 
 from omni_triton.runtime.cancel_flags import CancelFlags
 from omni_triton.paths import model_dir
-from omni_triton.stages.llm import LlmInputError, SentenceSegmenter, SentenceSpeaker, build_generation_job, parse_modalities
+from omni_triton.contracts.chat import ChatInputError, parse_modalities
+from omni_triton.stages.llm import SentenceSegmenter, SentenceSpeaker, build_generation_job
 from omni_triton.triton_io import StageMetrics, model_parameters, optional_str_input, send, send_error, send_failure
 
 LOGGER = logging.getLogger("llm_tts")
@@ -101,7 +102,7 @@ class TritonPythonModel:
             modalities = parse_modalities(optional_str_input(request, "MODALITIES"))
             voice = optional_str_input(request, "VOICE") or self.default_voice
             if voice not in self.voices:
-                raise LlmInputError(f"unknown voice {voice!r}; voices: {', '.join(self.voices)}")
+                raise ChatInputError(f"unknown voice {voice!r}; voices: {', '.join(self.voices)}")
             text_inputs = {n: optional_str_input(request, n) for n in ("PROMPT", "MESSAGES", "SAMPLING_PARAMETERS")}
             build_generation_job(llm_id, self.tokenizer, text_inputs["PROMPT"], text_inputs["MESSAGES"],
                                  text_inputs["SAMPLING_PARAMETERS"], self.max_model_len, 1,
@@ -153,7 +154,7 @@ class TritonPythonModel:
             closed = True
             send(sender, self._response("", finish or ("abort" if cancelled else "stop"), tuple(counts)),
                  flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except LlmInputError as exc:
+        except ChatInputError as exc:
             self.metrics.invalid.increment(1)
             send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:  # a stage reports failures as error responses, never raises

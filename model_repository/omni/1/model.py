@@ -14,7 +14,8 @@ import triton_python_backend_utils as pb_utils
 
 from omni_triton.runtime.cancel_flags import CancelFlags
 from omni_triton.stages.chunking import ChunkSchedule, chunk_slices
-from omni_triton.stages.qwen3_omni import ChatTokenizer, OmniInputError, parse_modalities, prepare_thinker_request
+from omni_triton.stages.qwen3_omni import ChatTokenizer, prepare_thinker_request
+from omni_triton.contracts.chat import ChatInputError, parse_modalities
 from omni_triton.checkpoints.qwen3_omni import checkpoint_dir
 from omni_triton.triton_io import model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
@@ -113,18 +114,18 @@ class TritonPythonModel:
     def _run(self, request):
         sender = request.get_response_sender()
         try:
-            modalities = parse_modalities(optional_str_input(request, "MODALITIES"))
+            modalities = parse_modalities(optional_str_input(request, "MODALITIES"), default=("text", "audio"))
             voice = (optional_str_input(request, "VOICE") or self.default_voice).strip()
             match = [v for v in self.voices if v.lower() == voice.lower()]
             if not match:
-                raise OmniInputError(f"unknown voice {voice!r}; available: {', '.join(self.voices)}")
+                raise ChatInputError(f"unknown voice {voice!r}; available: {', '.join(self.voices)}")
             audio = "audio" in modalities
             prepare_thinker_request(
                 self.chat, optional_str_input(request, "PROMPT"), optional_str_input(request, "MESSAGES"),
                 optional_str_input(request, "SAMPLING_PARAMETERS"), self.default_max_tokens, self.max_model_len, audio)
             max_frames = optional_input(request, "MAX_AUDIO_FRAMES")
             if max_frames is not None and int(max_frames) < 1:
-                raise OmniInputError(f"MAX_AUDIO_FRAMES must be >= 1, got {int(max_frames)}")
+                raise ChatInputError(f"MAX_AUDIO_FRAMES must be >= 1, got {int(max_frames)}")
             thinker_id = f"omni-thinker-{uuid.uuid4().hex}"
             inputs = [_str(n, v) for n in ("PROMPT", "MESSAGES", "SAMPLING_PARAMETERS")
                       if (v := optional_str_input(request, n)) is not None]
@@ -167,7 +168,7 @@ class TritonPythonModel:
             if frames and not request.is_cancelled():
                 emit(sched.flush(total))
             send_final(sender)
-        except OmniInputError as exc:
+        except ChatInputError as exc:
             send_error(sender, f"omni: {exc}", pb_utils.TritonError.INVALID_ARG)
         except StageError as exc:
             if exc.code == pb_utils.TritonError.INVALID_ARG:

@@ -49,7 +49,8 @@ class TritonPythonModel:
     def _run(self, request):
         from dataclasses import replace
 
-        from omni_triton.stages.qwen3_omni import OmniInputError, ThinkerOutput
+        from omni_triton.contracts.chat import ChatInputError
+        from omni_triton.stages.qwen3_omni import ThinkerOutput
 
         sender = request.get_response_sender()
         request_id = optional_str_input(request, "REQUEST_ID")
@@ -76,7 +77,7 @@ class TritonPythonModel:
             if stop():
                 self.metrics.cancelled.increment(1)
             send_final(sender)
-        except OmniInputError as exc:
+        except ChatInputError as exc:
             send_error(sender, f"omni_talker: {exc}", pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:  # a stage reports failures as error responses, never raises
             send_failure(sender, "omni_talker", exc)

@@ -47,7 +47,8 @@ class TritonPythonModel:
         return None
 
     def _run(self, request):
-        from omni_triton.stages.qwen3_omni import OmniInputError, prepare_thinker_request
+        from omni_triton.contracts.chat import ChatInputError
+        from omni_triton.stages.qwen3_omni import prepare_thinker_request
 
         sender = request.get_response_sender()
         request_id = optional_str_input(request, "REQUEST_ID")
@@ -75,7 +76,7 @@ class TritonPythonModel:
                                 pb_utils.Tensor("THINKER_HIDDEN", out.hidden),
                                 pb_utils.Tensor("TTS_EMBEDS", out.tts_embeds)]
                 send(sender, pb_utils.InferenceResponse(tensors), flags=FINAL if step.finish_reason else 0)
-        except OmniInputError as exc:
+        except ChatInputError as exc:
             send_error(sender, f"omni_thinker: {exc}", pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:  # a stage reports failures as error responses, never raises
             send_failure(sender, "omni_thinker", exc)

@@ -11,7 +11,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_triton.paths import model_dir
-from omni_triton.stages.piper_tts import PiperSpeaker, SpeechInputError, discover_voices
+from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
+from omni_triton.contracts.speech import SpeechInputError
 from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("piper_tts")

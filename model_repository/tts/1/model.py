@@ -14,8 +14,8 @@ import triton_python_backend_utils as pb_utils
 
 from omni_triton.runtime.cancel_flags import CancelFlags
 from omni_triton.stages.chunking import ChunkSchedule
-from omni_triton.stages.codec_tts import TtsInputError, parse_tts_request
-from omni_triton.triton_io import model_parameters, optional_input, send, send_error, send_failure, send_final
+from omni_triton.contracts.speech import SpeechInputError, parse_tts_request
+from omni_triton.triton_io import model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("tts")
 TALKER, CODE2WAV = "tts_talker", "tts_code2wav"
@@ -71,8 +71,8 @@ class TritonPythonModel:
         talker_id, stream, finished = None, None, False
         try:
             text, speaker = parse_tts_request(
-                pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)[0],
-                optional_input(request, "VOICE"), optional_input(request, "SPEED"),
+                optional_str_input(request, "TEXT"),
+                optional_str_input(request, "VOICE"), optional_input(request, "SPEED"),
                 self.voices, self.default_voice, self.max_input_chars,
             )
             inputs = [
@@ -116,7 +116,7 @@ class TritonPythonModel:
             if not cancelled and not request.is_cancelled():
                 emit(sched.flush(total))
             send_final(sender)
-        except TtsInputError as exc:
+        except SpeechInputError as exc:
             send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
         except Exception as exc:  # a stage reports failures as error responses, never raises
             send_failure(sender, "tts", exc)

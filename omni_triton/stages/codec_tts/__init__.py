@@ -27,7 +27,17 @@ Layout: ``talker`` (CSM backbone + depth decoder), ``code2wav`` (Mimi), ``reques
 ``pipeline`` (in-process reference); the chunk schedule is ``omni_triton.stages.chunking``, the tiny
 checkpoint builder ``omni_triton.checkpoints.csm``.
 """
-from omni_triton.stages.codec_tts.talker import GenerationCancelled, CodecTalker  # noqa: F401
-from omni_triton.stages.codec_tts.code2wav import CodecDecoder, decode_ragged, keep_new_samples, validate_chunk  # noqa: F401
-from omni_triton.stages.codec_tts.request import TtsInputError, parse_tts_request  # noqa: F401
-from omni_triton.stages.codec_tts.pipeline import SynthesisResult, synthesize_reference  # noqa: F401
+from omni_triton.stages.codec_tts.code2wav import (  # noqa: F401
+    CodecDecoder,
+    decode_ragged,
+    keep_new_samples,
+    validate_chunk,
+)
+from omni_triton.stages.codec_tts.pipeline import (  # noqa: F401
+    SynthesisResult,
+    synthesize_reference,
+)
+from omni_triton.stages.codec_tts.talker import (  # noqa: F401
+    CodecTalker,
+    GenerationCancelled,
+)

@@ -35,10 +35,29 @@ special tokens) and saves them with ``save_pretrained``; the stages load them wi
 Layout: ``loading``, ``text_encoder``, ``vae``, ``denoiser``, ``reference``; the tiny checkpoint
 builder is ``omni_triton.checkpoints.qwen_image``.
 """
-from omni_triton.stages.diffusion.loading import (  # noqa: F401
-    MIN_INFERENCE_STEPS, image_only_processor_class, load_pipeline, is_edit_pipeline, size_multiple, edit_condition_size, Limits, image_from_array,
+from omni_triton.stages.diffusion.denoiser import (  # noqa: F401
+    DenoiseItem,
+    DenoiseResult,
+    denoise,
+    denoise_key,
 )
-from omni_triton.stages.diffusion.text_encoder import encode_prompts  # noqa: F401
-from omni_triton.stages.diffusion.vae import condition_image, vae_encode, vae_decode  # noqa: F401
-from omni_triton.stages.diffusion.denoiser import DenoiseItem, DenoiseResult, denoise_key, denoise  # noqa: F401
-from omni_triton.stages.diffusion.reference import reference_images, staged_images  # noqa: F401
+from omni_triton.stages.diffusion.loading import (  # noqa: F401
+    edit_condition_size,
+    image_from_array,
+    image_only_processor_class,
+    is_edit_pipeline,
+    load_pipeline,
+    size_multiple,
+)
+from omni_triton.stages.diffusion.reference import (  # noqa: F401
+    reference_images,
+    staged_images,
+)
+from omni_triton.stages.diffusion.text_encoder import (  # noqa: F401
+    encode_prompts,
+)
+from omni_triton.stages.diffusion.vae import (  # noqa: F401
+    condition_image,
+    vae_decode,
+    vae_encode,
+)

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from omni_triton.contracts.image import ImageInputError
+
 LOGGER = logging.getLogger("omni_triton.diffusion")
 
 
-#: Fewest denoising steps served: diffusers' QwenImagePipeline with one step gives NaN latents (its
-#: flow-match sigma schedule divides by zero: "invalid value encountered in divide"), which decode
-#: to an all-black image. Measured with diffusers 0.42.1 on the tiny checkpoints.
-MIN_INFERENCE_STEPS = 2
 
 
 def image_only_processor_class():
@@ -82,32 +79,14 @@ def edit_condition_size(pipe, image_size: tuple[int, int]) -> tuple[int, int]:
     return int(w), int(h)
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one served pipeline accepts (config.pbtxt parameters ``max_size``, ``max_steps``).
-
-    ``multiple`` is :func:`size_multiple` of the pipeline (16 for Qwen-Image).
-    """
-
-    multiple: int = 16
-    max_size: int = 1024
-    max_steps: int = 50
-
-    def check(self, height: int, width: int, steps: int | None = None) -> None:
-        """Raise ``ValueError`` naming the first out-of-range value (``steps=None``: a stage
-        without a denoising loop checks the size only)."""
-        for name, v in (("height", height), ("width", width)):
-            if v < self.multiple or v > self.max_size or v % self.multiple:
-                raise ValueError(f"{name}={v}: must be a multiple of {self.multiple} "
-                                 f"in [{self.multiple}, {self.max_size}]")
-        if steps is not None and not MIN_INFERENCE_STEPS <= steps <= self.max_steps:
-            raise ValueError(f"num_inference_steps={steps}: must be in [{MIN_INFERENCE_STEPS}, {self.max_steps}]")
-
-
 def image_from_array(array: np.ndarray):
-    """``uint8 [H, W, 3]`` RGB -> PIL image (``ValueError`` for any other shape/dtype)."""
+    """``uint8 [H, W, 3]`` RGB -> PIL image.
+
+    Raises:
+        ImageInputError: any other shape/dtype.
+    """
     from PIL import Image
 
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3 or min(array.shape[:2]) < 1:
-        raise ValueError(f"IMAGE must be uint8 [H, W, 3], got {array.dtype} {list(array.shape)}")
+        raise ImageInputError(f"IMAGE must be uint8 [H, W, 3], got {array.dtype} {list(array.shape)}")
     return Image.fromarray(np.ascontiguousarray(array), "RGB")

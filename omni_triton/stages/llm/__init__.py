@@ -16,8 +16,8 @@ Pieces (each usable and tested without Triton):
   ``docs/notes/vllm-cpu-smollm2.md``).
 - :func:`parse_engine_config`: engine arguments and environment from the model's ``config.pbtxt``
   parameters (``engine_args``/``engine_env`` JSON), model paths relative to the models cache.
-- :func:`parse_messages`, :func:`parse_sampling_parameters`, :func:`build_generation_job`: request
-  validation (every problem is an :class:`LlmInputError`, i.e. INVALID_ARG) and chat templating
+- :func:`parse_messages`, :func:`parse_sampling`, :func:`build_generation_job`: request
+  validation (every problem is an :class:`ChatInputError`, i.e. INVALID_ARG) and chat templating
   with the model's own tokenizer.
 - :class:`AsyncEngineRunner`: the vLLM ``AsyncLLM`` on its own asyncio loop thread, one
   coroutine per request streaming :class:`GenerationDelta` objects, cancellation -> ``abort``
@@ -31,8 +31,18 @@ Layout: ``config`` (engine configuration), ``request`` (validation, templating),
 (``llm_tts`` segmentation); the engine runner and the reaper live in ``omni_triton.runtime``, the
 SmolLM2 builder in ``omni_triton.checkpoints.smollm2``.
 """
-from omni_triton.stages.llm.config import EngineConfig, parse_engine_config  # noqa: F401
-from omni_triton.stages.llm.request import (  # noqa: F401
-    LlmInputError, ROLES, parse_messages, parse_sampling_parameters, make_sampling_params, GenerationJob, render_chat, build_generation_job,
+from omni_triton.stages.llm.config import (  # noqa: F401
+    EngineConfig,
+    parse_engine_config,
 )
-from omni_triton.stages.llm.sentences import speakable, SentenceSegmenter, parse_modalities, SentenceSpeaker  # noqa: F401
+from omni_triton.stages.llm.request import (  # noqa: F401
+    GenerationJob,
+    build_generation_job,
+    make_sampling_params,
+    render_chat,
+)
+from omni_triton.stages.llm.sentences import (  # noqa: F401
+    SentenceSegmenter,
+    SentenceSpeaker,
+    speakable,
+)

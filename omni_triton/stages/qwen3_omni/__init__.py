@@ -39,10 +39,28 @@ Data contract between the stages (also the Triton tensors, see ``docs/omni_pipel
 Layout: ``request`` (parsing), ``thinker``, ``talker``, ``code2wav``, ``pipeline`` (in-process);
 the tiny checkpoint builder is ``omni_triton.checkpoints.qwen3_omni``.
 """
-from omni_triton.stages.qwen3_omni.request import (  # noqa: F401
-    OmniInputError, SamplingSettings, parse_sampling, parse_messages, parse_modalities,
+from omni_triton.stages.qwen3_omni.code2wav import (  # noqa: F401
+    OmniCode2Wav,
 )
-from omni_triton.stages.qwen3_omni.thinker import ThinkerOutput, ThinkerStep, ChatTokenizer, OmniThinker, prepare_thinker_request  # noqa: F401
-from omni_triton.stages.qwen3_omni.talker import build_talker_inputs, TalkerSettings, talker_generate_kwargs, OmniTalker  # noqa: F401
-from omni_triton.stages.qwen3_omni.code2wav import OmniCode2Wav  # noqa: F401
-from omni_triton.stages.qwen3_omni.pipeline import OmniResult, run_pipeline  # noqa: F401
+from omni_triton.stages.qwen3_omni.pipeline import (  # noqa: F401
+    OmniResult,
+    run_pipeline,
+)
+from omni_triton.stages.qwen3_omni.request import (  # noqa: F401
+    THINKER_SAMPLING_KEYS,
+    SamplingSettings,
+    sampling_settings,
+)
+from omni_triton.stages.qwen3_omni.talker import (  # noqa: F401
+    OmniTalker,
+    TalkerSettings,
+    build_talker_inputs,
+    talker_generate_kwargs,
+)
+from omni_triton.stages.qwen3_omni.thinker import (  # noqa: F401
+    ChatTokenizer,
+    OmniThinker,
+    ThinkerOutput,
+    ThinkerStep,
+    prepare_thinker_request,
+)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from omni_triton.checkpoints.common import read_manifest
-from omni_triton.stages.qwen3_omni.request import OmniInputError
+from omni_triton.contracts.chat import ChatInputError
 from omni_triton.stages.qwen3_omni.thinker import ThinkerOutput, _stopping, _threaded
 
 # ------------------------------------------------------------------------------------ talker
@@ -27,7 +27,7 @@ def build_talker_inputs(model_like, out: ThinkerOutput, speaker_id: int, thinker
     ``_get_talker_user_parts`` / ``_get_talker_assistant_parts`` are called on it.
     Returns ``inputs_embeds`` [1, S, Ht], ``trailing_text_hidden`` [1, N, Ht], ``tts_pad_embed``
     [1, 1, Ht], ``talker_input_ids`` int64 [1, S], ``attention_mask`` int64 [1, S].
-    Raises :class:`OmniInputError` when the sequence has no ``<|im_start|>assistant`` or the thinker
+    Raises :class:`ChatInputError` when the sequence has no ``<|im_start|>assistant`` or the thinker
     generated fewer than 2 tokens (the reference needs the first generated token's embedding).
     """
     from transformers import Qwen3OmniMoeForConditionalGeneration as Ref
@@ -38,7 +38,7 @@ def build_talker_inputs(model_like, out: ThinkerOutput, speaker_id: int, thinker
     thinker_embed = torch.from_numpy(np.asarray(out.embeds, np.float32))[None].to(talker.dtype)
     thinker_hidden = torch.from_numpy(np.asarray(out.hidden, np.float32))[None].to(talker.dtype)
     if seq.shape[1] - out.prompt_len < 2:
-        raise OmniInputError("the thinker generated fewer than 2 tokens: nothing to speak")
+        raise ChatInputError("the thinker generated fewer than 2 tokens: nothing to speak")
     tc = cfg.thinker_config
     multimodal_mask = (seq == tc.audio_token_id) | (seq == tc.image_token_id) | (seq == tc.video_token_id)
     attn = input_ids.new_ones(input_ids.shape)
@@ -58,7 +58,7 @@ def build_talker_inputs(model_like, out: ThinkerOutput, speaker_id: int, thinker
     starts = torch.nonzero(((input_ids[:, :-1] == cfg.im_start_token_id)
                             & (input_ids[:, 1:] == cfg.assistant_token_id))[0]).flatten()
     if starts.numel() == 0:
-        raise OmniInputError("speech needs a chat prompt (<|im_start|>assistant); use MESSAGES")
+        raise ChatInputError("speech needs a chat prompt (<|im_start|>assistant); use MESSAGES")
     assistant_start = int(starts[-1].item())
     # the thinker's input embeddings of tts_bos/eos/pad arrive in out.tts_embeds
     tts = talker.text_projection(torch.from_numpy(np.asarray(out.tts_embeds, np.float32))[None].to(talker.dtype))
@@ -148,7 +148,7 @@ class OmniTalker:
         try:
             return self.speaker_ids[voice.lower()]
         except KeyError:
-            raise OmniInputError(f"unknown voice {voice!r}; available: {', '.join(self.speaker_ids)}") from None
+            raise ChatInputError(f"unknown voice {voice!r}; available: {', '.join(self.speaker_ids)}") from None
 
     def stream(self, out: ThinkerOutput, voice: str, settings: TalkerSettings,
                should_stop: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:

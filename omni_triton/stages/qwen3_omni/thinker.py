@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from omni_triton.checkpoints.common import read_manifest
-from omni_triton.stages.qwen3_omni.request import OmniInputError, SamplingSettings, parse_messages, parse_sampling
+from omni_triton.contracts.chat import ChatInputError, parse_messages
+from omni_triton.stages.qwen3_omni.request import SamplingSettings, sampling_settings
 
 # ----------------------------------------------------------------------------------- thinker
 
@@ -133,13 +134,13 @@ class ChatTokenizer:
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
         """Token ids of a raw prompt, or of messages through the chat template (generation prompt)."""
         if (prompt is None) == (messages is None):
-            raise OmniInputError("exactly one of PROMPT and MESSAGES must be given")
+            raise ChatInputError("exactly one of PROMPT and MESSAGES must be given")
         if messages is not None:
             ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids
             return [int(i) for i in ids]
         if not prompt:
-            raise OmniInputError("PROMPT is empty")
+            raise ChatInputError("PROMPT is empty")
         return [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
 
     def has_assistant_start(self, ids: Sequence[int]) -> bool:
@@ -308,17 +309,17 @@ def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str 
 
     ``max_tokens`` defaults to ``min(default_max_tokens, max_model_len - prompt_len)``; a prompt of
     ``max_model_len`` tokens or more, or ``prompt + max_tokens > max_model_len``, is an
-    :class:`OmniInputError` (as vLLM's OpenAI server refuses it). With ``talker_inputs`` the prompt
+    :class:`ChatInputError` (as vLLM's OpenAI server refuses it). With ``talker_inputs`` the prompt
     must contain ``<|im_start|>assistant`` (the talker's prompt is built from that turn on).
     """
     if (prompt is None) == (messages is None):
-        raise OmniInputError("exactly one of PROMPT and MESSAGES must be given")
+        raise ChatInputError("exactly one of PROMPT and MESSAGES must be given")
     ids = thinker.encode(prompt=prompt) if messages is None else thinker.encode(messages=parse_messages(messages))
     if len(ids) >= max_model_len:
-        raise OmniInputError(f"the prompt has {len(ids)} tokens; this model's context is max_model_len={max_model_len}")
-    s = parse_sampling(sampling, min(default_max_tokens, max_model_len - len(ids)))
+        raise ChatInputError(f"the prompt has {len(ids)} tokens; this model's context is max_model_len={max_model_len}")
+    s = sampling_settings(sampling, min(default_max_tokens, max_model_len - len(ids)))
     if len(ids) + s.max_tokens > max_model_len:
-        raise OmniInputError(f"prompt ({len(ids)} tokens) + max_tokens ({s.max_tokens}) exceeds max_model_len={max_model_len}")
+        raise ChatInputError(f"prompt ({len(ids)} tokens) + max_tokens ({s.max_tokens}) exceeds max_model_len={max_model_len}")
     if talker_inputs and not thinker.has_assistant_start(ids):
-        raise OmniInputError("audio output needs a chat prompt ending in <|im_start|>assistant (send MESSAGES)")
+        raise ChatInputError("audio output needs a chat prompt ending in <|im_start|>assistant (send MESSAGES)")
     return ids, s
