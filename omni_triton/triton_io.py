@@ -4,7 +4,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import logging
 import threading
 from typing import Any
@@ -32,19 +34,57 @@ def optional_input(request, name: str) -> Any:
     return array[0] if array.size else None
 
 
-_SEND_LOCK = threading.Lock()
+#: One lock per stub process for its calls into the server. Root cause of the 2.51 SIGSEGVs in
+#: libtriton_python.so (scripts/repro_crash.py): ``pb_utils.Metric.increment/set`` is not
+#: thread-safe. The stub's ``Metric::SendIncrementRequest`` (python_backend src/metric.cc) stores
+#: the value in the Metric object and calls ``SaveToSharedMemory``, which replaces (frees) the
+#: object's previous shared-memory block before sending the new handle; two threads updating one
+#: Metric free the block the server is still reading. Measured (piper_tts, 8 clients, 3 x 60 s):
+#: metrics + send locked: 0 crashes; send + is_cancelled locked, metrics not: 2 crashes. Responses,
+#: ``is_cancelled()`` and logging are IPC round trips of the same kind and share the lock (cheap:
+#: each call is a short shared-memory exchange; compute never runs under it).
+#: ``OMNI_TRITON_STUB_CALLS`` (experiments only): comma separated subset of
+#: send, cancel, metrics, log that are locked; "all" (default).
+_LOCKED = os.environ.get("OMNI_TRITON_STUB_CALLS", "all")
+_LOCKED = {"send", "cancel", "metrics", "log"} if _LOCKED == "all" else set(_LOCKED.split(","))
+_SEND_LOCK = threading.RLock()
+_NO_LOCK = contextlib.nullcontext()
+
+
+def triton_lock(kind: str):
+    """The lock guarding stub -> server calls of ``kind`` (or a no-op context)."""
+    return _SEND_LOCK if kind in _LOCKED else _NO_LOCK
+
+
+def is_cancelled(request) -> bool:
+    """``request.is_cancelled()`` under the stub's call lock (it is an IPC round trip)."""
+    with triton_lock("cancel"):
+        return request.is_cancelled()
+
+
+class LockedMetric:
+    """A ``pb_utils.Metric`` whose updates go through the stub's call lock."""
+
+    def __init__(self, metric):
+        self._metric = metric
+
+    def increment(self, value) -> None:
+        with triton_lock("metrics"):
+            self._metric.increment(value)
+
+    def set(self, value) -> None:
+        with triton_lock("metrics"):
+            self._metric.set(value)
+
+    def value(self):
+        with triton_lock("metrics"):
+            return self._metric.value()
 
 
 def send(sender, response=None, flags: int = 0) -> None:
-    """Send on a decoupled request's response sender, one send at a time per stub process.
-
-    Concurrent sends from several threads crashed tritonserver 2.51 once here (SIGSEGV in
-    libtriton_python.so after ``boost::interprocess::lock_exception``, during 4 concurrent
-    ``piper_tts`` streams whose worker threads each send); Triton's vllm_backend likewise sends
-    every response from one thread. Sends are short (a shared-memory copy), so the lock costs
-    little.
-    """
-    with _SEND_LOCK:
+    """Send on a decoupled request's response sender under the stub's call lock (see
+    ``_SEND_LOCK``; Triton's vllm_backend likewise sends every response from one thread)."""
+    with triton_lock("send"):
         sender.send(response, flags=flags)
 
 
@@ -105,7 +145,7 @@ class StageMetrics:
         for attr, (name, description, kind) in specs.items():
             family = pb.MetricFamily(name, description, kinds[kind])
             self._families.append(family)
-            setattr(self, attr, family.Metric(labels=labels))
+            setattr(self, attr, LockedMetric(family.Metric(labels=labels)))
 
 
 def send_failure(sender, stage: str, exc: BaseException) -> None:
@@ -204,16 +244,18 @@ class TritonLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            logger = _pb().Logger
             message = f"{record.name}: {self.format(record)}"
+            logger = _pb().Logger
             if record.levelno >= logging.ERROR:
-                logger.log_error(message)
+                log = logger.log_error
             elif record.levelno >= logging.WARNING:
-                logger.log_warn(message)
+                log = logger.log_warn
             elif record.levelno >= logging.INFO:
-                logger.log_info(message)
+                log = logger.log_info
             else:
-                logger.log_verbose(message)
+                log = logger.log_verbose
+            with triton_lock("log"):
+                log(message)
         except Exception:  # noqa: BLE001 - logging must never break a request
             self.handleError(record)
 

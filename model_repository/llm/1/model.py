@@ -16,7 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from omni_triton.paths import cache_dir
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_str_input, send, send_error, send_failure
+from omni_triton.triton_io import is_cancelled, StageMetrics, model_parameters, optional_str_input, send, send_error, send_failure
 
 LOGGER = logging.getLogger("llm")
 
@@ -119,7 +119,7 @@ class TritonPythonModel:
             send(sender, _response(delta), flags=flags)
 
         def is_cancelled():
-            return request.is_cancelled() or self.flags.is_cancelled(caller_id)
+            return is_cancelled(request) or self.flags.is_cancelled(caller_id)
 
         def done(future):
             self.flags.discard(caller_id)

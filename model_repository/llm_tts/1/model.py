@@ -15,7 +15,7 @@ from omni_triton.runtime.cancel_flags import CancelFlags
 from omni_triton.paths import model_dir
 from omni_triton.contracts.chat import ChatInputError, parse_modalities
 from omni_triton.stages.llm import SentenceSegmenter, SentenceSpeaker, build_generation_job
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_str_input, send, send_error, send_failure
+from omni_triton.triton_io import StageMetrics, is_cancelled, model_parameters, optional_str_input, send, send_error, send_failure
 
 LOGGER = logging.getLogger("llm_tts")
 LLM, TTS = "llm", "piper_tts"
@@ -133,7 +133,7 @@ class TritonPythonModel:
                 text = _first_str(resp, "TEXT_DELTA")
                 finish = _first_str(resp, "FINISH_REASON") or finish
                 counts[:] = [_first_int(resp, "PROMPT_TOKENS"), _first_int(resp, "COMPLETION_TOKENS")]
-                if request.is_cancelled():
+                if is_cancelled(request):
                     cancelled = True
                     self.metrics.cancelled.increment(1)
                     self.flags.cancel(llm_id)  # the llm aborts the request in its engine

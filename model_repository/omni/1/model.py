@@ -17,7 +17,7 @@ from omni_triton.stages.chunking import ChunkSchedule, chunk_slices
 from omni_triton.stages.qwen3_omni import ChatTokenizer, prepare_thinker_request
 from omni_triton.contracts.chat import ChatInputError, parse_modalities
 from omni_triton.checkpoints.qwen3_omni import checkpoint_dir
-from omni_triton.triton_io import model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
+from omni_triton.triton_io import is_cancelled, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("omni")
 THINKER, TALKER, CODE2WAV = "omni_thinker", "omni_talker", "omni_code2wav"
@@ -91,7 +91,7 @@ class TritonPythonModel:
                     error = StageError(model, resp.error())
                     continue
                 yield resp
-                if request.is_cancelled():
+                if is_cancelled(request):
                     cancelled = True
                     self.flags.cancel(stream_id)
         except GeneratorExit:  # the caller stopped early (its own failure): stop and drain
@@ -139,7 +139,7 @@ class TritonPythonModel:
                 send(sender, self._response(text, finish, *counts))
                 if audio and _out(resp, "SEQUENCE") is not None:
                     talker_in = [pb_utils.Tensor(n, _out(resp, n)) for n in TALKER_TENSORS]
-            if request.is_cancelled() or finish == "abort" or talker_in is None:
+            if is_cancelled(request) or finish == "abort" or talker_in is None:
                 send_final(sender)
                 return
             seq_len, prompt_len = len(talker_in[0].as_numpy()), int(talker_in[1].as_numpy()[0])
@@ -163,9 +163,9 @@ class TritonPythonModel:
                 if new is not None and new.size:
                     frames.append(new.reshape(-1, new.shape[-1]))
                     total += len(frames[-1])
-                    if not request.is_cancelled():
+                    if not is_cancelled(request):
                         emit(sched.push(total))
-            if frames and not request.is_cancelled():
+            if frames and not is_cancelled(request):
                 emit(sched.flush(total))
             send_final(sender)
         except ChatInputError as exc:

@@ -7,7 +7,7 @@ locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text enco
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import (
+from omni_triton.triton_io import is_cancelled, (
     StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final,
 )
 
@@ -70,7 +70,7 @@ class TritonPythonModel:
             if min_frames is not None:
                 settings = replace(settings, min_frames=int(min_frames))
             voice = optional_str_input(request, "VOICE") or self.default_voice
-            stop = lambda: request.is_cancelled() or self.flags.is_cancelled(request_id)  # noqa: E731
+            stop = lambda: is_cancelled(request) or self.flags.is_cancelled(request_id)  # noqa: E731
             for frames in self.talker.stream(out, voice, settings, stop):
                 self.metrics.frames.increment(len(frames))
                 send(sender, pb_utils.InferenceResponse([pb_utils.Tensor("CODES", frames)]))

@@ -6,7 +6,7 @@ locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text enco
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure
+from omni_triton.triton_io import is_cancelled, StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -60,7 +60,7 @@ class TritonPythonModel:
                 self.thinker, optional_str_input(request, "PROMPT"), optional_str_input(request, "MESSAGES"),
                 optional_str_input(request, "SAMPLING_PARAMETERS"), self.default_max_tokens, self.max_model_len,
                 talker_inputs)
-            stop = lambda: request.is_cancelled() or self.flags.is_cancelled(request_id)  # noqa: E731
+            stop = lambda: is_cancelled(request) or self.flags.is_cancelled(request_id)  # noqa: E731
             counted = 0
             for step in self.thinker.stream(ids, sampling, talker_inputs, stop):
                 self.metrics.tokens.increment(step.completion_tokens - counted)

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 from omni_triton.paths import model_dir
 from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
 from omni_triton.contracts.speech import SpeechInputError
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
+from omni_triton.triton_io import StageMetrics, is_cancelled, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("piper_tts")
 
@@ -54,14 +54,14 @@ class TritonPythonModel:
             speed = optional_input(request, "SPEED")
             speed = 1.0 if speed is None else float(speed)
             for sentence in self.speaker.synthesize(
-                text, voice=voice or None, speed=speed, is_cancelled=request.is_cancelled
+                text, voice=voice or None, speed=speed, is_cancelled=lambda: is_cancelled(request)
             ):
                 self.metrics.seconds.increment(sentence.audio.size / sentence.sample_rate)
                 send(sender, pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("AUDIO", sentence.audio),
                     pb_utils.Tensor("SAMPLE_RATE", np.array([sentence.sample_rate], np.int32)),
                 ]))
-            if request.is_cancelled():
+            if is_cancelled(request):
                 self.metrics.cancelled.increment(1)
             send_final(sender)
         except SpeechInputError as exc:

@@ -15,7 +15,7 @@ import triton_python_backend_utils as pb_utils
 from omni_triton.runtime.cancel_flags import CancelFlags
 from omni_triton.stages.chunking import ChunkSchedule
 from omni_triton.contracts.speech import SpeechInputError, parse_tts_request
-from omni_triton.triton_io import model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
+from omni_triton.triton_io import is_cancelled, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("tts")
 TALKER, CODE2WAV = "tts_talker", "tts_code2wav"
@@ -107,13 +107,13 @@ class TritonPythonModel:
                     new = out.as_numpy().reshape(-1, out.as_numpy().shape[-1])
                     frames.append(new)
                     total += len(new)
-                if request.is_cancelled():
+                if is_cancelled(request):
                     cancelled = True
                     self._cancel_talker(talker_id)
                     continue
                 emit(sched.push(total))
             finished = True
-            if not cancelled and not request.is_cancelled():
+            if not cancelled and not is_cancelled(request):
                 emit(sched.flush(total))
             send_final(sender)
         except SpeechInputError as exc:

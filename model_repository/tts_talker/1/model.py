@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
+from omni_triton.triton_io import is_cancelled, StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final
 
 LOGGER = logging.getLogger("tts_talker")
 
@@ -61,7 +61,7 @@ class TritonPythonModel:
             max_frames = optional_input(request, "MAX_FRAMES")
             min_frames = optional_input(request, "MIN_FRAMES")
             request_id = optional_str_input(request, "REQUEST_ID")
-            cancelled = lambda: request.is_cancelled() or self.flags.is_cancelled(request_id)  # noqa: E731
+            cancelled = lambda: is_cancelled(request) or self.flags.is_cancelled(request_id)  # noqa: E731
             pending = []
             for frames in self.talker.stream(
                 text,
