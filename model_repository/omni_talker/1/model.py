@@ -7,8 +7,9 @@ locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text enco
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from omni_triton.triton_io import is_cancelled, (
-    StageMetrics, model_parameters, optional_input, optional_str_input, send, send_error, send_failure, send_final,
+from omni_triton.triton_io import (  # noqa: I001
+    StageMetrics, is_cancelled, model_parameters, optional_input, optional_str_input, send, send_error, send_failure,
+    send_final,
 )
 
 
