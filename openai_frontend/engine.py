@@ -35,7 +35,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from omni_triton.triton_io import INVALID_INPUT_PREFIX
+from omni_triton.contracts import INVALID_INPUT_PREFIX
 
 logger = logging.getLogger(__name__)
 

@@ -60,3 +60,53 @@ class ChunkSchedule:
 def chunk_slices(frames: np.ndarray, chunks: Sequence[tuple[int, int, int]]) -> list[tuple[np.ndarray, int]]:
     """``(codes_with_context [end-start, K], left_context)`` for each ``(start, end, left)``."""
     return [(frames[s:e], left) for s, e, left in chunks]
+
+
+class ChunkedDecoder:
+    """Streamed decoding with left context: frames in, PCM chunks out, as the schedule allows.
+
+    The one frames -> :class:`ChunkSchedule` -> decode loop of every streaming codec path (the
+    ``tts`` and ``omni`` BLS models, :func:`~omni_triton.stages.codec_tts.synthesize_reference`,
+    :func:`~omni_triton.stages.qwen3_omni.run_pipeline`, the TTS benchmark's in-process codec);
+    only the decode call differs, so it is injected.
+
+    Args:
+        schedule: the chunk schedule (fresh per stream).
+        decode: ``(codes int64 [T, K] with left context, left_context frames) -> float32 PCM`` of
+            the new frames only (a BLS call of a code2wav stage, or a codec in-process).
+        num_codebooks: K, for the empty frame matrix before the first push.
+    """
+
+    def __init__(self, schedule: ChunkSchedule, decode, num_codebooks: int = 0):
+        self.schedule = schedule
+        self.decode = decode
+        self._parts: list[np.ndarray] = []
+        self._codes = np.zeros((0, num_codebooks), np.int64)
+
+    @property
+    def codes(self) -> np.ndarray:
+        """Every frame pushed so far, ``int64 [T, K]``."""
+        if self._parts:
+            self._codes = np.concatenate([self._codes, *self._parts]) if self._codes.size else np.concatenate(self._parts)
+            self._parts = []
+        return self._codes
+
+    @property
+    def total(self) -> int:
+        return len(self._codes) + sum(len(p) for p in self._parts)
+
+    def _run(self, chunks) -> list[np.ndarray]:
+        if not chunks:
+            return []
+        codes = self.codes
+        return [self.decode(c, left) for c, left in chunk_slices(codes, chunks)]
+
+    def push(self, frames: np.ndarray) -> list[np.ndarray]:
+        """Add ``frames`` (``[n, K]``; empty is fine) and decode every chunk now ready."""
+        if len(frames):
+            self._parts.append(np.asarray(frames).reshape(-1, np.asarray(frames).shape[-1]))
+        return self._run(self.schedule.push(self.total))
+
+    def flush(self) -> list[np.ndarray]:
+        """Decode the tail (end of the stream)."""
+        return self._run(self.schedule.flush(self.total))

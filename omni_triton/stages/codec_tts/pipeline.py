@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omni_triton.stages.chunking import ChunkSchedule, chunk_slices
+from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
 from omni_triton.stages.codec_tts.code2wav import CodecDecoder
 from omni_triton.stages.codec_tts.talker import CodecTalker
 
@@ -52,27 +52,28 @@ def synthesize_reference(
     shot (``audio``).
     """
     t0 = time.perf_counter()
-    sched = ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames)
-    frames: list[np.ndarray] = []
     chunks: list[np.ndarray] = []
     timings: dict = {"decode_chunk_s": []}
-    all_codes = np.zeros((0, talker.num_codebooks), np.int64)
 
-    def run_chunks(ready):
-        for codes, left in chunk_slices(all_codes, ready):
-            td = time.perf_counter()
-            chunks.append(decoder.decode([codes], [left])[0])
-            timings["decode_chunk_s"].append(time.perf_counter() - td)
-            timings.setdefault("ttfp_s", time.perf_counter() - t0)
+    def decode(codes, left):
+        td = time.perf_counter()
+        pcm = decoder.decode([codes], [left])[0]
+        timings["decode_chunk_s"].append(time.perf_counter() - td)
+        timings.setdefault("ttfp_s", time.perf_counter() - t0)
+        return pcm
 
+    chunked = ChunkedDecoder(ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames), decode,
+                             talker.num_codebooks)
+    frames: list[np.ndarray] = []  # stream=False: collected, decoded once below
     for new in talker.stream(text, speaker, min_frames, max_frames):
-        frames.append(new)
-        all_codes = np.concatenate(frames)
         if stream:
-            run_chunks(sched.push(len(all_codes)))
+            chunks += chunked.push(new)
+        else:
+            frames.append(new)
     t_talk = time.perf_counter() - t0
     if stream:
-        run_chunks(sched.flush(len(all_codes)))
+        chunks += chunked.flush()
+    all_codes = chunked.codes if stream or not frames else np.concatenate(frames)
     timings["talker_s"] = t_talk
     timings["talker_frames_per_s"] = len(all_codes) / t_talk if t_talk > 0 else 0.0
     td = time.perf_counter()

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from omni_triton.stages.chunking import ChunkSchedule, chunk_slices
+from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
 from omni_triton.stages.qwen3_omni.code2wav import OmniCode2Wav
 from omni_triton.stages.qwen3_omni.request import SamplingSettings
 from omni_triton.stages.qwen3_omni.talker import OmniTalker, TalkerSettings
@@ -62,27 +62,24 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
     res.timings["thinker_s"] = time.perf_counter() - t0
     if not audio or out is None or len(out.sequence) - out.prompt_len < 2:
         return res
-    sched = ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames)
-    frames: list[np.ndarray] = []
     res.timings["code2wav_s"] = 0.0
 
-    def emit(chunks):
-        codes = np.concatenate(frames)
-        for c, left in chunk_slices(codes, chunks):
-            td = time.perf_counter()
-            res.audio_chunks.append(decoder.decode([c], [left])[0])
-            res.timings["code2wav_s"] += time.perf_counter() - td
-            res.timings.setdefault("ttfp_s", time.perf_counter() - t0)
+    def decode(codes, left):
+        td = time.perf_counter()
+        pcm = decoder.decode([codes], [left])[0]
+        res.timings["code2wav_s"] += time.perf_counter() - td
+        res.timings.setdefault("ttfp_s", time.perf_counter() - t0)
+        return pcm
 
-    total = 0
+    chunked = ChunkedDecoder(ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames), decode,
+                             talker.num_code_groups)
     t_talker = time.perf_counter()
     for new in talker.stream(out, voice, talker_settings or TalkerSettings()):
-        frames.append(new)
-        total += len(new)
-        emit(sched.push(total))
-    if frames:
-        emit(sched.flush(total))
-    res.codes = np.concatenate(frames) if frames else np.zeros((0, talker.num_code_groups), np.int64)
+        res.audio_chunks += chunked.push(new)
+    if chunked.total:
+        res.audio_chunks += chunked.flush()
+    res.codes = chunked.codes
+    total = chunked.total
     res.timings["total_s"] = time.perf_counter() - t0
     res.timings["talker_s"] = time.perf_counter() - t_talker - res.timings["code2wav_s"]
     res.timings["frames"] = int(total)
