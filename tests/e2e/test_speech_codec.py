@@ -38,6 +38,7 @@ def reference():
     """In-process pipeline on the same checkpoint and the same settings as the served models."""
     import torch
 
+    from omni_triton.contracts.speech import FrameBudget
     from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker, synthesize_reference
 
     torch.set_num_threads(1)
@@ -53,7 +54,9 @@ def reference():
             return synthesize_reference(
                 talker, decoder, text, speaker,
                 min_frames=int(talker_params["default_min_frames"]),
-                max_frames=int(talker_params["default_max_frames"]),
+                # the cap tts gives its talker when the client sets no MAX_FRAMES
+                max_frames=FrameBudget(float(tts_params["max_frames_per_char"]),
+                                       int(tts_params["min_max_frames"])).for_text(text),
                 first_chunk_frames=int(tts_params["first_chunk_frames"]),
                 chunk_frames=int(tts_params["chunk_frames"]),
                 left_context_frames=int(tts_params["left_context_frames"]),
