@@ -45,9 +45,10 @@ class ResponseStream:
         stage: name for logs and error messages.
         flags: ``CancelFlags`` of the server, or ``None``.
         request_id: the request's REQUEST_ID input (the id a BLS caller cancels), or ``None``.
+        on_cancel: called once, when ``cancelled()`` first answers True (the stage's counter).
     """
 
-    def __init__(self, request, stage: str, flags=None, request_id: str | None = None):
+    def __init__(self, request, stage: str, flags=None, request_id: str | None = None, on_cancel=None):
         self.request = request
         self.sender = request.get_response_sender()
         self.stage = stage
@@ -55,6 +56,7 @@ class ResponseStream:
         self.request_id = request_id
         self.final_sent = False
         self.cancel_seen = False
+        self._on_cancel = on_cancel
         self._lock = threading.Lock()
 
     def cancelled(self) -> bool:
@@ -62,6 +64,8 @@ class ResponseStream:
         if not self.cancel_seen:
             self.cancel_seen = is_cancelled(self.request) or bool(
                 self.flags is not None and self.flags.is_cancelled(self.request_id))
+            if self.cancel_seen and self._on_cancel is not None:
+                self._on_cancel()
         return self.cancel_seen
 
     def _send(self, response, final: bool) -> bool:
@@ -150,7 +154,8 @@ class DecoupledStage:
                 request_id = optional_str_input(request, REQUEST_ID) if self.cancel_flags else None
             except UnicodeDecodeError:
                 request_id = None
-            stream = ResponseStream(request, self.stage, self.flags, request_id)
+            stream = ResponseStream(request, self.stage, self.flags, request_id,
+                                    on_cancel=lambda: self.metrics.count("cancelled"))
             try:
                 job = self.parse(request)
             except (self.input_error, InputError, UnicodeDecodeError) as exc:
@@ -185,12 +190,10 @@ class DecoupledStage:
         self.finish(job, stream, error)
 
     def finish(self, job, stream: ResponseStream, error: BaseException | None = None) -> None:
-        """End a job: the error response or FINAL (exactly once), the cancelled/active metrics,
-        the cancel flag lowered."""
+        """End a job: the error response or FINAL (exactly once), the active gauge, the cancel
+        flag lowered."""
         try:
             if error is None:
-                if stream.cancel_seen:
-                    self.metrics.count("cancelled")
                 stream.close()
             elif isinstance(error, (self.input_error, InputError)) or getattr(error, "invalid", False):
                 self.metrics.count("invalid")
