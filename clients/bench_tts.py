@@ -86,6 +86,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
+from omni_triton.contracts import speech
+from omni_triton.contracts.speech import FrameBudget
+
 MODELS = ("piper_tts", "tts")
 PATHS = ("inprocess", "triton", "frontend")
 
@@ -362,11 +365,12 @@ class InProcessPiper:
 
 
 class InProcessCodec:
-    """The ``tts`` pipeline in-process: talker stream -> ChunkSchedule -> Mimi decode per chunk,
-    with the chunk parameters and frame limits the served models use."""
+    """The ``tts`` pipeline in-process: talker stream -> ChunkedDecoder (the BLS model's chunk
+    loop) -> Mimi decode per chunk, with the chunk parameters and frame limits the served models
+    use (``budget``: the talker's cap for a text, ``omni_triton.contracts.speech.FrameBudget``)."""
 
     def __init__(self, first_chunk: int, chunk: int, left_context: int,
-                 min_frames: int, max_frames: int):
+                 min_frames: int, budget):
         from omni_triton.paths import model_dir
         from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker
 
@@ -374,30 +378,21 @@ class InProcessCodec:
         self.talker = CodecTalker.from_pretrained(path)
         self.decoder = CodecDecoder.from_pretrained(path)
         self.first_chunk, self.chunk, self.left_context = first_chunk, chunk, left_context
-        self.min_frames, self.max_frames = min_frames, max_frames
+        self.min_frames, self.budget = min_frames, budget
 
     def stream(self, text: str, speaker: int) -> Iterator[tuple[int, int]]:
         """``(samples, sample_rate)`` per decoded chunk, exactly the BLS model's schedule."""
-        import numpy as np
+        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
 
-        from omni_triton.stages.chunking import ChunkSchedule, chunk_slices
-
-        sched = ChunkSchedule(self.first_chunk, self.chunk, self.left_context)
-        frames: list = []
+        chunked = ChunkedDecoder(ChunkSchedule(self.first_chunk, self.chunk, self.left_context),
+                                 lambda codes, left: self.decoder.decode([codes], [left])[0])
         sr = self.decoder.sampling_rate
-
-        def decode(ready):
-            codes = np.concatenate(frames)
-            for c, left in chunk_slices(codes, ready):
-                yield self.decoder.decode([c], [left])[0].size, sr
-
-        total = 0
-        for new in self.talker.stream(text, speaker, self.min_frames, self.max_frames):
-            frames.append(new)
-            total += len(new)
-            yield from decode(sched.push(total))
-        if frames:
-            yield from decode(sched.flush(total))
+        for new in self.talker.stream(text, speaker, self.min_frames, self.budget.for_text(text)):
+            for pcm in chunked.push(new):
+                yield pcm.size, sr
+        if chunked.total:
+            for pcm in chunked.flush():
+                yield pcm.size, sr
 
     def run_one(self, index: int, text: str, voice: str) -> RequestResult:
         return _timed_stream(index, self.stream(text, int(voice)))
@@ -430,12 +425,12 @@ def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: fl
                 raise TimeoutError(f"no response from {model} for {timeout_s} s") from None
             if err is not None:
                 raise err
-            audio = res.as_numpy("AUDIO")
+            audio = res.as_numpy(speech.AUDIO)
             if audio is not None and audio.size:
                 if r.ttfp_s is None:
                     r.ttfp_s = time.perf_counter() - t0
                 r.samples += int(audio.size)
-                r.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                r.sample_rate = int(res.as_numpy(speech.SAMPLE_RATE).reshape(-1)[0])
                 r.chunks += 1
             final = res.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
@@ -513,7 +508,9 @@ def codec_settings(grpc_url: str | None) -> dict:
         "chunk_frames": int(tts.get("chunk_frames", 25)),
         "left_context_frames": int(tts.get("left_context_frames", 25)),
         "min_frames": int(talker.get("default_min_frames", 8)),
-        "max_frames": int(talker.get("default_max_frames", 100)),
+        # the talker's cap tts sets when the client sends no MAX_FRAMES (follows the text length)
+        "max_frames_per_char": float(tts.get("max_frames_per_char", 2.5)),
+        "min_max_frames": int(tts.get("min_max_frames", 100)),
         "talker_workers": int(talker.get("workers", 4)),
         "tts_workers": int(tts.get("workers", 8)),
     }
@@ -650,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 engine = InProcessCodec(codec["first_chunk_frames"], codec["chunk_frames"],
                                         codec["left_context_frames"], codec["min_frames"],
-                                        codec["max_frames"])
+                                        FrameBudget(codec["max_frames_per_char"], codec["min_max_frames"]))
             log(f"  {model}: loaded in {time.perf_counter() - t:.1f} s")
             bench.run_path(model, "inprocess", engine.run_one)
             del engine
