@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
+from omni_triton.checkpoints.common import MANIFEST, build_once
 from omni_triton.stages.diffusion.loading import image_only_processor_class
 
-MANIFEST = "manifest.json"
 BUILDER_VERSION = 1
 KIND_T2I = "t2i"
 KIND_EDIT = "edit"
@@ -87,26 +87,8 @@ def build_tiny_qwen_image(out_dir: Path, kind: str = KIND_T2I, seed: int = 0,
     Writes ``manifest.json`` (seed, config hash, defaults) last; idempotent (returns at once when
     the manifest's hash matches). Several processes may call it at once: one builds under a lock.
     """
-    import fcntl
-
     spec = spec or TinyQwenImageSpec()
-    out_dir = Path(out_dir)
-    h = spec.config_hash(seed, kind)
-    if _manifest_hash(out_dir) == h:
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _manifest_hash(out_dir) != h:
-            _build(out_dir, kind, seed, spec, h)
-    return out_dir
-
-
-def _manifest_hash(out_dir: Path) -> str | None:
-    try:
-        return json.loads((out_dir / MANIFEST).read_text()).get("config_hash")
-    except (OSError, ValueError):
-        return None
+    return build_once(Path(out_dir), spec.config_hash(seed, kind), lambda d, h: _build(d, kind, seed, spec, h))
 
 
 def _build(out_dir: Path, kind: str, seed: int, spec: TinyQwenImageSpec, h: str) -> None:

@@ -12,6 +12,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from omni_triton.stages.streaming import threaded_generate
+
 from omni_triton.checkpoints.common import read_manifest
 
 # --------------------------------------------------------------------------------------- talker
@@ -151,57 +153,36 @@ class CodecTalker:
 
         q: queue.Queue = queue.Queue()
         done = object()
-        err: list[BaseException] = []
         inputs = self.prompt_ids(text, speaker)
 
         def run():
             from transformers import LogitsProcessorList
 
-            try:
-                torch.set_num_threads(1)
-                with self._lock, torch.inference_mode():
+            with self._lock:
+                try:
                     self.model.generate(
                         **inputs, max_new_tokens=max_frames, do_sample=False,
                         logits_processor=LogitsProcessorList(
                             [_MinFramesLogitsProcessor(min_frames, self.codebook_eos_id)]),
                         streamer=_FrameStreamer(q, stop),
                     )
-            except GenerationCancelled:
-                pass
-            except BaseException as e:  # re-raised in the consumer
-                err.append(e)
-            finally:
-                q.put(done)
+                except GenerationCancelled:
+                    pass
 
-        th = threading.Thread(target=run, name="csm-generate", daemon=True)
-        th.start()
-        try:
-            finished = False
-            while not finished:
-                items = [q.get()]
-                while True:  # drain what is already there
-                    try:
-                        items.append(q.get_nowait())
-                    except queue.Empty:
-                        break
-                frames = []
-                for it in items:
-                    if it is done:
-                        finished = True
-                        break
-                    if (it[:-1] == self.codebook_eos_id).all():  # CSM EOS frame: end, not audio
-                        finished = True
-                        break
-                    frames.append(it)
-                if cancelled.is_set():
+        for items in threaded_generate(run, q, done, closed, name="csm-generate"):
+            if not isinstance(items, list):
+                break  # generate's return value: the stream ended
+            frames = []
+            for it in items:
+                if (it[:-1] == self.codebook_eos_id).all():  # CSM EOS frame: end, not audio
                     break
-                if frames:
-                    yield np.stack(frames).astype(np.int64)
-            if err:
-                raise err[0]
-        finally:
-            closed.set()
-            th.join()
+                frames.append(it)
+            if cancelled.is_set():
+                break
+            if frames:
+                yield np.stack(frames).astype(np.int64)
+            if len(frames) < len(items):
+                break  # the EOS frame: the rest is not audio
 
     def generate(self, text: str, speaker: int = 0, min_frames=None, max_frames=None) -> np.ndarray:
         """All frames at once: ``np.int64 [T, num_codebooks]``."""

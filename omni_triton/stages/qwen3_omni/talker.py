@@ -13,7 +13,8 @@ import torch
 
 from omni_triton.checkpoints.common import read_manifest
 from omni_triton.contracts.chat import ChatInputError
-from omni_triton.stages.qwen3_omni.thinker import ThinkerOutput, _stopping, _threaded
+from omni_triton.stages.qwen3_omni.thinker import ThinkerOutput
+from omni_triton.stages.streaming import stopping_criteria, threaded_generate
 
 # ------------------------------------------------------------------------------------ talker
 
@@ -172,11 +173,11 @@ class OmniTalker:
             with self._lock:
                 handle = self.talker.register_forward_hook(hook)
                 try:
-                    stop = _stopping(lambda ids: closed.is_set() or user_stop())
+                    stop = stopping_criteria(lambda ids: closed.is_set() or user_stop())
                     self.talker.generate(**inputs, stopping_criteria=StoppingCriteriaList([stop]), **kw)
                 finally:
                     handle.remove()
 
-        for items in _threaded(run, q, done, closed):
+        for items in threaded_generate(run, q, done, closed):
             if isinstance(items, list) and items:
                 yield np.stack(items).astype(np.int64)

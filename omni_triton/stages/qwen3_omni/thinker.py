@@ -16,6 +16,7 @@ import torch
 from omni_triton.checkpoints.common import read_manifest
 from omni_triton.contracts.chat import ChatInputError, parse_messages
 from omni_triton.stages.qwen3_omni.request import SamplingSettings, sampling_settings
+from omni_triton.stages.streaming import stopping_criteria, threaded_generate
 
 # ----------------------------------------------------------------------------------- thinker
 
@@ -57,57 +58,6 @@ class _QueueStreamer:
 
     def end(self) -> None:
         pass
-
-
-def _stopping(should_stop: Callable[[torch.Tensor], bool]):
-    """A transformers ``StoppingCriteria`` calling ``should_stop(input_ids)`` after every step."""
-    from transformers import StoppingCriteria
-
-    class _Stop(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.full((input_ids.shape[0],), bool(should_stop(input_ids)), dtype=torch.bool)
-
-    return _Stop()
-
-
-def _threaded(run: Callable[[], object], q: "queue.Queue", done: object, closed: threading.Event) -> Iterator:
-    """Run ``run()`` on a thread (one torch thread); yield the lists of items it queues (batched by
-    what is already there) until it returns, then its return value; re-raise its exception.
-    Closing the generator early sets ``closed`` (``run``'s stopping criterion must watch it) and
-    joins the thread."""
-    box: dict = {}
-
-    def target():
-        try:
-            torch.set_num_threads(1)
-            with torch.inference_mode():
-                box["result"] = run()
-        except BaseException as e:  # re-raised in the consumer
-            box["error"] = e
-        finally:
-            q.put(done)
-
-    th = threading.Thread(target=target, name="omni-generate", daemon=True)
-    th.start()
-    try:
-        finished = False
-        while not finished:
-            items = [q.get()]
-            while True:
-                try:
-                    items.append(q.get_nowait())
-                except queue.Empty:
-                    break
-            if items[-1] is done:
-                items.pop()
-                finished = True
-            yield items
-    finally:
-        closed.set()
-        th.join()
-    if "error" in box:
-        raise box["error"]
-    yield box.get("result")  # last item: generate's return value
 
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
@@ -257,12 +207,12 @@ class OmniThinker:
                     torch.manual_seed(int(sampling.seed))
                 return self.thinker.generate(
                     input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                    streamer=_QueueStreamer(q), stopping_criteria=StoppingCriteriaList([_stopping(stop_now)]), **kw)
+                    streamer=_QueueStreamer(q), stopping_criteria=StoppingCriteriaList([stopping_criteria(stop_now)]), **kw)
 
         sent = ""
         hold = max((len(s) for s in sampling.stop), default=1) - 1
         result = None
-        it = _threaded(run, q, done, closed)
+        it = threaded_generate(run, q, done, closed)
         for items in it:
             if not isinstance(items, list):
                 result = items
