@@ -205,3 +205,25 @@ def test_chunked_decoder_matches_a_one_shot_decode():
     assert [len(o) for o in out] == [5, 25, 25, 8]
     np.testing.assert_array_equal(np.concatenate(out), codes[:, 0].astype(np.float32))
     np.testing.assert_array_equal(chunked.codes, codes)
+
+
+def test_tts_talker_cap_follows_the_input_length(tmp_path, monkeypatch):
+    """issue 9: ``tts`` cut all speech at the talker's fixed 100 frames (8 s). Without MAX_FRAMES
+    the BLS now asks for a cap that grows with the text; a client's MAX_FRAMES still wins."""
+    from omni_triton.adapters.speech import TtsPipeline
+    from omni_triton.contracts import speech
+
+    monkeypatch.setenv("OMNI_TRITON_CACHE", str(tmp_path))
+    params = {"voices": "0,1", "max_input_chars": "4000", "max_frames_per_char": "2.5", "min_max_frames": "100"}
+    stage = TtsPipeline()
+    stage.initialize({**ARGS, "model_config": json.dumps(
+        {"parameters": {k: {"string_value": v} for k, v in params.items()}})})
+    long_text = "This sentence is about three seconds of speech. " * 20  # ~1 minute, 960 characters
+    job = stage.parse(pb.FakeRequest({speech.TEXT: np.array([long_text.encode()], dtype=object)}))
+    assert job.max_frames == 2400 > 100 * 9  # far more than 8 s (12.5 frames/s)
+    short = stage.parse(pb.FakeRequest({speech.TEXT: np.array([b"Hi."], dtype=object)}))
+    assert short.max_frames == 100
+    capped = stage.parse(pb.FakeRequest({speech.TEXT: np.array([long_text.encode()], dtype=object),
+                                         speech.MAX_FRAMES: np.array([7], np.int32)}))
+    assert capped.max_frames == 7
+    stage.finalize()
