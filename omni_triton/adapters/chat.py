@@ -27,8 +27,21 @@ def _text_outputs(text: str, finish: str, prompt_tokens: int, completion_tokens:
             ch.COMPLETION_TOKENS: scalar_array(completion_tokens, "INT32")}
 
 
-def _chat_request(request):
-    return tuple(optional_str_input(request, n) for n in (ch.PROMPT, ch.MESSAGES, ch.SAMPLING_PARAMETERS))
+_CHAT_TEXT = (ch.PROMPT, ch.MESSAGES, ch.SAMPLING_PARAMETERS)
+
+
+def read_chat_request(request) -> tuple[str | None, str | None, str | None]:
+    """PROMPT, MESSAGES, SAMPLING_PARAMETERS of a chat request (``None`` where absent).
+
+    Raises:
+        UnicodeDecodeError: not UTF-8 (answered as INVALID_ARG).
+    """
+    return tuple(optional_str_input(request, n) for n in _CHAT_TEXT)
+
+
+def chat_request_pairs(values: tuple[str | None, str | None, str | None]) -> list:
+    """The given ones of :func:`read_chat_request`'s values as ``(name, array)`` inputs of a stage."""
+    return [(n, utf8_array(v)) for n, v in zip(_CHAT_TEXT, values) if v is not None]
 
 
 class LlmStage(DecoupledStage):
@@ -83,7 +96,7 @@ class LlmStage(DecoupledStage):
     def parse(self, request):
         from omni_triton.stages.llm import build_generation_job
 
-        return build_generation_job(f"llm-{uuid.uuid4().hex}", self.tokenizer, *_chat_request(request),
+        return build_generation_job(f"llm-{uuid.uuid4().hex}", self.tokenizer, *read_chat_request(request),
                                     self.config.max_model_len, self.config.default_max_tokens)
 
     def dispatch(self, job, stream):
@@ -165,12 +178,10 @@ class LlmTtsPipeline(DecoupledStage):
         self.metrics.count("received")  # every request, the invalid ones included
         modalities = ch.parse_modalities(optional_str_input(request, ch.MODALITIES))
         voice = ch.match_voice(optional_str_input(request, ch.VOICE), self.voices, self.default_voice)
-        text_inputs = _chat_request(request)
+        text_inputs = read_chat_request(request)
         build_generation_job("validation", self.tokenizer, *text_inputs, self.max_model_len, 1,
                              check_with_vllm=False)  # validation only; the llm tokenizes again
-        inputs = [(n, utf8_array(v)) for n, v in zip((ch.PROMPT, ch.MESSAGES, ch.SAMPLING_PARAMETERS), text_inputs)
-                  if v is not None]
-        return _SpokenJob(inputs, "audio" in modalities, voice)
+        return _SpokenJob(chat_request_pairs(text_inputs), "audio" in modalities, voice)
 
     def _response(self, text, finish, counts, audio=None):
         return {**_text_outputs(text, finish, *counts),

@@ -8,10 +8,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from omni_triton.adapters.bls import stream_stage
-from omni_triton.adapters.bls import call_stage
-from omni_triton.adapters.speech import Code2WavStage
 from omni_triton.adapters.batched import set_torch_threads
+from omni_triton.adapters.bls import call_stage, stream_stage
+from omni_triton.adapters.chat import chat_request_pairs, read_chat_request
+from omni_triton.adapters.speech import Code2WavStage
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_input, optional_str_input, required_array
 from omni_triton.contracts import chat as ch
@@ -23,10 +23,6 @@ def _checkpoint(params):
     from omni_triton.checkpoints.qwen3_omni import checkpoint_dir
 
     return checkpoint_dir(params.get("model_name", "qwen3-omni-tiny"))
-
-
-def _chat_request(request):
-    return tuple(optional_str_input(request, n) for n in (ch.PROMPT, ch.MESSAGES, ch.SAMPLING_PARAMETERS))
 
 
 class OmniThinkerStage(DecoupledStage):
@@ -56,7 +52,7 @@ class OmniThinkerStage(DecoupledStage):
         from omni_triton.stages.qwen3_omni import prepare_thinker_request
 
         talker_inputs = bool(optional_input(request, ch.TALKER_INPUTS) or False)
-        ids, sampling = prepare_thinker_request(self.thinker, *_chat_request(request), self.default_max_tokens,
+        ids, sampling = prepare_thinker_request(self.thinker, *read_chat_request(request), self.default_max_tokens,
                                                 self.max_model_len, talker_inputs)
         return ids, sampling, talker_inputs
 
@@ -179,14 +175,12 @@ class OmniPipeline(DecoupledStage):
         voice = ch.match_voice(optional_str_input(request, ch.VOICE), self.voices, self.default_voice,
                                case_sensitive=False)
         audio = "audio" in modalities
-        text_inputs = _chat_request(request)
+        text_inputs = read_chat_request(request)
         prepare_thinker_request(self.chat, *text_inputs, self.default_max_tokens, self.max_model_len, audio)
         max_frames = optional_input(request, ch.MAX_AUDIO_FRAMES)
         if max_frames is not None and int(max_frames) < 1:
             raise ch.ChatInputError(f"MAX_AUDIO_FRAMES must be >= 1, got {int(max_frames)}")
-        inputs = [(n, utf8_array(v)) for n, v in zip((ch.PROMPT, ch.MESSAGES, ch.SAMPLING_PARAMETERS), text_inputs)
-                  if v is not None]
-        return _OmniJob(inputs, audio, voice, None if max_frames is None else int(max_frames))
+        return _OmniJob(chat_request_pairs(text_inputs), audio, voice, None if max_frames is None else int(max_frames))
 
     def _response(self, text="", finish="", counts=(0, 0), audio=None):
         return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish,

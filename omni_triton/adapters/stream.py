@@ -18,7 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping
 
 from omni_triton.adapters.triton_io import (
-    StageMetrics, error_response, is_cancelled, model_parameters, optional_str_input, send, tensors,
+    StageMetrics,
+    error_response,
+    is_cancelled,
+    model_parameters,
+    optional_str_input,
+    send,
+    tensors,
 )
 from omni_triton.contracts.tensors import REQUEST_ID, InputError
 
