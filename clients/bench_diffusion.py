@@ -175,7 +175,7 @@ def _load_pipeline():
 
 def call_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
     """The plain diffusers ``__call__`` + PNG encode, one request at a time (path ``inprocess_call``)."""
-    from omni_triton.image import encode_image
+    from omni_triton.media.image import encode_image
     from omni_triton.stages.diffusion import reference_images
 
     pipe = _load_pipeline()
@@ -200,7 +200,7 @@ def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Re
     VAE decoder of ``omni_triton.stages.diffusion`` on one pipeline, with one lock per stage, i.e.
     one instance per stage as ``qwen_image``'s stages have: concurrent requests overlap in
     different stages as they do in Triton, without dynamic batching and without Triton."""
-    from omni_triton.image import encode_image
+    from omni_triton.media.image import encode_image
     from omni_triton.stages.diffusion import DenoiseItem, denoise, encode_prompts, vae_decode
 
     pipe = _load_pipeline()
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms", flush=True)
 
     if "inprocess" in paths:
-        from omni_triton.stages.diffusion import checkpoint_dir
+        from omni_triton.checkpoints.qwen_image import checkpoint_dir
 
         checkpoint_dir(ASSET)
         print("in-process diffusers __call__ (sequential)", flush=True)

@@ -112,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from clients.omni_grpc_stream import build_chat_inputs, stream_chat
     from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.checkpoints import qwen3_omni as ckpt
     from omni_triton.stages import qwen3_omni as qo
 
     torch.set_num_threads(1)
     models = available_models()
     bls, tp = model_parameters(models["omni"]), model_parameters(models["omni_talker"])
-    path = qo.checkpoint_dir(bls.get("model_name", "qwen3-omni-tiny"))
+    path = ckpt.checkpoint_dir(bls.get("model_name", "qwen3-omni-tiny"))
     sampling = {"temperature": 0, "max_tokens": args.max_tokens}
     report: dict = {"config": {"max_tokens": args.max_tokens, "levels": levels, "requests": args.requests,
                                "talker_max_frames": int(tp["default_max_frames"]),

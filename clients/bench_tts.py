@@ -96,6 +96,8 @@ from clients.bench_common import (
     ratio,
     stop_all_on_sigterm,
 )
+from omni_triton.contracts import speech
+from omni_triton.contracts.speech import FrameBudget
 
 MODELS = ("piper_tts", "tts")
 #: packages whose versions go into the report
@@ -322,14 +324,15 @@ class InProcessPiper:
 
 
 class InProcessCodec:
-    """The ``tts`` pipeline in-process: talker stream -> ChunkSchedule -> Mimi decode per chunk,
-    with the chunk parameters and frame limits the served models use, and the served parallelism:
-    one ``CodecTalker`` object per ``tts_talker`` instance (a request holds one for its whole
-    generation, as a decoupled talker instance does) and one ``CodecDecoder`` per
-    ``tts_code2wav`` instance (a chunk holds one while it decodes)."""
+    """The ``tts`` pipeline in-process: talker stream -> ChunkedDecoder (the BLS model's chunk
+    loop) -> Mimi decode per chunk, with the chunk parameters and frame limits the served models
+    use (``budget``: the talker's cap for a text, ``omni_triton.contracts.speech.FrameBudget``),
+    and the served parallelism: one ``CodecTalker`` object per ``tts_talker`` instance (a request
+    holds one for its whole generation, as a decoupled talker instance does) and one
+    ``CodecDecoder`` per ``tts_code2wav`` instance (a chunk holds one while it decodes)."""
 
     def __init__(self, first_chunk: int, chunk: int, left_context: int,
-                 min_frames: int, max_frames: int, talker_instances: int, code2wav_instances: int):
+                 min_frames: int, budget, talker_instances: int, code2wav_instances: int):
         from omni_triton.paths import model_dir
         from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker
 
@@ -338,33 +341,25 @@ class InProcessCodec:
         self.decoders = InstancePool([CodecDecoder.from_pretrained(path) for _ in range(code2wav_instances)])
         self.sampling_rate = self.decoders.instances[0].sampling_rate
         self.first_chunk, self.chunk, self.left_context = first_chunk, chunk, left_context
-        self.min_frames, self.max_frames = min_frames, max_frames
+        self.min_frames, self.budget = min_frames, budget
 
     def stream(self, text: str, speaker: int) -> Iterator[tuple[int, int]]:
         """``(samples, sample_rate)`` per decoded chunk, exactly the BLS model's schedule."""
-        import numpy as np
+        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
 
-        from omni_triton.stages.codec_tts import ChunkSchedule, chunk_slices
+        def decode(codes, left):
+            with self.decoders.take() as decoder:
+                return decoder.decode([codes], [left])[0]
 
-        sched = ChunkSchedule(self.first_chunk, self.chunk, self.left_context)
-        frames: list = []
+        chunked = ChunkedDecoder(ChunkSchedule(self.first_chunk, self.chunk, self.left_context), decode)
         sr = self.sampling_rate
-
-        def decode(ready):
-            codes = np.concatenate(frames)
-            for c, left in chunk_slices(codes, ready):
-                with self.decoders.take() as decoder:
-                    samples = decoder.decode([c], [left])[0].size
-                yield samples, sr
-
-        total = 0
         with self.talkers.take() as talker:
-            for new in talker.stream(text, speaker, self.min_frames, self.max_frames):
-                frames.append(new)
-                total += len(new)
-                yield from decode(sched.push(total))
-        if frames:
-            yield from decode(sched.flush(total))
+            for new in talker.stream(text, speaker, self.min_frames, self.budget.for_text(text)):
+                for pcm in chunked.push(new):
+                    yield pcm.size, sr
+        if chunked.total:
+            for pcm in chunked.flush():
+                yield pcm.size, sr
 
     def run_one(self, index: int, text: str, voice: str) -> RequestResult:
         return _timed_stream(index, self.stream(text, int(voice)))
@@ -397,12 +392,12 @@ def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: fl
                 raise TimeoutError(f"no response from {model} for {timeout_s} s") from None
             if err is not None:
                 raise err
-            audio = res.as_numpy("AUDIO")
+            audio = res.as_numpy(speech.AUDIO)
             if audio is not None and audio.size:
                 if r.ttfp_s is None:
                     r.ttfp_s = time.perf_counter() - t0
                 r.samples += int(audio.size)
-                r.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                r.sample_rate = int(res.as_numpy(speech.SAMPLE_RATE).reshape(-1)[0])
                 r.chunks += 1
             final = res.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
@@ -485,7 +480,9 @@ def codec_settings(grpc_url: str | None) -> dict:
         "chunk_frames": int(tts.get("chunk_frames", 25)),
         "left_context_frames": int(tts.get("left_context_frames", 25)),
         "min_frames": int(talker.get("default_min_frames", 8)),
-        "max_frames": int(talker.get("default_max_frames", 100)),
+        # the talker's cap tts sets when the client sends no MAX_FRAMES (follows the text length)
+        "max_frames_per_char": float(tts.get("max_frames_per_char", 2.5)),
+        "min_max_frames": int(tts.get("min_max_frames", 100)),
         "talker_workers": int(talker.get("workers", 4)),
         "tts_workers": int(tts.get("workers", 8)),
     }
@@ -572,8 +569,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 engine = InProcessCodec(codec["first_chunk_frames"], codec["chunk_frames"],
                                         codec["left_context_frames"], codec["min_frames"],
-                                        codec["max_frames"], instance_count("tts_talker"),
-                                        instance_count("tts_code2wav"))
+                                        FrameBudget(codec["max_frames_per_char"], codec["min_max_frames"]),
+                                        instance_count("tts_talker"), instance_count("tts_code2wav"))
             log(f"  {model}: loaded in {time.perf_counter() - t:.1f} s")
             bench.run_path(model, "inprocess", engine.run_one)
             del engine

@@ -21,10 +21,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+from omni_triton.contracts import chat
+from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
 
 @dataclass
@@ -63,31 +67,16 @@ class ChatStreamResult:
         return np.concatenate(self.audio_chunks) if self.audio_chunks else np.zeros(0, np.float32)
 
 
-def _bytes_input(name: str, value: str):
-    tensor = grpcclient.InferInput(name, [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
-    return tensor
-
-
 def build_chat_inputs(messages: list[dict] | None = None, prompt: str | None = None,
                       sampling: dict | None = None, modalities: list[str] | None = None,
                       voice: str | None = None, raw: dict[str, str] | None = None) -> list:
-    """Triton inputs of the chat contract: MESSAGES (JSON) or PROMPT, SAMPLING_PARAMETERS (JSON),
-    MODALITIES (JSON), VOICE; ``raw`` adds BYTES inputs verbatim (for bad-input tests)."""
-    inputs = []
-    if messages is not None:
-        inputs.append(_bytes_input("MESSAGES", json.dumps(messages)))
-    if prompt is not None:
-        inputs.append(_bytes_input("PROMPT", prompt))
-    if sampling is not None:
-        inputs.append(_bytes_input("SAMPLING_PARAMETERS", json.dumps(sampling)))
-    if modalities is not None:
-        inputs.append(_bytes_input("MODALITIES", json.dumps(modalities)))
-    if voice is not None:
-        inputs.append(_bytes_input("VOICE", voice))
-    for name, value in (raw or {}).items():
-        inputs.append(_bytes_input(name, value))
-    return inputs
+    """``tritonclient.grpc.InferInput`` list of the chat contract
+    (``omni_triton.contracts.chat.chat_inputs``): MESSAGES (JSON) or PROMPT, SAMPLING_PARAMETERS
+    (JSON, when non-empty), MODALITIES (JSON), VOICE; ``raw`` adds BYTES inputs verbatim (for
+    bad-input tests)."""
+    pairs = chat.chat_inputs(messages=messages, prompt=prompt, sampling=sampling, modalities=modalities,
+                             voice=voice, raw=raw)
+    return wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput))
 
 
 def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
@@ -107,9 +96,9 @@ def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
             the server's cancellation path ("HandleCancellation called even when the context was
             not cancelled"), which crashed the server (SIGSEGV) a few times here.
     """
-    names = ["TEXT_DELTA", "FINISH_REASON", "PROMPT_TOKENS", "COMPLETION_TOKENS"]
+    names = list(chat.TEXT_OUTPUTS)
     if speech:
-        names += ["AUDIO", "SAMPLE_RATE"]
+        names += list(chat.SPEECH_OUTPUTS)
     responses: queue.Queue = queue.Queue()
     result = ChatStreamResult()
     client = grpcclient.InferenceServerClient(url)
@@ -129,20 +118,20 @@ def stream_chat(url: str, model: str, inputs: list, timeout_s: float = 300.0,
                 finished = True
                 break
             final = res.get_response().parameters.get("triton_final_response")
-            if res.as_numpy("TEXT_DELTA") is not None:
-                delta = res.as_numpy("TEXT_DELTA").reshape(-1)[0].decode("utf-8")
+            if res.as_numpy(chat.TEXT_DELTA) is not None:
+                delta = res.as_numpy(chat.TEXT_DELTA).reshape(-1)[0].decode("utf-8")
                 result.deltas.append(delta)
                 result.arrival_s.append(now)
                 if delta:
                     result.kinds.append("text")
                     texts += 1
-                reason = res.as_numpy("FINISH_REASON").reshape(-1)[0].decode("utf-8")
+                reason = res.as_numpy(chat.FINISH_REASON).reshape(-1)[0].decode("utf-8")
                 result.finish_reason = reason or result.finish_reason
-                result.prompt_tokens = int(res.as_numpy("PROMPT_TOKENS").reshape(-1)[0])
-                result.completion_tokens = int(res.as_numpy("COMPLETION_TOKENS").reshape(-1)[0])
-                if speech and res.as_numpy("AUDIO") is not None and res.as_numpy("AUDIO").size:
-                    result.audio_chunks.append(res.as_numpy("AUDIO").reshape(-1).astype(np.float32))
-                    result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                result.prompt_tokens = int(res.as_numpy(chat.PROMPT_TOKENS).reshape(-1)[0])
+                result.completion_tokens = int(res.as_numpy(chat.COMPLETION_TOKENS).reshape(-1)[0])
+                if speech and res.as_numpy(chat.AUDIO) is not None and res.as_numpy(chat.AUDIO).size:
+                    result.audio_chunks.append(res.as_numpy(chat.AUDIO).reshape(-1).astype(np.float32))
+                    result.sample_rate = int(res.as_numpy(chat.SAMPLE_RATE).reshape(-1)[0])
                     result.kinds.append("audio")
             if final is not None and final.bool_param:
                 finished = True

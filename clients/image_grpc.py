@@ -9,46 +9,36 @@ The ensembles' inputs and outputs are in docs/image_contracts.md.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import numpy as np
 
-_DTYPES = {np.object_: "BYTES", np.int32: "INT32", np.int64: "INT64", np.float32: "FP32", np.uint8: "UINT8"}
+from omni_triton.contracts import image as contract
+from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
 
 def image_inputs(prompt: str, *, width: int = 64, height: int = 64, steps: int = 2, seed: int = 0,
                  negative_prompt: str = "", true_cfg_scale: float = 4.0,
                  guidance_scale: float = 0.0, image: np.ndarray | None = None) -> list:
-    """``tritonclient.grpc.InferInput`` list for one image of a diffusion ensemble.
+    """``tritonclient.grpc.InferInput`` list for one image of a diffusion ensemble
+    (``omni_triton.contracts.image.image_inputs``).
 
     ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of ``qwen_image_edit``
     (``INPUT_IMAGE``); every tensor gets the batch dimension 1 (the ensembles batch).
     """
     import tritonclient.grpc as grpcclient
 
-    values = {
-        "PROMPT": np.array([[prompt.encode("utf-8")]], dtype=np.object_),
-        "NEGATIVE_PROMPT": np.array([[negative_prompt.encode("utf-8")]], dtype=np.object_),
-        "HEIGHT": np.array([[height]], np.int32), "WIDTH": np.array([[width]], np.int32),
-        "NUM_INFERENCE_STEPS": np.array([[steps]], np.int32),
-        "TRUE_CFG_SCALE": np.array([[true_cfg_scale]], np.float32),
-        "GUIDANCE_SCALE": np.array([[guidance_scale]], np.float32),
-        "SEED": np.array([[seed]], np.int64),
-    }
-    if image is not None:
-        values["INPUT_IMAGE"] = np.ascontiguousarray(image, dtype=np.uint8)[None]
-    inputs = []
-    for name, array in values.items():
-        t = grpcclient.InferInput(name, list(array.shape), _DTYPES[array.dtype.type])
-        t.set_data_from_numpy(array)
-        inputs.append(t)
-    return inputs
+    pairs = contract.image_inputs(prompt, width=width, height=height, steps=steps, seed=seed,
+                                  negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
+                                  guidance_scale=guidance_scale, image=image)
+    return wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput))
 
 
 def generate(client, model: str, prompt: str, **kwargs) -> tuple[np.ndarray, int, float]:
     """One image: (``uint8 [H, W, 3]``, denoising steps, denoiser seconds)."""
     result = client.infer(model, image_inputs(prompt, **kwargs))
-    return (result.as_numpy("IMAGE")[0], int(result.as_numpy("NUM_STEPS").reshape(-1)[0]),
-            float(result.as_numpy("DENOISE_SECONDS").reshape(-1)[0]))
+    return (result.as_numpy(contract.IMAGE)[0], int(result.as_numpy(contract.NUM_STEPS).reshape(-1)[0]),
+            float(result.as_numpy(contract.DENOISE_SECONDS).reshape(-1)[0]))
 
 
 def main(argv=None) -> None:

@@ -11,7 +11,6 @@ concatenated PCM as a WAV file. Contract: docs/chat_contracts.md.
 from __future__ import annotations
 
 import argparse
-import json
 import queue
 import sys
 import time
@@ -21,6 +20,9 @@ from typing import Callable
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+from clients.chat_grpc_stream import build_chat_inputs  # noqa: F401 - this module's API too
+from omni_triton.contracts import chat
 
 
 @dataclass
@@ -64,25 +66,6 @@ class ChatStreamResult:
         return self.audio_arrival_s[0] if self.audio_arrival_s else None
 
 
-def _bytes(name: str, value: str):
-    t = grpcclient.InferInput(name, [1], "BYTES")
-    t.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
-    return t
-
-
-def build_chat_inputs(messages: list[dict] | None = None, prompt: str | None = None, sampling: dict | None = None,
-                      modalities: list[str] | None = None, voice: str | None = None) -> list:
-    """Triton inputs of the chat contract: MESSAGES or PROMPT, SAMPLING_PARAMETERS?, MODALITIES?, VOICE?."""
-    inputs = [_bytes("MESSAGES", json.dumps(messages))] if messages is not None else [_bytes("PROMPT", prompt)]
-    if sampling:
-        inputs.append(_bytes("SAMPLING_PARAMETERS", json.dumps(sampling)))
-    if modalities is not None:
-        inputs.append(_bytes("MODALITIES", json.dumps(modalities)))
-    if voice is not None:
-        inputs.append(_bytes("VOICE", voice))
-    return inputs
-
-
 def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None = None,
                 max_text_deltas: int | None = None, stop_after_text: bool = False,
                 timeout_s: float = 300.0,
@@ -102,7 +85,7 @@ def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None
     try:
         # No `triton_grpc_error` header: its error path crashed tritonserver 2.51 (SIGSEGV) on BLS
         # error responses (server#7368). Errors arrive in-band, without their gRPC code; a stage's
-        # INVALID_ARG is recognised by omni_triton.triton_io.INVALID_INPUT_PREFIX in the message.
+        # INVALID_ARG is recognised by omni_triton.contracts.tensors.INVALID_INPUT_PREFIX in the message.
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         start = time.perf_counter()
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
@@ -113,7 +96,7 @@ def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None
             now = time.perf_counter() - start
             result.responses += 1
             final = res.get_response().parameters.get("triton_final_response")
-            text = res.as_numpy("TEXT_DELTA")
+            text = res.as_numpy(chat.TEXT_DELTA)
             if text is not None and text.size:
                 delta = text.reshape(-1)[0].decode("utf-8")
                 if delta:
@@ -121,17 +104,17 @@ def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None
                     result.text_arrival_s.append(now)
                     if max_text_deltas is not None and len(result.text_deltas) >= max_text_deltas:
                         break
-                reason = res.as_numpy("FINISH_REASON").reshape(-1)[0].decode("utf-8")
+                reason = res.as_numpy(chat.FINISH_REASON).reshape(-1)[0].decode("utf-8")
                 result.finish_reason = reason or result.finish_reason
-                result.prompt_tokens = int(res.as_numpy("PROMPT_TOKENS").reshape(-1)[0])
-                result.completion_tokens = int(res.as_numpy("COMPLETION_TOKENS").reshape(-1)[0])
+                result.prompt_tokens = int(res.as_numpy(chat.PROMPT_TOKENS).reshape(-1)[0])
+                result.completion_tokens = int(res.as_numpy(chat.COMPLETION_TOKENS).reshape(-1)[0])
                 if stop_after_text and reason:
                     break
-            audio = res.as_numpy("AUDIO")
+            audio = res.as_numpy(chat.AUDIO)
             if audio is not None and audio.size:
                 result.audio_chunks.append(audio.astype(np.float32).reshape(-1))
                 result.audio_arrival_s.append(now)
-                result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                result.sample_rate = int(res.as_numpy(chat.SAMPLE_RATE).reshape(-1)[0])
                 if on_audio is not None:
                     on_audio(len(result.audio_chunks) - 1, result.audio_chunks[-1])
                 if max_audio_chunks is not None and len(result.audio_chunks) >= max_audio_chunks:

@@ -14,11 +14,15 @@ import argparse
 import queue
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+from omni_triton.contracts import speech
+from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
 
 @dataclass
@@ -45,18 +49,7 @@ def build_inputs(text: str, voice: str | None = None, speed: float | None = None
                  max_frames: int | None = None) -> list:
     """Triton inputs for the speech contract (docs/speech_contracts.md): TEXT, VOICE?, SPEED?,
     MAX_FRAMES? (codec pipeline ``tts`` only: cap on codec frames, 12.5 frames per second)."""
-    inputs = [grpcclient.InferInput("TEXT", [1], "BYTES")]
-    inputs[0].set_data_from_numpy(np.array([text.encode("utf-8")], dtype=np.object_))
-    if voice is not None:
-        inputs.append(grpcclient.InferInput("VOICE", [1], "BYTES"))
-        inputs[-1].set_data_from_numpy(np.array([voice.encode("utf-8")], dtype=np.object_))
-    if speed is not None:
-        inputs.append(grpcclient.InferInput("SPEED", [1], "FP32"))
-        inputs[-1].set_data_from_numpy(np.array([speed], dtype=np.float32))
-    if max_frames is not None:
-        inputs.append(grpcclient.InferInput("MAX_FRAMES", [1], "INT32"))
-        inputs[-1].set_data_from_numpy(np.array([max_frames], dtype=np.int32))
-    return inputs
+    return wrap_inputs(speech.speech_inputs(text, voice, speed, max_frames), partial(infer_input, grpcclient.InferInput))
 
 
 def stream_tts(url: str, model: str, text: str, voice: str | None = None,
@@ -92,11 +85,11 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
             if err is not None:
                 raise err
             final = res.get_response().parameters.get("triton_final_response")
-            audio = res.as_numpy("AUDIO")
+            audio = res.as_numpy(speech.AUDIO)
             if audio is not None and audio.size:
                 result.chunks.append(audio.astype(np.float32).reshape(-1))
                 result.arrival_s.append(time.perf_counter() - start)
-                result.sample_rate = int(res.as_numpy("SAMPLE_RATE").reshape(-1)[0])
+                result.sample_rate = int(res.as_numpy(speech.SAMPLE_RATE).reshape(-1)[0])
                 if on_chunk is not None:
                     on_chunk(len(result.chunks) - 1, result.chunks[-1])
                 if max_chunks is not None and len(result.chunks) >= max_chunks:

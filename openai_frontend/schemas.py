@@ -18,10 +18,9 @@ REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 #: tensors hold; beyond it vLLM failed with an empty 500).
 INT32_MAX = 2**31 - 1
 
-#: Upper bound of ``true_cfg_scale`` / ``guidance_scale`` (omni_triton.stages.diffusion
-#: .MAX_GUIDANCE_SCALE, not imported: that module imports torch). 1e308 or Infinity made an
-#: all-black image; 4.0 is the default and real use stays well under 20.
-MAX_GUIDANCE_SCALE = 100.0
+#: Upper bound of ``true_cfg_scale`` / ``guidance_scale``: the stages apply the same contract bound
+#: (1e308 or Infinity made an all-black image; 4.0 is the default).
+from omni_triton.contracts.image import MAX_GUIDANCE_SCALE  # noqa: E402
 
 
 def _text(value: str) -> str:

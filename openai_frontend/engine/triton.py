@@ -29,7 +29,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from omni_triton.triton_io import INVALID_INPUT_PREFIX
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 
 from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
                      ModelNotReadyError, StageRestartedError, TritonUnavailableError)

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from omni_triton.audio import UnsupportedFormatError, get_format
+from omni_triton.media.audio import UnsupportedFormatError, get_format
 
 from ..engine import EngineError, GenerationRequest, ModelInfo
 from ..errors import bad_request, engine_error_detail, error_json

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from omni_triton.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
+from omni_triton.media.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
 
 from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
@@ -34,8 +34,7 @@ from ..errors import OpenAIError, bad_request
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
 from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model, retry_after_stage_restart
 
-#: omni_triton.stages.diffusion.MIN_INFERENCE_STEPS (not imported: that module imports torch)
-MIN_INFERENCE_STEPS = 2
+from omni_triton.contracts.image import MIN_INFERENCE_STEPS  # noqa: E402 - the stages' floor
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +132,7 @@ def check_aspect_ratio(pixels) -> None:
 @dataclass
 class ImageResult:
     """Generated images of one request: ``images`` (pixels and seeds), ``encoded``
-    (``omni_triton.image.EncodedImage`` files), denoising ``steps`` per image and the denoiser
+    (``omni_triton.media.image.EncodedImage`` files), denoising ``steps`` per image and the denoiser
     ``seconds`` (images batched together share one denoiser call, counted once)."""
 
     images: list[GeneratedImage]

@@ -5,7 +5,7 @@ Response modes of ``/v1/audio/speech``:
 * whole clip (default): the model's chunks are collected, then encoded once
   (``mp3`` default, ``opus``, ``flac``, ``wav``, ``pcm``).
 * ``stream=true`` (``stream_format="audio"``): raw bytes sent as each chunk arrives from Triton:
-  ``pcm`` (int16 LE mono) or ``wav`` (``omni_triton.audio.streaming_wav_header`` then int16 PCM).
+  ``pcm`` (int16 LE mono) or ``wav`` (``omni_triton.media.audio.streaming_wav_header`` then int16 PCM).
 * ``stream_format="sse"``: ``speech.audio.delta`` events whose ``audio`` is base64 of the next
   bytes of that same byte stream, then ``speech.audio.done`` with ``usage``; if Triton fails
   mid-stream, ``speech.audio.error`` is sent instead of ``done``.
@@ -27,7 +27,7 @@ from fastapi.responses import Response, StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from omni_triton.audio import (
+from omni_triton.media.audio import (
     STREAMING_FORMATS,
     SUPPORTED_FORMATS,
     UnsupportedFormatError,
@@ -66,7 +66,7 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
     """Validate the request against the model.
 
     Returns:
-        (``omni_triton.audio`` format, voice or None, speed or None when 1.0).
+        (``omni_triton.media.audio`` format, voice or None, speed or None when 1.0).
 
     Raises:
         OpenAIError: 400 naming the offending field (empty/too long input, unknown voice,

@@ -1,7 +1,7 @@
 """The two crash reproductions of issue 9, bounded, against the session's real tritonserver:
 8 clients sending a two-sentence text to ``piper_tts`` back to back (one gRPC stream per request,
 as the frontend does), and 5 concurrent over-context chats through the ``llm_tts`` BLS (every one
-an INVALID_ARG answered from the BLS workers). Before the stub-call lock (omni_triton.triton_io)
+an INVALID_ARG answered from the BLS workers). Before the stub-call lock (omni_triton.adapters.triton_io)
 tritonserver 2.51 died with SIGSEGV within 0.4-53 s of these loads (clients/repro_crash.py).
 Passing means the same server process is still there and answered every request."""
 from __future__ import annotations

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from clients.omni_grpc_stream import build_chat_inputs, stream_chat
 from omni_triton.launcher import available_models, model_parameters
 from omni_triton.paths import model_dir
-from omni_triton.triton_io import INVALID_INPUT_PREFIX
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ def reference():
     import torch
     from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
-    from omni_triton.stages.qwen3_omni import read_manifest
+    from omni_triton.checkpoints.qwen3_omni import read_manifest
 
     torch.set_num_threads(1)
     path = model_dir("qwen3-omni-tiny")
@@ -116,7 +116,7 @@ def test_concurrent_chats_each_get_their_own_answer(stack, reference):
 
 def test_cancel_mid_audio_stops_the_talker(stack):
     """Cancelling after the first audio chunk of a 3000-frame request stops the talker (the BLS
-    raises its cancel flag, omni_triton.stages.codec_tts.CancelFlags)."""
+    raises its cancel flag, omni_triton.runtime.cancel_flags.CancelFlags)."""
     frames_before = stack.metric("omni_talker_frames_total", model="omni_talker")
     cancelled_before = stack.metric("omni_talker_cancelled_total", model="omni_talker")
     inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, "max_tokens": 8})

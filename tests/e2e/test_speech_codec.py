@@ -45,6 +45,7 @@ def reference():
     """``reference(text, speaker)`` -> SimpleNamespace(codes ``int64 [T, K]``, audio ``float32
     [T * samples_per_frame]``) from plain transformers (see the module docstring)."""
     import json
+import math
     from types import SimpleNamespace
 
     import torch
@@ -60,7 +61,13 @@ def reference():
     saved = json.loads((path / "generation_config.json").read_text())
     depth = {k: v for k, v in saved.items() if k in ("depth_decoder_do_sample", "depth_decoder_suppress_tokens")}
     eos = model.config.codebook_eos_token_id
-    min_frames, max_frames = int(talker_params["default_min_frames"]), int(talker_params["default_max_frames"])
+    min_frames = int(talker_params["default_min_frames"])
+
+    def frame_cap(text: str) -> int:
+        """The talker's cap tts sets without MAX_FRAMES (model_repository/tts/config.pbtxt:
+        max(min_max_frames, ceil(len(text) * max_frames_per_char))), written out here."""
+        return max(int(tts_params["min_max_frames"]),
+                   math.ceil(len(text) * float(tts_params["max_frames_per_char"])))
 
     class MinFrames(LogitsProcessor):
         """No EOS in codebook 0 before ``min_frames`` frames (CSM's ids are [batch, frames, K])."""
@@ -77,7 +84,7 @@ def reference():
         conversation = [{"role": str(speaker), "content": [{"type": "text", "text": text}]}]
         inputs = processor.apply_chat_template(conversation, tokenize=True, return_dict=True, return_tensors="pt")
         with lock, torch.inference_mode():
-            codes = model.generate(**inputs, do_sample=False, max_new_tokens=max_frames, **depth,
+            codes = model.generate(**inputs, do_sample=False, max_new_tokens=frame_cap(text), **depth,
                                    logits_processor=LogitsProcessorList([MinFrames()]))[0]
             ended = (codes[:, :-1] == eos).all(-1).nonzero()
             codes = codes[: int(ended.min()) if ended.numel() else codes.shape[0]]
@@ -225,7 +232,7 @@ def test_code2wav_batches_concurrent_chunks(stack, reference):
 
 def test_grpc_cancel_stops_the_talker(stack):
     """Cancelling the ``tts`` stream after one chunk stops the talker within a few frames (the
-    BLS raises the talker's shared cancel flag: omni_triton.stages.codec_tts.CancelFlags)."""
+    BLS raises the talker's shared cancel flag: omni_triton.runtime.cancel_flags.CancelFlags)."""
     frames_before = stack.metric("omni_tts_talker_frames_total", model="tts_talker")
     cancelled_before = stack.metric("omni_tts_talker_cancelled_total", model="tts_talker")
     result = stream_tts(stack.triton_grpc_url, "tts", "A very long request that should be stopped.",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omni_triton import audio
+from omni_triton.media import audio
 
 SR = 22050
 

@@ -1,4 +1,4 @@
-"""``omni_triton.triton_io.batched_execute`` with a stand-in ``triton_python_backend_utils``:
+"""``omni_triton.adapters.triton_io.batched_execute`` with a stand-in ``triton_python_backend_utils``:
 one bad item of a dynamic batch is answered alone, the good ones still get their outputs."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from omni_triton import triton_io
+from omni_triton.adapters import triton_io
+from omni_triton.contracts.tensors import InputError
 
 
 class _Error:
@@ -38,7 +39,7 @@ def run_batch(items, bad=(), invalid=()):
     def run(batch):
         calls.append(list(batch))
         if any(x in invalid for x in batch):
-            raise triton_io.InvalidInput("cannot encode")
+            raise InputError("cannot encode")
         if any(x in bad for x in batch):
             raise RuntimeError("boom")
         return [x * 10 for x in batch]

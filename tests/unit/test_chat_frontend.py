@@ -17,7 +17,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from omni_triton.audio import float_to_pcm16, streaming_wav_header
+from omni_triton.media.audio import float_to_pcm16, streaming_wav_header
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import (
     Engine,

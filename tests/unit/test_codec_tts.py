@@ -10,6 +10,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
+from omni_triton.checkpoints import common, csm  # noqa: E402
+from omni_triton.contracts import speech  # noqa: E402
+from omni_triton.runtime import cancel_flags  # noqa: E402
+from omni_triton.stages import chunking  # noqa: E402
 from omni_triton.stages import codec_tts as ct  # noqa: E402
 
 TEXT = "Hello world, this is a test of the talker."
@@ -17,7 +21,7 @@ TEXT = "Hello world, this is a test of the talker."
 
 @pytest.fixture(scope="session")
 def csm_dir(tmp_path_factory):
-    return ct.build_tiny_csm(tmp_path_factory.mktemp("csm") / "csm-tiny", seed=0)
+    return csm.build_tiny_csm(tmp_path_factory.mktemp("csm") / "csm-tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
@@ -39,12 +43,12 @@ def codes(talker):
 
 def test_builder_idempotent(csm_dir):
     before = {p: p.stat().st_mtime_ns for p in csm_dir.rglob("*") if p.is_file()}
-    assert ct.build_tiny_csm(csm_dir, seed=0) == csm_dir
+    assert csm.build_tiny_csm(csm_dir, seed=0) == csm_dir
     after = {p: p.stat().st_mtime_ns for p in csm_dir.rglob("*") if p.is_file()}
     assert before == after
-    man = ct.read_manifest(csm_dir)
-    assert man["seed"] == 0 and man["config_hash"] == ct.TinyCsmSpec().config_hash(0)
-    assert ct.TinyCsmSpec().config_hash(1) != man["config_hash"]
+    man = common.read_manifest(csm_dir)
+    assert man["seed"] == 0 and man["config_hash"] == csm.TinyCsmSpec().config_hash(0)
+    assert csm.TinyCsmSpec().config_hash(1) != man["config_hash"]
 
 
 def test_decoder_config(decoder, talker):
@@ -139,7 +143,7 @@ def test_batched_padded_decode_equals_one_by_one(decoder, codes):
 
 
 def test_chunk_schedule_covers_every_frame_once():
-    s = ct.ChunkSchedule(first_chunk_frames=5, chunk_frames=25, left_context_frames=25)
+    s = chunking.ChunkSchedule(first_chunk_frames=5, chunk_frames=25, left_context_frames=25)
     chunks = []
     for total in range(1, 73):
         chunks += s.push(total)
@@ -148,8 +152,8 @@ def test_chunk_schedule_covers_every_frame_once():
     new = [(start + left, end) for start, end, left in chunks]
     assert new[0][0] == 0 and new[-1][1] == 72
     assert all(a[1] == b[0] for a, b in zip(new, new[1:]))
-    assert ct.ChunkSchedule(5, 25, 25).flush(3) == [(0, 3, 0)]
-    assert ct.ChunkSchedule(5, 25, 25).flush(0) == []
+    assert chunking.ChunkSchedule(5, 25, 25).flush(3) == [(0, 3, 0)]
+    assert chunking.ChunkSchedule(5, 25, 25).flush(0) == []
 
 
 @pytest.mark.parametrize("first,chunk,left", [(5, 25, 25), (1, 25, 25), (3, 7, 10)])
@@ -159,12 +163,12 @@ def test_chunked_decode_matches_full(decoder, codes, first, chunk, left):
     (without left context it is 0.35). Left context covers the causal convs' receptive field; the
     rest comes from Mimi's attention window (250 frames) being cut to the context. The tiny model's
     layer scale (0.01) keeps that small; a trained Mimi will differ more. Asserted bound 2e-5."""
-    sched = ct.ChunkSchedule(first, chunk, left)
+    sched = chunking.ChunkSchedule(first, chunk, left)
     chunks = []
     for total in range(0, len(codes) + 1, 4):
         chunks += sched.push(total)
     chunks += sched.flush(len(codes))
-    pcm = [decoder.decode([c], [lc])[0] for c, lc in ct.chunk_slices(codes, chunks)]
+    pcm = [decoder.decode([c], [lc])[0] for c, lc in chunking.chunk_slices(codes, chunks)]
     streamed = np.concatenate(pcm)
     full = decoder.decode([codes], [0])[0]
     assert streamed.shape == full.shape
@@ -189,17 +193,17 @@ def test_synthesize_reference(talker, decoder):
 
 def test_parse_tts_request():
     voices = ["0", "1", "2", "3"]
-    assert ct.parse_tts_request(b"hi", None, None, voices, "0", 10) == ("hi", 0)
-    assert ct.parse_tts_request("hi", b"2", 1.0, voices, "0", 10) == ("hi", 2)
+    assert speech.parse_tts_request("hi", None, None, voices, "0", 10) == ("hi", 0)
+    assert speech.parse_tts_request("hi", "2", 1.0, voices, "0", 10) == ("hi", 2)
     for text, voice, speed in [("", None, None), ("hi", "9", None), ("hi", None, 1.5), ("x" * 11, None, None)]:
-        with pytest.raises(ct.TtsInputError):
-            ct.parse_tts_request(text, voice, speed, voices, "0", 10)
+        with pytest.raises(speech.SpeechInputError):
+            speech.parse_tts_request(text, voice, speed, voices, "0", 10)
 
 
 def test_cancel_flags_are_shared_between_instances(tmp_path):
     """Two CancelFlags on one folder (two talker stub processes) see each other's flags; ids of
     any text map to safe file names; a flag raised before the stream starts is kept."""
-    bls, talker = ct.CancelFlags(tmp_path / "f"), ct.CancelFlags(tmp_path / "f")
+    bls, talker = cancel_flags.CancelFlags(tmp_path / "f"), cancel_flags.CancelFlags(tmp_path / "f")
     assert not talker.is_cancelled("a") and not talker.is_cancelled(None)
     bls.cancel("a")
     bls.cancel("../../etc/passwd \n id")
@@ -208,7 +212,7 @@ def test_cancel_flags_are_shared_between_instances(tmp_path):
     talker.discard("a")
     talker.discard("never-raised")
     assert not bls.is_cancelled("a")
-    flags = ct.CancelFlags.for_server(2**22 + 12345)  # above pid_max: never a live server's
+    flags = cancel_flags.CancelFlags.for_server(2**22 + 12345)  # above pid_max: never a live server's
     assert flags.directory.parent.name == f"omni-triton-run-{2**22 + 12345}"
     flags.directory.rmdir()
     flags.directory.parent.rmdir()

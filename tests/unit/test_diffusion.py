@@ -19,6 +19,8 @@ torch.set_num_threads(1)
 
 from PIL import Image  # noqa: E402
 
+from omni_triton.checkpoints import qwen_image as qi  # noqa: E402
+from omni_triton.contracts.image import Limits  # noqa: E402
 from omni_triton.stages import diffusion as d  # noqa: E402
 
 LATENT_ATOL = 1e-5  # batched vs single GEMM summation order
@@ -27,12 +29,12 @@ IMAGE_ATOL = 2  # uint8 levels, same reason
 
 @pytest.fixture(scope="module")
 def t2i_dir(tmp_path_factory):
-    return d.build_tiny_qwen_image(tmp_path_factory.mktemp("qi") / "qwen-image-tiny", d.KIND_T2I)
+    return qi.build_tiny_qwen_image(tmp_path_factory.mktemp("qi") / "qwen-image-tiny", qi.KIND_T2I)
 
 
 @pytest.fixture(scope="module")
 def edit_dir(tmp_path_factory):
-    return d.build_tiny_qwen_image(tmp_path_factory.mktemp("qie") / "qwen-image-edit-tiny", d.KIND_EDIT)
+    return qi.build_tiny_qwen_image(tmp_path_factory.mktemp("qie") / "qwen-image-edit-tiny", qi.KIND_EDIT)
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +64,17 @@ def test_builder_writes_real_pipeline_folders(t2i_dir, edit_dir, pipe, edit_pipe
     assert not d.is_edit_pipeline(pipe) and d.is_edit_pipeline(edit_pipe)
     assert d.size_multiple(pipe) == 16
     # the prompt templates' special tokens are single tokens
-    for token in d.SPECIAL_TOKENS:
+    for token in qi.SPECIAL_TOKENS:
         assert len(pipe.tokenizer(token).input_ids) == 1
 
 
 def test_builder_idempotent(t2i_dir):
     before = {p: p.stat().st_mtime_ns for p in t2i_dir.rglob("*") if p.is_file()}
-    assert d.build_tiny_qwen_image(t2i_dir, d.KIND_T2I) == t2i_dir
+    assert qi.build_tiny_qwen_image(t2i_dir, qi.KIND_T2I) == t2i_dir
     assert before == {p: p.stat().st_mtime_ns for p in t2i_dir.rglob("*") if p.is_file()}
-    spec = d.TinyQwenImageSpec()
-    assert spec.config_hash(0, d.KIND_T2I) != spec.config_hash(1, d.KIND_T2I)
-    assert spec.config_hash(0, d.KIND_T2I) != spec.config_hash(0, d.KIND_EDIT)
+    spec = qi.TinyQwenImageSpec()
+    assert spec.config_hash(0, qi.KIND_T2I) != spec.config_hash(1, qi.KIND_T2I)
+    assert spec.config_hash(0, qi.KIND_T2I) != spec.config_hash(0, qi.KIND_EDIT)
 
 
 def test_same_seed_same_weights(pipe, edit_pipe):
@@ -182,7 +184,7 @@ def test_progress_log(caplog, pipe):
 
 # ------------------------------------------------------------------ validation
 def test_limits():
-    limits = d.Limits(16, 256, 10)
+    limits = Limits(16, 256, 10)
     limits.check(64, 32, 2)
     for h, w, s in [(60, 64, 2), (64, 0, 2), (272, 64, 2), (64, 64, 0), (64, 64, 1), (64, 64, 11)]:
         with pytest.raises(ValueError):

@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from omni_triton.triton_io import INVALID_INPUT_PREFIX
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 from openai_frontend.engine import (
     GenerationRequest,
     InferenceError,
@@ -277,7 +277,7 @@ async def test_streams_never_use_grpc_error_mode(triton):
 
 def test_in_band_stage_invalid_input_is_a_client_error():
     """A stage's INVALID_ARG that arrives in-band (code lost on 2.51) is still a 400."""
-    from omni_triton.triton_io import INVALID_INPUT_PREFIX
+    from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
     from openai_frontend.engine import InferenceError, InvalidRequestError
     from openai_frontend.engine.triton import _stream_error
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omni_triton.audio import float_to_pcm16, streaming_wav_header
+from omni_triton.media.audio import float_to_pcm16, streaming_wav_header
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import (
     Engine,
@@ -232,7 +232,7 @@ async def test_speech_model_optional_only_with_single_speech_model():
 
 
 async def test_opus_with_incompatible_rate_is_400_but_ok_at_24k(engine):
-    from omni_triton.audio import SUPPORTED_FORMATS
+    from omni_triton.media.audio import SUPPORTED_FORMATS
 
     if "opus" not in SUPPORTED_FORMATS:
         pytest.skip("no opus")

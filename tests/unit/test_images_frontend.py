@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_triton.image import decode_image, encode_image, normalise_format
+from omni_triton.media.image import decode_image, encode_image, normalise_format
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import (
     Engine,
@@ -373,7 +373,7 @@ async def test_image_fields_on_a_model_without_images_are_400(engine):
 async def test_one_step_is_rejected_before_it_makes_a_black_image(engine):
     """diffusers' flow-match pipelines give NaN latents with one step; the frontend and the stage
     share the bound."""
-    from omni_triton.stages.diffusion import MIN_INFERENCE_STEPS
+    from omni_triton.contracts.image import MIN_INFERENCE_STEPS
     from openai_frontend.serving import images
 
     assert images.MIN_INFERENCE_STEPS == MIN_INFERENCE_STEPS == 2

@@ -18,19 +18,16 @@ import numpy as np
 import psutil
 import pytest
 
+from omni_triton.checkpoints.smollm2 import build_smollm2
+from omni_triton.contracts.chat import ChatInputError, parse_messages, parse_modalities, parse_sampling
 from omni_triton.paths import model_dir
+from omni_triton.runtime.reaper import ChildReaper
 from omni_triton.stages.llm import (
-    ChildReaper,
-    LlmInputError,
     SentenceSegmenter,
     SentenceSpeaker,
     build_generation_job,
-    build_smollm2,
     make_sampling_params,
     parse_engine_config,
-    parse_messages,
-    parse_modalities,
-    parse_sampling_parameters,
     speakable,
 )
 
@@ -140,13 +137,13 @@ def test_messages_text_parts_and_developer_role():
     ('["hello"]', "must be an object"),
 ])
 def test_bad_messages(text, match):
-    with pytest.raises(LlmInputError, match=match):
+    with pytest.raises(ChatInputError, match=match):
         parse_messages(text)
 
 
 def test_sampling_parameters_ok():
-    assert parse_sampling_parameters(None) == {}
-    params = parse_sampling_parameters(json.dumps({"temperature": 0, "top_p": 0.9, "max_tokens": 16,
+    assert parse_sampling(None) == {}
+    params = parse_sampling(json.dumps({"temperature": 0, "top_p": 0.9, "max_tokens": 16,
                                                    "stop": "\n", "seed": 1, "ignore_eos": True,
                                                    "top_k": None}))
     assert params == {"temperature": 0, "top_p": 0.9, "max_tokens": 16, "stop": ["\n"], "seed": 1,
@@ -177,12 +174,12 @@ def test_sampling_parameters_ok():
     ('{"repetition_penalty": 0}', "outside"),
 ])
 def test_bad_sampling_parameters(params, match):
-    with pytest.raises(LlmInputError, match=match):
-        parse_sampling_parameters(params)
+    with pytest.raises(ChatInputError, match=match):
+        parse_sampling(params)
 
 
 def test_vllm_rejections_are_input_errors():
-    with pytest.raises(LlmInputError, match="temperature"):
+    with pytest.raises(ChatInputError, match="temperature"):
         make_sampling_params({"temperature": -1.0})
 
 
@@ -215,7 +212,7 @@ def test_raw_prompt_and_max_tokens_default(tokenizer):
     ("hi", None, '{"temperature": -1}', "outside"),
 ])
 def test_bad_requests(tokenizer, prompt, messages, sampling, match):
-    with pytest.raises(LlmInputError, match=match):
+    with pytest.raises(ChatInputError, match=match):
         build_generation_job("r", tokenizer, prompt, messages, sampling, 2048, 512)
 
 
@@ -224,7 +221,7 @@ def test_modalities():
     assert parse_modalities('["text", "audio", "text"]') == ["text", "audio"]
     assert parse_modalities(None, default=("text", "audio")) == ["text", "audio"]
     for bad in ('[]', '["video"]', '"audio"', "{", "[1]"):
-        with pytest.raises(LlmInputError):
+        with pytest.raises(ChatInputError):
             parse_modalities(bad)
 
 
@@ -353,7 +350,7 @@ def test_reaper_kills_descendants_even_stubborn_ones():
 
 _WATCHED = textwrap.dedent("""
     import os, subprocess, sys, time
-    from omni_triton.stages.llm import ChildReaper
+    from omni_triton.runtime.reaper import ChildReaper
     server_pid = int(sys.argv[1])
     engine = subprocess.Popen(["sleep", "600"])   # stands for the EngineCore child of a stub
     reaper = ChildReaper()

@@ -19,6 +19,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
+from omni_triton.checkpoints import qwen3_omni as ckpt  # noqa: E402
+from omni_triton.contracts import chat  # noqa: E402
+from omni_triton.stages import chunking  # noqa: E402
+from omni_triton.stages import codec_tts as ct  # noqa: E402
 from omni_triton.stages import qwen3_omni as qo  # noqa: E402
 
 WAVE_TOL = 2e-4
@@ -28,7 +32,7 @@ TALKER = qo.TalkerSettings(max_frames=60, min_frames=20, do_sample=False)
 
 @pytest.fixture(scope="module")
 def omni_dir(tmp_path_factory):
-    return qo.build_tiny_qwen3_omni(tmp_path_factory.mktemp("omni") / "qwen3-omni-tiny", seed=0)
+    return ckpt.build_tiny_qwen3_omni(tmp_path_factory.mktemp("omni") / "qwen3-omni-tiny", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +54,14 @@ def _chat_ids(thinker, text):
 
 def test_builder_idempotent_and_tokenizer(omni_dir, stages):
     before = {p: p.stat().st_mtime_ns for p in omni_dir.rglob("*") if p.is_file()}
-    assert qo.build_tiny_qwen3_omni(omni_dir, seed=0) == omni_dir
+    assert ckpt.build_tiny_qwen3_omni(omni_dir, seed=0) == omni_dir
     assert before == {p: p.stat().st_mtime_ns for p in omni_dir.rglob("*") if p.is_file()}
     thinker = stages[0]
     tok, cfg = thinker.tokenizer, thinker.config
     for word, cid in [("user", cfg.user_token_id), ("assistant", cfg.assistant_token_id),
-                      ("system", cfg.system_token_id), (qo.IM_START, cfg.im_start_token_id),
-                      (qo.IM_END, cfg.im_end_token_id), (qo.TTS_PAD, cfg.tts_pad_token_id),
-                      (qo.TTS_BOS, cfg.tts_bos_token_id), (qo.TTS_EOS, cfg.tts_eos_token_id)]:
+                      ("system", cfg.system_token_id), (ckpt.IM_START, cfg.im_start_token_id),
+                      (ckpt.IM_END, cfg.im_end_token_id), (ckpt.TTS_PAD, cfg.tts_pad_token_id),
+                      (ckpt.TTS_BOS, cfg.tts_bos_token_id), (ckpt.TTS_EOS, cfg.tts_eos_token_id)]:
         assert tok.convert_tokens_to_ids(word) == cid, word
     ids = _chat_ids(thinker, "Hi")
     (nl,) = tok("\n", add_special_tokens=False)["input_ids"]
@@ -99,7 +103,7 @@ def test_text_only_and_voice_change_audio(stages):
     b = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=8), "chelsie", settings)
     assert a.text == b.text == text_only.text
     assert not np.array_equal(a.codes, b.codes)  # the speaker id is part of the talker's prompt
-    with pytest.raises(qo.OmniInputError):
+    with pytest.raises(chat.ChatInputError):
         list(talker.stream(None, "Bob", settings))
 
 
@@ -123,12 +127,12 @@ def test_chunked_decode_tiles_the_one_shot_decode(stages, first, chunk, left):
     left context (the attention window) by float rounding only."""
     decoder = stages[2]
     codes = np.random.default_rng(1).integers(0, decoder.codebook_size, size=(60, decoder.num_code_groups))
-    sched = qo.ChunkSchedule(first, chunk, left)
+    sched = chunking.ChunkSchedule(first, chunk, left)
     chunks = []
     for total in range(0, 61, 3):
         chunks += sched.push(total)
     chunks += sched.flush(60)
-    pcm = np.concatenate([decoder.decode([c], [lc])[0] for c, lc in qo.chunk_slices(codes, chunks)])
+    pcm = np.concatenate([decoder.decode([c], [lc])[0] for c, lc in chunking.chunk_slices(codes, chunks)])
     full = decoder.decode([codes])[0]
     assert pcm.shape == full.shape == (60 * decoder.samples_per_frame - decoder.trailing_loss,)
     assert np.abs(pcm - full).max() <= (1e-5 if left >= 72 else WAVE_TOL)
@@ -184,32 +188,32 @@ def test_sampling_seed_stop_and_min_tokens(stages):
 
 def test_parse_requests(stages):
     thinker = stages[0]
-    s = qo.parse_sampling(json.dumps({"temperature": 0.5, "top_p": 0.9, "max_tokens": 5, "stop": "x", "seed": 1}), 32)
+    s = qo.sampling_settings(json.dumps({"temperature": 0.5, "top_p": 0.9, "max_tokens": 5, "stop": "x", "seed": 1}), 32)
     assert (s.temperature, s.top_p, s.max_tokens, s.stop, s.seed) == (0.5, 0.9, 5, ["x"], 1)
-    assert qo.parse_sampling(None, 32).greedy and qo.parse_sampling(None, 32).max_tokens == 32
+    assert qo.sampling_settings(None, 32).greedy and qo.sampling_settings(None, 32).max_tokens == 32
     for bad in ['{"temperature": -1}', '{"max_tokens": 0}', '{"max_tokens": -3}', '{"top_p": 0}', "[1]", "nope",
                 '{"stop": [1]}', '{"min_tokens": 9, "max_tokens": 3}', '{"best_of": 2}', '{"max_tokens": 1.5}']:
-        with pytest.raises(qo.OmniInputError):
-            qo.parse_sampling(bad, 32)
+        with pytest.raises(chat.ChatInputError):
+            qo.sampling_settings(bad, 32)
     for bad in ["[]", '[{"role": "robot", "content": "hi"}]', '[{"role": "user", "content": 3}]', "{",
                 '[{"role": "user", "content": [{"type": "image_url"}]}]']:
-        with pytest.raises(qo.OmniInputError):
-            qo.parse_messages(bad)
-    assert qo.parse_messages('[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]') == [{"role": "user", "content": "ab"}]
-    assert qo.parse_modalities(None) == ["text", "audio"] and qo.parse_modalities('["text"]') == ["text"]
+        with pytest.raises(chat.ChatInputError):
+            chat.parse_messages(bad)
+    assert chat.parse_messages('[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]') == [{"role": "user", "content": "ab"}]
+    assert chat.parse_modalities(None, default=("text", "audio")) == ["text", "audio"] and chat.parse_modalities('["text"]') == ["text"]
     for bad in ['["video"]', "[]", "text"]:
-        with pytest.raises(qo.OmniInputError):
-            qo.parse_modalities(bad)
+        with pytest.raises(chat.ChatInputError):
+            chat.parse_modalities(bad)
     msgs = json.dumps([{"role": "user", "content": "Hello"}])
     ids, s = qo.prepare_thinker_request(thinker, None, msgs, None, 32, 1024, talker_inputs=True)
     assert ids == _chat_ids(thinker, "Hello") and s.max_tokens == 32
-    with pytest.raises(qo.OmniInputError, match="max_model_len"):
+    with pytest.raises(chat.ChatInputError, match="max_model_len"):
         qo.prepare_thinker_request(thinker, None, json.dumps([{"role": "user", "content": "word " * 300}]), None, 32, 64)
-    with pytest.raises(qo.OmniInputError, match="exceeds"):
+    with pytest.raises(chat.ChatInputError, match="exceeds"):
         qo.prepare_thinker_request(thinker, None, msgs, '{"max_tokens": 2000}', 32, 1024)
-    with pytest.raises(qo.OmniInputError, match="assistant"):
+    with pytest.raises(chat.ChatInputError, match="assistant"):
         qo.prepare_thinker_request(thinker, "plain prompt", None, None, 32, 1024, talker_inputs=True)
-    with pytest.raises(qo.OmniInputError):
+    with pytest.raises(chat.ChatInputError):
         qo.prepare_thinker_request(thinker, None, None, None, 32, 1024)
 
 
@@ -255,9 +259,9 @@ def test_keep_new_samples_tiles_chunks_with_a_trimmed_tail():
     def decode(start, end):  # a causal decoder: the same samples for the same absolute positions
         return full[start * spf: end * spf - loss] if end == 7 else np.arange(start * spf, end * spf - loss, dtype=np.float32)
 
-    a = qo.keep_new_samples(decode(0, 2), 2, 0, spf, loss)
-    b = qo.keep_new_samples(decode(0, 5), 5, 2, spf, loss)
-    c = qo.keep_new_samples(decode(3, 7), 4, 2, spf, loss)
+    a = ct.keep_new_samples(decode(0, 2), 2, 0, spf, loss)
+    b = ct.keep_new_samples(decode(0, 5), 5, 2, spf, loss)
+    c = ct.keep_new_samples(decode(3, 7), 4, 2, spf, loss)
     np.testing.assert_array_equal(np.concatenate([a, b, c]), full)
 
 

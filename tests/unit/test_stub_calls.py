@@ -1,4 +1,4 @@
-"""The stub's call discipline (omni_triton.triton_io): every call into the server from any thread
+"""The stub's call discipline (omni_triton.adapters.triton_io): every call into the server from any thread
 goes through one lock. The 2.51 SIGSEGV came from two threads updating one ``pb_utils.Metric`` at
 once (clients/repro_crash.py); these tests detect overlapping calls with fakes that sleep inside
 the call, and show the detector fires when a call kind is left unlocked."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from omni_triton import triton_io
+from omni_triton.adapters import triton_io
 
 
 class OverlapDetector:

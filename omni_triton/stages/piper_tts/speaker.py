@@ -31,16 +31,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from omni_triton.contracts.speech import SpeechInputError, check_speed
+
 LOGGER = logging.getLogger(__name__)
-
-MIN_SPEED = 0.25
-MAX_SPEED = 4.0
-"""Bounds of OpenAI's ``speed`` field (``/v1/audio/speech``), applied to Piper's length_scale."""
-
-
-class SpeechInputError(ValueError):
-    """The request cannot be synthesised as given (empty text, unknown voice, bad speed)."""
-
 
 @dataclass
 class PiperSentence:
@@ -147,8 +140,7 @@ class PiperSpeaker:
             raise SpeechInputError(
                 f"unknown voice {voice_id!r}; available: {', '.join(self._voices)}"
             )
-        if not (MIN_SPEED <= speed <= MAX_SPEED):
-            raise SpeechInputError(f"speed must be within [{MIN_SPEED}, {MAX_SPEED}], got {speed}")
+        check_speed(speed)
         piper_voice = self._voices[voice_id]
         base_scale = piper_voice.config.length_scale
         config = SynthesisConfig(length_scale=base_scale / speed)

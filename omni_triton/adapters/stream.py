@@ -1,0 +1,222 @@
+"""The decoupled-stage skeleton: one :class:`ResponseStream` per request and the
+:class:`DecoupledStage` base every streaming ``TritonPythonModel`` binds.
+
+A stage subclass says what it is (``stage``, ``input_error``, ``metric_specs``), how to load
+(``setup``), how to turn a request into a job (``parse``, on the stub's main thread inside
+``execute``) and how to produce responses (``generate``, a generator of output dicts). The base
+does the rest, the same way for every stage: INVALID_ARG for the pipeline's input error, a
+failure response for anything else, FINAL exactly once (never a send after it), cancellation
+through ``ResponseStream.cancelled()`` (Triton's flag, and the cancel flag of a ``REQUEST_ID`` on
+2.51 where a BLS caller cannot cancel), the requests/invalid/cancelled/active metrics, an optional
+worker pool, ``finalize``. Every call into Triton goes through ``omni_triton.adapters.triton_io``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, Mapping
+
+from omni_triton.adapters.triton_io import (
+    StageMetrics,
+    error_response,
+    is_cancelled,
+    model_parameters,
+    optional_str_input,
+    send,
+    tensors,
+)
+from omni_triton.contracts.tensors import REQUEST_ID, InputError
+
+
+def _pb():
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils
+
+
+class Final(dict):
+    """Outputs ``{name: array}`` of a stream's last response: sent with the FINAL flag."""
+
+
+class ResponseStream:
+    """The response side of one decoupled request.
+
+    Sends go through the call lock; after FINAL every send is dropped (and logged), so a late
+    callback can never send after the end. ``cancelled()`` polls Triton's cancellation (and the
+    cancel flag of ``request_id``) and remembers a positive answer in ``cancel_seen``.
+
+    Args:
+        request: the ``pb_utils.InferenceRequest``.
+        stage: name for logs and error messages.
+        flags: ``CancelFlags`` of the server, or ``None``.
+        request_id: the request's REQUEST_ID input (the id a BLS caller cancels), or ``None``.
+        on_cancel: called once, when ``cancelled()`` first answers True (the stage's counter).
+    """
+
+    def __init__(self, request, stage: str, flags=None, request_id: str | None = None, on_cancel=None):
+        self.request = request
+        self.sender = request.get_response_sender()
+        self.stage = stage
+        self.flags = flags
+        self.request_id = request_id
+        self.final_sent = False
+        self.cancel_seen = False
+        self._on_cancel = on_cancel
+        self._lock = threading.Lock()
+
+    def cancelled(self) -> bool:
+        """Whether the client (or the BLS caller, through the REQUEST_ID flag) cancelled."""
+        if not self.cancel_seen:
+            self.cancel_seen = is_cancelled(self.request) or bool(
+                self.flags is not None and self.flags.is_cancelled(self.request_id))
+            if self.cancel_seen and self._on_cancel is not None:
+                self._on_cancel()
+        return self.cancel_seen
+
+    def _send(self, response, final: bool) -> bool:
+        with self._lock:
+            if self.final_sent:
+                logging.getLogger(self.stage).warning("%s: response after FINAL dropped", self.stage)
+                return False
+            self.final_sent = final
+        send(self.sender, response, flags=_pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        return True
+
+    def send(self, outputs: Mapping[str, Any], final: bool = False) -> bool:
+        """Send one response holding ``outputs`` (``{name: array or str}``); False if dropped."""
+        return self._send(_pb().InferenceResponse(output_tensors=tensors(outputs)), final)
+
+    def close(self) -> bool:
+        """Send the FINAL flag alone (nothing if already sent)."""
+        if self.final_sent:
+            return False
+        return self._send(None, True)
+
+    def invalid(self, message: str) -> bool:
+        """End with an INVALID_ARG error (HTTP 400 in the frontend)."""
+        return self._send(error_response(message, invalid=True), True)
+
+    def fail(self, exc: BaseException) -> bool:
+        """End with an INTERNAL error for an unexpected exception (logged)."""
+        logging.getLogger(self.stage).error("%s failed", self.stage, exc_info=exc)
+        return self._send(error_response(f"{self.stage} failed: {exc}", invalid=False), True)
+
+
+class DecoupledStage:
+    """Base ``TritonPythonModel`` of a decoupled (streaming) stage.
+
+    Subclasses set ``stage`` (name in messages), ``input_error`` (the pipeline's input-error
+    class), ``metric_specs`` (``StageMetrics`` specs; ``requests``, ``invalid``, ``cancelled``
+    and ``active`` are kept by the base when present), ``cancel_flags`` (listen to the
+    REQUEST_ID cancel flag), ``per_instance_metrics`` (label ``instance`` too), and implement:
+
+    - ``setup(args, params)``: load the model (``params``: config.pbtxt parameters);
+    - ``parse(request) -> job``: read and validate the inputs (main thread; raise the input error);
+    - ``generate(job, stream) -> Iterator[dict | Final]``: output dicts, one per response;
+      poll ``stream.cancelled()`` at step boundaries and stop when it is True.
+
+    ``workers`` (config parameter ``workers``, else the class default): 0 runs each request
+    inside ``execute`` (talkers: the instance count is the concurrency); > 0 runs them on a pool
+    (piper, BLS models). ``dispatch`` may be overridden by stages with their own engine loop
+    (``llm``), which then call ``finish`` when the job ends.
+    """
+
+    stage = "stage"
+    input_error: type[Exception] = InputError
+    metric_specs: dict[str, tuple[str, str, str]] = {}
+    per_instance_metrics = False
+    cancel_flags = False
+    workers = 0
+
+    def initialize(self, args):
+        self.model_name = args["model_name"]
+        self.params = model_parameters(args)
+        self.setup(args, self.params)
+        labels = {"model": self.model_name}
+        if self.per_instance_metrics:
+            labels["instance"] = args["model_instance_name"]
+        self.metrics = StageMetrics(labels, **self.metric_specs)
+        self.flags = None
+        if self.cancel_flags:
+            from omni_triton.runtime.cancel_flags import CancelFlags
+
+            self.flags = CancelFlags.for_server()
+        n = int(self.params.get("workers", self.workers))
+        self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=self.stage) if n > 0 else None
+
+    def setup(self, args: dict, params: dict[str, str]) -> None:
+        """Load the model; ``params`` are the config.pbtxt parameters."""
+
+    def parse(self, request) -> Any:
+        raise NotImplementedError
+
+    def generate(self, job, stream: ResponseStream) -> Iterator[Mapping[str, Any]]:
+        raise NotImplementedError
+
+    def execute(self, requests):
+        for request in requests:
+            try:
+                request_id = optional_str_input(request, REQUEST_ID) if self.cancel_flags else None
+            except UnicodeDecodeError:
+                request_id = None
+            stream = ResponseStream(request, self.stage, self.flags, request_id,
+                                    on_cancel=lambda: self.metrics.count("cancelled"))
+            try:
+                job = self.parse(request)
+            except (self.input_error, InputError, UnicodeDecodeError) as exc:
+                self.metrics.count("invalid")
+                stream.invalid(str(exc))
+                self._discard_flag(stream)
+                continue
+            except Exception as exc:  # a stage reports failures as error responses, never raises
+                stream.fail(exc)
+                self._discard_flag(stream)
+                continue
+            self.metrics.count("requests")
+            self.metrics.add("active", 1)
+            self.dispatch(job, stream)
+        return None
+
+    def dispatch(self, job, stream: ResponseStream) -> None:
+        """Run ``job`` in execute or on the pool."""
+        if self.pool is None:
+            self.run(job, stream)
+        else:
+            self.pool.submit(self.run, job, stream)
+
+    def run(self, job, stream: ResponseStream) -> None:
+        """Drive ``generate`` to the end: send each output, then FINAL; errors as responses."""
+        error = None
+        try:
+            for outputs in self.generate(job, stream):
+                stream.send(outputs, final=isinstance(outputs, Final))
+        except Exception as exc:  # noqa: BLE001 - answered below
+            error = exc
+        self.finish(job, stream, error)
+
+    def finish(self, job, stream: ResponseStream, error: BaseException | None = None) -> None:
+        """End a job: the error response or FINAL (exactly once), the active gauge, the cancel
+        flag lowered."""
+        try:
+            if error is None:
+                stream.close()
+            elif isinstance(error, (self.input_error, InputError)) or getattr(error, "invalid", False):
+                self.metrics.count("invalid")
+                stream.invalid(str(error))
+            else:
+                stream.fail(error)
+        except Exception:  # the client is gone: nothing left to tell it
+            logging.getLogger(self.stage).exception("%s could not end its response stream", self.stage)
+        finally:
+            self.metrics.add("active", -1)
+            self._discard_flag(stream)
+
+    def _discard_flag(self, stream: ResponseStream) -> None:
+        if self.flags is not None:
+            self.flags.discard(stream.request_id)
+
+    def finalize(self):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.metrics = None  # metric families go before the stub's shared memory does

@@ -1,0 +1,271 @@
+"""The chat contract (``docs/chat_contracts.md``): ``llm``, ``llm_tts`` and the Qwen3-Omni
+pipeline (``omni`` and its stages ``omni_thinker`` -> ``omni_talker`` -> ``omni_code2wav``).
+
+Inputs of a chat model (BYTES [1], UTF-8): ``PROMPT`` or ``MESSAGES`` (JSON array of OpenAI chat
+messages), optional ``SAMPLING_PARAMETERS`` (JSON object, vLLM ``SamplingParams`` names),
+``MODALITIES`` (JSON array, subset of ``["text", "audio"]``), ``VOICE``. Outputs of every
+streamed response: ``TEXT_DELTA`` (BYTES [1]), ``FINISH_REASON`` (BYTES [1], empty but on the
+last response), ``PROMPT_TOKENS`` / ``COMPLETION_TOKENS`` (INT32 [1], cumulative); speaking
+models add ``AUDIO`` (FP32 [-1], mono PCM) and ``SAMPLE_RATE`` (INT32 [1], Hz).
+
+Request validation (:func:`parse_messages`, :func:`parse_sampling`, :func:`parse_modalities`) is
+written once here for every chat model; every problem is a :class:`ChatInputError`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+import numpy as np
+
+from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, MIN_FRAMES
+from omni_triton.contracts.tensors import (
+    AUDIO, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
+)
+
+PROMPT = "PROMPT"
+MESSAGES = "MESSAGES"
+SAMPLING_PARAMETERS = "SAMPLING_PARAMETERS"
+MODALITIES = "MODALITIES"
+MAX_AUDIO_FRAMES = "MAX_AUDIO_FRAMES"  #: INT32 [1], omni: cap on the talker's codec frames
+TEXT_DELTA = "TEXT_DELTA"
+FINISH_REASON = "FINISH_REASON"
+PROMPT_TOKENS = "PROMPT_TOKENS"
+COMPLETION_TOKENS = "COMPLETION_TOKENS"
+# omni_thinker -> omni_talker (the thinker's outputs are the talker's inputs, same names)
+TALKER_INPUTS = "TALKER_INPUTS"  #: BOOL [1]: ask the thinker for the talker's inputs
+SEQUENCE = "SEQUENCE"  #: INT64 [L]: prompt + generated ids
+PROMPT_LEN = "PROMPT_LEN"  #: INT32 [1]
+THINKER_EMBEDS = "THINKER_EMBEDS"  #: FP32 [L-1, H]: input embedding of every token fed to the thinker
+THINKER_HIDDEN = "THINKER_HIDDEN"  #: FP32 [L-1, H]: hidden state at the talker's accept layer
+TTS_EMBEDS = "TTS_EMBEDS"  #: FP32 [3, H]: embeddings of tts_bos, tts_eos, tts_pad
+
+TEXT_OUTPUTS = (TEXT_DELTA, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
+SPEECH_OUTPUTS = (AUDIO, SAMPLE_RATE)
+TALKER_TENSORS = (SEQUENCE, PROMPT_LEN, THINKER_EMBEDS, THINKER_HIDDEN, TTS_EMBEDS)
+
+
+class ChatInputError(InputError):
+    """Bad chat request input (Triton INVALID_ARG, HTTP 400 in the frontend)."""
+
+
+# ----------------------------------------------------------------------------- request parsing
+
+#: Roles accepted in MESSAGES. "developer" is OpenAI's newer name for "system" (mapped to it: the
+#: chat templates know system/user/assistant only).
+ROLES = ("system", "developer", "user", "assistant")
+MODALITY_NAMES = ("text", "audio")
+
+# SAMPLING_PARAMETERS keys and their JSON types (names of vLLM SamplingParams).
+SAMPLING_TYPES: dict[str, tuple[type, ...]] = {
+    "temperature": (int, float), "top_p": (int, float), "top_k": (int,), "max_tokens": (int,),
+    "min_tokens": (int,), "stop": (str, list), "seed": (int,), "ignore_eos": (bool,),
+    "presence_penalty": (int, float), "frequency_penalty": (int, float),
+    "repetition_penalty": (int, float), "min_p": (int, float),
+}
+
+# Value ranges (low, high or None, low bound excluded?) as vLLM's SamplingParams checks them
+# (vllm/sampling_params.py ``_verify_args``), checked here so a caller that does not import vLLM
+# (llm_tts, the omni thinker) rejects the same requests.
+SAMPLING_RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "temperature": (0.0, None, False), "top_p": (0.0, 1.0, True), "top_k": (-1, None, False),
+    "max_tokens": (1, None, False), "min_tokens": (0, None, False), "min_p": (0.0, 1.0, False),
+    "presence_penalty": (-2.0, 2.0, False), "frequency_penalty": (-2.0, 2.0, False),
+    "repetition_penalty": (0.0, None, True),
+    # vLLM's msgspec serialisation and torch.Generator.manual_seed take a 64-bit int
+    "seed": (-(2**63), 2**63 - 1, False),
+}
+
+
+def _json(text: str, name: str):
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ChatInputError(f"{name} is not valid JSON: {exc}") from exc
+
+
+def parse_messages(text: str) -> list[dict[str, str]]:
+    """Validate MESSAGES (JSON array of OpenAI chat messages) into ``[{"role", "content"}]``.
+
+    ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts (joined);
+    an assistant message may have ``content: null``; ``developer`` becomes ``system``.
+
+    Raises:
+        ChatInputError: not JSON, empty, unknown role, non-text content.
+    """
+    messages = _json(text, MESSAGES)
+    if not isinstance(messages, list) or not messages:
+        raise ChatInputError("MESSAGES must be a non-empty JSON array of messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ChatInputError(f"messages[{i}] must be an object")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ChatInputError(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
+        content = message.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ChatInputError(f"messages[{i}].content[{j}]: only text parts "
+                                         '({"type": "text", "text": ...}) are supported')
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise ChatInputError(f"messages[{i}].content must be a string or a list of text parts")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def parse_sampling(text: str | None, supported: Iterable[str] | None = None) -> dict[str, Any]:
+    """Validate SAMPLING_PARAMETERS (JSON object) into ``SamplingParams`` keyword arguments.
+
+    Checks names, JSON types (integers must be JSON integers, ``true``/``false`` is no number)
+    and value ranges (vLLM's), ``stop`` (a non-empty string or a list of them; returned as a
+    list), ``min_tokens <= max_tokens``. ``null`` values are dropped.
+
+    Args:
+        text: the JSON text (``None`` or blank: no parameters).
+        supported: keys the calling stage implements (default: all of :data:`SAMPLING_TYPES`);
+            a known key outside it is rejected as not supported by that model.
+
+    Raises:
+        ChatInputError: not a JSON object, unknown or unsupported key, wrong type, out of range.
+    """
+    if text is None or not text.strip():
+        return {}
+    params = _json(text, SAMPLING_PARAMETERS)
+    if not isinstance(params, dict):
+        raise ChatInputError("SAMPLING_PARAMETERS must be a JSON object")
+    allowed = set(SAMPLING_TYPES if supported is None else supported)
+    out = {}
+    for key, value in params.items():
+        if value is None:
+            continue
+        if key not in SAMPLING_TYPES:
+            raise ChatInputError(f"unknown sampling parameter {key!r}; known: {', '.join(SAMPLING_TYPES)}")
+        if key not in allowed:
+            raise ChatInputError(f"sampling parameter {key!r} is not supported by this model; "
+                                 f"supported: {', '.join(k for k in SAMPLING_TYPES if k in allowed)}")
+        types = SAMPLING_TYPES[key]
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            raise ChatInputError(f"sampling parameter {key} has the wrong type ({type(value).__name__})")
+        if key == "stop":
+            value = [value] if isinstance(value, str) else value
+            if not all(isinstance(s, str) and s for s in value):
+                raise ChatInputError("stop must be a string or a list of strings, none of them empty")
+        out[key] = value
+    for key, (low, high, low_open) in SAMPLING_RANGES.items():
+        if key in out:
+            v = out[key]
+            if (v <= low if low_open else v < low) or (high is not None and v > high):
+                bound = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}]"
+                raise ChatInputError(f"sampling parameter {key}={v} is outside {bound}")
+    if "min_tokens" in out and "max_tokens" in out and out["min_tokens"] > out["max_tokens"]:
+        raise ChatInputError("min_tokens must not exceed max_tokens")
+    return out
+
+
+def parse_modalities(text: str | None, default: Iterable[str] = ("text",)) -> list[str]:
+    """MODALITIES (JSON array, a non-empty subset of ``["text", "audio"]``), duplicates dropped.
+
+    Raises:
+        ChatInputError: not such an array.
+    """
+    if text is None or not text.strip():
+        return list(default)
+    value = _json(text, MODALITIES)
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(v, str) and v in MODALITY_NAMES for v in value)):
+        raise ChatInputError('MODALITIES must be a non-empty JSON array of "text" and/or "audio"')
+    return list(dict.fromkeys(value))
+
+
+def match_voice(voice: str | None, voices: list[str], default: str, case_sensitive: bool = True) -> str:
+    """The served voice name for VOICE (``None``/blank: ``default``).
+
+    Raises:
+        ChatInputError: not one of ``voices``.
+    """
+    name = (voice or "").strip() or default
+    for v in voices:
+        if v == name or (not case_sensitive and v.lower() == name.lower()):
+            return v
+    raise ChatInputError(f"unknown voice {name!r}; voices: {', '.join(voices)}")
+
+
+# ------------------------------------------------------------------------------------ builders
+
+
+def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None,
+                sampling: dict | None = None, modalities: Iterable[str] | None = None,
+                voice: str | None = None, declared: Iterable[str] | None = None,
+                raw: dict[str, str] | None = None) -> list[tuple[str, np.ndarray]]:
+    """The inputs of one chat-contract request as ``(name, array)`` pairs, for
+    ``tritonclient`` ``InferInput`` or ``pb_utils.Tensor`` (:func:`~omni_triton.contracts.tensors.wrap_inputs`).
+
+    ``messages`` is sent as JSON (UTF-8, not ASCII-escaped); ``SAMPLING_PARAMETERS`` only when
+    ``sampling`` is non-empty; ``MODALITIES``/``VOICE`` only when given and, with ``declared``
+    (the model's input names), only if the model declares them. ``raw`` adds BYTES inputs
+    verbatim (bad-input tests). Which of PROMPT/MESSAGES is required is the stage's check.
+
+    Raises:
+        UnicodeEncodeError: a string holds a lone surrogate.
+    """
+    known = None if declared is None else set(declared)
+    pairs: list[tuple[str, np.ndarray]] = []
+    if messages is not None:
+        pairs.append((MESSAGES, utf8_array(json.dumps(messages, ensure_ascii=False))))
+    if prompt is not None:
+        pairs.append((PROMPT, utf8_array(prompt)))
+    if sampling:
+        pairs.append((SAMPLING_PARAMETERS, utf8_array(json.dumps(sampling))))
+    if modalities is not None and (known is None or MODALITIES in known):
+        pairs.append((MODALITIES, utf8_array(json.dumps(list(modalities)))))
+    if voice is not None and (known is None or VOICE in known):
+        pairs.append((VOICE, utf8_array(voice)))
+    for name, value in (raw or {}).items():
+        pairs.append((name, utf8_array(value)))
+    return pairs
+
+
+def max_audio_frames_input(frames: int) -> tuple[str, np.ndarray]:
+    """The omni model's optional ``MAX_AUDIO_FRAMES`` input."""
+    return MAX_AUDIO_FRAMES, scalar_array(int(frames), "INT32")
+
+
+# ----------------------------------------------------------------------------------- contracts
+
+def _s(name: str, dims=(1,), optional: bool = False) -> TensorSpec:
+    return TensorSpec(name, "BYTES", tuple(dims), optional)
+
+
+_TEXT_OUT = (_s(TEXT_DELTA), _s(FINISH_REASON), TensorSpec(PROMPT_TOKENS, "INT32"),
+             TensorSpec(COMPLETION_TOKENS, "INT32"))
+_SPEECH_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))
+_CHAT_IN = (_s(PROMPT, optional=True), _s(MESSAGES, optional=True), _s(SAMPLING_PARAMETERS, optional=True))
+_TALKER_IN = (TensorSpec(SEQUENCE, "INT64", (-1,)), TensorSpec(PROMPT_LEN, "INT32"),
+              TensorSpec(THINKER_EMBEDS, "FP32", (-1, -1)), TensorSpec(THINKER_HIDDEN, "FP32", (-1, -1)),
+              TensorSpec(TTS_EMBEDS, "FP32", (3, -1)))
+
+LLM = StageContract(_CHAT_IN + (_s(REQUEST_ID, optional=True),), _TEXT_OUT, decoupled=True)
+LLM_TTS = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
+                        _TEXT_OUT + _SPEECH_OUT, decoupled=True)
+OMNI = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True),
+                                 TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True)),
+                     _TEXT_OUT + _SPEECH_OUT, decoupled=True)
+OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True),
+                                         _s(REQUEST_ID, optional=True)),
+                             _TEXT_OUT + _TALKER_IN, decoupled=True)
+OMNI_TALKER = StageContract(_TALKER_IN + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
+                                          TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True)),
+                            (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
+OMNI_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
+                              (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
+
+#: model name -> contract, for the models of this pipeline in ``model_repository/``.
+CONTRACTS = {"llm": LLM, "llm_tts": LLM_TTS, "omni": OMNI, "omni_thinker": OMNI_THINKER,
+             "omni_talker": OMNI_TALKER, "omni_code2wav": OMNI_CODE2WAV}

@@ -1,0 +1,136 @@
+"""The image contract (``docs/image_contracts.md``): the Qwen-Image (text-to-image) and
+Qwen-Image-Edit ensembles and their stages, text encoder -> (VAE encoder) -> denoiser -> VAE
+decoder. All stages are dynamically batched: dims exclude the batch dimension, and every
+request carries its own ``[1, ...]`` tensors. Every input problem is an :class:`ImageInputError`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from omni_triton.contracts.tensors import InputError, StageContract, TensorSpec
+
+PROMPT = "PROMPT"
+NEGATIVE_PROMPT = "NEGATIVE_PROMPT"
+HEIGHT = "HEIGHT"
+WIDTH = "WIDTH"
+NUM_INFERENCE_STEPS = "NUM_INFERENCE_STEPS"
+TRUE_CFG_SCALE = "TRUE_CFG_SCALE"
+GUIDANCE_SCALE = "GUIDANCE_SCALE"
+SEED = "SEED"
+INPUT_IMAGE = "INPUT_IMAGE"  #: UINT8 [H, W, 3]: the edit ensemble's condition image
+IMAGE = "IMAGE"  #: UINT8 [H, W, 3]: a stage's image (condition image in, result out)
+PROMPT_EMBEDS = "PROMPT_EMBEDS"  #: FP32 [L, D]
+NEGATIVE_PROMPT_EMBEDS = "NEGATIVE_PROMPT_EMBEDS"  #: FP32 [L', D] (L' = 0: no CFG)
+IMAGE_LATENTS = "IMAGE_LATENTS"  #: FP32 [C, 1, h, w]: normalised VAE latents of the condition image
+LATENTS = "LATENTS"  #: FP32 [N, C]: packed latents
+NUM_STEPS = "NUM_STEPS"  #: INT32 [1]
+DENOISE_SECONDS = "DENOISE_SECONDS"  #: FP32 [1]
+
+#: Fewest denoising steps served: diffusers' QwenImagePipeline with one step gives NaN latents (its
+#: flow-match sigma schedule divides by zero: "invalid value encountered in divide"), which decode
+#: to an all-black image. Measured with diffusers 0.42.1 on the tiny checkpoints.
+MIN_INFERENCE_STEPS = 2
+
+
+class ImageInputError(InputError):
+    """The image request cannot be served as given (size, steps, empty prompt, bad image)."""
+
+
+#: Upper bound of ``true_cfg_scale`` / ``guidance_scale`` (1e308 or Infinity gave an all-black
+#: image; the default is 4.0). The OpenAI frontend applies the same bound.
+MAX_GUIDANCE_SCALE = 100.0
+
+
+def check_guidance(true_cfg_scale: float | None, guidance_scale: float | None) -> None:
+    """Raise ``ValueError`` unless each given scale is finite and in [0, MAX_GUIDANCE_SCALE]
+    (``guidance_scale`` <= 0 means none)."""
+    if true_cfg_scale is not None and not 0.0 <= true_cfg_scale <= MAX_GUIDANCE_SCALE:
+        raise ValueError(f"true_cfg_scale={true_cfg_scale}: must be in [0, {MAX_GUIDANCE_SCALE}]")
+    if guidance_scale is not None and not guidance_scale <= MAX_GUIDANCE_SCALE:
+        raise ValueError(f"guidance_scale={guidance_scale}: must be at most {MAX_GUIDANCE_SCALE}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one served pipeline accepts (config.pbtxt parameters ``max_size``, ``max_steps``).
+
+    ``multiple`` is the pipeline's size multiple (16 for Qwen-Image).
+    """
+
+    multiple: int = 16
+    max_size: int = 1024
+    max_steps: int = 50
+
+    def check(self, height: int, width: int, steps: int | None = None) -> None:
+        """Check a request's size (pixels) and steps (``steps=None``: a stage without a denoising
+        loop checks the size only).
+
+        Raises:
+            ImageInputError: naming the first out-of-range value.
+        """
+        for name, v in (("height", height), ("width", width)):
+            if v < self.multiple or v > self.max_size or v % self.multiple:
+                raise ImageInputError(f"{name}={v}: must be a multiple of {self.multiple} "
+                                      f"in [{self.multiple}, {self.max_size}]")
+        if steps is not None and not MIN_INFERENCE_STEPS <= steps <= self.max_steps:
+            raise ImageInputError(f"num_inference_steps={steps}: must be in [{MIN_INFERENCE_STEPS}, {self.max_steps}]")
+
+
+def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int, negative_prompt: str = "",
+                 true_cfg_scale: float = 4.0, guidance_scale: float = 0.0,
+                 image: np.ndarray | None = None) -> list[tuple[str, np.ndarray]]:
+    """The inputs of one image of a diffusion ensemble as ``(name, array)`` pairs, each with the
+    batch dimension 1; ``image`` (``uint8 [H, W, 3]`` RGB) is the edit ensemble's INPUT_IMAGE."""
+    pairs = [
+        (PROMPT, np.array([[prompt.encode("utf-8")]], dtype=np.object_)),
+        (NEGATIVE_PROMPT, np.array([[negative_prompt.encode("utf-8")]], dtype=np.object_)),
+        (HEIGHT, np.array([[height]], np.int32)), (WIDTH, np.array([[width]], np.int32)),
+        (NUM_INFERENCE_STEPS, np.array([[steps]], np.int32)),
+        (TRUE_CFG_SCALE, np.array([[true_cfg_scale]], np.float32)),
+        (GUIDANCE_SCALE, np.array([[guidance_scale]], np.float32)),
+        (SEED, np.array([[seed]], np.int64)),
+    ]
+    if image is not None:
+        pairs.append((INPUT_IMAGE, np.ascontiguousarray(image, dtype=np.uint8)[None]))
+    return pairs
+
+
+def _t(name, datatype, dims=(1,), optional=False):
+    return TensorSpec(name, datatype, tuple(dims), optional)
+
+
+_ENSEMBLE_IN = (_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES"), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"),
+                _t(NUM_INFERENCE_STEPS, "INT32"), _t(TRUE_CFG_SCALE, "FP32"), _t(GUIDANCE_SCALE, "FP32"),
+                _t(SEED, "INT64"))
+_ENSEMBLE_OUT = (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
+_EMBEDS_OUT = (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "FP32", (-1, -1)))
+_TEXT_IN = (_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES", optional=True))
+_DENOISE_IN = (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "FP32", (-1, -1), True),
+               _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"), _t(NUM_INFERENCE_STEPS, "INT32"),
+               _t(TRUE_CFG_SCALE, "FP32", optional=True), _t(GUIDANCE_SCALE, "FP32", optional=True),
+               _t(SEED, "INT64"))
+_EDIT_DENOISE_IN = _DENOISE_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)))
+_DENOISE_OUT = (_t(LATENTS, "FP32", (-1, -1)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
+_VAE_DECODER = StageContract((_t(LATENTS, "FP32", (-1, -1)), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32")),
+                             (_t(IMAGE, "UINT8", (-1, -1, 3)),), batched=True)
+
+QWEN_IMAGE = StageContract(_ENSEMBLE_IN, _ENSEMBLE_OUT, batched=True)
+QWEN_IMAGE_EDIT = StageContract(_ENSEMBLE_IN + (_t(INPUT_IMAGE, "UINT8", (-1, -1, 3)),), _ENSEMBLE_OUT, batched=True)
+TEXT_ENCODER = StageContract(_TEXT_IN, _EMBEDS_OUT, batched=True)
+EDIT_TEXT_ENCODER = StageContract(_TEXT_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)),), _EMBEDS_OUT, batched=True)
+EDIT_VAE_ENCODER = StageContract((_t(IMAGE, "UINT8", (-1, -1, 3)),), (_t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)),),
+                                 batched=True)
+DENOISER = StageContract(_DENOISE_IN, _DENOISE_OUT, batched=True)
+EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN, _DENOISE_OUT, batched=True)
+VAE_DECODER = _VAE_DECODER
+
+#: model name -> contract (stages in ``model_repository/``, ensembles in ``ensembles/``).
+CONTRACTS = {
+    "qwen_image": QWEN_IMAGE, "qwen_image_edit": QWEN_IMAGE_EDIT,
+    "qwen_image_text_encoder": TEXT_ENCODER, "qwen_image_denoiser": DENOISER,
+    "qwen_image_vae_decoder": VAE_DECODER,
+    "qwen_image_edit_text_encoder": EDIT_TEXT_ENCODER, "qwen_image_edit_vae_encoder": EDIT_VAE_ENCODER,
+    "qwen_image_edit_denoiser": EDIT_DENOISER, "qwen_image_edit_vae_decoder": VAE_DECODER,
+}

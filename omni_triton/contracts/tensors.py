@@ -1,0 +1,138 @@
+"""What every contract is made of: tensor specs, stage contracts, the UTF-8 BYTES helpers and the
+base input-error class. Torch-free (numpy only): the OpenAI frontend, the clients, the BLS models
+and the stages all import it.
+
+A contract says, per Triton model, which tensors go in and come out (name, Triton datatype,
+dims without the batch dimension, optional or not) and whether the model is decoupled
+(streams) or dynamically batched. ``tests/unit/test_contracts.py`` checks every ``config.pbtxt``
+against its contract, so the names in the code and the configs cannot drift apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, TypeVar
+
+import numpy as np
+
+#: Start of every INVALID_ARG message a stage sends. Triton 2.51 delivers a streamed error without
+#: its code (in-band ``error_message``; the ``triton_grpc_error`` mode that keeps the code crashed
+#: tritonserver 2.51 on BLS error responses, server#7368) and turns a BLS stage's INVALID_ARG into
+#: INTERNAL, so the OpenAI frontend recognises a client error by this prefix (HTTP 400).
+INVALID_INPUT_PREFIX = "invalid input: "
+
+# Tensor names shared by several pipelines.
+REQUEST_ID = "REQUEST_ID"  #: BYTES [1]: id under which a BLS caller can cancel a stage's stream
+VOICE = "VOICE"  #: BYTES [1]
+AUDIO = "AUDIO"  #: FP32 [-1]: mono PCM in [-1, 1]
+SAMPLE_RATE = "SAMPLE_RATE"  #: INT32 [1]: Hz of AUDIO
+
+
+class InputError(ValueError):
+    """A request's inputs are wrong: answered with INVALID_ARG (HTTP 400), never INTERNAL.
+
+    Each pipeline has exactly one subclass (``ChatInputError``, ``SpeechInputError``,
+    ``ImageInputError``); the adapter bases catch this base class.
+    """
+
+
+#: Triton datatype name -> numpy dtype (BYTES tensors hold ``bytes`` objects).
+NUMPY_DTYPES: dict[str, type] = {
+    "BYTES": np.object_, "BOOL": np.bool_, "UINT8": np.uint8, "INT32": np.int32, "INT64": np.int64,
+    "FP32": np.float32,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a contract.
+
+    Attributes:
+        name: the tensor name in ``config.pbtxt``.
+        datatype: Triton datatype name (``"BYTES"``, ``"INT32"``, ``"FP32"`` ...); config.pbtxt
+            spells it ``TYPE_STRING``, ``TYPE_INT32``, ``TYPE_FP32`` ...
+        dims: dims without the batch dimension (``-1``: variable).
+        optional: inputs only: the client may leave it out.
+    """
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...] = (1,)
+    optional: bool = False
+
+    @property
+    def numpy_dtype(self) -> type:
+        return NUMPY_DTYPES[self.datatype]
+
+
+@dataclass(frozen=True)
+class StageContract:
+    """The tensors of one Triton model and how it is scheduled.
+
+    Attributes:
+        inputs, outputs: the model's tensors.
+        decoupled: streams responses (``model_transaction_policy { decoupled: true }``).
+        batched: dynamically batched (``max_batch_size > 0``, dims then exclude the batch dim).
+    """
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    decoupled: bool = False
+    batched: bool = False
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+
+def utf8_array(value: str) -> np.ndarray:
+    """``value`` as a BYTES tensor's array: ``np.object_`` [1] holding its UTF-8 bytes.
+
+    Raises:
+        UnicodeEncodeError: ``value`` holds a lone surrogate (not encodable as UTF-8).
+    """
+    return np.array([value.encode("utf-8")], dtype=np.object_)
+
+
+def first_str(array: np.ndarray | None) -> str | None:
+    """First element of a BYTES array decoded as UTF-8 (``None`` for ``None`` or an empty array).
+
+    Raises:
+        UnicodeDecodeError: the bytes are not UTF-8.
+    """
+    if array is None:
+        return None
+    flat = array.reshape(-1)
+    if not flat.size:
+        return None
+    value = flat[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def scalar_array(value, datatype: str) -> np.ndarray:
+    """A one-element array of Triton datatype ``datatype`` (``"INT32"``, ``"FP32"``, ``"BOOL"``...)."""
+    return np.array([value], dtype=NUMPY_DTYPES[datatype])
+
+
+T = TypeVar("T")
+
+
+def wrap_inputs(pairs: Iterable[tuple[str, np.ndarray]], make: Callable[[str, np.ndarray], T]) -> list[T]:
+    """Turn ``(name, array)`` pairs into tensors with ``make(name, array)``: e.g.
+    ``pb_utils.Tensor`` inside a stub, or :func:`infer_input` for ``tritonclient``."""
+    return [make(name, array) for name, array in pairs]
+
+
+def triton_datatype(array: np.ndarray) -> str:
+    """The Triton datatype name of a numpy array (``np.object_`` -> ``"BYTES"``).
+
+    Raises:
+        KeyError: a dtype no contract uses.
+    """
+    return {v: k for k, v in NUMPY_DTYPES.items()}[array.dtype.type]
+
+
+def infer_input(infer_input_cls, name: str, array: np.ndarray):
+    """A ``tritonclient`` ``InferInput`` (grpc, grpc.aio or http class passed in) holding ``array``."""
+    tensor = infer_input_cls(name, list(array.shape), triton_datatype(array))
+    tensor.set_data_from_numpy(array)
+    return tensor

@@ -1,0 +1,1 @@
+"""Media encoding and decoding for the frontend and the stages: audio (soundfile), images (Pillow)."""

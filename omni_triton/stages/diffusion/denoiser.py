@@ -1,0 +1,168 @@
+"""Denoiser stage: the diffusers pipeline's own loop (``output_type="latent"``), compatible
+requests batched into one call, each with its own seed.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+LOGGER = logging.getLogger("omni_triton.diffusion")
+
+
+# --------------------------------------------------------------------------- denoiser
+@dataclass
+class DenoiseItem:
+    """One image to denoise (one Triton request).
+
+    Attributes:
+        prompt_embeds: ``float32 [L, D]``.
+        negative_prompt_embeds: ``float32 [L', D]``; ``None``/empty disables true CFG.
+        height, width: output size in pixels (multiples of :func:`size_multiple`).
+        steps: number of denoising steps.
+        seed: seed of this item's ``torch.Generator`` (initial noise).
+        true_cfg_scale: CFG scale ``w`` (``noise = neg + w * (cond - neg)``, renormalised as in
+            the pipeline); used only with negative embeddings and ``w > 1``.
+        guidance_scale: guidance-distilled models only (``None`` otherwise).
+        image: edit only: the condition image (PIL) as the client sent it.
+        image_latents: edit only: its :func:`vae_encode` latents ``[z, 1, h, w]``.
+    """
+
+    prompt_embeds: np.ndarray
+    height: int
+    width: int
+    steps: int
+    seed: int
+    negative_prompt_embeds: np.ndarray | None = None
+    true_cfg_scale: float = 4.0
+    guidance_scale: float | None = None
+    image: object | None = None
+    image_latents: np.ndarray | None = None
+
+    @property
+    def cfg(self) -> bool:
+        neg = self.negative_prompt_embeds
+        return neg is not None and neg.shape[0] > 0 and self.true_cfg_scale > 1
+
+
+@dataclass
+class DenoiseResult:
+    """Latents ``float32 [S, C]`` of one item, the steps it ran and the wall time (seconds) of the
+    pipeline call it was part of (shared by its batch)."""
+
+    latents: np.ndarray
+    steps: int
+    seconds: float
+
+
+def denoise_key(item: DenoiseItem) -> tuple:
+    """Items with equal keys can share one pipeline call (one batch)."""
+    cond = None
+    if item.image is not None:
+        cond = item.image.size
+    return (item.height, item.width, item.steps, item.cfg,
+            item.true_cfg_scale if item.cfg else None, item.guidance_scale, cond)
+
+
+def _pad(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ``[L_i, D]`` arrays to ``[B, max L, D]`` plus the ``[B, max L]`` int64 mask."""
+    longest = max(a.shape[0] for a in arrays)
+    dim = arrays[0].shape[1]
+    embeds = torch.zeros(len(arrays), longest, dim, dtype=torch.float32)
+    mask = torch.zeros(len(arrays), longest, dtype=torch.int64)
+    for i, a in enumerate(arrays):
+        embeds[i, : a.shape[0]] = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+        mask[i, : a.shape[0]] = 1
+    return embeds, mask
+
+
+class _ProgressLog:
+    """``callback_on_step_end`` that logs per-step progress of long generations.
+
+    Every step is logged at DEBUG; at INFO when at least ``interval_s`` passed since the last
+    INFO line (so a 50-step generation shows progress, a 2-step one stays quiet) and at the end.
+    """
+
+    def __init__(self, label: str, total: int, interval_s: float = 2.0):
+        self.label, self.total, self.interval_s = label, total, interval_s
+        self.start = self.last = time.perf_counter()
+        self.steps = 0
+
+    def __call__(self, pipe, i, t, kwargs):
+        self.steps = i + 1
+        now = time.perf_counter()
+        msg = "%s: step %d/%d (%.2f s)"
+        args = (self.label, i + 1, self.total, now - self.start)
+        if now - self.last >= self.interval_s or (i + 1 == self.total and now - self.start >= self.interval_s):
+            LOGGER.info(msg, *args)
+            self.last = now
+        else:
+            LOGGER.debug(msg, *args)
+        return {}
+
+
+def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
+            progress_interval_s: float = 2.0) -> list[DenoiseResult]:
+    """Run the diffusion loop for ``items``: one ``pipe(...)`` call per compatible group.
+
+    Each call is the pipeline's own ``__call__`` with ``prompt_embeds`` (+ mask),
+    ``negative_prompt_embeds`` (true CFG), ``generator=[torch.Generator().manual_seed(seed_i)]``
+    and ``output_type="latent"``; for edits ``image`` is the condition images and the
+    VAE-encode stage's latents replace the pipeline's own ``_encode_vae_image`` call (the only
+    hook: diffusers has no ``image_latents`` argument).
+
+    Returns:
+        one :class:`DenoiseResult` per item, in order.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(denoise_key(item), []).append(i)
+    results: list[DenoiseResult | None] = [None] * len(items)
+    for idx in groups.values():
+        group = [items[i] for i in idx]
+        first = group[0]
+        embeds, mask = _pad([g.prompt_embeds for g in group])
+        kwargs = dict(prompt_embeds=embeds, prompt_embeds_mask=mask,
+                      height=first.height, width=first.width, num_inference_steps=first.steps,
+                      guidance_scale=first.guidance_scale, output_type="latent",
+                      generator=[torch.Generator().manual_seed(int(g.seed)) for g in group])
+        if first.cfg:
+            neg, neg_mask = _pad([g.negative_prompt_embeds for g in group])
+            kwargs.update(negative_prompt_embeds=neg, negative_prompt_embeds_mask=neg_mask,
+                          true_cfg_scale=first.true_cfg_scale)
+        else:
+            kwargs.update(true_cfg_scale=1.0)
+        progress = _ProgressLog(f"{label} batch of {len(group)} ({first.width}x{first.height})",
+                                first.steps, progress_interval_s)
+        kwargs["callback_on_step_end"] = progress
+        start = time.perf_counter()
+        with torch.no_grad():
+            if first.image is not None:
+                kwargs["image"] = [g.image for g in group]
+                latents = _with_image_latents(pipe, [g.image_latents for g in group], kwargs)
+            else:
+                latents = pipe(**kwargs).images
+        seconds = time.perf_counter() - start
+        for j, i in enumerate(idx):
+            results[i] = DenoiseResult(latents[j].float().numpy(), progress.steps, seconds)
+    return results  # type: ignore[return-value]
+
+
+def _with_image_latents(pipe, image_latents: list[np.ndarray], kwargs: dict):
+    """Call the edit pipeline with the VAE-encode stage's latents in place of its own VAE encode."""
+    stacked = torch.from_numpy(np.stack(image_latents).astype(np.float32))
+
+    def precomputed(image, generator):
+        if image.shape[0] != stacked.shape[0]:
+            raise ValueError(f"{image.shape[0]} images but {stacked.shape[0]} image latents")
+        return stacked
+
+    pipe._encode_vae_image = precomputed
+    try:
+        return pipe(**kwargs).images
+    finally:
+        del pipe._encode_vae_image

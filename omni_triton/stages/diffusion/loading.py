@@ -1,0 +1,110 @@
+"""Loading a Qwen-Image(-Edit) pipeline folder and what the stages read from it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omni_triton.contracts.image import ImageInputError
+
+LOGGER = logging.getLogger("omni_triton.diffusion")
+
+
+
+
+def image_only_processor_class():
+    """``Qwen2VLProcessor`` without its video processor.
+
+    transformers 5 builds ``Qwen2VLProcessor`` with a ``Qwen2VLVideoProcessor``, which needs
+    torchvision; torchvision wheels do not import beside torch 2.13 CPU here (README, Pins), and
+    the edit pipeline only ever passes images. Text and image handling are the parent's.
+    """
+    from transformers import Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class Qwen2VLImageOnlyProcessor(Qwen2VLProcessor):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
+            self.video_token = getattr(tokenizer, "video_token", "<|video_pad|>")
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    return Qwen2VLImageOnlyProcessor
+
+
+# --------------------------------------------------------------------------- loading
+def load_pipeline(path: Path | str):
+    """``DiffusionPipeline.from_pretrained`` on a prepared folder (float32, CPU), progress bars off.
+
+    Returns a ``QwenImagePipeline`` or ``QwenImageEditPipeline`` (what ``model_index.json`` names).
+    Without torchvision the edit pipeline's processor is loaded image-only
+    (:func:`image_only_processor_class`) and passed in; with it, the folder loads unchanged.
+    """
+    import importlib.util
+
+    from diffusers import DiffusionPipeline
+
+    path = Path(path)
+    kwargs = {}
+    index = json.loads((path / "model_index.json").read_text())
+    if "processor" in index and importlib.util.find_spec("torchvision") is None:
+        kwargs["processor"] = image_only_processor_class().from_pretrained(str(path / "processor"))
+    pipe = DiffusionPipeline.from_pretrained(str(path), dtype=torch.float32, **kwargs)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def is_edit_pipeline(pipe) -> bool:
+    """True for pipelines that condition on an input image (``QwenImageEditPipeline``)."""
+    return hasattr(pipe, "processor") and getattr(pipe, "processor", None) is not None
+
+
+def size_multiple(pipe) -> int:
+    """Height/width must be multiples of this (VAE 8x times the DiT's 2x2 patch = 16); the
+    pipeline itself would silently round other sizes down."""
+    return pipe.vae_scale_factor * 2
+
+
+def edit_condition_size(pipe, image_size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) the edit pipeline resizes a condition image of ``image_size`` (w, h) to:
+    ``calculate_dimensions(1024 * 1024, w / h)`` as in ``QwenImageEditPipeline.__call__``."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+
+    w, h, _ = calculate_dimensions(1024 * 1024, image_size[0] / image_size[1])
+    return int(w), int(h)
+
+
+#: Qwen2.5-VL's image processor (``smart_resize``) refuses images more elongated than this; the
+#: edit pipeline hands it the condition image resized by :func:`edit_condition_size`.
+MAX_CONDITION_ASPECT_RATIO = 200
+
+
+def check_condition_image(pipe, image) -> None:
+    """Raise ``ValueError`` when the edit pipeline cannot encode the condition ``image`` (PIL):
+    resized to :func:`edit_condition_size`, it must be at least 1 pixel each way and at most
+    :data:`MAX_CONDITION_ASPECT_RATIO` times longer than wide (either way). Checked per request
+    while parsing, so one such image is answered alone instead of failing its whole batch (a 4096x4
+    upload failed the 11 good edits batched with it)."""
+    w, h = edit_condition_size(pipe, image.size)
+    if min(w, h) < 1 or max(w, h) > MAX_CONDITION_ASPECT_RATIO * min(w, h):
+        raise ValueError(f"condition image {image.size[0]}x{image.size[1]} is too elongated "
+                         f"(resized to {w}x{h}; the aspect ratio must be at most "
+                         f"{MAX_CONDITION_ASPECT_RATIO}:1)")
+
+
+def image_from_array(array: np.ndarray):
+    """``uint8 [H, W, 3]`` RGB -> PIL image.
+
+    Raises:
+        ImageInputError: any other shape/dtype.
+    """
+    from PIL import Image
+
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3 or min(array.shape[:2]) < 1:
+        raise ImageInputError(f"IMAGE must be uint8 [H, W, 3], got {array.dtype} {list(array.shape)}")
+    return Image.fromarray(np.ascontiguousarray(array), "RGB")

@@ -1,0 +1,275 @@
+"""Qwen3-Omni thinker stage: text deltas plus the per-token embeddings / accept-layer hidden states
+the talker is conditioned on (:class:`ThinkerOutput`).
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from omni_triton.checkpoints.common import read_manifest
+from omni_triton.contracts.chat import ChatInputError, parse_messages
+from omni_triton.stages.qwen3_omni.request import SamplingSettings, sampling_settings
+from omni_triton.stages.streaming import stopping_criteria, threaded_generate
+
+# ----------------------------------------------------------------------------------- thinker
+
+
+@dataclass
+class ThinkerOutput:
+    """What the talker needs from the thinker (see the module docstring for shapes)."""
+
+    sequence: np.ndarray  # int64 [L]
+    prompt_len: int
+    embeds: np.ndarray  # float32 [L-1, H]
+    hidden: np.ndarray  # float32 [L-1, H]
+    tts_embeds: np.ndarray  # float32 [3, H]: tts_bos, tts_eos, tts_pad
+
+
+@dataclass
+class ThinkerStep:
+    """One streamed thinker event: ``text`` since the last step, cumulative ``completion_tokens``;
+    the last step has ``finish_reason`` (stop/length/abort) and, when asked for, ``output``."""
+
+    text: str
+    completion_tokens: int
+    finish_reason: str | None = None
+    output: ThinkerOutput | None = None
+
+
+class _QueueStreamer:
+    """transformers streamer: skips the prompt, queues each new token id (int)."""
+
+    def __init__(self, q: "queue.Queue"):
+        self.q, self._prompt_seen = q, False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        for t in value.reshape(-1).tolist():
+            self.q.put(int(t))
+
+    def end(self) -> None:
+        pass
+
+
+def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` cut before the earliest stop string (excluded, as vLLM does) and whether one was found."""
+    found = [text.find(s) for s in stops if s in text]
+    return (text[: min(found)], True) if found else (text, False)
+
+
+class ChatTokenizer:
+    """The checkpoint's tokenizer and the ChatML ids the pipeline needs; no weights. Used by the
+    thinker and by the ``omni`` BLS model (which validates requests before calling the stages)."""
+
+    def __init__(self, tokenizer, im_start_token_id: int, assistant_token_id: int):
+        self.tokenizer = tokenizer
+        self.im_start_token_id, self.assistant_token_id = int(im_start_token_id), int(assistant_token_id)
+
+    @classmethod
+    def from_pretrained(cls, model_dir) -> "ChatTokenizer":
+        from transformers import AutoTokenizer
+
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        return cls(AutoTokenizer.from_pretrained(model_dir), cfg["im_start_token_id"], cfg["assistant_token_id"])
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        """Token ids of a raw prompt, or of messages through the chat template (generation prompt)."""
+        if (prompt is None) == (messages is None):
+            raise ChatInputError("exactly one of PROMPT and MESSAGES must be given")
+        if messages is not None:
+            ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            return [int(i) for i in ids]
+        if not prompt:
+            raise ChatInputError("PROMPT is empty")
+        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+
+    def has_assistant_start(self, ids: Sequence[int]) -> bool:
+        """Whether ``ids`` contain ``<|im_start|>assistant`` (the talker's prompt needs it)."""
+        a, b = self.im_start_token_id, self.assistant_token_id
+        return any(x == a and y == b for x, y in zip(ids, ids[1:]))
+
+
+class OmniThinker:
+    """The thinker of a Qwen3-Omni checkpoint (text-only inputs), streaming text as it generates.
+
+    Runs ``model.thinker.generate`` with the arguments the reference
+    ``Qwen3OmniMoeForConditionalGeneration.generate`` uses (``max_new_tokens``,
+    ``eos_token_id=thinker_eos_token_id``, and with audio ``output_hidden_states=True``,
+    ``return_dict_in_generate=True``), plus a streamer and a stopping criterion for cancellation.
+    transformers with KV cache, one request at a time per object.
+    """
+
+    def __init__(self, model, tokenizer, manifest: dict | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.thinker = model.thinker
+        self.config = model.config
+        self.manifest = manifest or {}
+        self.eos_token_id = int(self.manifest.get("thinker_eos_token_id", self.config.im_end_token_id))
+        self.chat = ChatTokenizer(tokenizer, self.config.im_start_token_id, self.config.assistant_token_id)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(cls, model_dir, device: str = "cpu") -> "OmniThinker":
+        """Loads the thinker weights only (``enable_audio_output=False`` skips talker/code2wav)."""
+        from transformers import AutoConfig, AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+        from transformers.utils import logging as hf_logging
+
+        cfg = AutoConfig.from_pretrained(model_dir)
+        cfg.enable_audio_output = False
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the skipped talker/code2wav weights are "UNEXPECTED" keys
+        try:
+            model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, config=cfg).to(device).eval()
+        finally:
+            hf_logging.set_verbosity(level)
+        return cls(model, AutoTokenizer.from_pretrained(model_dir), read_manifest(model_dir))
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        """See :meth:`ChatTokenizer.encode`."""
+        return self.chat.encode(prompt, messages)
+
+    def has_assistant_start(self, ids: Sequence[int]) -> bool:
+        """See :meth:`ChatTokenizer.has_assistant_start`."""
+        return self.chat.has_assistant_start(ids)
+
+    def tts_embeds(self) -> np.ndarray:
+        """float32 [3, H]: thinker input embeddings of tts_bos, tts_eos, tts_pad (the reference
+        projects these with the talker's ``text_projection``)."""
+        ids = torch.tensor([[self.config.tts_bos_token_id, self.config.tts_eos_token_id, self.config.tts_pad_token_id]])
+        with torch.inference_mode():
+            return self.thinker.get_input_embeddings()(ids)[0].float().numpy()
+
+    def generate_kwargs(self, sampling: SamplingSettings) -> dict:
+        """Arguments of ``thinker.generate`` for ``sampling`` (the reference passes
+        ``max_new_tokens`` and ``eos_token_id``; greedy uses the checkpoint's greedy default)."""
+        kw: dict = {"max_new_tokens": int(sampling.max_tokens),
+                    "eos_token_id": None if sampling.ignore_eos else self.eos_token_id}
+        if sampling.min_tokens:
+            kw["min_new_tokens"] = int(sampling.min_tokens)
+        if sampling.greedy:
+            kw["do_sample"] = False
+        else:
+            kw.update(do_sample=True, temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                      top_k=int(sampling.top_k) if sampling.top_k > 0 else None)
+        return kw
+
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingSettings, with_talker_inputs: bool = False,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[ThinkerStep]:
+        """Generate; yield a :class:`ThinkerStep` per batch of new tokens, then a last one with
+        ``finish_reason`` (and ``output`` when ``with_talker_inputs``; None when cancelled).
+
+        Text deltas: the decode of all generated ids (special tokens skipped) minus what was sent,
+        holding back a trailing U+FFFD (an incomplete UTF-8 sequence) and, with ``stop`` strings,
+        the last ``max(len(stop)) - 1`` characters until they cannot start a stop string. The
+        concatenated deltas equal ``tokenizer.decode(generated, skip_special_tokens=True)`` (cut
+        before the first stop string, which is not included, as in vLLM).
+        """
+        user_stop = should_stop or (lambda: False)
+        generated: list[int] = []
+        stop_hit: list[bool] = []
+        cancelled, closed = threading.Event(), threading.Event()
+        n_prompt = len(prompt_ids)
+
+        def text_of(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+        def stop_now(ids: torch.Tensor) -> bool:  # on the generate thread, after every token
+            if closed.is_set() or user_stop():
+                cancelled.set()
+                return True
+            if sampling.stop and _cut_at_stop(text_of(ids[0, n_prompt:].tolist()), sampling.stop)[1]:
+                stop_hit.append(True)
+                return True
+            return False
+
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        kw = self.generate_kwargs(sampling)
+        if with_talker_inputs:
+            kw.update(output_hidden_states=True, return_dict_in_generate=True)
+        q: queue.Queue = queue.Queue()
+        done = object()
+
+        def run():
+            from transformers import StoppingCriteriaList
+
+            with self._lock:
+                if sampling.seed is not None:
+                    torch.manual_seed(int(sampling.seed))
+                return self.thinker.generate(
+                    input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                    streamer=_QueueStreamer(q), stopping_criteria=StoppingCriteriaList([stopping_criteria(stop_now)]), **kw)
+
+        sent = ""
+        hold = max((len(s) for s in sampling.stop), default=1) - 1
+        result = None
+        it = threaded_generate(run, q, done, closed)
+        for items in it:
+            if not isinstance(items, list):
+                result = items
+                break
+            generated.extend(items)
+            if cancelled.is_set():
+                continue
+            text, cut = _cut_at_stop(text_of(generated), sampling.stop)
+            upto = len(text) if cut else len(text) - hold
+            while upto > len(sent) and text[upto - 1] == "\ufffd":
+                upto -= 1
+            if upto > len(sent):
+                yield ThinkerStep(text[len(sent):upto], len(generated))
+                sent = text[:upto]
+        for rest in it:  # exhaust (joins the thread)
+            result = rest
+        if cancelled.is_set():
+            yield ThinkerStep("", len(generated), "abort")
+            return
+        text, cut = _cut_at_stop(text_of(generated), sampling.stop)
+        reason = "length"
+        if cut or stop_hit:
+            reason = "stop"
+        elif not sampling.ignore_eos and generated and generated[-1] == self.eos_token_id:
+            reason = "stop"
+        output = None
+        if with_talker_inputs and result is not None:
+            hs = result.hidden_states
+            layer = int(self.config.talker_config.accept_hidden_layer)
+            output = ThinkerOutput(
+                sequence=result.sequences[0].numpy().astype(np.int64),
+                prompt_len=len(prompt_ids),
+                embeds=torch.cat([h[0] for h in hs], dim=1)[0].float().numpy(),
+                hidden=torch.cat([h[layer] for h in hs], dim=1)[0].float().numpy(),
+                tts_embeds=self.tts_embeds(),
+            )
+        yield ThinkerStep(text[len(sent):] if text.startswith(sent) else "", len(generated), reason, output)
+
+
+def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str | None, messages: str | None, sampling: str | None,
+                            default_max_tokens: int, max_model_len: int, talker_inputs: bool = False
+                            ) -> tuple[list[int], SamplingSettings]:
+    """Validate one chat-contract request for the thinker; returns ``(prompt_ids, sampling)``.
+
+    ``max_tokens`` defaults to ``min(default_max_tokens, max_model_len - prompt_len)``; a prompt of
+    ``max_model_len`` tokens or more, or ``prompt + max_tokens > max_model_len``, is an
+    :class:`ChatInputError` (as vLLM's OpenAI server refuses it). With ``talker_inputs`` the prompt
+    must contain ``<|im_start|>assistant`` (the talker's prompt is built from that turn on).
+    """
+    if (prompt is None) == (messages is None):
+        raise ChatInputError("exactly one of PROMPT and MESSAGES must be given")
+    ids = thinker.encode(prompt=prompt) if messages is None else thinker.encode(messages=parse_messages(messages))
+    if len(ids) >= max_model_len:
+        raise ChatInputError(f"the prompt has {len(ids)} tokens; this model's context is max_model_len={max_model_len}")
+    s = sampling_settings(sampling, min(default_max_tokens, max_model_len - len(ids)))
+    if len(ids) + s.max_tokens > max_model_len:
+        raise ChatInputError(f"prompt ({len(ids)} tokens) + max_tokens ({s.max_tokens}) exceeds max_model_len={max_model_len}")
+    if talker_inputs and not thinker.has_assistant_start(ids):
+        raise ChatInputError("audio output needs a chat prompt ending in <|im_start|>assistant (send MESSAGES)")
+    return ids, s

@@ -1,0 +1,194 @@
+"""Reproduce (or rule out) the tritonserver 2.51 Python-backend crash under ordinary load.
+
+Starts a tritonserver with only the named models (default ``piper_tts``), then N client threads
+send the same request back to back over gRPC streams for ``--seconds``; stops early when the
+server dies. Prints one JSON line: requests completed, errors, whether the server crashed (its
+exit code and the signal line of its log).
+
+Usage::
+
+    .venv/bin/python scripts/repro_crash.py --seconds 60 --clients 8
+    .venv/bin/python scripts/repro_crash.py --runs 20 --seconds 30      # 20 fresh servers
+    .venv/bin/python scripts/repro_crash.py --model llm_tts --chat-over-context --clients 5
+
+The request loop is bounded in time and count and talks only to 127.0.0.1.
+Environment passed to the server, e.g. ``OMNI_TRITON_STUB_CALLS=unlocked`` (the old
+discipline: only ``send`` serialised), applies to its stubs.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from omni_triton.launcher import TritonServer, free_port
+
+
+def _bytes(name: str, value: str):
+    t = grpcclient.InferInput(name, [1], "BYTES")
+    t.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
+    return t
+
+
+def speech_inputs(text: str) -> list:
+    return [_bytes("TEXT", text)]
+
+
+def chat_inputs(text: str, over_context: bool) -> list:
+    messages = [{"role": "user", "content": ("word " * 3000 if over_context else text)}]
+    return [_bytes("MESSAGES", json.dumps(messages)),
+            _bytes("SAMPLING_PARAMETERS", json.dumps({"max_tokens": 16, "temperature": 0})),
+            _bytes("MODALITIES", json.dumps(["text", "audio"]))]
+
+
+def client_loop(url: str, model: str, make_inputs, deadline: float, max_requests: int,
+                counts: dict, lock: threading.Lock, alive) -> None:
+    """Send one request at a time on a gRPC stream until ``deadline``; count outcomes."""
+    responses: "queue.Queue" = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        n = 0
+        while time.monotonic() < deadline and n < max_requests and alive():
+            n += 1
+            client.async_stream_infer(model, make_inputs(), enable_empty_final_response=True)
+            ok = True
+            while True:
+                try:
+                    result, error = responses.get(timeout=30)
+                except queue.Empty:
+                    ok = None
+                    break
+                if error is not None:
+                    ok = False
+                    break
+                params = result.get_response().parameters
+                if params.get("triton_final_response") and params["triton_final_response"].bool_param:
+                    break
+            with lock:
+                key = {True: "ok", False: "error", None: "timeout"}[ok]
+                counts[key] = counts.get(key, 0) + 1
+            if ok is None:
+                break
+    finally:
+        try:
+            client.stop_stream(cancel_requests=True)
+        except Exception:  # noqa: BLE001 - the server may be gone
+            pass
+        client.close()
+
+
+async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clients: int,
+                       max_requests: int, counts: dict, alive) -> None:
+    """The frontend's way: one ``ModelStreamInfer`` RPC per request (tritonclient.grpc.aio),
+    ``clients`` concurrent loops."""
+    import tritonclient.grpc.aio as aio
+
+    client = aio.InferenceServerClient(url)
+
+    async def loop():
+        n = 0
+        while time.monotonic() < deadline and n < max_requests and alive():
+            n += 1
+            inputs = make_inputs()  # tritonclient.grpc.aio uses the same InferInput
+
+            async def requests():
+                yield {"model_name": model, "inputs": inputs}
+
+            key = "ok"
+            try:
+                async for result, error in client.stream_infer(requests()):
+                    if error is not None:
+                        key = "error"
+            except Exception:  # noqa: BLE001 - the server died or the RPC failed
+                key = "error"
+            counts[key] = counts.get(key, 0) + 1
+
+    try:
+        await asyncio.gather(*(loop() for _ in range(clients)))
+    finally:
+        await client.close()
+
+
+def one_run(args, run: int) -> dict:
+    ports = [free_port() for _ in range(3)]
+    log = Path(args.log_dir) / f"repro-{os.getpid()}-{run}.log"
+    server = TritonServer(args.model.split(","), http_port=ports[0], grpc_port=ports[1],
+                          metrics_port=ports[2], log_path=log)
+    with server:
+        counts: dict = {}
+        lock = threading.Lock()
+        if args.model.startswith("llm_tts") or args.model.startswith("omni"):
+            make = lambda: chat_inputs("Hello there. How are you?", args.chat_over_context)  # noqa: E731
+        else:
+            make = lambda: speech_inputs(args.text)  # noqa: E731
+        target = args.model.split(",")[0]
+        start = time.monotonic()
+        deadline = start + args.seconds
+        alive = lambda: server.proc.poll() is None  # noqa: E731
+        if args.one_stream:
+            threads = [threading.Thread(target=client_loop, daemon=True,
+                                        args=(server.grpc_url, target, make, deadline,
+                                              args.max_requests, counts, lock, alive))
+                       for _ in range(args.clients)]
+        else:
+            threads = [threading.Thread(target=asyncio.run, daemon=True, args=(_aio_clients(
+                server.grpc_url, target, make, deadline, args.clients, args.max_requests,
+                counts, alive),))]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads) and alive():
+            time.sleep(0.2)
+        elapsed = time.monotonic() - start
+        code = server.proc.poll()
+        text = server.log_text()
+        signal_line = next((ln for ln in text.splitlines() if re.search(r"Signal \(\d+\)", ln)), "")
+        crashed = code is not None or bool(signal_line)
+    return {"run": run, "model": target, "clients": args.clients, "seconds": round(elapsed, 1),
+            "crashed": crashed, "exit_code": code, "signal": signal_line.strip(),
+            "log": str(log) if crashed else "", **counts}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="piper_tts", help="model(s) to load; the first is driven")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--max-requests", type=int, default=100_000, help="per client")
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--text", default="Hello there. How are you?")
+    p.add_argument("--chat-over-context", action="store_true",
+                   help="chat prompts longer than the context (every request is an INVALID_ARG)")
+    p.add_argument("--one-stream", action="store_true",
+                   help="each client keeps one gRPC stream for all its requests (default: one "
+                        "stream per request, as the OpenAI frontend does)")
+    p.add_argument("--log-dir", default="/tmp")
+    p.add_argument("--out", help="write all runs as a JSON list here")
+    args = p.parse_args(argv)
+    results = []
+    for run in range(args.runs):
+        r = one_run(args, run)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    crashes = sum(r["crashed"] for r in results)
+    summary = {"runs": len(results), "crashes": crashes,
+               "ok": sum(r.get("ok", 0) for r in results),
+               "errors": sum(r.get("error", 0) for r in results)}
+    print(json.dumps({"summary": summary}), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"runs": results, "summary": summary}, indent=1))
+    return 1 if crashes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
