@@ -91,7 +91,16 @@ class LlmStage(DecoupledStage):
         atexit.register(self.reaper.reap)
         # If tritonserver dies, the EngineCore would outlive it: reap it and leave.
         self.reaper.watch(os.getppid(), on_gone=lambda: os._exit(0))
+        # If the engine dies (EngineCore killed, OOM), leave too: serve reloads the model with a
+        # new engine. The 2 s let the in-flight requests' error responses go out first.
+        self.runner.watch_engine(self._engine_died)
         log("info", f"llm ready: {model_path} (engine processes {self.reaper.snapshot()})")
+
+    def _engine_died(self) -> None:
+        log("error", "llm: the vLLM engine died; exiting the stub so the model is reloaded")
+        time.sleep(2.0)
+        self.reaper.reap(timeout=1.0)
+        os._exit(1)
 
     def parse(self, request):
         from omni_triton.stages.llm import build_generation_job

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -72,6 +73,29 @@ class AsyncEngineRunner:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+
+    @property
+    def engine_dead(self) -> bool:
+        """Whether vLLM's engine has failed for good (its EngineCore process died or raised):
+        ``AsyncLLM.errored``, which vLLM's own process monitor sets; no request can succeed
+        again until the engine is built anew."""
+        return bool(getattr(self.engine, "errored", False))
+
+    def watch_engine(self, on_dead: Callable[[], None], interval_s: float = 0.5) -> threading.Thread:
+        """Poll :attr:`engine_dead` on a daemon thread; call ``on_dead`` once when it turns true.
+
+        The ``llm`` stage exits its stub then (after the in-flight requests got their error
+        responses), so ``omni-triton serve`` reloads the model with a new engine instead of every
+        later request failing on a dead one while Triton reports the model READY."""
+
+        def run():
+            while not self.engine_dead:
+                time.sleep(interval_s)
+            on_dead()
+
+        thread = threading.Thread(target=run, name="vllm-engine-watch", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def active_requests(self) -> int:

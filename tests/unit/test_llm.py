@@ -381,3 +381,21 @@ def test_watch_reaps_engine_when_server_dies():
     for p in alive:
         p.kill()
     assert not alive, f"left behind: {alive}"
+
+
+def test_engine_watch_fires_once_when_vllm_reports_the_engine_dead():
+    """The llm stage leaves (so serve reloads it) when vLLM's AsyncLLM turns ``errored``."""
+    import threading
+    from types import SimpleNamespace
+
+    from omni_triton.runtime.vllm_runner import AsyncEngineRunner
+
+    runner = object.__new__(AsyncEngineRunner)  # no engine start: only the watch is under test
+    runner.engine = SimpleNamespace(errored=False)
+    fired = threading.Event()
+    thread = runner.watch_engine(fired.set, interval_s=0.01)
+    assert not fired.wait(0.1) and not runner.engine_dead
+    runner.engine.errored = True
+    assert fired.wait(5) and runner.engine_dead
+    thread.join(5)
+    assert not thread.is_alive()

@@ -41,7 +41,7 @@ from omni_triton.stages.diffusion.denoiser import (  # noqa: F401
     denoise,
     denoise_key,
 )
-from omni_triton.contracts.image import check_guidance  # noqa: F401
+from omni_triton.contracts.image import MAX_GUIDANCE_SCALE, check_guidance  # noqa: F401
 from omni_triton.stages.diffusion.loading import (  # noqa: F401
     MAX_CONDITION_ASPECT_RATIO,
     check_condition_image,
