@@ -45,7 +45,7 @@ def reference():
     """``reference(text, speaker)`` -> SimpleNamespace(codes ``int64 [T, K]``, audio ``float32
     [T * samples_per_frame]``) from plain transformers (see the module docstring)."""
     import json
-import math
+    import math
     from types import SimpleNamespace
 
     import torch
