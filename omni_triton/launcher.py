@@ -524,6 +524,7 @@ class TritonServer:
                 descendants = stub.children(recursive=True)
             except psutil.Error:
                 continue
+            family["shm"].update(_shm_files(stub.pid))  # e.g. vLLM's psm_* message queues
             for d in descendants:
                 try:
                     family["children"].add((d.pid, d.create_time()))
@@ -606,10 +607,17 @@ class TritonServer:
         if self.proc is not None:
             if self.proc.poll() is None:
                 self._stub_cmdlines()
+                self.track_stub_families()  # the /dev/shm files its stubs and engines map now
             stop_process_group(self.proc, timeout=self.exit_timeout + 10)
             shutil.rmtree(server_run_dir(self.proc.pid), ignore_errors=True)
             for region in self._shm_regions:
                 (Path("/dev/shm") / region).unlink(missing_ok=True)
+            # vLLM's shared-memory queues (psm_*) outlive an engine that was stopped by killing
+            # it (finalize reaps it within ~2 s): every process that mapped them is gone now.
+            for family in getattr(self, "_families", {}).values():
+                for path in family["shm"]:
+                    Path(path).unlink(missing_ok=True)
+            self._families = {}
 
     def __enter__(self) -> "TritonServer":
         self.start()

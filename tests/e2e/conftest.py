@@ -157,6 +157,7 @@ def stack(tmp_path_factory, request):
     url = f"http://127.0.0.1:{ports['frontend']}"
     deadline = time.monotonic() + READY_TIMEOUT_S + 60
     shm_regions: set[str] = set()
+    shm_before = set(os.listdir("/dev/shm"))
     try:
         while True:
             if proc.poll() is not None:
@@ -209,6 +210,10 @@ def stack(tmp_path_factory, request):
         assert code == 0, f"omni-triton serve exited with {code}:\n{log_path.read_text()[-3000:]}"
         leaked = [r for r in shm_regions if os.path.exists(f"/dev/shm/{r}")]
         assert not leaked, f"shared-memory regions left in /dev/shm: {leaked}"
+        # vLLM's shared-memory queues of the engines this session started (stubs killed on
+        # purpose included): serve removes them when their processes are gone.
+        engine_shm = sorted(f for f in set(os.listdir("/dev/shm")) - shm_before if f.startswith("psm_"))
+        assert not engine_shm, f"vLLM shared memory left in /dev/shm: {engine_shm}"
 
 
 def _stub_shm_regions(processes) -> set[str]:
