@@ -38,7 +38,7 @@ from omni_triton.media.audio import (
 )
 
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
-from ..errors import OpenAIError, bad_request, engine_error_detail
+from ..errors import ErrorDetail, OpenAIError, bad_request, engine_error_detail, error_json
 from ..schemas import (
     ModelVoices,
     SpeechAudioDelta,
@@ -48,7 +48,7 @@ from ..schemas import (
     SpeechUsage,
     VoiceList,
 )
-from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart
+from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,11 @@ async def create_speech(body: SpeechRequest, request):
                 finally:
                     await gen.aclose()
 
-            await retry_after_stage_restart(engine, info.name, attempt)
+            # A client that goes away releases its admission slot at once, even if the stage
+            # never answers (the work is cancelled with its Triton call).
+            if not await until_disconnect(request, retry_after_stage_restart(engine, info.name, attempt)):
+                req.outcome = "cancelled"
+                return _client_gone()
             if not chunks:
                 raise _nothing_to_speak(info.name)
             try:
@@ -179,13 +183,23 @@ async def create_speech(body: SpeechRequest, request):
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
         gen = engine.synthesize(info.name, body.input, voice, speed)
+        first_chunk: list = []
+
+        async def first_response():
+            try:
+                first_chunk.append(await gen.__anext__())
+            except StopAsyncIteration:
+                first_chunk.append(None)
+
         try:
-            first = await gen.__anext__()
-        except StopAsyncIteration:
-            first = None
+            if not await until_disconnect(request, first_response()):
+                await gen.aclose()
+                req.outcome = "cancelled"
+                return _client_gone()
         except BaseException:
             await gen.aclose()
             raise
+        first = first_chunk[0]
         if first is None:
             await gen.aclose()
             raise _nothing_to_speak(info.name)
@@ -223,6 +237,13 @@ async def create_speech(body: SpeechRequest, request):
         body_iter = req.hand_over(_sse_events(pcm_stream(), done, req))
         return EventSourceResponse(body_iter, headers={"X-Sample-Rate": str(rate)},
                                    background=BackgroundTask(_close_all, body_iter, req))
+
+
+def _client_gone():
+    """What a request whose client left before the answer gets (nobody reads it; 499 is nginx's
+    "client closed request", for the access log)."""
+    return error_json(499, ErrorDetail(message="Client disconnected", type="invalid_request_error",
+                                       code="client_disconnected"))
 
 
 async def _close_all(body_iter, req: AdmittedRequest) -> None:
