@@ -26,29 +26,32 @@ import re
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 
+from omni_triton.contracts import chat, speech
+from omni_triton.contracts.tensors import infer_input, wrap_inputs
 from omni_triton.launcher import TritonServer, free_port
 
 
-def _bytes(name: str, value: str):
-    t = grpcclient.InferInput(name, [1], "BYTES")
-    t.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
-    return t
+def _grpc_inputs(pairs) -> list:
+    """``tritonclient.grpc.InferInput`` s from a contract builder's ``(name, array)`` pairs."""
+    return wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput))
 
 
 def speech_inputs(text: str) -> list:
-    return [_bytes("TEXT", text)]
+    """A speech model's inputs: TEXT only (``docs/speech_contracts.md``)."""
+    return _grpc_inputs(speech.speech_inputs(text))
 
 
 def chat_inputs(text: str, over_context: bool) -> list:
+    """A chat model's inputs: one user message (3000 words with ``over_context``: over the
+    context, so the stage rejects it), 16 greedy tokens, text and audio asked for."""
     messages = [{"role": "user", "content": ("word " * 3000 if over_context else text)}]
-    return [_bytes("MESSAGES", json.dumps(messages)),
-            _bytes("SAMPLING_PARAMETERS", json.dumps({"max_tokens": 16, "temperature": 0})),
-            _bytes("MODALITIES", json.dumps(["text", "audio"]))]
+    return _grpc_inputs(chat.chat_inputs(messages=messages, sampling={"max_tokens": 16, "temperature": 0},
+                                         modalities=["text", "audio"]))
 
 
 def client_loop(url: str, model: str, make_inputs, deadline: float, max_requests: int,

@@ -7,6 +7,10 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from omni_triton.contracts import chat as chat_contract
+from omni_triton.contracts import image as image_contract
+from omni_triton.contracts import speech as speech_contract
+
 logger = logging.getLogger(__name__)
 
 
@@ -67,12 +71,12 @@ class ModelInfo:
     def is_chat(self) -> bool:
         """Implements the chat contract (``docs/chat_contracts.md``): ``MESSAGES`` in,
         ``TEXT_DELTA`` out: servable by ``/v1/chat/completions``."""
-        return "MESSAGES" in self.inputs and "TEXT_DELTA" in self.outputs
+        return chat_contract.MESSAGES in self.inputs and chat_contract.TEXT_DELTA in self.outputs
 
     @property
     def is_completion(self) -> bool:
         """``PROMPT`` in, ``TEXT_DELTA`` out: servable by ``/v1/completions``."""
-        return "PROMPT" in self.inputs and "TEXT_DELTA" in self.outputs
+        return chat_contract.PROMPT in self.inputs and chat_contract.TEXT_DELTA in self.outputs
 
     @property
     def output_modalities(self) -> tuple[str, ...]:
@@ -92,29 +96,29 @@ class ModelInfo:
     @property
     def can_speak(self) -> bool:
         """A chat model that can answer with audio (``AUDIO`` out, ``audio`` in its modalities)."""
-        return "audio" in self.output_modalities and "AUDIO" in self.outputs
+        return "audio" in self.output_modalities and chat_contract.AUDIO in self.outputs
 
     @property
     def is_speech(self) -> bool:
         """Text in, PCM out (``TEXT`` -> ``AUDIO``): servable by ``/v1/audio/speech``."""
-        return "TEXT" in self.inputs and "AUDIO" in self.outputs
+        return speech_contract.TEXT in self.inputs and speech_contract.AUDIO in self.outputs
 
     @property
     def is_image(self) -> bool:
         """Prompt in, image out (``PROMPT`` -> ``IMAGE``): servable by ``/v1/images/*``."""
-        return "PROMPT" in self.inputs and "IMAGE" in self.outputs
+        return image_contract.PROMPT in self.inputs and image_contract.IMAGE in self.outputs
 
     @property
     def is_image_edit(self) -> bool:
         """An image model that takes a condition image (``INPUT_IMAGE``)."""
-        return self.is_image and "INPUT_IMAGE" in self.inputs
+        return self.is_image and image_contract.INPUT_IMAGE in self.inputs
 
     @property
     def modality(self) -> str:
         """``image``, ``audio`` or ``text`` (what ``/v1/models`` reports)."""
         if self.is_image:
             return "image"
-        if "AUDIO" in self.outputs:
+        if speech_contract.AUDIO in self.outputs:
             return "audio"
         return "text"
 

@@ -18,7 +18,7 @@ cancels the in-flight request, which a Python-backend model sees as ``request.is
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import logging
 import uuid
 from typing import AsyncIterator
@@ -29,7 +29,10 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
+from omni_triton.contracts import chat as chat_contract
+from omni_triton.contracts import image as image_contract
+from omni_triton.contracts import speech as speech_contract
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, wrap_inputs
 
 from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
                      ModelNotReadyError, StageRestartedError, TritonUnavailableError)
@@ -43,6 +46,10 @@ logger = logging.getLogger(__name__)
 #: is loaded again (``omni-triton serve`` does that), so the request is retryable: 503.
 _STUB_DOWN = "is not healthy"
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+#: Inputs assumed declared while a model's config is not cached yet (every optional input is sent).
+_SPEECH_INPUTS = frozenset({speech_contract.TEXT, speech_contract.VOICE, speech_contract.SPEED})
+_CHAT_INPUTS = frozenset({chat_contract.PROMPT, chat_contract.MESSAGES, chat_contract.SAMPLING_PARAMETERS,
+                          chat_contract.MODALITIES, chat_contract.VOICE})
 #: Channel options: tritonclient's defaults (unlimited message sizes) plus a short reconnect
 #: backoff. gRPC's default backoff grows to 120 s, so after a tritonserver restart the frontend
 #: kept answering 503 for up to 28 s (measured); with these it reconnects within ~1 s of Triton
@@ -226,18 +233,16 @@ class TritonEngine:
         ``CancelledError`` (task cancelled, e.g. HTTP disconnect) and on our own errors.
         """
         info = self._config_cache.get(model)
-        inputs_declared = info.inputs if info is not None else frozenset({"TEXT", "VOICE", "SPEED"})
-        inputs = [_bytes_input("TEXT", text)]
-        if voice is not None and "VOICE" in inputs_declared:
-            inputs.append(_bytes_input("VOICE", voice))
-        if speed is not None and "SPEED" in inputs_declared:
-            t = InferInput("SPEED", [1], "FP32")
-            t.set_data_from_numpy(np.array([speed], dtype=np.float32))
-            inputs.append(t)
+        declared = info.inputs if info is not None else _SPEECH_INPUTS
+        inputs = _infer_inputs(speech_contract.speech_inputs(
+            text,
+            voice=voice if speech_contract.VOICE in declared else None,
+            speed=speed if speech_contract.SPEED in declared else None,
+        ))
         async for result in self._stream(model, inputs, uuid.uuid4().hex):
-            audio = result.as_numpy("AUDIO")
+            audio = result.as_numpy(speech_contract.AUDIO)
             if audio is not None and audio.size:
-                rate = result.as_numpy("SAMPLE_RATE")
+                rate = result.as_numpy(speech_contract.SAMPLE_RATE)
                 sample_rate = int(rate.reshape(-1)[0]) if rate is not None and rate.size else None
                 if sample_rate is None:
                     sample_rate = info.sample_rate if info and info.sample_rate else 0
@@ -327,11 +332,11 @@ class TritonEngine:
             finally:
                 self._inflight.pop(request_id, None)
                 self._aborted.pop(request_id, None)
-            pixels = result.as_numpy("IMAGE")
+            pixels = result.as_numpy(image_contract.IMAGE)
             if pixels is None:
-                raise InferenceError(f"{model}: no IMAGE in the response")
-            steps = result.as_numpy("NUM_STEPS")
-            seconds = result.as_numpy("DENOISE_SECONDS")
+                raise InferenceError(f"{model}: no {image_contract.IMAGE} in the response")
+            steps = result.as_numpy(image_contract.NUM_STEPS)
+            seconds = result.as_numpy(image_contract.DENOISE_SECONDS)
             return GeneratedImage(
                 pixels=np.asarray(pixels, dtype=np.uint8).reshape(pixels.shape[-3:]),
                 seed=job.seed + i,
@@ -360,36 +365,22 @@ class TritonEngine:
         cancels the gRPC call, which Triton turns into ``request.is_cancelled()`` in the stage.
         """
         info = self._config_cache.get(model)
-        declared = info.inputs if info is not None else frozenset(
-            {"PROMPT", "MESSAGES", "SAMPLING_PARAMETERS", "MODALITIES", "VOICE"})
+        declared = info.inputs if info is not None else _CHAT_INPUTS
         inputs = chat_inputs(request, declared)
         async for result in self._stream(model, inputs, request.request_id or uuid.uuid4().hex):
             yield chunk_from_result(result, info.sample_rate if info else None)
 
 
 def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
-    """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md)."""
-    inputs = []
-    for name, text in (("PROMPT", job.prompt), ("NEGATIVE_PROMPT", job.negative_prompt or "")):
-        t = InferInput(name, [1, 1], "BYTES")  # [batch, 1]: the ensembles have max_batch_size > 0
-        t.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=np.object_))
-        inputs.append(t)
-    for name, dtype, value in (
-        ("HEIGHT", np.int32, job.height), ("WIDTH", np.int32, job.width),
-        ("NUM_INFERENCE_STEPS", np.int32, job.steps), ("TRUE_CFG_SCALE", np.float32, job.true_cfg_scale),
-        ("GUIDANCE_SCALE", np.float32, job.guidance_scale if job.guidance_scale is not None else 0.0),
-        ("SEED", np.int64, job.seed + index),
-    ):
-        array = np.array([[value]], dtype=dtype)
-        t = InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32", np.int64: "INT64"}[dtype])
-        t.set_data_from_numpy(array)
-        inputs.append(t)
-    if job.image is not None:
-        array = np.ascontiguousarray(job.image, dtype=np.uint8)[None]
-        t = InferInput("INPUT_IMAGE", list(array.shape), "UINT8")
-        t.set_data_from_numpy(array)
-        inputs.append(t)
-    return inputs
+    """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md):
+    ``contracts.image.image_inputs``, every tensor with the batch dimension 1 (the ensembles have
+    ``max_batch_size > 0``), seed ``job.seed + index``, ``INPUT_IMAGE`` only for an edit job."""
+    return _infer_inputs(image_contract.image_inputs(
+        job.prompt, width=job.width, height=job.height, steps=job.steps, seed=job.seed + index,
+        negative_prompt=job.negative_prompt or "", true_cfg_scale=job.true_cfg_scale,
+        guidance_scale=job.guidance_scale if job.guidance_scale is not None else 0.0,
+        image=job.image,
+    ))
 
 
 def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:
@@ -410,24 +401,21 @@ def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> Eng
 
 
 def chat_inputs(request: GenerationRequest, declared: frozenset[str]) -> list[InferInput]:
-    """Triton inputs of one chat-contract request (``docs/chat_contracts.md``).
+    """Triton inputs of one chat-contract request (``docs/chat_contracts.md``), built by
+    ``contracts.chat.chat_inputs``.
 
     Optional inputs the model does not declare (``MODALITIES`` / ``VOICE`` on a text-only model)
     are left out rather than sent; ``SAMPLING_PARAMETERS`` is sent only when non-empty.
+
+    Raises:
+        ValueError: not exactly one of ``request.messages`` / ``request.prompt`` is set.
     """
     if (request.messages is None) == (request.prompt is None):
         raise ValueError("exactly one of messages / prompt must be set")
-    if request.messages is not None:
-        inputs = [_bytes_input("MESSAGES", json.dumps(request.messages, ensure_ascii=False))]
-    else:
-        inputs = [_bytes_input("PROMPT", request.prompt)]
-    if request.sampling:
-        inputs.append(_bytes_input("SAMPLING_PARAMETERS", json.dumps(request.sampling)))
-    if request.modalities is not None and "MODALITIES" in declared:
-        inputs.append(_bytes_input("MODALITIES", json.dumps(list(request.modalities))))
-    if request.voice is not None and "VOICE" in declared:
-        inputs.append(_bytes_input("VOICE", request.voice))
-    return inputs
+    return _infer_inputs(chat_contract.chat_inputs(
+        messages=request.messages, prompt=request.prompt, sampling=request.sampling,
+        modalities=request.modalities, voice=request.voice, declared=declared,
+    ))
 
 
 def _first(result, name: str):
@@ -439,12 +427,12 @@ def _first(result, name: str):
 
 def chunk_from_result(result, default_rate: int | None = None) -> GenerationChunk:
     """A ``GenerationChunk`` from one tritonclient ``InferResult`` of a chat-contract model."""
-    text = _first(result, "TEXT_DELTA")
-    reason = _first(result, "FINISH_REASON")
-    prompt_tokens = _first(result, "PROMPT_TOKENS")
-    completion_tokens = _first(result, "COMPLETION_TOKENS")
-    audio = result.as_numpy("AUDIO")
-    rate = _first(result, "SAMPLE_RATE")
+    text = _first(result, chat_contract.TEXT_DELTA)
+    reason = _first(result, chat_contract.FINISH_REASON)
+    prompt_tokens = _first(result, chat_contract.PROMPT_TOKENS)
+    completion_tokens = _first(result, chat_contract.COMPLETION_TOKENS)
+    audio = result.as_numpy(chat_contract.AUDIO)
+    rate = _first(result, chat_contract.SAMPLE_RATE)
 
     def _str(v) -> str:
         if v is None:
@@ -461,8 +449,5 @@ def chunk_from_result(result, default_rate: int | None = None) -> GenerationChun
     )
 
 
-def _bytes_input(name: str, value: str) -> InferInput:
-    t = InferInput(name, [1], "BYTES")
-    t.set_data_from_numpy(np.array([value.encode("utf-8")], dtype=np.object_))
-    return t
-
+#: ``tritonclient`` ``InferInput`` s from a contract builder's ``(name, array)`` pairs.
+_infer_inputs = functools.partial(wrap_inputs, make=functools.partial(infer_input, InferInput))

@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
+from omni_triton.contracts.chat import MODALITIES
 from omni_triton.media.audio import UnsupportedFormatError, get_format
 
 from ..engine import EngineError, GenerationRequest, ModelInfo
@@ -193,7 +194,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     messages = [message_json(m) for m in body.messages]
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     modalities = None
-    if "MODALITIES" in target.inputs:  # speech models: say whether audio is wanted
+    if MODALITIES in target.inputs:  # speech models: say whether audio is wanted
         modalities = ("text", "audio") if body.wants_audio else ("text",)
     requests = [
         GenerationRequest(messages=messages, sampling=sampling_parameters(body, limit, i),
@@ -276,7 +277,7 @@ async def create_completion(body: CompletionRequest, request):
             requests.append(GenerationRequest(
                 prompt=prompt, sampling=sampling_parameters(body, body.max_tokens, i),
                 # a completion is text: a model that can also speak (omni) is told so
-                modalities=("text",) if "MODALITIES" in info.inputs else None,
+                modalities=("text",) if MODALITIES in info.inputs else None,
                 request_id=f"{response_id}-{choice}"))
             groups.append(p_index)
     plan = _Plan("completions", body.model, info, requests, body.stream, body.include_usage,
