@@ -62,14 +62,15 @@ def _outcome(status: int) -> str:
 class Soak:
     """The client loops and their tallies (one instance per run)."""
 
-    def __init__(self, url: str, models: set[str], timeout_s: float, seed: int):
+    def __init__(self, url: str, models: set[str], timeout_s: float, seed: int,
+                 exclude: frozenset[str] = frozenset()):
         self.url = url.rstrip("/")
         self.models = models
         self.timeout_s = timeout_s
         self.rng = random.Random(seed)
         self.counts: dict[str, Counter] = defaultdict(Counter)
         self.samples: dict[str, list] = defaultdict(list)  # first few 5xx/hang bodies per kind
-        kinds = {k: w for k, w in MIX.items() if self._served(k)}
+        kinds = {k: w for k, w in MIX.items() if self._served(k) and k not in exclude}
         self.kinds, self.weights = list(kinds), list(kinds.values())
 
     def _served(self, kind: str) -> bool:
@@ -212,11 +213,12 @@ def served_models(url: str) -> set[str]:
 
 def soak(url: str, seconds: float, concurrency: int = 4, triton_pid: int | None = None,
          serve_status: str | None = None, timeout_s: float = 120.0, seed: int = 0,
-         burst_every_s: float = 20.0) -> dict:
-    """Run the soak; returns the report (see the module docstring)."""
+         burst_every_s: float = 20.0, exclude: frozenset[str] = frozenset()) -> dict:
+    """Run the soak; returns the report (see the module docstring). ``exclude``: kinds of
+    :data:`MIX` left out."""
     models = served_models(url)
     start = {"rss": triton_tree_rss(triton_pid), "shm": shm_bytes(), "restarts": _restarts(serve_status)}
-    runner = Soak(url, models, timeout_s, seed)
+    runner = Soak(url, models, timeout_s, seed, exclude)
     t0 = time.monotonic()
     asyncio.run(runner.run(seconds, concurrency, burst_every_s))
     elapsed = time.monotonic() - t0
@@ -250,10 +252,12 @@ def main(argv=None) -> int:
     p.add_argument("--serve-status", help="serve's status JSON (restarts = crashes)")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (a hang)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exclude", default="", help="comma separated kinds to leave out of the mix")
     p.add_argument("--out", help="write the report JSON here")
     args = p.parse_args(argv)
     report = soak(args.url, args.seconds, args.concurrency, args.triton_pid, args.serve_status,
-                  args.timeout, args.seed)
+                  args.timeout, args.seed,
+                  exclude=frozenset(k for k in args.exclude.split(",") if k))
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:
