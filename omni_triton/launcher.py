@@ -348,6 +348,8 @@ class TritonServer:
         self.proc: subprocess.Popen | None = None
         self.install = find_tritonserver()
         self._shm_regions: set[str] = set()
+        # (stub pid, start time) -> {"model", "children": {(pid, start time)}, "shm": {path}}
+        self._families: dict[tuple[int, float], dict] = {}
         self._python_models: list[str] | None = None
 
     @property
@@ -517,7 +519,7 @@ class TritonServer:
                     live[(child.pid, child.create_time())] = (Path(cmd[1]).parent.parent.name, child)
             except psutil.Error:
                 continue
-        families = getattr(self, "_families", {})
+        families = self._families
         for key, (model, stub) in live.items():
             family = families.setdefault(key, {"model": model, "children": set(), "shm": set()})
             try:
@@ -554,7 +556,6 @@ class TritonServer:
                     pass
             reports.append({"model": family["model"], "stub_pid": key[0], "killed": killed,
                             "shm_removed": removed})
-        self._families = families
         return reports
 
     def _stub_cmdlines(self) -> list[list[str]]:
@@ -614,7 +615,7 @@ class TritonServer:
                 (Path("/dev/shm") / region).unlink(missing_ok=True)
             # vLLM's shared-memory queues (psm_*) outlive an engine that was stopped by killing
             # it (finalize reaps it within ~2 s): every process that mapped them is gone now.
-            for family in getattr(self, "_families", {}).values():
+            for family in self._families.values():
                 for path in family["shm"]:
                     Path(path).unlink(missing_ok=True)
             self._families = {}
