@@ -10,6 +10,14 @@ Usage::
     .venv/bin/python -m clients.repro_crash --seconds 60 --clients 8
     .venv/bin/python -m clients.repro_crash --runs 20 --seconds 30      # 20 fresh servers
     .venv/bin/python -m clients.repro_crash --model llm_tts --chat-over-context --clients 5
+    .venv/bin/python -m clients.repro_crash --model probe_bls --clients 8 --runs 5 --seconds 30
+    .venv/bin/python -m clients.repro_crash --model probe_bls --probe-workers 8 --seconds 60
+
+``probe_bls`` (``clients/probe_repository/``) reads decoupled BLS streams the way ``llm_tts``
+does. As shipped (one thread per stub, 2 instances) it must run clean; ``--probe-workers 8``
+puts 8 threads into one stub (``OMNI_TRITON_BLS_THREADS=any``), which deadlocks the 2.51 stub
+(requests end as "timeout"; the hang is reported as ``hung``); ``OMNI_TRITON_BLS_BARRIER=0``
+also turns off the iterator release barrier (``omni_triton/adapters/bls.py``).
 
 The request loop is bounded in time and count and talks only to 127.0.0.1.
 Environment passed to the server, e.g. ``OMNI_TRITON_STUB_CALLS=unlocked`` (the old
@@ -31,9 +39,20 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
-from omni_triton.contracts import chat, speech
+from omni_triton.contracts import chat, probe, speech
 from omni_triton.contracts.tensors import infer_input, wrap_inputs
+from omni_triton.contracts.tensors import scalar_array
 from omni_triton.launcher import TritonServer, free_port
+from omni_triton.paths import model_repositories
+
+#: Seconds after which a request that has not ended counts as a hang ("timeout").
+REQUEST_TIMEOUT_S = 30.0
+
+#: Log lines of a stub process that died (heap corruption aborts, the server noticing the death).
+STUB_DEATH_MARKS = ("malloc", "double free", "corrupted", "Stub process", "unhealthy", "Segmentation fault")
+
+#: The diagnostic models' repository (probe_bls, probe_source).
+PROBE_REPOSITORY = Path(__file__).resolve().parent / "probe_repository"
 
 
 def _grpc_inputs(pairs) -> list:
@@ -54,6 +73,12 @@ def chat_inputs(text: str, over_context: bool) -> list:
                                          modalities=["text", "audio"]))
 
 
+def probe_inputs(streams: int = 4, responses: int = 8) -> list:
+    """probe_bls's inputs: ``streams`` BLS streams of ``responses`` responses each per request."""
+    return _grpc_inputs([(probe.COUNT, scalar_array(streams, "INT32")),
+                         (probe.RESPONSES, scalar_array(responses, "INT32"))])
+
+
 def client_loop(url: str, model: str, make_inputs, deadline: float, max_requests: int,
                 counts: dict, lock: threading.Lock, alive) -> None:
     """Send one request at a time on a gRPC stream until ``deadline``; count outcomes."""
@@ -68,7 +93,7 @@ def client_loop(url: str, model: str, make_inputs, deadline: float, max_requests
             ok = True
             while True:
                 try:
-                    result, error = responses.get(timeout=30)
+                    result, error = responses.get(timeout=REQUEST_TIMEOUT_S)
                 except queue.Empty:
                     ok = None
                     break
@@ -108,11 +133,17 @@ async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clien
             async def requests():
                 yield {"model_name": model, "inputs": inputs}
 
-            key = "ok"
-            try:
+            async def one() -> str:
+                key = "ok"
                 async for result, error in client.stream_infer(requests()):
                     if error is not None:
                         key = "error"
+                return key
+
+            try:
+                key = await asyncio.wait_for(one(), REQUEST_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                key = "timeout"  # a hang: the request never ended
             except Exception:  # noqa: BLE001 - the server died or the RPC failed
                 key = "error"
             counts[key] = counts.get(key, 0) + 1
@@ -145,6 +176,8 @@ def drive(grpc_url: str, model: str, clients: int = 8, seconds: float = 30.0,
     lock = threading.Lock()
     if model in ("llm_tts", "omni", "llm"):
         make = lambda: chat_inputs(text, over_context)  # noqa: E731
+    elif model == "probe_bls":
+        make = probe_inputs
     else:
         make = lambda: speech_inputs(text)  # noqa: E731
     deadline = time.monotonic() + seconds
@@ -163,12 +196,30 @@ def drive(grpc_url: str, model: str, clients: int = 8, seconds: float = 30.0,
     return counts
 
 
+def probe_repository(workers: int | None) -> Path:
+    """The probe repository; with ``workers``, a temporary copy whose ``probe_bls`` runs that many
+    threads in one stub with one instance (the one-thread rule lifted for its stub)."""
+    if workers is None:
+        return PROBE_REPOSITORY
+    import shutil
+    import tempfile
+
+    copy = Path(tempfile.mkdtemp(prefix="probe-repo-")) / "probe_repository"
+    shutil.copytree(PROBE_REPOSITORY, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    config = copy / "probe_bls" / "config.pbtxt"
+    text = config.read_text().replace("count: 2 kind", "count: 1 kind")
+    config.write_text(text.replace('"workers" value { string_value: "0" }', f'"workers" value {{ string_value: "{workers}" }}'))
+    os.environ["OMNI_TRITON_BLS_THREADS"] = "any"  # inherited by the server and its stubs
+    return copy
+
+
 def one_run(args, run: int) -> dict:
     """Start a fresh tritonserver with ``args.model``, drive it, report whether it crashed."""
     ports = [free_port() for _ in range(3)]
     log = Path(args.log_dir) / f"repro-{os.getpid()}-{run}.log"
+    repositories = model_repositories() + ([probe_repository(args.probe_workers)] if "probe_" in args.model else [])
     server = TritonServer(args.model.split(","), http_port=ports[0], grpc_port=ports[1],
-                          metrics_port=ports[2], log_path=log)
+                          metrics_port=ports[2], log_path=log, repositories=repositories)
     with server:
         target = args.model.split(",")[0]
         start = time.monotonic()
@@ -181,9 +232,13 @@ def one_run(args, run: int) -> dict:
         text = server.log_text()
         signal_line = next((ln for ln in text.splitlines() if re.search(r"Signal \(\d+\)", ln)), "")
         crashed = code is not None or bool(signal_line)
+        stub_death = next((ln for ln in text.splitlines() if any(m in ln for m in STUB_DEATH_MARKS)), "")
+    hung = counts.get("timeout", 0) > 0
+    bad = crashed or bool(stub_death) or hung
     return {"run": run, "model": target, "clients": args.clients, "seconds": round(elapsed, 1),
-            "crashed": crashed, "exit_code": code, "signal": signal_line.strip(),
-            "log": str(log) if crashed else "", **counts}
+            "crashed": crashed, "stub_died": bool(stub_death), "hung": hung, "exit_code": code,
+            "signal": signal_line.strip(), "stub_death": stub_death.strip()[:200],
+            "log": str(log) if bad else "", **counts}
 
 
 def main(argv=None) -> int:
@@ -199,6 +254,8 @@ def main(argv=None) -> int:
     p.add_argument("--one-stream", action="store_true",
                    help="each client keeps one gRPC stream for all its requests (default: one "
                         "stream per request, as the OpenAI frontend does)")
+    p.add_argument("--probe-workers", type=int, help="probe_bls only: run it on this many threads of "
+                   "one stub (breaks the one-thread rule on purpose, to reproduce the deadlock)")
     p.add_argument("--log-dir", default="/tmp")
     p.add_argument("--out", help="write all runs as a JSON list here")
     args = p.parse_args(argv)
@@ -208,13 +265,15 @@ def main(argv=None) -> int:
         print(json.dumps(r), flush=True)
         results.append(r)
     crashes = sum(r["crashed"] for r in results)
-    summary = {"runs": len(results), "crashes": crashes,
+    stub_deaths = sum(r["stub_died"] for r in results)
+    hangs = sum(r["hung"] for r in results)
+    summary = {"runs": len(results), "crashes": crashes, "stub_deaths": stub_deaths, "hangs": hangs,
                "ok": sum(r.get("ok", 0) for r in results),
                "errors": sum(r.get("error", 0) for r in results)}
     print(json.dumps({"summary": summary}), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": results, "summary": summary}, indent=1))
-    return 1 if crashes else 0
+    return 1 if crashes or stub_deaths or hangs else 0
 
 
 if __name__ == "__main__":

@@ -196,13 +196,24 @@ def shm_bytes() -> int:
     return total
 
 
-def _restarts(status_file: str | None) -> int | None:
+def _status(status_file: str | None) -> dict | None:
     if not status_file:
         return None
     try:
-        return json.loads(Path(status_file).read_text()).get("restarts", 0)
+        return json.loads(Path(status_file).read_text())
     except (OSError, ValueError):
         return None
+
+
+def _restarts(status_file: str | None) -> int | None:
+    status = _status(status_file)
+    return None if status is None else status.get("restarts", 0)
+
+
+def _stub_reloads(status_file: str | None) -> dict[str, int]:
+    """Per model, how often serve saw its stub die and reloaded it (serve's status file)."""
+    status = _status(status_file) or {}
+    return dict(status.get("stub_reloads") or {})
 
 
 def served_models(url: str) -> set[str]:
@@ -217,12 +228,16 @@ def soak(url: str, seconds: float, concurrency: int = 4, triton_pid: int | None 
     """Run the soak; returns the report (see the module docstring). ``exclude``: kinds of
     :data:`MIX` left out."""
     models = served_models(url)
-    start = {"rss": triton_tree_rss(triton_pid), "shm": shm_bytes(), "restarts": _restarts(serve_status)}
+    start = {"rss": triton_tree_rss(triton_pid), "shm": shm_bytes(), "restarts": _restarts(serve_status),
+             "stub_reloads": _stub_reloads(serve_status)}
     runner = Soak(url, models, timeout_s, seed, exclude)
     t0 = time.monotonic()
     asyncio.run(runner.run(seconds, concurrency, burst_every_s))
     elapsed = time.monotonic() - t0
-    end = {"rss": triton_tree_rss(triton_pid), "shm": shm_bytes(), "restarts": _restarts(serve_status)}
+    end = {"rss": triton_tree_rss(triton_pid), "shm": shm_bytes(), "restarts": _restarts(serve_status),
+           "stub_reloads": _stub_reloads(serve_status)}
+    stub_deaths = {m: n - start["stub_reloads"].get(m, 0) for m, n in end["stub_reloads"].items()
+                   if n - start["stub_reloads"].get(m, 0) > 0}
     crashes = None
     if start["restarts"] is not None and end["restarts"] is not None:
         crashes = end["restarts"] - start["restarts"]
@@ -237,7 +252,7 @@ def soak(url: str, seconds: float, concurrency: int = 4, triton_pid: int | None 
         "seconds": round(elapsed, 1), "concurrency": concurrency, "models": sorted(models),
         "requests": sum(totals.values()), "outcomes": dict(totals),
         "by_kind": {k: dict(v) for k, v in sorted(runner.counts.items())},
-        "bad_samples": dict(runner.samples), "crashes": crashes,
+        "bad_samples": dict(runner.samples), "crashes": crashes, "stub_deaths": stub_deaths,
         "triton_rss_mb": {"start": round(start["rss"] / 2**20), "end": round(end["rss"] / 2**20)},
         "dev_shm_mb": {"start": round(start["shm"] / 2**20, 1), "end": round(end["shm"] / 2**20, 1)},
     }
@@ -262,7 +277,8 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text)
-    bad = report["crashes"] or report["outcomes"].get("5xx") or report["outcomes"].get("hang")
+    bad = (report["crashes"] or report["stub_deaths"] or report["outcomes"].get("5xx")
+           or report["outcomes"].get("hang"))
     return 1 if bad else 0
 
 

@@ -10,10 +10,42 @@ the decoupled response iterator has ``cancel()`` (python_backend 2.57+, r25.04),
 stream is cancelled through it (the stage sees ``request.is_cancelled()``); on older servers the
 stage's cancel flag for the REQUEST_ID this helper sent is raised instead
 (``omni_triton.runtime.cancel_flags``). Either way the stream is drained to its FINAL.
+
+Who frees a finished stream (the 2.51 heap corruption of issue 9). Before python_backend r25.01
+(PR #390, "Hold GIL when deleting numpy array"; 2.51 is r24.10) a ``PbTensor`` drops its numpy
+array without holding the GIL. The stub keeps each decoupled BLS response iterator in a map that
+its stub->parent utility thread erases when it sends the iterator's cleanup message (queued when
+the FINAL arrives). When the Python side has already let go of the iterator, that erase destroys
+it, and with it every response tensor's numpy array (BYTES ones are object arrays of ``bytes``),
+on a thread without the GIL, racing the model's Python threads: pymalloc / numpy allocator
+corruption (``malloc(): unaligned fastbin chunk detected`` in ``llm_tts``). So
+:func:`stream_stage` makes sure Python frees the iterator: after the FINAL it makes a blocking
+round trip through the same FIFO queue (``request.is_cancelled()`` of the caller's still-open
+request, :meth:`ResponseStream.barrier`), which returns only after the cleanup has been
+processed, and then drops the last reference itself, under the GIL. Where no open request is at
+hand it keeps the iterator for :data:`GRAVEYARD_S` seconds and drops it from a timer thread
+(which holds the GIL). ``OMNI_TRITON_BLS_BARRIER=0`` turns this off (experiments only:
+``clients/repro_crash.py --model probe_bls``).
+
+One thread (the 2.51 hang of issue 9; python_backend main still has the same code). In the stub,
+``exec(decoupled=True)`` ends in ``Stub::GetResponseIterator``, which locks the iterator map
+while its caller holds the GIL; the thread that receives BLS responses
+(``ParentToStubMQMonitor``) holds that map lock while it pushes a response into an iterator,
+which needs the iterator's mutex; and ``ResponseIterator::Next`` re-takes the GIL while holding
+that mutex when it wakes up. One thread opening a stream while another wakes on a response
+that is followed by a second one deadlocks all three (gdb on a hung ``probe_bls`` stub showed
+exactly these frames); every later response for that stub then blocks in the server, and the
+callee stage (``piper_tts``) stops answering anyone. So a stub reads all its decoupled BLS
+streams on one thread: :func:`stream_stage` raises ``RuntimeError`` when a second thread of the
+process calls it (``OMNI_TRITON_BLS_THREADS=any`` lifts this for the reproduction), and the
+stages that read streams run their requests in ``execute`` and scale by instance count
+(``DecoupledStage.reads_bls_streams``).
 """
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -22,6 +54,62 @@ from omni_triton.adapters.triton_io import response_outputs, tensors, triton_loc
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, REQUEST_ID, utf8_array
 
 LOGGER = logging.getLogger("omni_triton.bls")
+
+#: Seconds a finished response iterator is kept when no open request can serve as the barrier
+#: (the stub's utility thread processes a cleanup message in well under a millisecond).
+GRAVEYARD_S = 5.0
+BARRIER = os.environ.get("OMNI_TRITON_BLS_BARRIER", "1") != "0"
+
+
+_STREAM_THREAD: list[int] = []  # the one thread of this process that reads BLS streams
+_THREAD_LOCK = threading.Lock()
+
+
+def bls_threads_unchecked() -> bool:
+    """Whether ``OMNI_TRITON_BLS_THREADS=any`` lifts the one-thread rule (reproductions only)."""
+    return os.environ.get("OMNI_TRITON_BLS_THREADS", "one") == "any"
+
+
+def check_stream_thread() -> None:
+    """Raise unless the calling thread is the first (and so the only) one of this process to read
+    decoupled BLS streams (see "One thread" in the module docstring).
+
+    Raises:
+        RuntimeError: a second thread reads BLS streams.
+    """
+    if bls_threads_unchecked():
+        return
+    me = threading.get_ident()
+    with _THREAD_LOCK:
+        if not _STREAM_THREAD:
+            _STREAM_THREAD.append(me)
+        elif _STREAM_THREAD[0] != me:
+            raise RuntimeError("decoupled BLS streams read from two threads of one stub deadlock "
+                               "python_backend (omni_triton/adapters/bls.py): run them on one thread")
+
+
+def release_iterator(holder: list, parent) -> str:
+    """Drop the finished response iterator in ``holder`` (a one-element list, emptied) so that
+    the last reference goes away on a Python thread holding the GIL (see the module docstring).
+
+    Args:
+        holder: ``[iterator]``; the caller keeps no other reference to the iterator.
+        parent: the caller's :class:`~omni_triton.adapters.stream.ResponseStream` or ``None``.
+
+    Returns:
+        ``"barrier"`` (freed here after the queue round trip), ``"graveyard"`` (freed later by a
+        timer thread) or ``"off"`` (``OMNI_TRITON_BLS_BARRIER=0``: dropped at once).
+    """
+    if not BARRIER:
+        holder.clear()
+        return "off"
+    if parent is not None and parent.barrier():
+        holder.clear()  # the stub's map no longer holds it: this is the last reference
+        return "barrier"
+    timer = threading.Timer(GRAVEYARD_S, holder.clear)
+    timer.daemon = True
+    timer.start()
+    return "graveyard"
 
 
 def _pb():
@@ -66,31 +154,36 @@ def can_cancel(iterator) -> bool:
 
 def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: Iterable[str],
                  should_cancel: Callable[[], bool], flags=None, request_id: str | None = None,
-                 ) -> Iterator[dict[str, np.ndarray]]:
+                 parent=None) -> Iterator[dict[str, np.ndarray]]:
     """Stream a decoupled stage's responses as ``{name: array}`` dicts.
 
     After each yielded response ``should_cancel()`` is polled; when it is True (or the caller
     closes this generator early) the stage is cancelled (iterator ``cancel()`` where Triton has
     it, else the cancel flag of ``request_id``, which is then sent as the stage's REQUEST_ID
-    input) and its stream is drained to the FINAL, yielding nothing more.
+    input) and its stream is drained to the FINAL, yielding nothing more. The finished iterator
+    is released by :func:`release_iterator` with ``parent`` (the caller's
+    :class:`~omni_triton.adapters.stream.ResponseStream`, the request this stream works for).
 
     Raises:
         StageError: the stage answered with an error (raised after the stream is drained).
+        RuntimeError: called from a second thread of this process (:func:`check_stream_thread`).
     """
+    check_stream_thread()
     inputs = list(inputs)
     if request_id is not None:
         inputs.append((REQUEST_ID, utf8_array(request_id)))
-    iterator = _request(model, inputs, outputs).exec(decoupled=True)
+    # The only reference this generator keeps: emptied by release_iterator.
+    holder = [_request(model, inputs, outputs).exec(decoupled=True)]
 
     def cancel():
-        if can_cancel(iterator):
-            iterator.cancel()
+        if can_cancel(holder[0]):
+            holder[0].cancel()
         elif flags is not None and request_id is not None:
             flags.cancel(request_id)
 
     error, stopped = None, False
     try:
-        for response in iterator:
+        for response in holder[0]:
             if error is not None or stopped:
                 continue  # drain to the FINAL
             if response.has_error():
@@ -104,11 +197,13 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
                 cancel()
     except GeneratorExit:  # the caller stopped early (its own failure or cancel): stop and drain
         cancel()
-        for _ in iterator:
+        for _ in holder[0]:
             pass
         raise
     finally:
+        response = None
         if flags is not None and request_id is not None:
             flags.discard(request_id)
+        release_iterator(holder, parent)
     if error is not None:
         raise error

@@ -150,11 +150,12 @@ class _SpokenJob:
 
 class LlmTtsPipeline(DecoupledStage):
     """``llm_tts`` BLS: the llm's text deltas streamed as they come; with audio, each completed
-    sentence is spoken by ``piper_tts`` while the text keeps streaming."""
+    sentence is spoken by ``piper_tts`` as soon as it is complete (the llm keeps generating)."""
 
     stage = "llm_tts"
     input_error = ch.ChatInputError
-    workers = 16
+    reads_bls_streams = True
+    per_instance_metrics = True  # several instances (stub processes)
     llm, tts = "llm", "piper_tts"
     metric_specs = dict(
         received=("omni_llm_tts_requests_total", "Spoken-answer requests received", "counter"),
@@ -197,44 +198,47 @@ class LlmTtsPipeline(DecoupledStage):
                 ch.AUDIO: np.zeros(0, np.float32) if audio is None else np.ascontiguousarray(audio, dtype=np.float32),
                 ch.SAMPLE_RATE: scalar_array(self.sample_rate, "INT32")}
 
-    def _synthesize(self, voice):
+    def _synthesize(self, voice, stream):
         def run(sentence):
             inputs = [(sp.TEXT, utf8_array(sentence)), (sp.VOICE, utf8_array(voice))]
-            for out in stream_stage(self.tts, inputs, [sp.AUDIO], lambda: False):
+            for out in stream_stage(self.tts, inputs, [sp.AUDIO], stream.cancelled, parent=stream):
                 pcm = out.get(sp.AUDIO)
                 if pcm is not None and pcm.size:
                     yield pcm.reshape(-1)
         return run
 
     def generate(self, job, stream):
+        """Text deltas as the llm streams them; with audio, each completed sentence is spoken
+        (piper_tts) before the next deltas are read, all on this one thread (the llm keeps
+        generating meanwhile; see :class:`~omni_triton.stages.llm.SentenceSpeaker`)."""
         from omni_triton.stages.llm import SentenceSegmenter, SentenceSpeaker
 
-        counts, finish, speaker = [0, 0], "", None
-        if job.audio:
-            def on_audio(pcm):  # on the speaker's thread
-                self.metrics.count("seconds", pcm.size / self.sample_rate)
-                stream.send(self._response("", "", tuple(counts), pcm))
+        counts, finish = [0, 0], ""
+        speaker = SentenceSpeaker(self._synthesize(job.voice, stream),
+                                  SentenceSegmenter(min_chars=self.min_chars, max_chars=self.max_chars)) \
+            if job.audio else None
 
-            speaker = SentenceSpeaker(self._synthesize(job.voice), on_audio,
-                                      SentenceSegmenter(min_chars=self.min_chars, max_chars=self.max_chars))
-        try:
-            for out in stream_stage(self.llm, job.inputs, ch.TEXT_OUTPUTS, stream.cancelled, self.stage_flags,
-                                    f"llm_tts-{uuid.uuid4().hex}"):
-                text = out[ch.TEXT_DELTA].reshape(-1)[0].decode("utf-8")
-                finish = out[ch.FINISH_REASON].reshape(-1)[0].decode("utf-8") or finish
-                counts[:] = [int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0])]
-                if stream.cancel_seen:
-                    break
-                if text:
-                    yield self._response(text, "", tuple(counts))
-                if speaker is not None:
-                    speaker.push_text(text)
-            if stream.cancel_seen or stream.cancelled():
-                finish = "abort"
-            elif speaker is not None:
-                speaker.finish()
-                self.metrics.count("sentences", len(speaker.sentences))
-        finally:
+        def audio(chunks):
+            for pcm in chunks:
+                self.metrics.count("seconds", pcm.size / self.sample_rate)
+                yield self._response("", "", tuple(counts), pcm)
+
+        for out in stream_stage(self.llm, job.inputs, ch.TEXT_OUTPUTS, stream.cancelled, self.stage_flags,
+                                f"llm_tts-{uuid.uuid4().hex}", parent=stream):
+            text = out[ch.TEXT_DELTA].reshape(-1)[0].decode("utf-8")
+            finish = out[ch.FINISH_REASON].reshape(-1)[0].decode("utf-8") or finish
+            counts[:] = [int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0])]
+            if stream.cancel_seen:
+                break
+            if text:
+                yield self._response(text, "", tuple(counts))
             if speaker is not None:
-                speaker.cancel()  # after finish(): a no-op; else stops after the current sentence
+                yield from audio(speaker.push_text(text))
+                if stream.cancel_seen:
+                    break  # cancelled while a sentence was spoken
+        if stream.cancel_seen or stream.cancelled():
+            finish = "abort"
+        elif speaker is not None:
+            yield from audio(speaker.finish())
+            self.metrics.count("sentences", len(speaker.sentences))
         yield Final(self._response("", finish or "stop", tuple(counts)))

@@ -146,7 +146,8 @@ class OmniPipeline(DecoupledStage):
 
     stage = "omni"
     input_error = ch.ChatInputError
-    workers = 8
+    reads_bls_streams = True
+    per_instance_metrics = True  # several instances (stub processes)
     thinker, talker, code2wav = "omni_thinker", "omni_talker", "omni_code2wav"
 
     def setup(self, args, params):
@@ -198,7 +199,7 @@ class OmniPipeline(DecoupledStage):
         outputs = ch.TEXT_OUTPUTS + (ch.TALKER_TENSORS if job.audio else ())
         talker_in, counts, finish = None, (0, 0), ""
         for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
-                                f"omni-thinker-{uuid.uuid4().hex}"):
+                                f"omni-thinker-{uuid.uuid4().hex}", parent=stream):
             finish = first_str(out[ch.FINISH_REASON])
             counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
             yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
@@ -213,7 +214,7 @@ class OmniPipeline(DecoupledStage):
             talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
         chunked = ChunkedDecoder(ChunkSchedule(*self.chunks), self._decode)
         for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
-                                f"omni-talker-{uuid.uuid4().hex}"):
+                                f"omni-talker-{uuid.uuid4().hex}", parent=stream):
             codes = out.get(sp.CODES)
             if codes is None or not codes.size or stream.cancel_seen:
                 continue

@@ -141,7 +141,8 @@ class TtsPipeline(DecoupledStage):
 
     stage = "tts"
     input_error = sp.SpeechInputError
-    workers = 8
+    reads_bls_streams = True
+    per_instance_metrics = True  # several instances (stub processes)
     talker, code2wav = "tts_talker", "tts_code2wav"
 
     def setup(self, args, params):
@@ -177,7 +178,7 @@ class TtsPipeline(DecoupledStage):
         inputs = [(sp.TEXT, utf8_array(job.text)), (sp.SPEAKER, scalar_array(job.speaker, "INT32")),
                   (sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32"))]
         for out in stream_stage(self.talker, inputs, [sp.CODES], stream.cancelled, self.talker_flags,
-                                f"tts-{uuid.uuid4().hex}"):
+                                f"tts-{uuid.uuid4().hex}", parent=stream):
             codes = out.get(sp.CODES)
             if stream.cancel_seen:
                 break

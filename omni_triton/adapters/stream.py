@@ -17,6 +17,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping
 
+from omni_triton.adapters.bls import bls_threads_unchecked
 from omni_triton.adapters.triton_io import (
     StageMetrics,
     error_response,
@@ -74,6 +75,25 @@ class ResponseStream:
                 self._on_cancel()
         return self.cancel_seen
 
+    def barrier(self) -> bool:
+        """One blocking round trip through the stub's stub->server utility queue
+        (``request.is_cancelled()``), made only while this request is still open (no FINAL sent;
+        the FINAL waits for it): when it returns, every message queued before it, e.g. a BLS
+        response iterator's cleanup, has been processed (``omni_triton.adapters.bls``).
+
+        Returns:
+            True if the round trip was made; False when the FINAL was already sent (asking a
+            closed request would touch a freed response factory in the server).
+        """
+        with self._lock:
+            if self.final_sent:
+                return False
+            if is_cancelled(self.request) and not self.cancel_seen:
+                self.cancel_seen = True
+                if self._on_cancel is not None:
+                    self._on_cancel()
+            return True
+
     def _send(self, response, final: bool) -> bool:
         with self._lock:
             if self.final_sent:
@@ -118,8 +138,14 @@ class DecoupledStage:
 
     ``workers`` (config parameter ``workers``, else the class default): 0 runs each request
     inside ``execute`` (talkers: the instance count is the concurrency); > 0 runs them on a pool
-    (piper, BLS models). ``dispatch`` may be overridden by stages with their own engine loop
-    (``llm``), which then call ``finish`` when the job ends.
+    (piper). ``dispatch`` may be overridden by stages with their own engine loop (``llm``), which
+    then call ``finish`` when the job ends.
+
+    ``reads_bls_streams``: the stage reads decoupled BLS streams (``llm_tts``, ``tts``, ``omni``).
+    Such a stage runs every request inside ``execute``, on the stub's one main thread, and gets
+    its concurrency from its instance count (one stub process each): two threads of one stub
+    reading decoupled BLS streams deadlock python_backend (``omni_triton/adapters/bls.py``, "One
+    thread"). A ``workers`` > 0 for it is refused at load (``RuntimeError``).
     """
 
     stage = "stage"
@@ -128,6 +154,7 @@ class DecoupledStage:
     per_instance_metrics = False
     cancel_flags = False
     workers = 0
+    reads_bls_streams = False
 
     def initialize(self, args):
         self.model_name = args["model_name"]
@@ -143,6 +170,10 @@ class DecoupledStage:
 
             self.flags = CancelFlags.for_server()
         n = int(self.params.get("workers", self.workers))
+        if n > 0 and self.reads_bls_streams and not bls_threads_unchecked():
+            raise RuntimeError(f"{self.model_name}: workers = {n}, but a stage that reads decoupled BLS "
+                               "streams must run them on one thread (workers 0; raise the instance count "
+                               "instead): see omni_triton/adapters/bls.py")
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=self.stage) if n > 0 else None
 
     def setup(self, args: dict, params: dict[str, str]) -> None:

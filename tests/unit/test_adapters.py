@@ -227,3 +227,117 @@ def test_tts_talker_cap_follows_the_input_length(tmp_path, monkeypatch):
                                          speech.MAX_FRAMES: np.array([7], np.int32)}))
     assert capped.max_frames == 7
     stage.finalize()
+
+
+# ------------------------------------------------------------------ who frees a finished BLS stream
+
+
+class _Watched(_Iterator):
+    """A response iterator that records on which thread, and after how many utility-queue round
+    trips (is_cancelled calls of the parent request), its last reference went away."""
+
+    freed: list = []
+
+    def __init__(self, responses, parent_request):
+        super().__init__(responses, with_cancel=False)
+        self.parent_request = parent_request
+
+    def __del__(self):
+        _Watched.freed.append((threading.get_ident(), self.parent_request.polls))
+
+
+def _stream_with_parent(final_sent=False):
+    from omni_triton.adapters.stream import ResponseStream
+
+    request = pb.FakeRequest({})
+    stream = ResponseStream(request, "s")
+    if final_sent:
+        stream.close()
+    _Watched.freed.clear()
+    pb.InferenceRequest.handler = lambda req, decoupled: _Watched(_frames(3), request)
+    return request, stream
+
+
+def test_a_finished_stream_is_freed_here_after_the_barrier():
+    """The iterator goes after one is_cancelled() round trip of the open parent request, on this
+    thread: the stub's utility thread has erased its map entry by then (bls module docstring)."""
+    request, stream = _stream_with_parent()
+    polls_before = request.polls
+    got = list(bls.stream_stage("s", [], ["CODES"], lambda: False, parent=stream))
+    assert len(got) == 3
+    assert _Watched.freed == [(threading.get_ident(), polls_before + 1)]
+
+
+def test_without_an_open_parent_the_stream_goes_to_the_graveyard(monkeypatch):
+    """After FINAL the parent cannot be asked (a freed response factory): no is_cancelled call,
+    the iterator is kept and dropped later by a timer thread."""
+    monkeypatch.setattr(bls, "GRAVEYARD_S", 0.05)
+    request, stream = _stream_with_parent(final_sent=True)
+    polls_before = request.polls
+    list(bls.stream_stage("s", [], ["CODES"], lambda: False, parent=stream))
+    assert _Watched.freed == [] and request.polls == polls_before  # still held, nobody asked
+    deadline = time.monotonic() + 5
+    while not _Watched.freed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(_Watched.freed) == 1 and _Watched.freed[0][0] != threading.get_ident()
+
+
+def test_the_barrier_switch_drops_the_stream_at_once(monkeypatch):
+    """OMNI_TRITON_BLS_BARRIER=0 (the reproduction's 'before' state): freed without a round trip."""
+    monkeypatch.setattr(bls, "BARRIER", False)
+    request, stream = _stream_with_parent()
+    polls_before = request.polls
+    list(bls.stream_stage("s", [], ["CODES"], lambda: False, parent=stream))
+    assert _Watched.freed == [(threading.get_ident(), polls_before)]
+
+
+def test_a_second_thread_reading_bls_streams_is_refused(monkeypatch):
+    """Two threads of one stub reading decoupled BLS streams deadlock python_backend 2.51."""
+    monkeypatch.setattr(bls, "_STREAM_THREAD", [])
+    pb.InferenceRequest.handler = lambda req, decoupled: _Iterator(_frames(1), False)
+    assert len(list(bls.stream_stage("s", [], ["CODES"], lambda: False))) == 1
+    errors = []
+
+    def other():
+        try:
+            list(bls.stream_stage("s", [], ["CODES"], lambda: False))
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and "two threads" in str(errors[0])
+    monkeypatch.setenv("OMNI_TRITON_BLS_THREADS", "any")
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert len(errors) == 1  # lifted for the reproduction
+
+
+def test_a_bls_stream_reader_with_workers_is_refused_at_load():
+    class Reader(Toy):
+        reads_bls_streams = True
+
+    with pytest.raises(RuntimeError, match="one thread"):
+        _stage(Reader, workers=2)
+    assert _stage(Reader, workers=0).pool is None
+
+
+def test_every_stage_that_reads_bls_streams_runs_on_one_thread_per_instance():
+    """The configs agree: no ``workers`` > 0 for llm_tts, tts, omni; their concurrency is their
+    instance count."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from omni_triton.adapters.chat import LlmTtsPipeline
+    from omni_triton.adapters.omni import OmniPipeline
+    from omni_triton.adapters.speech import TtsPipeline
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    for name, cls in [("llm_tts", LlmTtsPipeline), ("tts", TtsPipeline), ("omni", OmniPipeline)]:
+        assert cls.reads_bls_streams and cls.workers == 0, name
+        config = text_format.Parse((root / "model_repository" / name / "config.pbtxt").read_text(),
+                                   model_config_pb2.ModelConfig())
+        workers = config.parameters["workers"].string_value if "workers" in config.parameters else "0"
+        assert int(workers) == 0 and sum(g.count for g in config.instance_group) >= 2, name

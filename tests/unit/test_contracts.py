@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from omni_triton.contracts import CONTRACTS, chat, image, speech
+from omni_triton.contracts import CONTRACTS, chat, image, probe, speech
 from omni_triton.contracts.tensors import first_str, infer_input, triton_datatype, utf8_array, wrap_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,3 +114,14 @@ def test_frame_budget_follows_the_input_length():
     assert budget.for_text(long_text) == 2500 > 100
     with pytest.raises(ValueError):
         speech.FrameBudget(frames_per_char=0)
+
+
+@pytest.mark.parametrize("name", sorted(probe.CONTRACTS))
+def test_probe_configs_match_their_contracts(name):
+    """The diagnostic models of clients/probe_repository/ (issue 9 reproduction)."""
+    config = _config(ROOT / "clients" / "probe_repository" / name / "config.pbtxt")
+    contract = probe.CONTRACTS[name]
+    assert config.name == name
+    assert _tensors(config.input) == _spec(contract.inputs)
+    assert _tensors(config.output) == _spec(contract.outputs, with_optional=False)
+    assert config.model_transaction_policy.decoupled == contract.decoupled

@@ -271,41 +271,53 @@ def test_speakable():
 # ------------------------------------------------------------------ sentence speaker (fake TTS side)
 
 
-def test_speaker_speaks_sentences_in_order_while_text_streams():
-    spoken, audio = [], []
-    first_spoken = threading.Event()
+def test_speaker_speaks_each_sentence_as_soon_as_it_is_complete():
+    spoken = []
 
     def synthesize(sentence):  # fake TTS: one chunk per word, value = sentence index
         spoken.append(sentence)
-        first_spoken.set()
         for _ in sentence.split():
             yield np.full(4, len(spoken), dtype=np.float32)
 
-    speaker = SentenceSpeaker(synthesize, audio.append)
-    speaker.push_text("The capital of France is Paris. It is")
-    assert first_spoken.wait(5), "the first sentence is spoken before the text ends"
-    speaker.push_text(" very big. **Really** big")
-    speaker.finish()
+    speaker = SentenceSpeaker(synthesize)
+    first = list(speaker.push_text("The capital of France is Paris. It is"))
+    assert spoken == ["The capital of France is Paris."], "spoken before the text ends"
+    assert [int(a[0]) for a in first] == [1] * 6
+    rest = list(speaker.push_text(" very big. **Really** big")) + list(speaker.finish())
     assert spoken == ["The capital of France is Paris.", "It is very big.", "Really big"]
-    assert [int(a[0]) for a in audio] == [1] * 6 + [2] * 4 + [3] * 2
+    assert [int(a[0]) for a in rest] == [2] * 4 + [3] * 2
+    assert speaker.sentences == spoken
 
 
-def test_speaker_cancel_stops_and_drains():
-    started, release, drained = threading.Event(), threading.Event(), []
+def test_speaker_runs_on_the_callers_thread():
+    """Two threads of one stub reading BLS streams deadlock python_backend: the speaker must not
+    start one (omni_triton/adapters/bls.py, "One thread")."""
+    threads = set()
 
     def synthesize(sentence):
-        started.set()
-        release.wait(5)
+        threads.add(threading.get_ident())
         yield np.ones(4, np.float32)
-        drained.append(sentence)  # iterated to its end even when cancelled
 
-    audio = []
-    speaker = SentenceSpeaker(synthesize, audio.append)
-    speaker.push_text("First sentence here. Second sentence here. ")
-    assert started.wait(5)
-    threading.Timer(0.2, release.set).start()
-    speaker.cancel()
-    assert drained == ["First sentence here."] and audio == []
+    speaker = SentenceSpeaker(synthesize)
+    before = threading.active_count()
+    chunks = list(speaker.push_text("One sentence is here. ")) + list(speaker.finish())
+    assert len(chunks) == 1 and threads == {threading.get_ident()} and threading.active_count() == before
+
+
+def test_speaker_stopping_early_closes_the_synthesis():
+    closed = []
+
+    def synthesize(sentence):
+        try:
+            yield np.ones(4, np.float32)
+            yield np.ones(4, np.float32)
+        finally:
+            closed.append(sentence)  # stream_stage drains its BLS stream here
+
+    chunks = SentenceSpeaker(synthesize).push_text("First sentence here. Second sentence here. ")
+    next(chunks)
+    chunks.close()  # the request was cancelled after the first chunk
+    assert closed == ["First sentence here."]
 
 
 def test_speaker_reports_tts_failure():
@@ -313,10 +325,9 @@ def test_speaker_reports_tts_failure():
         raise RuntimeError("piper down")
         yield  # pragma: no cover
 
-    speaker = SentenceSpeaker(synthesize, lambda pcm: None)
-    speaker.push_text("One sentence is here. ")
+    speaker = SentenceSpeaker(synthesize)
     with pytest.raises(RuntimeError, match="piper down"):
-        speaker.finish()
+        list(speaker.push_text("One sentence is here. "))
 
 
 # ------------------------------------------------------------------ child reaper

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 # --------------------------------------------------------------------------- llm_tts: text -> sentences
 
@@ -86,79 +85,44 @@ class SentenceSegmenter:
 
 
 class SentenceSpeaker:
-    """Speak a streamed answer sentence by sentence while the text keeps streaming (``llm_tts``).
+    """Speak a streamed answer sentence by sentence, on the caller's one thread (``llm_tts``).
 
-    Text deltas go in through :meth:`push_text` (on the caller's thread, which keeps reading the
-    LLM); each completed sentence (:class:`SentenceSegmenter`, then :func:`speakable`) is queued
-    and synthesised in order on one worker thread, and every PCM chunk the synthesiser yields is
-    handed to ``on_audio`` as soon as it exists. So audio of sentence 1 is produced while the LLM
-    generates sentence 2 (vLLM-Omni streams thinker text and talker audio the same way).
+    Text deltas go in through :meth:`push_text`; each sentence they complete
+    (:class:`SentenceSegmenter`, then :func:`speakable`) is synthesised at once and its PCM
+    chunks are yielded as the synthesiser produces them; :meth:`finish` speaks the rest. The LLM
+    keeps generating in its own stage meanwhile (its responses wait in the BLS stream), so audio
+    of sentence 1 is still produced while sentence 2 is generated (vLLM-Omni streams thinker text
+    and talker audio the same way); only the delivery of text and audio is interleaved here.
+
+    Everything runs on the caller's thread on purpose: a stub that reads decoupled BLS streams on
+    two threads deadlocks python_backend (``omni_triton/adapters/bls.py``, "One thread").
 
     Args:
         synthesize: ``sentence -> iterable of float32 PCM arrays [T]`` (e.g. a ``piper_tts`` BLS
-            call); it is always iterated to its end.
-        on_audio: receives each non-empty PCM chunk, in order.
+            stream); closing the iteration early (the caller stops) closes it.
         segmenter: how text is cut (default :class:`SentenceSegmenter()`).
     """
 
-    _END = object()
-
-    def __init__(self, synthesize: Callable[[str], Any], on_audio: Callable[[Any], None],
-                 segmenter: SentenceSegmenter | None = None):
-        import queue
-
-        self._synthesize, self._on_audio = synthesize, on_audio
+    def __init__(self, synthesize: Callable[[str], Any], segmenter: SentenceSegmenter | None = None):
+        self._synthesize = synthesize
         self._segmenter = segmenter or SentenceSegmenter()
-        self._queue: "queue.Queue" = queue.Queue()
-        self._cancelled = threading.Event()
-        self._error: BaseException | None = None
         self.sentences: list[str] = []
-        self._thread = threading.Thread(target=self._work, name="sentence-speaker", daemon=True)
-        self._thread.start()
 
-    def push_text(self, delta: str) -> None:
-        """Add streamed text; complete sentences are queued for speech."""
+    def push_text(self, delta: str) -> Iterator[Any]:
+        """Add streamed text; yields the PCM chunks of every sentence it completes, in order."""
         for sentence in self._segmenter.push(delta):
-            self._queue_sentence(sentence)
+            yield from self._speak(sentence)
 
-    def _queue_sentence(self, sentence: str) -> None:
-        text = speakable(sentence)
-        if text is not None and not self._cancelled.is_set():
-            self.sentences.append(text)
-            self._queue.put(text)
-
-    def finish(self, timeout: float | None = None) -> None:
-        """The text ended: speak the rest, wait until every sentence is spoken.
-
-        Raises:
-            the synthesiser's exception, if one failed.
-        """
+    def finish(self) -> Iterator[Any]:
+        """The text ended: yields the PCM chunks of the rest."""
         for sentence in self._segmenter.flush():
-            self._queue_sentence(sentence)
-        self._queue.put(self._END)
-        self._thread.join(timeout)
-        if self._error is not None:
-            raise self._error
+            yield from self._speak(sentence)
 
-    def cancel(self, wait: bool = True) -> None:
-        """Stop after the sentence being spoken (its synthesis is drained, nothing more starts,
-        no more audio is handed out). With ``wait`` return only once the worker ended, so the
-        caller may close its stream without a late ``on_audio`` behind it."""
-        self._cancelled.set()
-        self._queue.put(self._END)
-        if wait:
-            self._thread.join()
-
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is self._END or self._cancelled.is_set():
-                return
-            try:
-                for pcm in self._synthesize(item):
-                    if len(pcm) and not self._cancelled.is_set():
-                        self._on_audio(pcm)
-            except BaseException as exc:  # reported by finish()
-                self._error = exc
-                self._cancelled.set()
-                return
+    def _speak(self, sentence: str) -> Iterator[Any]:
+        text = speakable(sentence)
+        if text is None:
+            return
+        self.sentences.append(text)
+        for pcm in self._synthesize(text):
+            if len(pcm):
+                yield pcm
