@@ -50,6 +50,21 @@ class FrontendMetrics:
             buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
             registry=self.registry,
         )
+        self.itl = Histogram(
+            "omni_frontend_inter_token_latency_seconds",
+            "Time between successive text chunks of one choice from Triton (ITL; single-choice requests)",
+            ["model"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "omni_frontend_time_per_output_token_seconds",
+            "Time per output token after the first: (last text - first text) / (completion tokens - 1) "
+            "(TPOT; single-choice requests with at least 2 tokens)",
+            ["model"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=self.registry,
+        )
         self.completion_tokens = Counter(
             "omni_frontend_completion_tokens",
             "Completion tokens generated (as reported by the stage)",

@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -59,6 +60,35 @@ LOGGER = logging.getLogger("omni_triton.bls")
 #: (the stub's utility thread processes a cleanup message in well under a millisecond).
 GRAVEYARD_S = 5.0
 BARRIER = os.environ.get("OMNI_TRITON_BLS_BARRIER", "1") != "0"
+
+_TELEMETRY: list = []  # the calling stage's Telemetry (one model instance per stub process)
+
+
+def report_to(telemetry) -> None:
+    """Count this process's BLS calls, bytes and waiting time in ``telemetry``
+    (``omni_triton.adapters.telemetry.Telemetry``: omni_bls_* metrics); ``None`` stops it."""
+    _TELEMETRY[:] = [] if telemetry is None else [telemetry]
+
+
+def _account(target: str, sent: int, received: int, waited_s: float) -> None:
+    """One BLS call's totals into the omni_bls_* metrics (once per call or stream, not per
+    response: each metric update is an IPC round trip)."""
+    if not _TELEMETRY:
+        return
+    t = _TELEMETRY[0]
+    try:
+        t.count("omni_bls_calls_total", 1, target=target)
+        t.count("omni_bls_transfer_bytes_total", sent, target=target, direction="sent")
+        t.count("omni_bls_transfer_bytes_total", received, target=target, direction="received")
+        t.count("omni_bls_transfer_seconds_total", waited_s, target=target)
+    except Exception:  # noqa: BLE001 - metrics never fail a request
+        LOGGER.exception("bls metrics")
+
+
+def _payload(pairs) -> int:
+    from omni_triton.adapters.telemetry import nbytes
+
+    return sum(nbytes(a) for _, a in pairs)
 
 
 _STREAM_THREAD: list[int] = []  # the one thread of this process that reads BLS streams
@@ -141,10 +171,16 @@ def call_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: It
     Raises:
         StageError: the stage answered with an error.
     """
+    inputs = list(inputs)
+    start = time.monotonic()
     response = _request(model, inputs, outputs).exec()
+    waited = time.monotonic() - start
     if response.has_error():
+        _account(model, _payload(inputs), 0, waited)
         raise StageError(model, response.error())
-    return response_outputs(response)
+    out = response_outputs(response)
+    _account(model, _payload(inputs), _payload(out.items()), waited)
+    return out
 
 
 def can_cancel(iterator) -> bool:
@@ -172,8 +208,10 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
     inputs = list(inputs)
     if request_id is not None:
         inputs.append((REQUEST_ID, utf8_array(request_id)))
+    sent, received, start = _payload(inputs), 0, time.monotonic()
     # The only reference this generator keeps: emptied by release_iterator.
     holder = [_request(model, inputs, outputs).exec(decoupled=True)]
+    waited = time.monotonic() - start
 
     def cancel():
         if can_cancel(holder[0]):
@@ -183,13 +221,20 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
 
     error, stopped = None, False
     try:
-        for response in holder[0]:
+        responses = iter(holder[0])
+        while True:
+            t = time.monotonic()
+            response = next(responses, None)
+            waited += time.monotonic() - t
+            if response is None:
+                break
             if error is not None or stopped:
                 continue  # drain to the FINAL
             if response.has_error():
                 error = StageError(model, response.error())
                 continue
             out = response_outputs(response)
+            received += _payload(out.items())
             if out:  # an empty FINAL response carries no outputs
                 yield out
             if should_cancel():
@@ -201,9 +246,10 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
             pass
         raise
     finally:
-        response = None
+        response = responses = None
         if flags is not None and request_id is not None:
             flags.discard(request_id)
         release_iterator(holder, parent)
+        _account(model, sent, received, waited)
     if error is not None:
         raise error

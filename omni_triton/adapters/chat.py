@@ -138,6 +138,7 @@ class LlmStage(DecoupledStage):
         # and closures keep this object alive until then), they segfault the 2.51 stub
         # (Metric::Clear after its shared memory is gone).
         self.metrics = None
+        self.telemetry.close()
         gc.collect()
 
 

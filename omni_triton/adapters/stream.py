@@ -17,7 +17,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping
 
+from omni_triton.adapters import bls
 from omni_triton.adapters.bls import bls_threads_unchecked
+from omni_triton.adapters.telemetry import RequestTelemetry, Telemetry
 from omni_triton.adapters.triton_io import (
     StageMetrics,
     error_response,
@@ -65,6 +67,7 @@ class ResponseStream:
         self.cancel_seen = False
         self._on_cancel = on_cancel
         self._lock = threading.Lock()
+        self.telemetry: RequestTelemetry | None = None  # set by the stage base
 
     def cancelled(self) -> bool:
         """Whether the client (or the BLS caller, through the REQUEST_ID flag) cancelled."""
@@ -104,8 +107,12 @@ class ResponseStream:
         return True
 
     def send(self, outputs: Mapping[str, Any], final: bool = False) -> bool:
-        """Send one response holding ``outputs`` (``{name: array or str}``); False if dropped."""
-        return self._send(_pb().InferenceResponse(output_tensors=tensors(outputs)), final)
+        """Send one response holding ``outputs`` (``{name: array or str}``); False if dropped.
+        Audio in it (AUDIO + SAMPLE_RATE) is timed for the omni_audio_* metrics."""
+        sent = self._send(_pb().InferenceResponse(output_tensors=tensors(outputs)), final)
+        if sent and self.telemetry is not None:
+            self.telemetry.on_outputs(outputs)
+        return sent
 
     def close(self) -> bool:
         """Send the FINAL flag alone (nothing if already sent)."""
@@ -164,6 +171,8 @@ class DecoupledStage:
         if self.per_instance_metrics:
             labels["instance"] = args["model_instance_name"]
         self.metrics = StageMetrics(labels, **self.metric_specs)
+        self.telemetry = Telemetry(self.model_name, args.get("model_instance_name", self.model_name))
+        bls.report_to(self.telemetry)
         self.flags = None
         if self.cancel_flags:
             from omni_triton.runtime.cancel_flags import CancelFlags
@@ -193,19 +202,24 @@ class DecoupledStage:
                 request_id = None
             stream = ResponseStream(request, self.stage, self.flags, request_id,
                                     on_cancel=lambda: self.metrics.count("cancelled"))
+            stream.telemetry = RequestTelemetry(self.telemetry)
             try:
                 job = self.parse(request)
             except (self.input_error, InputError, UnicodeDecodeError) as exc:
                 self.metrics.count("invalid")
                 stream.invalid(str(exc))
                 self._discard_flag(stream)
+                stream.telemetry.finish("invalid")
                 continue
             except Exception as exc:  # a stage reports failures as error responses, never raises
                 stream.fail(exc)
                 self._discard_flag(stream)
+                stream.telemetry.finish("error")
                 continue
             self.metrics.count("requests")
             self.metrics.add("active", 1)
+            queued = self.pool is not None and type(self).dispatch is DecoupledStage.dispatch
+            self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
             self.dispatch(job, stream)
         return None
 
@@ -214,7 +228,12 @@ class DecoupledStage:
         if self.pool is None:
             self.run(job, stream)
         else:
-            self.pool.submit(self.run, job, stream)
+            self.pool.submit(self._run_queued, job, stream)
+
+    def _run_queued(self, job, stream: ResponseStream) -> None:
+        self.telemetry.add("omni_stage_requests_waiting", -1)
+        self.telemetry.add("omni_stage_requests_running", 1)
+        self.run(job, stream)
 
     def run(self, job, stream: ResponseStream) -> None:
         """Drive ``generate`` to the end: send each output, then FINAL; errors as responses."""
@@ -229,19 +248,28 @@ class DecoupledStage:
     def finish(self, job, stream: ResponseStream, error: BaseException | None = None) -> None:
         """End a job: the error response or FINAL (exactly once), the active gauge, the cancel
         flag lowered."""
+        reason = "abort" if stream.cancel_seen else "stop"
         try:
             if error is None:
                 stream.close()
             elif isinstance(error, (self.input_error, InputError)) or getattr(error, "invalid", False):
                 self.metrics.count("invalid")
+                reason = "invalid"
                 stream.invalid(str(error))
             else:
+                reason = "error"
                 stream.fail(error)
         except Exception:  # the client is gone: nothing left to tell it
             logging.getLogger(self.stage).exception("%s could not end its response stream", self.stage)
         finally:
             self.metrics.add("active", -1)
             self._discard_flag(stream)
+            try:
+                self.telemetry.add("omni_stage_requests_running", -1)
+                if stream.telemetry is not None:
+                    stream.telemetry.finish(reason)
+            except Exception:  # noqa: BLE001 - metrics never fail a request
+                logging.getLogger(self.stage).exception("%s metrics", self.stage)
 
     def _discard_flag(self, stream: ResponseStream) -> None:
         if self.flags is not None:
@@ -251,3 +279,5 @@ class DecoupledStage:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
         self.metrics = None  # metric families go before the stub's shared memory does
+        bls.report_to(None)
+        self.telemetry.close()

@@ -92,6 +92,11 @@ class LockedMetric:
         with triton_lock("metrics"):
             self._metric.set(value)
 
+    def observe(self, value) -> None:
+        """One observation of a histogram metric."""
+        with triton_lock("metrics"):
+            self._metric.observe(value)
+
     def value(self):
         with triton_lock("metrics"):
             return self._metric.value()

@@ -286,6 +286,15 @@ async def create_completion(body: CompletionRequest, request):
 
 
 # --------------------------------------------------------------------------- execution
+def _observe_tpot(metrics, plan: _Plan, states, seen: dict) -> None:
+    """TPOT of a single-choice request: (last text - first text) / (completion tokens - 1)."""
+    if len(plan.requests) != 1 or "first_at" not in seen:
+        return
+    tokens = states[0].completion_tokens
+    if tokens > 1:
+        metrics.tpot.labels(plan.target.name).observe((seen["last_at"] - seen["first_at"]) / (tokens - 1))
+
+
 async def _run(plan: _Plan, request):
     """Admit the plan's Triton requests (one unit each), run them concurrently and answer."""
     state = request.app.state
@@ -296,13 +305,21 @@ async def _run(plan: _Plan, request):
     def record(outcome: str) -> None:
         metrics.generation_requests.labels(plan.target.name, plan.endpoint, plan.mode, outcome).inc()
         metrics.completion_tokens.labels(plan.target.name).inc(sum(s.completion_tokens for s in states))
+        _observe_tpot(metrics, plan, states, seen)
 
     async with AdmittedRequest(state, record, cost=len(plan.requests)) as req:
 
         def observe(chunk) -> None:
-            if chunk is not None and chunk.text and not seen["first_text"]:
+            if chunk is None or not chunk.text:
+                return
+            now = req.elapsed()
+            if not seen["first_text"]:
                 seen["first_text"] = True
-                metrics.ttft.labels(plan.target.name).observe(req.elapsed())
+                seen["first_at"] = now
+                metrics.ttft.labels(plan.target.name).observe(now)
+            elif len(plan.requests) == 1:  # ITL between one choice's chunks
+                metrics.itl.labels(plan.target.name).observe(now - seen["last_at"])
+            seen["last_at"] = now
 
         if not plan.stream:
             async def attempt():

@@ -112,8 +112,13 @@ def get_output_tensor_by_name(response, name):
 
 
 class _Metric:
-    def __init__(self):
+    def __init__(self, labels=None, buckets=None):
         self.total = 0.0
+        self.labels, self.buckets, self.observed = dict(labels or {}), buckets, []
+
+    def observe(self, value):
+        record("metric")
+        self.observed.append(value)
 
     def increment(self, value):
         record("metric")
@@ -128,16 +133,26 @@ class _Metric:
 
 
 class MetricFamily:
-    COUNTER, GAUGE = "counter", "gauge"
-    created: dict[str, _Metric] = {}
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    created: dict[str, _Metric] = {}  # name -> the last metric created in that family
+    every: list[tuple[str, str, _Metric]] = []  # (name, kind, metric) of every metric created
 
     def __init__(self, name, description, kind):
-        self.name = name
+        self.name, self.kind = name, kind
 
-    def Metric(self, labels=None):
-        metric = _Metric()
+    def Metric(self, labels=None, buckets=None):
+        record("metric")
+        if (buckets is not None) != (self.kind == MetricFamily.HISTOGRAM):
+            raise ValueError("buckets are required for histograms and only for them")
+        metric = _Metric(labels, buckets)
         MetricFamily.created[self.name] = metric
+        MetricFamily.every.append((self.name, self.kind, metric))
         return metric
+
+    @classmethod
+    def find(cls, name, **labels) -> list[_Metric]:
+        """The metrics of family ``name`` whose labels include ``labels``."""
+        return [m for n, _, m in cls.every if n == name and all(m.labels.get(k) == v for k, v in labels.items())]
 
 
 class Logger:

@@ -648,3 +648,15 @@ async def test_metrics_count_chat_requests(engine):
     assert 'omni_frontend_generation_requests_total{endpoint="chat",mode="stream",model="llm",outcome="ok"} 1.0' in text
     assert 'omni_frontend_generation_requests_total{endpoint="completions",mode="whole",model="llm",outcome="ok"} 1.0' in text
     assert 'omni_frontend_completion_tokens_total{model="llm"} 14.0' in text
+
+
+async def test_metrics_itl_and_tpot_per_single_choice_request(engine):
+    """ITL: one observation per text chunk after the first; TPOT: one per request with >= 2
+    tokens; none for n > 1 (chunks of several choices interleave)."""
+    n = len(engine.answer)
+    async with client(engine) as c:
+        await c.post("/v1/chat/completions", json={"model": "llm", "messages": USER, "stream": True})
+        await c.post("/v1/chat/completions", json={"model": "llm", "messages": USER, "n": 2})
+        text = (await c.get("/metrics")).text
+    assert f'omni_frontend_inter_token_latency_seconds_count{{model="llm"}} {float(n - 1)}' in text
+    assert 'omni_frontend_time_per_output_token_seconds_count{model="llm"} 1.0' in text
