@@ -49,7 +49,8 @@ from omni_triton.paths import model_repositories
 REQUEST_TIMEOUT_S = 30.0
 
 #: Log lines of a stub process that died (heap corruption aborts, the server noticing the death).
-STUB_DEATH_MARKS = ("malloc", "double free", "corrupted", "Stub process", "unhealthy", "Segmentation fault")
+STUB_DEATH_MARKS = ("malloc(): ", "free(): ", "double free", "corrupted ", "Stub process", "unhealthy",
+                    "Segmentation fault")
 
 #: The diagnostic models' repository (probe_bls, probe_source).
 PROBE_REPOSITORY = Path(__file__).resolve().parent / "probe_repository"
