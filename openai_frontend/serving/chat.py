@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from omni_triton.contracts.chat import MODALITIES
@@ -76,7 +75,7 @@ from ..schemas import (
     ImageGenerationRequest,
 )
 from . import images
-from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect
+from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response
 
 logger = logging.getLogger(__name__)
 
@@ -341,7 +340,7 @@ async def _run(plan: _Plan, request):
         body = req.hand_over(_events(plan, states, buffered, merged, observe, req))
         # The background task runs after the response ends, also after a client disconnect: the
         # Triton streams are cancelled even if the body iterator was parked at a ``yield``.
-        return EventSourceResponse(body, background=BackgroundTask(_close_all, body, req))
+        return sse_response(body, background=BackgroundTask(_close_all, body, req))
 
 
 def _deterministic(request) -> bool:
@@ -356,13 +355,13 @@ async def _close_all(body, req: AdmittedRequest) -> None:
 
 
 async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, observe,
-                  req: AdmittedRequest) -> AsyncIterator[ServerSentEvent]:
+                  req: AdmittedRequest) -> AsyncIterator[dict]:
     """The SSE events of a streamed answer: the buffered first responses, then the rest as they
     arrive; a failure after the status line is a ``data: {"error": ...}`` event."""
     framer = _StreamFramer(plan, states)
     try:
         for line in framer.opening():
-            yield ServerSentEvent(data=line)
+            yield dict(data=line)
         try:
             async def items():
                 for item in buffered:
@@ -373,16 +372,16 @@ async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, obse
             async for i, chunk in items():
                 observe(chunk)
                 for line in framer.on_item(i, chunk):
-                    yield ServerSentEvent(data=line)
+                    yield dict(data=line)
         except EngineError as exc:
             logger.warning("%s stream failed: %s", plan.endpoint, exc.message)
             req.outcome = "error"
-            yield ServerSentEvent(data=ErrorResponse(error=engine_error_detail(exc)).model_dump_json())
-            yield ServerSentEvent(data="[DONE]")
+            yield dict(data=ErrorResponse(error=engine_error_detail(exc)).model_dump_json())
+            yield dict(data="[DONE]")
             return
         for line in framer.closing():
-            yield ServerSentEvent(data=line)
-        yield ServerSentEvent(data="[DONE]")
+            yield dict(data=line)
+        yield dict(data="[DONE]")
     finally:
         await merged.aclose()
 

@@ -9,11 +9,29 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+from sse_starlette import EventSourceResponse
+
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
 from ..errors import OpenAIError, bad_request
 
 logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- SSE
+#: Line separator of every server-sent event: ``\n`` (events end in ``\n\n``), as OpenAI's API
+#: and vLLM(-Omni)'s servers send it. sse-starlette's default is ``\r\n``, which the SSE spec
+#: allows but vLLM's benchmark parser (it splits on ``\n\n``) does not.
+SSE_SEPARATOR = "\n"
+
+
+def sse_response(body, **kwargs) -> EventSourceResponse:
+    """An ``EventSourceResponse`` over ``body`` whose events are framed with
+    :data:`SSE_SEPARATOR`; ``kwargs`` go to ``EventSourceResponse`` (``headers``, ``background``).
+
+    ``body`` yields event dicts (``{"data": ..., "event": ...}``): sse-starlette frames those
+    with the response's ``sep`` (a ``ServerSentEvent`` object would keep its own default)."""
+    return EventSourceResponse(body, sep=SSE_SEPARATOR, **kwargs)
 
 
 # --------------------------------------------------------------------------- model resolution

@@ -24,7 +24,6 @@ import logging
 
 import numpy as np
 from fastapi.responses import Response, StreamingResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from omni_triton.media.audio import (
@@ -48,7 +47,7 @@ from ..schemas import (
     SpeechUsage,
     VoiceList,
 )
-from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect
+from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +234,7 @@ async def create_speech(body: SpeechRequest, request):
                 audio_seconds=round(counted["samples"] / rate, 6), sample_rate=rate))
 
         body_iter = req.hand_over(_sse_events(pcm_stream(), done, req))
-        return EventSourceResponse(body_iter, headers={"X-Sample-Rate": str(rate)},
+        return sse_response(body_iter, headers={"X-Sample-Rate": str(rate)},
                                    background=BackgroundTask(_close_all, body_iter, req))
 
 
@@ -269,17 +268,17 @@ async def _sse_events(stream, done, req: AdmittedRequest):
     try:
         async for data in stream:
             delta = SpeechAudioDelta(audio=base64.b64encode(data).decode("ascii"))
-            yield ServerSentEvent(data=delta.model_dump_json(), event=delta.type)
+            yield dict(data=delta.model_dump_json(), event=delta.type)
     except EngineError as exc:
         logger.warning("speech SSE stream failed: %s", exc.message)
         req.outcome = "error"
         err = SpeechAudioError(error=engine_error_detail(exc))
-        yield ServerSentEvent(data=err.model_dump_json(), event=err.type)
+        yield dict(data=err.model_dump_json(), event=err.type)
         return
     finally:
         await stream.aclose()
     final = done()
-    yield ServerSentEvent(data=final.model_dump_json(), event=final.type)
+    yield dict(data=final.model_dump_json(), event=final.type)
 
 
 async def list_voices(engine, model: str | None) -> VoiceList:
