@@ -73,9 +73,10 @@ from ..schemas import (
     ErrorDetail,
     ErrorResponse,
     ImageGenerationRequest,
+    Usage,
 )
 from . import images
-from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response
+from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class _Plan:
     prompt_of_choice: list[int] | None = None  # completions: prompt index of each choice
     wants_text: bool = True
     audio_format: str | None = None  # chat audio.format when audio is asked for
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage)
     response_id: str = ""
     created: int = field(default_factory=now)
 
@@ -160,6 +162,7 @@ def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, st
 async def create_chat_completion(body: ChatCompletionRequest, request):
     """Serve ``POST /v1/chat/completions`` (``request``: the Starlette request). Returns the
     completion (a dict), an SSE response, or an image chat's ``JSONResponse``."""
+    check_fields(body, request)
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
     if info.is_image and not info.is_image_edit:
@@ -201,7 +204,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
         for i in range(body.n)
     ]
     plan = _Plan("chat", body.model, target, requests, body.stream, body.include_usage,
-                 wants_text=body.wants_text, audio_format=fmt, response_id=response_id)
+                 wants_text=body.wants_text, audio_format=fmt, response_id=response_id,
+                 continuous_usage=body.continuous_usage)
     return await _run(plan, request)
 
 
@@ -256,6 +260,7 @@ async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> 
 async def create_completion(body: CompletionRequest, request):
     """Serve ``POST /v1/completions``: each prompt gets ``n`` choices (indexed
     ``prompt_index * n + i``). Returns the completion (a dict) or an SSE response."""
+    check_fields(body, request)
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
     if not info.is_completion:
@@ -280,7 +285,8 @@ async def create_completion(body: CompletionRequest, request):
                 request_id=f"{response_id}-{choice}"))
             groups.append(p_index)
     plan = _Plan("completions", body.model, info, requests, body.stream, body.include_usage,
-                 prompt_of_choice=groups, response_id=response_id)
+                 prompt_of_choice=groups, response_id=response_id,
+                 continuous_usage=body.continuous_usage)
     return await _run(plan, request)
 
 
@@ -436,16 +442,29 @@ class _StreamFramer:
         self.encoders = [AudioStreamEncoder(plan.audio_format) if plan.audio_format else None
                          for _ in states]
 
-    def _chat(self, index: int, delta: ChoiceDelta, finish_reason: str | None = None) -> str:
+    def _usage(self, index: int) -> Usage | None:
+        """vLLM's continuous usage stats: choice ``index``'s counts so far (the prompt's tokens
+        as the stage reported them, 0 before its first response)."""
+        if not self.plan.continuous_usage:
+            return None
+        state = self.states[index]
+        prompt = state.prompt_tokens or 0
+        return Usage(prompt_tokens=prompt, completion_tokens=state.completion_tokens,
+                     total_tokens=prompt + state.completion_tokens)
+
+    def _chat(self, index: int, delta: ChoiceDelta, finish_reason: str | None = None,
+              modality: str = "text") -> str:
         chunk = ChatCompletionChunk(
             id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
-            choices=[ChatCompletionChunkChoice(index=index, delta=delta, finish_reason=finish_reason)])
+            choices=[ChatCompletionChunkChoice(index=index, delta=delta, finish_reason=finish_reason)],
+            usage=self._usage(index), modality=modality)
         return chunk_json(chunk)
 
     def _completion(self, index: int, text: str, finish_reason: str | None = None) -> str:
         chunk = Completion(
             id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
-            choices=[CompletionChoice(index=index, text=text, finish_reason=finish_reason)])
+            choices=[CompletionChoice(index=index, text=text, finish_reason=finish_reason)],
+            usage=self._usage(index))
         return chunk_json(chunk)
 
     def opening(self) -> list[str]:
@@ -455,7 +474,8 @@ class _StreamFramer:
         for i in range(len(self.states)):
             audio = ChoiceDeltaAudio(id=self.audio_ids[i]) if self.plan.audio_format else None
             out.append(self._chat(i, ChoiceDelta(role="assistant", content="" if self.plan.wants_text else None,
-                                                 audio=audio)))
+                                                 audio=audio),
+                                  modality="text" if self.plan.wants_text else "audio"))
         return out
 
     def on_item(self, i: int, chunk) -> list[str]:
@@ -467,19 +487,21 @@ class _StreamFramer:
             if self.plan.audio_format:
                 audio = ChoiceDeltaAudio(id=self.audio_ids[i], expires_at=self.plan.created,
                                          transcript=state.full_text)
-            return [self._chat(i, ChoiceDelta(audio=audio), state.finish_reason or "stop")]
+            return [self._chat(i, ChoiceDelta(audio=audio), state.finish_reason or "stop",
+                               modality="audio" if audio is not None else "text")]
         state.add(chunk)
         if self.plan.endpoint == "completions":
             return [self._completion(i, chunk.text)] if chunk.text else []
-        content = chunk.text if (chunk.text and self.plan.wants_text) else None
-        audio = None
+        out = []
+        if chunk.text and self.plan.wants_text:
+            out.append(self._chat(i, ChoiceDelta(content=chunk.text)))
         encoder = self.encoders[i]
         if encoder is not None and chunk.audio is not None and chunk.audio.size:
+            # one chunk per modality (vLLM-Omni routes chunks by their ``modality``)
             rate = chunk.sample_rate or self.plan.target.sample_rate or 24000
             audio = ChoiceDeltaAudio(id=self.audio_ids[i], data=encoder.encode(chunk.audio, rate))
-        if content is None and audio is None:
-            return []
-        return [self._chat(i, ChoiceDelta(content=content, audio=audio))]
+            out.append(self._chat(i, ChoiceDelta(audio=audio), modality="audio"))
+        return out
 
     def closing(self) -> list[str]:
         if not self.plan.include_usage:

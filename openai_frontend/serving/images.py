@@ -32,7 +32,7 @@ from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
 from ..errors import OpenAIError, bad_request
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
-from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model, retry_after_stage_restart
+from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model, retry_after_stage_restart, check_fields
 
 from omni_triton.contracts.image import MIN_INFERENCE_STEPS  # noqa: E402 - the stages' floor
 
@@ -186,6 +186,7 @@ async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
 
 async def create_image(body: ImageGenerationRequest, request) -> JSONResponse:
     """``POST /v1/images/generations``."""
+    check_fields(body, request)
     info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_IMAGE)
     job, fmt = plan(body, info)
     return await _respond(request, info, job, fmt, body.output_compression, "generations")
@@ -238,6 +239,7 @@ async def edit_image(request) -> JSONResponse:
             body = ImageEditForm.model_validate(fields)
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
+        check_fields(body, request)
         if not images:
             raise bad_request("Missing required parameter: 'image'", param="image", code="invalid_value")
         info = await resolve_model(request.app.state.engine, body.model, IMAGE_EDIT)

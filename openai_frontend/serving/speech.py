@@ -47,7 +47,7 @@ from ..schemas import (
     SpeechUsage,
     VoiceList,
 )
-from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response
+from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ async def create_speech(body: SpeechRequest, request):
     Returns a ``Response`` (whole clip), ``StreamingResponse`` (raw stream) or
     ``EventSourceResponse`` (SSE). Raises ``OpenAIError`` / ``EngineError`` before any byte is sent.
     """
+    check_fields(body, request)
     state = request.app.state
     engine, metrics = state.engine, state.metrics
     info = await resolve_model(engine, body.model, SPEECH)
