@@ -364,8 +364,10 @@ class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions`` body (OpenAI fields the served models can honour).
 
     ``max_completion_tokens`` (OpenAI's current name) wins over the deprecated ``max_tokens``.
-    ``modalities``: output modalities, ``["text"]`` (default), ``["text", "audio"]`` or
-    ``["audio"]`` (audio plus its transcript, no ``content``). ``audio``: output format and
+    ``modalities``: output modalities, ``["text"]``, ``["text", "audio"]`` or ``["audio"]``
+    (audio plus its transcript, no ``content``); omitted: all of the model's output modalities
+    (vLLM-Omni's default: ``omni`` and ``llm_tts`` speak, ``llm`` writes;
+    ``serving.chat.output_modalities``). ``audio``: output format and
     voice when audio is asked for (default ``wav`` and the model's default voice).
     """
 

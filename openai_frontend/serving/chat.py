@@ -183,8 +183,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
         if m.content is None:
             raise bad_request(f"messages[{i}].content is required", param=f"messages.{i}.content",
                               code="invalid_value")
+    wanted = output_modalities(body, info)
+    wants_audio = "audio" in wanted
     target, fmt, voice = info, None, None
-    if body.wants_audio:
+    if wants_audio:
         target = await speaking_model(engine, info)
         fmt, voice = _plan_audio(body, target)
     elif body.audio is not None:
@@ -197,16 +199,25 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     modalities = None
     if MODALITIES in target.inputs:  # speech models: say whether audio is wanted
-        modalities = ("text", "audio") if body.wants_audio else ("text",)
+        modalities = ("text", "audio") if wants_audio else ("text",)
     requests = [
         GenerationRequest(messages=messages, sampling=sampling_parameters(body, limit, i),
                           modalities=modalities, voice=voice, request_id=f"{response_id}-{i}")
         for i in range(body.n)
     ]
     plan = _Plan("chat", body.model, target, requests, body.stream, body.include_usage,
-                 wants_text=body.wants_text, audio_format=fmt, response_id=response_id,
+                 wants_text="text" in wanted, audio_format=fmt, response_id=response_id,
                  continuous_usage=body.continuous_usage)
     return await _run(plan, request)
+
+
+def output_modalities(body: ChatCompletionRequest, info: ModelInfo) -> tuple[str, ...]:
+    """The output modalities of a chat request: ``modalities`` when given (OpenAI), else every
+    output modality of the model (vLLM-Omni's default: an omni or spoken model speaks; a text
+    model writes; an image model draws). A text model with a speech twin (``llm``) stays text."""
+    if body.modalities:
+        return tuple(body.modalities)
+    return info.output_modalities or ("text",)
 
 
 #: ``ChatCompletionRequest`` fields that only a diffusion model takes.

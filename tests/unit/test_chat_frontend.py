@@ -377,10 +377,24 @@ async def test_chat_audio_only_modality_and_default_voice(engine):
 
 
 async def test_chat_text_to_speech_model_sends_text_modality(engine):
-    r = await chat(engine, {"model": "llm_tts", "messages": USER})
+    r = await chat(engine, {"model": "llm_tts", "messages": USER, "modalities": ["text"]})
     assert r.status_code == 200
     assert engine.requests[0][1].modalities == ("text",)
     assert r.json()["choices"][0]["message"].get("audio") is None
+
+
+async def test_chat_default_modalities_are_the_models(engine):
+    """``modalities`` omitted: all the model's output modalities (vLLM-Omni): a spoken model
+    speaks (wav, its default voice), a text model writes."""
+    r = await chat(engine, {"model": "llm_tts", "messages": USER})
+    assert r.status_code == 200, r.text
+    assert engine.requests[0][1].modalities == ("text", "audio") and engine.requests[0][1].voice == "joe"
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] == "".join(ANSWER)
+    y, sr = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])), dtype="int16")
+    assert sr == SR and y.tobytes() == float_to_pcm16(engine.expected_audio())
+    r = await chat(engine, {"model": "llm", "messages": USER})
+    assert r.json()["choices"][0]["message"]["audio"] is None and engine.requests[1][0] == "llm"
 
 
 @pytest.mark.parametrize("fmt", ["pcm16", "flac"])
