@@ -321,7 +321,7 @@ def semantic_cases(endpoint: str, models: Models = Models()) -> list[Case]:
             j("image size ①⑥x16", model=models.image, size="①⑥x16"),
             j("image true_cfg_scale 1e308", model=models.image, true_cfg_scale=1e308),
             j("image true_cfg_scale Infinity", model=models.image, true_cfg_scale=float("inf")),
-            j("image stream", model=models.image, stream=True),
+            j("image stream with audio", model=models.image, stream=True, modalities=["text", "audio"]),
             j("image with only a system message", model=models.image,
               messages=[{"role": "system", "content": "x"}]),
             j("chat on the edit model", model=models.image_edit),

@@ -76,6 +76,7 @@ from ..schemas import (
     Usage,
 )
 from . import images
+from .stage_metrics import StageClock
 from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class _Plan:
     wants_text: bool = True
     audio_format: str | None = None  # chat audio.format when audio is asked for
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage)
+    stage_metrics: bool = False  # return_stage_metrics: add vLLM-Omni's ``metrics``
     response_id: str = ""
     created: int = field(default_factory=now)
 
@@ -207,7 +209,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     ]
     plan = _Plan("chat", body.model, target, requests, body.stream, body.include_usage,
                  wants_text="text" in wanted, audio_format=fmt, response_id=response_id,
-                 continuous_usage=body.continuous_usage)
+                 continuous_usage=body.continuous_usage, stage_metrics=body.return_stage_metrics)
     return await _run(plan, request)
 
 
@@ -233,11 +235,14 @@ async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> 
     Image options are the images API's (``size``, ``negative_prompt``, ``num_inference_steps``,
     ``guidance_scale``, ``true_cfg_scale``, ``output_format``, ``seed``) and are validated the same
     way; ``usage`` carries ``num_inference_steps`` and ``denoise_seconds`` (also as the
-    ``X-Denoise-Steps`` / ``X-Denoise-Seconds`` headers). Streaming and audio are 400s.
+    ``X-Denoise-Steps`` / ``X-Denoise-Seconds`` headers); ``return_stage_metrics`` adds
+    ``metrics``. Audio is a 400.
+
+    ``stream``: as vLLM-Omni streams it, one chunk with ``modality: "image"`` whose
+    ``delta.content`` holds the image parts (and ``finish_reason`` ``stop``, ``metrics`` when
+    asked for), the usage chunk if ``stream_options.include_usage``, then ``[DONE]``. The images
+    are made before the status line, so every error is still a JSON 4xx/5xx.
     """
-    if body.stream:
-        raise bad_request("Streaming is not supported for image generation models", param="stream",
-                          code="unsupported_value")
     if body.wants_audio:
         raise bad_request(f"The model '{body.model}' cannot produce audio", param="modalities",
                           code="unsupported_modality")
@@ -253,17 +258,34 @@ async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> 
         guidance_scale=body.guidance_scale, true_cfg_scale=body.true_cfg_scale,
         output_format=body.output_format)
     job, fmt = images.plan(image_body, info)
-    result = await images.generate(request, info, job, fmt, None, "chat")
+    result = await images.generate(request, info, job, fmt, None, "chat", body.return_stage_metrics)
     parts = [{"type": "image_url",
               "image_url": {"url": f"data:{e.mime_type};base64,{base64.b64encode(e.data).decode('ascii')}"}}
              for e in result.encoded]
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt),
+             "num_inference_steps": result.steps, "denoise_seconds": result.seconds}
+    extra = {"metrics": result.metrics} if result.metrics is not None else {}
+    if body.stream:
+        chunk = {**head, "object": "chat.completion.chunk", "modality": "image", **extra,
+                 "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                              "delta": {"role": "assistant", "content": parts}}]}
+        events = [json.dumps(chunk, separators=(",", ":"))]
+        if body.include_usage:
+            events.append(json.dumps({**head, "object": "chat.completion.chunk", "modality": "image",
+                                      "choices": [], "usage": usage}, separators=(",", ":")))
+        events.append("[DONE]")
+
+        async def stream():
+            for data in events:
+                yield {"data": data}
+
+        return sse_response(stream(), headers=images.denoise_headers(result))
     response = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": body.model,
+        **head, "object": "chat.completion", **extra,
         "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                      "message": {"role": "assistant", "content": parts}}],
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt),
-                  "num_inference_steps": result.steps, "denoise_seconds": result.seconds},
+        "usage": usage,
     }
     return JSONResponse(response, headers=images.denoise_headers(result))
 
@@ -314,6 +336,7 @@ async def _run(plan: _Plan, request):
         metrics.completion_tokens.labels(plan.target.name).inc(sum(s.completion_tokens for s in states))
 
     async with AdmittedRequest(state, record, cost=len(plan.requests)) as req:
+        clock = await StageClock.start(engine, plan.target, enabled=plan.stage_metrics)
 
         def observe(chunk) -> None:
             if chunk is not None and chunk.text and not seen["first_text"]:
@@ -338,7 +361,11 @@ async def _run(plan: _Plan, request):
                 # nobody reads this; 499 is nginx's "client closed request", for the access log
                 return error_json(499, ErrorDetail(message="Client disconnected", type="invalid_request_error",
                                                    code="client_disconnected"))
-            return await asyncio.to_thread(_whole_response, plan, states)
+            response = await asyncio.to_thread(_whole_response, plan, states)
+            metrics_object = await clock.metrics(_chat_summary(plan, states))
+            if metrics_object is not None:
+                response["metrics"] = metrics_object
+            return response
 
         # ---- stream: wait for every choice's first response so early errors keep their status
         merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
@@ -354,7 +381,7 @@ async def _run(plan: _Plan, request):
         except BaseException:
             await merged.aclose()
             raise
-        body = req.hand_over(_events(plan, states, buffered, merged, observe, req))
+        body = req.hand_over(_events(plan, states, buffered, merged, observe, req, clock))
         # The background task runs after the response ends, also after a client disconnect: the
         # Triton streams are cancelled even if the body iterator was parked at a ``yield``.
         return sse_response(body, background=BackgroundTask(_close_all, body, req))
@@ -371,10 +398,20 @@ async def _close_all(body, req: AdmittedRequest) -> None:
     await req.close()
 
 
+def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict:
+    """The ``pipeline`` entry of a chat request's ``stage_metrics`` (vLLM-Omni's names): what it
+    produced, from the stage's own token counts."""
+    usage = usage_of(states, plan.prompt_of_choice)
+    return {"final_output_type": "audio" if plan.audio_format else "text", "output_unit_type": "token",
+            "num_tokens_in": usage.prompt_tokens, "num_tokens_out": usage.completion_tokens}
+
+
 async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, observe,
-                  req: AdmittedRequest) -> AsyncIterator[dict]:
+                  req: AdmittedRequest, clock: StageClock) -> AsyncIterator[dict]:
     """The SSE events of a streamed answer: the buffered first responses, then the rest as they
-    arrive; a failure after the status line is a ``data: {"error": ...}`` event."""
+    arrive; a failure after the status line is a ``data: {"error": ...}`` event. With
+    ``return_stage_metrics``, a chunk without choices carrying ``metrics`` precedes the usage
+    chunk."""
     framer = _StreamFramer(plan, states)
     try:
         for line in framer.opening():
@@ -396,6 +433,9 @@ async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, obse
             yield dict(data=ErrorResponse(error=engine_error_detail(exc)).model_dump_json())
             yield dict(data="[DONE]")
             return
+        metrics_object = await clock.metrics(_chat_summary(plan, states))
+        if metrics_object is not None:
+            yield dict(data=framer.metrics_chunk(metrics_object))
         for line in framer.closing():
             yield dict(data=line)
         yield dict(data="[DONE]")
@@ -513,6 +553,15 @@ class _StreamFramer:
             audio = ChoiceDeltaAudio(id=self.audio_ids[i], data=encoder.encode(chunk.audio, rate))
             out.append(self._chat(i, ChoiceDelta(audio=audio), modality="audio"))
         return out
+
+    def metrics_chunk(self, metrics: dict) -> str:
+        """A chunk without choices carrying vLLM-Omni's ``metrics`` object."""
+        cls = ChatCompletionChunk if self.plan.endpoint == "chat" else Completion
+        chunk = cls(id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
+                    choices=[])
+        data = chunk.model_dump(exclude_none=True)
+        data["metrics"] = metrics
+        return json.dumps(data, separators=(",", ":"))
 
     def closing(self) -> list[str]:
         if not self.plan.include_usage:

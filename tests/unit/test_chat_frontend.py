@@ -69,6 +69,10 @@ class ChatFakeEngine:
         self.fail_at: int | None = None
         self.block_at: int | None = None
         self.reached_block = asyncio.Event()
+        self.stats: dict = {}
+
+    async def stage_statistics(self, models):
+        return {m: self.stats[m] for m in models if m in self.stats}
 
     async def is_live(self):
         return True
@@ -119,6 +123,10 @@ class ChatFakeEngine:
                                           completion_tokens=i + 1)
             done = True
             self.completed += 1
+            from test_images_frontend import count_stage  # noqa: PLC0415 - shared fake statistics
+
+            for name in self.models[model].stage_models:  # every stage: 3 ms queued, 20 ms computing
+                count_stage(self.stats, name, 1, 3.0, 20.0)
         finally:
             if not done:
                 self.cancelled += 1

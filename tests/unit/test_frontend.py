@@ -114,6 +114,9 @@ class FakeEngine:
     async def generate_images(self, model, job):
         raise InferenceError(f"{model}: this fake serves no image models")
 
+    async def stage_statistics(self, models):
+        return {}
+
     async def generate(self, model, request):
         """Speech-only fake; the chat fake is in test_chat_frontend.py."""
         raise InferenceError(f"{model}: this fake serves no chat model")

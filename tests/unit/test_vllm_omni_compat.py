@@ -226,3 +226,84 @@ async def test_streamed_pcm16_audio_stays_raw(engine):
              if c["modality"] == "audio" and "data" in c["choices"][0]["delta"].get("audio", {})]
     assert audio and not any(a.startswith(b"RIFF") for a in audio)
     assert sum(len(a) for a in audio) == 2 * len(engine.expected_audio())
+
+
+# ------------------------------------------------------------------ 6. image chat streams
+async def test_streaming_chat_on_image_model(engine):
+    r = await post(engine, "/v1/chat/completions", {
+        "model": "qwen_image", "messages": [{"role": "user", "content": "a red fox"}], "stream": True,
+        "n": 2, "size": "64x48", "seed": 7, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    image_chunk, usage_chunk = chunks_of(r)
+    assert image_chunk["modality"] == "image" and image_chunk["object"] == "chat.completion.chunk"
+    choice = image_chunk["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["delta"]["role"] == "assistant"
+    parts = choice["delta"]["content"]
+    assert len(parts) == 2 and all(p["image_url"]["url"].startswith("data:image/png;base64,") for p in parts)
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["num_inference_steps"] >= 2
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(base64.b64decode(parts[0]["image_url"]["url"].split(",", 1)[1])))
+    assert img.size == (64, 48)
+
+
+# ------------------------------------------------------------------ 7. stage metrics
+def assert_stage_entries(stages: dict, names: tuple[str, ...], queue_ms: list, compute_ms: list, requests: int):
+    for i, name in enumerate(names):
+        e = stages[str(i)]
+        assert e["stage"] == name and e["requests"] == requests
+        assert e["queue_time_ms"] == pytest.approx(queue_ms[i]) and e["compute_time_ms"] == pytest.approx(compute_ms[i])
+        assert e["stage_gen_time_ms"] == e["compute_time_ms"]
+
+
+async def test_image_stage_metrics_from_the_stages_statistics(engine):
+    from test_images_frontend import FAKE_STAGE_MS, T2I
+
+    r = await post(engine, "/v1/images/generations", {"model": "qwen_image", "prompt": "a fox", "n": 2,
+                                                      "size": "64x48", "return_stage_metrics": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    stages = body["metrics"]["stage_metrics"]
+    names = T2I.ensemble_steps
+    assert_stage_entries(stages, names, [FAKE_STAGE_MS[n][0] for n in names], [FAKE_STAGE_MS[n][1] for n in names], 2)
+    pipeline = stages["pipeline"]
+    assert pipeline["final_output_type"] == "image" and pipeline["output_unit_count"] == 2
+    assert pipeline["image_pixels"] == 2 * 64 * 48
+    assert pipeline["stage_gen_time_ms"] == pytest.approx(sum(FAKE_STAGE_MS[n][1] for n in names))
+    steps = body["usage"]["num_inference_steps"]
+    assert pipeline["denoise_step_latency_ms"] == pytest.approx(0.5 * 1000 / steps)  # the fake's DENOISE_SECONDS
+    assert body["stage_durations"] == body["metrics"]["stage_durations"] == {
+        f"stage_{i}_gen_ms": FAKE_STAGE_MS[n][1] for i, n in enumerate(names)}
+    # not asked for: no metrics
+    r = await post(engine, "/v1/images/generations", {"model": "qwen_image", "prompt": "a fox"})
+    assert "metrics" not in r.json() and "stage_durations" not in r.json()
+
+
+async def test_image_chat_stage_metrics(engine):
+    for stream in (False, True):
+        r = await post(engine, "/v1/chat/completions", {
+            "model": "qwen_image", "messages": [{"role": "user", "content": "a fox"}], "stream": stream,
+            "return_stage_metrics": True})
+        metrics = chunks_of(r)[0]["metrics"] if stream else r.json()["metrics"]
+        assert metrics["stage_metrics"]["pipeline"]["output_unit_count"] == 1
+        assert metrics["stage_metrics"]["1"]["stage"] == "qwen_image_denoiser"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_chat_stage_metrics(engine, stream):
+    r = await post(engine, "/v1/chat/completions", {
+        "model": "llm", "messages": USER, "stream": stream, "return_stage_metrics": True,
+        "modalities": ["text", "audio"], **({"stream_options": {"include_usage": True}} if stream else {})})
+    assert r.status_code == 200, r.text
+    if stream:
+        chunks = chunks_of(r)
+        metrics_chunk, usage_chunk = chunks[-2], chunks[-1]
+        assert metrics_chunk["choices"] == [] and "usage" in usage_chunk
+        metrics, usage = metrics_chunk["metrics"], usage_chunk["usage"]
+    else:
+        metrics, usage = r.json()["metrics"], r.json()["usage"]
+    stages = metrics["stage_metrics"]
+    # the speech twin llm_tts serves it; its stages are itself (fake: no depends_on)
+    assert_stage_entries(stages, ("llm_tts",), [3.0], [20.0], 1)
+    assert stages["pipeline"] == {"final_output_type": "audio", "output_unit_type": "token",
+                                  "num_tokens_in": usage["prompt_tokens"], "num_tokens_out": usage["completion_tokens"]}
