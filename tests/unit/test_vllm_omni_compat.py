@@ -259,8 +259,10 @@ def assert_stage_entries(stages: dict, names: tuple[str, ...], queue_ms: list, c
 async def test_image_stage_metrics_from_the_stages_statistics(engine):
     from test_images_frontend import FAKE_STAGE_MS, T2I
 
-    r = await post(engine, "/v1/images/generations", {"model": "qwen_image", "prompt": "a fox", "n": 2,
-                                                      "size": "64x48", "return_stage_metrics": True})
+    async with client(engine) as c:
+        await c.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "before", "n": 3})
+        r = await c.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "a fox", "n": 2,
+                                                         "size": "64x48", "return_stage_metrics": True})
     assert r.status_code == 200, r.text
     body = r.json()
     stages = body["metrics"]["stage_metrics"]
@@ -291,6 +293,7 @@ async def test_image_chat_stage_metrics(engine):
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_chat_stage_metrics(engine, stream):
+    await post(engine, "/v1/chat/completions", {"model": "llm_tts", "messages": USER})  # stats before: not 0
     r = await post(engine, "/v1/chat/completions", {
         "model": "llm", "messages": USER, "stream": stream, "return_stage_metrics": True,
         "modalities": ["text", "audio"], **({"stream_options": {"include_usage": True}} if stream else {})})
