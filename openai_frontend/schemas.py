@@ -517,3 +517,37 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+
+
+# --------------------------------------------------------------------------- tokenize
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's ``TokenizeCompletionRequest`` / ``TokenizeChatRequest`` in one):
+    exactly one of ``prompt`` and ``messages``. ``add_special_tokens`` defaults to true for a
+    prompt and false for messages (the chat template holds them), as vLLM's do."""
+
+    model_config = REQUEST_CONFIG
+    model: Text
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None = None
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids of the model's vocabulary."""
+
+    model_config = REQUEST_CONFIG
+    model: Text
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

@@ -59,6 +59,8 @@ class ModelInfo:
     max_model_len: int | None = None
     #: An ensemble's steps, in order (``ensemble_scheduling``); empty for other models.
     ensemble_steps: tuple[str, ...] = ()
+    #: Prepared model folders the model loads (config parameter ``assets``, ``omni_triton.paths.model_dir``).
+    assets: tuple[str, ...] = ()
 
     @property
     def stage_models(self) -> tuple[str, ...]:
@@ -198,6 +200,7 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
         speaks_for=params.get("speaks_for") or None,
         max_model_len=_int("max_model_len"),
         ensemble_steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
+        assets=tuple(a.strip() for a in params.get("assets", "").split(",") if a.strip()),
     )
 
 

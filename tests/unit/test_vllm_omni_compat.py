@@ -310,3 +310,96 @@ async def test_chat_stage_metrics(engine, stream):
     assert_stage_entries(stages, ("llm_tts",), [3.0], [20.0], 1)
     assert stages["pipeline"] == {"final_output_type": "audio", "output_unit_type": "token",
                                   "num_tokens_in": usage["prompt_tokens"], "num_tokens_out": usage["completion_tokens"]}
+
+
+# ------------------------------------------------------------------ 7. /tokenize, /detokenize
+def _with_assets(engine, **assets):
+    import dataclasses
+
+    for name, folder in assets.items():
+        engine.models[name] = dataclasses.replace(engine.models[name], assets=(folder,))
+    return engine
+
+
+@pytest.mark.parametrize("folder", ["smollm2", "qwen3-omni-tiny"])
+async def test_tokenize_matches_the_stages_tokenizer(engine, folder):
+    from omni_triton.paths import model_dir
+
+    path = model_dir(folder)
+    if not (path / "tokenizer.json").exists():
+        pytest.skip(f"{folder} not prepared")
+    from transformers import AutoTokenizer  # the stages' tokenizer (tests may import torch)
+
+    ref = AutoTokenizer.from_pretrained(str(path))
+    import dataclasses
+
+    _with_assets(engine, llm=folder)
+    engine.models["llm_tts"] = dataclasses.replace(engine.models["llm_tts"], depends_on=("llm",))
+    messages = [{"role": "system", "content": "Be brief."}, *USER]
+    async with client(engine) as c:
+        chat_ids = (await c.post("/tokenize", json={"model": "llm", "messages": messages})).json()
+        prompt = await c.post("/tokenize", json={"model": "llm", "prompt": "The capital of France is",
+                                                 "return_token_strs": True})
+        plain = await c.post("/tokenize", json={"model": "llm", "prompt": "The capital of France is",
+                                                "add_special_tokens": False})
+        # llm_tts has no assets: its tokenizer is that of the stage it calls (depends_on)
+        twin = await c.post("/tokenize", json={"model": "llm_tts", "messages": messages})
+    text = ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    expected = ref(text, add_special_tokens=False)["input_ids"]  # what the llm stage counts
+    assert chat_ids["tokens"] == expected and chat_ids["count"] == len(expected)
+    assert chat_ids["max_model_len"] == 2048
+    body = prompt.json()
+    assert body["tokens"] == ref("The capital of France is")["input_ids"]
+    assert body["token_strs"] == ref.convert_ids_to_tokens(body["tokens"])
+    assert plain.json()["tokens"] == ref("The capital of France is", add_special_tokens=False)["input_ids"]
+    assert twin.json()["tokens"] == expected
+    async with client(engine) as c:
+        r = await c.post("/detokenize", json={"model": "llm", "tokens": expected})
+        assert r.json() == {"prompt": ref.decode(expected)}
+        bad = await c.post("/detokenize", json={"model": "llm", "tokens": [10**9]})
+        assert_error(bad, 400, param="tokens")
+
+
+async def test_tokenize_errors(engine):
+    async with client(engine) as c:
+        assert_error(await c.post("/tokenize", json={"model": "llm", "prompt": "x"}), 400,
+                     code="tokenizer_unavailable")  # the fake's llm has no prepared folder
+        assert_error(await c.post("/tokenize", json={"model": "nope", "prompt": "x"}), 404)
+        assert_error(await c.post("/tokenize", json={"model": "piper_tts", "prompt": "x"}), 400,
+                     code="unsupported_model")
+        _with_assets(engine, llm="smollm2")
+        assert_error(await c.post("/tokenize", json={"model": "llm"}), 400, param="prompt")
+        assert_error(await c.post("/tokenize", json={"model": "llm", "prompt": 5}), 400, param="prompt")
+
+
+async def test_tokenize_template_blocks_and_special_tokens_like_transformers(engine, tmp_path, monkeypatch):
+    """A tokenizer that adds a BOS and a template with block tags on their own lines: the chat
+    path adds no special tokens (the template has them) and trims blocks as transformers does."""
+    from omni_triton.paths import model_dir
+
+    src = model_dir("smollm2")
+    if not (src / "tokenizer.json").exists():
+        pytest.skip("smollm2 not prepared")
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "models" / "bos-model"
+    folder.mkdir(parents=True)
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    bos = tok.token_to_id("<|im_start|>")
+    tok.post_processor = TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", bos)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text((src / "tokenizer_config.json").read_text())
+    (folder / "chat_template.jinja").write_text(
+        "{% for message in messages %}\n{{ bos_token }}{{ message['role'] }}: {{ message['content'] }}\n"
+        "{% endfor %}\n{% if add_generation_prompt %}\nassistant:\n{% endif %}\n")
+    monkeypatch.setenv("OMNI_TRITON_CACHE", str(tmp_path))
+    _with_assets(engine, llm="bos-model")
+    ref = AutoTokenizer.from_pretrained(str(folder))
+    async with client(engine) as c:
+        chat_ids = (await c.post("/tokenize", json={"model": "llm", "messages": USER})).json()["tokens"]
+        prompt_ids = (await c.post("/tokenize", json={"model": "llm", "prompt": "Hi"})).json()["tokens"]
+    assert chat_ids == ref(ref.apply_chat_template(USER, tokenize=False, add_generation_prompt=True),
+                           add_special_tokens=False)["input_ids"]
+    assert prompt_ids == ref("Hi")["input_ids"] and prompt_ids[0] == bos
