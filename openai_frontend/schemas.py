@@ -132,6 +132,9 @@ class SpeechRequest(BaseModel):
     #: (Piper speaks its whole input sentence by sentence; the ``tts`` pipeline's talker stops at
     #: its end-of-audio frame or its frame cap). docs/vllm_omni_compat.md.
     ignore_eos: bool | None = None
+    #: vLLM-Omni's field: the output sample rate in Hz (omitted: the model's own). The audio is
+    #: resampled with soxr; ``omni_triton.media.audio.RESAMPLE_RATES`` lists the rates offered.
+    sample_rate: int | None = Field(None, gt=0, le=384000)
 
     @property
     def voice_id(self) -> str | None:

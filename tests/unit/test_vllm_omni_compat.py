@@ -403,3 +403,66 @@ async def test_tokenize_template_blocks_and_special_tokens_like_transformers(eng
     assert chat_ids == ref(ref.apply_chat_template(USER, tokenize=False, add_generation_prompt=True),
                            add_special_tokens=False)["input_ids"]
     assert prompt_ids == ref("Hi")["input_ids"] and prompt_ids[0] == bos
+
+
+# ------------------------------------------------------------------ 8. speech sample_rate
+@pytest.fixture
+def speech_engine():
+    from test_frontend import FakeEngine
+
+    return FakeEngine()
+
+
+def _speech_pcm(engine) -> np.ndarray:
+    return np.concatenate(engine.chunks)
+
+
+async def test_speech_sample_rate_resamples_whole_clip(speech_engine):
+    from omni_triton.media.audio import float_to_pcm16, resample
+
+    r = await post(speech_engine, "/v1/audio/speech", {"model": "piper_tts", "input": "Hello.",
+                                                       "response_format": "wav", "sample_rate": 24000})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-sample-rate"] == "24000"
+    y, sr = sf.read(io.BytesIO(r.content), dtype="int16")
+    expected = resample(_speech_pcm(speech_engine), 22050, 24000)
+    assert sr == 24000 and y.tobytes() == float_to_pcm16(expected)
+    assert abs(len(y) / 24000 - len(_speech_pcm(speech_engine)) / 22050) < 1e-3  # same duration
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+async def test_speech_sample_rate_streamed_equals_whole_clip(speech_engine, stream_format):
+    """vLLM-Omni's TTS client reads streamed PCM as 24 kHz: with sample_rate 24000 its audio
+    duration (bytes / 2 / 24000) is the clip's real duration."""
+    from omni_triton.media.audio import float_to_pcm16, resample
+
+    r = await post(speech_engine, "/v1/audio/speech", {"model": "piper_tts", "input": "Hello.", "stream": True,
+                                                       "stream_format": stream_format, "response_format": "pcm",
+                                                       "sample_rate": 24000})
+    assert r.status_code == 200, r.text
+    if stream_format == "sse":
+        events = [json.loads(p) for p in data_payloads(r.content)]
+        data = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+        usage = events[-1]["usage"]
+        assert usage["sample_rate"] == 24000 and usage["audio_samples"] == len(data) // 2
+    else:
+        data = r.content
+    assert r.headers["x-sample-rate"] == "24000"
+    expected = float_to_pcm16(resample(_speech_pcm(speech_engine), 22050, 24000))
+    assert data == expected
+    true_seconds = len(_speech_pcm(speech_engine)) / 22050
+    assert len(data) / 2 / 24000 == pytest.approx(true_seconds, abs=1e-3)
+
+
+async def test_speech_sample_rate_native_and_unsupported(speech_engine):
+    r = await post(speech_engine, "/v1/audio/speech", {"model": "piper_tts", "input": "Hello.",
+                                                       "response_format": "pcm", "sample_rate": 22050})
+    assert r.status_code == 200 and len(r.content) == 2 * len(_speech_pcm(speech_engine))
+    r = await post(speech_engine, "/v1/audio/speech", {"model": "piper_tts", "input": "Hello.", "sample_rate": 12345})
+    assert_error(r, 400, param="sample_rate", code="unsupported_sample_rate")
+    r = await post(speech_engine, "/v1/audio/speech", {"model": "piper_tts", "input": "Hello.", "sample_rate": 0})
+    assert_error(r, 400, param="sample_rate")
+    # opus needs 48 kHz: with sample_rate 48000 the 22,050 Hz voice can be sent as opus
+    r = await post(speech_engine, "/v1/audio/speech", {"model": "piper_tts", "input": "Hello.",
+                                                       "response_format": "opus", "sample_rate": 48000})
+    assert r.status_code == 200, r.text
