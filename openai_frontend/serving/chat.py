@@ -334,6 +334,10 @@ async def _run(plan: _Plan, request):
     def record(outcome: str) -> None:
         metrics.generation_requests.labels(plan.target.name, plan.endpoint, plan.mode, outcome).inc()
         metrics.completion_tokens.labels(plan.target.name).inc(sum(s.completion_tokens for s in states))
+        audio = sum(sum(len(a) for a in s.audio) / (s.sample_rate or plan.target.sample_rate or 24000)
+                    for s in states if s.audio)
+        if audio:  # seconds of speech sent in chat answers (as /v1/audio/speech counts its own)
+            metrics.audio_seconds.labels(plan.target.name).inc(audio)
 
     async with AdmittedRequest(state, record, cost=len(plan.requests)) as req:
         clock = await StageClock.start(engine, plan.target, enabled=plan.stage_metrics)

@@ -466,3 +466,17 @@ async def test_speech_sample_rate_native_and_unsupported(speech_engine):
     r = await post(speech_engine, "/v1/audio/speech", {"model": "piper_tts", "input": "Hello.",
                                                        "response_format": "opus", "sample_rate": 48000})
     assert r.status_code == 200, r.text
+
+
+async def test_chat_audio_seconds_counted_in_metrics(engine):
+    """The frontend counts the speech it sends in chat answers (the e2e benchmark test compares
+    vLLM-Omni's client's audio duration with it)."""
+    async with client(engine) as c:
+        for stream in (False, True):
+            r = await c.post("/v1/chat/completions", json={"model": "llm", "messages": USER, "stream": stream,
+                                                           "modalities": ["text", "audio"]})
+            assert r.status_code == 200
+            _ = r.content
+        text = (await c.get("/metrics")).text
+    line = next(ln for ln in text.splitlines() if ln.startswith('omni_frontend_audio_seconds_total{model="llm_tts"}'))
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(2 * len(engine.expected_audio()) / SR)
