@@ -14,7 +14,7 @@ Shape (``metrics``)::
                              "queue_time_ms": 0.2, "compute_time_ms": 31.0, "stage_gen_time_ms": 31.0},
                        "1": {...}, ...,
                        "pipeline": {...summary: final_output_type, output_unit_type/count, ...}},
-     "stage_durations": {"stage_0_gen_ms": 31.0, ...}}
+     "stage_durations": {"stage_0_gen_ms": 31.0, ..., "qwen_image_text_encoder": 31.0, ...}}
 """
 
 from __future__ import annotations
@@ -68,12 +68,16 @@ class StageClock:
 
     async def metrics(self, pipeline: dict | None = None) -> dict | None:
         """The ``metrics`` object: ``stage_metrics`` (per stage, plus ``pipeline``, the request's
-        summary, when given) and ``stage_durations`` (``stage_<i>_gen_ms``). None when disabled."""
+        summary, when given) and ``stage_durations`` (``stage_<i>_gen_ms`` and the Triton stage's
+        name -> its mean compute milliseconds). None when disabled."""
         if not self.enabled:
             return None
         after = await self.engine.stage_statistics(list(self.stages))
         stages = stage_deltas(self.stages, self.before, after)
+        # vLLM-Omni's stage_durations: stage_<i>_gen_ms (its stage clock) and one entry per named
+        # pipeline part (its profiler's; here each Triton stage's mean compute time)
         durations = {f"stage_{i}_gen_ms": entry["stage_gen_time_ms"] for i, entry in stages.items()}
+        durations.update({entry["stage"]: entry["compute_time_ms"] for entry in stages.values()})
         if pipeline is not None:
             stages["pipeline"] = pipeline
         return {"stage_metrics": stages, "stage_durations": durations}
