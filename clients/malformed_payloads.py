@@ -13,7 +13,8 @@ any case got something else (a 5xx above all). Cases per endpoint (``cases(endpo
   pool of wrong values (wrong JSON types, lone surrogates, NUL, non-ASCII digits, huge numbers,
   ``NaN``/``Infinity``, empty strings, deep nesting), each kept only if the schema itself
   rejects it (``model_validate`` on the decoded JSON, exactly what FastAPI does); missing
-  required fields; an unknown field;
+  required fields; an unknown field (only for a server started with ``--strict-params``: by
+  default unknown fields are ignored, as vLLM does, and named in ``X-Ignored-Fields``);
 * **semantic cases** the schema accepts but the API must refuse (unknown model, sizes like
   ``"²³x64"``, ``top_k`` 2^70, huge fan-out, extreme aspect-ratio uploads, ...);
 * **body cases**: truncated JSON, non-JSON, wrong content types, empty and non-object bodies,
@@ -241,14 +242,14 @@ def _label(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def schema_cases(endpoint: str, models: Models = Models()) -> list[Case]:
+def schema_cases(endpoint: str, models: Models = Models(), strict_params: bool = False) -> list[Case]:
     """Wrong values for every field (kept only when the schema rejects them), missing required
-    fields and an unknown field."""
+    fields and, with ``strict_params`` (a server run with ``--strict-params``), an unknown field."""
     schema = SCHEMAS[endpoint]
     base = valid_request(endpoint, models)
     out = []
     if endpoint == "images_edits":
-        return _form_schema_cases(base)
+        return _form_schema_cases(base, strict_params)
     for path in _field_paths(schema, base):
         where = ".".join(str(p) for p in path)
         kept = 0
@@ -261,7 +262,8 @@ def schema_cases(endpoint: str, models: Models = Models()) -> list[Case]:
             payload = _without(base, path)
             if _rejected(schema, payload):
                 out.append(Case(endpoint, f"missing {where}", json=payload, has_json=True))
-    out.append(Case(endpoint, "unknown field", json={**base, "not_a_field": 1}, has_json=True))
+    if strict_params:
+        out.append(Case(endpoint, "unknown field", json={**base, "not_a_field": 1}, has_json=True))
     return out
 
 
@@ -271,7 +273,7 @@ _FORM_VALUES = ["abc", "NaN", "Infinity", "-Infinity", "1e400", "²", "①⑥", 
                 "99999999999999999999999", "a\x00b", "\x00", "true?", "[1]", "{}"]
 
 
-def _form_schema_cases(base: dict) -> list[Case]:
+def _form_schema_cases(base: dict, strict_params: bool = False) -> list[Case]:
     """Edit form fields (strings by nature): each field given strings its type refuses."""
     out = []
     for name in ImageEditForm.model_fields:
@@ -285,8 +287,9 @@ def _form_schema_cases(base: dict) -> list[Case]:
     fields = {k: str(v) for k, v in base.items()}
     del fields["prompt"]
     out.append(Case("images_edits", "missing prompt", form=fields, files=valid_files()))
-    out.append(Case("images_edits", "unknown field", form={**{k: str(v) for k, v in base.items()},
-                                                            "not_a_field": "1"}, files=valid_files()))
+    if strict_params:
+        out.append(Case("images_edits", "unknown field", form={**{k: str(v) for k, v in base.items()},
+                                                                "not_a_field": "1"}, files=valid_files()))
     return out
 
 
@@ -318,7 +321,7 @@ def semantic_cases(endpoint: str, models: Models = Models()) -> list[Case]:
             j("image size ①⑥x16", model=models.image, size="①⑥x16"),
             j("image true_cfg_scale 1e308", model=models.image, true_cfg_scale=1e308),
             j("image true_cfg_scale Infinity", model=models.image, true_cfg_scale=float("inf")),
-            j("image stream", model=models.image, stream=True),
+            j("image stream with audio", model=models.image, stream=True, modalities=["text", "audio"]),
             j("image with only a system message", model=models.image,
               messages=[{"role": "system", "content": "x"}]),
             j("chat on the edit model", model=models.image_edit),
@@ -421,9 +424,12 @@ def body_cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 1
     return out
 
 
-def cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 16 << 20) -> list[Case]:
-    """Every malformed case of ``endpoint`` (schema, semantic and body cases)."""
-    return schema_cases(endpoint, models) + semantic_cases(endpoint, models) + body_cases(endpoint, models, max_body_bytes)
+def cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 16 << 20,
+          strict_params: bool = False) -> list[Case]:
+    """Every malformed case of ``endpoint`` (schema, semantic and body cases); ``strict_params``:
+    the server runs with ``--strict-params`` (unknown fields are 400s there)."""
+    return (schema_cases(endpoint, models, strict_params) + semantic_cases(endpoint, models)
+            + body_cases(endpoint, models, max_body_bytes))
 
 
 def check(response_status: int, body: bytes) -> str | None:

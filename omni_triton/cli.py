@@ -85,7 +85,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if args.api_key:  # the frontend reads it from its environment (not argv: ps shows that)
                 os.environ["OMNI_TRITON_API_KEY"] = args.api_key
             frontend = Frontend(server.grpc_url, host=args.host, port=args.port, models=models,
-                                extra_args=args.frontend_arg,
+                                extra_args=[*args.frontend_arg,
+                                            *(["--strict-params"] if args.strict_params else [])],
                                 env={"OMNI_TRITON_SERVE_STATUS": str(status.path)})
             frontend.start()
             frontend.wait_ready()
@@ -225,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer <key>' on the OpenAI API (default: env "
                         "OMNI_TRITON_API_KEY; /health and /metrics stay open)")
+    p.add_argument("--strict-params", action="store_true",
+                   help="unknown request fields are a 400 (OpenAI's API) instead of being ignored "
+                        "and named in the X-Ignored-Fields header (vLLM's server, the default)")
     p.add_argument("--frontend-arg", action="append", default=[],
                    help="extra argument for python -m openai_frontend (repeatable)")
     p.set_defaults(func=cmd_serve)

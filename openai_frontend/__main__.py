@@ -36,6 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "unset: no key). Prefer the env variable: arguments show in ps")
     p.add_argument("--auth-exempt-paths", default="/health,/metrics",
                    help="comma-separated paths served without the API key ('' : none)")
+    p.add_argument("--strict-params", action="store_true",
+                   help="unknown request fields are a 400 (OpenAI's API) instead of being ignored "
+                        "and named in the X-Ignored-Fields header (vLLM's server, the default)")
     p.add_argument("--rpc-timeout", type=float, default=5.0, help="seconds, Triton metadata calls")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
@@ -54,6 +57,7 @@ def main(argv=None) -> None:
         max_fanout=args.max_fanout,
         api_key=args.api_key,
         auth_exempt_paths=tuple(p.strip() for p in args.auth_exempt_paths.split(",") if p.strip()),
+        strict_params=args.strict_params,
     )
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())

@@ -13,8 +13,9 @@ from .admission import AdmissionController
 from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
-from .middleware import ApiKey, BodySizeLimit, UnexpectedErrors
+from .middleware import ApiKey, BodySizeLimit, IgnoredFieldsHeader, UnexpectedErrors
 from .routers import audio, chat, images, models, observability
+from .serving.common import IGNORED_FIELDS_STATE
 from .stage_watch import ServeStatusWatch
 
 
@@ -34,6 +35,8 @@ class Settings:
     api_key: when set, every path but ``auth_exempt_paths`` needs ``Authorization: Bearer <key>``
         (401 otherwise).
     max_upload_bytes: largest uploaded file part (``/v1/images/edits``); larger is a 413.
+    strict_params: unknown request fields are a 400 "Unrecognized request argument" (OpenAI's
+        API) instead of being ignored and named in ``X-Ignored-Fields`` (vLLM's server).
     """
 
     max_inflight: int = 16
@@ -44,6 +47,7 @@ class Settings:
     api_key: str | None = None
     auth_exempt_paths: tuple[str, ...] = ("/health", "/metrics")
     max_upload_bytes: int = 8 << 20
+    strict_params: bool = False
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -78,6 +82,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.include_router(models.router)
     app.include_router(observability.router)
     # add_middleware wraps: the last added runs first (outermost)
+    app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     if settings.api_key:
         app.add_middleware(ApiKey, key=settings.api_key, exempt=tuple(settings.auth_exempt_paths))

@@ -15,7 +15,7 @@ from typing import AsyncIterator, Sequence
 
 import numpy as np
 
-from omni_triton.media.audio import encode_audio, float_to_pcm16, streaming_wav_header
+from omni_triton.media.audio import encode_audio, float_to_pcm16
 
 from .engine import GenerationChunk
 from .schemas import ChatMessage, Usage, _SamplingFields
@@ -24,8 +24,8 @@ from .schemas import ChatMessage, Usage, _SamplingFields
 #: little-endian int16 mono at the model's rate). ``aac`` has no encoder here (libsndfile).
 CHAT_AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "pcm16": "pcm",
                       "aac": "aac"}
-#: Formats that can be streamed as audio deltas: OpenAI only streams ``pcm16``; ``wav`` is the
-#: same PCM behind a streaming header (``omni_triton.media.audio.streaming_wav_header``).
+#: Formats that can be streamed as audio deltas: OpenAI only streams ``pcm16``; ``wav`` is
+#: vLLM-Omni's convention (each delta one complete WAV file; ``AudioStreamEncoder``).
 CHAT_STREAM_AUDIO_FORMATS = ("wav", "pcm16")
 
 
@@ -157,21 +157,26 @@ async def merge(streams: Sequence[AsyncIterator[GenerationChunk]]) -> AsyncItera
 
 
 class AudioStreamEncoder:
-    """Bytes of a streamed chat audio answer: ``pcm16`` = int16 LE PCM per chunk; ``wav`` = the
-    streaming WAV header (``streaming_wav_header``) before the first PCM bytes, so the
-    concatenated deltas form one WAV stream. ``encode(chunk, rate)`` returns base64 text."""
+    """``delta.audio.data`` of a streamed chat audio answer, one per PCM chunk, base64:
+
+    * ``pcm16`` (OpenAI's streaming format): the chunk's int16 LE PCM; the deltas concatenated
+      are the whole answer's PCM.
+    * ``wav`` (vLLM-Omni's convention, also its default): each delta is a complete WAV file of
+      its chunk (16-bit mono, written by soundfile), so a client can open every chunk on its own
+      (vLLM-Omni's benchmark reads each with ``wave.open``).
+    """
 
     def __init__(self, fmt: str):
         if fmt not in CHAT_STREAM_AUDIO_FORMATS:
             raise ValueError(f"format {fmt!r} cannot be streamed")
         self.fmt = fmt
-        self.started = False
 
     def encode(self, samples: np.ndarray, sample_rate: int) -> str:
-        data = float_to_pcm16(samples)
-        if not self.started and self.fmt == "wav":
-            data = streaming_wav_header(sample_rate) + data
-        self.started = True
+        """``samples``: float32 [T] in [-1, 1]; ``sample_rate``: Hz. Returns base64 text."""
+        if self.fmt == "wav":
+            data = encode_audio(samples, sample_rate, "wav")
+        else:
+            data = float_to_pcm16(samples)
         return base64.b64encode(data).decode("ascii")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import secrets
 
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 
 from .errors import ErrorDetail, error_json
@@ -124,3 +125,28 @@ class BodySizeLimit:
         detail = ErrorDetail(message=f"Request body larger than {self.limit} bytes",
                              type="invalid_request_error", code="payload_too_large")
         await error_json(413, detail, {"Connection": "close"})(scope, receive, send)
+
+
+class IgnoredFieldsHeader:
+    """``X-Ignored-Fields: a, b.c`` on the response to a request whose unknown fields were
+    ignored (``serving.common.check_fields`` leaves their names in ``scope["state"]``), on every
+    kind of response (JSON, raw audio stream, SSE). Absent when every field was known."""
+
+    HEADER = "X-Ignored-Fields"
+
+    def __init__(self, app, state_key: str):
+        self.app = app
+        self.state_key = state_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_header(message):
+            if message["type"] == "http.response.start":
+                names = (scope.get("state") or {}).get(self.state_key)
+                if names:
+                    MutableHeaders(scope=message).append(self.HEADER, ", ".join(names))
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)

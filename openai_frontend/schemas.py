@@ -8,11 +8,30 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-#: Config of every request body model: unknown fields rejected (400, like OpenAI's
-#: "Unrecognized request argument"); strict types, as OpenAI's API is (``"n": "2"`` and
+#: Config of every request body model: unknown fields are kept aside (``model_extra``) so the
+#: serving layer can name them: ignored with an ``X-Ignored-Fields`` header by default (vLLM's
+#: behaviour), a 400 "Unrecognized request argument" with ``--strict-params`` (OpenAI's); see
+#: :func:`ignored_fields`. Strict types, as OpenAI's API is (``"n": "2"`` and
 #: ``"max_tokens": true`` are 400s, not 2 and 1); no NaN/Infinity in numbers (Python's JSON
 #: parser accepts the literals ``NaN`` and ``Infinity``).
-REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+REQUEST_CONFIG = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted paths of the request fields no schema declares, in ``model`` and every model nested
+    in it (lists by index): e.g. ``["foo", "messages.0.tool_calls", "stream_options.bar"]``.
+
+    ``model`` is a validated request model built with :data:`REQUEST_CONFIG`; its unknown keys
+    are in ``model_extra``. Empty when every field is known."""
+    out = [f"{prefix}{name}" for name in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name, None)
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for index, item in items:
+            if isinstance(item, BaseModel):
+                where = f"{prefix}{name}." if index is None else f"{prefix}{name}.{index}."
+                out.extend(ignored_fields(item, where))
+    return out
 
 #: The largest value of any integer request field that is not a seed (int32: what the engines'
 #: tensors hold; beyond it vLLM failed with an empty 500).
@@ -108,6 +127,14 @@ class SpeechRequest(BaseModel):
     instructions: Text | None = None
     stream: bool = False
     stream_format: Literal["audio", "sse"] = "audio"
+    #: vLLM's sampling extension (its benchmark's random dataset always sends it). Accepted and
+    #: without effect on the served speech models: none lets a client override its end decision
+    #: (Piper speaks its whole input sentence by sentence; the ``tts`` pipeline's talker stops at
+    #: its end-of-audio frame or its frame cap). docs/vllm_omni_compat.md.
+    ignore_eos: bool | None = None
+    #: vLLM-Omni's field: the output sample rate in Hz (omitted: the model's own). The audio is
+    #: resampled with soxr; ``omni_triton.media.audio.RESAMPLE_RATES`` lists the rates offered.
+    sample_rate: int | None = Field(None, gt=0, le=384000)
 
     @property
     def voice_id(self) -> str | None:
@@ -205,6 +232,8 @@ class ImageGenerationRequest(BaseModel):
     guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     stream: bool = False
+    #: vLLM-Omni's extension: the response carries ``metrics`` / ``stage_durations``.
+    return_stage_metrics: bool = False
     quality: Text | None = None
     style: Text | None = None
     background: Text | None = None
@@ -218,7 +247,7 @@ class ImageEditForm(ImageGenerationRequest):
 
     #: multipart form fields are strings: numbers and booleans are parsed from them (lax), but
     #: NaN/Infinity and out-of-range values are still rejected
-    model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", strict=False, allow_inf_nan=False)
 
     input_fidelity: Text | None = None
 
@@ -276,8 +305,13 @@ class ChatMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` (OpenAI: a last chunk with the usage) and
+    ``continuous_usage_stats`` (vLLM's extension: with ``include_usage``, every chunk also carries
+    the usage so far of its choice)."""
+
     model_config = REQUEST_CONFIG
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class AudioParam(BaseModel):
@@ -323,13 +357,20 @@ class _SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every streamed chunk (vLLM: ``continuous_usage_stats`` with ``include_usage``)."""
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
+
 
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions`` body (OpenAI fields the served models can honour).
 
     ``max_completion_tokens`` (OpenAI's current name) wins over the deprecated ``max_tokens``.
-    ``modalities``: output modalities, ``["text"]`` (default), ``["text", "audio"]`` or
-    ``["audio"]`` (audio plus its transcript, no ``content``). ``audio``: output format and
+    ``modalities``: output modalities, ``["text"]``, ``["text", "audio"]`` or ``["audio"]``
+    (audio plus its transcript, no ``content``); omitted: all of the model's output modalities
+    (vLLM-Omni's default: ``omni`` and ``llm_tts`` speak, ``llm`` writes;
+    ``serving.chat.output_modalities``). ``audio``: output format and
     voice when audio is asked for (default ``wav`` and the model's default voice).
     """
 
@@ -348,6 +389,8 @@ class ChatCompletionRequest(_SamplingFields):
     guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     output_format: Text | None = None
+    #: vLLM-Omni's extension: the response carries ``metrics`` (per-stage timings from Triton).
+    return_stage_metrics: bool = False
 
     @property
     def wants_audio(self) -> bool:
@@ -446,12 +489,18 @@ class ChatCompletionChunkChoice(BaseModel):
 
 
 class ChatCompletionChunk(BaseModel):
+    """A streamed chat chunk. ``modality`` (vLLM-Omni's extension, on every chunk): what the
+    chunk carries, ``text`` (content, role, finish), ``audio`` (``delta.audio``) or ``image``;
+    ``metrics``: the stage metrics (``return_stage_metrics``), on the last chunk."""
+
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatCompletionChunkChoice]
     usage: Usage | None = None
+    modality: Literal["text", "audio", "image"] | None = None
+    metrics: dict | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -471,3 +520,37 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+
+
+# --------------------------------------------------------------------------- tokenize
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's ``TokenizeCompletionRequest`` / ``TokenizeChatRequest`` in one):
+    exactly one of ``prompt`` and ``messages``. ``add_special_tokens`` defaults to true for a
+    prompt and false for messages (the chat template holds them), as vLLM's do."""
+
+    model_config = REQUEST_CONFIG
+    model: Text
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None = None
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids of the model's vocabulary."""
+
+    model_config = REQUEST_CONFIG
+    model: Text
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

@@ -5,7 +5,8 @@
 #      dependency set of requirements.lock, installed with --no-deps (see README "Pins");
 #   2. this checkout's own virtualenv, .venv/ (seconds): it sees the shared dependencies through a
 #      .pth file and has this checkout installed editable, so two clones never run each other's code;
-#   3. the embedded default models prepared into $OMNI_TRITON_CACHE/models (skipped when present).
+#   3. the benchmark venv with vLLM-Omni's client (scripts/setup_bench.sh, cached like 1);
+#   4. the embedded default models prepared into $OMNI_TRITON_CACHE/models (skipped when present).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export OMNI_TRITON_CACHE="${OMNI_TRITON_CACHE:-$HOME/.cache/omni-triton}"
@@ -47,4 +48,5 @@ fi
 if ! "$VENV/bin/python" -m pip install --no-deps --no-build-isolation -e "$ROOT" > "$VENV/install.log" 2>&1; then
   cat "$VENV/install.log"; exit 1
 fi
+bash "$ROOT/scripts/setup_bench.sh"  # vLLM-Omni's benchmark client (second venv, cached)
 "$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,tts,llm_tts,omni,qwen_image,qwen_image_edit}"

@@ -173,3 +173,45 @@ def streaming_wav_header(sample_rate: int, channels: int = 1, sample_width: int 
     # The writer would patch the sizes of *its* buffer on close; that buffer is discarded.
     w.close()
     return header
+
+
+# --------------------------------------------------------------------------- resampling
+#: Output rates ``/v1/audio/speech``'s ``sample_rate`` may ask for (besides the model's own):
+#: the usual telephony, speech and media rates.
+RESAMPLE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+
+
+class StreamResampler:
+    """Sample-rate conversion of a mono float32 stream, chunk by chunk, with soxr (libsoxr's
+    ``ResampleStream``, high quality): the chunks it returns concatenated equal converting the
+    whole clip at once (``resample``). ``source_rate == target_rate`` passes chunks through.
+
+    ``process(chunk)`` takes float32 [T] at ``source_rate`` and returns float32 [T'] at
+    ``target_rate`` (possibly empty: the filter holds some samples back); ``flush()`` returns
+    what it still holds once the stream has ended.
+    """
+
+    def __init__(self, source_rate: int, target_rate: int):
+        if source_rate <= 0 or target_rate <= 0:
+            raise ValueError("sample rates must be positive")
+        self.source_rate, self.target_rate = int(source_rate), int(target_rate)
+        self._stream = None
+        if self.source_rate != self.target_rate:
+            import soxr
+
+            self._stream = soxr.ResampleStream(self.source_rate, self.target_rate, 1, dtype="float32")
+
+    def process(self, chunk: np.ndarray, last: bool = False) -> np.ndarray:
+        chunk = np.ascontiguousarray(chunk, dtype=np.float32).reshape(-1)
+        if self._stream is None:
+            return chunk
+        return self._stream.resample_chunk(chunk, last=last)
+
+    def flush(self) -> np.ndarray:
+        return self.process(np.zeros(0, np.float32), last=True)
+
+
+def resample(samples: np.ndarray, source_rate: int, target_rate: int) -> np.ndarray:
+    """A whole mono float32 clip [T] at ``source_rate`` converted to ``target_rate`` (soxr)."""
+    r = StreamResampler(source_rate, target_rate)
+    return np.concatenate([r.process(samples), r.flush()])

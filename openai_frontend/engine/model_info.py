@@ -57,6 +57,18 @@ class ModelInfo:
     speaks_for: str | None = None
     #: Context length in tokens (config parameter ``max_model_len``), if declared.
     max_model_len: int | None = None
+    #: An ensemble's steps, in order (``ensemble_scheduling``); empty for other models.
+    ensemble_steps: tuple[str, ...] = ()
+    #: Prepared model folders the model loads (config parameter ``assets``, ``omni_triton.paths.model_dir``).
+    assets: tuple[str, ...] = ()
+
+    @property
+    def stage_models(self) -> tuple[str, ...]:
+        """The Triton models that serve one request, in pipeline order: an ensemble's steps, a
+        BLS model and the stages it calls (``depends_on``), else the model itself."""
+        if self.ensemble_steps:
+            return self.ensemble_steps
+        return (self.name, *self.depends_on)
 
     @property
     def ready(self) -> bool:
@@ -187,6 +199,8 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
         served_model_name=params.get("served_model_name") or None,
         speaks_for=params.get("speaks_for") or None,
         max_model_len=_int("max_model_len"),
+        ensemble_steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
+        assets=tuple(a.strip() for a in params.get("assets", "").split(",") if a.strip()),
     )
 
 

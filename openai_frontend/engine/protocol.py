@@ -91,6 +91,23 @@ class GeneratedImage:
 
 
 
+@dataclass(frozen=True)
+class StageStatistics:
+    """Triton's cumulative inference statistics of one model (``ModelStatistics.inference_stats``,
+    summed over versions): requests that succeeded, executions (batches), and the summed
+    durations in nanoseconds that requests spent queued and computing (input + infer + output).
+
+    Triton counts a batch's compute time once per request in it, so ``compute_ns / success`` is
+    the mean compute time a request saw. For a decoupled Python model the compute time is that
+    of ``execute()``, which only hands the request to a worker (the generation itself is not in it).
+    """
+
+    success: int = 0
+    executions: int = 0
+    queue_ns: int = 0
+    compute_ns: int = 0
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What the routers need from a backend."""
@@ -130,6 +147,10 @@ class Engine(Protocol):
         it in its engine). Raises ``InvalidRequestError`` (the model rejected the input),
         ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
         """
+
+    async def stage_statistics(self, models: list[str]) -> dict[str, StageStatistics]:
+        """Triton's cumulative statistics of each of ``models`` (missing names are left out).
+        Raises ``TritonUnavailableError``."""
 
     async def close(self) -> None:
         """Release connections."""

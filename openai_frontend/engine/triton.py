@@ -37,7 +37,8 @@ from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, wra
 from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
                      ModelNotReadyError, StageRestartedError, TritonUnavailableError)
 from .model_info import ModelInfo, model_info_from_config, unready_dependencies
-from .protocol import AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob
+from .protocol import (AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob,
+                       StageStatistics)
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +217,30 @@ class TritonEngine:
                 raise ModelNotReadyError(
                     f"The model '{name}' is not ready: {checked.reason}", param="model")
         return info
+
+    async def stage_statistics(self, models: list[str]) -> dict[str, StageStatistics]:
+        """Triton's model statistics API (``ModelStatistics``, one unary call per model, summed
+        over versions): see ``StageStatistics``. A model Triton does not know is left out."""
+        out: dict[str, StageStatistics] = {}
+        for name in dict.fromkeys(models):
+            try:
+                resp = await self._client.get_inference_statistics(name, client_timeout=self._timeout)
+            except InferenceServerException as exc:
+                if (exc.status() or "").endswith(tuple(c.name for c in _UNAVAILABLE_CODES)):
+                    raise _translate(exc, f"statistics of {name}") from exc
+                continue  # unloaded or unknown: no statistics
+            except Exception as exc:  # noqa: BLE001
+                raise _translate(exc, f"statistics of {name}") from exc
+            success = executions = queue = compute = 0
+            for m in resp.model_stats:
+                stats = m.inference_stats
+                success += stats.success.count
+                executions += m.execution_count
+                queue += stats.queue.ns
+                compute += stats.compute_input.ns + stats.compute_infer.ns + stats.compute_output.ns
+            out[name] = StageStatistics(success=success, executions=executions, queue_ns=queue,
+                                        compute_ns=compute)
+        return out
 
     async def synthesize(
         self, model: str, text: str, voice: str | None = None, speed: float | None = None

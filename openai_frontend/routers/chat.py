@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..schemas import ChatCompletionRequest, CompletionRequest
-from ..serving import chat
+from ..schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+                       TokenizeRequest, TokenizeResponse)
+from ..serving import chat, tokenize
 
 router = APIRouter(tags=["chat"])
 
@@ -18,3 +19,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
 @router.post("/v1/completions", response_model=None)
 async def create_completion(body: CompletionRequest, request: Request):
     return await chat.create_completion(body, request)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def create_tokenize(body: TokenizeRequest, request: Request):
+    return await tokenize.tokenize(body, request)
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse)
+async def create_detokenize(body: DetokenizeRequest, request: Request):
+    return await tokenize.detokenize(body, request)

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from omni_triton.contracts.chat import MODALITIES
@@ -74,9 +73,11 @@ from ..schemas import (
     ErrorDetail,
     ErrorResponse,
     ImageGenerationRequest,
+    Usage,
 )
 from . import images
-from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect
+from .stage_metrics import StageClock
+from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ class _Plan:
     prompt_of_choice: list[int] | None = None  # completions: prompt index of each choice
     wants_text: bool = True
     audio_format: str | None = None  # chat audio.format when audio is asked for
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage)
+    stage_metrics: bool = False  # return_stage_metrics: add vLLM-Omni's ``metrics``
     response_id: str = ""
     created: int = field(default_factory=now)
 
@@ -161,6 +164,7 @@ def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, st
 async def create_chat_completion(body: ChatCompletionRequest, request):
     """Serve ``POST /v1/chat/completions`` (``request``: the Starlette request). Returns the
     completion (a dict), an SSE response, or an image chat's ``JSONResponse``."""
+    check_fields(body, request)
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
     if info.is_image and not info.is_image_edit:
@@ -181,8 +185,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
         if m.content is None:
             raise bad_request(f"messages[{i}].content is required", param=f"messages.{i}.content",
                               code="invalid_value")
+    wanted = output_modalities(body, info)
+    wants_audio = "audio" in wanted
     target, fmt, voice = info, None, None
-    if body.wants_audio:
+    if wants_audio:
         target = await speaking_model(engine, info)
         fmt, voice = _plan_audio(body, target)
     elif body.audio is not None:
@@ -195,15 +201,25 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     modalities = None
     if MODALITIES in target.inputs:  # speech models: say whether audio is wanted
-        modalities = ("text", "audio") if body.wants_audio else ("text",)
+        modalities = ("text", "audio") if wants_audio else ("text",)
     requests = [
         GenerationRequest(messages=messages, sampling=sampling_parameters(body, limit, i),
                           modalities=modalities, voice=voice, request_id=f"{response_id}-{i}")
         for i in range(body.n)
     ]
     plan = _Plan("chat", body.model, target, requests, body.stream, body.include_usage,
-                 wants_text=body.wants_text, audio_format=fmt, response_id=response_id)
+                 wants_text="text" in wanted, audio_format=fmt, response_id=response_id,
+                 continuous_usage=body.continuous_usage, stage_metrics=body.return_stage_metrics)
     return await _run(plan, request)
+
+
+def output_modalities(body: ChatCompletionRequest, info: ModelInfo) -> tuple[str, ...]:
+    """The output modalities of a chat request: ``modalities`` when given (OpenAI), else every
+    output modality of the model (vLLM-Omni's default: an omni or spoken model speaks; a text
+    model writes; an image model draws). A text model with a speech twin (``llm``) stays text."""
+    if body.modalities:
+        return tuple(body.modalities)
+    return info.output_modalities or ("text",)
 
 
 #: ``ChatCompletionRequest`` fields that only a diffusion model takes.
@@ -219,11 +235,14 @@ async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> 
     Image options are the images API's (``size``, ``negative_prompt``, ``num_inference_steps``,
     ``guidance_scale``, ``true_cfg_scale``, ``output_format``, ``seed``) and are validated the same
     way; ``usage`` carries ``num_inference_steps`` and ``denoise_seconds`` (also as the
-    ``X-Denoise-Steps`` / ``X-Denoise-Seconds`` headers). Streaming and audio are 400s.
+    ``X-Denoise-Steps`` / ``X-Denoise-Seconds`` headers); ``return_stage_metrics`` adds
+    ``metrics``. Audio is a 400.
+
+    ``stream``: as vLLM-Omni streams it, one chunk with ``modality: "image"`` whose
+    ``delta.content`` holds the image parts (and ``finish_reason`` ``stop``, ``metrics`` when
+    asked for), the usage chunk if ``stream_options.include_usage``, then ``[DONE]``. The images
+    are made before the status line, so every error is still a JSON 4xx/5xx.
     """
-    if body.stream:
-        raise bad_request("Streaming is not supported for image generation models", param="stream",
-                          code="unsupported_value")
     if body.wants_audio:
         raise bad_request(f"The model '{body.model}' cannot produce audio", param="modalities",
                           code="unsupported_modality")
@@ -239,17 +258,34 @@ async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> 
         guidance_scale=body.guidance_scale, true_cfg_scale=body.true_cfg_scale,
         output_format=body.output_format)
     job, fmt = images.plan(image_body, info)
-    result = await images.generate(request, info, job, fmt, None, "chat")
+    result = await images.generate(request, info, job, fmt, None, "chat", body.return_stage_metrics)
     parts = [{"type": "image_url",
               "image_url": {"url": f"data:{e.mime_type};base64,{base64.b64encode(e.data).decode('ascii')}"}}
              for e in result.encoded]
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt),
+             "num_inference_steps": result.steps, "denoise_seconds": result.seconds}
+    extra = {"metrics": result.metrics} if result.metrics is not None else {}
+    if body.stream:
+        chunk = {**head, "object": "chat.completion.chunk", "modality": "image", **extra,
+                 "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                              "delta": {"role": "assistant", "content": parts}}]}
+        events = [json.dumps(chunk, separators=(",", ":"))]
+        if body.include_usage:
+            events.append(json.dumps({**head, "object": "chat.completion.chunk", "modality": "image",
+                                      "choices": [], "usage": usage}, separators=(",", ":")))
+        events.append("[DONE]")
+
+        async def stream():
+            for data in events:
+                yield {"data": data}
+
+        return sse_response(stream(), headers=images.denoise_headers(result))
     response = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": body.model,
+        **head, "object": "chat.completion", **extra,
         "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                      "message": {"role": "assistant", "content": parts}}],
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt),
-                  "num_inference_steps": result.steps, "denoise_seconds": result.seconds},
+        "usage": usage,
     }
     return JSONResponse(response, headers=images.denoise_headers(result))
 
@@ -257,6 +293,7 @@ async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> 
 async def create_completion(body: CompletionRequest, request):
     """Serve ``POST /v1/completions``: each prompt gets ``n`` choices (indexed
     ``prompt_index * n + i``). Returns the completion (a dict) or an SSE response."""
+    check_fields(body, request)
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
     if not info.is_completion:
@@ -281,7 +318,8 @@ async def create_completion(body: CompletionRequest, request):
                 request_id=f"{response_id}-{choice}"))
             groups.append(p_index)
     plan = _Plan("completions", body.model, info, requests, body.stream, body.include_usage,
-                 prompt_of_choice=groups, response_id=response_id)
+                 prompt_of_choice=groups, response_id=response_id,
+                 continuous_usage=body.continuous_usage)
     return await _run(plan, request)
 
 
@@ -306,8 +344,13 @@ async def _run(plan: _Plan, request):
         metrics.generation_requests.labels(plan.target.name, plan.endpoint, plan.mode, outcome).inc()
         metrics.completion_tokens.labels(plan.target.name).inc(sum(s.completion_tokens for s in states))
         _observe_tpot(metrics, plan, states, seen)
+        audio = sum(sum(len(a) for a in s.audio) / (s.sample_rate or plan.target.sample_rate or 24000)
+                    for s in states if s.audio)
+        if audio:  # seconds of speech sent in chat answers (as /v1/audio/speech counts its own)
+            metrics.audio_seconds.labels(plan.target.name).inc(audio)
 
     async with AdmittedRequest(state, record, cost=len(plan.requests)) as req:
+        clock = await StageClock.start(engine, plan.target, enabled=plan.stage_metrics)
 
         def observe(chunk) -> None:
             if chunk is None or not chunk.text:
@@ -339,7 +382,11 @@ async def _run(plan: _Plan, request):
                 # nobody reads this; 499 is nginx's "client closed request", for the access log
                 return error_json(499, ErrorDetail(message="Client disconnected", type="invalid_request_error",
                                                    code="client_disconnected"))
-            return await asyncio.to_thread(_whole_response, plan, states)
+            response = await asyncio.to_thread(_whole_response, plan, states)
+            metrics_object = await clock.metrics(_chat_summary(plan, states))
+            if metrics_object is not None:
+                response["metrics"] = metrics_object
+            return response
 
         # ---- stream: wait for every choice's first response so early errors keep their status
         merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
@@ -355,10 +402,10 @@ async def _run(plan: _Plan, request):
         except BaseException:
             await merged.aclose()
             raise
-        body = req.hand_over(_events(plan, states, buffered, merged, observe, req))
+        body = req.hand_over(_events(plan, states, buffered, merged, observe, req, clock))
         # The background task runs after the response ends, also after a client disconnect: the
         # Triton streams are cancelled even if the body iterator was parked at a ``yield``.
-        return EventSourceResponse(body, background=BackgroundTask(_close_all, body, req))
+        return sse_response(body, background=BackgroundTask(_close_all, body, req))
 
 
 def _deterministic(request) -> bool:
@@ -372,14 +419,24 @@ async def _close_all(body, req: AdmittedRequest) -> None:
     await req.close()
 
 
+def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict:
+    """The ``pipeline`` entry of a chat request's ``stage_metrics`` (vLLM-Omni's names): what it
+    produced, from the stage's own token counts."""
+    usage = usage_of(states, plan.prompt_of_choice)
+    return {"final_output_type": "audio" if plan.audio_format else "text", "output_unit_type": "token",
+            "num_tokens_in": usage.prompt_tokens, "num_tokens_out": usage.completion_tokens}
+
+
 async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, observe,
-                  req: AdmittedRequest) -> AsyncIterator[ServerSentEvent]:
+                  req: AdmittedRequest, clock: StageClock) -> AsyncIterator[dict]:
     """The SSE events of a streamed answer: the buffered first responses, then the rest as they
-    arrive; a failure after the status line is a ``data: {"error": ...}`` event."""
+    arrive; a failure after the status line is a ``data: {"error": ...}`` event. With
+    ``return_stage_metrics``, a chunk without choices carrying ``metrics`` precedes the usage
+    chunk."""
     framer = _StreamFramer(plan, states)
     try:
         for line in framer.opening():
-            yield ServerSentEvent(data=line)
+            yield dict(data=line)
         try:
             async def items():
                 for item in buffered:
@@ -390,16 +447,19 @@ async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, obse
             async for i, chunk in items():
                 observe(chunk)
                 for line in framer.on_item(i, chunk):
-                    yield ServerSentEvent(data=line)
+                    yield dict(data=line)
         except EngineError as exc:
             logger.warning("%s stream failed: %s", plan.endpoint, exc.message)
             req.outcome = "error"
-            yield ServerSentEvent(data=ErrorResponse(error=engine_error_detail(exc)).model_dump_json())
-            yield ServerSentEvent(data="[DONE]")
+            yield dict(data=ErrorResponse(error=engine_error_detail(exc)).model_dump_json())
+            yield dict(data="[DONE]")
             return
+        metrics_object = await clock.metrics(_chat_summary(plan, states))
+        if metrics_object is not None:
+            yield dict(data=framer.metrics_chunk(metrics_object))
         for line in framer.closing():
-            yield ServerSentEvent(data=line)
-        yield ServerSentEvent(data="[DONE]")
+            yield dict(data=line)
+        yield dict(data="[DONE]")
     finally:
         await merged.aclose()
 
@@ -454,16 +514,29 @@ class _StreamFramer:
         self.encoders = [AudioStreamEncoder(plan.audio_format) if plan.audio_format else None
                          for _ in states]
 
-    def _chat(self, index: int, delta: ChoiceDelta, finish_reason: str | None = None) -> str:
+    def _usage(self, index: int) -> Usage | None:
+        """vLLM's continuous usage stats: choice ``index``'s counts so far (the prompt's tokens
+        as the stage reported them, 0 before its first response)."""
+        if not self.plan.continuous_usage:
+            return None
+        state = self.states[index]
+        prompt = state.prompt_tokens or 0
+        return Usage(prompt_tokens=prompt, completion_tokens=state.completion_tokens,
+                     total_tokens=prompt + state.completion_tokens)
+
+    def _chat(self, index: int, delta: ChoiceDelta, finish_reason: str | None = None,
+              modality: str = "text") -> str:
         chunk = ChatCompletionChunk(
             id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
-            choices=[ChatCompletionChunkChoice(index=index, delta=delta, finish_reason=finish_reason)])
+            choices=[ChatCompletionChunkChoice(index=index, delta=delta, finish_reason=finish_reason)],
+            usage=self._usage(index), modality=modality)
         return chunk_json(chunk)
 
     def _completion(self, index: int, text: str, finish_reason: str | None = None) -> str:
         chunk = Completion(
             id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
-            choices=[CompletionChoice(index=index, text=text, finish_reason=finish_reason)])
+            choices=[CompletionChoice(index=index, text=text, finish_reason=finish_reason)],
+            usage=self._usage(index))
         return chunk_json(chunk)
 
     def opening(self) -> list[str]:
@@ -473,7 +546,8 @@ class _StreamFramer:
         for i in range(len(self.states)):
             audio = ChoiceDeltaAudio(id=self.audio_ids[i]) if self.plan.audio_format else None
             out.append(self._chat(i, ChoiceDelta(role="assistant", content="" if self.plan.wants_text else None,
-                                                 audio=audio)))
+                                                 audio=audio),
+                                  modality="text" if self.plan.wants_text else "audio"))
         return out
 
     def on_item(self, i: int, chunk) -> list[str]:
@@ -485,19 +559,30 @@ class _StreamFramer:
             if self.plan.audio_format:
                 audio = ChoiceDeltaAudio(id=self.audio_ids[i], expires_at=self.plan.created,
                                          transcript=state.full_text)
-            return [self._chat(i, ChoiceDelta(audio=audio), state.finish_reason or "stop")]
+            return [self._chat(i, ChoiceDelta(audio=audio), state.finish_reason or "stop",
+                               modality="audio" if audio is not None else "text")]
         state.add(chunk)
         if self.plan.endpoint == "completions":
             return [self._completion(i, chunk.text)] if chunk.text else []
-        content = chunk.text if (chunk.text and self.plan.wants_text) else None
-        audio = None
+        out = []
+        if chunk.text and self.plan.wants_text:
+            out.append(self._chat(i, ChoiceDelta(content=chunk.text)))
         encoder = self.encoders[i]
         if encoder is not None and chunk.audio is not None and chunk.audio.size:
+            # one chunk per modality (vLLM-Omni routes chunks by their ``modality``)
             rate = chunk.sample_rate or self.plan.target.sample_rate or 24000
             audio = ChoiceDeltaAudio(id=self.audio_ids[i], data=encoder.encode(chunk.audio, rate))
-        if content is None and audio is None:
-            return []
-        return [self._chat(i, ChoiceDelta(content=content, audio=audio))]
+            out.append(self._chat(i, ChoiceDelta(audio=audio), modality="audio"))
+        return out
+
+    def metrics_chunk(self, metrics: dict) -> str:
+        """A chunk without choices carrying vLLM-Omni's ``metrics`` object."""
+        cls = ChatCompletionChunk if self.plan.endpoint == "chat" else Completion
+        chunk = cls(id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
+                    choices=[])
+        data = chunk.model_dump(exclude_none=True)
+        data["metrics"] = metrics
+        return json.dumps(data, separators=(",", ":"))
 
     def closing(self) -> list[str]:
         if not self.plan.include_usage:

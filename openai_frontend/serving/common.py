@@ -9,11 +9,60 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+from sse_starlette import EventSourceResponse
+
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
 from ..errors import OpenAIError, bad_request
+from ..schemas import ignored_fields
 
 logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- SSE
+#: Line separator of every server-sent event: ``\n`` (events end in ``\n\n``), as OpenAI's API
+#: and vLLM(-Omni)'s servers send it. sse-starlette's default is ``\r\n``, which the SSE spec
+#: allows but vLLM's benchmark parser (it splits on ``\n\n``) does not.
+SSE_SEPARATOR = "\n"
+
+
+def sse_response(body, **kwargs) -> EventSourceResponse:
+    """An ``EventSourceResponse`` over ``body`` whose events are framed with
+    :data:`SSE_SEPARATOR`; ``kwargs`` go to ``EventSourceResponse`` (``headers``, ``background``).
+
+    ``body`` yields event dicts (``{"data": ..., "event": ...}``): sse-starlette frames those
+    with the response's ``sep`` (a ``ServerSentEvent`` object would keep its own default)."""
+    return EventSourceResponse(body, sep=SSE_SEPARATOR, **kwargs)
+
+
+# --------------------------------------------------------------------------- unknown fields
+#: Where :func:`check_fields` leaves the ignored field names for the ``X-Ignored-Fields``
+#: header (``middleware.IgnoredFieldsHeader``): a key of the request's ``scope["state"]``.
+IGNORED_FIELDS_STATE = "ignored_fields"
+
+
+def check_fields(body, request) -> list[str]:
+    """Unknown request fields, as vLLM treats them (default) or as OpenAI does
+    (``Settings.strict_params``, ``--strict-params``).
+
+    Default: the unknown fields (:func:`schemas.ignored_fields`, dotted paths) are ignored,
+    logged once per request and named in the response's ``X-Ignored-Fields`` header.
+    Strict: the first unknown field is a 400 ``Unrecognized request argument supplied: <field>``
+    (``param`` = the field). Known fields keep their strict type checks either way.
+
+    Returns the ignored field names (``[]`` when all are known).
+    """
+    names = ignored_fields(body)
+    if not names:
+        return names
+    if request.app.state.settings.strict_params:
+        raise bad_request(f"Unrecognized request argument supplied: {names[0]}"
+                          + (f" (and {len(names) - 1} more)" if len(names) > 1 else ""),
+                          param=names[0].split(".")[0], code="unknown_parameter")
+    logger.warning("%s %s: ignoring unknown field(s) %s", request.method, request.url.path,
+                   ", ".join(names))
+    request.scope.setdefault("state", {})[IGNORED_FIELDS_STATE] = names
+    return names
 
 
 # --------------------------------------------------------------------------- model resolution

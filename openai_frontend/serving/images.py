@@ -32,7 +32,8 @@ from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
 from ..errors import OpenAIError, bad_request
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
-from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model, retry_after_stage_restart
+from .stage_metrics import StageClock
+from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model, retry_after_stage_restart, check_fields
 
 from omni_triton.contracts.image import MIN_INFERENCE_STEPS  # noqa: E402 - the stages' floor
 
@@ -133,19 +134,39 @@ def check_aspect_ratio(pixels) -> None:
 class ImageResult:
     """Generated images of one request: ``images`` (pixels and seeds), ``encoded``
     (``omni_triton.media.image.EncodedImage`` files), denoising ``steps`` per image and the denoiser
-    ``seconds`` (images batched together share one denoiser call, counted once)."""
+    ``seconds`` (images batched together share one denoiser call, counted once); ``metrics``:
+    vLLM-Omni's ``metrics`` object when ``return_stage_metrics`` asked for it, else None."""
 
     images: list[GeneratedImage]
     encoded: list
     steps: int
     seconds: float
+    metrics: dict | None = None
+
+
+def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict) -> dict:
+    """The ``pipeline`` entry of an image request's ``stage_metrics``, in vLLM-Omni's terms:
+    ``final_output_type``/``output_unit_type`` ``image``, ``output_unit_count`` (images),
+    ``image_pixels`` (summed), ``stage_gen_time_ms`` (the stages' mean compute times summed:
+    one image through the pipeline) and ``denoise_step_latency_ms`` (the denoiser's own
+    ``DENOISE_SECONDS`` output over its steps)."""
+    n = len(result.images)
+    per_call = result.seconds / max(len(set(im.denoise_seconds for im in result.images)), 1)
+    return {
+        "final_output_type": "image", "output_unit_type": "image", "output_unit_count": n,
+        "image_pixels": n * job.width * job.height,
+        "stage_gen_time_ms": round(sum(e["stage_gen_time_ms"] for e in stage_metrics.values()), 3),
+        "denoise_step_latency_ms": round(per_call * 1000 / result.steps, 3) if result.steps else 0.0,
+        "num_inference_steps": result.steps,
+    }
 
 
 async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
-                   api: str) -> ImageResult:
+                   api: str, stage_metrics: bool = False) -> ImageResult:
     """Run ``job`` on the image model ``info`` under admission control (``job.n`` units) and
     encode the images in ``fmt``. ``api`` labels the request metric (``generations``, ``edits``,
-    ``chat``). Raises ``OpenAIError`` (429) / ``EngineError``."""
+    ``chat``); ``stage_metrics``: fill ``ImageResult.metrics`` (Triton's statistics of the
+    ensemble's steps, ``serving.stage_metrics``). Raises ``OpenAIError`` (429) / ``EngineError``."""
     state = request.app.state
     metrics = state.metrics
 
@@ -153,14 +174,20 @@ async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
         metrics.image_requests.labels(info.name, api, outcome).inc()
 
     async with AdmittedRequest(state, record, cost=job.n):
+        clock = await StageClock.start(state.engine, info, enabled=stage_metrics)
         # Seeded images have no side effects: retried once if a stage dies under them.
         images = await retry_after_stage_restart(
             state.engine, info.name, lambda: state.engine.generate_images(info.name, job))
         encoded = [await asyncio.to_thread(encode_image, im.pixels, fmt, compression) for im in images]
+        steps = images[0].steps if images else 0
+        seconds = round(sum(set(im.denoise_seconds for im in images)), 6)
+        result = ImageResult(images, encoded, steps, seconds)
+        result.metrics = await clock.metrics()
+        if result.metrics is not None:
+            stages = result.metrics["stage_metrics"]
+            stages["pipeline"] = pipeline_summary(result, job, dict(stages))
     metrics.images.labels(info.name).inc(len(images))
-    steps = images[0].steps if images else 0
-    seconds = round(sum(set(im.denoise_seconds for im in images)), 6)
-    return ImageResult(images, encoded, steps, seconds)
+    return result
 
 
 def denoise_headers(result: ImageResult) -> dict[str, str]:
@@ -169,8 +196,8 @@ def denoise_headers(result: ImageResult) -> dict[str, str]:
 
 
 async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
-                   api: str) -> JSONResponse:
-    result = await generate(request, info, job, fmt, compression, api)
+                   api: str, stage_metrics: bool = False) -> JSONResponse:
+    result = await generate(request, info, job, fmt, compression, api, stage_metrics)
     n_chars = len(job.prompt)
     body = ImagesResponse(
         created=int(time.time()),
@@ -181,14 +208,20 @@ async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
         usage=ImageUsage(input_tokens=n_chars, total_tokens=n_chars, num_inference_steps=result.steps,
                          denoise_seconds=result.seconds),
     )
-    return JSONResponse(body.model_dump(), headers=denoise_headers(result))
+    content = body.model_dump()
+    if result.metrics is not None:  # vLLM-Omni: metrics.stage_metrics and stage_durations
+        content["metrics"] = result.metrics
+        content["stage_durations"] = result.metrics["stage_durations"]
+    return JSONResponse(content, headers=denoise_headers(result))
 
 
 async def create_image(body: ImageGenerationRequest, request) -> JSONResponse:
     """``POST /v1/images/generations``."""
+    check_fields(body, request)
     info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_IMAGE)
     job, fmt = plan(body, info)
-    return await _respond(request, info, job, fmt, body.output_compression, "generations")
+    return await _respond(request, info, job, fmt, body.output_compression, "generations",
+                          body.return_stage_metrics)
 
 
 #: multipart limits: file parts (images + mask), form fields, bytes of one non-file field
@@ -238,6 +271,7 @@ async def edit_image(request) -> JSONResponse:
             body = ImageEditForm.model_validate(fields)
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
+        check_fields(body, request)
         if not images:
             raise bad_request("Missing required parameter: 'image'", param="image", code="invalid_value")
         info = await resolve_model(request.app.state.engine, body.model, IMAGE_EDIT)
@@ -262,4 +296,5 @@ async def edit_image(request) -> JSONResponse:
     finally:
         await form.close()
     job = dataclasses.replace(job, image=pixels)
-    return await _respond(request, info, job, fmt, body.output_compression, "edits")
+    return await _respond(request, info, job, fmt, body.output_compression, "edits",
+                          body.return_stage_metrics)

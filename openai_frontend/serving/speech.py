@@ -24,16 +24,18 @@ import logging
 
 import numpy as np
 from fastapi.responses import Response, StreamingResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from omni_triton.media.audio import (
+    RESAMPLE_RATES,
     STREAMING_FORMATS,
+    StreamResampler,
     SUPPORTED_FORMATS,
     UnsupportedFormatError,
     encode_audio,
     float_to_pcm16,
     get_format,
+    resample,
     streaming_wav_header,
 )
 
@@ -48,7 +50,7 @@ from ..schemas import (
     SpeechUsage,
     VoiceList,
 )
-from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect
+from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +102,16 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
             f"The model '{info.name}' does not support 'instructions'", param="instructions",
             code="unsupported_instructions",
         )
+    if body.sample_rate is not None and body.sample_rate not in (*RESAMPLE_RATES, info.sample_rate):
+        raise bad_request(
+            f"sample_rate={body.sample_rate} is not supported; supported rates: "
+            + ", ".join(str(r) for r in sorted({*RESAMPLE_RATES, *([info.sample_rate] if info.sample_rate else [])})),
+            param="sample_rate", code="unsupported_sample_rate")
     name = body.response_format
     if name is None:
         name = DEFAULT_STREAM_FORMAT if body.streaming else DEFAULT_FORMAT
     try:
-        fmt = get_format(name, info.sample_rate)
+        fmt = get_format(name, body.sample_rate or info.sample_rate)
     except UnsupportedFormatError as exc:
         raise bad_request(str(exc), param="response_format", code="unsupported_format") from None
     if body.streaming and name not in STREAMING_FORMATS:
@@ -137,6 +144,7 @@ async def create_speech(body: SpeechRequest, request):
     Returns a ``Response`` (whole clip), ``StreamingResponse`` (raw stream) or
     ``EventSourceResponse`` (SSE). Raises ``OpenAIError`` / ``EngineError`` before any byte is sent.
     """
+    check_fields(body, request)
     state = request.app.state
     engine, metrics = state.engine, state.metrics
     info = await resolve_model(engine, body.model, SPEECH)
@@ -174,12 +182,16 @@ async def create_speech(body: SpeechRequest, request):
                 return _client_gone()
             if not chunks:
                 raise _nothing_to_speak(info.name)
+            clip, rate = np.concatenate(chunks), counted["rate"]
+            if body.sample_rate and body.sample_rate != rate:  # vLLM-Omni's sample_rate (soxr)
+                clip = await asyncio.to_thread(resample, clip, rate, body.sample_rate)
+                rate = counted["rate"] = body.sample_rate
+                counted["samples"] = len(clip)
             try:
-                data = await asyncio.to_thread(encode_audio, np.concatenate(chunks), counted["rate"], fmt.name)
+                data = await asyncio.to_thread(encode_audio, clip, rate, fmt.name)
             except UnsupportedFormatError as exc:  # rate only known after synthesis
                 raise bad_request(str(exc), param="response_format") from None
-            return Response(data, media_type=fmt.content_type,
-                            headers=_audio_headers(fmt.name, counted["rate"]))
+            return Response(data, media_type=fmt.content_type, headers=_audio_headers(fmt.name, rate))
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
         gen = engine.synthesize(info.name, body.input, voice, speed)
@@ -204,19 +216,31 @@ async def create_speech(body: SpeechRequest, request):
             await gen.aclose()
             raise _nothing_to_speak(info.name)
         metrics.ttfa.labels(info.name).observe(req.elapsed())
-        rate = first[1] or info.sample_rate or 24000
+        model_rate = first[1] or info.sample_rate or 24000
+        rate = body.sample_rate or model_rate  # what the client gets (sample_rate: resampled)
         counted["rate"] = rate
+        resampler = StreamResampler(model_rate, rate)
+
+        def pcm(samples: np.ndarray) -> bytes:
+            counted["samples"] += len(samples)
+            return float_to_pcm16(samples)
 
         async def pcm_stream():
-            """Bytes of the ``fmt`` stream: optional WAV header, then int16 PCM per chunk."""
+            """Bytes of the ``fmt`` stream: optional WAV header, then int16 PCM per chunk (at the
+            requested ``sample_rate``: resampled as it streams, the filter's tail at the end)."""
             try:
                 if fmt.name == "wav":
                     yield streaming_wav_header(rate)
-                counted["samples"] += len(first[0])
-                yield float_to_pcm16(first[0])
+                data = pcm(resampler.process(first[0]))
+                if data:
+                    yield data
                 async for chunk, _ in gen:
-                    counted["samples"] += len(chunk)
-                    yield float_to_pcm16(chunk)
+                    data = pcm(resampler.process(chunk))
+                    if data:
+                        yield data
+                data = pcm(resampler.flush())
+                if data:
+                    yield data
             finally:
                 await gen.aclose()
 
@@ -235,7 +259,7 @@ async def create_speech(body: SpeechRequest, request):
                 audio_seconds=round(counted["samples"] / rate, 6), sample_rate=rate))
 
         body_iter = req.hand_over(_sse_events(pcm_stream(), done, req))
-        return EventSourceResponse(body_iter, headers={"X-Sample-Rate": str(rate)},
+        return sse_response(body_iter, headers={"X-Sample-Rate": str(rate)},
                                    background=BackgroundTask(_close_all, body_iter, req))
 
 
@@ -269,17 +293,17 @@ async def _sse_events(stream, done, req: AdmittedRequest):
     try:
         async for data in stream:
             delta = SpeechAudioDelta(audio=base64.b64encode(data).decode("ascii"))
-            yield ServerSentEvent(data=delta.model_dump_json(), event=delta.type)
+            yield dict(data=delta.model_dump_json(), event=delta.type)
     except EngineError as exc:
         logger.warning("speech SSE stream failed: %s", exc.message)
         req.outcome = "error"
         err = SpeechAudioError(error=engine_error_detail(exc))
-        yield ServerSentEvent(data=err.model_dump_json(), event=err.type)
+        yield dict(data=err.model_dump_json(), event=err.type)
         return
     finally:
         await stream.aclose()
     final = done()
-    yield ServerSentEvent(data=final.model_dump_json(), event=final.type)
+    yield dict(data=final.model_dump_json(), event=final.type)
 
 
 async def list_voices(engine, model: str | None) -> VoiceList:

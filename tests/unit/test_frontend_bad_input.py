@@ -40,6 +40,9 @@ class AllFake(ChatFakeEngine):
     async def generate_images(self, model, job):
         return await self.images.generate_images(model, job)
 
+    async def stage_statistics(self, models):
+        return {**await self.images.stage_statistics(models), **await super().stage_statistics(models)}
+
     async def synthesize(self, model, text, voice=None, speed=None):
         self.speech_started += 1
         await asyncio.sleep(0)

@@ -30,12 +30,13 @@ def test_at_least_100_cases_per_endpoint(endpoint):
 
 @pytest.mark.parametrize("endpoint", mp.ENDPOINTS)
 async def test_every_malformed_case_is_a_4xx_with_the_openai_error_body(endpoint):
+    """With ``--strict-params`` (OpenAI's behaviour), so the unknown-field cases are 400s too."""
     engine = AllFake()
-    app = create_app(engine, Settings())
+    app = create_app(engine, Settings(strict_params=True))
     failures, statuses = [], {}
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-        for case in mp.cases(endpoint, MODELS):
+        for case in mp.cases(endpoint, MODELS, strict_params=True):
             r = await c.post(case.path, **case.request_kwargs())
             statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
             problem = mp.check(r.status_code, r.content)

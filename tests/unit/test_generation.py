@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from omni_triton.media.audio import float_to_pcm16
 from openai_frontend.engine import GenerationChunk
 from openai_frontend.generation import (
     END,
@@ -101,12 +102,20 @@ def test_choice_state_keeps_cumulative_tokens_and_audio():
     assert s.samples.tolist() == [1.0, 1.0, 1.0] and s.sample_rate == 16000
 
 
-def test_audio_stream_encoder_wav_stream_decodes():
+def test_audio_stream_encoder_wav_chunks_are_whole_wav_files():
+    """vLLM-Omni's convention: every ``wav`` delta is a complete 16-bit WAV (``wave.open`` reads
+    it alone, as its benchmark client does)."""
+    import wave
+
     enc = AudioStreamEncoder("wav")
     parts = [np.linspace(-0.5, 0.5, 100, dtype=np.float32), np.zeros(50, np.float32)]
-    data = b"".join(base64.b64decode(enc.encode(p, 16000)) for p in parts)
-    y, sr = sf.read(io.BytesIO(data), dtype="float32")
-    assert sr == 16000 and len(y) == 150
-    assert np.allclose(y[:100], parts[0], atol=1 / 32767)
+    for p in parts:
+        data = base64.b64decode(enc.encode(p, 16000))
+        with wave.open(io.BytesIO(data), "rb") as w:
+            assert (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()) == (1, 2, 16000, len(p))
+        y, sr = sf.read(io.BytesIO(data), dtype="float32")
+        assert sr == 16000 and np.allclose(y, p, atol=1 / 32767)
+    pcm = AudioStreamEncoder("pcm16")
+    assert base64.b64decode(pcm.encode(parts[0], 16000)) == float_to_pcm16(parts[0])
     with pytest.raises(ValueError):
         AudioStreamEncoder("mp3")
