@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up used by the README's two commands and by .ci/run:
-#   1. a dependency virtualenv shared by every checkout on this machine, cached in
-#      $OMNI_TRITON_CACHE/venv and rebuilt only when requirements.lock changes; it holds the exact
+#   1. a dependency virtualenv shared by every checkout on this machine with the same lock, cached
+#      in $OMNI_TRITON_CACHE/venv-<lock hash> (a changed requirements.lock builds a new one); it holds the exact
 #      dependency set of requirements.lock, installed with --no-deps (see README "Pins");
 #   2. this checkout's own virtualenv, .venv/ (seconds): it sees the shared dependencies through a
 #      .pth file and has this checkout installed editable, so two clones never run each other's code;
@@ -10,16 +10,18 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export OMNI_TRITON_CACHE="${OMNI_TRITON_CACHE:-$HOME/.cache/omni-triton}"
-DEPS="${OMNI_TRITON_DEPS_VENV:-$OMNI_TRITON_CACHE/venv}"
 VENV="$ROOT/.venv"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 LOCK="$ROOT/requirements.lock"
-STAMP="$DEPS/.omni-triton-lock.sha256"
 want="$( (cat "$LOCK"; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
+# One shared venv per lock (its hash in the name): a checkout with another lock builds its own
+# beside it instead of deleting the one other checkouts' servers are running from.
+DEPS="${OMNI_TRITON_DEPS_VENV:-$OMNI_TRITON_CACHE/venv-${want:0:12}}"
+STAMP="$DEPS/.omni-triton-lock.sha256"
 
 if [ ! -x "$DEPS/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "setup: creating $DEPS from requirements.lock (first run: a few minutes)"
-  rm -rf "$DEPS"
+  rm -rf "$DEPS"  # an interrupted build of this same lock (the stamp is written last)
   "$PYTHON" -m venv "$DEPS"
   "$DEPS/bin/python" -m pip install --quiet --upgrade "pip>=24"
   # torch 2.13.0+cpu comes from the wheel on this machine's disk (pip's find-links), the rest from PyPI.
@@ -30,6 +32,11 @@ if [ ! -x "$DEPS/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; 
 else
   echo "setup: reusing $DEPS (requirements.lock unchanged)"
 fi
+touch "$STAMP"  # last use, for pruning
+# Shared venvs of other locks unused for 14 days are removed (4-5 GB each).
+find "$OMNI_TRITON_CACHE" -maxdepth 2 -path "$OMNI_TRITON_CACHE/venv-*/.omni-triton-lock.sha256" -mtime +14 \
+  -printf '%h\n' 2>/dev/null | grep -vxF "$DEPS" | xargs -r rm -rf
+export OMNI_TRITON_DEPS_VENV="$DEPS"  # the benchmark venv is built on this one
 
 deps_site="$("$DEPS/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.omni-triton-deps" 2>/dev/null)" != "$deps_site $want" ]; then
