@@ -35,7 +35,7 @@ fi
 touch "$STAMP"  # last use, for pruning
 # Shared venvs of other locks unused for 14 days are removed (4-5 GB each).
 find "$OMNI_TRITON_CACHE" -maxdepth 2 -path "$OMNI_TRITON_CACHE/venv-*/.omni-triton-lock.sha256" -mtime +14 \
-  -printf '%h\n' 2>/dev/null | grep -vxF "$DEPS" | xargs -r rm -rf
+  -printf '%h\n' 2>/dev/null | grep -vxF "$DEPS" | xargs -r rm -rf || true
 export OMNI_TRITON_DEPS_VENV="$DEPS"  # the benchmark venv is built on this one
 
 deps_site="$("$DEPS/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
