@@ -18,8 +18,8 @@ fi
 if [ ! -x "$DEPS/bin/python" ]; then
   echo "setup_bench: $DEPS missing; run scripts/setup.sh first" >&2; exit 1
 fi
-want="$( (cat "$ROOT/requirements-bench.lock" "$ROOT/requirements.lock"; "$PYTHON" -c 'import sys; print(sys.version)') \
-        | sha256sum | cut -d' ' -f1)"
+want="$( (cat "$ROOT/requirements-bench.lock" "$ROOT/requirements.lock"; echo "$DEPS"; "$PYTHON" -c 'import sys; print(sys.version)') \
+        | sha256sum | cut -d' ' -f1)"  # $DEPS too: its site-packages path is written into this venv
 if [ -x "$BENCH/bin/vllm-omni" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
   echo "setup: reusing $BENCH (requirements-bench.lock unchanged)"; exit 0
 fi
