@@ -160,6 +160,31 @@ def perf_command(model: str, data_file: Path, url: str = "localhost:8001", *,
     return argv + list(extra)
 
 
+#: Options for a short, bounded measurement that ends on a busy (shared) machine: a few windows of a
+#: few requests each, and any stability accepted (a timing taken on a shared machine is no result).
+QUICK_OPTIONS = ("--measurement-mode", "count_windows", "--measurement-request-count", "5",
+                 "--stability-percentage", "1000", "--max-trials", "3")
+
+
+def read_csv(path: Path) -> list[dict[str, float]]:
+    """Rows of perf_analyzer's ``-f`` CSV export, one per concurrency level, as numbers.
+
+    Columns used: ``Concurrency``, ``Inferences/Second`` (throughput, requests/s at batch 1) and
+    ``p50 latency`` ... ``p99 latency`` (microseconds; for a streaming model, time to the first
+    response).
+
+    Raises:
+        ValueError: the file has no data row or a non-numeric cell.
+    """
+    import csv
+
+    with open(path, newline="") as f:
+        rows = [{k: float(v) for k, v in row.items() if k} for row in csv.DictReader(f)]
+    if not rows:
+        raise ValueError(f"{path}: no measurement row")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)

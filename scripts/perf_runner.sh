@@ -27,7 +27,11 @@ DIR="$CACHE/perf-runner-$key"
 log() { echo "perf_runner: $*" >&2; }
 
 if [ ! -f "$DIR/.base-done" ]; then
-  command -v debootstrap >/dev/null || { log "debootstrap missing: apt-get install debootstrap"; exit 1; }
+  if ! command -v debootstrap >/dev/null; then
+    [ "$(id -u)" = 0 ] || { log "debootstrap missing: apt-get install debootstrap"; exit 1; }
+    log "installing debootstrap (apt-get)"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; } > /dev/null
+  fi
   log "building $DIR (trixie libraries + perf_analyzer $PA_VERSION)"
   start=$SECONDS
   rm -rf "$DIR"; mkdir -p "$DIR/bin"
