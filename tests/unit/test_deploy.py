@@ -23,7 +23,8 @@ def gpu_repo(tmp_path_factory):
 
 @pytest.mark.parametrize("model", sorted(deploy.served_configs()))
 def test_generated_config_matches_contract(gpu_repo, model):
-    path = gpu_repo / model / "config.pbtxt"
+    source = deploy.served_configs()[model]
+    path = gpu_repo / source.parent.parent.name / model / "config.pbtxt"
     test_config_matches_contract(path)
     cpu = deploy.read_config(deploy.served_configs()[model])
     gpu = deploy.read_config(path)
@@ -33,8 +34,8 @@ def test_generated_config_matches_contract(gpu_repo, model):
             assert gpu.parameters[key].string_value == value
         if "instance_group" in entry:
             assert [g.kind for g in gpu.instance_group] == [deploy.model_config_pb2.ModelInstanceGroup.KIND_GPU]
-        if (gpu_repo / model / "1").exists():
-            assert (gpu_repo / model / "1" / "model.py").read_text() == \
+        if (path.parent / "1").exists():
+            assert (path.parent / "1" / "model.py").read_text() == \
                 (deploy.served_configs()[model].parent / "1" / "model.py").read_text()
     else:
         assert gpu == cpu
