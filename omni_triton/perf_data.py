@@ -34,6 +34,8 @@ TINY_DIMS = {
     "omni_hidden": 64,         # qwen3-omni-tiny thinker text hidden_size = talker thinker_hidden_size
     "omni_code_groups": 4,     # talker num_code_groups = code2wav num_quantizers
     "csm_codebooks": 8,        # csm-tiny num_codebooks
+    # qwen3-omni-tiny config.json token ids: the talker finds the chat turns in SEQUENCE by them
+    "omni_im_start": 1, "omni_im_end": 2, "omni_user": 282, "omni_assistant": 278,
 }
 
 _TEXT = "Measured with perf analyzer."
@@ -76,9 +78,13 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     denoise = {**embeds, **{k: image_in[k] for k in (image.HEIGHT, image.WIDTH, image.NUM_INFERENCE_STEPS,
                                                      image.TRUE_CFG_SCALE, image.GUIDANCE_SCALE, image.SEED)}}
     hid, groups, frames = dims["omni_hidden"], dims["omni_code_groups"], 4
-    talker_in = {chat.SEQUENCE: np.arange(1, 7, dtype=np.int64), chat.PROMPT_LEN: _i32(4),
-                 chat.THINKER_EMBEDS: np.zeros((5, hid), np.float32),
-                 chat.THINKER_HIDDEN: np.zeros((5, hid), np.float32),
+    # <|im_start|>user 20 21 <|im_end|> <|im_start|>assistant | 30 31 32 (3 generated tokens)
+    prompt = [dims["omni_im_start"], dims["omni_user"], 20, 21, dims["omni_im_end"], dims["omni_im_start"],
+              dims["omni_assistant"]]
+    sequence = np.array(prompt + [30, 31, 32], np.int64)
+    talker_in = {chat.SEQUENCE: sequence, chat.PROMPT_LEN: _i32(len(prompt)),
+                 chat.THINKER_EMBEDS: np.zeros((len(sequence) - 1, hid), np.float32),
+                 chat.THINKER_HIDDEN: np.zeros((len(sequence) - 1, hid), np.float32),
                  chat.TTS_EMBEDS: np.zeros((3, hid), np.float32)}
     table = {
         "llm": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling},
