@@ -31,6 +31,7 @@ TINY_DIMS = {
     "image_packed_channels": 16,  # transformer in_channels (z_dim 4 x 2x2 patch)
     "image_z_dim": 4,          # vae z_dim
     "image_vae_scale": 8,      # vae spatial down-sampling
+    "edit_condition_latent": 128,  # the edit VAE encoder resizes the condition image to ~1024x1024 px
     "omni_hidden": 64,         # qwen3-omni-tiny thinker text hidden_size = talker thinker_hidden_size
     "omni_code_groups": 4,     # talker num_code_groups = code2wav num_quantizers
     "csm_codebooks": 8,        # csm-tiny num_codebooks
@@ -108,7 +109,8 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
         "qwen_image_edit_vae_encoder": {image.IMAGE: rgb},
         "qwen_image_denoiser": denoise,
         "qwen_image_edit_denoiser": {**denoise, image.IMAGE: rgb,
-                                     image.IMAGE_LATENTS: np.zeros((dims["image_z_dim"], 1, lat, lat), np.float32)},
+                                     image.IMAGE_LATENTS: np.zeros((dims["image_z_dim"], 1, dims["edit_condition_latent"],
+                                                                             dims["edit_condition_latent"]), np.float32)},
         "qwen_image_vae_decoder": {image.LATENTS: np.zeros(((lat // 2) ** 2, dims["image_packed_channels"]),
                                                            np.float32),
                                    image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE)},
@@ -143,7 +145,7 @@ def write_all(outdir: Path, models: list[str] | None = None) -> list[Path]:
         path = outdir / model / "input_data.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = perf_json(example_inputs(model))
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
         paths.append(path)
     return paths
 
