@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# GPU container entrypoint: download the profile's checkpoints into $OMNI_TRITON_CACHE/models
+# (skipped when present; needs HF_TOKEN for gated repositories), then serve.
+set -euo pipefail
+cd /opt/omni-triton
+python3 -m omni_triton.deploy checkpoints | while read -r folder repo; do
+  case "$repo" in */*) ;; *) continue ;; esac  # entries that are not hub repositories
+  if [ ! -e "$OMNI_TRITON_CACHE/models/$folder/.complete" ]; then
+    huggingface-cli download "$repo" --local-dir "$OMNI_TRITON_CACHE/models/$folder"
+    touch "$OMNI_TRITON_CACHE/models/$folder/.complete"
+  fi
+done
+exec omni-triton serve --host 0.0.0.0 --triton-host 0.0.0.0 "$@"

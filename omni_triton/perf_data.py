@@ -1,0 +1,217 @@
+"""perf_analyzer input data for every served model, built from the contracts.
+
+``perf_analyzer --input-data FILE`` reads ``{"data": [{NAME: {"content": [...], "shape": [...]}}]}``:
+``content`` is the tensor flattened (strings for BYTES), ``shape`` its dims *without* the batch
+dimension for dynamically batched models (perf_analyzer adds it from ``-b``) and the full shape for
+the others. :func:`example_inputs` gives one valid request per model (client-facing inputs the
+stages accept; inter-stage tensors such as embeddings, latents and codec frames zero-filled at the
+sizes of the embedded tiny checkpoints, which the GPU checkpoints do not share: regenerate with
+``--dims`` values of the real model for those). ``python -m omni_triton.perf_data write OUTDIR`` writes
+``OUTDIR/<model>/input_data.json``; ``tests/unit/test_perf_data.py`` checks the committed files
+against the contracts and this generator.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from omni_triton.contracts import chat, image, speech
+from omni_triton.contracts.tensors import StageContract
+
+#: Every served model's contract (stages, BLS models, ensembles), by model name.
+CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS}
+
+#: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
+TINY_DIMS = {
+    "image_text_hidden": 32,   # qwen-image(-edit)-tiny text_encoder hidden_size = joint_attention_dim
+    "image_packed_channels": 16,  # transformer in_channels (z_dim 4 x 2x2 patch)
+    "image_z_dim": 4,          # vae z_dim
+    "image_vae_scale": 8,      # vae spatial down-sampling
+    "edit_condition_latent": 128,  # the edit VAE encoder resizes the condition image to ~1024x1024 px
+    "omni_hidden": 64,         # qwen3-omni-tiny thinker text hidden_size = talker thinker_hidden_size
+    "omni_code_groups": 4,     # talker num_code_groups = code2wav num_quantizers
+    "csm_codebooks": 8,        # csm-tiny num_codebooks
+    # qwen3-omni-tiny config.json token ids: the talker finds the chat turns in SEQUENCE by them
+    "omni_im_start": 1, "omni_im_end": 2, "omni_user": 282, "omni_assistant": 278,
+}
+
+_TEXT = "Measured with perf analyzer."
+_SIZE = 32  # pixels: the smallest image the tiny pipelines serve quickly (multiple of 16)
+
+
+def _u8(value: str) -> np.ndarray:
+    return np.array([value.encode("utf-8")], dtype=np.object_)
+
+
+def _i32(v: int) -> np.ndarray:
+    return np.array([v], np.int32)
+
+
+def _f32(v: float) -> np.ndarray:
+    return np.array([v], np.float32)
+
+
+def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np.ndarray]:
+    """One request's inputs for ``model``: name -> array *without* a batch dimension.
+
+    Args:
+        model: a key of :data:`CONTRACTS`.
+        dims: inter-stage sizes (:data:`TINY_DIMS` keys).
+
+    Raises:
+        KeyError: an unknown model.
+    """
+    messages = _u8(json.dumps([{"role": "user", "content": "Say hello."}]))
+    sampling = _u8(json.dumps({"max_tokens": 8, "temperature": 0.0}))
+    h = dims["image_text_hidden"]
+    lat = _SIZE // dims["image_vae_scale"]
+    image_in = {image.PROMPT: _u8("a red square"), image.NEGATIVE_PROMPT: _u8(""),
+                image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE), image.NUM_INFERENCE_STEPS: _i32(2),
+                image.TRUE_CFG_SCALE: _f32(1.0), image.GUIDANCE_SCALE: _f32(0.0),
+                image.SEED: np.array([0], np.int64)}
+    rgb = np.full((_SIZE, _SIZE, 3), 128, np.uint8)
+    embeds = {image.PROMPT_EMBEDS: np.zeros((4, h), np.float32),
+              image.NEGATIVE_PROMPT_EMBEDS: np.zeros((0, h), np.float32)}
+    denoise = {**embeds, **{k: image_in[k] for k in (image.HEIGHT, image.WIDTH, image.NUM_INFERENCE_STEPS,
+                                                     image.TRUE_CFG_SCALE, image.GUIDANCE_SCALE, image.SEED)}}
+    hid, groups, frames = dims["omni_hidden"], dims["omni_code_groups"], 4
+    # <|im_start|>user 20 21 <|im_end|> <|im_start|>assistant | 30 31 32 (3 generated tokens)
+    prompt = [dims["omni_im_start"], dims["omni_user"], 20, 21, dims["omni_im_end"], dims["omni_im_start"],
+              dims["omni_assistant"]]
+    sequence = np.array(prompt + [30, 31, 32], np.int64)
+    talker_in = {chat.SEQUENCE: sequence, chat.PROMPT_LEN: _i32(len(prompt)),
+                 chat.THINKER_EMBEDS: np.zeros((len(sequence) - 1, hid), np.float32),
+                 chat.THINKER_HIDDEN: np.zeros((len(sequence) - 1, hid), np.float32),
+                 chat.TTS_EMBEDS: np.zeros((3, hid), np.float32)}
+    table = {
+        "llm": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling},
+        "llm_tts": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
+                    chat.MODALITIES: _u8(json.dumps(["text", "audio"]))},
+        "omni": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
+                 chat.MODALITIES: _u8(json.dumps(["text", "audio"])), chat.MAX_AUDIO_FRAMES: _i32(8)},
+        "omni_thinker": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
+                         chat.TALKER_INPUTS: np.array([True])},
+        "omni_talker": {**talker_in, speech.MAX_FRAMES: _i32(8)},
+        "omni_code2wav": {speech.CODES: np.zeros((frames, groups), np.int64), speech.LEFT_CONTEXT: _i32(0)},
+        "piper_tts": {speech.TEXT: _u8(_TEXT)},
+        "tts": {speech.TEXT: _u8(_TEXT), speech.MAX_FRAMES: _i32(8)},
+        "tts_talker": {speech.TEXT: _u8(_TEXT), speech.MAX_FRAMES: _i32(8)},
+        "tts_code2wav": {speech.CODES: np.zeros((frames, dims["csm_codebooks"]), np.int64),
+                         speech.LEFT_CONTEXT: _i32(0)},
+        "qwen_image": image_in,
+        "qwen_image_edit": {**image_in, image.INPUT_IMAGE: rgb},
+        "qwen_image_text_encoder": {image.PROMPT: image_in[image.PROMPT], image.NEGATIVE_PROMPT: _u8("")},
+        "qwen_image_edit_text_encoder": {image.PROMPT: image_in[image.PROMPT], image.IMAGE: rgb},
+        "qwen_image_edit_vae_encoder": {image.IMAGE: rgb},
+        "qwen_image_denoiser": denoise,
+        "qwen_image_edit_denoiser": {**denoise, image.IMAGE: rgb,
+                                     image.IMAGE_LATENTS: np.zeros((dims["image_z_dim"], 1, dims["edit_condition_latent"],
+                                                                             dims["edit_condition_latent"]), np.float32)},
+        "qwen_image_vae_decoder": {image.LATENTS: np.zeros(((lat // 2) ** 2, dims["image_packed_channels"]),
+                                                           np.float32),
+                                   image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE)},
+    }
+    table["qwen_image_edit_vae_decoder"] = table["qwen_image_vae_decoder"]
+    return table[model]
+
+
+def perf_json(inputs: dict[str, np.ndarray]) -> dict:
+    """perf_analyzer's ``--input-data`` document for one request.
+
+    Args:
+        inputs: name -> array with the contract's dims (batch dimension excluded; for the
+            non-batched models the contract's dims are the full shape).
+    """
+    entry = {}
+    for name, array in inputs.items():
+        if array.dtype == np.object_:
+            content = [v.decode("utf-8") for v in array.reshape(-1)]
+        elif array.dtype == np.bool_:
+            content = [bool(v) for v in array.reshape(-1)]
+        else:
+            content = array.reshape(-1).tolist()
+        entry[name] = {"content": content, "shape": list(array.shape)}
+    return {"data": [entry]}
+
+
+def write_all(outdir: Path, models: list[str] | None = None) -> list[Path]:
+    """Write ``outdir/<model>/input_data.json`` for ``models`` (default: all); returns the paths."""
+    paths = []
+    for model in models or sorted(CONTRACTS):
+        path = outdir / model / "input_data.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = perf_json(example_inputs(model))
+        path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+        paths.append(path)
+    return paths
+
+
+def perf_command(model: str, data_file: Path, url: str = "localhost:8001", *,
+                 perf_analyzer: str = "perf_analyzer", extra: list[str] = ()) -> list[str]:
+    """The perf_analyzer argv for ``model`` over gRPC: ``--streaming`` for decoupled models
+    (perf_analyzer needs it for them and measures until the final response), batch size 1.
+
+    Args:
+        model: a key of :data:`CONTRACTS`.
+        data_file: its ``input_data.json``.
+        url: Triton's gRPC ``host:port``.
+        perf_analyzer: the executable (``scripts/perf_runner.sh``'s ``bin/perf_analyzer`` here).
+        extra: more perf_analyzer options, appended (later ones win).
+    """
+    argv = [perf_analyzer, "-m", model, "-i", "grpc", "-u", url, "--input-data", str(data_file), "-b", "1"]
+    if CONTRACTS[model].decoupled:
+        argv.append("--streaming")
+    return argv + list(extra)
+
+
+#: Options for a short, bounded measurement that ends on a busy (shared) machine: a few windows of a
+#: few requests each, and any stability accepted (a timing taken on a shared machine is no result).
+QUICK_OPTIONS = ("--measurement-mode", "count_windows", "--measurement-request-count", "5",
+                 "--stability-percentage", "1000", "--max-trials", "3")
+
+
+def read_csv(path: Path) -> list[dict[str, float]]:
+    """Rows of perf_analyzer's ``-f`` CSV export, one per concurrency level, as numbers.
+
+    Columns used: ``Concurrency``, ``Inferences/Second`` (throughput, requests/s at batch 1) and
+    ``p50 latency`` ... ``p99 latency`` (microseconds; for a streaming model, time to the first
+    response).
+
+    Raises:
+        ValueError: the file has no data row or a non-numeric cell.
+    """
+    import csv
+
+    with open(path, newline="") as f:
+        rows = [{k: float(v) for k, v in row.items() if k} for row in csv.DictReader(f)]
+    if not rows:
+        raise ValueError(f"{path}: no measurement row")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    gen = sub.add_parser("write", help="write OUTDIR/<model>/input_data.json")
+    gen.add_argument("outdir", type=Path)
+    gen.add_argument("--models", default="", help="comma-separated (default: all)")
+    cmd = sub.add_parser("command", help="print the perf_analyzer argv for MODEL, one per line")
+    cmd.add_argument("model", choices=sorted(CONTRACTS))
+    cmd.add_argument("--data", type=Path, required=True)
+    cmd.add_argument("--url", default="localhost:8001")
+    cmd.add_argument("--perf-analyzer", default="perf_analyzer")
+    args = parser.parse_args(argv)
+    if args.cmd == "command":
+        print("\n".join(perf_command(args.model, args.data, args.url, perf_analyzer=args.perf_analyzer)))
+        return 0
+    for path in write_all(args.outdir, [m for m in args.models.split(",") if m] or None):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
