@@ -66,20 +66,22 @@ def can_cancel(iterator) -> bool:
 
 def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: Iterable[str],
                  should_cancel: Callable[[], bool], flags=None, request_id: str | None = None,
-                 ) -> Iterator[dict[str, np.ndarray]]:
+                 batched: bool = False) -> Iterator[dict[str, np.ndarray]]:
     """Stream a decoupled stage's responses as ``{name: array}`` dicts.
 
     After each yielded response ``should_cancel()`` is polled; when it is True (or the caller
     closes this generator early) the stage is cancelled (iterator ``cancel()`` where Triton has
     it, else the cancel flag of ``request_id``, which is then sent as the stage's REQUEST_ID
-    input) and its stream is drained to the FINAL, yielding nothing more.
+    input, ``[1, 1]`` when the stage is dynamically batched: ``batched``) and its stream is
+    drained to the FINAL, yielding nothing more.
 
     Raises:
         StageError: the stage answered with an error (raised after the stream is drained).
     """
     inputs = list(inputs)
     if request_id is not None:
-        inputs.append((REQUEST_ID, utf8_array(request_id)))
+        rid = utf8_array(request_id)
+        inputs.append((REQUEST_ID, rid[None] if batched else rid))
     iterator = _request(model, inputs, outputs).exec(decoupled=True)
 
     def cancel():
