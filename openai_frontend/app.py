@@ -14,7 +14,8 @@ from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
 from .middleware import ApiKey, BodySizeLimit, UnexpectedErrors
-from .routers import audio, chat, images, models, observability
+from .routers import audio, chat, images, models, observability, videos
+from .video_jobs import JobSettings, VideoJobs
 from .stage_watch import ServeStatusWatch
 
 
@@ -34,6 +35,7 @@ class Settings:
     api_key: when set, every path but ``auth_exempt_paths`` needs ``Authorization: Bearer <key>``
         (401 otherwise).
     max_upload_bytes: largest uploaded file part (``/v1/images/edits``); larger is a 413.
+    video: the video job store's settings (``openai_frontend.video_jobs.JobSettings``).
     """
 
     max_inflight: int = 16
@@ -44,6 +46,8 @@ class Settings:
     api_key: str | None = None
     auth_exempt_paths: tuple[str, ...] = ("/health", "/metrics")
     max_upload_bytes: int = 8 << 20
+    #: video jobs (``/v1/videos``): storage folder, queue bound, retention...; None: disabled
+    video: JobSettings | None = None
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -57,9 +61,16 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         watch.start()
+        if settings.video is not None:
+            _app.state.video_jobs = VideoJobs(
+                engine, settings.video,
+                on_event=lambda _id, outcome: _app.state.metrics.video_jobs.labels(outcome).inc())
+            await _app.state.video_jobs.start()
         try:
             yield
         finally:
+            if getattr(_app.state, "video_jobs", None) is not None:
+                await _app.state.video_jobs.stop()
             await watch.stop()
             if close_engine:
                 await engine.close()
@@ -74,6 +85,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     install_error_handlers(app)
     app.include_router(audio.router)
     app.include_router(images.router)
+    app.include_router(videos.router)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(observability.router)
