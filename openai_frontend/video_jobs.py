@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import sqlite3
 import threading
@@ -144,9 +145,13 @@ class JobStore:
         with self._lock:
             self._db.close()
 
-    def _exec(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
+    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:
-            return self._db.execute(sql, args)
+            return self._db.execute(sql, args).fetchall()
+
+    def _write(self, sql: str, args: tuple = ()) -> int:
+        with self._lock:
+            return self._db.execute(sql, args).rowcount
 
     @staticmethod
     def _record(row: sqlite3.Row) -> JobRecord:
@@ -182,8 +187,8 @@ class JobStore:
         return self.get(job_id)
 
     def get(self, job_id: str) -> JobRecord | None:
-        row = self._exec("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return self._record(row) if row else None
+        rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return self._record(rows[0]) if rows else None
 
     def list(self, limit: int = 20, after: str | None = None, order: str = "desc") -> tuple[list[JobRecord], bool]:
         """Jobs in creation order (``asc``/``desc``), starting after the job ``after``; returns
@@ -195,15 +200,15 @@ class JobStore:
         op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
         where, args = "", ()
         if after:
-            row = self._exec("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
-            if row is None:
+            found = self._query("SELECT seq FROM jobs WHERE id = ?", (after,))
+            if not found:
                 raise KeyError(after)
-            where, args = f"WHERE seq {op} ?", (row["seq"],)
-        rows = self._exec(f"SELECT * FROM jobs {where} ORDER BY seq {direction} LIMIT ?", args + (limit + 1,)).fetchall()
+            where, args = f"WHERE seq {op} ?", (found[0]["seq"],)
+        rows = self._query(f"SELECT * FROM jobs {where} ORDER BY seq {direction} LIMIT ?", args + (limit + 1,))
         return [self._record(r) for r in rows[:limit]], len(rows) > limit
 
     def count(self, status: str) -> int:
-        return self._exec("SELECT COUNT(*) FROM jobs WHERE status = ?", (status,)).fetchone()[0]
+        return self._query("SELECT COUNT(*) FROM jobs WHERE status = ?", (status,))[0][0]
 
     def next_queued(self) -> JobRecord | None:
         """Claim the oldest queued job: mark it in progress (attempts + 1) and return it."""
@@ -224,37 +229,37 @@ class JobStore:
 
     def progress(self, job_id: str, progress: int) -> None:
         """Raise a running job's progress (never lowers it)."""
-        self._exec("UPDATE jobs SET progress = MAX(progress, ?) WHERE id = ? AND status = ?",
+        self._write("UPDATE jobs SET progress = MAX(progress, ?) WHERE id = ? AND status = ?",
                    (int(progress), job_id, IN_PROGRESS))
 
     def complete(self, job_id: str, file: str, expires_at: int | None, now: int | None = None) -> None:
         now = int(time.time()) if now is None else now
-        self._exec("UPDATE jobs SET status = ?, progress = 100, completed_at = ?, expires_at = ?, file = ?, "
+        self._write("UPDATE jobs SET status = ?, progress = 100, completed_at = ?, expires_at = ?, file = ?, "
                    "error = NULL WHERE id = ?", (COMPLETED, now, expires_at, file, job_id))
 
     def fail(self, job_id: str, code: str, message: str, now: int | None = None) -> None:
         now = int(time.time()) if now is None else now
-        self._exec("UPDATE jobs SET status = ?, completed_at = ?, error = ? WHERE id = ?",
+        self._write("UPDATE jobs SET status = ?, completed_at = ?, error = ? WHERE id = ?",
                    (FAILED, now, json.dumps({"code": code, "message": message}), job_id))
 
     def requeue(self, job_id: str) -> None:
-        self._exec("UPDATE jobs SET status = ? WHERE id = ? AND status = ?", (QUEUED, job_id, IN_PROGRESS))
+        self._write("UPDATE jobs SET status = ? WHERE id = ? AND status = ?", (QUEUED, job_id, IN_PROGRESS))
 
     def expire(self, job_id: str, message: str) -> None:
-        self._exec("UPDATE jobs SET status = ?, file = NULL, error = ? WHERE id = ? AND status = ?",
+        self._write("UPDATE jobs SET status = ?, file = NULL, error = ? WHERE id = ? AND status = ?",
                    (EXPIRED, json.dumps({"code": "video_expired", "message": message}), job_id, COMPLETED))
 
     def delete(self, job_id: str) -> bool:
-        return self._exec("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
+        return self._write("DELETE FROM jobs WHERE id = ?", (job_id,)) > 0
 
     def with_status(self, *statuses: str) -> list[JobRecord]:
         marks = ",".join("?" * len(statuses))
         return [self._record(r) for r in
-                self._exec(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses).fetchall()]
+                self._query(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses)]
 
     def expired_before(self, now: int) -> list[JobRecord]:
-        rows = self._exec("SELECT * FROM jobs WHERE status = ? AND expires_at IS NOT NULL AND expires_at <= ?",
-                          (COMPLETED, now)).fetchall()
+        rows = self._query("SELECT * FROM jobs WHERE status = ? AND expires_at IS NOT NULL AND expires_at <= ?",
+                           (COMPLETED, now))
         return [self._record(r) for r in rows]
 
 
@@ -385,7 +390,7 @@ class VideoJobs:
     # ------------------------------------------------------------------ internals
     def _expiry(self, completed_at: int) -> int | None:
         r = self.settings.retention_s
-        return None if r is None else int(completed_at + r)
+        return None if r is None else math.ceil(completed_at + r)
 
     def _expire(self, rec: JobRecord) -> None:
         self.video_path(rec.id).unlink(missing_ok=True)
