@@ -49,9 +49,8 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
-from clients.bench_common import (InstancePool, git_commit, machine_info, parse_concurrency,  # noqa: E402
-                                  ratio, stop_all_on_sigterm)
-from clients.bench_diffusion import Result, metric_sum, run_level, summarize  # noqa: E402
+from clients.bench_common import (InstancePool, Result, closed_loop, git_commit, machine_info,  # noqa: E402
+                                  metric_sum, parse_concurrency, ratio, stop_all_on_sigterm, summarize)
 
 MODEL = "wan_t2v"
 DENOISER = "wan_t2v_denoiser"
@@ -187,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_one(10_000 + i)
             n = max(args.requests, c)
             before = denoiser_counts() if path == "frontend" else None
-            res, wall = run_level(run_one, c, n)
+            res, wall = closed_loop(run_one, c, n)
             s = summarize(res, wall, args.slo_ms)
             s["concurrency"] = c
             if before is not None:

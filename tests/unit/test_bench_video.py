@@ -2,7 +2,7 @@
 import json
 
 from clients import bench_video as bv
-from clients.bench_diffusion import Result, summarize
+from clients.bench_common import Result, summarize
 
 
 def _level(latencies, wall):
