@@ -13,6 +13,7 @@ import queue
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Generic, Iterator, Sequence, TypeVar
 
@@ -127,6 +128,51 @@ def closed_loop(run_one: Callable[[int], T], concurrency: int, n: int,
     if failures:
         raise failures[0]
     return [results[i] for i in sorted(results)], wall
+
+
+# ------------------------------------------------------- per-request results of the generation benches
+@dataclass
+class Result:
+    """One request: ``latency_s`` (None if failed), ``error``, denoiser seconds (frontend)."""
+
+    index: int
+    latency_s: float | None = None
+    error: str | None = None
+    denoise_s: float | None = None
+
+
+def summarize(results: Sequence[Result], wall_s: float, slo_ms: float) -> dict:
+    """Aggregate one level (see the module docstring); times in ms rounded to 0.01 ms."""
+    ok = [r for r in results if r.error is None and r.latency_s is not None]
+    lat = [r.latency_s * 1000 for r in ok]
+
+    def rnd(x):
+        return None if x is None else round(float(x), 2)
+
+    latency = {"mean": rnd(sum(lat) / len(lat)) if lat else None,
+               **{f"p{q}": rnd(percentile(lat, q)) for q in (50, 90, 99)},
+               "min": rnd(min(lat)) if lat else None, "max": rnd(max(lat)) if lat else None}
+    den = [r.denoise_s for r in ok if r.denoise_s is not None]
+    return {
+        "requests": len(results), "ok": len(ok), "errors": len(results) - len(ok),
+        "error_messages": sorted({r.error for r in results if r.error})[:5],
+        "latency_ms": latency,
+        "requests_per_s": round(len(ok) / wall_s, 3) if wall_s > 0 and ok else None,
+        "slo_ms": slo_ms,
+        "slo_attainment": round(sum(1 for x in lat if x <= slo_ms) / len(results), 4) if results else None,
+        "denoise_s_mean": round(sum(den) / len(den), 5) if den else None,
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def metric_sum(metrics_text: str, name: str, model: str) -> float:
+    """Sum of the samples of Prometheus metric ``name`` whose ``model`` label is ``model``."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
 
 
 # ------------------------------------------------------------ in-process stage instances

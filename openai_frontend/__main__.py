@@ -8,7 +8,12 @@ import os
 
 import uvicorn
 
+from pathlib import Path
+
+from omni_triton.paths import cache_dir
+
 from .app import Settings, create_app
+from .video_jobs import JobSettings
 from .engine import TritonEngine
 
 
@@ -40,6 +45,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="unknown request fields are a 400 (OpenAI's API) instead of being ignored "
                         "and named in the X-Ignored-Fields header (vLLM's server, the default)")
     p.add_argument("--rpc-timeout", type=float, default=5.0, help="seconds, Triton metadata calls")
+    p.add_argument("--video-storage-dir", default=None,
+                   help="video jobs: SQLite store + MP4s (default: <cache>/videos/<port>)")
+    p.add_argument("--video-max-queued", type=int, default=16, help="queued video jobs; 429 beyond")
+    p.add_argument("--video-max-running", type=int, default=4, help="video jobs streamed to Triton at once")
+    p.add_argument("--video-retention-s", type=float, default=24 * 3600,
+                   help="seconds a finished MP4 is kept; then its job is 'expired' (<= 0: forever)")
+    p.add_argument("--video-max-attempts", type=int, default=3,
+                   help="starts of one job (resumes after restarts included) before it is failed")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -58,6 +71,11 @@ def main(argv=None) -> None:
         api_key=args.api_key,
         auth_exempt_paths=tuple(p.strip() for p in args.auth_exempt_paths.split(",") if p.strip()),
         strict_params=args.strict_params,
+        video=JobSettings(
+            storage_dir=Path(args.video_storage_dir) if args.video_storage_dir else cache_dir() / "videos" / str(args.port),
+            max_queued=args.video_max_queued, max_running=args.video_max_running,
+            retention_s=args.video_retention_s if args.video_retention_s > 0 else None,
+            max_attempts=args.video_max_attempts),
     )
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())

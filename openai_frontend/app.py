@@ -14,8 +14,9 @@ from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
 from .middleware import ApiKey, BodySizeLimit, IgnoredFieldsHeader, UnexpectedErrors
-from .routers import audio, chat, images, models, observability
+from .routers import audio, chat, images, models, observability, videos
 from .serving.common import IGNORED_FIELDS_STATE
+from .video_jobs import JobSettings, VideoJobs
 from .stage_watch import ServeStatusWatch
 
 
@@ -37,6 +38,7 @@ class Settings:
     max_upload_bytes: largest uploaded file part (``/v1/images/edits``); larger is a 413.
     strict_params: unknown request fields are a 400 "Unrecognized request argument" (OpenAI's
         API) instead of being ignored and named in ``X-Ignored-Fields`` (vLLM's server).
+    video: the video job store's settings (``openai_frontend.video_jobs.JobSettings``).
     """
 
     max_inflight: int = 16
@@ -48,6 +50,8 @@ class Settings:
     auth_exempt_paths: tuple[str, ...] = ("/health", "/metrics")
     max_upload_bytes: int = 8 << 20
     strict_params: bool = False
+    #: video jobs (``/v1/videos``): storage folder, queue bound, retention...; None: disabled
+    video: JobSettings | None = None
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -61,9 +65,16 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         watch.start()
+        if settings.video is not None:
+            _app.state.video_jobs = VideoJobs(
+                engine, settings.video,
+                on_event=lambda _id, outcome: _app.state.metrics.video_jobs.labels(outcome).inc())
+            await _app.state.video_jobs.start()
         try:
             yield
         finally:
+            if getattr(_app.state, "video_jobs", None) is not None:
+                await _app.state.video_jobs.stop()
             await watch.stop()
             if close_engine:
                 await engine.close()
@@ -78,6 +89,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     install_error_handlers(app)
     app.include_router(audio.router)
     app.include_router(images.router)
+    app.include_router(videos.router)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(observability.router)

@@ -83,5 +83,17 @@ class FrontendMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.video_requests = Counter(
+            "omni_frontend_video_requests",
+            "Video requests by model, API (jobs/sync) and outcome",
+            ["model", "api", "outcome"],
+            registry=self.registry,
+        )
+        self.video_jobs = Counter(
+            "omni_frontend_video_jobs",
+            "Video jobs that ended, by outcome (completed, failed, expired)",
+            ["outcome"],
+            registry=self.registry,
+        )
         if admission is not None:
             self.inflight.set_function(lambda: admission.inflight)

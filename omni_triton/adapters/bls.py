@@ -190,14 +190,15 @@ def can_cancel(iterator) -> bool:
 
 def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: Iterable[str],
                  should_cancel: Callable[[], bool], flags=None, request_id: str | None = None,
-                 parent=None) -> Iterator[dict[str, np.ndarray]]:
+                 parent=None, batched: bool = False) -> Iterator[dict[str, np.ndarray]]:
     """Stream a decoupled stage's responses as ``{name: array}`` dicts.
 
     After each yielded response ``should_cancel()`` is polled; when it is True (or the caller
     closes this generator early) the stage is cancelled (iterator ``cancel()`` where Triton has
     it, else the cancel flag of ``request_id``, which is then sent as the stage's REQUEST_ID
-    input) and its stream is drained to the FINAL, yielding nothing more. The finished iterator
-    is released by :func:`release_iterator` with ``parent`` (the caller's
+    input, ``[1, 1]`` when the stage is dynamically batched: ``batched``) and its stream is
+    drained to the FINAL, yielding nothing more. The finished iterator is released by
+    :func:`release_iterator` with ``parent`` (the caller's
     :class:`~omni_triton.adapters.stream.ResponseStream`, the request this stream works for).
 
     Raises:
@@ -207,7 +208,8 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
     check_stream_thread()
     inputs = list(inputs)
     if request_id is not None:
-        inputs.append((REQUEST_ID, utf8_array(request_id)))
+        rid = utf8_array(request_id)
+        inputs.append((REQUEST_ID, rid[None] if batched else rid))
     sent, received, start = _payload(inputs), 0, time.monotonic()
     # The only reference this generator keeps: emptied by release_iterator.
     holder = [_request(model, inputs, outputs).exec(decoupled=True)]

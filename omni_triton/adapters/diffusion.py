@@ -9,7 +9,7 @@ call lives in ``omni_triton.stages.diffusion`` and is unit-tested without Triton
 import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
-from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, scalar_input
+from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, is_cancelled, scalar_input
 from omni_triton.contracts import image as im
 
 
@@ -75,7 +75,9 @@ class VaeEncoder(_DiffusionStage):
 class Denoiser(_DiffusionStage):
     """Denoiser stage: the diffusers pipeline's own loop (``output_type="latent"``); compatible
     requests share one pipeline call, each with its own seed. Outputs LATENTS (packed, float32),
-    NUM_STEPS (int32), DENOISE_SECONDS (float32). Logic: ``omni_triton.stages.diffusion.denoise``."""
+    NUM_STEPS (int32), DENOISE_SECONDS (float32). When every request of a pipeline call is
+    cancelled (its HTTP client left; Triton's ``is_cancelled``), the call stops at the next step
+    boundary; a call with one live request runs on for it. Logic: ``omni_triton.stages.diffusion.denoise``."""
 
     def setup(self, args, params):
         forward_logs_to_triton("omni_triton.diffusion")  # per-step progress in Triton's log
@@ -94,7 +96,9 @@ class Denoiser(_DiffusionStage):
             negative_prompt_embeds=input_array(request, im.NEGATIVE_PROMPT_EMBEDS, required=False),
             height=height, width=width, steps=steps, seed=scalar_input(request, im.SEED, int),
             true_cfg_scale=true_cfg or 1.0,
-            guidance_scale=guidance if guidance and guidance > 0 else None)
+            guidance_scale=guidance if guidance and guidance > 0 else None,
+            # a started batch stops at the next step once all its clients left
+            cancelled=lambda: is_cancelled(request))
         if self.edit:
             item.image = self.d.image_from_array(input_array(request, im.IMAGE))
             self.d.check_condition_image(self.pipe, item.image)

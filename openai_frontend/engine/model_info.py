@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
+from omni_triton.contracts import video as video_contract
 from omni_triton.contracts import speech as speech_contract
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class ModelInfo:
     ensemble_steps: tuple[str, ...] = ()
     #: Prepared model folders the model loads (config parameter ``assets``, ``omni_triton.paths.model_dir``).
     assets: tuple[str, ...] = ()
+    #: Every config parameter as a string (video models read theirs in ``serving.videos``).
+    parameters: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def stage_models(self) -> tuple[str, ...]:
@@ -99,6 +102,8 @@ class ModelInfo:
             return self.modalities
         if self.is_image:
             return ("image",)
+        if self.is_video:
+            return ("video",)
         if self.is_speech:
             return ("audio",)
         if self.is_chat or self.is_completion:
@@ -121,6 +126,11 @@ class ModelInfo:
         return image_contract.PROMPT in self.inputs and image_contract.IMAGE in self.outputs
 
     @property
+    def is_video(self) -> bool:
+        """Prompt in, frames out (``PROMPT`` -> ``VIDEO``, the Wan BLS): servable by ``/v1/videos``."""
+        return video_contract.PROMPT in self.inputs and video_contract.VIDEO in self.outputs
+
+    @property
     def is_image_edit(self) -> bool:
         """An image model that takes a condition image (``INPUT_IMAGE``)."""
         return self.is_image and image_contract.INPUT_IMAGE in self.inputs
@@ -130,6 +140,8 @@ class ModelInfo:
         """``image``, ``audio`` or ``text`` (what ``/v1/models`` reports)."""
         if self.is_image:
             return "image"
+        if self.is_video:
+            return "video"
         if speech_contract.AUDIO in self.outputs:
             return "audio"
         return "text"
@@ -201,6 +213,7 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
         max_model_len=_int("max_model_len"),
         ensemble_steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
         assets=tuple(a.strip() for a in params.get("assets", "").split(",") if a.strip()),
+        parameters=dict(params),
     )
 
 

@@ -108,6 +108,38 @@ class StageStatistics:
     compute_ns: int = 0
 
 
+@dataclass(frozen=True)
+class VideoJob:
+    """What to generate on a text-to-video model: ``num_frames`` frames of ``width`` x
+    ``height`` pixels for ``prompt`` with ``steps`` denoising steps and ``seed``. Optional scales
+    ``None``: the model's own (docs/video_contracts.md)."""
+
+    prompt: str
+    width: int
+    height: int
+    num_frames: int
+    steps: int
+    seed: int
+    negative_prompt: str = ""
+    guidance_scale: float = 4.0
+    guidance_scale_2: float | None = None
+    boundary_ratio: float | None = None
+    flow_shift: float | None = None
+
+
+@dataclass(frozen=True)
+class VideoEvent:
+    """One response of a video model: progress (``step`` of ``total`` denoising steps finished),
+    or the last one with ``frames`` (``uint8 [F, H, W, 3]`` RGB), the steps run and the
+    denoiser's wall time (seconds)."""
+
+    step: int = 0
+    total: int = 0
+    frames: np.ndarray | None = None
+    num_steps: int | None = None
+    denoise_seconds: float | None = None
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What the routers need from a backend."""

@@ -32,13 +32,14 @@ from tritonclient.utils import InferenceServerException
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
 from omni_triton.contracts import speech as speech_contract
+from omni_triton.contracts import video as video_contract
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, wrap_inputs
 
 from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
                      ModelNotReadyError, StageRestartedError, TritonUnavailableError)
 from .model_info import ModelInfo, model_info_from_config, unready_dependencies
 from .protocol import (AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob,
-                       StageStatistics)
+                       StageStatistics, VideoEvent, VideoJob)
 
 logger = logging.getLogger(__name__)
 
@@ -320,6 +321,37 @@ class TritonEngine:
             if not finished:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+
+    async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncIterator[VideoEvent]:
+        """One ``ModelStreamInfer`` RPC on the video BLS ``model``: a :class:`VideoEvent` per
+        finished denoising step, then one with the frames. Closing the iterator (or cancelling
+        the task) cancels the RPC, which stops the denoiser at its next step boundary.
+
+        Raises:
+            EngineError: as :meth:`_stream`; ``InferenceError`` when the stream ends without frames.
+        """
+        inputs = _infer_inputs(video_contract.video_inputs(
+            job.prompt, width=job.width, height=job.height, num_frames=job.num_frames, steps=job.steps,
+            seed=job.seed, negative_prompt=job.negative_prompt, guidance_scale=job.guidance_scale,
+            guidance_scale_2=job.guidance_scale_2, boundary_ratio=job.boundary_ratio, flow_shift=job.flow_shift))
+        got_frames = False
+        async for result in self._stream(model, inputs, request_id or uuid.uuid4().hex):
+            frames = result.as_numpy(video_contract.VIDEO)
+            if frames is not None:
+                got_frames = True
+                steps = result.as_numpy(video_contract.NUM_STEPS)
+                seconds = result.as_numpy(video_contract.DENOISE_SECONDS)
+                yield VideoEvent(frames=np.asarray(frames, dtype=np.uint8),
+                                 num_steps=int(steps.reshape(-1)[0]) if steps is not None else None,
+                                 denoise_seconds=float(seconds.reshape(-1)[0]) if seconds is not None else None)
+                continue
+            step = result.as_numpy(video_contract.STEP)
+            if step is not None:
+                total = result.as_numpy(video_contract.TOTAL_STEPS)
+                yield VideoEvent(step=int(step.reshape(-1)[0]),
+                                 total=int(total.reshape(-1)[0]) if total is not None else job.steps)
+        if not got_frames:
+            raise InferenceError(f"{model}: the stream ended without a video")
 
     async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
         """``job.n`` unary ``ModelInfer`` calls on the ensemble ``model``, all in flight at once.

@@ -30,7 +30,7 @@ import pytest
 from omni_triton.launcher import free_port
 from omni_triton.paths import cache_dir
 
-E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit")  # dev knob: fewer models
+E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v")  # dev knob: fewer models
 READY_TIMEOUT_S = 600
 
 
@@ -148,6 +148,8 @@ def stack(tmp_path_factory, request):
         "--triton-grpc-port", str(ports["grpc"]),
         "--triton-metrics-port", str(ports["metrics"]),
         "--ready-timeout", str(READY_TIMEOUT_S),
+        # the video job store of this session (SQLite + MP4s), not one in the shared cache
+        f"--frontend-arg=--video-storage-dir={tmp_path_factory.mktemp('videos')}",
     ]
     triton_log = cache_dir() / "logs" / f"tritonserver-{ports['http']}.log"  # TritonServer's default
     old_crash_logs = _crash_logs(triton_log)

@@ -333,9 +333,11 @@ def test_every_stage_that_reads_bls_streams_runs_on_one_thread_per_instance():
     from omni_triton.adapters.chat import LlmTtsPipeline
     from omni_triton.adapters.omni import OmniPipeline
     from omni_triton.adapters.speech import TtsPipeline
+    from omni_triton.adapters.video import WanT2VPipeline
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
-    for name, cls in [("llm_tts", LlmTtsPipeline), ("tts", TtsPipeline), ("omni", OmniPipeline)]:
+    for name, cls in [("llm_tts", LlmTtsPipeline), ("tts", TtsPipeline), ("omni", OmniPipeline),
+                      ("wan_t2v", WanT2VPipeline)]:
         assert cls.reads_bls_streams and cls.workers == 0, name
         config = text_format.Parse((root / "model_repository" / name / "config.pbtxt").read_text(),
                                    model_config_pb2.ModelConfig())

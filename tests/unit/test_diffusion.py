@@ -167,6 +167,34 @@ def test_incompatible_items_run_as_separate_groups(pipe):
     np.testing.assert_array_equal(images[1], ref)  # alone in its group: bit-exact
 
 
+def test_a_batch_whose_clients_all_left_stops_at_the_next_step(pipe):
+    """A started image batch stops once every one of its requests is cancelled (it used to run to
+    its last step for clients that were gone); one live request keeps the call going."""
+    e = d.encode_prompts(pipe, ["a red fox"])[0]
+    forwards = []
+    hook = pipe.transformer.register_forward_hook(lambda *a: forwards.append(1))
+    polls = {"a": 0}
+
+    def gone_after_two():
+        polls["a"] += 1
+        return polls["a"] >= 2
+
+    try:
+        items = [d.DenoiseItem(e, 32, 32, 6, 1, cancelled=gone_after_two),
+                 d.DenoiseItem(e, 32, 32, 6, 2, cancelled=lambda: True)]
+        results = d.denoise(pipe, items)
+        assert [r.steps for r in results] == [2, 2] and all(r.interrupted for r in results)
+        assert len(forwards) == 2  # one batched DiT forward per step, two steps
+        forwards.clear()
+        items = [d.DenoiseItem(e, 32, 32, 4, 1, cancelled=lambda: False),
+                 d.DenoiseItem(e, 32, 32, 4, 2, cancelled=lambda: True)]
+        results = d.denoise(pipe, items)
+        assert [r.steps for r in results] == [4, 4] and not any(r.interrupted for r in results)
+        assert len(forwards) == 4
+    finally:
+        hook.remove()
+
+
 def test_cfg_changes_the_image(pipe):
     plain = d.staged_images(pipe, "a red fox", height=32, width=32, steps=2, seed=4)
     cfg = d.staged_images(pipe, "a red fox", height=32, width=32, steps=2, seed=4,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ class DenoiseItem:
         guidance_scale: guidance-distilled models only (``None`` otherwise).
         image: edit only: the condition image (PIL) as the client sent it.
         image_latents: edit only: its :func:`vae_encode` latents ``[z, 1, h, w]``.
+        cancelled: ``() -> bool``, polled after every step (the Triton request's cancellation);
+            when it is True for every item of a pipeline call, the call stops at that step
+            boundary (``pipe._interrupt``) instead of running to its end for clients that left.
     """
 
     prompt_embeds: np.ndarray
@@ -42,6 +45,7 @@ class DenoiseItem:
     guidance_scale: float | None = None
     image: object | None = None
     image_latents: np.ndarray | None = None
+    cancelled: Callable[[], bool] | None = None
 
     @property
     def cfg(self) -> bool:
@@ -51,12 +55,14 @@ class DenoiseItem:
 
 @dataclass
 class DenoiseResult:
-    """Latents ``float32 [S, C]`` of one item, the steps it ran and the wall time (seconds) of the
-    pipeline call it was part of (shared by its batch)."""
+    """Latents ``float32 [S, C]`` of one item, the steps it ran, the wall time (seconds) of the
+    pipeline call it was part of (shared by its batch), and whether that call was interrupted
+    (every item cancelled: the latents are unfinished)."""
 
     latents: np.ndarray
     steps: int
     seconds: float
+    interrupted: bool = False
 
 
 def denoise_key(item: DenoiseItem) -> tuple:
@@ -87,13 +93,22 @@ class _ProgressLog:
     INFO line (so a 50-step generation shows progress, a 2-step one stays quiet) and at the end.
     """
 
-    def __init__(self, label: str, total: int, interval_s: float = 2.0):
+    def __init__(self, label: str, total: int, interval_s: float = 2.0,
+                 cancelled: Sequence[Callable[[], bool] | None] = ()):
         self.label, self.total, self.interval_s = label, total, interval_s
         self.start = self.last = time.perf_counter()
         self.steps = 0
+        self.cancelled = list(cancelled)
+        self.interrupted = False
 
     def __call__(self, pipe, i, t, kwargs):
         self.steps = i + 1
+        if (self.cancelled and all(c is not None for c in self.cancelled) and self.steps < self.total
+                and all(c() for c in self.cancelled)):
+            pipe._interrupt = True  # the loop skips every later step (`if self.interrupt: continue`)
+            self.interrupted = True
+            LOGGER.info("%s: every request cancelled, stopped at step %d/%d", self.label, self.steps, self.total)
+            return {}
         now = time.perf_counter()
         msg = "%s: step %d/%d (%.2f s)"
         args = (self.label, i + 1, self.total, now - self.start)
@@ -137,7 +152,7 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
         else:
             kwargs.update(true_cfg_scale=1.0)
         progress = _ProgressLog(f"{label} batch of {len(group)} ({first.width}x{first.height})",
-                                first.steps, progress_interval_s)
+                                first.steps, progress_interval_s, [g.cancelled for g in group])
         kwargs["callback_on_step_end"] = progress
         start = time.perf_counter()
         with torch.no_grad():
@@ -148,7 +163,7 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
                 latents = pipe(**kwargs).images
         seconds = time.perf_counter() - start
         for j, i in enumerate(idx):
-            results[i] = DenoiseResult(latents[j].float().numpy(), progress.steps, seconds)
+            results[i] = DenoiseResult(latents[j].float().numpy(), progress.steps, seconds, progress.interrupted)
     return results  # type: ignore[return-value]
 
 

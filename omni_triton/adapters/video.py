@@ -1,0 +1,271 @@
+"""``TritonPythonModel`` classes of the Wan2.2 video pipeline (contract:
+``omni_triton.contracts.video``): ``wan_t2v`` (BLS, decoupled) -> ``wan_t2v_text_encoder``
+(batched) -> ``wan_t2v_denoiser`` (decoupled + dynamic batching) -> ``wan_t2v_vae_decoder``
+(batched). Stub-only imports; the logic lives in ``omni_triton.stages.wan``.
+
+Why a BLS orchestrator and a decoupled denoiser: the denoiser streams one STEP response per
+finished step (progress), and an ensemble would feed every one of those responses into the VAE
+decoder; the BLS forwards the STEP responses to its client, keeps the last (latents) one for the
+decoder, and turns its own client's cancellation into the denoiser's (the REQUEST_ID cancel flag
+on 2.51, iterator ``cancel()`` on 2.57+), which stops the pipeline call at its next step boundary.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+import numpy as np
+
+from omni_triton.adapters.batched import BatchedStage, set_torch_threads
+from omni_triton.adapters.bls import call_stage, stream_stage
+from omni_triton.adapters.stream import DecoupledStage, Final, ResponseStream
+from omni_triton.adapters.triton_io import (
+    StageMetrics,
+    input_array,
+    model_parameters,
+    optional_str_input,
+    scalar_input,
+)
+from omni_triton.contracts import video as vc
+from omni_triton.contracts.tensors import REQUEST_ID, InputError, scalar_array, utf8_array
+
+LOGGER = logging.getLogger("omni_triton.video")
+
+
+def _load(params):
+    from omni_triton.checkpoints.wan import checkpoint_dir
+    from omni_triton.stages import wan
+
+    set_torch_threads()
+    return wan, wan.load_pipeline(checkpoint_dir(params["model_name"]))
+
+
+def _limits(params) -> vc.VideoLimits:
+    return vc.VideoLimits(int(params.get("size_multiple", 16)), int(params.get("max_size", 1280)),
+                          int(params.get("frame_multiple", 4)), int(params.get("max_frames", 81)),
+                          int(params.get("max_steps", 50)))
+
+
+class TextEncoder(BatchedStage):
+    """UMT5: PROMPT (+ NEGATIVE_PROMPT) -> PROMPT_EMBEDS [1, L, D], NEGATIVE_PROMPT_EMBEDS
+    [1, L', D] (float32; L' = 0 when NEGATIVE_PROMPT is absent). Logic: ``wan.encode_prompts``."""
+
+    def setup(self, args, params):
+        self.wan, self.pipe = _load(params)
+
+    def parse(self, request):
+        prompt = scalar_input(request, vc.PROMPT, str)
+        if not prompt.strip():
+            raise vc.VideoInputError("PROMPT is empty")
+        negative = scalar_input(request, vc.NEGATIVE_PROMPT, str, required=False)
+        return prompt, negative
+
+    def run(self, items):
+        texts = [p for p, _ in items] + [n for _, n in items if n is not None]
+        embeds = iter(self.wan.encode_prompts(self.pipe, texts))
+        prompts = [next(embeds) for _ in items]
+        dim = prompts[0].shape[1]
+        return [(p, next(embeds) if n is not None else np.zeros((0, dim), np.float32))
+                for p, (_, n) in zip(prompts, items)]
+
+    def outputs(self, result):
+        return {vc.PROMPT_EMBEDS: result[0][None], vc.NEGATIVE_PROMPT_EMBEDS: result[1][None]}
+
+
+def parse_request_scalars(request, limits: vc.VideoLimits) -> dict:
+    """HEIGHT, WIDTH, NUM_FRAMES, NUM_INFERENCE_STEPS, GUIDANCE_SCALE(_2), BOUNDARY_RATIO,
+    FLOW_SHIFT, SEED of a request, checked (raises :class:`VideoInputError`)."""
+    height, width = scalar_input(request, vc.HEIGHT, int), scalar_input(request, vc.WIDTH, int)
+    frames, steps = scalar_input(request, vc.NUM_FRAMES, int), scalar_input(request, vc.NUM_INFERENCE_STEPS, int)
+    limits.check(height, width, frames, steps)
+    g2 = scalar_input(request, vc.GUIDANCE_SCALE_2, float, required=False)
+    ratio = scalar_input(request, vc.BOUNDARY_RATIO, float, required=False)
+    shift = scalar_input(request, vc.FLOW_SHIFT, float, required=False)
+    scales = dict(guidance_scale=scalar_input(request, vc.GUIDANCE_SCALE, float),
+                  guidance_scale_2=g2 if g2 is not None and g2 >= 0 else None,
+                  boundary_ratio=ratio if ratio is not None and ratio >= 0 else None,
+                  flow_shift=shift if shift is not None and shift > 0 else None)
+    vc.check_scales(**scales)
+    return dict(height=height, width=width, num_frames=frames, steps=steps,
+                seed=scalar_input(request, vc.SEED, int), **scales)
+
+
+class Denoiser:
+    """``wan_t2v_denoiser`` (decoupled, dynamically batched): the Wan loop for a batch of
+    compatible requests, one STEP/TOTAL_STEPS response per finished step to each request, then
+    LATENTS/NUM_STEPS/DENOISE_SECONDS with FINAL. A cancelled request (Triton's flag or the
+    REQUEST_ID cancel flag) gets its FINAL at once (no latents); when every request of a
+    pipeline call is cancelled, the call stops at the next step boundary (``pipe._interrupt``).
+    Counters: steps run, requests, cancelled, interrupted calls. Logic: ``wan.denoise``."""
+
+    stage = "wan_t2v_denoiser"
+
+    def initialize(self, args):
+        from omni_triton.runtime.cancel_flags import CancelFlags
+
+        self.name = args["model_name"]
+        params = model_parameters(args)
+        self.wan, self.pipe = _load(params)
+        self.limits = _limits(params)
+        self.flags = CancelFlags.for_server()
+        labels = {"model": self.name}
+        self.metrics = StageMetrics(
+            labels,
+            steps=("omni_video_denoise_steps_total", "Denoising steps run (one per pipeline call step)", "counter"),
+            requests=("omni_video_denoise_requests_total", "Videos denoised (requests started)", "counter"),
+            cancelled=("omni_video_denoise_cancelled_total", "Denoiser requests cancelled", "counter"),
+            interrupted=("omni_video_denoise_interrupted_total",
+                         "Pipeline calls stopped at a step boundary (every request cancelled)", "counter"),
+            active=("omni_video_denoise_active", "Videos being denoised now", "gauge"))
+
+    def execute(self, requests):
+        streams, items = [], []
+        for request in requests:
+            try:
+                request_id = optional_str_input(request, REQUEST_ID)
+            except UnicodeDecodeError:
+                request_id = None
+            stream = ResponseStream(request, self.stage, self.flags, request_id,
+                                    on_cancel=lambda: self.metrics.count("cancelled"))
+            try:
+                scalars = parse_request_scalars(request, self.limits)
+                item = self.wan.VideoDenoiseItem(
+                    prompt_embeds=input_array(request, vc.PROMPT_EMBEDS),
+                    negative_prompt_embeds=input_array(request, vc.NEGATIVE_PROMPT_EMBEDS, required=False),
+                    **scalars)
+                if item.cfg and (item.negative_prompt_embeds is None or item.negative_prompt_embeds.shape[0] == 0):
+                    raise vc.VideoInputError("guidance_scale > 1 needs NEGATIVE_PROMPT_EMBEDS")
+            except (InputError, ValueError, UnicodeDecodeError) as exc:
+                stream.invalid(str(exc))
+                self.flags.discard(request_id)
+                continue
+            streams.append(stream)
+            items.append(item)
+        if items:
+            self._run(items, streams)
+        return None
+
+    def _run(self, items, streams):
+        self.metrics.count("requests", len(items))
+        self.metrics.add("active", len(items))
+
+        def on_step(indices, step, total):
+            self.metrics.count("steps")
+            live = 0
+            for i in indices:
+                s = streams[i]
+                if s.final_sent:
+                    continue
+                if s.cancelled():
+                    s.close()  # released at once; the call goes on for its other requests
+                    continue
+                live += 1
+                s.send({vc.STEP: np.array([[step]], np.int32), vc.TOTAL_STEPS: np.array([[total]], np.int32)})
+            if live == 0 and step < total:
+                self.metrics.count("interrupted")
+                LOGGER.info("%s: every request cancelled, stopping at step %d/%d", self.stage, step, total)
+                return True
+            return False
+
+        try:
+            results = self.wan.denoise(self.pipe, items, on_step)
+            for stream, r in zip(streams, results):
+                if stream.final_sent or r.interrupted or stream.cancelled():
+                    stream.close()
+                    continue
+                stream.send({vc.LATENTS: r.latents[None], vc.NUM_STEPS: np.array([[r.steps]], np.int32),
+                             vc.DENOISE_SECONDS: np.array([[r.seconds]], np.float32)}, final=True)
+        except Exception as exc:  # noqa: BLE001 - every request answered with the error
+            for stream in streams:
+                stream.fail(exc)
+        finally:
+            self.metrics.add("active", -len(items))
+            for stream in streams:
+                self.flags.discard(stream.request_id)
+
+    def finalize(self):
+        self.metrics = None
+
+
+class VaeDecoder(BatchedStage):
+    """AutoencoderKLWan: LATENTS [z, f, h, w] -> VIDEO uint8 [F, H, W, 3]. Logic: ``wan.vae_decode``."""
+
+    def setup(self, args, params):
+        self.wan, self.pipe = _load(params)
+
+    def parse(self, request):
+        latents = input_array(request, vc.LATENTS)
+        if latents.ndim != 4 or latents.shape[0] != self.pipe.vae.config.z_dim:
+            raise vc.VideoInputError(f"LATENTS must be [{self.pipe.vae.config.z_dim}, f, h, w], got {list(latents.shape)}")
+        return latents
+
+    def run(self, items):
+        return self.wan.vae_decode(self.pipe, items)
+
+    def outputs(self, video):
+        return {vc.VIDEO: video[None]}
+
+
+class WanT2VPipeline(DecoupledStage):
+    """``wan_t2v`` BLS: text encoder -> denoiser (STEP responses forwarded as progress; the
+    client's cancel becomes the denoiser's) -> VAE decoder -> one final VIDEO response."""
+
+    stage = "wan_t2v"
+    input_error = vc.VideoInputError
+    reads_bls_streams = True  # one request per instance at a time (omni_triton/adapters/bls.py, "One thread")
+    per_instance_metrics = True  # several instances (stub processes)
+    text_encoder, denoiser, vae_decoder = "wan_t2v_text_encoder", "wan_t2v_denoiser", "wan_t2v_vae_decoder"
+    metric_specs = dict(
+        requests=("omni_video_requests_total", "Video requests received", "counter"),
+        invalid=("omni_video_invalid_total", "Video requests refused as invalid", "counter"),
+        cancelled=("omni_video_cancelled_total", "Video requests cancelled by their client", "counter"),
+        active=("omni_video_active_requests", "Video requests in progress", "gauge"),
+    )
+
+    def setup(self, args, params):
+        from omni_triton.runtime.cancel_flags import CancelFlags
+
+        self.limits = _limits(params)
+        self.denoiser_flags = CancelFlags.for_server()
+
+    def parse(self, request):
+        prompt = optional_str_input(request, vc.PROMPT) or ""
+        if not prompt.strip():
+            raise vc.VideoInputError("PROMPT is empty")
+        negative = optional_str_input(request, vc.NEGATIVE_PROMPT) or ""
+        return prompt, negative, parse_request_scalars(request, self.limits)
+
+    def generate(self, job, stream):
+        prompt, negative, s = job
+        cfg = s["guidance_scale"] > 1.0
+        text_in = [(vc.PROMPT, utf8_array(prompt)[None])]
+        if cfg:
+            text_in.append((vc.NEGATIVE_PROMPT, utf8_array(negative)[None]))
+        emb = call_stage(self.text_encoder, text_in, [vc.PROMPT_EMBEDS, vc.NEGATIVE_PROMPT_EMBEDS])
+        inputs = [(vc.PROMPT_EMBEDS, emb[vc.PROMPT_EMBEDS])]
+        if cfg:
+            inputs.append((vc.NEGATIVE_PROMPT_EMBEDS, emb[vc.NEGATIVE_PROMPT_EMBEDS]))
+        inputs += [(name, scalar_array(s[key], dtype)[None]) for name, key, dtype in (
+            (vc.HEIGHT, "height", "INT32"), (vc.WIDTH, "width", "INT32"), (vc.NUM_FRAMES, "num_frames", "INT32"),
+            (vc.NUM_INFERENCE_STEPS, "steps", "INT32"), (vc.GUIDANCE_SCALE, "guidance_scale", "FP32"),
+            (vc.SEED, "seed", "INT64"))]
+        for name, key in ((vc.GUIDANCE_SCALE_2, "guidance_scale_2"), (vc.BOUNDARY_RATIO, "boundary_ratio"),
+                          (vc.FLOW_SHIFT, "flow_shift")):
+            if s[key] is not None:
+                inputs.append((name, scalar_array(s[key], "FP32")[None]))
+        final = None
+        for out in stream_stage(self.denoiser, inputs, [vc.STEP, vc.TOTAL_STEPS, vc.LATENTS, vc.NUM_STEPS,
+                                                        vc.DENOISE_SECONDS],
+                                stream.cancelled, self.denoiser_flags, f"video-{uuid.uuid4().hex}", batched=True, parent=stream):
+            if stream.cancel_seen:
+                break
+            if vc.LATENTS in out:
+                final = out
+            elif vc.STEP in out:
+                yield {vc.STEP: out[vc.STEP].reshape(1), vc.TOTAL_STEPS: out[vc.TOTAL_STEPS].reshape(1)}
+        if final is None or stream.cancel_seen or stream.cancelled():
+            return
+        video = call_stage(self.vae_decoder, [(vc.LATENTS, final[vc.LATENTS])], [vc.VIDEO])[vc.VIDEO]
+        yield Final({vc.VIDEO: video[0], vc.NUM_STEPS: final[vc.NUM_STEPS].reshape(1),
+                     vc.DENOISE_SECONDS: final[vc.DENOISE_SECONDS].reshape(1)})

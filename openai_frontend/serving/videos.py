@@ -1,0 +1,309 @@
+"""``/v1/videos``: asynchronous video jobs (vLLM-Omni's videos API and the OpenAI SDK's
+``client.videos``) and ``POST /v1/videos/sync`` (the MP4 bytes in the response).
+
+Request fields (multipart form, or a JSON body): ``prompt`` (required), ``model``, ``seconds``,
+``size`` (``WxH``), ``width``, ``height``, ``num_frames``, ``fps``, ``num_inference_steps``,
+``guidance_scale``, ``guidance_scale_2``, ``boundary_ratio``, ``flow_shift``, ``seed``,
+``negative_prompt``, ``input_reference`` (an image upload: image-to-video models only). Limits
+come from the model's config parameters (``docs/video_contracts.md``).
+
+Frames: ``num_frames`` when given (must be ``4k + 1``); else ``seconds * fps`` frames are put in
+the MP4 (the model generates the next ``4k + 1`` count and the extra frames are dropped, so the
+MP4 lasts exactly ``seconds``); else the model's ``default_frames``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+import time
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from omni_triton.contracts import video as vc
+from omni_triton.media.video import MIME_TYPE, encode_mp4
+
+from ..engine import ModelInfo, VideoJob
+from ..errors import OpenAIError, bad_request
+from ..video_jobs import COMPLETED, EXPIRED, FAILED, VideoJobs, VideoRequest
+from .common import AdmittedRequest, ModelKind, resolve_model, until_disconnect
+
+TEXT_TO_VIDEO = ModelKind("text-to-video", lambda m: m.is_video)
+MAX_FORM_FIELDS = 32
+MAX_FIELD_BYTES = 64 << 10
+MAX_SEED = 2**63 - 1
+
+
+class VideoCreateForm(BaseModel):
+    """The fields of ``POST /v1/videos`` (form strings are coerced to the types below)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=20000)
+    model: str | None = None
+    seconds: float | None = Field(default=None, gt=0, le=600, allow_inf_nan=False)
+    size: str | None = None
+    width: int | None = Field(default=None, ge=1)
+    height: int | None = Field(default=None, ge=1)
+    num_frames: int | None = Field(default=None, ge=1)
+    fps: int | None = Field(default=None, ge=1)
+    num_inference_steps: int | None = Field(default=None, ge=1)
+    guidance_scale: float | None = Field(default=None, ge=0, le=vc.MAX_GUIDANCE_SCALE, allow_inf_nan=False)
+    guidance_scale_2: float | None = Field(default=None, ge=0, le=vc.MAX_GUIDANCE_SCALE, allow_inf_nan=False)
+    boundary_ratio: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    flow_shift: float | None = Field(default=None, gt=0, le=100, allow_inf_nan=False)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    negative_prompt: str | None = Field(default=None, max_length=20000)
+
+
+def _param(info: ModelInfo, key: str, default, kind=int):
+    try:
+        return kind(info.parameters[key]) if info.parameters.get(key) else default
+    except ValueError:
+        return default
+
+
+def _size(body: VideoCreateForm, info: ModelInfo) -> tuple[int, int]:
+    """(width, height) from ``width``/``height``, else ``size``, else the model's default."""
+    default = info.default_size or (32, 32)
+    width, height = default
+    if body.size is not None:
+        parts = body.size.lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise bad_request(f"size={body.size!r}: must be WIDTHxHEIGHT, e.g. '{default[0]}x{default[1]}'",
+                              param="size", code="invalid_size")
+        width, height = int(parts[0]), int(parts[1])
+    width = body.width if body.width is not None else width
+    height = body.height if body.height is not None else height
+    multiple = _param(info, "size_multiple", 16)
+    max_size = _param(info, "max_size", 1280)
+    for name, v in (("width", width), ("height", height)):
+        if v < multiple or v > max_size or v % multiple:
+            raise bad_request(f"{name}={v}: the model '{info.name}' needs a multiple of {multiple} in "
+                              f"[{multiple}, {max_size}]", param="size" if body.size and getattr(body, name) is None
+                              else name, code="invalid_size")
+    return width, height
+
+
+def _frames(body: VideoCreateForm, info: ModelInfo, fps: int) -> tuple[int, int]:
+    """(frames to generate, frames to keep in the MP4)."""
+    multiple = _param(info, "frame_multiple", 4)
+    max_frames = _param(info, "max_frames", 81)
+    if body.num_frames is not None:
+        n = body.num_frames
+        if (n - 1) % multiple or n > max_frames:
+            raise bad_request(f"num_frames={n}: the model '{info.name}' needs {multiple}k+1 frames, at most "
+                              f"{max_frames}", param="num_frames", code="invalid_num_frames")
+        return n, n
+    if body.seconds is not None:
+        keep = round(body.seconds * fps)
+        if keep < 1:
+            raise bad_request(f"seconds={body.seconds} at {fps} fps is less than one frame", param="seconds",
+                              code="invalid_seconds")
+        n = multiple * math.ceil((keep - 1) / multiple) + 1
+        if n > max_frames:
+            raise bad_request(f"seconds={body.seconds} at {fps} fps needs {n} frames; the model '{info.name}' "
+                              f"makes at most {max_frames} ({(max_frames / fps):g} s at {fps} fps)",
+                              param="seconds", code="invalid_seconds")
+        return n, keep
+    n = _param(info, "default_frames", multiple + 1)
+    return n, n
+
+
+def plan(body: VideoCreateForm, info: ModelInfo) -> VideoRequest:
+    """Validate ``body`` against the model's limits; the job to store and run.
+
+    Raises:
+        OpenAIError: 400 naming the first bad field.
+    """
+    max_fps = _param(info, "max_fps", 60)
+    fps = body.fps if body.fps is not None else _param(info, "default_fps", 16)
+    if fps > max_fps:
+        raise bad_request(f"fps={fps}: at most {max_fps}", param="fps", code="invalid_fps")
+    width, height = _size(body, info)
+    num_frames, keep = _frames(body, info, fps)
+    steps = body.num_inference_steps if body.num_inference_steps is not None else _param(info, "default_steps", 4)
+    max_steps = _param(info, "max_steps", 50)
+    if not vc.MIN_INFERENCE_STEPS <= steps <= max_steps:
+        raise bad_request(f"num_inference_steps={steps}: must be in [{vc.MIN_INFERENCE_STEPS}, {max_steps}]",
+                          param="num_inference_steps", code="invalid_num_inference_steps")
+    if not body.prompt.strip():
+        raise bad_request("prompt is empty", param="prompt", code="invalid_value")
+    guidance = body.guidance_scale if body.guidance_scale is not None else _param(
+        info, "default_guidance_scale", 5.0, float)
+    seed = body.seed if body.seed is not None else secrets.randbelow(2**31)  # stored: a resume reuses it
+    job = VideoJob(prompt=body.prompt, width=width, height=height, num_frames=num_frames, steps=steps, seed=seed,
+                   negative_prompt=body.negative_prompt or "", guidance_scale=guidance,
+                   guidance_scale_2=body.guidance_scale_2, boundary_ratio=body.boundary_ratio,
+                   flow_shift=body.flow_shift)
+    return VideoRequest(model=info.name, job=job, fps=fps, keep_frames=keep)
+
+
+async def _read_body(request: Request) -> tuple[dict[str, str], list[str]]:
+    """The request's fields (multipart form or JSON) and the names of its file parts."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("application/json"):
+        try:
+            data = await request.json()
+        except ValueError:
+            raise bad_request("Malformed JSON body", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise bad_request("The JSON body must be an object", code="invalid_json")
+        return {k: v for k, v in data.items() if v is not None}, []
+    if not (content_type.startswith("multipart/form-data") or
+            content_type.startswith("application/x-www-form-urlencoded")):
+        raise bad_request("POST /v1/videos takes multipart/form-data (or JSON) with 'prompt', ...",
+                          code="invalid_content_type")
+    try:
+        form = await request.form(max_files=4, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES)
+    except HTTPException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - malformed multipart body
+        raise bad_request(f"Malformed multipart body: {exc}", code="invalid_multipart") from None
+    try:
+        fields: dict[str, str] = {}
+        files: list[str] = []
+        for key, value in form.multi_items():
+            if not isinstance(value, str):
+                files.append(key)
+            elif key in fields:
+                raise bad_request(f"Field '{key}' given more than once", param=key)
+            else:
+                fields[key] = value
+        return fields, files
+    finally:
+        await form.close()
+
+
+async def _parse(request: Request) -> VideoRequest:
+    fields, files = await _read_body(request)
+    if "prompt" not in fields:
+        raise bad_request("Missing required parameter: 'prompt'", param="prompt", code="invalid_value")
+    if "lora" in fields:
+        raise bad_request("'lora' is not supported by this server", param="lora", code="unsupported_parameter")
+    input_reference = "input_reference" in files or "input_reference" in fields
+    for name in files:
+        if name != "input_reference":
+            raise bad_request(f"Unexpected file field '{name}'", param=name)
+    fields.pop("input_reference", None)
+    try:
+        body = VideoCreateForm.model_validate(fields)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_VIDEO)
+    if input_reference:
+        raise bad_request(f"The model '{info.name}' is text-to-video and takes no 'input_reference' (no "
+                          "image-to-video model is served)", param="input_reference",
+                          code="unsupported_input_reference")
+    return plan(body, info)
+
+
+def _jobs(request: Request) -> VideoJobs:
+    jobs = getattr(request.app.state, "video_jobs", None)
+    if jobs is None:
+        raise OpenAIError(503, "video jobs are not enabled on this server", type="server_error",
+                          code="videos_disabled")
+    return jobs
+
+
+def _not_found(video_id: str) -> OpenAIError:
+    return OpenAIError(404, f"No video found with id '{video_id}'", param="video_id", code="video_not_found")
+
+
+async def create_video(request: Request) -> JSONResponse:
+    """``POST /v1/videos``: queue a job (200 with the ``video`` object, ``status: queued``);
+    429 + ``Retry-After`` when ``--video-max-queued`` jobs wait already."""
+    jobs = _jobs(request)
+    req = await _parse(request)
+    rec = jobs.create(req)
+    request.app.state.metrics.video_requests.labels(req.model, "jobs", "ok" if rec else "rejected").inc()
+    if rec is None:
+        raise OpenAIError(429, f"{jobs.settings.max_queued} video jobs are queued already; retry later",
+                          type="rate_limit_error", code="video_queue_full",
+                          headers={"Retry-After": str(jobs.settings.retry_after_s)})
+    return JSONResponse(rec.to_openai())
+
+
+async def retrieve_video(request: Request, video_id: str) -> JSONResponse:
+    rec = _jobs(request).get(video_id)
+    if rec is None:
+        raise _not_found(video_id)
+    return JSONResponse(rec.to_openai())
+
+
+async def list_videos(request: Request, limit: int = 20, after: str | None = None, order: str = "desc") -> JSONResponse:
+    if not 1 <= limit <= 100:
+        raise bad_request(f"limit={limit}: must be in [1, 100]", param="limit", code="invalid_value")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"order={order!r}: must be 'asc' or 'desc'", param="order", code="invalid_value")
+    try:
+        records, more = _jobs(request).store.list(limit, after, order)
+    except KeyError:
+        raise bad_request(f"after={after!r}: no such video", param="after", code="invalid_value") from None
+    data = [r.to_openai() for r in records]
+    return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None, "has_more": more})
+
+
+async def delete_video(request: Request, video_id: str) -> JSONResponse:
+    """``DELETE /v1/videos/{id}``: stops a running job (its denoiser stops at the next step) and
+    removes the job and its files."""
+    if not await _jobs(request).delete(video_id):
+        raise _not_found(video_id)
+    return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
+
+
+async def video_content(request: Request, video_id: str, variant: str = "video"):
+    """``GET /v1/videos/{id}/content``: the MP4 of a completed job; 409 while it is queued or
+    running, 410 once expired, 404 unknown, 400 for variants other than ``video``."""
+    if variant != "video":
+        raise bad_request(f"variant={variant!r}: only 'video' is available", param="variant", code="invalid_value")
+    jobs = _jobs(request)
+    rec = jobs.get(video_id)
+    if rec is None:
+        raise _not_found(video_id)
+    if rec.status == EXPIRED:
+        raise OpenAIError(410, rec.error["message"] if rec.error else "the video expired", code="video_expired")
+    if rec.status == FAILED:
+        raise OpenAIError(409, f"The video job failed: {rec.error['message'] if rec.error else 'unknown'}",
+                          code="video_failed")
+    if rec.status != COMPLETED:
+        raise OpenAIError(409, f"The video is not ready (status {rec.status}, progress {rec.progress}%)",
+                          code="video_not_ready")
+    path = jobs.video_path(video_id)
+    if not path.is_file():
+        raise OpenAIError(410, "the video file is gone", code="video_expired")
+    return FileResponse(path, media_type=MIME_TYPE, filename=f"{video_id}.mp4")
+
+
+async def create_video_sync(request: Request) -> Response:
+    """``POST /v1/videos/sync``: generate now (one admission slot) and answer the MP4 bytes; a
+    client that leaves cancels the generation."""
+    req = await _parse(request)
+    engine = request.app.state.engine
+    metrics = request.app.state.metrics
+    result: dict = {}
+
+    async def work():
+        frames = None
+        async for event in engine.generate_video(req.model, req.job):
+            if event.frames is not None:
+                frames = event.frames
+        result["frames"] = frames[: req.keep_frames]
+        result["data"] = await asyncio.to_thread(encode_mp4, result["frames"], req.fps)
+
+    def record(outcome: str) -> None:
+        metrics.video_requests.labels(req.model, "sync", outcome).inc()
+
+    t0 = time.perf_counter()
+    async with AdmittedRequest(request.app.state, record) as admitted:
+        if not await until_disconnect(request, work()):
+            admitted.outcome = "cancelled"
+            return Response(status_code=499)
+    return Response(result["data"], media_type=MIME_TYPE,
+                    headers={"x-video-frames": str(len(result["frames"])), "x-video-fps": str(req.fps),
+                             "x-generation-seconds": f"{time.perf_counter() - t0:.3f}"})
