@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_triton.contracts import chat, image, speech
+from omni_triton.contracts import chat, image, speech, video
 from omni_triton.contracts.tensors import StageContract
 
 #: Every served model's contract (stages, BLS models, ensembles), by model name.
-CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS}
+CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS,
+                                       **video.CONTRACTS}
 
 #: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
 TINY_DIMS = {
@@ -35,6 +36,9 @@ TINY_DIMS = {
     "omni_hidden": 64,         # qwen3-omni-tiny thinker text hidden_size = talker thinker_hidden_size
     "omni_code_groups": 4,     # talker num_code_groups = code2wav num_quantizers
     "csm_codebooks": 8,        # csm-tiny num_codebooks
+    "video_text_dim": 32,      # wan2.2-t2v-tiny UMT5 d_model = transformer text_dim
+    "video_z_dim": 16,         # wan vae z_dim = transformer in_channels
+    "video_vae_scale": 8,      # wan vae scale_factor_spatial (temporal: 4)
     # qwen3-omni-tiny config.json token ids: the talker finds the chat turns in SEQUENCE by them
     "omni_im_start": 1, "omni_im_end": 2, "omni_user": 282, "omni_assistant": 278,
 }
@@ -116,6 +120,15 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
                                    image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE)},
     }
     table["qwen_image_edit_vae_decoder"] = table["qwen_image_vae_decoder"]
+    # video: 32x32 px, 5 frames (4k+1), 2 steps, CFG off (no negative embeddings needed)
+    video_req = {video.HEIGHT: _i32(_SIZE), video.WIDTH: _i32(_SIZE), video.NUM_FRAMES: _i32(5),
+                 video.NUM_INFERENCE_STEPS: _i32(2), video.GUIDANCE_SCALE: _f32(1.0),
+                 video.SEED: np.array([0], np.int64)}
+    vs = _SIZE // dims["video_vae_scale"]
+    table["wan_t2v"] = {video.PROMPT: _u8("a red square"), **video_req}
+    table["wan_t2v_text_encoder"] = {video.PROMPT: _u8("a red square"), video.NEGATIVE_PROMPT: _u8("")}
+    table["wan_t2v_denoiser"] = {video.PROMPT_EMBEDS: np.zeros((4, dims["video_text_dim"]), np.float32), **video_req}
+    table["wan_t2v_vae_decoder"] = {video.LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
     return table[model]
 
 

@@ -106,7 +106,15 @@ class Denoiser(_DiffusionStage):
         return item
 
     def run(self, items):
-        return self.d.denoise(self.pipe, items, label=self.name, progress_interval_s=self.progress_s)
+        results = self.d.denoise(self.pipe, items, label=self.name, progress_interval_s=self.progress_s)
+        calls = {}  # the requests of one pipeline call share its steps and seconds
+        for r in results:
+            calls.setdefault((id(r.seconds), r.steps), (r.steps, r.seconds))
+        for steps, seconds in calls.values():
+            if steps:
+                self.telemetry.count("omni_diffusion_steps_total", steps)
+                self.telemetry.observe("omni_diffusion_step_seconds", seconds / steps)
+        return results
 
     def outputs(self, r):
         return {im.LATENTS: r.latents[None], im.NUM_STEPS: np.array([[r.steps]], np.int32),

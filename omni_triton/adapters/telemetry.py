@@ -52,7 +52,8 @@ METRICS: dict[str, MetricSpec] = {
     "omni_stage_requests_finished_total": MetricSpec(
         "counter", "requests", "Requests finished, by reason: stop (done), length (a token/frame cap), abort "
         "(cancelled), invalid (INVALID_ARG), error (INTERNAL)", ("reason",)),
-    "omni_stage_batch_size": MetricSpec("histogram", "requests", "Requests per executed batch (batched stages)",
+    "omni_stage_batch_size": MetricSpec("histogram", "requests", "Requests per executed batch (batched stages; "
+                                        "the diffusion denoisers: requests per pipeline call)",
                                         buckets=tuple(BATCH_BUCKETS)),
     # audio streams (every stage whose responses carry AUDIO + SAMPLE_RATE)
     "omni_audio_ttfp_seconds": MetricSpec("histogram", "seconds", "Time to first audio packet: request start to "
@@ -67,6 +68,11 @@ METRICS: dict[str, MetricSpec] = {
     "omni_audio_streams_total": MetricSpec(
         "counter", "streams", "Finished audio streams, by continuity: continuous=false when a real-time player "
         "would have stalled for more than 100 ms at once", ("continuous",)),
+    # diffusion denoisers (image and video): one pipeline call runs a batch of compatible requests
+    "omni_diffusion_steps_total": MetricSpec("counter", "steps", "Denoising steps run (a pipeline call's step "
+                                             "counts once, whatever its batch size)"),
+    "omni_diffusion_step_seconds": MetricSpec("histogram", "seconds", "Wall time of one denoising step of a "
+                                              "pipeline call (its whole batch)", buckets=tuple(LATENCY_BUCKETS)),
     # BLS transfers (the caller's view; target = the stage called)
     "omni_bls_calls_total": MetricSpec("counter", "calls", "BLS requests sent to another stage", ("target",)),
     "omni_bls_transfer_bytes_total": MetricSpec(

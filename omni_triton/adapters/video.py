@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage, Final, ResponseStream
+from omni_triton.adapters.telemetry import Telemetry
 from omni_triton.adapters.triton_io import (
     StageMetrics,
     input_array,
@@ -110,6 +112,7 @@ class Denoiser:
         self.limits = _limits(params)
         self.flags = CancelFlags.for_server()
         labels = {"model": self.name}
+        self.telemetry = Telemetry(self.name, args.get("model_instance_name", self.name))
         self.metrics = StageMetrics(
             labels,
             steps=("omni_video_denoise_steps_total", "Denoising steps run (one per pipeline call step)", "counter"),
@@ -149,9 +152,17 @@ class Denoiser:
     def _run(self, items, streams):
         self.metrics.count("requests", len(items))
         self.metrics.add("active", len(items))
+        self.telemetry.observe("omni_stage_batch_size", len(items))
+
+        last = [time.monotonic(), None]  # when the previous step ended, and for which call
 
         def on_step(indices, step, total):
             self.metrics.count("steps")
+            now = time.monotonic()
+            if last[1] is indices:  # a step time within one pipeline call (its first includes set-up)
+                self.telemetry.observe("omni_diffusion_step_seconds", now - last[0])
+            self.telemetry.count("omni_diffusion_steps_total", 1)
+            last[:] = [now, indices]
             live = 0
             for i in indices:
                 s = streams[i]

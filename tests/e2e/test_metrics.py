@@ -38,6 +38,17 @@ def test_stage_audio_and_bls_metrics_after_requests(stack):
     batches = stack.metric("omni_stage_batch_size_count", model="tts_code2wav")
     _speech(stack, "piper_tts", "One sentence here. And a second one.", stream=True)
     _speech(stack, "tts", "Hi there.", stream=False)
+    served = {m["id"] for m in httpx.get(f"{stack.frontend_url}/v1/models", timeout=30).json()["data"]}
+    expected = set(METRICS)
+    if "qwen_image" in served:
+        steps = stack.metric("omni_diffusion_steps_total", model="qwen_image_denoiser")
+        r = httpx.post(f"{stack.frontend_url}/v1/images/generations", timeout=300, json={
+            "model": "qwen_image", "prompt": "a red fox", "size": "16x16", "num_inference_steps": 3, "seed": 1})
+        assert r.status_code == 200, r.text
+        assert _eventually(lambda: stack.metric("omni_diffusion_steps_total", model="qwen_image_denoiser") == steps + 3)
+        assert stack.metric("omni_diffusion_step_seconds_count", model="qwen_image_denoiser") >= 1
+    else:
+        expected -= {"omni_diffusion_steps_total", "omni_diffusion_step_seconds"}
     assert _eventually(lambda: stack.metric("omni_audio_streams_total", model="piper_tts") == streams + 1)
     assert _eventually(lambda: stack.metric("omni_stage_requests_finished_total", model="tts", reason="stop") >= 1)
     assert stack.metric("omni_stage_requests_finished_total", model="piper_tts", reason="stop") == finished + 1
@@ -46,7 +57,7 @@ def test_stage_audio_and_bls_metrics_after_requests(stack):
         assert stack.metric(_series(stack, name), model="piper_tts") >= 1, name
         assert stack.metric(_series(stack, name), model="tts") >= 1, name
     text = httpx.get(stack.metrics_url, timeout=10).text
-    missing = [n for n in METRICS if f"{_series(stack, n)}{{" not in text]
+    missing = [n for n in sorted(expected) if f"{_series(stack, n)}{{" not in text]
     assert not missing, f"not on Triton's metrics endpoint: {missing}"
     rtf_sum = stack.metric("omni_audio_rtf_sum", model="piper_tts")
     assert rtf_sum > 0
