@@ -96,3 +96,27 @@ def apply(transformer, attention: str = "auto", step_cache: str = "none", cuda: 
     if config is not None:
         transformer.enable_cache(config)
     return f"attention={backend} ({reason}); step_cache={step_cache}"
+
+
+def apply_from_params(pipe, params: dict[str, str], cuda: bool | None = None) -> str:
+    """Apply the stage config's choice to every transformer of a diffusers pipeline
+    (``transformer``, and ``transformer_2`` of Wan2.2's second expert); returns the log line.
+
+    Config parameters (``config.pbtxt``): ``attention_backend`` (``auto``), ``step_cache``
+    (``none``) and its options as ``step_cache_<option>`` (e.g. ``step_cache_threshold``). PAB
+    reads the pipeline's ``current_timestep``.
+
+    Raises:
+        ValueError: an unknown backend or cache name.
+    """
+    attention = params.get("attention_backend", "auto")
+    step_cache = params.get("step_cache", "none")
+    options = {k[len("step_cache_"):]: v for k, v in params.items() if k.startswith("step_cache_")}
+    if step_cache == "pab":
+        options["current_timestep_callback"] = lambda: pipe.current_timestep
+    lines = []
+    for name in ("transformer", "transformer_2"):
+        transformer = getattr(pipe, name, None)
+        if transformer is not None:
+            lines.append(f"{name}: {apply(transformer, attention, step_cache, cuda, **options)}")
+    return "; ".join(lines)

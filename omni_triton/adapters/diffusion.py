@@ -9,7 +9,7 @@ call lives in ``omni_triton.stages.diffusion`` and is unit-tested without Triton
 import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
-from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, is_cancelled, scalar_input
+from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, is_cancelled, log, scalar_input
 from omni_triton.contracts import image as im
 
 
@@ -80,9 +80,13 @@ class Denoiser(_DiffusionStage):
     boundary; a call with one live request runs on for it. Logic: ``omni_triton.stages.diffusion.denoise``."""
 
     def setup(self, args, params):
+        from omni_triton import kernels
+
         forward_logs_to_triton("omni_triton.diffusion")  # per-step progress in Triton's log
         super().setup(args, params)
         self.progress_s = float(params.get("progress_log_interval_s", 2.0))
+        # attention backend and step cache from config.pbtxt (omni_triton/kernels.py)
+        log("info", f"{args['model_name']}: {kernels.apply_from_params(self.pipe, params)}")
 
     def parse(self, request):
         height, width = scalar_input(request, im.HEIGHT, int), scalar_input(request, im.WIDTH, int)

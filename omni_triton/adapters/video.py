@@ -24,6 +24,7 @@ from omni_triton.adapters.stream import DecoupledStage, Final, ResponseStream
 from omni_triton.adapters.telemetry import Telemetry
 from omni_triton.adapters.triton_io import (
     StageMetrics,
+    log,
     input_array,
     model_parameters,
     optional_str_input,
@@ -111,6 +112,9 @@ class Denoiser:
         self.wan, self.pipe = _load(params)
         self.limits = _limits(params)
         self.flags = CancelFlags.for_server()
+        from omni_triton import kernels  # attention backend and step cache from config.pbtxt
+
+        log("info", f"{self.name}: {kernels.apply_from_params(self.pipe, params)}")
         labels = {"model": self.name}
         self.telemetry = Telemetry(self.name, args.get("model_instance_name", self.name))
         self.metrics = StageMetrics(

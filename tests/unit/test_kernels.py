@@ -46,3 +46,25 @@ def test_apply_sets_backend_and_cache_on_the_tiny_transformer(cache):
     processors = [m.processor for m in transformer.modules() if hasattr(m, "processor")]
     assert processors and all(getattr(p, "_attention_backend", None) == "native" for p in processors)
     assert transformer.is_cache_enabled == (cache != "none")
+
+
+def test_stage_config_choice_reaches_both_wan_experts():
+    """The denoisers' config.pbtxt parameters (attention_backend, step_cache, step_cache_<option>)
+    reach every transformer of the pipeline, Wan2.2's second expert included."""
+    from omni_triton.checkpoints.wan import checkpoint_dir
+    from omni_triton.stages import wan
+
+    pipe = wan.load_pipeline(checkpoint_dir("wan2.2-t2v-tiny"))
+    line = kernels.apply_from_params(pipe, {"attention_backend": "auto", "step_cache": "first_block",
+                                            "step_cache_threshold": "0.1"}, cuda=False)
+    assert line.count("attention=native") == 2 and "transformer_2:" in line
+    assert pipe.transformer.is_cache_enabled and pipe.transformer_2.is_cache_enabled
+
+
+def test_every_denoiser_config_names_its_kernels():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for model in ("qwen_image_denoiser", "qwen_image_edit_denoiser", "wan_t2v_denoiser"):
+        text = (root / "model_repository" / model / "config.pbtxt").read_text()
+        assert 'key: "attention_backend"' in text and 'key: "step_cache"' in text, model
