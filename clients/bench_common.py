@@ -175,6 +175,32 @@ def metric_sum(metrics_text: str, name: str, model: str) -> float:
 
 
 
+def measure_level(run_level: Callable[[Callable[[int], Result], int, int], tuple[list[Result], float]],
+                  run_one: Callable[[int], Result], concurrency: int, requests: int, slo_ms: float,
+                  batch_counts: Callable[[], tuple[float, float]] | None = None) -> tuple[int, dict]:
+    """One concurrency level of a diffusion benchmark: ``max(requests, concurrency)`` requests
+    through ``run_level`` (e.g. :func:`closed_loop`), summarised (:func:`summarize`).
+
+    Args:
+        batch_counts: ``() -> (requests succeeded, executions)`` of the served denoiser (Triton's
+            ``nv_inference_request_success`` / ``nv_inference_exec_count``); when given, the
+            summary gets ``denoiser_mean_batch`` = requests per execution over the level.
+
+    Returns:
+        ``(n, summary)``: the request count and the level's summary (with ``concurrency``).
+    """
+    n = max(requests, concurrency)
+    before = batch_counts() if batch_counts is not None else None
+    results, wall = run_level(run_one, concurrency, n)
+    summary = summarize(results, wall, slo_ms)
+    summary["concurrency"] = concurrency
+    if before is not None:
+        after = batch_counts()
+        execs = after[1] - before[1]
+        summary["denoiser_mean_batch"] = round((after[0] - before[0]) / execs, 3) if execs else None
+    return n, summary
+
+
 # ------------------------------------------------------------ in-process stage instances
 
 

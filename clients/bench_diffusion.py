@@ -77,6 +77,7 @@ from typing import Callable, Sequence
 from clients.bench_common import (  # noqa: F401 - Result/summarize/metric_sum re-exported
     Result,
     closed_loop,
+    measure_level,
     metric_sum,
     summarize,
     git_commit,
@@ -262,15 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.warmup):
             run_one(10_000 + i)
         for c in level_list:
-            n = max(args.requests, c)
-            before = denoiser_counts() if path == "frontend" else None
-            res, wall = run_level(run_one, c, n)
-            s = summarize(res, wall, args.slo_ms)
-            s["concurrency"] = c
-            if before is not None:
-                after = denoiser_counts()
-                execs = after[1] - before[1]
-                s["denoiser_mean_batch"] = round((after[0] - before[0]) / execs, 3) if execs else None
+            n, s = measure_level(run_level, run_one, c, args.requests, args.slo_ms,
+                                 denoiser_counts if path == "frontend" else None)
             results.setdefault(path, {})[str(c)] = s
             print(f"  {path:<14} C={c} n={n} ok={s['ok']} {s['requests_per_s']} req/s "
                   f"p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms", flush=True)

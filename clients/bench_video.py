@@ -50,7 +50,8 @@ from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
 from clients.bench_common import (InstancePool, Result, closed_loop, git_commit, machine_info,  # noqa: E402
-                                  metric_sum, parse_concurrency, ratio, stop_all_on_sigterm, summarize)
+                                  measure_level, metric_sum, parse_concurrency, ratio, stop_all_on_sigterm,
+                                  summarize)
 
 MODEL = "wan_t2v"
 DENOISER = "wan_t2v_denoiser"
@@ -184,15 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             run_one = make_run_one(c)
             for i in range(args.warmup):
                 run_one(10_000 + i)
-            n = max(args.requests, c)
-            before = denoiser_counts() if path == "frontend" else None
-            res, wall = closed_loop(run_one, c, n)
-            s = summarize(res, wall, args.slo_ms)
-            s["concurrency"] = c
-            if before is not None:
-                after = denoiser_counts()
-                execs = after[1] - before[1]
-                s["denoiser_mean_batch"] = round((after[0] - before[0]) / execs, 3) if execs else None
+            n, s = measure_level(closed_loop, run_one, c, args.requests, args.slo_ms,
+                                 denoiser_counts if path == "frontend" else None)
             results.setdefault(path, {})[str(c)] = s
             print(f"  {path:<10} C={c} n={n} ok={s['ok']} {s['requests_per_s']} jobs/s "
                   f"p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms", flush=True)
