@@ -50,8 +50,7 @@ from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
 from clients.bench_common import (InstancePool, Result, closed_loop, git_commit, machine_info,  # noqa: E402
-                                  measure_level, metric_sum, parse_concurrency, ratio, stop_all_on_sigterm,
-                                  summarize)
+                                  measure_level, metric_sum, parse_concurrency, ratio, stop_all_on_sigterm)
 
 MODEL = "wan_t2v"
 DENOISER = "wan_t2v_denoiser"
