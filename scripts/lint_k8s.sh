@@ -15,7 +15,7 @@ TOOLS="$CACHE/k8s-tools-$(echo "$VALIDATOR" | sha256sum | cut -c1-12)"
 if [ ! -x "$TOOLS/bin/kubernetes-validate" ]; then
   rm -rf "$TOOLS.tmp"
   "$PYTHON" -m venv "$TOOLS.tmp"
-  "$TOOLS.tmp/bin/python" -m pip install --quiet "$VALIDATOR" 2> >(grep -v "^WARNING: Location 'file:" >&2)
+  "$TOOLS.tmp/bin/python" -m pip install --quiet --retries 1 --timeout 20 "$VALIDATOR" 2> >(grep -v "^WARNING: Location 'file:" >&2)
   rm -rf "$TOOLS" && mv "$TOOLS.tmp" "$TOOLS"
   # a venv moved after creation keeps its old path in the entry script's shebang: rewrite it
   sed -i "1s|^#!.*|#!$TOOLS/bin/python|" "$TOOLS/bin/kubernetes-validate"
