@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU container entrypoint: download the profile's checkpoints into $OMNI_TRITON_CACHE/models
 # (skipped when present; needs HF_TOKEN for gated repositories), then serve.
+# `entrypoint.sh download`: download only, then exit (the Kubernetes job that fills the shared
+# model cache, deploy/k8s/models-job.yaml).
 set -euo pipefail
 cd /opt/omni-triton
 python3 -m omni_triton.deploy checkpoints | while read -r folder repo; do
@@ -10,4 +12,5 @@ python3 -m omni_triton.deploy checkpoints | while read -r folder repo; do
     touch "$OMNI_TRITON_CACHE/models/$folder/.complete"
   fi
 done
+if [ "${1:-}" = download ]; then exit 0; fi
 exec omni-triton serve --host 0.0.0.0 --triton-host 0.0.0.0 "$@"
