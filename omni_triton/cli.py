@@ -26,6 +26,7 @@ from omni_triton.launcher import (
     TritonServer,
     crash_reason,
     dependents,
+    stream_callees,
     available_models,
     check_ports_free,
     dependencies,
@@ -115,7 +116,9 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
     """Keep tritonserver, its stubs and the frontend running until ``stop`` is set.
 
     Every second: a stub process that died has its orphaned children (vLLM engine processes) and
-    their /dev/shm files removed and its model reloaded. A tritonserver that died is restarted
+    their /dev/shm files removed and its model reloaded (also when only some of its instances'
+    stubs died); when it was a BLS model's, the decoupled stages it reads are restarted too
+    (:func:`~omni_triton.launcher.stream_callees`). A tritonserver that died is restarted
     after a backoff (1 s doubling to 30 s; ``--max-restarts`` bounds the count, -1: never give
     up), its log kept as ``<log>.crash-<n>``; a restart that fails is retried the same way. A
     frontend that died is started again. :class:`ServeStatus` records all of it for ``/health``.
@@ -123,6 +126,7 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
     backoff = RestartBackoff()
     started_at = time.monotonic()
     ticks = 0
+    callee_restarts: dict[str, float] = {}  # decoupled callee -> when serve last restarted it
     while not stop.wait(0.5):
         ticks += 1
         if server.proc.poll() is None and ticks % 2 == 0:
@@ -134,6 +138,16 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
                                                                      server.repositories),
                                               "killed_children": report["killed"],
                                               "shm_removed": len(report["shm_removed"])})
+                # A dead BLS stub leaves the decoupled stages it was reading wedged (their next
+                # response to it blocks forever in the server): restart them too.
+                # Once per minute at most: serve's own reload of a model ends its other stubs too.
+                for callee in stream_callees(report["model"], server.models, server.repositories):
+                    if time.monotonic() - callee_restarts.get(callee, -1e9) < 60:
+                        continue
+                    pids = server.kill_stubs(callee)
+                    if pids:
+                        callee_restarts[callee] = time.monotonic()
+                        _log(f"restarting {callee} too (it streamed to {report['model']}): killed {pids}")
             for model in server.models_without_stub():
                 _log(f"reloading {model}")
                 try:

@@ -194,6 +194,30 @@ def dependencies(model_path: Path) -> list[str]:
     return deps
 
 
+def stream_callees(model: str, loaded: list[str], repositories: list[Path] | None = None) -> list[str]:
+    """The loaded decoupled models that BLS model ``model`` calls (its ``depends_on``).
+
+    When ``model``'s stub dies while one of them streams to it, python_backend 2.51 blocks that
+    callee's next response forever (the server waits for the dead stub to take it), and with it
+    every other request of the callee: ``serve`` restarts these too.
+    """
+    paths = available_models(repositories)
+    if model not in paths:
+        return []
+    config = _read_config(paths[model] / "config.pbtxt")
+    if config.backend != "python" or "depends_on" not in config.parameters:
+        return []
+    callees = [d.strip() for d in config.parameters["depends_on"].string_value.split(",") if d.strip()]
+    return [c for c in callees if c in loaded and c in paths
+            and _read_config(paths[c] / "config.pbtxt").model_transaction_policy.decoupled]
+
+
+def missing_instances(expected: dict[str, int], alive: dict[str, int]) -> list[str]:
+    """Models with fewer live stub processes than instances (a model of 4 instances that lost one
+    stub is as broken for the requests routed to it as one that lost all)."""
+    return [m for m, n in expected.items() if alive.get(m, 0) < n]
+
+
 def dependents(model: str, loaded: list[str], repositories: list[Path] | None = None) -> list[str]:
     """``model`` and every model of ``loaded`` that needs it, directly or through others
     (ensembles and BLS models whose requests hang when ``model``'s stub dies)."""
@@ -351,6 +375,7 @@ class TritonServer:
         # (stub pid, start time) -> {"model", "children": {(pid, start time)}, "shm": {path}}
         self._families: dict[tuple[int, float], dict] = {}
         self._python_models: list[str] | None = None
+        self._instance_counts: dict[str, int] = {}
 
     @property
     def _connect_host(self) -> str:
@@ -487,8 +512,38 @@ class TritonServer:
 
         if self.proc is None or self.proc.poll() is not None:
             return []
-        alive = {Path(cmd[1]).parent.parent.name for cmd in self._stub_cmdlines()}
-        return [m for m in self.python_models() if m not in alive]
+        alive: dict[str, int] = {}
+        for cmd in self._stub_cmdlines():
+            name = Path(cmd[1]).parent.parent.name
+            alive[name] = alive.get(name, 0) + 1
+        return missing_instances({m: self._instances(m) for m in self.python_models()}, alive)
+
+    def _instances(self, model: str) -> int:
+        """Stub processes ``model`` runs: the sum of its instance_group counts (1 if none)."""
+        if model not in self._instance_counts:
+            config = _read_config(available_models(self.repositories)[model] / "config.pbtxt")
+            self._instance_counts[model] = sum(g.count or 1 for g in config.instance_group) or 1
+        return self._instance_counts[model]
+
+    def kill_stubs(self, model: str) -> list[int]:
+        """SIGKILL every stub process of ``model`` (serve then reloads it); returns their pids."""
+        import psutil
+
+        killed = []
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return killed
+        for child in children:
+            try:
+                cmd = child.cmdline()
+                if len(cmd) > 2 and cmd[0].endswith("triton_python_backend_stub") \
+                        and Path(cmd[1]).parent.parent.name == model:
+                    child.kill()
+                    killed.append(child.pid)
+            except psutil.Error:
+                continue
+        return killed
 
     def track_stub_families(self) -> list[dict]:
         """Remember every live stub's descendants (e.g. vLLM's EngineCore) and the /dev/shm files

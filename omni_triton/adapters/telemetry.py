@@ -140,9 +140,11 @@ class Telemetry:
         return metric
 
     def count(self, name: str, value: float = 1, **labels: str) -> None:
-        """Add ``value`` to counter ``name``."""
+        """Add ``value`` to counter ``name`` (created even when ``value`` is 0, so a counter that
+        stays at 0, e.g. no underrun yet, is on the endpoint as 0 rather than absent)."""
+        metric = self._metric(name, labels)
         if value:
-            self._metric(name, labels).increment(value)
+            metric.increment(value)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         """One observation of histogram ``name``."""

@@ -118,3 +118,28 @@ def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
             except psutil.Error:
                 pass
             Path(item["shm"]).unlink(missing_ok=True)
+
+
+def test_a_dead_bls_stub_restarts_the_decoupled_stages_it_reads():
+    """python_backend 2.51 blocks a callee's next response to a dead BLS stub forever: serve
+    restarts exactly the decoupled callees (a wedged wan_t2v_denoiser hung every later video)."""
+    from omni_triton.launcher import stream_callees
+    from omni_triton.paths import model_repositories
+
+    loaded = ["piper_tts", "llm", "llm_tts", "tts", "tts_talker", "tts_code2wav",
+              "wan_t2v", "wan_t2v_text_encoder", "wan_t2v_denoiser", "wan_t2v_vae_decoder"]
+    repos = model_repositories()
+    assert stream_callees("llm_tts", loaded, repos) == ["llm", "piper_tts"]
+    assert stream_callees("tts", loaded, repos) == ["tts_talker"]  # tts_code2wav is batched
+    assert stream_callees("wan_t2v", loaded, repos) == ["wan_t2v_denoiser"]
+    assert stream_callees("piper_tts", loaded, repos) == []  # not a BLS model
+    assert stream_callees("llm_tts", ["llm_tts", "llm"], repos) == ["llm"]  # only loaded ones
+
+
+def test_a_model_that_lost_one_of_its_stubs_is_reloaded():
+    from omni_triton.launcher import missing_instances
+
+    expected = {"llm_tts": 4, "piper_tts": 1}
+    assert missing_instances(expected, {"llm_tts": 4, "piper_tts": 1}) == []
+    assert missing_instances(expected, {"llm_tts": 3, "piper_tts": 1}) == ["llm_tts"]
+    assert missing_instances(expected, {"llm_tts": 4}) == ["piper_tts"]

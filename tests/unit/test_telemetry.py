@@ -197,3 +197,13 @@ def test_every_metric_is_documented_with_its_unit_and_labels():
         assert spec.kind in row and spec.unit in row, row
         for label in spec.labels:
             assert re.search(rf"\b{label}\b", row), (name, label)
+
+
+def test_a_counter_that_stays_at_zero_is_still_exported():
+    """No underrun on an unloaded machine must read 0, not a missing series (the e2e metrics test
+    failed on an idle CI machine before)."""
+    stage = Speaker()
+    stage.initialize(_args("quiet"))
+    _run(stage, 1)
+    (metric,) = _values("omni_audio_underrun_seconds_total", model="quiet")
+    assert metric.total == 0
