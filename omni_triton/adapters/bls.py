@@ -51,6 +51,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from omni_triton.adapters.telemetry import nbytes
 from omni_triton.adapters.triton_io import response_outputs, tensors, triton_lock
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, REQUEST_ID, utf8_array
 
@@ -86,8 +87,6 @@ def _account(target: str, sent: int, received: int, waited_s: float) -> None:
 
 
 def _payload(pairs) -> int:
-    from omni_triton.adapters.telemetry import nbytes
-
     return sum(nbytes(a) for _, a in pairs)
 
 

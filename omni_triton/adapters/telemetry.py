@@ -15,7 +15,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from omni_triton.adapters.triton_io import LockedMetric, triton_lock
+from omni_triton.contracts.chat import FINISH_REASON
+from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE
 from omni_triton.runtime.playback import PlaybackClock
 
 #: Seconds: request durations, TTFP, stage step times.
@@ -93,8 +97,6 @@ def _pb():
 def nbytes(array) -> int:
     """Bytes of a tensor's payload: ``nbytes`` for numeric arrays, the summed lengths of the
     elements of BYTES (object) arrays."""
-    import numpy as np
-
     array = np.asarray(array)
     if array.dtype == np.object_:
         return int(sum(len(x) if isinstance(x, (bytes, str)) else 0 for x in array.reshape(-1)))
@@ -179,9 +181,6 @@ class RequestTelemetry:
     def on_outputs(self, outputs) -> None:
         """Look at one response's outputs: AUDIO (float PCM) with SAMPLE_RATE feeds the clock;
         FINISH_REASON (``"length"``, ``"abort"`` ...) is remembered."""
-        from omni_triton.contracts.chat import FINISH_REASON
-        from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE
-
         audio, rate = outputs.get(AUDIO), outputs.get(SAMPLE_RATE)
         if audio is not None and rate is not None and getattr(audio, "size", 0):
             self.playback.add(time.monotonic(), int(audio.size), int(rate.reshape(-1)[0]))
