@@ -118,10 +118,12 @@ def client_loop(url: str, model: str, make_inputs, deadline: float, max_requests
 
 
 async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clients: int,
-                       max_requests: int, counts: dict, alive) -> None:
+                       max_requests: int, counts: dict, alive, half_close: str = "after-final") -> None:
     """The frontend's way: one ``ModelStreamInfer`` RPC per request (tritonclient.grpc.aio),
     ``clients`` concurrent loops."""
     import tritonclient.grpc.aio as aio
+
+    from openai_frontend.engine.triton import open_stream
 
     client = aio.InferenceServerClient(url)
 
@@ -136,9 +138,19 @@ async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clien
 
             async def one() -> str:
                 key = "ok"
-                async for result, error in client.stream_infer(requests()):
-                    if error is not None:
+                if half_close == "immediately":  # the frontend's way before issue 9's last fix
+                    async for result, error in client.stream_infer(requests()):
+                        if error is not None:
+                            key = "error"
+                    return key
+                final = asyncio.Event()  # the frontend's way: half-close after the final response
+                async for response in open_stream(client, model, inputs, "", final):
+                    if response.error_message:
                         key = "error"
+                        final.set()
+                    param = response.infer_response.parameters.get("triton_final_response")
+                    if param is not None and param.bool_param:
+                        final.set()
                 return key
 
             try:
@@ -158,7 +170,7 @@ async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clien
 def drive(grpc_url: str, model: str, clients: int = 8, seconds: float = 30.0,
           over_context: bool = False, text: str = "Hello there. How are you?",
           one_stream: bool = False, max_requests: int = 100_000,
-          alive=lambda: True) -> dict:
+          alive=lambda: True, half_close: str = "after-final") -> dict:
     """Drive ``model`` with ``clients`` concurrent request loops for ``seconds``.
 
     Args:
@@ -169,6 +181,9 @@ def drive(grpc_url: str, model: str, clients: int = 8, seconds: float = 30.0,
         one_stream: each client keeps one gRPC stream for all its requests (default: one stream
             per request, as the OpenAI frontend does; that pattern reproduced the crash fastest).
         alive: stops the loops early when it returns False (the server died).
+        half_close: one stream per request only: ``"after-final"`` (the frontend's way: the
+            client half-closes once the final response is in) or ``"immediately"`` (right after
+            sending the request, the pattern behind the 2.51 SIGSEGV in CI run 4 of issue 9).
 
     Returns:
         counts of request outcomes: ``{"ok": n, "error": n, "timeout": n}`` (keys present when > 0).
@@ -189,7 +204,7 @@ def drive(grpc_url: str, model: str, clients: int = 8, seconds: float = 30.0,
                    for _ in range(clients)]
     else:
         threads = [threading.Thread(target=asyncio.run, daemon=True, args=(_aio_clients(
-            grpc_url, model, make, deadline, clients, max_requests, counts, alive),))]
+            grpc_url, model, make, deadline, clients, max_requests, counts, alive, half_close),))]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads) and alive():
@@ -227,7 +242,7 @@ def one_run(args, run: int) -> dict:
         alive = lambda: server.proc.poll() is None  # noqa: E731
         counts = drive(server.grpc_url, target, args.clients, args.seconds,
                        args.chat_over_context, args.text, args.one_stream, args.max_requests,
-                       alive)
+                       alive, args.half_close)
         elapsed = time.monotonic() - start
         code = server.proc.poll()
         text = server.log_text()
@@ -257,6 +272,8 @@ def main(argv=None) -> int:
                         "stream per request, as the OpenAI frontend does)")
     p.add_argument("--probe-workers", type=int, help="probe_bls only: run it on this many threads of "
                    "one stub (breaks the one-thread rule on purpose, to reproduce the deadlock)")
+    p.add_argument("--half-close", choices=("after-final", "immediately"), default="after-final",
+                   help="one stream per request: when the client half-closes its write side")
     p.add_argument("--log-dir", default="/tmp")
     p.add_argument("--out", help="write all runs as a JSON list here")
     args = p.parse_args(argv)

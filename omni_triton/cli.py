@@ -26,11 +26,15 @@ from omni_triton.launcher import (
     TritonServer,
     crash_reason,
     dependents,
+    kill_process_group,
     stream_callees,
     available_models,
     check_ports_free,
     dependencies,
 )
+
+#: seconds a server that wrote a fatal ``Signal (N) received.`` line may take to exit on its own
+WEDGED_GRACE_S = 10.0
 
 DEFAULT_MODELS = "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v"
 
@@ -121,9 +125,13 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
     (:func:`~omni_triton.launcher.stream_callees`). A tritonserver that died is restarted
     after a backoff (1 s doubling to 30 s; ``--max-restarts`` bounds the count, -1: never give
     up), its log kept as ``<log>.crash-<n>``; a restart that fails is retried the same way. A
+    server that wrote a fatal ``Signal (N) received.`` line but is still running
+    ``WEDGED_GRACE_S`` later (seen once after a SIGSEGV: ports closed, stubs dead, process
+    alive) is killed, and so restarted and counted like one that exited. A
     frontend that died is started again. :class:`ServeStatus` records all of it for ``/health``.
     """
     backoff = RestartBackoff()
+    wedged_since = None  # when a still-running server was first seen to have had a fatal signal
     started_at = time.monotonic()
     ticks = 0
     callee_restarts: dict[str, float] = {}  # decoupled callee -> when serve last restarted it
@@ -158,7 +166,15 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
                     _log(f"{model} reloaded")
                 except ServerStartError as exc:
                     _log(str(exc))
+        if server.proc.poll() is None and ticks % 2 == 0 and server.fatal_signal():
+            wedged_since = wedged_since or time.monotonic()
+            if time.monotonic() - wedged_since >= WEDGED_GRACE_S:
+                _log(f"tritonserver wrote '{server.fatal_signal()}' {WEDGED_GRACE_S:.0f} s ago and is still "
+                     "running; killing it (it no longer serves)")
+                kill_process_group(server.proc)
+                server.proc.wait()
         if server.proc.poll() is not None:
+            wedged_since = None
             code = server.proc.returncode
             reason = crash_reason(server.log_text(), code)
             _log(f"tritonserver exited ({code}: {reason})\n{server.failure_report()}")

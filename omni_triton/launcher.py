@@ -296,6 +296,16 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     proc.wait()
 
 
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s whole process group now, without the SIGTERM and wait of
+    :func:`stop_process_group` (for a server that is wedged after a fatal signal); the caller
+    sees the exit at its next ``poll()``."""
+    try:
+        os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def check_ports_free(ports: dict[str, int]) -> None:
     """Raise :class:`ServerStartError` naming every port (by role) that something already uses.
 
@@ -376,6 +386,7 @@ class TritonServer:
         self._families: dict[tuple[int, float], dict] = {}
         self._python_models: list[str] | None = None
         self._instance_counts: dict[str, int] = {}
+        self._log_offset, self._fatal_signal = 0, None  # fatal_signal(): log bytes read, line seen
 
     @property
     def _connect_host(self) -> str:
@@ -427,12 +438,36 @@ class TritonServer:
             env=server_env(self.install), preexec_fn=_child_setup,
         )
         log.close()
+        self._log_offset, self._fatal_signal = 0, None
 
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def fatal_signal(self) -> str | None:
+        """The first ``Signal (N) received.`` line this server wrote to its log, or None.
+
+        tritonserver prints that line from its SIGSEGV/SIGABRT handler, and normally exits right
+        after. In CI run 4 of issue 9 one did not: after a SIGSEGV its gRPC port was closed and
+        every stub had died, but the process stayed, so ``serve`` (which watched only the exit)
+        neither restarted nor counted it and every later request failed. The log is read
+        incrementally (only what was appended since the last call).
+        """
+        if self._fatal_signal is None:
+            start = max(0, self._log_offset - 64)  # a line split across two reads
+            try:
+                with open(self.log_path, "rb") as log:
+                    log.seek(start)
+                    chunk = log.read()
+            except FileNotFoundError:
+                return None
+            self._log_offset = start + len(chunk)
+            m = re.search(rb"Signal \(\d+\) received\.?", chunk)
+            if m:
+                self._fatal_signal = m.group(0).decode()
+        return self._fatal_signal
 
     def failure_report(self) -> str:
         """Failing models and their error lines, from the server log's model table and errors."""

@@ -26,6 +26,7 @@ from typing import AsyncIterator
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
@@ -248,9 +249,9 @@ class TritonEngine:
     ) -> AsyncIterator[AudioChunk]:
         """One ``ModelStreamInfer`` RPC: send one request, yield each ``AUDIO`` response.
 
-        The request iterator yields the single request and ends, which half-closes the stream;
-        Triton finishes the RPC once that request's FINAL flag is out. Every streamed response
-        carries ``triton_final_response``, so the last audio response is recognised too.
+        The stream half-closes once that request's final response is in (``_stream``), and
+        Triton then finishes the RPC. Every streamed response carries ``triton_final_response``,
+        so the last audio response is recognised too.
 
         Cancellation: ``stream_infer`` returns tritonclient's ``_ResponseIterator`` whose
         ``cancel()`` is ``grpc.aio.Call.cancel()`` (tritonclient 2.73,
@@ -278,28 +279,45 @@ class TritonEngine:
         """One ``ModelStreamInfer`` RPC carrying one request; yields each response's
         ``InferResult`` until the request's final response.
 
-        Errors arrive in-band (an ``error_message`` without a code; see ``generate``) and become
-        typed ``EngineError`` s (``_stream_error``). The RPC is cancelled in ``finally`` whenever
-        it has not ended on its own (consumer stopped, task cancelled, our own error), and never
-        once it has ended: cancelling an ended stream can crash tritonserver 2.51 (server#7368).
+        The write side stays open until the final response (or the in-band error, which is
+        final) has arrived, and only then half-closes; the RPC then ends with the server's OK.
+        tritonserver 2.51's stream handler reads the client's half-close (``Read`` with
+        ``rpc_ok=false``) on its handler thread while the response-complete callback of the
+        same stream runs on the backend's thread, without a common lock; a request answered at
+        once (an ``INVALID_ARG`` from a BLS) put the two side by side, the pattern of the
+        tritonserver SIGSEGV in ``TRITONBACKEND_ResponseSend`` -> the gRPC frontend's callback
+        (issue 9; server#7368, fixed upstream by #7840 and #8078 after 2.51). Half-closing after
+        the final response keeps them apart. The final response is recognised by
+        ``triton_final_response``; ``triton_enable_empty_final_response`` makes Triton send it
+        even when a stage ends with a FINAL flag and no data (that empty response is not yielded).
+
+        Errors arrive in-band (an ``error_message`` without a code; see ``generate``), are read to
+        the end of the RPC and become typed ``EngineError`` s (``_stream_error``). The RPC is
+        cancelled in ``finally`` whenever it has not ended on its own (consumer stopped, task
+        cancelled, our own error), and never once it has ended: cancelling an ended stream can
+        crash tritonserver 2.51 (server#7368).
         """
-
-        async def _requests():
-            yield {"model_name": model, "inputs": inputs, "request_id": request_id}
-
-        call = self._client.stream_infer(_requests())  # in-band errors: see ``generate``
+        final = asyncio.Event()
+        call = open_stream(self._client, model, inputs, request_id, final)
         finished = False
+        error_message = None
         self._inflight[request_id] = (model, call.cancel)
         try:
-            async for result, error in call:
-                if error is not None:  # in-band error: the request's final response
-                    finished = True
-                    raise _stream_error(model, error.message(), None)
-                yield result
-                param = result.get_response().parameters.get("triton_final_response")
-                if param is not None and param.bool_param:
-                    finished = True  # the RPC ends right after; keep reading to its end
+            async for response in call:
+                if response.error_message:  # in-band error: the request's final response
+                    error_message = response.error_message
+                    final.set()
+                    continue
+                param = response.infer_response.parameters.get("triton_final_response")
+                is_final = param is not None and param.bool_param
+                if is_final:
+                    final.set()  # half-close now; the RPC ends right after
+                    if not response.infer_response.outputs:
+                        continue  # the empty final response
+                yield grpcclient.InferResult(response.infer_response)
             finished = True
+            if error_message is not None:
+                raise _stream_error(model, error_message, None)
         except EngineError:
             raise
         except grpc.aio.AioRpcError as exc:
@@ -316,6 +334,7 @@ class TritonEngine:
             finished = True  # abort_inflight cancelled it already
             raise error from None
         finally:
+            final.set()
             self._inflight.pop(request_id, None)
             self._aborted.pop(request_id, None)
             if not finished:
@@ -426,6 +445,28 @@ class TritonEngine:
         inputs = chat_inputs(request, declared)
         async for result in self._stream(model, inputs, request.request_id or uuid.uuid4().hex):
             yield chunk_from_result(result, info.sample_rate if info else None)
+
+
+def open_stream(client: grpcclient.InferenceServerClient, model: str, inputs: list[InferInput],
+                 request_id: str, final: asyncio.Event) -> grpc.aio.StreamStreamCall:
+    """Open a ``ModelStreamInfer`` RPC that sends one request and half-closes only once
+    ``final`` is set (see ``TritonEngine._stream``); returns the gRPC call, whose responses are
+    ``ModelStreamInferResponse`` messages.
+
+    tritonclient's ``stream_infer`` cannot do this: it refuses the reserved request parameter
+    ``triton_enable_empty_final_response`` (only its sync ``async_stream_infer`` sets it), so the
+    request is built with the same ``_get_inference_request`` and sent on the client's own stub.
+    """
+    request = _get_inference_request(
+        model_name=model, inputs=inputs, model_version="", request_id=request_id, outputs=None,
+        sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+
+    async def requests():
+        yield request
+        await final.wait()
+
+    return client._client_stub.ModelStreamInfer(requests(), metadata=client._get_metadata(None))
 
 
 def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:

@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from openai_frontend.engine import (
     InferenceError,
+    InvalidRequestError,
     ModelNotFoundError,
     ModelNotReadyError,
     TritonEngine,
@@ -89,6 +90,10 @@ class FakeTriton(pbg.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=self.configs[request.name])
 
     async def ModelStreamInfer(self, request_iterator, context):
+        if self.mode.startswith("watch"):
+            async for r in self._watch(request_iterator):
+                yield r
+            return
         try:
             async for req in request_iterator:
                 self.requests.append(req)
@@ -106,6 +111,26 @@ class FakeTriton(pbg.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+
+
+    async def _watch(self, request_iterator):
+        """Answer one request and record, just before its final response, whether the client had
+        already half-closed (``half_closed_early``), as tritonserver 2.51 must not see it."""
+        it = request_iterator.__aiter__()
+        req = await it.__anext__()
+        self.requests.append(req)
+        rest = asyncio.ensure_future(it.__anext__())  # ends (StopAsyncIteration) at the half-close
+        await asyncio.sleep(0.05)
+        self.half_closed_early = rest.done()
+        if self.mode == "watch_error":
+            yield pb.ModelStreamInferResponse(error_message="invalid input: prompt too long")
+        else:
+            yield audio_response(self.chunks[0], 22050, final=False)
+            empty = pb.ModelStreamInferResponse()  # a FINAL flag without data
+            empty.infer_response.parameters["triton_final_response"].bool_param = True
+            yield empty
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(rest, 5)  # the client half-closes after the final response
 
 
 @pytest.fixture
@@ -228,5 +253,28 @@ async def test_unreachable_triton_is_unavailable():
         with pytest.raises(TritonUnavailableError):
             async for _ in engine.synthesize("piper_tts", "x"):
                 pass
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("mode", ["watch_ok", "watch_error"])
+async def test_the_stream_half_closes_only_after_the_final_response(triton, mode):
+    """tritonserver 2.51 crashed when a client's half-close met a response completing on the
+    same stream (issue 9): the engine keeps writing open until the final response (data, empty
+    FINAL, or in-band error) is in, then half-closes; the empty final response is not yielded."""
+    triton.mode = mode
+    engine = TritonEngine(triton.url)
+    try:
+        got = []
+        if mode == "watch_error":
+            with pytest.raises(InvalidRequestError, match="prompt too long"):
+                async for c in engine.synthesize("piper_tts", "x"):
+                    got.append(c)
+        else:
+            got = [c async for c in engine.synthesize("piper_tts", "x")]
+            assert len(got) == 1 and np.array_equal(got[0][0], triton.chunks[0])
+        assert triton.half_closed_early is False
+        assert triton.requests[0].parameters["triton_enable_empty_final_response"].bool_param
+        assert not triton.cancelled.is_set()
     finally:
         await engine.close()

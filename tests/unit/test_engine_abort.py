@@ -29,14 +29,25 @@ class HangingCall:
         self._never.cancel()
 
 
-class FakeClient:
+class FakeStub:
     def __init__(self):
         self.calls = []
 
-    def stream_infer(self, requests):
+    def ModelStreamInfer(self, requests, metadata=()):  # noqa: N802 - the gRPC method's name
         call = HangingCall()
         self.calls.append(call)
         return call
+
+
+class FakeClient:
+    """The parts of ``tritonclient.grpc.aio.InferenceServerClient`` that ``_stream`` uses."""
+
+    def __init__(self):
+        self._client_stub = FakeStub()
+        self.calls = self._client_stub.calls
+
+    def _get_metadata(self, headers):
+        return ()
 
 
 def _engine():

@@ -106,6 +106,17 @@ def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
         saved = json.loads(status.path.read_text())
         assert saved["restarts"] == 1 and "Signal (11)" in saved["last_crash"]["reason"]
         assert Path(saved["last_crash"]["log"]).exists()
+
+        # A server that printed a fatal signal line but never exits (CI run 4 of issue 9: ports
+        # closed, stubs dead, process alive): killed after the grace period, restarted, counted.
+        _wait(lambda: len(spawned()) == 3, "the restarted server's stub")
+        wedged = server.proc.pid
+        server.proc.send_signal(signal.SIGSTOP)
+        with open(server.log_path, "a") as log:
+            log.write("Signal (11) received.\n")
+        _wait(lambda: status.restarts == 2 and status.state == "ready", "the wedged server's restart")
+        assert server.proc.pid != wedged and not psutil.pid_exists(wedged)
+        assert "Signal (11)" in json.loads(status.path.read_text())["last_crash"]["reason"]
         stop.set()
         supervisor.join(timeout=30)
         assert not supervisor.is_alive()
