@@ -203,7 +203,8 @@ class OmniTalker:
 
         ``steps`` is read on the calling thread (in Triton: the stub's one thread that reads BLS
         streams). ``should_stop()`` (cancellation) is polled after every thinker step and frame
-        batch; the talker then stops after its current frame and nothing more is yielded.
+        batch; the talker then stops after its current frame, ``steps`` is closed (a thinker
+        generator stops its generate) and nothing more is yielded.
         ``feed``: pass one to watch it (tests).
 
         Raises:
@@ -215,6 +216,7 @@ class OmniTalker:
         acc = _Accumulated()
         run: _TalkerRun | None = None
         asst, fed, finish = None, 0, None
+        steps = iter(steps)
         try:
             for step in steps:
                 acc.add(step)
@@ -249,6 +251,9 @@ class OmniTalker:
             feed.close()
             if run is not None:
                 run.close()
+            close = getattr(steps, "close", None)
+            if close is not None:  # stopped early: the thinker's stream stops too (joins its thread)
+                close()
 
     def _prefill(self, out: ThinkerOutput, speaker: int, asst: int) -> dict:
         """The talker's prompt from a partial thinker output (it has the first generated token's
