@@ -218,3 +218,23 @@ def test_text_feed_waits_and_wakes():
     assert got and got[0].shape == (1, 2, 4)
     feed.finish(torch.zeros(1, 5, 4))
     assert feed.wait(9).shape[1] == 5  # final: past the end the talker reads tts_pad
+
+
+def test_triton_increments_round_trip_gives_the_same_speech(stages):
+    """What omni_thinker sends (ASYNC_CHUNK increments as tensors) and omni_talker rebuilds
+    (``adapters.omni._talker_increments`` / ``_step_increments``) feeds the talker the same."""
+    from omni_triton.adapters import omni as adapter
+
+    thinker, talker, _ = stages
+    ids = _ids(thinker, "What is the capital of France?")
+    sampling = qo.SamplingSettings(max_tokens=20)
+
+    def through_tensors(steps):
+        for s in steps:
+            yield qo.ThinkerStep(s.text, s.completion_tokens, s.finish_reason, **adapter._step_increments(adapter._talker_increments(s)))
+
+    def codes(wrap):
+        items = talker.stream_while_thinking(wrap(thinker.stream(ids, sampling, stream_talker_inputs=True)), "Ethan", TALKER)
+        return np.concatenate([i for i in items if not isinstance(i, qo.ThinkerStep)])
+
+    np.testing.assert_array_equal(codes(through_tensors), codes(lambda s: s))
