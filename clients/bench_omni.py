@@ -23,6 +23,14 @@ paths, one after the other (they share the CPU cores):
 Unless ``--triton-grpc-url`` is given it starts its own tritonserver with ``omni`` on free ports
 after the in-process phase and always stops it. torch uses one thread here, as in the stubs.
 
+TTFP vs answer length (issue 13 item 3), in the same run: for each ``--lengths`` value ``L``
+(default 16, 64, 256 text tokens, forced with ``min_tokens = max_tokens = L``) and each talker
+start, ``async_chunk`` on (the talker speaks while the thinker thinks) and off (it starts when the
+thinker has finished), ``--length-requests`` requests one at a time through both paths (Triton:
+the ``ASYNC_CHUNK`` input of ``omni``). Reported under ``ttfp_vs_length[path][on|off][L]``:
+the summary below plus ``audio_before_last_text`` (requests whose first audio chunk came before
+the last text delta). ``--lengths ""`` skips it; ``--concurrency ""`` skips the levels.
+
 Per request: ``ttft_ms`` (send -> first non-empty text delta), ``ttfp_ms`` (send -> first audio
 chunk), ``e2e_ms`` (send -> end of stream), ``audio_s`` (samples / 24000), ``rtf``
 (e2e / audio seconds). Aggregates: mean / p50 / p90 / min / max (``clients.bench_common.describe``),
@@ -62,6 +70,10 @@ class _TalkerPool:
     def stream(self, *args, **kwargs):
         with self.pool.take() as talker:
             yield from talker.stream(*args, **kwargs)
+
+    def stream_while_thinking(self, *args, **kwargs):
+        with self.pool.take() as talker:
+            yield from talker.stream_while_thinking(*args, **kwargs)
 
 
 class _LockedDecoder:
@@ -104,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--triton-grpc-url", help="use this running Triton (no own server)")
     p.add_argument("--ready-timeout", type=float, default=600.0)
+    p.add_argument("--lengths", default="16,64,256", help="answer lengths (tokens) for TTFP vs length; '' skips")
+    p.add_argument("--length-requests", type=int, default=3)
     args = p.parse_args(argv)
-    levels = parse_concurrency(args.concurrency)
+    levels = parse_concurrency(args.concurrency) if args.concurrency.strip() else []
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     import torch
@@ -121,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     path = ckpt.checkpoint_dir(bls.get("model_name", "qwen3-omni-tiny"))
     sampling = {"temperature": 0, "max_tokens": args.max_tokens}
     report: dict = {"config": {"max_tokens": args.max_tokens, "levels": levels, "requests": args.requests,
+                               "lengths": lengths, "length_requests": args.length_requests,
                                "talker_max_frames": int(tp["default_max_frames"]),
                                "talker_min_frames": int(tp["default_min_frames"]),
                                "chunks": [int(bls[k]) for k in ("first_chunk_frames", "chunk_frames", "left_context_frames")],
@@ -138,17 +154,23 @@ def main(argv: list[str] | None = None) -> int:
     settings = qo.TalkerSettings(max_frames=int(tp["default_max_frames"]), min_frames=int(tp["default_min_frames"]),
                                  do_sample=tp["do_sample"] == "true", repetition_penalty=float(tp["repetition_penalty"]))
 
-    def inprocess(i):
+    default_async = bls.get("async_chunk", "false").lower() == "true"
+
+    def inprocess(i, max_tokens=args.max_tokens, min_tokens=0, async_chunk=default_async):
         ids = thinker.encode(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
         t = time.perf_counter()
         # waiting for a busy stage object counts in TTFT/TTFP/E2E, as queueing in Triton does
-        r = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=args.max_tokens),
+        r = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=max_tokens, min_tokens=min_tokens),
                             "Ethan", settings, first_chunk_frames=int(bls["first_chunk_frames"]),
-                            chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]))
+                            chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]),
+                            async_chunk=async_chunk)
         e2e = time.perf_counter() - t
+        kinds = [k for k, _ in r.events]
         return {"ttft_s": r.timings.get("ttft_s"), "ttfp_s": r.timings.get("ttfp_s"), "e2e_s": e2e,
                 "audio_s": r.audio.size / decoder.sampling_rate, "thinker_s": r.timings["thinker_s"],
-                "talker_s": r.timings.get("talker_s", 0.0), "code2wav_s": r.timings.get("code2wav_s", 0.0)}
+                "talker_s": r.timings.get("talker_s", 0.0), "code2wav_s": r.timings.get("code2wav_s", 0.0),
+                "audio_before_last_text": "audio" in kinds and "text" in kinds
+                and kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("text")}
 
     def run_path(name, fn):
         for i in range(args.warmup):
@@ -157,6 +179,16 @@ def main(argv: list[str] | None = None) -> int:
             results, wall = run_level(fn, c, max(args.requests, c))
             report["results"].setdefault(name, {})[str(c)] = summarize(results, wall)
             print(f"{name} c={c}: {json.dumps(report['results'][name][str(c)])}", flush=True)
+        for n in lengths:  # TTFP vs answer length, async_chunk on and off side by side
+            for mode in ("on", "off"):
+                results, wall = run_level(lambda i: fn(i, max_tokens=n, min_tokens=n, async_chunk=mode == "on"), 1,
+                                          args.length_requests)
+                row = summarize(results, wall)
+                row["audio_before_last_text"] = sum(bool(r.get("audio_before_last_text")) for r in results)
+                report.setdefault("ttfp_vs_length", {}).setdefault(name, {}).setdefault(mode, {})[str(n)] = row
+                print(f"{name} async_chunk={mode} L={n}: ttfp_ms p50 {row['ttfp_ms']['p50']} "
+                      f"ttft_ms p50 {row['ttft_ms']['p50']} e2e_ms p50 {row['e2e_ms']['p50']} "
+                      f"audio_before_last_text {row['audio_before_last_text']}/{row['ok']}", flush=True)
 
     run_path("inprocess", inprocess)
     del thinker, talker, decoder
@@ -175,12 +207,24 @@ def main(argv: list[str] | None = None) -> int:
             server.wait_ready(timeout=args.ready_timeout)
             url = server.grpc_url
 
-        def triton(i):
-            inputs = build_chat_inputs([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], sampling=sampling,
-                                       voice="Ethan")
+        def triton(i, max_tokens=args.max_tokens, min_tokens=0, async_chunk=None):
+            import numpy as np
+            import tritonclient.grpc as grpcclient
+
+            from omni_triton.contracts.chat import ASYNC_CHUNK
+
+            inputs = build_chat_inputs([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], voice="Ethan",
+                                       sampling={**sampling, "max_tokens": max_tokens,
+                                                 **({"min_tokens": min_tokens} if min_tokens else {})})
+            if async_chunk is not None:
+                flag = grpcclient.InferInput(ASYNC_CHUNK, [1], "BOOL")
+                flag.set_data_from_numpy(np.array([async_chunk], dtype=bool))
+                inputs.append(flag)
             r = stream_chat(url, "omni", inputs)
             return {"ttft_s": r.ttft_s, "ttfp_s": r.ttfp_s, "e2e_s": r.total_s,
-                    "audio_s": r.audio.size / max(r.sample_rate, 1)}
+                    "audio_s": r.audio.size / max(r.sample_rate, 1),
+                    "audio_before_last_text": bool(r.audio_arrival_s and r.text_arrival_s
+                                                   and r.audio_arrival_s[0] < r.text_arrival_s[-1])}
 
         run_path("triton", triton)
     finally:
@@ -200,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         for c, s in lv.items():
             print(f"{name:10} {c:>3} {s['ttft_ms']['mean'] or 0:9.1f} {s['ttfp_ms']['mean'] or 0:9.1f} "
                   f"{s['e2e_ms']['mean'] or 0:9.1f} {s['rtf_mean'] or 0:7.3f} {s['audio_s_mean'] or 0:8.2f}")
+    for path, modes in report.get("ttfp_vs_length", {}).items():
+        for mode, rows in modes.items():
+            print(f"TTFP p50 ms vs answer length, {path}, async_chunk={mode}: "
+                  + ", ".join(f"L={n}: {r['ttfp_ms']['p50']}" for n, r in rows.items()))
     print(f"ratios triton/inprocess (means): {json.dumps(ratios)}\nwrote {args.out}")
     return 0
 

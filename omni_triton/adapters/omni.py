@@ -52,20 +52,24 @@ class OmniThinkerStage(DecoupledStage):
         from omni_triton.stages.qwen3_omni import prepare_thinker_request
 
         talker_inputs = bool(optional_input(request, ch.TALKER_INPUTS) or False)
+        streamed = talker_inputs and bool(optional_input(request, ch.ASYNC_CHUNK) or False)
         ids, sampling = prepare_thinker_request(self.thinker, *read_chat_request(request), self.default_max_tokens,
                                                 self.max_model_len, talker_inputs)
-        return ids, sampling, talker_inputs
+        return ids, sampling, talker_inputs, streamed
 
     def generate(self, job, stream):
-        ids, sampling, talker_inputs = job
+        ids, sampling, talker_inputs, streamed = job
         counted = 0
-        for step in self.thinker.stream(ids, sampling, talker_inputs, stream.cancelled):
+        for step in self.thinker.stream(ids, sampling, talker_inputs and not streamed, stream.cancelled,
+                                        stream_talker_inputs=streamed):
             self.metrics.count("tokens", step.completion_tokens - counted)
             counted = step.completion_tokens
             out = {ch.TEXT_DELTA: step.text, ch.FINISH_REASON: step.finish_reason or "",
                    ch.PROMPT_TOKENS: scalar_array(len(ids), "INT32"),
                    ch.COMPLETION_TOKENS: scalar_array(step.completion_tokens, "INT32")}
-            if step.output is not None:
+            if streamed:  # increments (ch.ASYNC_CHUNK): what this step appended to the talker tensors
+                out.update(_talker_increments(step))
+            elif step.output is not None:
                 o = step.output
                 out.update({ch.SEQUENCE: o.sequence, ch.PROMPT_LEN: scalar_array(o.prompt_len, "INT32"),
                             ch.THINKER_EMBEDS: o.embeds, ch.THINKER_HIDDEN: o.hidden, ch.TTS_EMBEDS: o.tts_embeds})
@@ -74,11 +78,14 @@ class OmniThinkerStage(DecoupledStage):
 
 class OmniTalkerStage(DecoupledStage):
     """``omni_talker`` (talker + code predictor): the thinker's outputs (+ VOICE, MIN/MAX_FRAMES,
-    REQUEST_ID) -> one CODES response per codec frame; one request at a time per instance."""
+    REQUEST_ID) -> one CODES response per codec frame; one request at a time per instance.
+    Speaking while thinking (chat inputs instead of the thinker's outputs) it streams
+    ``omni_thinker`` itself and interleaves the thinker's text responses with CODES."""
 
     stage = "omni_talker"
     input_error = ch.ChatInputError
     cancel_flags = True
+    reads_bls_streams = True  # speaking while thinking it streams omni_thinker (on execute's thread)
     per_instance_metrics = True
     metric_specs = dict(
         frames=("omni_talker_frames_total", "Codec frames generated", "counter"),
@@ -92,6 +99,7 @@ class OmniTalkerStage(DecoupledStage):
 
         set_torch_threads()
         self.talker = OmniTalker.from_pretrained(_checkpoint(params))
+        self.thinker_model = params.get("thinker", "omni_thinker")
         self.default_voice = params.get("default_voice", "Ethan")
         self.settings = TalkerSettings(
             max_frames=int(params.get("default_max_frames", "4096")),
@@ -102,25 +110,89 @@ class OmniTalkerStage(DecoupledStage):
     def parse(self, request):
         from omni_triton.stages.qwen3_omni import ThinkerOutput
 
+        settings = self._settings(request)
+        voice = optional_str_input(request, ch.VOICE) or self.default_voice
+        text_inputs = read_chat_request(request)
+        if text_inputs[0] is not None or text_inputs[1] is not None:  # speak while thinking
+            self.talker.speaker_id(voice)  # unknown voice: INVALID_ARG before the thinker starts
+            return _AsyncTalkerJob(chat_request_pairs(text_inputs), voice, settings)
         out = ThinkerOutput(
             sequence=required_array(request, ch.SEQUENCE).reshape(-1).astype(np.int64),
             prompt_len=int(required_array(request, ch.PROMPT_LEN).reshape(-1)[0]),
             embeds=required_array(request, ch.THINKER_EMBEDS).astype(np.float32),
             hidden=required_array(request, ch.THINKER_HIDDEN).astype(np.float32),
             tts_embeds=required_array(request, ch.TTS_EMBEDS).astype(np.float32))
+        return out, voice, settings
+
+    def _settings(self, request):
         settings = self.settings
         max_frames, min_frames = optional_input(request, sp.MAX_FRAMES), optional_input(request, sp.MIN_FRAMES)
         if max_frames is not None:
             settings = replace(settings, max_frames=int(max_frames))
         if min_frames is not None:
             settings = replace(settings, min_frames=int(min_frames))
-        return out, optional_str_input(request, ch.VOICE) or self.default_voice, settings
+        return settings
 
     def generate(self, job, stream):
+        if isinstance(job, _AsyncTalkerJob):
+            yield from self._speak_while_thinking(job, stream)
+            return
         out, voice, settings = job
         for frames in self.talker.stream(out, voice, settings, stream.cancelled):
             self.metrics.count("frames", len(frames))
             yield {sp.CODES: frames}
+
+    def _speak_while_thinking(self, job, stream):
+        """Stream omni_thinker (this stub's one BLS-reading thread: execute's), pass its text
+        through and feed its per-token rows to the talker as they come
+        (``OmniTalker.stream_while_thinking``). Cancelled (the caller's REQUEST_ID flag or
+        Triton's): the thinker's flag is raised and the talker stops after its frame."""
+        from omni_triton.stages.qwen3_omni import ThinkerStep
+
+        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([True])), (ch.ASYNC_CHUNK, np.array([True]))]
+        prompt_tokens = [0]
+
+        def steps():
+            for out in stream_stage(self.thinker_model, inputs, ch.TEXT_OUTPUTS + ch.TALKER_TENSORS, stream.cancelled,
+                                    self.flags, f"omni-thinker-{uuid.uuid4().hex}", parent=stream):
+                prompt_tokens[0] = int(out[ch.PROMPT_TOKENS].reshape(-1)[0])
+                yield ThinkerStep(first_str(out[ch.TEXT_DELTA]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]),
+                                  first_str(out[ch.FINISH_REASON]) or None, **_step_increments(out))
+
+        for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled):
+            if isinstance(item, ThinkerStep):
+                yield {ch.TEXT_DELTA: item.text, ch.FINISH_REASON: item.finish_reason or "",
+                       ch.PROMPT_TOKENS: scalar_array(prompt_tokens[0], "INT32"),
+                       ch.COMPLETION_TOKENS: scalar_array(item.completion_tokens, "INT32")}
+            else:
+                self.metrics.count("frames", len(item))
+                yield {sp.CODES: item}
+
+
+@dataclass
+class _AsyncTalkerJob:
+    inputs: list
+    voice: str
+    settings: object
+
+
+def _talker_increments(step) -> dict:
+    """The talker tensors of one streamed thinker step (ThinkerStep increments -> tensors)."""
+    out = {ch.SEQUENCE: np.asarray(step.ids if step.ids is not None else (), np.int64)}
+    if step.embeds is not None:
+        out.update({ch.THINKER_EMBEDS: step.embeds, ch.THINKER_HIDDEN: step.hidden})
+    if step.prompt_len is not None:
+        out.update({ch.PROMPT_LEN: scalar_array(step.prompt_len, "INT32"), ch.TTS_EMBEDS: step.tts_embeds})
+    return out
+
+
+def _step_increments(out: dict) -> dict:
+    """The inverse of :func:`_talker_increments`: ThinkerStep keyword arguments from tensors."""
+    kw = {"ids": out.get(ch.SEQUENCE), "embeds": out.get(ch.THINKER_EMBEDS), "hidden": out.get(ch.THINKER_HIDDEN),
+          "tts_embeds": out.get(ch.TTS_EMBEDS)}
+    if ch.PROMPT_LEN in out:
+        kw["prompt_len"] = int(out[ch.PROMPT_LEN].reshape(-1)[0])
+    return kw
 
 
 class OmniCode2WavStage(Code2WavStage):
@@ -138,6 +210,7 @@ class _OmniJob:
     audio: bool
     voice: str
     max_frames: int | None
+    async_chunk: bool = False
 
 
 class OmniPipeline(DecoupledStage):
@@ -161,6 +234,7 @@ class OmniPipeline(DecoupledStage):
         self.voices = [v.strip() for v in params.get("voices", "Ethan").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
+        self.async_chunk = params.get("async_chunk", "false").strip().lower() == "true"
         self.stage_flags = CancelFlags.for_server()
         # Validation happens here too, not only in omni_thinker: on 2.51 an error response that
         # reaches a BLS model arrives with code INTERNAL whatever the stage sent, so the
@@ -181,7 +255,10 @@ class OmniPipeline(DecoupledStage):
         max_frames = optional_input(request, ch.MAX_AUDIO_FRAMES)
         if max_frames is not None and int(max_frames) < 1:
             raise ch.ChatInputError(f"MAX_AUDIO_FRAMES must be >= 1, got {int(max_frames)}")
-        return _OmniJob(chat_request_pairs(text_inputs), audio, voice, None if max_frames is None else int(max_frames))
+        async_chunk = optional_input(request, ch.ASYNC_CHUNK)
+        async_chunk = self.async_chunk if async_chunk is None else bool(async_chunk)
+        return _OmniJob(chat_request_pairs(text_inputs), audio, voice, None if max_frames is None else int(max_frames),
+                        async_chunk)
 
     def _response(self, text="", finish="", counts=(0, 0), audio=None):
         return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish,
@@ -193,6 +270,9 @@ class OmniPipeline(DecoupledStage):
         return call_stage(self.code2wav, sp.code2wav_inputs(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1)
 
     def generate(self, job, stream):
+        if job.audio and job.async_chunk:
+            yield from self._speak_while_thinking(job, stream)
+            return
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
 
         inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
@@ -221,5 +301,31 @@ class OmniPipeline(DecoupledStage):
             for pcm in chunked.push(codes):
                 yield self._response(counts=counts, audio=pcm)
         if chunked.total and not stream.cancel_seen and not stream.cancelled():
+            for pcm in chunked.flush():
+                yield self._response(counts=counts, audio=pcm)
+
+    def _speak_while_thinking(self, job, stream):
+        """``async_chunk``: one stream, omni_talker's, which carries the thinker's text responses
+        (sent on at once) and the talker's CODES (chunked and decoded as they come)."""
+        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
+
+        inputs = job.inputs + [(ch.VOICE, utf8_array(job.voice))]
+        if job.max_frames is not None:
+            inputs.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
+        chunked = ChunkedDecoder(ChunkSchedule(*self.chunks), self._decode)
+        counts, finish = (0, 0), ""
+        for out in stream_stage(self.talker, inputs, ch.TEXT_OUTPUTS + (sp.CODES,), stream.cancelled, self.stage_flags,
+                                f"omni-talker-{uuid.uuid4().hex}", parent=stream):
+            if stream.cancel_seen:
+                continue
+            if ch.TEXT_DELTA in out:
+                finish = first_str(out[ch.FINISH_REASON])
+                counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
+                yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
+            codes = out.get(sp.CODES)
+            if codes is not None and codes.size:
+                for pcm in chunked.push(codes):
+                    yield self._response(counts=counts, audio=pcm)
+        if chunked.total and finish != "abort" and not stream.cancel_seen and not stream.cancelled():
             for pcm in chunked.flush():
                 yield self._response(counts=counts, audio=pcm)

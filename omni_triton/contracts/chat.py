@@ -39,6 +39,9 @@ PROMPT_LEN = "PROMPT_LEN"  #: INT32 [1]
 THINKER_EMBEDS = "THINKER_EMBEDS"  #: FP32 [L-1, H]: input embedding of every token fed to the thinker
 THINKER_HIDDEN = "THINKER_HIDDEN"  #: FP32 [L-1, H]: hidden state at the talker's accept layer
 TTS_EMBEDS = "TTS_EMBEDS"  #: FP32 [3, H]: embeddings of tts_bos, tts_eos, tts_pad
+#: BOOL [1]: speak while thinking. omni: override of its ``async_chunk`` parameter; omni_thinker (with
+#: TALKER_INPUTS): the talker tensors as increments on every response (docs/omni_pipeline.md)
+ASYNC_CHUNK = "ASYNC_CHUNK"
 
 TEXT_OUTPUTS = (TEXT_DELTA, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
 SPEECH_OUTPUTS = (AUDIO, SAMPLE_RATE)
@@ -255,14 +258,18 @@ LLM = StageContract(_CHAT_IN + (_s(REQUEST_ID, optional=True),), _TEXT_OUT, deco
 LLM_TTS = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
                         _TEXT_OUT + _SPEECH_OUT, decoupled=True)
 OMNI = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True),
-                                 TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True)),
+                                 TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True),
+                                 TensorSpec(ASYNC_CHUNK, "BOOL", optional=True)),
                      _TEXT_OUT + _SPEECH_OUT, decoupled=True)
 OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True),
-                                         _s(REQUEST_ID, optional=True)),
+                                         _s(REQUEST_ID, optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True)),
                              _TEXT_OUT + _TALKER_IN, decoupled=True)
-OMNI_TALKER = StageContract(_TALKER_IN + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
-                                          TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True)),
-                            (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
+# omni_talker takes either the thinker's finished outputs (_TALKER_IN) or, speaking while thinking,
+# the chat inputs, which it sends to omni_thinker itself (it then streams the thinker's text too).
+OMNI_TALKER = StageContract(tuple(TensorSpec(t.name, t.datatype, t.dims, True) for t in _TALKER_IN) + _CHAT_IN
+                            + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
+                               TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True)),
+                            (TensorSpec(CODES, "INT64", (-1, -1)),) + _TEXT_OUT, decoupled=True)
 OMNI_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
                               (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
 

@@ -47,3 +47,17 @@ def test_stage_pools_hold_one_object_per_instance():
     assert sorted(t.streams for t in talkers) == [1, 2]
     dec = bo._LockedDecoder([Decoder()])
     assert dec.sampling_rate == 24000 and dec.decode([1, 2], [0]) == [2]
+
+
+def test_talker_pool_speaks_while_thinking_on_one_held_talker():
+    class Talker:
+        num_code_groups = 4
+
+        def stream_while_thinking(self, steps, *args, **kwargs):
+            yield from steps
+
+    pool = bo._TalkerPool([Talker()])
+    first = pool.stream_while_thinking(iter([1, 2]))
+    assert next(first) == 1
+    assert pool.pool._free.empty()  # held while it streams
+    assert list(first) == [2] and not pool.pool._free.empty()

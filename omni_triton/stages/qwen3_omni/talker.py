@@ -3,17 +3,18 @@ forward pass completes one.
 """
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
 from omni_triton.checkpoints.common import read_manifest
 from omni_triton.contracts.chat import ChatInputError
-from omni_triton.stages.qwen3_omni.thinker import ThinkerOutput
+from omni_triton.stages.qwen3_omni.thinker import ThinkerOutput, ThinkerStep
 from omni_triton.stages.streaming import stopping_criteria, threaded_generate
 
 # ------------------------------------------------------------------------------------ talker
@@ -181,3 +182,356 @@ class OmniTalker:
         for items in threaded_generate(run, q, done, closed):
             if isinstance(items, list) and items:
                 yield np.stack(items).astype(np.int64)
+
+    # -------------------------------------------------------------- speak while thinking
+
+    def stream_while_thinking(self, steps: Iterable[ThinkerStep], voice: str, settings: TalkerSettings,
+                              should_stop: Callable[[], bool] | None = None,
+                              feed: "TextFeed | None" = None) -> Iterator[ThinkerStep | np.ndarray]:
+        """Speak while the thinker generates (vLLM-Omni's ``async_chunk``): pass each
+        :class:`ThinkerStep` of ``steps`` (a thinker stream with ``stream_talker_inputs``: ids and
+        per-token rows as increments) through, interleaved with int64 [n, G] codec frames.
+
+        The talker starts as soon as its prompt is complete (it needs the thinker's row of the
+        first generated token: after the thinker's second token, as the reference) and then
+        consumes one text embedding per frame as the thinker produces them (:class:`TextFeed`),
+        waiting while it is ahead; when the thinker stops, the feed becomes the reference's
+        ``trailing_text_hidden`` (ending with ``tts_eos``) and the talker runs to its end. Frames
+        made while this generator waits for the next thinker step come out with that step. The
+        values equal :meth:`stream` on the finished thinker output (the reference), up to the
+        rounding condition of :data:`PROJECTION_MIN_ROWS`.
+
+        ``steps`` is read on the calling thread (in Triton: the stub's one thread that reads BLS
+        streams). ``should_stop()`` (cancellation) is polled after every thinker step and frame
+        batch; the talker then stops after its current frame, ``steps`` is closed (a thinker
+        generator stops its generate) and nothing more is yielded.
+        ``feed``: pass one to watch it (tests).
+
+        Raises:
+            ChatInputError: unknown voice, or a sequence without ``<|im_start|>assistant``.
+        """
+        speaker = self.speaker_id(voice)
+        user_stop = should_stop or (lambda: False)
+        feed = feed if feed is not None else TextFeed()
+        acc = _Accumulated()
+        run: _TalkerRun | None = None
+        asst, fed, finish = None, 0, None
+        steps = iter(steps)
+        try:
+            for step in steps:
+                acc.add(step)
+                yield step
+                finish = step.finish_reason or finish
+                if step.finish_reason:
+                    break
+                if run is None and acc.prompt_len and acc.generated >= 2 and acc.tts_embeds is not None:
+                    asst = _assistant_start(self.config, np.asarray(acc.ids[:acc.prompt_len]), acc.prompt_len)
+                    if asst is None:
+                        raise ChatInputError("speech needs a chat prompt (<|im_start|>assistant); use MESSAGES")
+                    if acc.n_rows >= asst + 4:
+                        run = _TalkerRun(self, self._prefill(acc.output(), speaker, asst), feed, settings)
+                if run is not None and not run.finished:
+                    fed = self._feed_entries(acc, asst, fed, feed)
+                    yield from run.ready()
+                if user_stop():
+                    break
+            if finish in (None, "abort") or user_stop():
+                return
+            out = acc.output()
+            if len(out.sequence) - out.prompt_len < 2:
+                return  # nothing to speak (the reference needs two generated tokens)
+            with torch.inference_mode():
+                full = build_talker_inputs(self.model, out, speaker, self.thinker_eos_token_id)
+            feed.finish(full["trailing_text_hidden"])
+            if run is None:  # the thinker ended before the talker's prompt was complete
+                run = _TalkerRun(self, full, feed, settings)
+            yield from run.ready()
+            yield from run.rest(user_stop)
+        finally:
+            feed.close()
+            if run is not None:
+                run.close()
+            close = getattr(steps, "close", None)
+            if close is not None:  # stopped early: the thinker's stream stops too (joins its thread)
+                close()
+
+    def _prefill(self, out: ThinkerOutput, speaker: int, asst: int) -> dict:
+        """The talker's prompt from a partial thinker output (it has the first generated token's
+        row): :func:`build_talker_inputs` with the rows after that one replaced by zero rows
+        (``tts_pad`` ids) so the assistant segment is projected in one call of
+        :data:`PROJECTION_MIN_ROWS` rows; ``trailing_text_hidden`` empty (the feed has it)."""
+        n_rows = asst + 4
+        pad = max(asst + PROJECTION_MIN_ROWS - n_rows, 0)
+        zeros = np.zeros((pad, out.embeds.shape[1]), np.float32)
+        seq = np.concatenate((out.sequence[:n_rows + 1], np.full(pad, self.config.tts_pad_token_id, np.int64)))
+        padded = ThinkerOutput(seq, out.prompt_len, np.concatenate((out.embeds[:n_rows], zeros)),
+                               np.concatenate((out.hidden[:n_rows], zeros)), out.tts_embeds)
+        with torch.inference_mode():
+            inputs = build_talker_inputs(self.model, padded, speaker, None)
+        inputs["trailing_text_hidden"] = inputs["trailing_text_hidden"][:, :0]
+        return inputs
+
+    def _feed_entries(self, acc: "_Accumulated", asst: int, fed: int, feed: "TextFeed") -> int:
+        """Give ``feed`` the trailing entries whose rows have arrived: entry ``k`` is the projected
+        row ``asst + 4 + k`` (generated token ``k + 1``), or ``tts_eos`` / ``tts_pad`` at / after the
+        first thinker EOS among the generated ids (the reference's masking). Returns the count."""
+        hi = acc.n_rows - (asst + 4)  # entries whose row is there
+        if hi <= fed:
+            return fed
+        n = hi - fed
+        with torch.inference_mode():
+            return self._feed_rows(acc, fed, hi, n, feed)
+
+    def _feed_rows(self, acc: "_Accumulated", fed: int, hi: int, n: int, feed: "TextFeed") -> int:
+        entries = _project_rows(self.talker, acc.tail(max(n, PROJECTION_MIN_ROWS)), n)
+        gen = np.asarray(acc.ids[acc.prompt_len:])
+        eos = np.nonzero(gen == self.thinker_eos_token_id)[0]
+        if len(eos):
+            tts = self.talker.text_projection(torch.from_numpy(acc.tts_embeds)[None].to(self.talker.dtype))
+            _, tts_eos, tts_pad = tts.chunk(3, dim=1)
+            k = torch.arange(fed, hi).view(1, -1, 1)
+            entries = torch.where(k > int(eos[0]), tts_pad.to(entries.dtype), entries)
+            entries = torch.where(k == int(eos[0]), tts_eos.to(entries.dtype), entries)
+        feed.extend(entries)
+        return hi
+
+
+# ------------------------------------------------------------------- speak while thinking
+
+#: Rows per ``text_projection`` call when projecting the streamed thinker rows. On this CPU
+#: stack (torch 2.13 CPU GEMM) a row's result is the same for every call of >= 8 rows, but calls
+#: of 1..7 rows take another kernel and round differently (~1e-6); the reference projects the
+#: whole assistant segment at once (n + 2 rows for n generated tokens), so projecting windows of
+#: at least 8 rows keeps the talker's conditioning bit-identical to the reference's whenever the
+#: answer has >= 6 tokens (shorter answers: differences of ~1e-6 in the conditioning).
+#: ``tests/unit/test_qwen3_omni_async.py`` checks this property of the stack.
+PROJECTION_MIN_ROWS = 8
+
+
+class TextFeed:
+    """``trailing_text_hidden`` while the thinker is still generating: the talker's decode step
+    ``k`` reads entry ``k`` (one text embedding per codec frame) and waits here while the thinker
+    is behind.
+
+    Entries are torch tensors ``[1, n, Ht]`` (talker hidden size). :meth:`finish` replaces them
+    with the reference's whole tensor once the thinker has stopped (it ends with ``tts_eos``; the
+    talker reads ``tts_pad`` past its end, as in the reference). Thread-safe: the consumer thread
+    extends, the talker's generate thread waits.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._entries: torch.Tensor | None = None
+        self._final = False
+        self._closed = False
+        self._hungry = False
+        self.started = False  #: the talker's generate has been started on this feed
+
+    def __len__(self) -> int:
+        with self._cond:
+            return 0 if self._entries is None else int(self._entries.shape[1])
+
+    def extend(self, entries: torch.Tensor) -> None:
+        """Append entries ``[1, m, Ht]`` (ignored after :meth:`finish` / :meth:`close`)."""
+        with self._cond:
+            if self._final or self._closed or entries.shape[1] == 0:
+                return
+            self._entries = entries if self._entries is None else torch.cat((self._entries, entries), dim=1)
+            self._hungry = False
+            self._cond.notify_all()
+
+    def finish(self, trailing: torch.Tensor) -> None:
+        """The thinker stopped: ``trailing`` ``[1, N, Ht]`` is the whole tensor (the reference's)."""
+        with self._cond:
+            self._entries, self._final, self._hungry = trailing, True, False
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """No more entries will come (cancelled, or the talker ended): wake every waiter."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def entries(self) -> torch.Tensor | None:
+        """The entries so far (``[1, n, Ht]``) or None."""
+        with self._cond:
+            return self._entries
+
+    def wait(self, step: int) -> torch.Tensor | None:
+        """Block until entry ``step`` exists, the feed is final or closed; return the entries
+        (the talker reads entry ``step``, or ``tts_pad`` when ``step`` is past the end)."""
+        with self._cond:
+            while not (self._final or self._closed
+                       or (self._entries is not None and step < self._entries.shape[1])):
+                self._hungry = True
+                self._cond.notify_all()
+                self._cond.wait()
+            return self._entries
+
+    def wait_hungry(self, timeout: float | None = None) -> bool:
+        """Block until the talker waits for an entry that is not there (or the feed is final or
+        closed): a test hook that makes the thinker never be ahead of the talker. Returns whether
+        that happened within ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._hungry or self._final or self._closed, timeout)
+
+
+class _Accumulated:
+    """The thinker's streamed :class:`ThinkerStep` increments (ids, rows) joined up."""
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.embeds: list[np.ndarray] = []
+        self.hidden: list[np.ndarray] = []
+        self.prompt_len: int | None = None
+        self.tts_embeds: np.ndarray | None = None
+        self.n_rows = 0
+
+    def add(self, step: ThinkerStep) -> None:
+        if step.prompt_len is not None:
+            self.prompt_len = int(step.prompt_len)
+        if step.tts_embeds is not None:
+            self.tts_embeds = np.asarray(step.tts_embeds, np.float32)
+        if step.ids is not None:
+            self.ids.extend(int(i) for i in np.asarray(step.ids).reshape(-1))
+        if step.embeds is not None and len(step.embeds):
+            self.embeds.append(np.asarray(step.embeds, np.float32))
+            self.hidden.append(np.asarray(step.hidden, np.float32))
+            self.n_rows += len(self.embeds[-1])
+
+    @property
+    def generated(self) -> int:
+        return len(self.ids) - int(self.prompt_len or 0)
+
+    def tail(self, k: int) -> np.ndarray:
+        """The last ``min(k, n_rows)`` embedding rows, float32 [<=k, H]."""
+        parts, n = [], 0
+        for chunk in reversed(self.embeds):
+            if n >= k:
+                break
+            parts.append(chunk)
+            n += len(chunk)
+        return np.concatenate(parts[::-1])[-k:] if parts else np.zeros((0, 0), np.float32)
+
+    def output(self) -> ThinkerOutput:
+        if len(self.embeds) > 1:
+            self.embeds, self.hidden = [np.concatenate(self.embeds)], [np.concatenate(self.hidden)]
+        h = self.tts_embeds.shape[1] if self.tts_embeds is not None else 0
+        empty = np.zeros((0, h), np.float32)
+        return ThinkerOutput(np.asarray(self.ids, np.int64), int(self.prompt_len or 0),
+                             self.embeds[0] if self.embeds else empty, self.hidden[0] if self.hidden else empty,
+                             self.tts_embeds if self.tts_embeds is not None else np.zeros((3, h), np.float32))
+
+
+def _assistant_start(cfg, ids: np.ndarray, prompt_len: int) -> int | None:
+    a, b = cfg.im_start_token_id, cfg.assistant_token_id
+    p = ids[:prompt_len]
+    hits = np.nonzero((p[:-1] == a) & (p[1:] == b))[0]
+    return int(hits[-1]) if len(hits) else None
+
+
+def _project_rows(talker, window: np.ndarray, n: int) -> torch.Tensor:
+    """``talker.text_projection`` of the last ``n`` rows of ``window`` (float32 [R, H], the rows
+    before them as padding) in one call of at least :data:`PROJECTION_MIN_ROWS` rows (zero rows in
+    front when ``window`` is shorter); returns ``[1, n, Ht]``."""
+    if len(window) < PROJECTION_MIN_ROWS:
+        window = np.concatenate((np.zeros((PROJECTION_MIN_ROWS - len(window), window.shape[1]), np.float32), window))
+    x = torch.from_numpy(np.ascontiguousarray(window, np.float32))[None].to(talker.dtype)
+    return talker.text_projection(x)[:, -n:]
+
+
+class _TalkerRun:
+    """The talker's ``generate`` on its own thread, fed by a :class:`TextFeed`: its
+    ``prepare_inputs_for_generation`` (where the reference reads ``trailing_text_hidden[:, step]``)
+    gets the feed's entries, waiting while the thinker is behind. Frames int64 [G] queue as a
+    forward hook sees them (as :meth:`OmniTalker.stream`)."""
+
+    def __init__(self, owner: "OmniTalker", inputs: dict, feed: TextFeed, settings: TalkerSettings):
+        self.q: queue.Queue = queue.Queue()
+        self.done = object()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.finished = False
+        talker = owner.talker
+        kw = talker_generate_kwargs(owner.config, settings)
+
+        def hook(module, args, output):
+            codes = output.hidden_states[1] if output.hidden_states is not None else None
+            if codes is not None:
+                self.q.put(codes[0].to(torch.int64).numpy().copy())
+
+        original = talker.prepare_inputs_for_generation
+
+        @functools.wraps(original)  # generate inspects its signature
+        def prepare(*args, **kwargs):
+            if "generation_step" in kwargs and not self.stop.is_set():
+                entries = feed.wait(int(kwargs["generation_step"]))
+                kwargs["trailing_text_hidden"] = entries if entries is not None else inputs["tts_pad_embed"][:, :0]
+            return original(*args, **kwargs)
+
+        def target():
+            from transformers import StoppingCriteriaList
+
+            try:
+                torch.set_num_threads(1)
+                with owner._lock, torch.inference_mode():
+                    handle = talker.register_forward_hook(hook)
+                    talker.prepare_inputs_for_generation = prepare  # this generate only
+                    try:
+                        stop = stopping_criteria(lambda ids: self.stop.is_set())
+                        talker.generate(**inputs, stopping_criteria=StoppingCriteriaList([stop]), **kw)
+                    finally:
+                        del talker.prepare_inputs_for_generation
+                        handle.remove()
+            except BaseException as e:  # re-raised on the consumer thread
+                self.error = e
+            finally:
+                feed.close()
+                self.q.put(self.done)
+
+        feed.started = True
+        self.thread = threading.Thread(target=target, name="talker-async", daemon=True)
+        self.thread.start()
+
+    def _take(self, item) -> np.ndarray | None:
+        if item is self.done:
+            self.finished = True
+            if self.error is not None:
+                raise self.error
+            return None
+        return item
+
+    def ready(self) -> Iterator[np.ndarray]:
+        """The frames queued so far, as one int64 [n, G] array (nothing when none); no waiting."""
+        items = []
+        while not self.finished:
+            try:
+                item = self._take(self.q.get_nowait())
+            except queue.Empty:
+                break
+            if item is not None:
+                items.append(item)
+        if items:
+            yield np.stack(items).astype(np.int64)
+
+    def rest(self, should_stop: Callable[[], bool]) -> Iterator[np.ndarray]:
+        """Frames until the talker ends (int64 [n, G] batches); stops it when ``should_stop()``."""
+        while not self.finished:
+            if should_stop():
+                self.stop.set()
+            item = self._take(self.q.get())
+            items = [] if item is None else [item]
+            while not self.finished:
+                try:
+                    item = self._take(self.q.get_nowait())
+                except queue.Empty:
+                    break
+                if item is not None:
+                    items.append(item)
+            if items and not self.stop.is_set():
+                yield np.stack(items).astype(np.int64)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()

@@ -41,6 +41,16 @@ class ThinkerStep:
     completion_tokens: int
     finish_reason: str | None = None
     output: ThinkerOutput | None = None
+    # Streamed talker conditioning (``stream(..., stream_talker_inputs=True)``): what this step
+    # appended to ``ThinkerOutput``'s arrays, so that the concatenations over all steps equal the
+    # last step's ``output``. ``ids`` int64 [k] (the first step: prompt ids + generated ones),
+    # ``embeds`` / ``hidden`` float32 [m, H] (rows of the tokens fed since the last step); the first
+    # step also has ``prompt_len`` and ``tts_embeds`` float32 [3, H]. None when not streaming.
+    ids: np.ndarray | None = None
+    embeds: np.ndarray | None = None
+    hidden: np.ndarray | None = None
+    prompt_len: int | None = None
+    tts_embeds: np.ndarray | None = None
 
 
 class _QueueStreamer:
@@ -164,9 +174,17 @@ class OmniThinker:
         return kw
 
     def stream(self, prompt_ids: Sequence[int], sampling: SamplingSettings, with_talker_inputs: bool = False,
-               should_stop: Callable[[], bool] | None = None) -> Iterator[ThinkerStep]:
+               should_stop: Callable[[], bool] | None = None,
+               stream_talker_inputs: bool = False) -> Iterator[ThinkerStep]:
         """Generate; yield a :class:`ThinkerStep` per batch of new tokens, then a last one with
         ``finish_reason`` (and ``output`` when ``with_talker_inputs``; None when cancelled).
+
+        ``stream_talker_inputs`` (speak while thinking; implies ``with_talker_inputs``): every step
+        also carries the ids and the per-token embedding / accept-layer rows produced since the
+        last one (:class:`ThinkerStep` ``ids``/``embeds``/``hidden``), taken by a forward hook on
+        the thinker from each generate step's ``hidden_states`` (the tensors the reference
+        concatenates afterwards), and a step is yielded for every new token even when its text
+        delta is empty (held back).
 
         Text deltas: the decode of all generated ids (special tokens skipped) minus what was sent,
         holding back a trailing U+FFFD (an incomplete UTF-8 sequence) and, with ``stop`` strings,
@@ -192,23 +210,35 @@ class OmniThinker:
                 return True
             return False
 
+        with_talker_inputs = with_talker_inputs or stream_talker_inputs
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
         kw = self.generate_kwargs(sampling)
         if with_talker_inputs:
             kw.update(output_hidden_states=True, return_dict_in_generate=True)
         q: queue.Queue = queue.Queue()
         done = object()
+        layer = int(self.config.talker_config.accept_hidden_layer)
+
+        def rows_hook(module, args, output):  # on the generate thread, once per forward (step)
+            hs = output.hidden_states
+            q.put(_Rows(hs[0][0].float().numpy().copy(), hs[layer][0].float().numpy().copy()))
 
         def run():
             from transformers import StoppingCriteriaList
 
             with self._lock:
-                if sampling.seed is not None:
-                    torch.manual_seed(int(sampling.seed))
-                return self.thinker.generate(
-                    input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                    streamer=_QueueStreamer(q), stopping_criteria=StoppingCriteriaList([stopping_criteria(stop_now)]), **kw)
+                handle = self.thinker.register_forward_hook(rows_hook) if stream_talker_inputs else None
+                try:
+                    if sampling.seed is not None:
+                        torch.manual_seed(int(sampling.seed))
+                    return self.thinker.generate(
+                        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), streamer=_QueueStreamer(q),
+                        stopping_criteria=StoppingCriteriaList([stopping_criteria(stop_now)]), **kw)
+                finally:
+                    if handle is not None:
+                        handle.remove()
 
+        pending = _PendingRows(prompt_ids, self.tts_embeds() if stream_talker_inputs else None)
         sent = ""
         hold = max((len(s) for s in sampling.stop), default=1) - 1
         result = None
@@ -217,18 +247,28 @@ class OmniThinker:
             if not isinstance(items, list):
                 result = items
                 break
-            generated.extend(items)
+            new_ids = [i for i in items if not isinstance(i, _Rows)]
+            generated.extend(new_ids)
+            if stream_talker_inputs:
+                pending.add(new_ids, [r for r in items if isinstance(r, _Rows)])
             if cancelled.is_set():
                 continue
             text, cut = _cut_at_stop(text_of(generated), sampling.stop)
             upto = len(text) if cut else len(text) - hold
             while upto > len(sent) and text[upto - 1] == "\ufffd":
                 upto -= 1
-            if upto > len(sent):
-                yield ThinkerStep(text[len(sent):upto], len(generated))
-                sent = text[:upto]
+            if upto > len(sent) or (stream_talker_inputs and pending.has_new()):
+                delta = text[len(sent):upto] if upto > len(sent) else ""
+                yield pending.fill(ThinkerStep(delta, len(generated)))
+                sent = sent + delta
         for rest in it:  # exhaust (joins the thread)
-            result = rest
+            if isinstance(rest, list):
+                new_ids = [i for i in rest if not isinstance(i, _Rows)]
+                generated.extend(new_ids)
+                if stream_talker_inputs:
+                    pending.add(new_ids, [r for r in rest if isinstance(r, _Rows)])
+            else:
+                result = rest
         if cancelled.is_set():
             yield ThinkerStep("", len(generated), "abort")
             return
@@ -241,7 +281,6 @@ class OmniThinker:
         output = None
         if with_talker_inputs and result is not None:
             hs = result.hidden_states
-            layer = int(self.config.talker_config.accept_hidden_layer)
             output = ThinkerOutput(
                 sequence=result.sequences[0].numpy().astype(np.int64),
                 prompt_len=len(prompt_ids),
@@ -249,7 +288,46 @@ class OmniThinker:
                 hidden=torch.cat([h[layer] for h in hs], dim=1)[0].float().numpy(),
                 tts_embeds=self.tts_embeds(),
             )
-        yield ThinkerStep(text[len(sent):] if text.startswith(sent) else "", len(generated), reason, output)
+        last = ThinkerStep(text[len(sent):] if text.startswith(sent) else "", len(generated), reason, output)
+        yield pending.fill(last) if stream_talker_inputs else last
+
+
+class _Rows:
+    """One thinker forward's rows (float32 [m, H] input embeddings and accept-layer states)."""
+
+    __slots__ = ("embeds", "hidden")
+
+    def __init__(self, embeds: np.ndarray, hidden: np.ndarray):
+        self.embeds, self.hidden = embeds, hidden
+
+
+class _PendingRows:
+    """Ids and rows produced since the last streamed :class:`ThinkerStep` (the first step also
+    carries the prompt ids, ``prompt_len`` and the tts embeddings)."""
+
+    def __init__(self, prompt_ids: Sequence[int], tts_embeds: np.ndarray | None):
+        self.ids: list[int] = [int(i) for i in prompt_ids]
+        self.rows: list[_Rows] = []
+        self.first = True
+        self.prompt_len, self.tts_embeds = len(self.ids), tts_embeds
+
+    def add(self, ids: list[int], rows: list[_Rows]) -> None:
+        self.ids.extend(int(i) for i in ids)
+        self.rows.extend(rows)
+
+    def has_new(self) -> bool:
+        return bool(self.ids or self.rows)
+
+    def fill(self, step: ThinkerStep) -> ThinkerStep:
+        step.ids = np.asarray(self.ids, np.int64)
+        if self.rows:
+            step.embeds = np.concatenate([r.embeds for r in self.rows]).astype(np.float32)
+            step.hidden = np.concatenate([r.hidden for r in self.rows]).astype(np.float32)
+        if self.first:
+            step.prompt_len, step.tts_embeds = self.prompt_len, self.tts_embeds
+            self.first = False
+        self.ids, self.rows = [], []
+        return step
 
 
 def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str | None, messages: str | None, sampling: str | None,
