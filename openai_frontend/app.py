@@ -17,6 +17,7 @@ from .middleware import ApiKey, BodySizeLimit, IgnoredFieldsHeader, UnexpectedEr
 from .routers import audio, chat, images, models, observability, videos
 from .serving.common import IGNORED_FIELDS_STATE
 from .video_jobs import JobSettings, VideoJobs
+from .voice_store import VoiceSettings, VoiceStore
 from .stage_watch import ServeStatusWatch
 
 
@@ -39,6 +40,9 @@ class Settings:
     strict_params: unknown request fields are a 400 "Unrecognized request argument" (OpenAI's
         API) instead of being ignored and named in ``X-Ignored-Fields`` (vLLM's server).
     video: the video job store's settings (``openai_frontend.video_jobs.JobSettings``).
+    voices: the custom voice store's settings (``openai_frontend.voice_store.VoiceSettings``);
+        None: custom voices disabled (``/v1/audio/voices`` still lists the models' voices).
+    batch_concurrency: items of one ``/v1/audio/speech/batch`` synthesised at once.
     """
 
     max_inflight: int = 16
@@ -52,6 +56,9 @@ class Settings:
     strict_params: bool = False
     #: video jobs (``/v1/videos``): storage folder, queue bound, retention...; None: disabled
     video: JobSettings | None = None
+    #: custom voices (``/v1/audio/voices``): storage folder, clip limits, consent rule; None: disabled
+    voices: VoiceSettings | None = None
+    batch_concurrency: int = 4
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -73,6 +80,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
         try:
             yield
         finally:
+            if _app.state.voice_store is not None:
+                _app.state.voice_store.close()
             if getattr(_app.state, "video_jobs", None) is not None:
                 await _app.state.video_jobs.stop()
             await watch.stop()
@@ -83,6 +92,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.engine = engine
     app.state.serve_watch = watch
     app.state.settings = settings
+    # opened here (not in the lifespan) so a store that cannot be opened fails the start at once
+    app.state.voice_store = VoiceStore(settings.voices) if settings.voices is not None else None
     app.state.admission = AdmissionController(settings.max_inflight, settings.retry_after_s)
     app.state.metrics = FrontendMetrics(app.state.admission)
     app.state.started_at = int(time.time())

@@ -467,7 +467,7 @@ async def test_sdk_chat_audio(engine):
     "payload, status, param, code",
     [
         ({"model": "mute", "modalities": ["text", "audio"]}, 400, "modalities", "unsupported_modality"),
-        ({"model": "llm", "modalities": ["text", "audio"], "audio": {"format": "wav", "voice": "alloy"}},
+        ({"model": "llm", "modalities": ["text", "audio"], "audio": {"format": "wav", "voice": "no-such-voice"}},
          400, "audio.voice", "invalid_voice"),
         ({"model": "llm", "modalities": ["text", "audio"], "audio": {"format": "aac", "voice": "joe"}},
          400, "audio.format", "unsupported_format"),
