@@ -534,3 +534,23 @@ def test_ws_needs_the_api_key(engine, settings):
             ws.send_json({"type": "session.config", "model": "piper_tts"})
             ws.send_json({"type": "input.done"})
             assert ws.receive_json() == {"type": "session.done", "utterance_index": 0, "total_sentences": 0}
+
+
+@pytest.mark.parametrize("model, expect", [("piper_tts", {"nova": "joe"}), ("llm_tts", {"alloy": "joe"}),
+                                           ("tts", {"nova": "3", "alloy": "0"}),
+                                           ("omni", {"nova": "Chelsie", "onyx": "Aiden"})])
+def test_every_speech_config_maps_every_openai_name(model, expect):
+    """The table is read from each model's config.pbtxt (parameter openai_voices) through ModelInfo."""
+    from pathlib import Path
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from openai_frontend.engine import model_info_from_config
+
+    root = Path(__file__).resolve().parents[2]
+    config = text_format.Parse((root / "model_repository" / model / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    info = model_info_from_config(config)
+    assert dict(info.voice_aliases).keys() == set(OPENAI_VOICES)
+    assert {n: info.resolve_voice(n) for n in expect} == expect
