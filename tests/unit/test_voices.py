@@ -455,6 +455,10 @@ def test_ws_audio_before_the_last_text(engine, settings):
     with ws_client(engine, settings) as tc, tc.websocket_connect("/v1/audio/speech/stream") as ws:
         ws.send_json({"type": "session.config", "model": "piper_tts", "voice": "alloy", "response_format": "wav"})
         ws.send_json({"type": "input.text", "text": "Hello there. This is"})
+        deadline = time.monotonic() + 10  # (a bound, not a timing assertion: receive has no timeout)
+        while not engine.calls:
+            assert time.monotonic() < deadline, "no synthesis before the last text was sent"
+            time.sleep(0.01)
         start = ws.receive_json()  # arrives while the second sentence is still incomplete
         assert start["type"] == "audio.start" and start["sentence_text"] == "Hello there."
         assert (start["sentence_index"], start["utterance_index"], start["sample_rate"]) == (0, 0, 22050)
