@@ -49,8 +49,8 @@ from ..schemas import (
     SpeechRequest,
     SpeechUsage,
 )
-from .voices import resolve_speech
-from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
+from .voices import drop_unsupported_extras, resolve_speech
+from .common import SPEECH, AdmittedRequest, ignore_fields, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +144,9 @@ async def create_speech(body: SpeechRequest, request):
     state = request.app.state
     engine, metrics = state.engine, state.metrics
     info = await resolve_model(engine, body.model, SPEECH)
+    body, extras = drop_unsupported_extras(body, info)
+    if extras:
+        ignore_fields(request, extras)
     fmt, voice, speed, options = plan(body, info, state.settings.default_max_input_chars,
                                       getattr(state, "voice_store", None))
     mode = "sse" if body.stream_format == "sse" else ("stream" if body.stream else "clip")

@@ -43,6 +43,7 @@ from ..errors import OpenAIError, bad_request, engine_error_detail, public_messa
 from ..schemas import SpeechBatchRequest, SpeechRequest
 from .common import SPEECH, AdmittedRequest, resolve_model, until_disconnect
 from .speech import plan, synthesize
+from .voices import drop_unsupported_extras
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
             if req.streaming:
                 raise bad_request("Batch items cannot stream", param="stream", code="invalid_value")
             info = await resolve_model(engine, req.model, SPEECH)
+            req, ignored = drop_unsupported_extras(req, info)
             fmt, voice, speed, options = plan(req, info, state.settings.default_max_input_chars, store)
 
             def record(outcome: str, name=info.name) -> None:
@@ -142,6 +144,7 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
             n = len(req.input)
             return {"index": index, "status": "success", "audio_data": base64.b64encode(data).decode("ascii"),
                     "media_type": fmt.content_type, "sample_rate": rate,
+                    **({"ignored_fields": ignored} if ignored else {}),
                     "usage": {"input_tokens": n, "output_tokens": 0, "total_tokens": n,
                               "audio_samples": int(clip.size), "audio_seconds": round(clip.size / rate, 6)}}
         except (OpenAIError, EngineError, ValidationError) as exc:
@@ -200,6 +203,7 @@ class _Session:
             raise bad_request("'stream'/'stream_format' do not apply to the WebSocket (see stream_audio)",
                               param="stream", code="invalid_value")
         info = await resolve_model(self.state.engine, body.model, SPEECH)
+        body, _ = drop_unsupported_extras(body, info)  # task_type/language on a model without them
         fmt, *_ = plan(body, info, self.state.settings.default_max_input_chars,
                        getattr(self.state, "voice_store", None))
         if stream_audio and fmt.name != "pcm":

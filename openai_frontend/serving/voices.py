@@ -129,6 +129,18 @@ def _unsupported(info: ModelInfo, field: str) -> OpenAIError:
                        code=f"unsupported_{field}")
 
 
+#: vLLM-Omni speech extras that are harmless to leave out on a model without the input: ignored
+#: and named in ``X-Ignored-Fields`` there (a 400 with ``--strict-params``), as unknown fields are.
+#: The others (``instructions``, ``ref_audio``...) change what is spoken: a 400 when unsupported.
+LENIENT_EXTRAS = {"task_type": qwen3_contract.TASK, "language": qwen3_contract.LANGUAGE}
+
+
+def drop_unsupported_extras(body: SpeechRequest, info: ModelInfo) -> tuple[SpeechRequest, list[str]]:
+    """``body`` without the :data:`LENIENT_EXTRAS` that ``info`` does not take, and their names."""
+    names = [f for f, tensor in LENIENT_EXTRAS.items() if getattr(body, f) is not None and tensor not in info.inputs]
+    return (body.model_copy(update={f: None for f in names}) if names else body), names
+
+
 def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | None, sample_rate: int = 24000
                    ) -> tuple[str | None, SpeechOptions | None]:
     """The model voice and Qwen3-TTS extras of one speech request.

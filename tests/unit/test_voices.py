@@ -286,8 +286,10 @@ async def test_designed_voice_and_instructions(engine, settings):
                                             call["options"].language) == ("custom_voice", "cheerful", "English")
         err(await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "hi", "instructions": "x"}),
             400, "unsupported_instructions")
-        err(await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "hi", "language": "English"}),
-            400, "unsupported_language")
+        r = await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "hi", "language": "English",
+                                                   "task_type": "CustomVoice"})
+        assert r.status_code == 200 and r.headers["x-ignored-fields"] == "task_type, language"
+        assert engine.calls[-1]["options"] is None
         err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "task_type": "Sing"}),
             400, "invalid_value")
         err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "task_type": "VoiceDesign"}),
