@@ -3,6 +3,8 @@ optional API key."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ from .serving.common import IGNORED_FIELDS_STATE
 from .video_jobs import JobSettings, VideoJobs
 from .voice_store import VoiceSettings, VoiceStore
 from .stage_watch import ServeStatusWatch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,8 +96,16 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.engine = engine
     app.state.serve_watch = watch
     app.state.settings = settings
-    # opened here (not in the lifespan) so a store that cannot be opened fails the start at once
-    app.state.voice_store = VoiceStore(settings.voices) if settings.voices is not None else None
+    # A store that cannot be opened (a damaged SQLite file, an unwritable folder) is reported on
+    # /v1/audio/voices and makes the voice endpoints 503; the rest of the API keeps serving and
+    # nothing on disk is touched (no sweep, no rebuild that could lose voices).
+    app.state.voice_store, app.state.voice_store_error = None, None
+    if settings.voices is not None:
+        try:
+            app.state.voice_store = VoiceStore(settings.voices)
+        except (sqlite3.DatabaseError, OSError) as exc:
+            app.state.voice_store_error = f"{type(exc).__name__}: {exc}"
+            logger.error("voice store %s cannot be opened: %s", settings.voices.storage_dir, exc)
     app.state.admission = AdmissionController(settings.max_inflight, settings.retry_after_s)
     app.state.metrics = FrontendMetrics(app.state.admission)
     app.state.started_at = int(time.time())

@@ -206,6 +206,8 @@ class VoiceList(BaseModel):
     data: list[ModelVoices]
     #: every stored voice (``audio.voice`` objects; a corrupt one carries ``error``)
     uploaded_voices: list[dict] = Field(default_factory=list)
+    #: why the voice store could not be opened (then no uploaded voices are listed), else null
+    voice_store_error: str | None = None
 
 
 class SpeechBatchItem(BaseModel):

@@ -216,8 +216,14 @@ class VoiceStore:
     def _row_to_voice(self, row) -> StoredVoice:
         (vid, name, vtype, created_at, prompt, ref_text, consent, sample_rate, seconds, prompt_sha,
          clip_sha) = row
-        voice = StoredVoice(id=vid, name=name, type=vtype, created_at=int(created_at), prompt=prompt,
-                            ref_text=ref_text, consent=consent, sample_rate=sample_rate, seconds=seconds)
+        try:
+            voice = StoredVoice(id=str(vid), name=str(name), type=str(vtype), created_at=int(created_at),
+                                prompt=prompt, ref_text=ref_text, consent=consent,
+                                sample_rate=int(sample_rate) if sample_rate is not None else None,
+                                seconds=float(seconds) if seconds is not None else None)
+        except (TypeError, ValueError) as exc:  # a row edited or damaged outside the frontend
+            return StoredVoice(id=str(vid), name=str(name), type=str(vtype), created_at=0,
+                               error=f"unreadable entry ({exc})")
         error = self._check(voice, prompt_sha, clip_sha)
         if error:
             voice = StoredVoice(**{**voice.__dict__, "error": error})
@@ -272,7 +278,10 @@ class VoiceStore:
         """
         if voice.error:
             raise VoiceCorruptError(voice.error)
-        data = (self.voices_dir / voice.id / PROMPT_FILE).read_bytes() if voice.type == AUDIO_SAMPLE else b""
+        try:
+            data = (self.voices_dir / voice.id / PROMPT_FILE).read_bytes() if voice.type == AUDIO_SAMPLE else b""
+        except OSError as exc:
+            raise VoiceCorruptError(f"{PROMPT_FILE} is unreadable ({exc.strerror})") from None
         with self._lock:
             row = self._db.execute("SELECT prompt_sha256 FROM voices WHERE id = ?", (voice.id,)).fetchone()
         if row is None or _sha256(data) != row[0]:

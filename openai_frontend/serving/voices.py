@@ -117,6 +117,9 @@ async def _prompt_model(engine) -> ModelInfo:
 
 def store_of(state) -> VoiceStore:
     store = getattr(state, "voice_store", None)
+    if store is None and getattr(state, "voice_store_error", None):
+        raise OpenAIError(503, f"The voice store cannot be opened: {state.voice_store_error}", type="server_error",
+                          code="voice_store_unavailable")
     if store is None:
         raise OpenAIError(404, "Custom voices are disabled on this server (no --voice-storage-dir)",
                           code="voices_disabled")
@@ -360,7 +363,8 @@ async def list_voices(state, model: str | None) -> VoiceList:
     ]
     custom = {v.name for v in stored if any(v.id in d.custom_voices for d in data)}
     return VoiceList(voices=sorted({v for m in models for v in m.voices} | custom), data=data,
-                     uploaded_voices=[v.to_openai() for v in stored])
+                     uploaded_voices=[v.to_openai() for v in stored],
+                     voice_store_error=getattr(state, "voice_store_error", None))
 
 
 # --------------------------------------------------------------------------- consents

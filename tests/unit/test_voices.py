@@ -563,3 +563,28 @@ def test_every_speech_config_maps_every_openai_name(model, expect):
     info = model_info_from_config(config)
     assert dict(info.voice_aliases).keys() == set(OPENAI_VOICES)
     assert {n: info.resolve_voice(n) for n in expect} == expect
+
+
+async def test_damaged_row_and_damaged_database_are_reported_not_a_crash(engine, settings):
+    import sqlite3
+
+    async with client(engine, settings) as c:
+        vid = (await clone(c, consent_id=await consent(c))).json()["id"]
+    db = settings.voices.storage_dir / "voices.sqlite"
+    with sqlite3.connect(db) as conn:  # a row damaged outside the frontend
+        conn.execute("UPDATE voices SET created_at = 'yesterday', seconds = 'long' WHERE id = ?", (vid,))
+    async with client(engine, settings) as c:
+        (listed,) = (await c.get("/v1/audio/voices")).json()["uploaded_voices"]
+        assert listed["id"] == vid and "unreadable" in listed["error"]
+        err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "voice": vid}), 409, "voice_corrupt")
+    for suffix in ("", "-wal", "-shm"):
+        p = db.with_name(db.name + suffix)
+        if p.exists():
+            p.write_bytes(b"this is not a database" * 100)
+    async with client(engine, settings) as c:  # the frontend still starts and serves speech
+        body = (await c.get("/v1/audio/voices")).json()
+        assert body["uploaded_voices"] == [] and "DatabaseError" in body["voice_store_error"]
+        err(await c.post("/v1/audio/voices", data={"name": "x", "type": "prompt", "prompt": "p"}), 503,
+            "voice_store_unavailable")
+        assert (await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "hi"})).status_code == 200
+    assert (settings.voices.storage_dir / "voices" / vid).is_dir()  # nothing on disk was touched
