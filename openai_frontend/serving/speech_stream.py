@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omni_triton.media.audio import encode_audio, float_to_pcm16, resample
+from omni_triton.media.audio import StreamResampler, encode_audio, float_to_pcm16, resample
 
 from ..engine import EngineError, ModelInfo
 from ..errors import OpenAIError, bad_request, engine_error_detail, public_message
@@ -255,17 +255,21 @@ class _Session:
                 rate = body.sample_rate or info.sample_rate or 24000
                 if stream_audio:
                     gen = synthesize(state.engine, info, text, voice, speed, options)
+                    resampler = None
                     try:
                         async for chunk, sr in gen:
-                            if not started:
+                            if resampler is None:
                                 model_rate = sr or info.sample_rate or 24000
                                 rate = body.sample_rate or model_rate
+                                resampler = StreamResampler(model_rate, rate)  # soxr, across chunks
                                 await self.send_json({"type": "audio.start", **head, "sentence_text": text,
                                                       "format": "pcm", "sample_rate": rate})
                                 started = True
-                            if rate != (sr or rate):
-                                chunk = resample(chunk, sr, rate)
-                            data = float_to_pcm16(chunk)
+                            data = float_to_pcm16(resampler.process(chunk))
+                            if data:
+                                total += len(data)
+                                await self.send_bytes(data)
+                        if resampler is not None and (data := float_to_pcm16(resampler.flush())):
                             total += len(data)
                             await self.send_bytes(data)
                     finally:

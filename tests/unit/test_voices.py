@@ -588,3 +588,21 @@ async def test_damaged_row_and_damaged_database_are_reported_not_a_crash(engine,
             "voice_store_unavailable")
         assert (await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "hi"})).status_code == 200
     assert (settings.voices.storage_dir / "voices" / vid).is_dir()  # nothing on disk was touched
+
+
+def test_ws_stream_audio_resampled_like_a_whole_clip(engine, settings):
+    """stream_audio with sample_rate: the PCM chunks, joined, equal resampling the whole sentence."""
+    from omni_triton.media.audio import float_to_pcm16, resample
+
+    with ws_client(engine, settings) as tc, tc.websocket_connect("/v1/audio/speech/stream") as ws:
+        ws.send_json({"type": "session.config", "model": "piper_tts", "stream_audio": True, "sample_rate": 16000})
+        ws.send_json({"type": "input.done", "text": ""})
+        ws.receive_json()
+        ws.send_json({"type": "input.text", "text": "One sentence"})
+        ws.send_json({"type": "input.done"})
+        assert ws.receive_json()["sample_rate"] == 16000
+        data = b""
+        while isinstance(msg := ws.receive(), dict) and msg.get("bytes") is not None:
+            data += msg["bytes"]
+    clip = np.concatenate([np.random.default_rng(i).uniform(-0.5, 0.5, 2205).astype(np.float32) for i in range(3)])
+    assert data == float_to_pcm16(resample(clip, 22050, 16000))
