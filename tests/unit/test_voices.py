@@ -88,7 +88,7 @@ class FakeEngine:
                                   "ref_text": ref_text, "x_vector_only": x_vector_only})
         if self.fail_prompt:
             raise InvalidRequestError("clip rejected by the stage")
-        return b"PROMPT" + np.asarray(audio, np.float32).tobytes()[:64], len(audio) / sample_rate
+        return b"PROMPT%d:" % len(audio) + np.asarray(audio, np.float32).tobytes()[:64], len(audio) / sample_rate
 
     async def generate_images(self, model, job):
         raise NotImplementedError
@@ -606,3 +606,24 @@ def test_ws_stream_audio_resampled_like_a_whole_clip(engine, settings):
             data += msg["bytes"]
     clip = np.concatenate([np.random.default_rng(i).uniform(-0.5, 0.5, 2205).astype(np.float32) for i in range(3)])
     assert data == float_to_pcm16(resample(clip, 22050, 16000))
+
+
+async def test_concurrent_requests_keep_their_own_voice(engine, settings):
+    """Two stored voices spoken at once (and in one batch): each request carries its own prompt
+    (the known vLLM-Omni failure leaked one request's voice into another)."""
+    async with client(engine, settings) as c:
+        cid = await consent(c)
+        a = (await clone(c, name="a", consent_id=cid, seconds=2.0)).json()["id"]
+        b = (await clone(c, name="b", consent_id=cid, seconds=3.0)).json()["id"]
+        prompts = {v: engine.prompt_calls[i]["audio"] for i, v in enumerate((a, b))}
+        engine.calls.clear()
+        rs = await asyncio.gather(*(c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": f"text {v}",
+                                                                       "voice": {"id": v}}) for v in (a, b, a, b)))
+        assert all(r.status_code == 200 for r in rs)
+        r = await c.post("/v1/audio/speech/batch", json={"model": "qwen3_tts", "items": [
+            {"input": f"text {a}", "voice": {"id": a}}, {"input": f"text {b}", "voice": {"id": b}}]})
+        assert r.json()["succeeded"] == 2
+    assert len(engine.calls) == 6
+    for call in engine.calls:
+        vid = call["text"].split()[1]
+        assert call["options"].voice_prompt == b"PROMPT%d:" % len(prompts[vid]) + prompts[vid].tobytes()[:64]
