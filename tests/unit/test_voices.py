@@ -253,6 +253,7 @@ async def test_clone_speak_delete_404(engine, settings):
         assert opts.task == "base" and opts.voice_prompt.startswith(b"PROMPT") and engine.calls[-1]["voice"] is None
         r = await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "voice": "mine"})  # by name
         assert r.status_code == 200 and engine.calls[-1]["options"].voice_prompt == opts.voice_prompt
+        assert len(engine.prompt_calls) == 1  # the prompt was computed once, at upload
         err(await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "hi", "voice": {"id": voice["id"]}}),
             400, "unsupported_voice")
         listed = (await c.get("/v1/audio/voices")).json()
