@@ -15,14 +15,20 @@ from .admission import AdmissionController
 from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
-from .middleware import ApiKey, BodySizeLimit, IgnoredFieldsHeader, UnexpectedErrors
+from .middleware import ApiKey, BodySizeLimit, IgnoredFieldsHeader, SpeechFormToJson, UnexpectedErrors
 from .routers import audio, chat, images, models, observability, videos
+from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
 from .video_jobs import JobSettings, VideoJobs
 from .voice_store import VoiceSettings, VoiceStore
 from .stage_watch import ServeStatusWatch
 
 logger = logging.getLogger(__name__)
+
+#: ``SpeechRequest`` fields that are text (a multipart part stays a string); the others are read
+#: as JSON from a multipart part (``SpeechFormToJson``).
+_SPEECH_TEXT_FIELDS = frozenset({"model", "input", "voice", "response_format", "instructions", "stream_format",
+                                 "task_type", "language", "ref_audio", "ref_text"})
 
 
 @dataclass
@@ -117,6 +123,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.include_router(models.router)
     app.include_router(observability.router)
     # add_middleware wraps: the last added runs first (outermost)
+    app.add_middleware(SpeechFormToJson, json_fields=frozenset(SpeechRequest.model_fields) - _SPEECH_TEXT_FIELDS)
     app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     if settings.api_key:

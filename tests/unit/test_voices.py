@@ -628,3 +628,21 @@ async def test_concurrent_requests_keep_their_own_voice(engine, settings):
     for call in engine.calls:
         vid = call["text"].split()[1]
         assert call["options"].voice_prompt == b"PROMPT%d:" % len(prompts[vid]) + prompts[vid].tobytes()[:64]
+
+
+async def test_speech_as_multipart_with_an_uploaded_ref_audio(engine, settings):
+    """Per-request cloning with an uploaded clip: the form becomes the same JSON request."""
+    async with client(engine, settings) as c:
+        r = await c.post("/v1/audio/speech", data={"model": "qwen3_tts", "input": "hi", "ref_text": "ref words",
+                                                   "response_format": "wav", "speed": "1.0", "x_vector_only_mode": "false"},
+                         files={"ref_audio": ("ref.wav", wav_bytes(1.0, 16000), "audio/wav")})
+        assert r.status_code == 200, r.text
+        opts = engine.calls[-1]["options"]
+        assert opts.task == "base" and opts.ref_audio.shape == (24000,) and opts.ref_text == "ref words"
+        assert opts.x_vector_only is False
+        r = await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi", "voice": '{"id": "joe"}'})
+        assert r.status_code == 200 and engine.calls[-1]["voice"] == "joe", r.text
+        err(await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi", "speed": "fast"}), 400)
+        err(await c.post("/v1/audio/speech", content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data; boundary=x"}), 400)
+        err(await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi"},
+                         files={"ref_audio": ("ref.wav", b"not audio at all" * 10, "audio/wav")}), 400, "unsupported_ref_audio")
