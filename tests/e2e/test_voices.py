@@ -79,7 +79,10 @@ class Frontend:
 
 @pytest.fixture(scope="module")
 def served(stack) -> set[str]:
-    return {m["id"] for m in httpx.get(f"{stack.frontend_url}/v1/models", timeout=10).json()["data"]}
+    """The READY models of the stack's Triton (internal stages such as qwen3_tts_voice_prompt
+    included: /v1/models lists only what clients call)."""
+    index = httpx.post(f"{stack.triton_http_url}/v2/repository/index", json={}, timeout=10).json()
+    return {m["name"] for m in index if m.get("state") == "READY"}
 
 
 @pytest.fixture(scope="module")
