@@ -262,11 +262,13 @@ def test_clone_speak_delete_404(frontend, qwen3):
     assert voice.type == "audio_sample"
     audio = sdk.audio.speech.create(model="qwen3_tts", voice={"id": voice.id}, input="Hello.", response_format="wav")
     y, sr = sf.read(io.BytesIO(audio.content))
-    assert len(y) > 0
+    assert len(y) > 0 and sr == 24000
+    named = sdk.audio.speech.create(model="qwen3_tts", voice="vivian", input="Hello.", response_format="wav")
+    assert named.content != audio.content  # the clone's prompt reached the model (not its default speaker)
     frontend.stop()
     frontend.start()  # the clone (clip + prompt) survives a restart
     again = sdk.audio.speech.create(model="qwen3_tts", voice={"id": voice.id}, input="Hello.", response_format="wav")
-    assert len(again.content) > 44
+    assert again.content == audio.content  # greedy decoding: the same prompt speaks the same audio
     sdk.audio.voices.delete(voice.id)
     with pytest.raises(openai.BadRequestError):
         sdk.audio.speech.create(model="qwen3_tts", voice={"id": voice.id}, input="Hello.")
