@@ -14,6 +14,7 @@ from omni_triton.paths import cache_dir
 
 from .app import Settings, create_app
 from .video_jobs import JobSettings
+from .voice_store import VoiceSettings
 from .engine import TritonEngine
 
 
@@ -53,6 +54,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds a finished MP4 is kept; then its job is 'expired' (<= 0: forever)")
     p.add_argument("--video-max-attempts", type=int, default=3,
                    help="starts of one job (resumes after restarts included) before it is failed")
+    p.add_argument("--voice-storage-dir", default=None,
+                   help="custom voices: SQLite store + clips and prompts (default: <cache>/voices/<port>)")
+    p.add_argument("--voice-min-seconds", type=float, default=1.0, help="shortest accepted voice clip")
+    p.add_argument("--voice-max-seconds", type=float, default=30.0, help="longest accepted voice clip")
+    p.add_argument("--voice-max-upload-bytes", type=int, default=10 << 20,
+                   help="largest audio_sample / consent recording (413 beyond)")
+    p.add_argument("--voice-consent", choices=("required", "optional"), default="required",
+                   help="required: a cloned voice needs the id of a stored consent recording (OpenAI)")
+    p.add_argument("--batch-concurrency", type=int, default=4,
+                   help="items of one /v1/audio/speech/batch synthesised at once")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -76,6 +87,11 @@ def main(argv=None) -> None:
             max_queued=args.video_max_queued, max_running=args.video_max_running,
             retention_s=args.video_retention_s if args.video_retention_s > 0 else None,
             max_attempts=args.video_max_attempts),
+        voices=VoiceSettings(
+            storage_dir=Path(args.voice_storage_dir) if args.voice_storage_dir else cache_dir() / "voices" / str(args.port),
+            min_seconds=args.voice_min_seconds, max_seconds=args.voice_max_seconds,
+            max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required"),
+        batch_concurrency=args.batch_concurrency,
     )
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())

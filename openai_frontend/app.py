@@ -3,6 +3,8 @@ optional API key."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,11 +15,20 @@ from .admission import AdmissionController
 from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
-from .middleware import ApiKey, BodySizeLimit, IgnoredFieldsHeader, UnexpectedErrors
+from .middleware import ApiKey, BodySizeLimit, IgnoredFieldsHeader, SpeechFormToJson, UnexpectedErrors
 from .routers import audio, chat, images, models, observability, videos
+from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
 from .video_jobs import JobSettings, VideoJobs
+from .voice_store import VoiceSettings, VoiceStore
 from .stage_watch import ServeStatusWatch
+
+logger = logging.getLogger(__name__)
+
+#: ``SpeechRequest`` fields that are text (a multipart part stays a string); the others are read
+#: as JSON from a multipart part (``SpeechFormToJson``).
+_SPEECH_TEXT_FIELDS = frozenset({"model", "input", "voice", "response_format", "instructions", "stream_format",
+                                 "task_type", "language", "ref_audio", "ref_text"})
 
 
 @dataclass
@@ -39,6 +50,9 @@ class Settings:
     strict_params: unknown request fields are a 400 "Unrecognized request argument" (OpenAI's
         API) instead of being ignored and named in ``X-Ignored-Fields`` (vLLM's server).
     video: the video job store's settings (``openai_frontend.video_jobs.JobSettings``).
+    voices: the custom voice store's settings (``openai_frontend.voice_store.VoiceSettings``);
+        None: custom voices disabled (``/v1/audio/voices`` still lists the models' voices).
+    batch_concurrency: items of one ``/v1/audio/speech/batch`` synthesised at once.
     """
 
     max_inflight: int = 16
@@ -52,6 +66,9 @@ class Settings:
     strict_params: bool = False
     #: video jobs (``/v1/videos``): storage folder, queue bound, retention...; None: disabled
     video: JobSettings | None = None
+    #: custom voices (``/v1/audio/voices``): storage folder, clip limits, consent rule; None: disabled
+    voices: VoiceSettings | None = None
+    batch_concurrency: int = 4
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -73,6 +90,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
         try:
             yield
         finally:
+            if _app.state.voice_store is not None:
+                _app.state.voice_store.close()
             if getattr(_app.state, "video_jobs", None) is not None:
                 await _app.state.video_jobs.stop()
             await watch.stop()
@@ -83,6 +102,16 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.engine = engine
     app.state.serve_watch = watch
     app.state.settings = settings
+    # A store that cannot be opened (a damaged SQLite file, an unwritable folder) is reported on
+    # /v1/audio/voices and makes the voice endpoints 503; the rest of the API keeps serving and
+    # nothing on disk is touched (no sweep, no rebuild that could lose voices).
+    app.state.voice_store, app.state.voice_store_error = None, None
+    if settings.voices is not None:
+        try:
+            app.state.voice_store = VoiceStore(settings.voices)
+        except (sqlite3.DatabaseError, OSError) as exc:
+            app.state.voice_store_error = f"{type(exc).__name__}: {exc}"
+            logger.error("voice store %s cannot be opened: %s", settings.voices.storage_dir, exc)
     app.state.admission = AdmissionController(settings.max_inflight, settings.retry_after_s)
     app.state.metrics = FrontendMetrics(app.state.admission)
     app.state.started_at = int(time.time())
@@ -94,6 +123,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.include_router(models.router)
     app.include_router(observability.router)
     # add_middleware wraps: the last added runs first (outermost)
+    app.add_middleware(SpeechFormToJson, json_fields=frozenset(SpeechRequest.model_fields) - _SPEECH_TEXT_FIELDS)
     app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     if settings.api_key:

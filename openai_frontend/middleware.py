@@ -150,3 +150,63 @@ class IgnoredFieldsHeader:
             await send(message)
 
         await self.app(scope, receive, send_with_header)
+
+
+class SpeechFormToJson:
+    """``POST /v1/audio/speech`` as ``multipart/form-data`` (or urlencoded) (per-request cloning with an uploaded
+    clip: ``-F input=... -F ref_audio=@ref.wav -F ref_text=...``) turned into the same JSON request
+    before FastAPI reads it, so it goes through the one validation path: a file part becomes a
+    ``data:<type>;base64,`` URL, a text part of a non-string field is read as JSON (``speed=1.5``,
+    ``stream=true``, ``voice={"id": "voice_..."}``), every other text part stays a string.
+    Sits inside ``BodySizeLimit`` (the cap applies to the form). Docs: docs/voices.md."""
+
+    PATH = "/v1/audio/speech"
+
+    def __init__(self, app, json_fields: frozenset[str] = frozenset()):
+        self.app = app
+        self.json_fields = json_fields  # fields whose text parts are parsed as JSON
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") != self.PATH
+                or not dict(scope.get("headers") or ()).get(b"content-type", b"").startswith(
+                    (b"multipart/form-data", b"application/x-www-form-urlencoded"))):
+            return await self.app(scope, receive, send)
+        import base64
+        import json
+
+        from starlette.datastructures import UploadFile
+        from starlette.requests import Request
+
+        try:
+            form = await Request(scope, receive).form(max_files=2, max_fields=64)
+            fields: dict = {}
+            for key, value in form.multi_items():
+                if isinstance(value, UploadFile):
+                    data = await value.read()
+                    value = f"data:{value.content_type or 'application/octet-stream'};base64," + base64.b64encode(data).decode()
+                elif key in self.json_fields or (key == "voice" and value.lstrip().startswith("{")):
+                    try:
+                        value = json.loads(value)
+                    except ValueError:
+                        pass  # left a string: the schema names the field in its 400
+                fields[key] = value
+            await form.close()
+        except HTTPException:  # the body cap (413)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a malformed multipart body
+            detail = ErrorDetail(message=f"Malformed multipart body: {exc}", type="invalid_request_error",
+                                 code="invalid_multipart")
+            return await error_json(400, detail)(scope, receive, send)
+        body = json.dumps(fields).encode()
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-type", b"content-length")]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        sent = False
+
+        async def json_receive():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app({**scope, "headers": headers}, json_receive, send)

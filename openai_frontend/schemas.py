@@ -135,6 +135,14 @@ class SpeechRequest(BaseModel):
     #: vLLM-Omni's field: the output sample rate in Hz (omitted: the model's own). The audio is
     #: resampled with soxr; ``omni_triton.media.audio.RESAMPLE_RATES`` lists the rates offered.
     sample_rate: int | None = Field(None, gt=0, le=384000)
+    #: vLLM-Omni's Qwen3-TTS extensions (docs/voices.md): ``CustomVoice`` | ``VoiceDesign`` |
+    #: ``Base`` (or the contract's ``custom_voice`` | ``voice_design`` | ``base``).
+    task_type: Text | None = None
+    language: Text | None = None
+    #: Reference clip for per-request cloning: a ``data:audio/...;base64,`` URL (or bare base64).
+    ref_audio: Text | None = None
+    ref_text: Text | None = None
+    x_vector_only_mode: bool | None = None
 
     @property
     def voice_id(self) -> str | None:
@@ -183,6 +191,10 @@ class ModelVoices(BaseModel):
     sample_rate: int | None = None
     supports_speed: bool = False
     max_input_chars: int | None = None
+    #: OpenAI voice name -> the voice it speaks with on this model (docs/voices.md)
+    openai_voices: dict[str, str] = Field(default_factory=dict)
+    #: ids of the stored voices this model can speak with (clones, designed voices)
+    custom_voices: list[str] = Field(default_factory=list)
 
 
 class VoiceList(BaseModel):
@@ -192,6 +204,38 @@ class VoiceList(BaseModel):
     object: Literal["list"] = "list"
     voices: list[str]
     data: list[ModelVoices]
+    #: every stored voice (``audio.voice`` objects; a corrupt one carries ``error``)
+    uploaded_voices: list[dict] = Field(default_factory=list)
+    #: why the voice store could not be opened (then no uploaded voices are listed), else null
+    voice_store_error: str | None = None
+
+
+class SpeechBatchItem(BaseModel):
+    """One item of ``POST /v1/audio/speech/batch``: ``input`` plus any ``SpeechRequest`` field
+    overriding the batch's default. Validated loosely here; each item is then validated as a
+    ``SpeechRequest`` on its own, so a bad item fails alone."""
+
+    model_config = ConfigDict(extra="allow")
+    input: object = None
+
+
+class SpeechBatchRequest(BaseModel):
+    """``POST /v1/audio/speech/batch`` (vLLM-Omni): 1-32 ``items``; the other fields are defaults
+    for every item (``response_format`` default ``wav``)."""
+
+    model_config = REQUEST_CONFIG
+    items: list[SpeechBatchItem] = Field(min_length=1, max_length=32)
+    model: Text | None = None
+    voice: Text | VoiceRef | None = None
+    response_format: Text | None = None
+    speed: float | None = None
+    instructions: Text | None = None
+    task_type: Text | None = None
+    language: Text | None = None
+    ref_audio: Text | None = None
+    ref_text: Text | None = None
+    x_vector_only_mode: bool | None = None
+    sample_rate: int | None = None
 
 
 class HealthStatus(BaseModel):

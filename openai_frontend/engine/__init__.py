@@ -11,13 +11,13 @@ from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotF
                      ModelNotReadyError, TritonUnavailableError)
 from .model_info import ModelInfo, model_info_from_config, parse_size, unready_dependencies
 from .protocol import (AudioChunk, Engine, GeneratedImage, GenerationChunk, GenerationRequest,
-                       ImageJob, StageStatistics, VideoEvent, VideoJob)
+                       ImageJob, SpeechOptions, StageStatistics, VideoEvent, VideoJob)
 from .triton import TritonEngine, chat_inputs, chunk_from_result
 
 __all__ = [
     "AudioChunk", "Engine", "EngineError", "GeneratedImage", "GenerationChunk", "GenerationRequest",
     "ImageJob", "InferenceError", "InvalidRequestError", "ModelInfo", "ModelNotFoundError",
-    "ModelNotReadyError", "StageStatistics", "TritonEngine", "TritonUnavailableError", "chat_inputs",
+    "ModelNotReadyError", "SpeechOptions", "StageStatistics", "TritonEngine", "TritonUnavailableError", "chat_inputs",
     "chunk_from_result", "model_info_from_config", "parse_size", "unready_dependencies",
     "VideoEvent", "VideoJob",
 ]

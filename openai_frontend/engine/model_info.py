@@ -14,6 +14,12 @@ from omni_triton.contracts import speech as speech_contract
 
 logger = logging.getLogger(__name__)
 
+#: OpenAI's built-in voice names (``openai.types.audio.speech_create_params``). A speech model
+#: maps each to one of its own voices: the config parameter ``openai_voices``
+#: (``"alloy=joe,echo=joe,..."``, docs/voices.md), else its ``default_voice``.
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer",
+                 "verse", "marin", "cedar")
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -62,8 +68,30 @@ class ModelInfo:
     ensemble_steps: tuple[str, ...] = ()
     #: Prepared model folders the model loads (config parameter ``assets``, ``omni_triton.paths.model_dir``).
     assets: tuple[str, ...] = ()
+    #: OpenAI voice name -> one of ``voices`` (config parameter ``openai_voices``).
+    voice_aliases: tuple[tuple[str, str], ...] = ()
     #: Every config parameter as a string (video models read theirs in ``serving.videos``).
     parameters: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def resolve_voice(self, name: str) -> str | None:
+        """The model's own voice for ``name``: ``name`` itself when it is one of ``voices`` (or
+        the model declares none), else the ``openai_voices`` entry of an OpenAI voice name, else
+        ``default_voice`` for an OpenAI name; None when ``name`` means nothing to this model."""
+        if not self.voices or name in self.voices:
+            return name
+        mapped = dict(self.voice_aliases).get(name)
+        if mapped is not None and mapped in self.voices:
+            return mapped
+        if name in OPENAI_VOICES:
+            return self.default_voice
+        return None
+
+    @property
+    def openai_voice_table(self) -> dict[str, str]:
+        """Every OpenAI voice name -> the voice it speaks with on this model (``resolve_voice``)."""
+        if not self.voices:
+            return {}
+        return {n: v for n in OPENAI_VOICES if n not in self.voices and (v := self.resolve_voice(n))}
 
     @property
     def stage_models(self) -> tuple[str, ...]:
@@ -213,8 +241,24 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
         max_model_len=_int("max_model_len"),
         ensemble_steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
         assets=tuple(a.strip() for a in params.get("assets", "").split(",") if a.strip()),
+        voice_aliases=_voice_aliases(config.name, params.get("openai_voices", ""), voices),
         parameters=dict(params),
     )
+
+
+def _voice_aliases(model: str, text: str, voices: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``"alloy=joe, echo=joe"`` -> ``(("alloy", "joe"), ("echo", "joe"))``; entries that are not
+    ``name=voice`` with ``voice`` one of ``voices`` are logged and left out."""
+    out = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        name, sep, voice = (p.strip() for p in item.partition("="))
+        if not sep or not name or (voices and voice not in voices):
+            logger.warning("model %s: openai_voices entry %r is not name=<one of its voices>", model, item)
+            continue
+        out.append((name, voice))
+    return tuple(out)
 
 
 def unready_dependencies(info: ModelInfo, states: dict[str, tuple[str, str]]) -> ModelInfo:

@@ -18,6 +18,27 @@ from .model_info import ModelInfo
 AudioChunk = tuple[np.ndarray, int]
 
 
+@dataclass(frozen=True, eq=False)
+class SpeechOptions:
+    """Qwen3-TTS extras of one speech request (``omni_triton.contracts.qwen3_tts``), sent only to
+    a model that declares the input: ``task`` (``custom_voice`` | ``voice_design`` | ``base``),
+    ``instructions`` (style, or the voice description of ``voice_design``), ``language``,
+    ``voice_prompt`` (stored clone prompt bytes), ``ref_audio`` (float32 mono [T] in [-1, 1]) at
+    ``ref_sample_rate`` Hz with its transcript ``ref_text``, ``x_vector_only``."""
+
+    task: str | None = None
+    instructions: str | None = None
+    language: str | None = None
+    voice_prompt: bytes | None = None
+    ref_audio: np.ndarray | None = None
+    ref_sample_rate: int | None = None
+    ref_text: str | None = None
+    x_vector_only: bool | None = None
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, f) is not None for f in self.__dataclass_fields__)
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One request to a chat-contract model (``docs/chat_contracts.md``).
@@ -142,7 +163,19 @@ class VideoEvent:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the routers need from a backend."""
+    """What the routers need from a backend.
+
+    Optional (looked up with ``getattr``; without it voice cloning answers 400
+    ``voice_cloning_unavailable``)::
+
+        async def voice_prompt(self, model, audio, sample_rate, ref_text, x_vector_only)
+            -> tuple[bytes, float]
+
+    computes a clone prompt once on ``model`` (``qwen3_tts_voice_prompt``): ``audio`` float32
+    mono [T] at ``sample_rate`` Hz (+ its transcript ``ref_text``, or ``x_vector_only``) ->
+    (``VOICE_PROMPT`` bytes, clip seconds); raises ``InvalidRequestError`` (the stage rejected
+    the clip), ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError``.
+    """
 
     async def is_live(self) -> bool:
         """True when the inference server answers and reports itself live."""
@@ -157,9 +190,11 @@ class Engine(Protocol):
         """
 
     def synthesize(
-        self, model: str, text: str, voice: str | None = None, speed: float | None = None
+        self, model: str, text: str, voice: str | None = None, speed: float | None = None,
+        options: SpeechOptions | None = None,
     ) -> AsyncIterator[AudioChunk]:
         """Stream ``(float32 [T] PCM, sample_rate Hz)`` chunks as the model produces them.
+        ``options``: Qwen3-TTS extras (the serving layer passes it only when non-empty).
 
         Closing the iterator early must cancel the request in the server. Raises
         ``InferenceError`` (model error) or ``TritonUnavailableError`` while iterating.

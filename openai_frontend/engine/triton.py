@@ -34,13 +34,14 @@ from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
 from omni_triton.contracts import speech as speech_contract
 from omni_triton.contracts import video as video_contract
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, wrap_inputs
+from omni_triton.contracts import qwen3_tts as qwen3_contract
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, scalar_array, utf8_array, wrap_inputs
 
 from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
                      ModelNotReadyError, StageRestartedError, TritonUnavailableError)
 from .model_info import ModelInfo, model_info_from_config, unready_dependencies
 from .protocol import (AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob,
-                       StageStatistics, VideoEvent, VideoJob)
+                       SpeechOptions, StageStatistics, VideoEvent, VideoJob)
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +246,8 @@ class TritonEngine:
         return out
 
     async def synthesize(
-        self, model: str, text: str, voice: str | None = None, speed: float | None = None
+        self, model: str, text: str, voice: str | None = None, speed: float | None = None,
+        options: SpeechOptions | None = None,
     ) -> AsyncIterator[AudioChunk]:
         """One ``ModelStreamInfer`` RPC: send one request, yield each ``AUDIO`` response.
 
@@ -266,6 +268,8 @@ class TritonEngine:
             voice=voice if speech_contract.VOICE in declared else None,
             speed=speed if speech_contract.SPEED in declared else None,
         ))
+        if options:
+            inputs += _infer_inputs(qwen3_speech_inputs(options, declared))
         async for result in self._stream(model, inputs, uuid.uuid4().hex):
             audio = result.as_numpy(speech_contract.AUDIO)
             if audio is not None and audio.size:
@@ -371,6 +375,40 @@ class TritonEngine:
                                  total=int(total.reshape(-1)[0]) if total is not None else job.steps)
         if not got_frames:
             raise InferenceError(f"{model}: the stream ended without a video")
+
+    async def voice_prompt(self, model: str, audio: np.ndarray, sample_rate: int, ref_text: str | None,
+                           x_vector_only: bool) -> tuple[bytes, float]:
+        """One unary ``ModelInfer`` on ``qwen3_tts_voice_prompt`` (``Engine.voice_prompt``)."""
+        pairs = [(qwen3_contract.REF_AUDIO, np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)),
+                 (qwen3_contract.REF_SAMPLE_RATE, scalar_array(int(sample_rate), "INT32")),
+                 (qwen3_contract.X_VECTOR_ONLY, scalar_array(bool(x_vector_only), "BOOL"))]
+        if ref_text:
+            pairs.append((qwen3_contract.REF_TEXT, utf8_array(ref_text)))
+        request_id = uuid.uuid4().hex
+        call = asyncio.ensure_future(self._client.infer(model, _infer_inputs(pairs), request_id=request_id))
+        self._inflight[request_id] = (model, call.cancel)
+        try:
+            result = await call
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        except InferenceServerException as exc:
+            message = exc.message() or str(exc)
+            if (exc.status() or "").endswith("INVALID_ARGUMENT") or INVALID_INPUT_PREFIX in message:
+                raise InvalidRequestError(message.split(INVALID_INPUT_PREFIX, 1)[-1] or message) from exc
+            raise _translate(exc, f"inference on {model}") from exc
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, f"inference on {model}") from exc
+        finally:
+            self._inflight.pop(request_id, None)
+            self._aborted.pop(request_id, None)
+        prompt = result.as_numpy(qwen3_contract.VOICE_PROMPT)
+        seconds = result.as_numpy(qwen3_contract.REF_SECONDS)
+        if prompt is None or not prompt.size:
+            raise InferenceError(f"{model}: no {qwen3_contract.VOICE_PROMPT} in the response")
+        data = prompt.reshape(-1)[0]
+        data = data if isinstance(data, bytes) else bytes(data)
+        return data, float(seconds.reshape(-1)[0]) if seconds is not None and seconds.size else len(audio) / sample_rate
 
     async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
         """``job.n`` unary ``ModelInfer`` calls on the ensemble ``model``, all in flight at once.
@@ -479,6 +517,25 @@ def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
         guidance_scale=job.guidance_scale if job.guidance_scale is not None else 0.0,
         image=job.image,
     ))
+
+
+def qwen3_speech_inputs(options: SpeechOptions, declared: frozenset[str]) -> list[tuple[str, np.ndarray]]:
+    """The Qwen3-TTS inputs of ``options`` (``omni_triton.contracts.qwen3_tts``) as ``(name,
+    array)`` pairs, only those the model declares (the serving layer has refused the others)."""
+    c = qwen3_contract
+    pairs: list[tuple[str, np.ndarray]] = []
+    for name, value in ((c.TASK, options.task), (c.INSTRUCTIONS, options.instructions),
+                        (c.LANGUAGE, options.language), (c.REF_TEXT, options.ref_text)):
+        if value is not None:
+            pairs.append((name, utf8_array(value)))
+    if options.voice_prompt is not None:
+        pairs.append((c.VOICE_PROMPT, np.array([options.voice_prompt], dtype=np.object_)))
+    if options.ref_audio is not None:
+        pairs.append((c.REF_AUDIO, np.ascontiguousarray(options.ref_audio, dtype=np.float32).reshape(-1)))
+        pairs.append((c.REF_SAMPLE_RATE, scalar_array(int(options.ref_sample_rate or 0), "INT32")))
+    if options.x_vector_only is not None:
+        pairs.append((c.X_VECTOR_ONLY, scalar_array(bool(options.x_vector_only), "BOOL")))
+    return [(n, a) for n, a in pairs if n in declared]
 
 
 def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:

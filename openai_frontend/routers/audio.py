@@ -1,11 +1,13 @@
-"""``POST /v1/audio/speech`` and ``GET /v1/audio/voices``: bindings to ``serving.speech``."""
+"""``/v1/audio/speech`` (+ ``/batch``, WebSocket ``/stream``), ``/v1/audio/voices`` and
+``/v1/audio/voice_consents``: bindings to ``serving.speech``, ``serving.speech_stream`` and
+``serving.voices``."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, WebSocket
 
-from ..schemas import SpeechRequest, VoiceList
-from ..serving import speech
+from ..schemas import SpeechBatchRequest, SpeechRequest, VoiceList
+from ..serving import speech, speech_stream, voices
 from ..serving.speech import StreamAborted  # noqa: F401 - raised out of raw-audio bodies
 
 router = APIRouter(tags=["audio"])
@@ -16,6 +18,51 @@ async def create_speech(body: SpeechRequest, request: Request):
     return await speech.create_speech(body, request)
 
 
+@router.post("/v1/audio/speech/batch")
+async def create_speech_batch(body: SpeechBatchRequest, request: Request):
+    return await speech_stream.create_batch(body, request)
+
+
+@router.websocket("/v1/audio/speech/stream")
+async def speech_stream_ws(websocket: WebSocket):
+    await speech_stream.speech_stream(websocket)
+
+
 @router.get("/v1/audio/voices", response_model=VoiceList)
 async def list_voices(request: Request, model: str | None = Query(default=None)):
-    return await speech.list_voices(request.app.state.engine, model)
+    return await voices.list_voices(request.app.state, model)
+
+
+@router.post("/v1/audio/voices")
+async def create_voice(request: Request):
+    return await voices.create_voice(request)
+
+
+@router.delete("/v1/audio/voices/{voice_id}")
+async def delete_voice(request: Request, voice_id: str):
+    return await voices.delete_voice(request, voice_id)
+
+
+@router.post("/v1/audio/voice_consents")
+async def create_consent(request: Request):
+    return await voices.create_consent(request)
+
+
+@router.get("/v1/audio/voice_consents")
+async def list_consents(request: Request, after: str | None = Query(default=None), limit: int = Query(default=20)):
+    return await voices.list_consents(request, after, limit)
+
+
+@router.get("/v1/audio/voice_consents/{consent_id}")
+async def get_consent(request: Request, consent_id: str):
+    return await voices.get_consent(request, consent_id)
+
+
+@router.post("/v1/audio/voice_consents/{consent_id}")
+async def update_consent(request: Request, consent_id: str):
+    return await voices.update_consent(request, consent_id)
+
+
+@router.delete("/v1/audio/voice_consents/{consent_id}")
+async def delete_consent(request: Request, consent_id: str):
+    return await voices.delete_consent(request, consent_id)

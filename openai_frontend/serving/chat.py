@@ -154,10 +154,12 @@ def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, st
     voice = body.audio.voice_id if body.audio is not None else None
     if voice is None:
         voice = target.default_voice
-    elif target.voices and voice not in target.voices:
+    elif target.resolve_voice(voice) is None:  # OpenAI names map to the model's voices (docs/voices.md)
         raise bad_request(
             f"Unknown voice '{voice}' for model '{target.public_name}'; available: "
             + ", ".join(target.voices), param="audio.voice", code="invalid_voice")
+    else:
+        voice = target.resolve_voice(voice)
     return fmt, voice
 
 

@@ -65,6 +65,19 @@ def check_fields(body, request) -> list[str]:
     return names
 
 
+def ignore_fields(request, names: list[str]) -> None:
+    """Known fields the resolved model cannot use but that are harmless to drop (the speech
+    extras ``task_type``/``language`` on a model without them): treated like unknown fields,
+    added to ``X-Ignored-Fields`` (a 400 ``unknown_parameter`` with ``--strict-params``)."""
+    if request.app.state.settings.strict_params:
+        raise bad_request(f"Unrecognized request argument supplied: {names[0]}", param=names[0],
+                          code="unknown_parameter")
+    logger.warning("%s %s: ignoring field(s) %s (not supported by the model)", request.method,
+                   request.url.path, ", ".join(names))
+    state = request.scope.setdefault("state", {})
+    state[IGNORED_FIELDS_STATE] = list(state.get(IGNORED_FIELDS_STATE) or []) + list(names)
+
+
 # --------------------------------------------------------------------------- model resolution
 @dataclass(frozen=True)
 class ModelKind:

@@ -1,4 +1,5 @@
-"""``POST /v1/audio/speech`` and ``GET /v1/audio/voices``: validation, synthesis, framing.
+"""``POST /v1/audio/speech``: validation, synthesis, framing (voices: ``serving.voices``; batches and
+the WebSocket: ``serving.speech_stream``).
 
 Response modes of ``/v1/audio/speech``:
 
@@ -39,18 +40,17 @@ from omni_triton.media.audio import (
     streaming_wav_header,
 )
 
-from ..engine import EngineError, ModelInfo, ModelNotFoundError
+from ..engine import EngineError, ModelInfo
 from ..errors import ErrorDetail, OpenAIError, bad_request, engine_error_detail, error_json
 from ..schemas import (
-    ModelVoices,
     SpeechAudioDelta,
     SpeechAudioDone,
     SpeechAudioError,
     SpeechRequest,
     SpeechUsage,
-    VoiceList,
 )
-from .common import SPEECH, AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
+from .voices import drop_unsupported_extras, resolve_speech
+from .common import SPEECH, AdmittedRequest, ignore_fields, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -64,15 +64,16 @@ class StreamAborted(RuntimeError):
     """Raised out of a raw-audio response body after Triton failed mid-stream."""
 
 
-def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
-    """Validate the request against the model.
+def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store=None):
+    """Validate the request against the model (``store``: the ``VoiceStore`` of custom voices).
 
     Returns:
-        (``omni_triton.media.audio`` format, voice or None, speed or None when 1.0).
+        (``omni_triton.media.audio`` format, voice or None, speed or None when 1.0,
+        ``SpeechOptions`` or None: the Qwen3-TTS extras, ``serving.voices.resolve_speech``).
 
     Raises:
         OpenAIError: 400 naming the offending field (empty/too long input, unknown voice,
-            unsupported speed/instructions/format).
+            unsupported speed/instructions/format...), 409 for a corrupt stored voice.
     """
     if not body.input.strip():
         raise bad_request("'input' must not be empty", param="input", code="empty_input")
@@ -83,24 +84,11 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
             param="input",
             code="input_too_long",
         )
-    voice = body.voice_id
-    if voice is None:
-        voice = info.default_voice
-    elif info.voices and voice not in info.voices:
-        raise bad_request(
-            f"Unknown voice '{voice}' for model '{info.name}'; available: {', '.join(info.voices)}",
-            param="voice",
-            code="invalid_voice",
-        )
+    voice, options = resolve_speech(body, info, store)
     if body.speed != 1.0 and not info.supports_speed:
         raise bad_request(
             f"The model '{info.name}' does not support 'speed' (only 1.0)", param="speed",
             code="unsupported_speed",
-        )
-    if body.instructions and body.instructions.strip():
-        raise bad_request(
-            f"The model '{info.name}' does not support 'instructions'", param="instructions",
-            code="unsupported_instructions",
         )
     if body.sample_rate is not None and body.sample_rate not in (*RESAMPLE_RATES, info.sample_rate):
         raise bad_request(
@@ -122,7 +110,15 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int):
             code="unsupported_format",
         )
     speed = body.speed if body.speed != 1.0 else None
-    return fmt, voice, speed
+    return fmt, voice, speed, options
+
+
+def synthesize(engine, info: ModelInfo, text: str, voice, speed, options):
+    """``engine.synthesize`` with ``options`` passed only when there are any (engines written
+    before the Qwen3-TTS extras keep working)."""
+    if options:
+        return engine.synthesize(info.name, text, voice, speed, options=options)
+    return engine.synthesize(info.name, text, voice, speed)
 
 
 def _nothing_to_speak(model: str) -> OpenAIError:
@@ -148,7 +144,11 @@ async def create_speech(body: SpeechRequest, request):
     state = request.app.state
     engine, metrics = state.engine, state.metrics
     info = await resolve_model(engine, body.model, SPEECH)
-    fmt, voice, speed = plan(body, info, state.settings.default_max_input_chars)
+    body, extras = drop_unsupported_extras(body, info)
+    if extras:
+        ignore_fields(request, extras)
+    fmt, voice, speed, options = plan(body, info, state.settings.default_max_input_chars,
+                                      getattr(state, "voice_store", None))
     mode = "sse" if body.stream_format == "sse" else ("stream" if body.stream else "clip")
     counted = {"samples": 0, "rate": info.sample_rate or 0}
 
@@ -164,7 +164,7 @@ async def create_speech(body: SpeechRequest, request):
             async def attempt():  # speech has no side effects: retried once if a stage dies
                 chunks.clear()
                 counted["samples"] = 0
-                gen = engine.synthesize(info.name, body.input, voice, speed)
+                gen = synthesize(engine, info, body.input, voice, speed, options)
                 try:
                     async for chunk, sr in gen:
                         if not chunks:
@@ -194,7 +194,7 @@ async def create_speech(body: SpeechRequest, request):
             return Response(data, media_type=fmt.content_type, headers=_audio_headers(fmt.name, rate))
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
-        gen = engine.synthesize(info.name, body.input, voice, speed)
+        gen = synthesize(engine, info, body.input, voice, speed, options)
         first_chunk: list = []
 
         async def first_response():
@@ -304,20 +304,3 @@ async def _sse_events(stream, done, req: AdmittedRequest):
         await stream.aclose()
     final = done()
     yield dict(data=final.model_dump_json(), event=final.type)
-
-
-async def list_voices(engine, model: str | None) -> VoiceList:
-    """``GET /v1/audio/voices[?model=]``: the READY speech models' voices (404 for an unknown
-    ``model``)."""
-    models = [m for m in await engine.list_models() if m.ready and m.is_speech]
-    if model is not None:
-        models = [m for m in models if m.name == model]
-        if not models:
-            raise ModelNotFoundError(f"The model '{model}' does not exist", param="model")
-    data = [
-        ModelVoices(model=m.name, voices=list(m.voices), default_voice=m.default_voice,
-                    sample_rate=m.sample_rate, supports_speed=m.supports_speed,
-                    max_input_chars=m.max_input_chars)
-        for m in models
-    ]
-    return VoiceList(voices=sorted({v for m in models for v in m.voices}), data=data)

@@ -467,7 +467,7 @@ async def test_sdk_chat_audio(engine):
     "payload, status, param, code",
     [
         ({"model": "mute", "modalities": ["text", "audio"]}, 400, "modalities", "unsupported_modality"),
-        ({"model": "llm", "modalities": ["text", "audio"], "audio": {"format": "wav", "voice": "alloy"}},
+        ({"model": "llm", "modalities": ["text", "audio"], "audio": {"format": "wav", "voice": "no-such-voice"}},
          400, "audio.voice", "invalid_voice"),
         ({"model": "llm", "modalities": ["text", "audio"], "audio": {"format": "aac", "voice": "joe"}},
          400, "audio.format", "unsupported_format"),
@@ -686,3 +686,11 @@ async def test_metrics_itl_and_tpot_per_single_choice_request(engine):
         text = (await c.get("/metrics")).text
     assert f'omni_frontend_inter_token_latency_seconds_count{{model="llm"}} {float(n - 1)}' in text
     assert 'omni_frontend_time_per_output_token_seconds_count{model="llm"} 1.0' in text
+
+
+async def test_chat_audio_openai_voice_name_maps_to_the_models_voice(engine):
+    """OpenAI's voice names speak with the model's own voice (docs/voices.md), not a 400."""
+    r = await chat(engine, {"model": "llm", "messages": USER, "modalities": ["text", "audio"],
+                            "audio": {"format": "wav", "voice": "alloy"}})
+    assert r.status_code == 200, r.text
+    assert engine.requests[0][1].voice == "joe"

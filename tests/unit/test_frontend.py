@@ -282,7 +282,7 @@ async def test_non_speech_model_400(engine):
 
 
 async def test_unknown_voice_400_lists_voices(engine):
-    r = await post(engine, {"model": "piper_tts", "input": "x", "voice": "alloy"})
+    r = await post(engine, {"model": "piper_tts", "input": "x", "voice": "no-such-voice"})
     err = assert_error(r, 400, param="voice")
     assert "joe" in err["message"] and "amy" in err["message"]
 

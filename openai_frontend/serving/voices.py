@@ -1,0 +1,420 @@
+"""Custom voices (docs/voices.md): ``/v1/audio/voices`` (create / list / delete),
+``/v1/audio/voice_consents``, and how a speech request's voice, ``ref_audio``, ``instructions``,
+``task_type`` and ``language`` become the Qwen3-TTS inputs (``omni_triton.contracts.qwen3_tts``).
+
+Which model a stored voice works on follows from the contract, not from names: a clone
+(``audio_sample``) needs a speech model that takes ``VOICE_PROMPT``; a designed voice (``prompt``)
+one that takes ``TASK`` and ``INSTRUCTIONS``; the prompt is computed by the READY model whose
+outputs include ``VOICE_PROMPT`` (``qwen3_tts_voice_prompt``).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import io
+import logging
+import re
+
+import numpy as np
+from fastapi import HTTPException, Request
+from starlette.datastructures import UploadFile
+
+from omni_triton.contracts import qwen3_tts as qwen3_contract
+from omni_triton.media.audio import resample
+
+from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
+from ..errors import OpenAIError, bad_request
+from ..schemas import ModelVoices, SpeechRequest, VoiceList
+from ..voice_store import AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, StoredVoice, VoiceCorruptError, VoiceStore
+
+logger = logging.getLogger(__name__)
+
+#: vLLM-Omni's ``task_type`` names -> the contract's ``TASK`` values.
+TASK_TYPES = {"customvoice": "custom_voice", "custom_voice": "custom_voice",
+              "voicedesign": "voice_design", "voice_design": "voice_design", "base": "base"}
+MAX_NAME_CHARS = 64
+_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,64}")
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+/-]*)(?:;[\w=.-]+)*;base64,(?P<data>.*)", re.S)
+_CONSENT_EXTS = {"audio/mpeg": "mp3", "audio/wav": "wav", "audio/x-wav": "wav", "audio/ogg": "ogg",
+                 "audio/aac": "aac", "audio/flac": "flac", "audio/webm": "webm", "audio/mp4": "mp4"}
+
+
+# --------------------------------------------------------------------------- audio input
+def decode_audio(data: bytes, target_rate: int, param: str, min_seconds: float | None = None,
+                 max_seconds: float | None = None) -> tuple[np.ndarray, float]:
+    """Uploaded audio bytes (WAV, FLAC, OGG, MP3: what libsndfile reads) -> float32 mono [T] in
+    [-1, 1] at ``target_rate`` Hz (soxr), and its length in seconds.
+
+    Raises:
+        OpenAIError: 400 ``invalid_audio`` (not audio / empty), ``audio_too_short`` /
+            ``audio_too_long`` outside [``min_seconds``, ``max_seconds``].
+    """
+    import soundfile as sf
+
+    try:
+        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as exc:  # noqa: BLE001 - libsndfile's errors for anything that is not audio
+        raise bad_request(f"'{param}' is not a readable audio file ({type(exc).__name__})", param=param,
+                          code="invalid_audio") from None
+    if samples.size == 0 or rate <= 0:
+        raise bad_request(f"'{param}' holds no audio samples", param=param, code="invalid_audio")
+    mono = samples.mean(axis=1).astype(np.float32)
+    if not np.all(np.isfinite(mono)):
+        raise bad_request(f"'{param}' holds non-finite samples", param=param, code="invalid_audio")
+    seconds = len(mono) / rate
+    if min_seconds is not None and seconds < min_seconds:
+        raise bad_request(f"'{param}' is {seconds:.2f} s long; at least {min_seconds:g} s is needed",
+                          param=param, code="audio_too_short")
+    if max_seconds is not None and seconds > max_seconds:
+        raise bad_request(f"'{param}' is {seconds:.2f} s long; at most {max_seconds:g} s is accepted",
+                          param=param, code="audio_too_long")
+    if rate != target_rate:
+        mono = resample(mono, int(rate), target_rate)
+    return np.clip(mono, -1.0, 1.0), seconds
+
+
+def decode_data_url(text: str, param: str = "ref_audio") -> bytes:
+    """``data:audio/wav;base64,...`` (or bare base64) -> bytes. Raises OpenAIError 400."""
+    m = _DATA_URL.fullmatch(text.strip())
+    payload = m.group("data") if m else text.strip()
+    if not m and "://" in text:
+        raise bad_request(f"'{param}' must be a base64 data URL (data:audio/...;base64,...); URLs are "
+                          "not fetched", param=param, code="invalid_audio")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"'{param}' is not valid base64", param=param, code="invalid_audio") from None
+
+
+# --------------------------------------------------------------------------- models
+def can_clone(info: ModelInfo) -> bool:
+    """A speech model that speaks with a stored clone prompt (``VOICE_PROMPT`` in)."""
+    return info.is_speech and qwen3_contract.VOICE_PROMPT in info.inputs
+
+
+def can_design(info: ModelInfo) -> bool:
+    """A speech model that speaks with a described voice (``TASK`` + ``INSTRUCTIONS`` in)."""
+    return info.is_speech and {qwen3_contract.TASK, qwen3_contract.INSTRUCTIONS} <= info.inputs
+
+
+def usable_on(voice: StoredVoice, info: ModelInfo) -> bool:
+    return can_clone(info) if voice.type == AUDIO_SAMPLE else can_design(info)
+
+
+async def _prompt_model(engine) -> ModelInfo:
+    """The READY model computing clone prompts (``VOICE_PROMPT`` out, ``REF_AUDIO`` in)."""
+    if getattr(engine, "voice_prompt", None) is None:
+        models = []
+    else:
+        models = await engine.list_models()
+    for m in models:
+        if m.ready and qwen3_contract.VOICE_PROMPT in m.outputs and qwen3_contract.REF_AUDIO in m.inputs:
+            return m
+    raise OpenAIError(400, "Voice cloning is not available: no served model computes voice prompts "
+                      "(qwen3_tts_voice_prompt)", param="audio_sample", code="voice_cloning_unavailable")
+
+
+def store_of(state) -> VoiceStore:
+    store = getattr(state, "voice_store", None)
+    if store is None and getattr(state, "voice_store_error", None):
+        raise OpenAIError(503, f"The voice store cannot be opened: {state.voice_store_error}", type="server_error",
+                          code="voice_store_unavailable")
+    if store is None:
+        raise OpenAIError(404, "Custom voices are disabled on this server (no --voice-storage-dir)",
+                          code="voices_disabled")
+    return store
+
+
+# --------------------------------------------------------------------------- speech requests
+def _unsupported(info: ModelInfo, field: str) -> OpenAIError:
+    return bad_request(f"The model '{info.name}' does not support '{field}'", param=field,
+                       code=f"unsupported_{field}")
+
+
+#: vLLM-Omni speech extras that are harmless to leave out on a model without the input: ignored
+#: and named in ``X-Ignored-Fields`` there (a 400 with ``--strict-params``), as unknown fields are.
+#: The others (``instructions``, ``ref_audio``...) change what is spoken: a 400 when unsupported.
+LENIENT_EXTRAS = {"task_type": qwen3_contract.TASK, "language": qwen3_contract.LANGUAGE}
+
+
+def drop_unsupported_extras(body: SpeechRequest, info: ModelInfo) -> tuple[SpeechRequest, list[str]]:
+    """``body`` without the :data:`LENIENT_EXTRAS` that ``info`` does not take, and their names."""
+    names = [f for f, tensor in LENIENT_EXTRAS.items() if getattr(body, f) is not None and tensor not in info.inputs]
+    return (body.model_copy(update={f: None for f in names}) if names else body), names
+
+
+def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | None, sample_rate: int = 24000
+                   ) -> tuple[str | None, SpeechOptions | None]:
+    """The model voice and Qwen3-TTS extras of one speech request.
+
+    ``voice``: a voice of the model; an OpenAI name mapped by the model's table; else the id or
+    name of a stored voice usable on the model (a clone -> ``VOICE_PROMPT`` + ``TASK=base``; a
+    designed voice -> ``TASK=voice_design`` + ``INSTRUCTIONS`` = its prompt). ``ref_audio`` (data
+    URL) + ``ref_text``: per-request cloning. ``instructions``, ``task_type``, ``language``: sent
+    when the model declares them, else a 400 naming the field.
+
+    Raises:
+        OpenAIError: 400 (unknown voice, unsupported field, bad ``ref_audio``, bad ``task_type``),
+            409 ``voice_corrupt`` (the stored voice's files are damaged).
+    """
+    c = qwen3_contract
+    opts: dict = {}
+    voice = body.voice_id
+    if voice is not None:
+        mapped = info.resolve_voice(voice)
+        if mapped is None:
+            stored = store.get(voice) if store is not None else None
+            if stored is None:
+                raise bad_request(
+                    f"Unknown voice '{voice}' for model '{info.name}'; available: {', '.join(info.voices)}",
+                    param="voice", code="invalid_voice")
+            if not usable_on(stored, info):
+                raise bad_request(f"The voice '{voice}' ({stored.type}) cannot be used with the model "
+                                  f"'{info.name}'", param="voice", code="unsupported_voice")
+            if stored.error:
+                raise OpenAIError(409, f"The voice '{voice}' is unusable: {stored.error}", param="voice",
+                                  code="voice_corrupt")
+            if stored.type == AUDIO_SAMPLE:
+                try:
+                    opts.update(voice_prompt=store.voice_prompt(stored), task="base")
+                except VoiceCorruptError as exc:
+                    raise OpenAIError(409, f"The voice '{voice}' is unusable: {exc}", param="voice",
+                                      code="voice_corrupt") from None
+            else:
+                opts.update(task="voice_design", instructions=stored.prompt)
+            voice = None
+        else:
+            voice = mapped
+    if voice is None and not opts:
+        voice = info.default_voice
+    if body.instructions and body.instructions.strip():
+        if c.INSTRUCTIONS not in info.inputs:
+            raise _unsupported(info, "instructions")
+        if opts.get("task") == "voice_design":
+            raise bad_request("A designed voice already carries its description; 'instructions' cannot be "
+                              "added to it", param="instructions", code="invalid_value")
+        opts["instructions"] = body.instructions
+    if body.task_type is not None:
+        if c.TASK not in info.inputs:
+            raise _unsupported(info, "task_type")
+        task = TASK_TYPES.get(body.task_type.strip().lower())
+        if task is None:
+            raise bad_request(f"task_type '{body.task_type}' is not one of CustomVoice, VoiceDesign, Base",
+                              param="task_type", code="invalid_value")
+        if opts.get("task") and opts["task"] != task:
+            raise bad_request(f"task_type '{body.task_type}' does not fit the stored voice (a "
+                              f"{opts['task']} voice)", param="task_type", code="invalid_value")
+        opts["task"] = task
+    if body.language is not None:
+        if c.LANGUAGE not in info.inputs:
+            raise _unsupported(info, "language")
+        opts["language"] = body.language
+    if body.ref_audio is not None:
+        if c.REF_AUDIO not in info.inputs:
+            raise _unsupported(info, "ref_audio")
+        if "voice_prompt" in opts:
+            raise bad_request("Give either a stored voice or 'ref_audio', not both", param="ref_audio",
+                              code="invalid_value")
+        clip, _ = decode_audio(decode_data_url(body.ref_audio), sample_rate, "ref_audio", max_seconds=60.0)
+        opts.update(ref_audio=clip, ref_sample_rate=sample_rate, task=opts.get("task") or "base")
+    if body.ref_text is not None or body.x_vector_only_mode is not None:
+        if body.ref_audio is None:
+            field = "ref_text" if body.ref_text is not None else "x_vector_only_mode"
+            raise bad_request(f"'{field}' needs 'ref_audio'", param=field, code="invalid_value")
+        if body.ref_text is not None:
+            opts["ref_text"] = body.ref_text
+        if body.x_vector_only_mode is not None:
+            opts["x_vector_only"] = body.x_vector_only_mode
+    if opts.get("task") == "voice_design" and not opts.get("instructions"):
+        raise bad_request("task_type VoiceDesign needs 'instructions' describing the voice",
+                          param="instructions", code="invalid_value")
+    if opts and opts.get("task") in ("base", "voice_design"):
+        voice = None  # the speaker comes from the prompt / description, not a named voice
+    return voice, (SpeechOptions(**opts) if opts else None)
+
+
+# --------------------------------------------------------------------------- /v1/audio/voices
+async def _form(request: Request, max_part: int):
+    """The request's form fields (multipart or urlencoded) or JSON object, as a dict."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.startswith("application/json"):
+        try:
+            data = await request.json()
+        except ValueError:
+            raise bad_request("The body is not valid JSON", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise bad_request("The body must be a JSON object", code="invalid_json")
+        return data
+    try:
+        form = await request.form(max_files=2, max_fields=32, max_part_size=max_part)
+    except HTTPException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - malformed multipart body
+        raise bad_request(f"Malformed form body: {exc}", code="invalid_multipart") from None
+    out = {}
+    for key, value in form.multi_items():
+        if key in out:
+            raise bad_request(f"Field '{key}' given more than once", param=key)
+        out[key] = value
+    return out
+
+
+def _text_field(fields: dict, key: str, required: bool = False) -> str | None:
+    value = fields.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise bad_request(f"Missing required parameter: '{key}'", param=key, code="missing_required_parameter")
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"'{key}' must be a text field", param=key, code="invalid_value")
+    if "\x00" in value:
+        raise bad_request(f"'{key}' must not contain NUL characters", param=key, code="invalid_value")
+    return value.strip()
+
+
+async def _file_bytes(value, param: str, limit: int) -> bytes:
+    if not isinstance(value, UploadFile):
+        raise bad_request(f"'{param}' must be a file part", param=param, code="invalid_audio")
+    data = await value.read(limit + 1)
+    if len(data) > limit:
+        raise OpenAIError(413, f"'{param}' is larger than {limit} bytes", param=param, code="file_too_large")
+    return data
+
+
+async def create_voice(request: Request) -> dict:
+    """``POST /v1/audio/voices``: a clone (``audio_sample`` / ``ref_audio`` + ``consent`` [+
+    ``ref_text``]) or a designed voice (``type=prompt`` + ``prompt``). Returns ``audio.voice``."""
+    state = request.app.state
+    store = store_of(state)
+    cfg = store.settings
+    fields = await _form(request, cfg.max_upload_bytes + 1)
+    vtype = _text_field(fields, "type") or AUDIO_SAMPLE
+    if vtype not in (AUDIO_SAMPLE, PROMPT):
+        raise bad_request(f"'type' must be '{AUDIO_SAMPLE}' or '{PROMPT}'", param="type", code="invalid_value")
+    name = _text_field(fields, "name", required=True)
+    if not _NAME.fullmatch(name):
+        raise bad_request(f"'name' must be 1-{MAX_NAME_CHARS} printable characters", param="name",
+                          code="invalid_value")
+    if store.name_taken(name):
+        raise OpenAIError(409, f"A voice named '{name}' exists already", param="name", code="duplicate_name")
+    if store.count() >= cfg.max_voices:
+        raise bad_request(f"At most {cfg.max_voices} voices can be stored; delete one first", code="too_many_voices")
+    try:
+        if vtype == PROMPT:
+            prompt = _text_field(fields, "prompt", required=True)
+            voice = store.add_design(name, prompt)
+        else:
+            upload = fields.get("audio_sample", fields.get("ref_audio"))
+            if upload is None:
+                raise bad_request("Missing required parameter: 'audio_sample'", param="audio_sample",
+                                  code="missing_required_parameter")
+            consent = _text_field(fields, "consent")
+            if cfg.require_consent:
+                if consent is None:
+                    raise bad_request("Missing required parameter: 'consent' (the id of a consent recording, "
+                                      "POST /v1/audio/voice_consents)", param="consent", code="consent_required")
+                if store.get_consent(consent) is None:
+                    raise bad_request(f"No consent recording '{consent}'", param="consent", code="invalid_consent")
+            ref_text = _text_field(fields, "ref_text")
+            data = await _file_bytes(upload, "audio_sample", cfg.max_upload_bytes)
+            clip, seconds = await asyncio.to_thread(decode_audio, data, cfg.sample_rate, "audio_sample",
+                                                    cfg.min_seconds, cfg.max_seconds)
+            model = await _prompt_model(state.engine)
+            prompt_bytes, _ = await state.engine.voice_prompt(model.name, clip, cfg.sample_rate, ref_text,
+                                                              ref_text is None)
+            if not isinstance(prompt_bytes, bytes) or not prompt_bytes:
+                raise OpenAIError(502, f"{model.name} returned no voice prompt", type="server_error",
+                                  code="voice_prompt_failed")
+            voice = await asyncio.to_thread(store.add_clip, name, clip, cfg.sample_rate, prompt_bytes, ref_text,
+                                            consent, seconds)
+    except DuplicateVoiceName:  # a concurrent upload took the name between the check and the insert
+        raise OpenAIError(409, f"A voice named '{name}' exists already", param="name",
+                          code="duplicate_name") from None
+    logger.info("voice %s (%s, %s) stored", voice.id, voice.name, voice.type)
+    return voice.to_openai()
+
+
+async def delete_voice(request: Request, voice_id: str) -> dict:
+    """``DELETE /v1/audio/voices/{id}`` (id or name): ``audio.voice.deleted``; 404 if unknown."""
+    voice = store_of(request.app.state).delete(voice_id)
+    if voice is None:
+        raise OpenAIError(404, f"No voice '{voice_id}'", param="voice_id", code="voice_not_found")
+    return {"id": voice.id, "object": "audio.voice.deleted", "deleted": True}
+
+
+async def list_voices(state, model: str | None) -> VoiceList:
+    """``GET /v1/audio/voices[?model=]``: the READY speech models' voices (and those of chat models
+    that speak: omni, llm_tts), their OpenAI name table, and every stored voice (404 for an
+    unknown ``model``)."""
+    store = getattr(state, "voice_store", None)
+    stored = store.list_voices() if store is not None else []
+    models = [m for m in await state.engine.list_models() if m.ready and (m.is_speech or m.can_speak)]
+    if model is not None:
+        models = [m for m in models if m.name == model or m.public_name == model]
+        if not models:
+            raise ModelNotFoundError(f"The model '{model}' does not exist", param="model")
+    data = [
+        ModelVoices(model=m.public_name, voices=list(m.voices), default_voice=m.default_voice,
+                    sample_rate=m.sample_rate, supports_speed=m.supports_speed,
+                    max_input_chars=m.max_input_chars, openai_voices=m.openai_voice_table,
+                    custom_voices=[v.id for v in stored if not v.error and usable_on(v, m)])
+        for m in models
+    ]
+    custom = {v.name for v in stored if any(v.id in d.custom_voices for d in data)}
+    return VoiceList(voices=sorted({v for m in models for v in m.voices} | custom), data=data,
+                     uploaded_voices=[v.to_openai() for v in stored],
+                     voice_store_error=getattr(state, "voice_store_error", None))
+
+
+# --------------------------------------------------------------------------- consents
+async def create_consent(request: Request) -> dict:
+    """``POST /v1/audio/voice_consents`` (multipart ``name``, ``language``, ``recording``)."""
+    store = store_of(request.app.state)
+    fields = await _form(request, store.settings.max_upload_bytes + 1)
+    name = _text_field(fields, "name", required=True)
+    language = _text_field(fields, "language", required=True)
+    if "recording" not in fields:
+        raise bad_request("Missing required parameter: 'recording'", param="recording",
+                          code="missing_required_parameter")
+    upload = fields["recording"]
+    data = await _file_bytes(upload, "recording", store.settings.max_upload_bytes)
+    await asyncio.to_thread(decode_audio, data, store.settings.sample_rate, "recording")  # must be audio
+    ext = _CONSENT_EXTS.get((upload.content_type or "").split(";")[0].strip(), "bin")
+    return (await asyncio.to_thread(store.add_consent, name, language, data, ext)).to_openai()
+
+
+def _consent_or_404(store: VoiceStore, consent_id: str):
+    consent = store.get_consent(consent_id)
+    if consent is None:
+        raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
+                          code="consent_not_found")
+    return consent
+
+
+async def get_consent(request: Request, consent_id: str) -> dict:
+    return _consent_or_404(store_of(request.app.state), consent_id).to_openai()
+
+
+async def update_consent(request: Request, consent_id: str) -> dict:
+    store = store_of(request.app.state)
+    _consent_or_404(store, consent_id)
+    fields = await _form(request, 1 << 16)
+    name = _text_field(fields, "name", required=True)
+    return store.rename_consent(consent_id, name).to_openai()
+
+
+async def list_consents(request: Request, after: str | None, limit: int) -> dict:
+    if not 1 <= limit <= 100:
+        raise bad_request("'limit' must be between 1 and 100", param="limit", code="invalid_value")
+    page, more = store_of(request.app.state).list_consents(after, limit)
+    data = [c.to_openai() for c in page]
+    return {"object": "list", "data": data, "has_more": more,
+            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+
+async def delete_consent(request: Request, consent_id: str) -> dict:
+    if not store_of(request.app.state).delete_consent(consent_id):
+        raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
+                          code="consent_not_found")
+    return {"id": consent_id, "object": "audio.voice_consent", "deleted": True}
