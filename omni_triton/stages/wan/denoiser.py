@@ -1,6 +1,7 @@
 """Denoiser stage: ``WanPipeline.__call__``'s own loop (``output_type="latent"``) for compatible
 requests batched into one call, each with its own seed, reporting every finished step and
-stopping at the next step boundary when the whole call is cancelled.
+stopping at the next step boundary when the whole call is cancelled. The same function runs
+``WanImageToVideoPipeline.__call__`` for image-to-video items (those with a ``condition``).
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class VideoDenoiseItem:
         boundary_ratio: expert switch point as a fraction of the training timesteps (``None``:
             the pipeline's own ``boundary_ratio``).
         flow_shift: the scheduler's flow shift (``None``: the pipeline's scheduler config).
+        condition: image-to-video only: the reference frame's VAE latents ``float32 [z, f, h, w]``
+            (:func:`~omni_triton.stages.wan.vae_encode_condition`; ``f = (num_frames - 1) / 4 + 1``).
     """
 
     prompt_embeds: np.ndarray
@@ -48,6 +51,7 @@ class VideoDenoiseItem:
     guidance_scale_2: float | None = None
     boundary_ratio: float | None = None
     flow_shift: float | None = None
+    condition: np.ndarray | None = None
 
     @property
     def cfg(self) -> bool:
@@ -68,7 +72,7 @@ class VideoDenoiseResult:
 def denoise_key(item: VideoDenoiseItem) -> tuple:
     """Items with equal keys can share one pipeline call."""
     return (item.height, item.width, item.num_frames, item.steps, item.cfg, float(item.guidance_scale),
-            item.guidance_scale_2, item.boundary_ratio, item.flow_shift)
+            item.guidance_scale_2, item.boundary_ratio, item.flow_shift, item.condition is not None)
 
 
 class _Steps:
@@ -95,6 +99,14 @@ def denoise(pipe, items: Sequence[VideoDenoiseItem], on_step: StepHook | None = 
     ``guidance_scale(_2)`` and ``output_type="latent"``; a request's ``boundary_ratio`` and
     ``flow_shift`` are applied to the pipeline's config / scheduler for its call and restored.
 
+    Image-to-video items (``condition`` set; ``pipe`` a ``WanImageToVideoPipeline``): the call
+    also gets ``image`` and the items' precomputed condition latents replace the pipeline's own
+    ``vae.encode`` inside ``prepare_latents`` (:class:`_precomputed_condition`), which still
+    builds the noise from each generator, normalises the condition and adds the first-frame mask.
+
+    Raises:
+        ValueError: an item's condition does not fit its size / frames.
+
     Returns:
         one :class:`VideoDenoiseResult` per item, in order.
     """
@@ -115,12 +127,66 @@ def denoise(pipe, items: Sequence[VideoDenoiseItem], on_step: StepHook | None = 
         steps = _Steps(idx, first.steps, on_step)
         kwargs["callback_on_step_end"] = steps
         start = time.perf_counter()
-        with torch.no_grad(), _call_config(pipe, first):
+        conditions = None
+        if first.condition is not None:
+            conditions = [_condition(g) for g in group]
+            # __call__ needs an ``image`` (one PIL image per call); only the VAE encode inside
+            # prepare_latents reads it, and that encode is the conditioning stage's.
+            kwargs["image"] = _placeholder_image(first.width, first.height)
+        with torch.no_grad(), _call_config(pipe, first), _precomputed_condition(pipe, conditions):
             latents = pipe(**kwargs).frames
         seconds = time.perf_counter() - start
         for j, i in enumerate(idx):
             results[i] = VideoDenoiseResult(latents[j].float().numpy(), steps.done, steps.interrupted, seconds)
     return results  # type: ignore[return-value]
+
+
+def _condition(item: VideoDenoiseItem) -> torch.Tensor:
+    c = item.condition
+    want = ((item.num_frames - 1) // 4 + 1, item.height // 8, item.width // 8)
+    if c.ndim != 4 or tuple(c.shape[1:]) != want:
+        raise ValueError(f"condition latents {list(c.shape)}: must be [z, {want[0]}, {want[1]}, {want[2]}] for "
+                         f"{item.num_frames} frames of {item.width}x{item.height}")
+    return torch.from_numpy(np.ascontiguousarray(c, dtype=np.float32))[None]
+
+
+def _placeholder_image(width: int, height: int):
+    from PIL import Image
+
+    return Image.new("RGB", (width, height))
+
+
+class _precomputed_condition:
+    """Context manager: ``pipe.vae.encode`` answers the k-th call with the k-th precomputed
+    condition (``WanImageToVideoPipeline.prepare_latents`` encodes once per generator, one
+    generator per item), as the posterior the VAE would return (its mode is the latents
+    exactly). ``conditions`` None: nothing is replaced."""
+
+    def __init__(self, pipe, conditions: list[torch.Tensor] | None):
+        self.vae, self.conditions = pipe.vae, conditions
+
+    def __enter__(self):
+        if self.conditions is None:
+            return self
+        from diffusers.models.modeling_outputs import AutoencoderKLOutput
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+        queue = list(self.conditions)
+
+        def encode(x, return_dict=True):
+            if not queue:
+                raise RuntimeError("the pipeline encoded more condition videos than there are items")
+            c = queue.pop(0).to(x.device, x.dtype)
+            dist = DiagonalGaussianDistribution(torch.cat([c, torch.zeros_like(c)], dim=1))
+            return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
+
+        self.vae.encode = encode  # shadows the method on this instance only
+        return self
+
+    def __exit__(self, *exc):
+        if self.conditions is not None:
+            del self.vae.encode
+        return False
 
 
 def _negative(item: VideoDenoiseItem) -> np.ndarray:
