@@ -213,6 +213,26 @@ async def _read_body(request: Request) -> tuple[dict[str, str], dict[str, bytes]
         await form.close()
 
 
+def _data_url_bytes(url) -> bytes:
+    """The bytes of a ``data:image/...;base64,...`` URL (remote URLs are not fetched).
+
+    Raises:
+        OpenAIError: 400 ``invalid_input_reference`` for anything else.
+    """
+    import base64
+    import binascii
+
+    head, sep, payload = url.partition(",") if isinstance(url, str) else ("", "", "")
+    if not sep or not head.startswith("data:") or not head.endswith(";base64"):
+        raise bad_request("input_reference.image_url must be a data:image/...;base64,... URL (remote URLs are not "
+                          "fetched)", param="input_reference", code="invalid_input_reference")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request("input_reference.image_url: invalid base64", param="input_reference",
+                          code="invalid_input_reference") from None
+
+
 def decode_reference(data: bytes, info: ModelInfo):
     """The ``input_reference`` upload -> ``uint8 [H, W, 3]`` RGB (EXIF orientation applied).
 
@@ -243,10 +263,21 @@ async def _parse(request: Request) -> VideoRequest:
     for name in files:
         if name != "input_reference":
             raise bad_request(f"Unexpected file field '{name}'", param=name)
-    if "input_reference" in fields:
-        raise bad_request("input_reference must be an image file part (multipart/form-data upload)",
-                          param="input_reference", code="invalid_input_reference")
     reference = files.get("input_reference")
+    url = fields.pop("input_reference[image_url]", None)  # the SDK's {"image_url": ...} in a form
+    given = fields.pop("input_reference", None)
+    if isinstance(given, dict):  # JSON body: {"image_url": ...}
+        url = given.get("image_url")
+        if url is None:
+            raise bad_request("input_reference: only an uploaded file or {'image_url': 'data:image/...;base64,...'} "
+                              "is supported (no file_id)", param="input_reference", code="invalid_input_reference")
+    elif given is not None:
+        raise bad_request("input_reference must be an image file part (multipart/form-data upload) or "
+                          "{'image_url': 'data:...'}", param="input_reference", code="invalid_input_reference")
+    if url is not None:
+        if reference is not None:
+            raise bad_request("input_reference given twice", param="input_reference", code="invalid_input_reference")
+        reference = _data_url_bytes(url)
     try:
         body = VideoCreateForm.model_validate(fields)
     except ValidationError as exc:

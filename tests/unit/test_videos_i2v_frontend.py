@@ -115,6 +115,24 @@ async def test_bad_input_reference_is_an_openai_error(tmp_path, kw, code):
     assert len(engine.jobs) <= 1
 
 
+async def test_a_data_url_is_accepted_in_a_form_and_in_json(tmp_path):
+    import base64
+    import json
+
+    url = "data:image/png;base64," + base64.b64encode(png()).decode()
+    engine = FakeVideoEngines()
+    async with Server(engine, tmp_path) as c:
+        r = await c.post("/v1/videos", data={"prompt": "a cat", "input_reference[image_url]": url})
+        assert r.status_code == 200 and r.json()["model"] == "wan_i2v", r.text
+        r = await c.post("/v1/videos", content=json.dumps({"prompt": "a cat", "input_reference": {"image_url": url}}),
+                         headers={"content-type": "application/json"})
+        assert r.status_code == 200 and r.json()["model"] == "wan_i2v", r.text
+        for bad in ({"image_url": "https://example.com/a.png"}, {"file_id": "file_1"}, {"image_url": "data:x;base64,@@"}):
+            r = await c.post("/v1/videos", content=json.dumps({"prompt": "a cat", "input_reference": bad}),
+                             headers={"content-type": "application/json"})
+            assert_error(r, 400, "input_reference", "invalid_input_reference")
+
+
 async def test_a_jpeg_photo_is_accepted(tmp_path):
     async with Server(FakeVideoEngines(), tmp_path) as c:
         r = await c.post("/v1/videos/sync", data={"prompt": "a cat", "num_frames": "5"},
