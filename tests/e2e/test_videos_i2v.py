@@ -6,6 +6,8 @@ Wan2.2 I2V, two experts, the T2V text encoder and VAE decoder reused), the offic
   and fps, and its first frame follows the reference image (the condition is used);
 - parity through Triton: the ``wan_i2v`` BLS's frames (gRPC, raw uint8) equal
   ``WanImageToVideoPipeline.__call__(image=...)`` on the same weights, image and seed, bit for bit;
+- ``DELETE`` mid-job stops ``wan_i2v_denoiser`` (the T2V denoiser's cancel, reused: its step
+  counter stops);
 - bad input: a corrupt, an oversized and a non-file ``input_reference``, the I2V model without an
   image, the T2V model with one, ``seconds`` + ``fps`` + ``num_frames`` that disagree -> 400s
   (the SDK's ``BadRequestError``), and the server keeps serving.
@@ -147,6 +149,29 @@ def test_input_reference_alone_picks_the_i2v_model(stack):
     assert r.status_code == 200, r.text
     decoded = decode_video(r.content)
     assert decoded.frames.shape == (5, 32, 32, 3) and decoded.fps == 10
+
+
+def _steps(stack):
+    return stack.metric("omni_video_denoise_steps_total", model="wan_i2v_denoiser")
+
+
+def test_delete_mid_job_stops_the_i2v_denoiser(client, stack):
+    import time
+
+    cancelled = stack.metric("omni_video_denoise_cancelled_total", model="wan_i2v_denoiser")
+    video = client.videos.create(model=MODEL, prompt="a dog catches a frisbee", size="128x128",
+                                 input_reference=("dog.png", png(image(128, 128)), "image/png"),
+                                 extra_body={"num_frames": 33, "num_inference_steps": 50, "seed": 11})
+    before = _steps(stack)
+    stack.wait_until(lambda: _steps(stack) >= before + 3, "the I2V denoiser never started", 120)
+    client.videos.delete(video.id)
+    stack.wait_until(lambda: stack.metric("omni_video_denoise_cancelled_total", model="wan_i2v_denoiser") > cancelled,
+                     "the I2V denoiser never saw the cancel", 30)
+    stopped = _steps(stack)
+    time.sleep(2.0)  # a 50-step job would still be running: the counter must stand still
+    assert _steps(stack) == stopped and stopped - before < 50
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(video.id)
 
 
 def test_bad_input(client, stack):

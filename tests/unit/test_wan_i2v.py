@@ -81,7 +81,10 @@ def test_staged_split_equals_the_pipeline_call(pipes, extra):
     assert ref.shape == (5, 32, 48, 3) and ref.dtype == np.uint8
     assert np.array_equal(ref, got)
     assert i2v.config.boundary_ratio == cw.TinyWanSpec().boundary_ratio_i2v
-    assert "encode" not in vars(i2v.vae)  # the precomputed-condition hook is removed
+    # outside a denoise call the VAE encodes for real (the hook only answers inside one)
+    video = torch.zeros(1, 3, 5, 32, 48)
+    with torch.no_grad():
+        assert torch.equal(i2v.vae.encode(video).latent_dist.mode(), type(i2v.vae).encode(i2v.vae, video).latent_dist.mode())
 
 
 def test_the_condition_drives_the_video(pipes):
@@ -119,6 +122,32 @@ def test_each_seed_and_image_holds_inside_a_batch(pipes):
     for a, b in zip(fa, fb):
         assert np.abs(a.astype(int) - b).max() <= FRAME_ATOL
     assert not np.allclose(batch[0].latents, batch[1].latents)
+
+
+def test_concurrent_calls_keep_their_own_conditions(pipes):
+    """Two threads denoising on one pipeline: the calls are serialised (a diffusers pipeline
+    keeps per-call state) and each call's VAE-encode hook answers with its own conditions."""
+    import threading
+
+    _, i2v = pipes
+    items = [_item(pipes, _image(i), "a cat", i, steps=2) for i in (1, 2)]
+    alone = [wan.denoise(i2v, [it])[0].latents for it in items]
+    errors, got = [], {}
+
+    def run(k):
+        try:
+            got[k] = wan.denoise(i2v, [items[k]])[0].latents
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for k in (0, 1):
+        assert np.array_equal(got[k], alone[k])
 
 
 def test_interrupt_stops_the_i2v_loop_at_the_next_step(pipes):

@@ -5,7 +5,9 @@ stopping at the next step boundary when the whole call is cancelled. The same fu
 """
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -133,7 +135,7 @@ def denoise(pipe, items: Sequence[VideoDenoiseItem], on_step: StepHook | None = 
             # __call__ needs an ``image`` (one PIL image per call); only the VAE encode inside
             # prepare_latents reads it, and that encode is the conditioning stage's.
             kwargs["image"] = _placeholder_image(first.width, first.height)
-        with torch.no_grad(), _call_config(pipe, first), _precomputed_condition(pipe, conditions):
+        with _pipe_lock(pipe), torch.no_grad(), _call_config(pipe, first), _precomputed_condition(pipe, conditions):
             latents = pipe(**kwargs).frames
         seconds = time.perf_counter() - start
         for j, i in enumerate(idx):
@@ -156,37 +158,77 @@ def _placeholder_image(width: int, height: int):
     return Image.new("RGB", (width, height))
 
 
+_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _pipe_lock(pipe) -> threading.Lock:
+    """One pipeline call at a time per pipeline object: a diffusers pipeline keeps per-call state
+    (scheduler timesteps, ``_interrupt``, guidance, this module's config overrides), so two
+    overlapping calls on one object would corrupt each other."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(pipe)
+        if lock is None:
+            lock = _LOCKS[pipe] = threading.Lock()
+        return lock
+
+
+_LOCAL = threading.local()  # this thread's pending condition latents (a list), or None
+
+
 class _precomputed_condition:
-    """Context manager: ``pipe.vae.encode`` answers the k-th call with the k-th precomputed
-    condition (``WanImageToVideoPipeline.prepare_latents`` encodes once per generator, one
-    generator per item), as the posterior the VAE would return (its mode is the latents
-    exactly). ``conditions`` None: nothing is replaced."""
+    """Context manager: while it is active on this thread, ``pipe.vae.encode`` answers its k-th
+    call with the k-th precomputed condition (``WanImageToVideoPipeline.prepare_latents``
+    encodes once per generator, one generator per item), as the posterior the VAE would return
+    (its mode is the latents exactly). Outside it (or with ``conditions`` None) the VAE encodes
+    as usual. The VAE gets one permanent dispatching ``encode`` (installed at the first use,
+    never removed), and the pending conditions are thread-local, so no call adds or deletes an
+    attribute of the shared VAE while another may be reading it.
+
+    Raises (on exit):
+        RuntimeError: the pipeline encoded fewer condition videos than there are items.
+    """
 
     def __init__(self, pipe, conditions: list[torch.Tensor] | None):
         self.vae, self.conditions = pipe.vae, conditions
 
     def __enter__(self):
-        if self.conditions is None:
-            return self
-        from diffusers.models.modeling_outputs import AutoencoderKLOutput
-        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-
-        queue = list(self.conditions)
-
-        def encode(x, return_dict=True):
-            if not queue:
-                raise RuntimeError("the pipeline encoded more condition videos than there are items")
-            c = queue.pop(0).to(x.device, x.dtype)
-            dist = DiagonalGaussianDistribution(torch.cat([c, torch.zeros_like(c)], dim=1))
-            return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
-
-        self.vae.encode = encode  # shadows the method on this instance only
+        if self.conditions is not None:
+            _install_condition_hook(self.vae)
+            self.saved = getattr(_LOCAL, "pending", None)
+            _LOCAL.pending = list(self.conditions)
         return self
 
-    def __exit__(self, *exc):
-        if self.conditions is not None:
-            del self.vae.encode
+    def __exit__(self, exc_type, *exc):
+        if self.conditions is None:
+            return False
+        left = _LOCAL.pending
+        _LOCAL.pending = self.saved
+        if exc_type is None and left:
+            raise RuntimeError(f"the pipeline encoded {len(self.conditions) - len(left)} condition videos for "
+                               f"{len(self.conditions)} items")
         return False
+
+
+def _install_condition_hook(vae) -> None:
+    if "encode" in vars(vae):
+        return
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+    from diffusers.models.modeling_outputs import AutoencoderKLOutput
+
+    own = type(vae).encode
+
+    def encode(x, return_dict=True):
+        pending = getattr(_LOCAL, "pending", None)
+        if pending is None:
+            return own(vae, x, return_dict=return_dict)
+        if not pending:
+            raise RuntimeError("the pipeline encoded more condition videos than there are items")
+        c = pending.pop(0).to(x.device, x.dtype)
+        dist = DiagonalGaussianDistribution(torch.cat([c, torch.zeros_like(c)], dim=1))
+        return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
+
+    vae.encode = encode  # on this VAE instance only; outside a call it is the class's own encode
 
 
 def _negative(item: VideoDenoiseItem) -> np.ndarray:
