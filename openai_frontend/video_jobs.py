@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import secrets
 import sqlite3
 import threading
@@ -65,6 +66,24 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
 """
+
+
+#: how Triton 2.51 / the engine say a model's stub process died (``Stub process
+#: 'wan_t2v_denoiser_0_0' is not healthy.``; ``model 'wan_t2v_denoiser_0_0'``; the engine's own
+#: ``StageRestartedError`` text ``its stage wan_t2v_denoiser died``)
+_DEAD_STAGE = (re.compile(r"its stage ([A-Za-z0-9_.-]+) died"),
+               re.compile(r"Stub process '([A-Za-z0-9_.-]+?)(?:_\d+)*' is not healthy"),
+               re.compile(r"model '([A-Za-z0-9_.-]+?)(?:_\d+)*'.*is not healthy"))
+
+
+def dead_stage(message: str) -> str | None:
+    """The Triton model whose stub died, read from an engine error ``message``; None when the
+    message is not about a dead stage. The instance suffix (``_0_0``) is dropped."""
+    for pattern in _DEAD_STAGE:
+        found = pattern.search(message)
+        if found:
+            return found.group(1)
+    return None
 
 
 @dataclass(frozen=True)
@@ -448,7 +467,13 @@ class VideoJobs:
                 await asyncio.sleep(1.0)
                 self.store.requeue(rec.id)
             else:
-                self.store.fail(rec.id, "generation_failed", str(exc))
+                stage = dead_stage(str(exc))
+                if stage is None:
+                    self.store.fail(rec.id, "generation_failed", str(exc))
+                else:
+                    logger.warning("video job %s failed: %s", rec.id, exc)  # the raw error, for operators
+                    self.store.fail(rec.id, "stage_died", f"stage {stage} died while this job ran (attempt "
+                                    f"{rec.attempts} of {self.settings.max_attempts}); retry the job")
                 self._on_event(rec.id, FAILED)
         except Exception as exc:  # noqa: BLE001 - a job fails with its reason, never vanishes
             logger.exception("video job %s failed", rec.id)

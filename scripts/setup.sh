@@ -56,4 +56,4 @@ if ! "$VENV/bin/python" -m pip install --no-deps --no-build-isolation -e "$ROOT"
   cat "$VENV/install.log"; exit 1
 fi
 bash "$ROOT/scripts/setup_bench.sh"  # vLLM-Omni's benchmark client (second venv, cached)
-"$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,tts,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v}"
+"$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,tts,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v}"

@@ -1,7 +1,9 @@
 """``TritonPythonModel`` classes of the Wan2.2 video pipeline (contract:
 ``omni_triton.contracts.video``): ``wan_t2v`` (BLS, decoupled) -> ``wan_t2v_text_encoder``
 (batched) -> ``wan_t2v_denoiser`` (decoupled + dynamic batching) -> ``wan_t2v_vae_decoder``
-(batched). Stub-only imports; the logic lives in ``omni_triton.stages.wan``.
+(batched); ``wan_i2v`` (BLS) adds ``wan_i2v_vae_encoder`` (batched) and runs ``wan_i2v_denoiser``
+(the same denoiser class on the image-to-video pipeline), reusing the T2V text encoder and VAE
+decoder. Stub-only imports; the logic lives in ``omni_triton.stages.wan``.
 
 Why a BLS orchestrator and a decoupled denoiser: the denoiser streams one STEP response per
 finished step (progress), and an ensemble would feed every one of those responses into the VAE
@@ -136,13 +138,7 @@ class Denoiser:
             stream = ResponseStream(request, self.stage, self.flags, request_id,
                                     on_cancel=lambda: self.metrics.count("cancelled"))
             try:
-                scalars = parse_request_scalars(request, self.limits)
-                item = self.wan.VideoDenoiseItem(
-                    prompt_embeds=input_array(request, vc.PROMPT_EMBEDS),
-                    negative_prompt_embeds=input_array(request, vc.NEGATIVE_PROMPT_EMBEDS, required=False),
-                    **scalars)
-                if item.cfg and (item.negative_prompt_embeds is None or item.negative_prompt_embeds.shape[0] == 0):
-                    raise vc.VideoInputError("guidance_scale > 1 needs NEGATIVE_PROMPT_EMBEDS")
+                item = self.parse_item(request)
             except (InputError, ValueError, UnicodeDecodeError) as exc:
                 stream.invalid(str(exc))
                 self.flags.discard(request_id)
@@ -152,6 +148,17 @@ class Denoiser:
         if items:
             self._run(items, streams)
         return None
+
+    def parse_item(self, request):
+        """One request -> a ``wan.VideoDenoiseItem`` (raises :class:`VideoInputError`)."""
+        scalars = parse_request_scalars(request, self.limits)
+        item = self.wan.VideoDenoiseItem(
+            prompt_embeds=input_array(request, vc.PROMPT_EMBEDS),
+            negative_prompt_embeds=input_array(request, vc.NEGATIVE_PROMPT_EMBEDS, required=False),
+            **scalars)
+        if item.cfg and (item.negative_prompt_embeds is None or item.negative_prompt_embeds.shape[0] == 0):
+            raise vc.VideoInputError("guidance_scale > 1 needs NEGATIVE_PROMPT_EMBEDS")
+        return item
 
     def _run(self, items, streams):
         self.metrics.count("requests", len(items))
@@ -251,8 +258,12 @@ class WanT2VPipeline(DecoupledStage):
         negative = optional_str_input(request, vc.NEGATIVE_PROMPT) or ""
         return prompt, negative, parse_request_scalars(request, self.limits)
 
+    def condition_inputs(self, job) -> list:
+        """Extra denoiser inputs of one parsed request (none for text-to-video)."""
+        return []
+
     def generate(self, job, stream):
-        prompt, negative, s = job
+        prompt, negative, s = job[:3]
         cfg = s["guidance_scale"] > 1.0
         text_in = [(vc.PROMPT, utf8_array(prompt)[None])]
         if cfg:
@@ -269,6 +280,7 @@ class WanT2VPipeline(DecoupledStage):
                           (vc.FLOW_SHIFT, "flow_shift")):
             if s[key] is not None:
                 inputs.append((name, scalar_array(s[key], "FP32")[None]))
+        inputs += self.condition_inputs(job)
         final = None
         for out in stream_stage(self.denoiser, inputs, [vc.STEP, vc.TOTAL_STEPS, vc.LATENTS, vc.NUM_STEPS,
                                                         vc.DENOISE_SECONDS],
@@ -284,3 +296,67 @@ class WanT2VPipeline(DecoupledStage):
         video = call_stage(self.vae_decoder, [(vc.LATENTS, final[vc.LATENTS])], [vc.VIDEO])[vc.VIDEO]
         yield Final({vc.VIDEO: video[0], vc.NUM_STEPS: final[vc.NUM_STEPS].reshape(1),
                      vc.DENOISE_SECONDS: final[vc.DENOISE_SECONDS].reshape(1)})
+
+
+# --------------------------------------------------------------------------- image-to-video
+class VaeEncoder(BatchedStage):
+    """``wan_i2v_vae_encoder``: INPUT_IMAGE uint8 [H, W, 3] + NUM_FRAMES -> CONDITION_LATENTS
+    float32 [z, (F - 1) / 4 + 1, H / 8, W / 8] (the VAE posterior mode of the reference frame
+    followed by F - 1 black frames). Logic: ``wan.vae_encode_condition``."""
+
+    def setup(self, args, params):
+        self.wan, self.pipe = _load(params)
+        self.limits = _limits(params)
+
+    def parse(self, request):
+        image = input_array(request, vc.INPUT_IMAGE)
+        frames = scalar_input(request, vc.NUM_FRAMES, int)
+        if image.ndim != 3:
+            raise vc.VideoInputError(f"INPUT_IMAGE must be uint8 [H, W, 3], got {list(image.shape)}")
+        self.limits.check(image.shape[0], image.shape[1], frames)
+        vc.check_input_image(image, image.shape[0], image.shape[1])
+        return image, frames
+
+    def run(self, items):
+        return [self.wan.vae_encode_condition(self.pipe, [image], frames)[0] for image, frames in items]
+
+    def outputs(self, latents):
+        return {vc.CONDITION_LATENTS: latents[None]}
+
+
+class I2VDenoiser(Denoiser):
+    """``wan_i2v_denoiser``: :class:`Denoiser` (same batching, STEP progress and step-boundary
+    cancel) on a ``WanImageToVideoPipeline``, each request with its CONDITION_LATENTS."""
+
+    stage = "wan_i2v_denoiser"
+
+    def parse_item(self, request):
+        item = super().parse_item(request)
+        item.condition = input_array(request, vc.CONDITION_LATENTS)
+        want = [(item.num_frames - 1) // 4 + 1, item.height // 8, item.width // 8]
+        if item.condition.ndim != 4 or list(item.condition.shape[1:]) != want:
+            raise vc.VideoInputError(f"CONDITION_LATENTS must be [z, {want[0]}, {want[1]}, {want[2]}], got "
+                                     f"{list(item.condition.shape)}")
+        return item
+
+
+class WanI2VPipeline(WanT2VPipeline):
+    """``wan_i2v`` BLS: the ``wan_t2v`` flow plus the reference image: INPUT_IMAGE (uint8
+    [HEIGHT, WIDTH, 3]) -> ``wan_i2v_vae_encoder`` -> CONDITION_LATENTS into ``wan_i2v_denoiser``;
+    the text encoder and VAE decoder are the T2V stages (same weights)."""
+
+    stage = "wan_i2v"
+    vae_encoder, denoiser = "wan_i2v_vae_encoder", "wan_i2v_denoiser"
+
+    def parse(self, request):
+        prompt, negative, s = super().parse(request)
+        image = input_array(request, vc.INPUT_IMAGE)
+        vc.check_input_image(image, s["height"], s["width"])
+        return prompt, negative, s, image
+
+    def condition_inputs(self, job) -> list:
+        image, frames = job[3], job[2]["num_frames"]
+        out = call_stage(self.vae_encoder, [(vc.INPUT_IMAGE, image[None]),
+                                            (vc.NUM_FRAMES, scalar_array(frames, "INT32")[None])],
+                         [vc.CONDITION_LATENTS])
+        return [(vc.CONDITION_LATENTS, out[vc.CONDITION_LATENTS])]

@@ -6,6 +6,12 @@ The architecture is Wan2.2-T2V-A14B / I2V-A14B's: a UMT5 text encoder, the Wan V
 ``transformer_2`` for low noise, switched at ``boundary_ratio``) and the flow-matching
 ``UniPCMultistepScheduler``. I2V has no image encoder (Wan2.2 conditions on the VAE latents of
 the first frame only: the transformer takes 16 noise + 4 mask + 16 condition channels).
+
+The I2V folder shares the T2V folder's tokenizer, UMT5 text encoder and VAE (loaded from it, so
+byte-identical), as Wan2.2-I2V-A14B shares umt5-xxl and the Wan2.1 VAE with Wan2.2-T2V-A14B:
+the served ``wan_i2v`` reuses the ``wan_t2v_text_encoder`` and ``wan_t2v_vae_decoder`` stages.
+(Re-training the tokenizer is not bit-reproducible: the Unigram trainer's scores differ in the
+last digit between runs, which reorders a few pieces.)
 """
 from __future__ import annotations
 
@@ -76,19 +82,30 @@ def _train_tokenizer(vocab_size: int):
                            extra_ids=0, model_max_length=512)
 
 
-def build_tiny_wan(out_dir: Path, kind: str = KIND_T2V, seed: int = 0, spec: TinyWanSpec | None = None) -> Path:
+def build_tiny_wan(out_dir: Path, kind: str = KIND_T2V, seed: int = 0, spec: TinyWanSpec | None = None,
+                   shared: Path | None = None) -> Path:
     """Build and save a tiny random-weight Wan2.2 pipeline folder; return ``out_dir``.
 
     ``kind="t2v"``: ``WanPipeline`` with both experts and ``boundary_ratio``; ``kind="i2v"``:
-    ``WanImageToVideoPipeline`` (no image encoder, 36-channel transformer input). Writes
-    ``manifest.json`` last; idempotent (returns at once when its hash matches); one builder at a
-    time under a file lock (:func:`omni_triton.checkpoints.common.build_once`). A few MB, ~1 s.
+    ``WanImageToVideoPipeline`` (no image encoder, 36-channel transformer input) whose tokenizer,
+    text encoder and VAE are loaded from the T2V folder ``shared`` (default: the sibling
+    ``wan2.2-t2v-tiny``, built first if missing). Writes ``manifest.json`` last; idempotent
+    (returns at once when its hash matches, which for I2V includes the T2V folder's hash); one
+    builder at a time under a file lock (:func:`omni_triton.checkpoints.common.build_once`).
+    A few MB, ~1 s.
     """
+    from omni_triton.checkpoints.common import read_manifest
+
     spec = spec or TinyWanSpec()
-    return build_once(Path(out_dir), spec.config_hash(seed, kind), lambda d, h: _build(d, kind, seed, spec, h))
+    h = spec.config_hash(seed, kind)
+    if kind == KIND_I2V:
+        shared = build_tiny_wan(Path(shared) if shared else Path(out_dir).parent / "wan2.2-t2v-tiny", KIND_T2V,
+                                seed, spec)
+        h = hashlib.sha256(f"{h}:{read_manifest(shared)['config_hash']}".encode()).hexdigest()[:16]
+    return build_once(Path(out_dir), h, lambda d, hh: _build(d, kind, seed, spec, hh, shared))
 
 
-def _build(out_dir: Path, kind: str, seed: int, spec: TinyWanSpec, h: str) -> None:
+def _build(out_dir: Path, kind: str, seed: int, spec: TinyWanSpec, h: str, shared: Path | None = None) -> None:
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -103,6 +120,12 @@ def _build(out_dir: Path, kind: str, seed: int, spec: TinyWanSpec, h: str) -> No
     text_encoder = UMT5EncoderModel(te_config).eval()
     vae = AutoencoderKLWan(base_dim=spec.vae_base_dim, z_dim=spec.z_dim, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                            temperal_downsample=[False, True, True]).eval()
+    if shared is not None:  # I2V: the T2V folder's tokenizer, UMT5 and VAE (the RNG state above is unchanged)
+        from transformers import T5TokenizerFast
+
+        tokenizer = T5TokenizerFast.from_pretrained(shared / "tokenizer")
+        text_encoder = UMT5EncoderModel.from_pretrained(shared / "text_encoder").eval()
+        vae = AutoencoderKLWan.from_pretrained(shared / "vae").eval()
     in_channels = spec.z_dim if kind == KIND_T2V else 2 * spec.z_dim + 4
 
     def expert():

@@ -34,6 +34,11 @@ TOTAL_STEPS = "TOTAL_STEPS"  #: INT32 [1]
 VIDEO = "VIDEO"  #: UINT8 [F, H, W, 3] RGB frames
 NUM_STEPS = "NUM_STEPS"  #: INT32 [1]
 DENOISE_SECONDS = "DENOISE_SECONDS"  #: FP32 [1]
+#: image-to-video (``wan_i2v``): the reference (first) frame, already ``WIDTH`` x ``HEIGHT``
+INPUT_IMAGE = "INPUT_IMAGE"  #: UINT8 [H, W, 3] RGB
+#: the VAE posterior mode of ``[INPUT_IMAGE, F - 1 black frames]`` (unnormalised, as
+#: ``vae.encode`` returns it; the denoiser's pipeline call normalises it)
+CONDITION_LATENTS = "CONDITION_LATENTS"  #: FP32 [z, (F - 1) / 4 + 1, H / 8, W / 8]
 
 #: Fewest steps served (UniPC's multistep update needs a previous step; one step is also what
 #: diffusers' own Wan tests never use).
@@ -43,7 +48,20 @@ MAX_GUIDANCE_SCALE = 100.0
 
 
 class VideoInputError(InputError):
-    """The video request cannot be served as given (size, frames, steps, scales, empty prompt)."""
+    """The video request cannot be served as given (size, frames, steps, scales, empty prompt,
+    an image-to-video reference image of the wrong shape)."""
+
+
+def check_input_image(image: np.ndarray, height: int, width: int) -> None:
+    """The reference image of an image-to-video request must be ``uint8 [height, width, 3]``
+    (the frontend resizes it; ``docs/video_contracts.md``).
+
+    Raises:
+        VideoInputError: naming the shape or dtype that was sent.
+    """
+    if image.dtype != np.uint8 or image.shape != (height, width, 3):
+        raise VideoInputError(f"INPUT_IMAGE must be uint8 [{height}, {width}, 3] (HEIGHT, WIDTH, RGB), got "
+                              f"{image.dtype} {list(image.shape)}")
 
 
 @dataclass(frozen=True)
@@ -88,9 +106,11 @@ def check_scales(guidance_scale: float, guidance_scale_2: float | None, boundary
 
 def video_inputs(prompt: str, *, width: int, height: int, num_frames: int, steps: int, seed: int,
                  negative_prompt: str = "", guidance_scale: float = 5.0, guidance_scale_2: float | None = None,
-                 boundary_ratio: float | None = None, flow_shift: float | None = None) -> list[tuple[str, np.ndarray]]:
+                 boundary_ratio: float | None = None, flow_shift: float | None = None,
+                 image: np.ndarray | None = None) -> list[tuple[str, np.ndarray]]:
     """The inputs of one ``wan_t2v`` request as ``(name, array)`` pairs (no batch dimension:
-    the BLS model has ``max_batch_size: 0``); unset optional scales are left out."""
+    the BLS model has ``max_batch_size: 0``); unset optional scales are left out. ``image``
+    (``uint8 [height, width, 3]``): the reference frame of a ``wan_i2v`` request."""
     pairs = [
         (PROMPT, np.array([prompt.encode("utf-8")], dtype=np.object_)),
         (NEGATIVE_PROMPT, np.array([negative_prompt.encode("utf-8")], dtype=np.object_)),
@@ -102,6 +122,8 @@ def video_inputs(prompt: str, *, width: int, height: int, num_frames: int, steps
                         (FLOW_SHIFT, flow_shift)):
         if value is not None:
             pairs.append((name, np.array([value], np.float32)))
+    if image is not None:
+        pairs.append((INPUT_IMAGE, np.ascontiguousarray(image, dtype=np.uint8)))
     return pairs
 
 
@@ -127,8 +149,17 @@ DENOISER = StageContract((_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMP
                          _PROGRESS + (_t(LATENTS, "FP32", (-1, -1, -1, -1)),) + _DONE, decoupled=True, batched=True)
 VAE_DECODER = StageContract((_t(LATENTS, "FP32", (-1, -1, -1, -1)),), (_VIDEO,), batched=True)
 
+_IMAGE = _t(INPUT_IMAGE, "UINT8", (-1, -1, 3))
+_CONDITION = _t(CONDITION_LATENTS, "FP32", (-1, -1, -1, -1))
+#: image-to-video (``WanImageToVideoPipeline``, Wan2.2 form): the T2V inputs + the reference image;
+#: the text encoder and VAE decoder are the T2V stages (same UMT5 and VAE weights).
+WAN_I2V = StageContract(WAN_T2V.inputs + (_IMAGE,), WAN_T2V.outputs, decoupled=True)
+VAE_ENCODER = StageContract((_IMAGE, _t(NUM_FRAMES, "INT32")), (_CONDITION,), batched=True)
+I2V_DENOISER = StageContract(DENOISER.inputs + (_CONDITION,), DENOISER.outputs, decoupled=True, batched=True)
+
 #: model name -> contract (``model_repository/``).
 CONTRACTS = {
     "wan_t2v": WAN_T2V, "wan_t2v_text_encoder": TEXT_ENCODER, "wan_t2v_denoiser": DENOISER,
     "wan_t2v_vae_decoder": VAE_DECODER,
+    "wan_i2v": WAN_I2V, "wan_i2v_vae_encoder": VAE_ENCODER, "wan_i2v_denoiser": I2V_DENOISER,
 }

@@ -24,6 +24,10 @@ class InvalidImageError(ValueError):
     """An uploaded file is not a decodable image (or is too large)."""
 
 
+class ImageTooLargeError(InvalidImageError):
+    """An uploaded image has more pixels than allowed."""
+
+
 @dataclass(frozen=True)
 class EncodedImage:
     """One encoded image: ``data`` bytes in ``fmt`` (``png``/``jpeg``/``webp``), its MIME type."""
@@ -78,12 +82,13 @@ def encode_image(pixels: np.ndarray, fmt: str = "png", compression: int | None =
     return EncodedImage(buf.getvalue(), fmt, mime)
 
 
-def decode_image(data: bytes) -> np.ndarray:
-    """Decode an uploaded PNG/JPEG/WEBP/... file to ``uint8 [H, W, 3]`` RGB (alpha dropped).
+def decode_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose: bool = False) -> np.ndarray:
+    """Decode an uploaded PNG/JPEG/WEBP/... file to ``uint8 [H, W, 3]`` RGB (alpha dropped;
+    ``exif_transpose``: a camera photo's EXIF orientation applied first).
 
     Raises:
         InvalidImageError: empty, not an image Pillow can read, truncated, or over
-            :data:`MAX_UPLOAD_PIXELS`.
+            ``max_pixels`` (judged from the header, before the pixels are decoded).
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -92,11 +97,65 @@ def decode_image(data: bytes) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as img:
             w, h = img.size
-            if w * h > MAX_UPLOAD_PIXELS:
-                raise InvalidImageError(f"the uploaded image is {w}x{h}; at most {MAX_UPLOAD_PIXELS} pixels")
+            if w * h > max_pixels:
+                raise ImageTooLargeError(f"the uploaded image is {w}x{h}; at most {max_pixels} pixels")
             img.load()
+            if exif_transpose:
+                from PIL import ImageOps
+
+                img = ImageOps.exif_transpose(img)
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
     except InvalidImageError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InvalidImageError(f"the uploaded file is not a readable image ({type(exc).__name__})") from None
+
+
+def fit_image(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Centre-crop ``uint8 [H, W, 3]`` pixels to the aspect ratio ``width : height`` and resize
+    them to exactly ``width x height`` (Lanczos): Pillow's ``ImageOps.fit``. Nothing is
+    stretched; an image already of that size is returned unchanged.
+
+    Returns:
+        ``uint8 [height, width, 3]``.
+    """
+    from PIL import Image, ImageOps
+
+    if pixels.shape[:2] == (height, width):
+        return pixels
+    img = Image.fromarray(np.ascontiguousarray(pixels), "RGB")
+    return np.asarray(ImageOps.fit(img, (width, height), method=Image.Resampling.LANCZOS), dtype=np.uint8)
+
+
+def size_for_aspect(image_width: int, image_height: int, area: int, multiple: int, max_size: int) -> tuple[int, int]:
+    """(width, height) with the image's aspect ratio and about ``area`` pixels, each a multiple
+    of ``multiple`` in ``[multiple, max_size]`` (how diffusers' Wan image-to-video example sizes
+    its video from the input image)."""
+    aspect = image_height / image_width
+    h = round((area * aspect) ** 0.5) // multiple * multiple
+    w = round((area / aspect) ** 0.5) // multiple * multiple
+    return (min(max(w, multiple), max_size // multiple * multiple),
+            min(max(h, multiple), max_size // multiple * multiple))
+
+
+def png_base64(pixels: np.ndarray) -> str:
+    """``uint8 [H, W, 3]`` -> base64 (ASCII) of its PNG: how a video job stores its reference image."""
+    import base64
+
+    return base64.b64encode(encode_image(pixels, "png").data).decode("ascii")
+
+
+def pixels_from_png_base64(text: str) -> np.ndarray:
+    """Inverse of :func:`png_base64` (``uint8 [H, W, 3]``).
+
+    Raises:
+        InvalidImageError: not a base64 PNG.
+    """
+    import base64
+    import binascii
+
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidImageError("the stored reference image is not base64") from None
+    return decode_image(data)

@@ -159,6 +159,11 @@ class ModelInfo:
         return video_contract.PROMPT in self.inputs and video_contract.VIDEO in self.outputs
 
     @property
+    def is_image_to_video(self) -> bool:
+        """A video model that takes a reference image (``INPUT_IMAGE``, the ``wan_i2v`` BLS)."""
+        return self.is_video and video_contract.INPUT_IMAGE in self.inputs
+
+    @property
     def is_image_edit(self) -> bool:
         """An image model that takes a condition image (``INPUT_IMAGE``)."""
         return self.is_image and image_contract.INPUT_IMAGE in self.inputs

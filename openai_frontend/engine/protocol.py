@@ -133,7 +133,9 @@ class StageStatistics:
 class VideoJob:
     """What to generate on a text-to-video model: ``num_frames`` frames of ``width`` x
     ``height`` pixels for ``prompt`` with ``steps`` denoising steps and ``seed``. Optional scales
-    ``None``: the model's own (docs/video_contracts.md)."""
+    ``None``: the model's own (docs/video_contracts.md). ``input_reference``: image-to-video only,
+    the reference frame already ``width x height``, as base64 PNG
+    (``omni_triton.media.image.png_base64``; stored with the job, so a resumed job has it)."""
 
     prompt: str
     width: int
@@ -146,6 +148,7 @@ class VideoJob:
     guidance_scale_2: float | None = None
     boundary_ratio: float | None = None
     flow_shift: float | None = None
+    input_reference: str | None = None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from omni_triton.contracts import speech as speech_contract
 from omni_triton.contracts import video as video_contract
 from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, scalar_array, utf8_array, wrap_inputs
+from omni_triton.media.image import pixels_from_png_base64
 
 from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
                      ModelNotReadyError, StageRestartedError, TritonUnavailableError)
@@ -356,7 +357,8 @@ class TritonEngine:
         inputs = _infer_inputs(video_contract.video_inputs(
             job.prompt, width=job.width, height=job.height, num_frames=job.num_frames, steps=job.steps,
             seed=job.seed, negative_prompt=job.negative_prompt, guidance_scale=job.guidance_scale,
-            guidance_scale_2=job.guidance_scale_2, boundary_ratio=job.boundary_ratio, flow_shift=job.flow_shift))
+            guidance_scale_2=job.guidance_scale_2, boundary_ratio=job.boundary_ratio, flow_shift=job.flow_shift,
+            image=pixels_from_png_base64(job.input_reference) if job.input_reference else None))
         got_frames = False
         async for result in self._stream(model, inputs, request_id or uuid.uuid4().hex):
             frames = result.as_numpy(video_contract.VIDEO)

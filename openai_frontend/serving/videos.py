@@ -9,7 +9,18 @@ come from the model's config parameters (``docs/video_contracts.md``).
 
 Frames: ``num_frames`` when given (must be ``4k + 1``); else ``seconds * fps`` frames are put in
 the MP4 (the model generates the next ``4k + 1`` count and the extra frames are dropped, so the
-MP4 lasts exactly ``seconds``); else the model's ``default_frames``.
+MP4 lasts exactly ``seconds``); else the model's ``default_frames``. ``seconds`` together with
+``num_frames`` must agree at the fps (given or the model's default): else a 400
+``conflicting_duration`` (nothing is silently dropped).
+
+Image-to-video: ``input_reference`` (a file part; what the OpenAI SDK's ``videos.create`` sends)
+picks the served image-to-video model when ``model`` is absent and is required by one; a
+text-to-video model refuses it. The upload is decoded with Pillow (at most the model's
+``max_input_image_bytes`` / ``max_input_image_pixels``), EXIF-rotated, converted to RGB,
+centre-cropped to the video's aspect ratio and resized to its size (Lanczos, ``ImageOps.fit``:
+nothing stretched, so ``WanImageToVideoPipeline``'s own resize is a no-op). Without a size the
+video takes the image's aspect ratio at the model's default area (multiples of 16), as the
+diffusers Wan I2V example does.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omni_triton.contracts import video as vc
+from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, decode_image, fit_image, png_base64,
+                                     size_for_aspect)
 from omni_triton.media.video import MIME_TYPE, encode_mp4
 
 from ..engine import ModelInfo, VideoJob
@@ -32,7 +45,12 @@ from ..errors import OpenAIError, bad_request
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, VideoJobs, VideoRequest
 from .common import AdmittedRequest, ModelKind, resolve_model, until_disconnect
 
-TEXT_TO_VIDEO = ModelKind("text-to-video", lambda m: m.is_video)
+VIDEO = ModelKind("video", lambda m: m.is_video)
+TEXT_TO_VIDEO = ModelKind("text-to-video", lambda m: m.is_video and not m.is_image_to_video)
+IMAGE_TO_VIDEO = ModelKind("image-to-video", lambda m: m.is_image_to_video)
+#: ``input_reference`` caps when the model's config does not set them
+MAX_INPUT_IMAGE_BYTES = 10 << 20
+MAX_INPUT_IMAGE_PIXELS = 4096 * 4096
 MAX_FORM_FIELDS = 32
 MAX_FIELD_BYTES = 64 << 10
 MAX_SEED = 2**63 - 1
@@ -67,10 +85,14 @@ def _param(info: ModelInfo, key: str, default, kind=int):
         return default
 
 
-def _size(body: VideoCreateForm, info: ModelInfo) -> tuple[int, int]:
-    """(width, height) from ``width``/``height``, else ``size``, else the model's default."""
+def _size(body: VideoCreateForm, info: ModelInfo, image=None) -> tuple[int, int]:
+    """(width, height) from ``width``/``height``, else ``size``, else the model's default (for an
+    image-to-video request: the image's aspect ratio at the default's area)."""
     default = info.default_size or (32, 32)
     width, height = default
+    if image is not None and body.size is None and body.width is None and body.height is None:
+        width, height = size_for_aspect(image.shape[1], image.shape[0], default[0] * default[1],
+                                        _param(info, "size_multiple", 16), _param(info, "max_size", 1280))
     if body.size is not None:
         parts = body.size.lower().split("x")
         if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
@@ -98,6 +120,12 @@ def _frames(body: VideoCreateForm, info: ModelInfo, fps: int) -> tuple[int, int]
         if (n - 1) % multiple or n > max_frames:
             raise bad_request(f"num_frames={n}: the model '{info.name}' needs {multiple}k+1 frames, at most "
                               f"{max_frames}", param="num_frames", code="invalid_num_frames")
+        if body.seconds is not None and round(body.seconds * fps) != n:
+            given = "" if body.fps is not None else " (the model's default; none was given)"
+            raise bad_request(f"seconds={body.seconds:g}, num_frames={n} and fps={fps}{given} conflict: {n} frames "
+                              f"at {fps} fps last {n / fps:g} s. Give num_frames (+ fps) or seconds (+ fps), or "
+                              f"all three consistent (num_frames = seconds * fps)", param="num_frames",
+                              code="conflicting_duration")
         return n, n
     if body.seconds is not None:
         keep = round(body.seconds * fps)
@@ -114,8 +142,10 @@ def _frames(body: VideoCreateForm, info: ModelInfo, fps: int) -> tuple[int, int]
     return n, n
 
 
-def plan(body: VideoCreateForm, info: ModelInfo) -> VideoRequest:
-    """Validate ``body`` against the model's limits; the job to store and run.
+def plan(body: VideoCreateForm, info: ModelInfo, image=None) -> VideoRequest:
+    """Validate ``body`` against the model's limits; the job to store and run. ``image``:
+    the decoded ``input_reference`` (``uint8 [H, W, 3]``) of an image-to-video request; it is
+    fitted to the video's size (:func:`omni_triton.media.image.fit_image`) and stored with the job.
 
     Raises:
         OpenAIError: 400 naming the first bad field.
@@ -124,7 +154,7 @@ def plan(body: VideoCreateForm, info: ModelInfo) -> VideoRequest:
     fps = body.fps if body.fps is not None else _param(info, "default_fps", 16)
     if fps > max_fps:
         raise bad_request(f"fps={fps}: at most {max_fps}", param="fps", code="invalid_fps")
-    width, height = _size(body, info)
+    width, height = _size(body, info, image)
     num_frames, keep = _frames(body, info, fps)
     steps = body.num_inference_steps if body.num_inference_steps is not None else _param(info, "default_steps", 4)
     max_steps = _param(info, "max_steps", 50)
@@ -139,12 +169,14 @@ def plan(body: VideoCreateForm, info: ModelInfo) -> VideoRequest:
     job = VideoJob(prompt=body.prompt, width=width, height=height, num_frames=num_frames, steps=steps, seed=seed,
                    negative_prompt=body.negative_prompt or "", guidance_scale=guidance,
                    guidance_scale_2=body.guidance_scale_2, boundary_ratio=body.boundary_ratio,
-                   flow_shift=body.flow_shift)
+                   flow_shift=body.flow_shift,
+                   input_reference=png_base64(fit_image(image, width, height)) if image is not None else None)
     return VideoRequest(model=info.name, job=job, fps=fps, keep_frames=keep)
 
 
-async def _read_body(request: Request) -> tuple[dict[str, str], list[str]]:
-    """The request's fields (multipart form or JSON) and the names of its file parts."""
+async def _read_body(request: Request) -> tuple[dict[str, str], dict[str, bytes]]:
+    """The request's fields (multipart form or JSON) and its file parts (name -> bytes; the
+    whole body is capped by the frontend's ``--max-body-bytes``)."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("application/json"):
         try:
@@ -153,7 +185,7 @@ async def _read_body(request: Request) -> tuple[dict[str, str], list[str]]:
             raise bad_request("Malformed JSON body", code="invalid_json") from None
         if not isinstance(data, dict):
             raise bad_request("The JSON body must be an object", code="invalid_json")
-        return {k: v for k, v in data.items() if v is not None}, []
+        return {k: v for k, v in data.items() if v is not None}, {}
     if not (content_type.startswith("multipart/form-data") or
             content_type.startswith("application/x-www-form-urlencoded")):
         raise bad_request("POST /v1/videos takes multipart/form-data (or JSON) with 'prompt', ...",
@@ -166,10 +198,12 @@ async def _read_body(request: Request) -> tuple[dict[str, str], list[str]]:
         raise bad_request(f"Malformed multipart body: {exc}", code="invalid_multipart") from None
     try:
         fields: dict[str, str] = {}
-        files: list[str] = []
+        files: dict[str, bytes] = {}
         for key, value in form.multi_items():
             if not isinstance(value, str):
-                files.append(key)
+                if key in files:
+                    raise bad_request(f"File '{key}' given more than once", param=key)
+                files[key] = await value.read()
             elif key in fields:
                 raise bad_request(f"Field '{key}' given more than once", param=key)
             else:
@@ -179,27 +213,93 @@ async def _read_body(request: Request) -> tuple[dict[str, str], list[str]]:
         await form.close()
 
 
+def _data_url_bytes(url) -> bytes:
+    """The bytes of a ``data:image/...;base64,...`` URL (remote URLs are not fetched).
+
+    Raises:
+        OpenAIError: 400 ``invalid_input_reference`` for anything else.
+    """
+    import base64
+    import binascii
+
+    head, sep, payload = url.partition(",") if isinstance(url, str) else ("", "", "")
+    if not sep or not head.startswith("data:") or not head.endswith(";base64"):
+        raise bad_request("input_reference.image_url must be a data:image/...;base64,... URL (remote URLs are not "
+                          "fetched)", param="input_reference", code="invalid_input_reference")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request("input_reference.image_url: invalid base64", param="input_reference",
+                          code="invalid_input_reference") from None
+
+
+def decode_reference(data: bytes, info: ModelInfo):
+    """The ``input_reference`` upload -> ``uint8 [H, W, 3]`` RGB (EXIF orientation applied).
+
+    Raises:
+        OpenAIError: 400 ``input_reference_too_large`` over the model's ``max_input_image_bytes``
+            or ``max_input_image_pixels``, 400 ``invalid_input_reference`` for anything Pillow
+            cannot decode (empty, truncated, not an image).
+    """
+    max_bytes = _param(info, "max_input_image_bytes", MAX_INPUT_IMAGE_BYTES)
+    if len(data) > max_bytes:
+        raise bad_request(f"input_reference is {len(data)} bytes; the model '{info.name}' takes at most {max_bytes}",
+                          param="input_reference", code="input_reference_too_large")
+    try:
+        return decode_image(data, _param(info, "max_input_image_pixels", MAX_INPUT_IMAGE_PIXELS), exif_transpose=True)
+    except ImageTooLargeError as exc:
+        raise bad_request(f"input_reference: {exc}", param="input_reference",
+                          code="input_reference_too_large") from None
+    except InvalidImageError as exc:
+        raise bad_request(f"input_reference: {exc}", param="input_reference", code="invalid_input_reference") from None
+
+
 async def _parse(request: Request) -> VideoRequest:
     fields, files = await _read_body(request)
     if "prompt" not in fields:
         raise bad_request("Missing required parameter: 'prompt'", param="prompt", code="invalid_value")
     if "lora" in fields:
         raise bad_request("'lora' is not supported by this server", param="lora", code="unsupported_parameter")
-    input_reference = "input_reference" in files or "input_reference" in fields
     for name in files:
         if name != "input_reference":
             raise bad_request(f"Unexpected file field '{name}'", param=name)
-    fields.pop("input_reference", None)
+    reference = files.get("input_reference")
+    url = fields.pop("input_reference[image_url]", None)  # the SDK's {"image_url": ...} in a form
+    given = fields.pop("input_reference", None)
+    if isinstance(given, dict):  # JSON body: {"image_url": ...}
+        url = given.get("image_url")
+        if url is None:
+            raise bad_request("input_reference: only an uploaded file or {'image_url': 'data:image/...;base64,...'} "
+                              "is supported (no file_id)", param="input_reference", code="invalid_input_reference")
+    elif given is not None:
+        raise bad_request("input_reference must be an image file part (multipart/form-data upload) or "
+                          "{'image_url': 'data:...'}", param="input_reference", code="invalid_input_reference")
+    if url is not None:
+        if reference is not None:
+            raise bad_request("input_reference given twice", param="input_reference", code="invalid_input_reference")
+        reference = _data_url_bytes(url)
     try:
         body = VideoCreateForm.model_validate(fields)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
-    info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_VIDEO)
-    if input_reference:
-        raise bad_request(f"The model '{info.name}' is text-to-video and takes no 'input_reference' (no "
-                          "image-to-video model is served)", param="input_reference",
-                          code="unsupported_input_reference")
-    return plan(body, info)
+    engine = request.app.state.engine
+    if body.model is None and reference is not None:
+        served = [m for m in await engine.list_models() if m.ready and IMAGE_TO_VIDEO.accepts(m)]
+        if not served:
+            raise bad_request("'input_reference' needs an image-to-video model and none is served",
+                              param="input_reference", code="unsupported_input_reference")
+    kind = VIDEO if body.model is not None else IMAGE_TO_VIDEO if reference is not None else TEXT_TO_VIDEO
+    info = await resolve_model(engine, body.model, kind)
+    if reference is not None and not info.is_image_to_video:
+        others = [m.name for m in await engine.list_models() if m.ready and IMAGE_TO_VIDEO.accepts(m)]
+        raise bad_request(f"The model '{info.name}' is text-to-video and takes no 'input_reference' ("
+                          + (f"image-to-video: {', '.join(others)}" if others else "no image-to-video model is served")
+                          + ")", param="input_reference", code="unsupported_input_reference")
+    if reference is None and info.is_image_to_video:
+        raise bad_request(f"The model '{info.name}' is image-to-video and needs an 'input_reference' image "
+                          "(multipart file part)", param="input_reference", code="missing_input_reference")
+    image = decode_reference(reference, info) if reference is not None else None
+    return plan(body, info, image)
 
 
 def _jobs(request: Request) -> VideoJobs:

@@ -30,3 +30,19 @@ def test_report_is_written_without_paths(tmp_path):
     assert bv.main(["--paths", "", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["config"]["model"] == "wan_t2v" and report["results"] == {} and report["error"] is None
+
+
+def test_i2v_rows_get_their_own_ratios():
+    results = {"inprocess_i2v": {"1": _level([1.0, 1.0], 2.0), "4": _level([2.0] * 4, 2.0)},
+               "frontend_i2v": {"1": _level([2.0, 2.0], 4.0), "4": _level([2.0] * 4, 2.0)}}
+    r = bv.ratios(results)
+    assert "serving_overhead_latency_p50" not in r  # no text-to-video rows
+    assert r["i2v"]["serving_overhead_latency_p50"] == 2.0 and r["i2v"]["batching_gain_throughput"] == 4.0
+    assert r["i2v"]["throughput_vs_inprocess"] == {"1": 0.5, "4": 1.0}
+    assert "frontend_i2v" in bv.format_table(results)
+
+
+def test_reference_images_differ_per_job():
+    a, b = bv.reference_image(0, 32, 16), bv.reference_image(1, 32, 16)
+    assert a.shape == (16, 32, 3) and a.dtype.name == "uint8" and (a != b).any()
+    assert (bv.reference_image(0, 32, 16) == a).all()

@@ -19,6 +19,15 @@ Data contract per request (``docs/video_contracts.md``):
 - latents: ``float32 [z_dim, (F - 1) / 4 + 1, H / 8, W / 8]`` (unnormalised as the loop leaves them);
 - frames: ``uint8 [F, H, W, 3]`` RGB, ``round(x * 255)`` of the pipeline's ``postprocess_video``.
 
+Image-to-video (``WanImageToVideoPipeline``, Wan2.2 A14B form: no image encoder, the first
+frame's VAE latents concatenated to the noise latents with a first-frame mask) adds one stage:
+
+    VAE encode (AutoencoderKLWan) of ``[reference image, F - 1 black frames]`` -> condition
+              latents ``float32 [z, (F - 1) / 4 + 1, H / 8, W / 8]`` (unnormalised), which the
+              denoiser's ``WanImageToVideoPipeline.__call__`` uses in place of its own encode
+
+and reuses the text encoder and VAE decoder (the same UMT5 and VAE weights as text-to-video).
+
 Batching: requests are compatible when :func:`denoise_key` is equal (size, frames, steps, both
 guidance scales, boundary ratio, flow shift); each request has its own ``torch.Generator``.
 """
@@ -28,7 +37,12 @@ from omni_triton.stages.wan.denoiser import (  # noqa: F401
     denoise,
     denoise_key,
 )
-from omni_triton.stages.wan.loading import load_pipeline, size_multiple  # noqa: F401
-from omni_triton.stages.wan.reference import reference_frames, staged_frames  # noqa: F401
+from omni_triton.stages.wan.loading import is_i2v, load_pipeline, size_multiple  # noqa: F401
+from omni_triton.stages.wan.reference import (  # noqa: F401
+    reference_frames,
+    reference_i2v_frames,
+    staged_frames,
+    staged_i2v_frames,
+)
 from omni_triton.stages.wan.text_encoder import encode_prompts  # noqa: F401
-from omni_triton.stages.wan.vae import vae_decode  # noqa: F401
+from omni_triton.stages.wan.vae import vae_decode, vae_encode_condition  # noqa: F401

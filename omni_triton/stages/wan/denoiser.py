@@ -1,10 +1,13 @@
 """Denoiser stage: ``WanPipeline.__call__``'s own loop (``output_type="latent"``) for compatible
 requests batched into one call, each with its own seed, reporting every finished step and
-stopping at the next step boundary when the whole call is cancelled.
+stopping at the next step boundary when the whole call is cancelled. The same function runs
+``WanImageToVideoPipeline.__call__`` for image-to-video items (those with a ``condition``).
 """
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -35,6 +38,8 @@ class VideoDenoiseItem:
         boundary_ratio: expert switch point as a fraction of the training timesteps (``None``:
             the pipeline's own ``boundary_ratio``).
         flow_shift: the scheduler's flow shift (``None``: the pipeline's scheduler config).
+        condition: image-to-video only: the reference frame's VAE latents ``float32 [z, f, h, w]``
+            (:func:`~omni_triton.stages.wan.vae_encode_condition`; ``f = (num_frames - 1) / 4 + 1``).
     """
 
     prompt_embeds: np.ndarray
@@ -48,6 +53,7 @@ class VideoDenoiseItem:
     guidance_scale_2: float | None = None
     boundary_ratio: float | None = None
     flow_shift: float | None = None
+    condition: np.ndarray | None = None
 
     @property
     def cfg(self) -> bool:
@@ -68,7 +74,7 @@ class VideoDenoiseResult:
 def denoise_key(item: VideoDenoiseItem) -> tuple:
     """Items with equal keys can share one pipeline call."""
     return (item.height, item.width, item.num_frames, item.steps, item.cfg, float(item.guidance_scale),
-            item.guidance_scale_2, item.boundary_ratio, item.flow_shift)
+            item.guidance_scale_2, item.boundary_ratio, item.flow_shift, item.condition is not None)
 
 
 class _Steps:
@@ -95,6 +101,14 @@ def denoise(pipe, items: Sequence[VideoDenoiseItem], on_step: StepHook | None = 
     ``guidance_scale(_2)`` and ``output_type="latent"``; a request's ``boundary_ratio`` and
     ``flow_shift`` are applied to the pipeline's config / scheduler for its call and restored.
 
+    Image-to-video items (``condition`` set; ``pipe`` a ``WanImageToVideoPipeline``): the call
+    also gets ``image`` and the items' precomputed condition latents replace the pipeline's own
+    ``vae.encode`` inside ``prepare_latents`` (:class:`_precomputed_condition`), which still
+    builds the noise from each generator, normalises the condition and adds the first-frame mask.
+
+    Raises:
+        ValueError: an item's condition does not fit its size / frames.
+
     Returns:
         one :class:`VideoDenoiseResult` per item, in order.
     """
@@ -115,12 +129,106 @@ def denoise(pipe, items: Sequence[VideoDenoiseItem], on_step: StepHook | None = 
         steps = _Steps(idx, first.steps, on_step)
         kwargs["callback_on_step_end"] = steps
         start = time.perf_counter()
-        with torch.no_grad(), _call_config(pipe, first):
+        conditions = None
+        if first.condition is not None:
+            conditions = [_condition(g) for g in group]
+            # __call__ needs an ``image`` (one PIL image per call); only the VAE encode inside
+            # prepare_latents reads it, and that encode is the conditioning stage's.
+            kwargs["image"] = _placeholder_image(first.width, first.height)
+        with _pipe_lock(pipe), torch.no_grad(), _call_config(pipe, first), _precomputed_condition(pipe, conditions):
             latents = pipe(**kwargs).frames
         seconds = time.perf_counter() - start
         for j, i in enumerate(idx):
             results[i] = VideoDenoiseResult(latents[j].float().numpy(), steps.done, steps.interrupted, seconds)
     return results  # type: ignore[return-value]
+
+
+def _condition(item: VideoDenoiseItem) -> torch.Tensor:
+    c = item.condition
+    want = ((item.num_frames - 1) // 4 + 1, item.height // 8, item.width // 8)
+    if c.ndim != 4 or tuple(c.shape[1:]) != want:
+        raise ValueError(f"condition latents {list(c.shape)}: must be [z, {want[0]}, {want[1]}, {want[2]}] for "
+                         f"{item.num_frames} frames of {item.width}x{item.height}")
+    return torch.from_numpy(np.ascontiguousarray(c, dtype=np.float32))[None]
+
+
+def _placeholder_image(width: int, height: int):
+    from PIL import Image
+
+    return Image.new("RGB", (width, height))
+
+
+_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _pipe_lock(pipe) -> threading.Lock:
+    """One pipeline call at a time per pipeline object: a diffusers pipeline keeps per-call state
+    (scheduler timesteps, ``_interrupt``, guidance, this module's config overrides), so two
+    overlapping calls on one object would corrupt each other."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(pipe)
+        if lock is None:
+            lock = _LOCKS[pipe] = threading.Lock()
+        return lock
+
+
+_LOCAL = threading.local()  # this thread's pending condition latents (a list), or None
+
+
+class _precomputed_condition:
+    """Context manager: while it is active on this thread, ``pipe.vae.encode`` answers its k-th
+    call with the k-th precomputed condition (``WanImageToVideoPipeline.prepare_latents``
+    encodes once per generator, one generator per item), as the posterior the VAE would return
+    (its mode is the latents exactly). Outside it (or with ``conditions`` None) the VAE encodes
+    as usual. The VAE gets one permanent dispatching ``encode`` (installed at the first use,
+    never removed), and the pending conditions are thread-local, so no call adds or deletes an
+    attribute of the shared VAE while another may be reading it.
+
+    Raises (on exit):
+        RuntimeError: the pipeline encoded fewer condition videos than there are items.
+    """
+
+    def __init__(self, pipe, conditions: list[torch.Tensor] | None):
+        self.vae, self.conditions = pipe.vae, conditions
+
+    def __enter__(self):
+        if self.conditions is not None:
+            _install_condition_hook(self.vae)
+            self.saved = getattr(_LOCAL, "pending", None)
+            _LOCAL.pending = list(self.conditions)
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if self.conditions is None:
+            return False
+        left = _LOCAL.pending
+        _LOCAL.pending = self.saved
+        if exc_type is None and left:
+            raise RuntimeError(f"the pipeline encoded {len(self.conditions) - len(left)} condition videos for "
+                               f"{len(self.conditions)} items")
+        return False
+
+
+def _install_condition_hook(vae) -> None:
+    if "encode" in vars(vae):
+        return
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+    from diffusers.models.modeling_outputs import AutoencoderKLOutput
+
+    own = type(vae).encode
+
+    def encode(x, return_dict=True):
+        pending = getattr(_LOCAL, "pending", None)
+        if pending is None:
+            return own(vae, x, return_dict=return_dict)
+        if not pending:
+            raise RuntimeError("the pipeline encoded more condition videos than there are items")
+        c = pending.pop(0).to(x.device, x.dtype)
+        dist = DiagonalGaussianDistribution(torch.cat([c, torch.zeros_like(c)], dim=1))
+        return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
+
+    vae.encode = encode  # on this VAE instance only; outside a call it is the class's own encode
 
 
 def _negative(item: VideoDenoiseItem) -> np.ndarray:

@@ -23,7 +23,30 @@ def load_pipeline(path: Path | str):
     finally:
         WanTransformer3DModel._keep_in_fp32_modules = keep
     pipe.set_progress_bar_config(disable=True)
+    _guard_i2v_prompt_clean()
     return pipe
+
+
+def _guard_i2v_prompt_clean() -> None:
+    """diffusers 0.42's ``pipeline_wan_i2v.basic_clean`` calls ``ftfy.fix_text`` without the
+    ``is_ftfy_available()`` guard that ``pipeline_wan`` has, so ``WanImageToVideoPipeline`` with a
+    text prompt raises ``NameError: ftfy`` when ftfy is not installed (it is not here). Without
+    ftfy the module gets an identity ``fix_text``: the text-to-video pipeline's behaviour
+    without ftfy (and what the served ``wan_t2v_text_encoder`` does for both pipelines)."""
+    from diffusers.pipelines.wan import pipeline_wan_i2v
+    from diffusers.utils import is_ftfy_available
+
+    if not is_ftfy_available() and not hasattr(pipeline_wan_i2v, "ftfy"):
+        import types
+
+        pipeline_wan_i2v.ftfy = types.SimpleNamespace(fix_text=lambda text: text)
+
+
+def is_i2v(pipe) -> bool:
+    """True for ``WanImageToVideoPipeline`` (its experts take noise + mask + condition channels)."""
+    from diffusers import WanImageToVideoPipeline
+
+    return isinstance(pipe, WanImageToVideoPipeline)
 
 
 def size_multiple(pipe) -> int:
