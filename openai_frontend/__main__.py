@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds a finished MP4 is kept; then its job is 'expired' (<= 0: forever)")
     p.add_argument("--video-max-attempts", type=int, default=3,
                    help="starts of one job (resumes after restarts included) before it is failed")
+    p.add_argument("--video-stall-timeout-s", type=float, default=600.0,
+                   help="a running video job with no progress for this long is stopped and failed "
+                        "('stalled'; <= 0: no limit)")
     p.add_argument("--voice-storage-dir", default=None,
                    help="custom voices: SQLite store + clips and prompts (default: <cache>/voices/<port>)")
     p.add_argument("--voice-min-seconds", type=float, default=1.0, help="shortest accepted voice clip")
@@ -86,7 +89,8 @@ def main(argv=None) -> None:
             storage_dir=Path(args.video_storage_dir) if args.video_storage_dir else cache_dir() / "videos" / str(args.port),
             max_queued=args.video_max_queued, max_running=args.video_max_running,
             retention_s=args.video_retention_s if args.video_retention_s > 0 else None,
-            max_attempts=args.video_max_attempts),
+            max_attempts=args.video_max_attempts,
+            stall_timeout_s=args.video_stall_timeout_s if args.video_stall_timeout_s > 0 else None),
         voices=VoiceSettings(
             storage_dir=Path(args.voice_storage_dir) if args.voice_storage_dir else cache_dir() / "voices" / str(args.port),
             min_seconds=args.voice_min_seconds, max_seconds=args.voice_max_seconds,

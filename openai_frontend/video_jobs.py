@@ -294,6 +294,10 @@ class JobSettings:
     max_attempts: starts of one job (the first plus resumes after restarts or a stage restart)
         before it is failed with the reason.
     retry_after_s: ``Retry-After`` of the 429.
+    stall_timeout_s: a running job whose stream brings no event (a finished denoising step, the
+        frames) for this long is stopped (its gRPC call cancelled, so the denoiser stops at its
+        next step) and failed with code ``stalled``: a stage that never answers (a wedged stub,
+        a lost response) cannot leave a job ``in_progress`` forever (``None``: no limit).
     """
 
     storage_dir: Path
@@ -303,6 +307,7 @@ class JobSettings:
     max_attempts: int = 3
     retry_after_s: int = 5
     sweep_interval_s: float = 30.0
+    stall_timeout_s: float | None = 600.0
 
 
 @dataclass
@@ -438,13 +443,19 @@ class VideoJobs:
 
     async def _run(self, rec: JobRecord) -> None:
         req = rec.request
+        stall = self.settings.stall_timeout_s
+        loop = asyncio.get_running_loop()
         try:
             frames = None
-            async for event in self.engine.generate_video(req.model, req.job, request_id=f"{rec.id}-{rec.attempts}"):
-                if event.frames is not None:
-                    frames = event.frames
-                elif event.total:
-                    self.store.progress(rec.id, DENOISE_PROGRESS * event.step // event.total)
+            async with asyncio.timeout_at(None if stall is None else loop.time() + stall) as watchdog:
+                async for event in self.engine.generate_video(req.model, req.job,
+                                                              request_id=f"{rec.id}-{rec.attempts}"):
+                    if stall is not None:
+                        watchdog.reschedule(loop.time() + stall)
+                    if event.frames is not None:
+                        frames = event.frames
+                    elif event.total:
+                        self.store.progress(rec.id, DENOISE_PROGRESS * event.step // event.total)
             assert frames is not None
             frames = frames[: req.keep_frames]
             data = await asyncio.to_thread(encode_mp4, frames, req.fps)
@@ -457,6 +468,11 @@ class VideoJobs:
             self._on_event(rec.id, COMPLETED)
         except asyncio.CancelledError:
             raise  # deleted (row removed by delete) or shutting down (resumed at the next start)
+        except TimeoutError:  # the watchdog: the stream (and so the stage's request) is cancelled
+            logger.warning("video job %s: no event from %s for %g s; stopped", rec.id, req.model, stall)
+            self.store.fail(rec.id, "stalled", f"model {req.model} sent no progress for {stall:g} s "
+                            f"(a stage may be stuck); the job was stopped: retry it")
+            self._on_event(rec.id, FAILED)
         except InvalidRequestError as exc:
             self.store.fail(rec.id, "invalid_request", exc.message if hasattr(exc, "message") else str(exc))
             self._on_event(rec.id, FAILED)

@@ -357,3 +357,16 @@ async def test_other_bad_requests(tmp_path):
         assert_error(await c.get(f"/v1/videos/{vid}/content", params={"variant": "thumbnail"}), 400, "variant")
         engine.gate.set()
         await wait_status(c, vid)
+
+
+async def test_a_stage_that_stops_answering_fails_the_job_as_stalled(tmp_path):
+    """A stage that never answers again (seen once: a denoiser error after which the job stayed
+    in_progress): after ``stall_timeout_s`` without an event the stream is cancelled (the
+    denoiser stops) and the job fails with code ``stalled``, instead of running forever."""
+    engine = FakeVideoEngine(step_s=0.01)
+    engine.gate = asyncio.Event()  # every step waits on it: the stream hangs at its first step
+    async with Server(engine, tmp_path, stall_timeout_s=0.3) as c:
+        vid = (await c.post("/v1/videos", data={"prompt": "a cat", "num_inference_steps": "4"})).json()["id"]
+        body, _ = await wait_status(c, vid, timeout=10)
+    assert body["status"] == "failed" and body["error"]["code"] == "stalled", body
+    assert "no progress" in body["error"]["message"] and engine.cancelled == 1 and engine.steps_run == 0
