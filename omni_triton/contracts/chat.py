@@ -84,15 +84,59 @@ def _json(text: str, name: str):
         raise ChatInputError(f"{name} is not valid JSON: {exc}") from exc
 
 
-def parse_messages(text: str) -> list[dict[str, str]]:
+#: OpenAI content part types carrying media -> the modality the model must accept; the
+#: placeholders ``{"type": "audio"|"image"|"video"}`` (data already turned into tensors, what the
+#: ``omni`` BLS forwards to ``omni_thinker``) are accepted for the same modalities.
+MEDIA_PART_TYPES = {"input_audio": "audio", "image_url": "image", "video_url": "video"}
+PLACEHOLDER_PART_TYPES = ("audio", "image", "video")
+#: ``input_audio.format`` values (OpenAI: wav, mp3; decoded by soundfile or PyAV)
+INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
+
+
+def _media_part(part: dict, where: str) -> dict:
+    """A validated, normalised media part (only the known fields kept)."""
+    kind = part["type"]
+    if kind in PLACEHOLDER_PART_TYPES:
+        return {"type": kind}
+    body = part.get(kind)
+    if not isinstance(body, dict):
+        raise ChatInputError(f'{where}: a {kind} part needs an object "{kind}"')
+    if kind == "input_audio":
+        data, fmt = body.get("data"), body.get("format")
+        if not isinstance(data, str) or not data:
+            raise ChatInputError(f"{where}: input_audio.data must be a non-empty base64 string")
+        if fmt not in INPUT_AUDIO_FORMATS:
+            raise ChatInputError(f"{where}: input_audio.format {fmt!r} is not one of {', '.join(INPUT_AUDIO_FORMATS)}")
+        return {"type": kind, kind: {"data": data, "format": fmt}}
+    url = body.get("url")
+    if not isinstance(url, str) or not url:
+        raise ChatInputError(f"{where}: {kind}.url must be a non-empty string")
+    return {"type": kind, kind: {"url": url}}
+
+
+def part_modality(part: dict) -> str:
+    """``text``/``audio``/``image``/``video`` of a content part (any ``type`` spelling above)."""
+    kind = part.get("type")
+    return MEDIA_PART_TYPES.get(kind, kind)
+
+
+def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict]:
     """Validate MESSAGES (JSON array of OpenAI chat messages) into ``[{"role", "content"}]``.
 
-    ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts (joined);
-    an assistant message may have ``content: null``; ``developer`` becomes ``system``.
+    ``content`` may be a string or a list of parts: ``{"type": "text", "text": ...}`` and, for
+    the modalities in ``accept`` (e.g. ``("text", "audio", "image", "video")`` for ``omni``),
+    ``input_audio`` (``{"data": base64, "format": "wav"|"mp3"|...}``), ``image_url`` /
+    ``video_url`` (``{"url": ...}``) or their placeholders ``{"type": "audio"|"image"|"video"}``.
+    A message with text parts only gets them joined into one string (as before); a message with
+    media keeps its normalised list of parts. An assistant message may have ``content: null``;
+    ``developer`` becomes ``system``. Media data is not decoded here (see
+    ``omni_triton.media.inputs``).
 
     Raises:
-        ChatInputError: not JSON, empty, unknown role, non-text content.
+        ChatInputError: not JSON, empty, unknown role, a part type this model does not accept
+            (named in the message), a malformed part.
     """
+    accepted = set(accept) | {"text"}
     messages = _json(text, MESSAGES)
     if not isinstance(messages, list) or not messages:
         raise ChatInputError("MESSAGES must be a non-empty JSON array of messages")
@@ -109,15 +153,45 @@ def parse_messages(text: str) -> list[dict[str, str]]:
         if isinstance(content, list):
             parts = []
             for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ChatInputError(f"messages[{i}].content[{j}]: only text parts "
+                where = f"messages[{i}].content[{j}]"
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    parts.append({"type": "text", "text": part["text"]})
+                    continue
+                modality = part_modality(part) if isinstance(part, dict) else None
+                if kind in MEDIA_PART_TYPES or kind in PLACEHOLDER_PART_TYPES:
+                    if modality not in accepted:
+                        raise ChatInputError(f"{where}: this model does not accept {kind} parts "
+                                             f"(it takes: {', '.join(sorted(accepted))})")
+                    if role != "user":
+                        raise ChatInputError(f"{where}: {kind} parts are only accepted in user messages")
+                    parts.append(_media_part(part, where))
+                    continue
+                if accepted == {"text"}:
+                    raise ChatInputError(f"{where}: only text parts "
                                          '({"type": "text", "text": ...}) are supported')
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise ChatInputError(f"messages[{i}].content must be a string or a list of text parts")
+                raise ChatInputError(f"{where}: unknown content part type {kind!r}; this model takes "
+                                     + ", ".join(["text"] + [t for t, m in MEDIA_PART_TYPES.items() if m in accepted]))
+            content = "".join(p["text"] for p in parts) if all(p["type"] == "text" for p in parts) else parts
+        if not isinstance(content, (str, list)):
+            raise ChatInputError(f"messages[{i}].content must be a string or a list of content parts")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
+
+
+def media_parts(messages: list[dict]) -> list[dict]:
+    """The media parts of parsed messages (:func:`parse_messages`), in message order."""
+    return [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] != "text"]
+
+
+def placeholder_messages(messages: list[dict]) -> list[dict]:
+    """``messages`` with every media part replaced by its placeholder (``{"type": "audio"}`` ...):
+    what the chat template renders and what ``omni`` forwards once the media are tensors."""
+    def part(p):
+        return p if p["type"] == "text" else {"type": part_modality(p)}
+
+    return [m if isinstance(m["content"], str) else {**m, "content": [part(p) for p in m["content"]]}
+            for m in messages]
 
 
 def parse_sampling(text: str | None, supported: Iterable[str] | None = None) -> dict[str, Any]:

@@ -40,10 +40,12 @@ class OmniResult:
 def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniCode2Wav | None,
                  prompt_ids: Sequence[int], sampling: SamplingSettings, voice: str = "Ethan",
                  talker_settings: TalkerSettings | None = None, audio: bool = True,
-                 first_chunk_frames: int = 5, chunk_frames: int = 25, left_context_frames: int = 25) -> OmniResult:
+                 first_chunk_frames: int = 5, chunk_frames: int = 25, left_context_frames: int = 25,
+                 media=None) -> OmniResult:
     """The whole pipeline in-process, doing what the ``omni`` BLS model does through Triton:
     thinker text deltas -> (audio) talker frames -> :class:`ChunkSchedule` -> code2wav chunks.
-    The no-Triton baseline of the benchmark and the unit parity test's subject.
+    The no-Triton baseline of the benchmark and the unit parity test's subject. ``media``: the
+    prompt's :class:`~omni_triton.stages.qwen3_omni.inputs.MultimodalInputs` (multimodal prompts).
 
     ``timings`` (seconds): ``ttft_s`` (first text delta), ``thinker_s`` (thinker done),
     ``ttfp_s`` (first audio chunk), ``total_s``; stage costs ``talker_s`` (talker + code
@@ -52,7 +54,7 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
     t0 = time.perf_counter()
     res = OmniResult()
     out = None
-    for step in thinker.stream(prompt_ids, sampling, with_talker_inputs=audio):
+    for step in thinker.stream(prompt_ids, sampling, with_talker_inputs=audio, media=media):
         if step.text:
             res.text_deltas.append(step.text)
             res.timings.setdefault("ttft_s", time.perf_counter() - t0)
