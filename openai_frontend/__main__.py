@@ -10,6 +10,7 @@ import uvicorn
 
 from pathlib import Path
 
+from omni_triton.media.fetch import UrlFetchPolicy
 from omni_triton.paths import cache_dir
 
 from .app import Settings, create_app
@@ -53,6 +54,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds a finished MP4 is kept; then its job is 'expired' (<= 0: forever)")
     p.add_argument("--video-max-attempts", type=int, default=3,
                    help="starts of one job (resumes after restarts included) before it is failed")
+    p.add_argument("--media-url-allowed-hosts", default="",
+                   help="comma-separated hosts (or *.domain) whose http(s) image_url/video_url parts are fetched; "
+                        "empty (default): data URLs only")
+    p.add_argument("--media-url-max-bytes", type=int, default=8 << 20, help="largest fetched media body (413 beyond)")
+    p.add_argument("--media-url-timeout", type=float, default=10.0, help="seconds per media fetch, redirects included")
+    p.add_argument("--media-url-trusted-networks", default="",
+                   help="comma-separated CIDRs fetched although private (default none: public addresses only)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -71,6 +79,10 @@ def main(argv=None) -> None:
         api_key=args.api_key,
         auth_exempt_paths=tuple(p.strip() for p in args.auth_exempt_paths.split(",") if p.strip()),
         strict_params=args.strict_params,
+        media_urls=UrlFetchPolicy(
+            allowed_hosts=frozenset(h.strip().lower() for h in args.media_url_allowed_hosts.split(",") if h.strip()),
+            max_bytes=args.media_url_max_bytes, timeout_s=args.media_url_timeout,
+            trusted_networks=tuple(n.strip() for n in args.media_url_trusted_networks.split(",") if n.strip())),
         video=JobSettings(
             storage_dir=Path(args.video_storage_dir) if args.video_storage_dir else cache_dir() / "videos" / str(args.port),
             max_queued=args.video_max_queued, max_running=args.video_max_running,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
+
+from omni_triton.media.fetch import UrlFetchPolicy
 
 from .admission import AdmissionController
 from .engine import Engine
@@ -39,6 +41,8 @@ class Settings:
     strict_params: unknown request fields are a 400 "Unrecognized request argument" (OpenAI's
         API) instead of being ignored and named in ``X-Ignored-Fields`` (vLLM's server).
     video: the video job store's settings (``openai_frontend.video_jobs.JobSettings``).
+    media_urls: which http(s) ``image_url`` / ``video_url`` parts the frontend fetches
+        (``omni_triton.media.fetch.UrlFetchPolicy``; default: none, data URLs only).
     """
 
     max_inflight: int = 16
@@ -52,6 +56,8 @@ class Settings:
     strict_params: bool = False
     #: video jobs (``/v1/videos``): storage folder, queue bound, retention...; None: disabled
     video: JobSettings | None = None
+    #: http(s) media URLs in chat content parts (allow-list, size, time); default: refused
+    media_urls: UrlFetchPolicy = field(default_factory=UrlFetchPolicy)
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:

@@ -40,6 +40,27 @@ THINKER_EMBEDS = "THINKER_EMBEDS"  #: FP32 [L-1, H]: input embedding of every to
 THINKER_HIDDEN = "THINKER_HIDDEN"  #: FP32 [L-1, H]: hidden state at the talker's accept layer
 TTS_EMBEDS = "TTS_EMBEDS"  #: FP32 [3, H]: embeddings of tts_bos, tts_eos, tts_pad
 
+# omni -> omni_thinker: the multimodal processor's tensors (omni_triton/stages/qwen3_omni/inputs.py;
+# A audio clips, I images, V videos in message order; all optional, sent only when present)
+INPUT_FEATURES = "INPUT_FEATURES"  #: FP32 [A, M, F]: log-mel features (M mel bins, 100 frames/s)
+FEATURE_ATTENTION_MASK = "FEATURE_ATTENTION_MASK"  #: INT32 [A, F]: 1 on each clip's frames
+PIXEL_VALUES = "PIXEL_VALUES"  #: FP32 [P, C*T*p*p]: all images' patches
+IMAGE_GRID_THW = "IMAGE_GRID_THW"  #: INT64 [I, 3]: patches per image (t, h, w)
+PIXEL_VALUES_VIDEOS = "PIXEL_VALUES_VIDEOS"  #: FP32 [Pv, C*T*p*p]: all videos' patches
+VIDEO_GRID_THW = "VIDEO_GRID_THW"  #: INT64 [V, 3]
+VIDEO_SECOND_PER_GRID = "VIDEO_SECOND_PER_GRID"  #: FP32 [V]: seconds per temporal patch
+# omni -> omni_talker (multimodal prompts): the reference also passes these to talker.generate
+AUDIO_FEATURE_LENGTHS = "AUDIO_FEATURE_LENGTHS"  #: INT64 [A]: feature frames per clip
+
+#: ``MultimodalInputs`` field -> thinker input tensor
+MEDIA_TENSORS = {"input_features": INPUT_FEATURES, "feature_attention_mask": FEATURE_ATTENTION_MASK,
+                 "pixel_values": PIXEL_VALUES, "image_grid_thw": IMAGE_GRID_THW,
+                 "pixel_values_videos": PIXEL_VALUES_VIDEOS, "video_grid_thw": VIDEO_GRID_THW,
+                 "video_second_per_grid": VIDEO_SECOND_PER_GRID}
+#: ``MultimodalInputs.talker_arrays`` key -> talker input tensor
+TALKER_MEDIA_TENSORS = {"audio_feature_lengths": AUDIO_FEATURE_LENGTHS, "image_grid_thw": IMAGE_GRID_THW,
+                        "video_grid_thw": VIDEO_GRID_THW, "video_second_per_grid": VIDEO_SECOND_PER_GRID}
+
 TEXT_OUTPUTS = (TEXT_DELTA, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
 SPEECH_OUTPUTS = (AUDIO, SAMPLE_RATE)
 TALKER_TENSORS = (SEQUENCE, PROMPT_LEN, THINKER_EMBEDS, THINKER_HIDDEN, TTS_EMBEDS)
@@ -325,6 +346,13 @@ _TALKER_IN = (TensorSpec(SEQUENCE, "INT64", (-1,)), TensorSpec(PROMPT_LEN, "INT3
               TensorSpec(THINKER_EMBEDS, "FP32", (-1, -1)), TensorSpec(THINKER_HIDDEN, "FP32", (-1, -1)),
               TensorSpec(TTS_EMBEDS, "FP32", (3, -1)))
 
+_MEDIA_IN = (TensorSpec(INPUT_FEATURES, "FP32", (-1, -1, -1), True), TensorSpec(FEATURE_ATTENTION_MASK, "INT32", (-1, -1), True),
+             TensorSpec(PIXEL_VALUES, "FP32", (-1, -1), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
+             TensorSpec(PIXEL_VALUES_VIDEOS, "FP32", (-1, -1), True), TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True),
+             TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
+_TALKER_MEDIA_IN = (TensorSpec(AUDIO_FEATURE_LENGTHS, "INT64", (-1,), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
+                    TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True), TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
+
 LLM = StageContract(_CHAT_IN + (_s(REQUEST_ID, optional=True),), _TEXT_OUT, decoupled=True)
 LLM_TTS = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
                         _TEXT_OUT + _SPEECH_OUT, decoupled=True)
@@ -332,10 +360,11 @@ OMNI = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, option
                                  TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True)),
                      _TEXT_OUT + _SPEECH_OUT, decoupled=True)
 OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True),
-                                         _s(REQUEST_ID, optional=True)),
+                                         _s(REQUEST_ID, optional=True)) + _MEDIA_IN,
                              _TEXT_OUT + _TALKER_IN, decoupled=True)
 OMNI_TALKER = StageContract(_TALKER_IN + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
-                                          TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True)),
+                                          TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True))
+                            + _TALKER_MEDIA_IN,
                             (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
 OMNI_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
                               (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
