@@ -9,7 +9,7 @@ prepared checkpoint, given the processor tensors of the same parts
 reference sees the same pixels/features), greedy thinker and talker with the talker settings of
 ``model_repository/omni_talker/config.pbtxt``. Text: equal. Audio: the WAV the frontend returns
 (16-bit PCM: <= 2^-15 rounding) within WAVE_TOL = 2e-4 of the reference waveform (the chunked
-decode's tolerance, tests/unit/test_qwen3_omni.py).
+decode's tolerance, tests/unit/test_qwen3_omni.py), for the audio part and the image part.
 """
 from __future__ import annotations
 
@@ -109,22 +109,32 @@ def _ask(sdk, messages, audio=True, **kw):
 
 
 def test_audio_part_text_and_speech_equal_reference_generate(sdk, reference):
-    import soundfile as sf
-
     ref_text, ref_wav = reference(_messages(AUDIO_PART))
     r = _ask(sdk, _messages(AUDIO_PART))
     msg = r.choices[0].message
     assert msg.content == ref_text
-    wav, rate = sf.read(io.BytesIO(base64.b64decode(msg.audio.data)), dtype="float32")
-    assert rate == 24000 and wav.shape == ref_wav.shape
+    wav = _wav(msg)
+    assert wav.shape == ref_wav.shape
     assert np.abs(wav - ref_wav).max() <= WAVE_TOL
     assert r.usage.prompt_tokens > 40  # the clip's audio tokens are in the prompt
 
 
-def test_image_part_text_equals_reference_generate(sdk, reference):
-    ref_text, _ = reference(_messages(IMAGE_PART))
-    r = _ask(sdk, _messages(IMAGE_PART), audio=False)
+def _wav(msg):
+    import soundfile as sf
+
+    wav, rate = sf.read(io.BytesIO(base64.b64decode(msg.audio.data)), dtype="float32")
+    assert rate == 24000
+    return wav
+
+
+def test_image_part_text_and_speech_equal_reference_generate(sdk, reference):
+    """Speech too: an image prompt's talker needs the image grid the reference passes it (the
+    omni BLS forwards it to omni_talker; without it the codes differ)."""
+    ref_text, ref_wav = reference(_messages(IMAGE_PART))
+    r = _ask(sdk, _messages(IMAGE_PART))
     assert r.choices[0].message.content == ref_text
+    wav = _wav(r.choices[0].message)
+    assert wav.shape == ref_wav.shape and np.abs(wav - ref_wav).max() <= WAVE_TOL
     # the same question without the image is another prompt (the image reached the thinker)
     plain = _ask(sdk, [{"role": "user", "content": "What do you hear or see?"}], audio=False)
     assert plain.usage.prompt_tokens < r.usage.prompt_tokens
