@@ -176,3 +176,25 @@ def test_bad_parts_are_input_errors(stages):
         with pytest.raises(InputError, match=match):  # ChatInputError or MediaInputError: INVALID_ARG, 400
             qo.prepare_multimodal_request(thinker, None, msgs, None, 32, 1024, True, p)
     assert issubclass(MediaInputError, InputError)
+
+
+def test_video_patchify_matches_the_image_processor_layout(stages):
+    """``patchify_video`` (the torchvision-free stand-in for ``Qwen2VLVideoProcessor.patchify``):
+    two identical frames give exactly the image processor's patches of that frame (which repeats
+    an image over the temporal axis), each patch vector is ordered (C, T, ph, pw), an odd frame
+    count repeats the last frame, and ``unpatchify_image`` inverts the image layout."""
+    ip = stages[3].image_processor
+    p, m, t = ip.patch_size, ip.merge_size, ip.temporal_patch_size
+    rng = np.random.default_rng(0)
+    frame = rng.standard_normal((3, 64, 96)).astype(np.float32)
+    image_patches, gh, gw = ip.patchify(frame, patch_size=p, merge_size=m, temporal_patch_size=t)
+    video_patches, grid = qi.patchify_video(np.stack([frame, frame]), p, m, t)
+    assert grid == (1, gh, gw) and np.array_equal(video_patches, image_patches)
+    np.testing.assert_array_equal(qi.unpatchify_image(np.asarray(image_patches), 64, 96, p, m, t), frame)
+    frames = np.stack([np.full((3, 64, 96), 10 * k, np.float32) + np.arange(3)[:, None, None] for k in range(3)])
+    patches, grid = qi.patchify_video(frames, p, m, t)
+    assert grid == (2, 4, 6) and patches.shape == (2 * 4 * 6, 3 * t * p * p)
+    first = patches[0].reshape(3, t, p, p)[:, :, 0, 0]  # channel c of frame k = 10k + c
+    np.testing.assert_array_equal(first, [[0, 10], [1, 11], [2, 12]])
+    last = patches[-1].reshape(3, t, p, p)[:, :, 0, 0]  # frames 2 and 2 (repeated)
+    np.testing.assert_array_equal(last, [[20, 20], [21, 21], [22, 22]])
