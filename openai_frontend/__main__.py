@@ -10,6 +10,7 @@ import uvicorn
 
 from pathlib import Path
 
+from omni_triton.media.fetch import UrlFetchPolicy
 from omni_triton.paths import cache_dir
 
 from .app import Settings, create_app
@@ -67,6 +68,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="required: a cloned voice needs the id of a stored consent recording (OpenAI)")
     p.add_argument("--batch-concurrency", type=int, default=4,
                    help="items of one /v1/audio/speech/batch synthesised at once")
+    p.add_argument("--media-url-allowed-hosts", default="",
+                   help="comma-separated hosts (or *.domain) whose http(s) image_url/video_url parts are fetched; "
+                        "empty (default): data URLs only")
+    p.add_argument("--media-url-max-bytes", type=int, default=8 << 20, help="largest fetched media body (413 beyond)")
+    p.add_argument("--media-url-timeout", type=float, default=10.0, help="seconds per media fetch, redirects included")
+    p.add_argument("--media-url-trusted-networks", default="",
+                   help="comma-separated CIDRs fetched although private (default none: public addresses only)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -85,6 +93,10 @@ def main(argv=None) -> None:
         api_key=args.api_key,
         auth_exempt_paths=tuple(p.strip() for p in args.auth_exempt_paths.split(",") if p.strip()),
         strict_params=args.strict_params,
+        media_urls=UrlFetchPolicy(
+            allowed_hosts=frozenset(h.strip().lower() for h in args.media_url_allowed_hosts.split(",") if h.strip()),
+            max_bytes=args.media_url_max_bytes, timeout_s=args.media_url_timeout,
+            trusted_networks=tuple(n.strip() for n in args.media_url_trusted_networks.split(",") if n.strip())),
         video=JobSettings(
             storage_dir=Path(args.video_storage_dir) if args.video_storage_dir else cache_dir() / "videos" / str(args.port),
             max_queued=args.video_max_queued, max_running=args.video_max_running,

@@ -7,9 +7,11 @@ import logging
 import sqlite3
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
+
+from omni_triton.media.fetch import UrlFetchPolicy
 
 from .admission import AdmissionController
 from .engine import Engine
@@ -53,6 +55,8 @@ class Settings:
     voices: the custom voice store's settings (``openai_frontend.voice_store.VoiceSettings``);
         None: custom voices disabled (``/v1/audio/voices`` still lists the models' voices).
     batch_concurrency: items of one ``/v1/audio/speech/batch`` synthesised at once.
+    media_urls: which http(s) ``image_url`` / ``video_url`` parts the frontend fetches
+        (``omni_triton.media.fetch.UrlFetchPolicy``; default: none, data URLs only).
     """
 
     max_inflight: int = 16
@@ -69,6 +73,8 @@ class Settings:
     #: custom voices (``/v1/audio/voices``): storage folder, clip limits, consent rule; None: disabled
     voices: VoiceSettings | None = None
     batch_concurrency: int = 4
+    #: http(s) media URLs in chat content parts (allow-list, size, time); default: refused
+    media_urls: UrlFetchPolicy = field(default_factory=UrlFetchPolicy)
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:

@@ -47,12 +47,22 @@ def sampling_parameters(body: _SamplingFields, token_limit: int | None, index: i
     return params
 
 
+def part_json(part) -> dict:
+    """One content part as the chat contract's MESSAGES carries it (declared fields only)."""
+    if part.type == "text":
+        return {"type": "text", "text": part.text}
+    if part.type == "input_audio":
+        return {"type": "input_audio", "input_audio": {"data": part.input_audio.data, "format": part.input_audio.format}}
+    return {"type": part.type, part.type: {"url": getattr(part, part.type).url}}
+
+
 def message_json(message: ChatMessage) -> dict:
     """One ``MESSAGES`` entry: ``developer`` becomes ``system`` (OpenAI's renaming; chat
-    templates such as SmolLM2's ChatML only know ``system``); content is passed as given."""
+    templates such as SmolLM2's ChatML only know ``system``); content is passed as given (media
+    parts as their OpenAI JSON, ``detail`` dropped)."""
     out: dict = {"role": "system" if message.role == "developer" else message.role}
     if isinstance(message.content, list):
-        out["content"] = [{"type": "text", "text": p.text} for p in message.content]
+        out["content"] = [part_json(p) for p in message.content]
     else:
         out["content"] = message.content
     if message.name is not None:

@@ -328,23 +328,70 @@ ChatRole = Literal["system", "developer", "user", "assistant"]
 
 
 class TextPart(BaseModel):
-    """A ``{"type": "text", "text": ...}`` content part (the only part type served)."""
+    """A ``{"type": "text", "text": ...}`` content part."""
 
     model_config = REQUEST_CONFIG
     type: Literal["text"]
     text: Text
 
 
-class ChatMessage(BaseModel):
-    """One input message: ``role`` and ``content`` (a string or a list of text parts).
+class InputAudio(BaseModel):
+    """``input_audio`` of a content part (OpenAI): base64 ``data`` of a ``format`` file."""
 
-    ``name`` is accepted and passed on. Image / audio input parts, tool calls and unknown
-    fields are rejected (400) rather than silently dropped.
+    model_config = REQUEST_CONFIG
+    data: str
+    format: Literal["wav", "mp3", "flac", "ogg"]
+
+
+class InputAudioPart(BaseModel):
+    """``{"type": "input_audio", "input_audio": {"data", "format"}}`` (models that take audio)."""
+
+    model_config = REQUEST_CONFIG
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class MediaURL(BaseModel):
+    """``image_url`` / ``video_url`` of a content part: a ``data:`` URL, or http(s) where the
+    frontend allows it (``--media-url-allowed-hosts``); OpenAI's ``detail`` is accepted and unused."""
+
+    model_config = REQUEST_CONFIG
+    url: Text
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageURLPart(BaseModel):
+    """``{"type": "image_url", "image_url": {"url"}}`` (models that take images)."""
+
+    model_config = REQUEST_CONFIG
+    type: Literal["image_url"]
+    image_url: MediaURL
+
+
+class VideoURLPart(BaseModel):
+    """``{"type": "video_url", "video_url": {"url"}}`` (vLLM's extension; models that take video)."""
+
+    model_config = REQUEST_CONFIG
+    type: Literal["video_url"]
+    video_url: MediaURL
+
+
+#: One content part; which media types a model takes is its config parameter ``input_modalities``.
+ContentPart = Annotated[TextPart | InputAudioPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
+
+
+class ChatMessage(BaseModel):
+    """One input message: ``role`` and ``content`` (a string or a list of content parts: text,
+    and ``input_audio`` / ``image_url`` / ``video_url`` for models whose ``input_modalities``
+    include them; others answer 400 naming the part type).
+
+    ``name`` is accepted and passed on. Tool calls and unknown part types are rejected (400)
+    rather than silently dropped.
     """
 
     model_config = REQUEST_CONFIG
     role: ChatRole
-    content: Text | list[TextPart] | None = None
+    content: Text | list[ContentPart] | None = None
     name: Text | None = None
 
 

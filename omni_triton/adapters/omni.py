@@ -3,6 +3,7 @@
 frames) -> ``omni_code2wav`` (PCM). Stub-only imports; logic in ``omni_triton.stages.qwen3_omni``."""
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, replace
 
@@ -13,7 +14,7 @@ from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.chat import chat_request_pairs, read_chat_request
 from omni_triton.adapters.speech import Code2WavStage
 from omni_triton.adapters.stream import DecoupledStage, Final
-from omni_triton.adapters.triton_io import optional_input, optional_str_input, required_array
+from omni_triton.adapters.triton_io import optional_array, optional_input, optional_str_input, required_array
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import first_str, scalar_array, utf8_array
@@ -23,6 +24,41 @@ def _checkpoint(params):
     from omni_triton.checkpoints.qwen3_omni import checkpoint_dir
 
     return checkpoint_dir(params.get("model_name", "qwen3-omni-tiny"))
+
+
+def _processor(params):
+    """The checkpoint's multimodal processor with the media limits of the config ``parameters``
+    (``max_media_part_bytes``, ``max_audio_seconds``, ``max_image_pixels``, ``max_video_seconds``,
+    ``max_video_frames``, ``video_fps``, ``max_media_parts``; defaults: ``MediaLimits``)."""
+    from omni_triton.media.inputs import MediaLimits
+    from omni_triton.stages.qwen3_omni import OmniProcessor
+
+    d = MediaLimits()
+    limits = MediaLimits(
+        max_part_bytes=int(params.get("max_media_part_bytes", d.max_part_bytes)),
+        max_audio_seconds=float(params.get("max_audio_seconds", d.max_audio_seconds)),
+        max_image_pixels=int(params.get("max_image_pixels", d.max_image_pixels)),
+        max_video_seconds=float(params.get("max_video_seconds", d.max_video_seconds)),
+        max_video_frames=int(params.get("max_video_frames", d.max_video_frames)),
+        video_fps=float(params.get("video_fps", d.video_fps)),
+        max_parts=int(params.get("max_media_parts", d.max_parts)))
+    return OmniProcessor.from_pretrained(_checkpoint(params), limits)
+
+
+def _read_media(request, names: dict):
+    """The optional media tensors of ``request`` (``names``: field -> tensor name) as a dict of
+    numpy arrays (absent ones left out)."""
+    out = {}
+    for field, name in names.items():
+        array = optional_array(request, name)
+        if array is not None:
+            out[field] = array
+    return out
+
+
+def _media_pairs(arrays: dict, names: dict) -> list:
+    """``(tensor name, array)`` inputs of a stage for the present fields of ``arrays``."""
+    return [(names[k], np.ascontiguousarray(v)) for k, v in arrays.items() if v is not None and k in names]
 
 
 class OmniThinkerStage(DecoupledStage):
@@ -45,23 +81,26 @@ class OmniThinkerStage(DecoupledStage):
 
         set_torch_threads()
         self.thinker = OmniThinker.from_pretrained(_checkpoint(params))
+        self.processor = _processor(params)
         self.default_max_tokens = int(params.get("default_max_tokens", "32"))
         self.max_model_len = int(params.get("max_model_len", "1024"))
 
     def parse(self, request):
-        from omni_triton.stages.qwen3_omni import prepare_thinker_request
+        from omni_triton.stages.qwen3_omni import MultimodalInputs, prepare_multimodal_request
 
         talker_inputs = bool(optional_input(request, ch.TALKER_INPUTS) or False)
         streamed = talker_inputs and bool(optional_input(request, ch.ASYNC_CHUNK) or False)
-        ids, sampling = prepare_thinker_request(self.thinker, *read_chat_request(request), self.default_max_tokens,
-                                                self.max_model_len, talker_inputs)
-        return ids, sampling, talker_inputs, streamed
+        given = MultimodalInputs(**_read_media(request, ch.MEDIA_TENSORS))
+        ids, sampling, media = prepare_multimodal_request(
+            self.thinker, *read_chat_request(request), self.default_max_tokens, self.max_model_len, talker_inputs,
+            self.processor, given)
+        return ids, sampling, talker_inputs, streamed, media
 
     def generate(self, job, stream):
-        ids, sampling, talker_inputs, streamed = job
+        ids, sampling, talker_inputs, streamed, media = job
         counted = 0
         for step in self.thinker.stream(ids, sampling, talker_inputs and not streamed, stream.cancelled,
-                                        stream_talker_inputs=streamed):
+                                        stream_talker_inputs=streamed, media=media):
             self.metrics.count("tokens", step.completion_tokens - counted)
             counted = step.completion_tokens
             out = {ch.TEXT_DELTA: step.text, ch.FINISH_REASON: step.finish_reason or "",
@@ -121,7 +160,8 @@ class OmniTalkerStage(DecoupledStage):
             prompt_len=int(required_array(request, ch.PROMPT_LEN).reshape(-1)[0]),
             embeds=required_array(request, ch.THINKER_EMBEDS).astype(np.float32),
             hidden=required_array(request, ch.THINKER_HIDDEN).astype(np.float32),
-            tts_embeds=required_array(request, ch.TTS_EMBEDS).astype(np.float32))
+            tts_embeds=required_array(request, ch.TTS_EMBEDS).astype(np.float32),
+            talker_media=_read_media(request, ch.TALKER_MEDIA_TENSORS) or None)
         return out, voice, settings
 
     def _settings(self, request):
@@ -211,6 +251,7 @@ class _OmniJob:
     voice: str
     max_frames: int | None
     async_chunk: bool = False
+    talker_media: list = None  # (name, array) media inputs of omni_talker (multimodal prompts)
 
 
 class OmniPipeline(DecoupledStage):
@@ -240,25 +281,46 @@ class OmniPipeline(DecoupledStage):
         # reaches a BLS model arrives with code INTERNAL whatever the stage sent, so the
         # thinker's INVALID_ARG would become a 500.
         self.chat = ChatTokenizer.from_pretrained(_checkpoint(params))
+        self.processor = _processor(params)  # decodes and processes media parts (this model's threads)
         self.default_max_tokens = int(params.get("default_max_tokens", "32"))
         self.max_model_len = int(params.get("max_model_len", "1024"))
 
     def parse(self, request):
-        from omni_triton.stages.qwen3_omni import prepare_thinker_request
+        from omni_triton.stages.qwen3_omni import prepare_multimodal_request
 
         modalities = ch.parse_modalities(optional_str_input(request, ch.MODALITIES), default=("text", "audio"))
         voice = ch.match_voice(optional_str_input(request, ch.VOICE), self.voices, self.default_voice,
                                case_sensitive=False)
         audio = "audio" in modalities
-        text_inputs = read_chat_request(request)
-        prepare_thinker_request(self.chat, *text_inputs, self.default_max_tokens, self.max_model_len, audio)
+        prompt, messages, sampling = read_chat_request(request)
+        media = None
+        if messages is not None:
+            # media parts are decoded and processed here, once: the thinker gets placeholders + tensors
+            from omni_triton.stages.qwen3_omni import prepare_media
+            from omni_triton.stages.qwen3_omni.inputs import MEDIA_ACCEPT
+
+            parsed, media = prepare_media(ch.parse_messages(messages, accept=MEDIA_ACCEPT), self.processor, None)
+            if media is not None:
+                messages = json.dumps(parsed, ensure_ascii=False)
+        prepare_multimodal_request(self.chat, prompt, messages, sampling, self.default_max_tokens, self.max_model_len,
+                                   audio, self.processor, media)
         max_frames = optional_input(request, ch.MAX_AUDIO_FRAMES)
         if max_frames is not None and int(max_frames) < 1:
             raise ch.ChatInputError(f"MAX_AUDIO_FRAMES must be >= 1, got {int(max_frames)}")
+        inputs = chat_request_pairs((prompt, messages, sampling))
+        talker_media = []
+        if media is not None:
+            inputs += _media_pairs(media.__dict__, ch.MEDIA_TENSORS)
+            talker_media = _media_pairs(media.talker_arrays(), ch.TALKER_MEDIA_TENSORS)
         async_chunk = optional_input(request, ch.ASYNC_CHUNK)
         async_chunk = self.async_chunk if async_chunk is None else bool(async_chunk)
-        return _OmniJob(chat_request_pairs(text_inputs), audio, voice, None if max_frames is None else int(max_frames),
-                        async_chunk)
+        if talker_media:
+            # Speaking while thinking is for text prompts: omni_talker streams omni_thinker with
+            # the chat inputs only and builds its talker inputs without the media positions, so a
+            # multimodal prompt takes the thinker-then-talker path (exact parity with the reference).
+            async_chunk = False
+        return _OmniJob(inputs, audio, voice, None if max_frames is None else int(max_frames), async_chunk,
+                        talker_media)
 
     def _response(self, text="", finish="", counts=(0, 0), audio=None):
         return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish,
@@ -289,7 +351,7 @@ class OmniPipeline(DecoupledStage):
             return
         if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:
             return  # the reference needs the first generated token's embedding
-        talker_in += [(ch.VOICE, utf8_array(job.voice))]
+        talker_in += [(ch.VOICE, utf8_array(job.voice))] + list(job.talker_media or [])
         if job.max_frames is not None:
             talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
         chunked = ChunkedDecoder(ChunkSchedule(*self.chunks), self._decode)

@@ -190,6 +190,13 @@ def input_array(request, name: str, required: bool = True):
     return array[0] if array.ndim and array.shape[0] == 1 else array
 
 
+def optional_array(request, name: str) -> np.ndarray | None:
+    """The whole array of optional input ``name`` of a decoupled (unbatched) model, or ``None``
+    when the client did not send it."""
+    tensor = _pb().get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
 def required_array(request, name: str) -> np.ndarray:
     """The whole array of required input ``name`` of a decoupled (unbatched) model.
 

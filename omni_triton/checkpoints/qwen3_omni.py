@@ -23,13 +23,17 @@ SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, TTS_PAD, TTS_BOS, TTS_EOS, AUDIO_
                   VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
 ROLE_WORDS = ("system", "user", "assistant")
 
-# Qwen2/ChatML chat template (text parts only): "<|im_start|>{role}\n{content}<|im_end|>\n" per
+# Qwen2/ChatML chat template; media parts ({"type": "audio"|"image"|"video"}) render as Qwen3-Omni's
+# placeholders, which the processor expands (omni_triton/stages/qwen3_omni/inputs.py): "<|im_start|>{role}\n{content}<|im_end|>\n" per
 # message, then "<|im_start|>assistant\n" when add_generation_prompt.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' }}"
     "{%- if message['content'] is string %}{{- message['content'] }}"
     "{%- else %}{%- for part in message['content'] %}{%- if part['type'] == 'text' %}{{- part['text'] }}"
+    "{%- elif part['type'] == 'audio' %}{{- '<|audio_start|><|audio_pad|><|audio_end|>' }}"
+    "{%- elif part['type'] == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'video' %}{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
     "{%- endif %}{%- endfor %}{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- endfor %}"
@@ -229,6 +233,7 @@ def _build(out_dir: Path, seed: int, spec: TinyOmniSpec, h: str) -> None:
     gc.pad_token_id = ids[ENDOFTEXT]
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
+    write_processor_files(out_dir)
     manifest = {
         "name": "qwen3-omni-tiny", "seed": seed, "config_hash": h, "builder_version": BUILDER_VERSION,
         "spec": {k: list(v) if isinstance(v, tuple) else v for k, v in spec.__dict__.items()},
@@ -246,7 +251,41 @@ def checkpoint_dir(name: str) -> Path:
     path = model_dir(name)
     if name == "qwen3-omni-tiny":
         build_tiny_qwen3_omni(path)
+        write_processor_files(path)
     return path
+
+
+#: The tiny checkpoint's processor settings (``preprocessor_config.json``): a WhisperFeatureExtractor
+#: with the audio tower's mel bins and a Qwen2-VL image processor with the vision tower's patch /
+#: merge / temporal sizes; images resized to 64..256 tokens' worth of pixels (the real checkpoint:
+#: 128 mel bins, up to 16384 * 28^2 pixels).
+TINY_PREPROCESSOR = {
+    "feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 32, "sampling_rate": 16000,
+    "hop_length": 160, "chunk_length": 300, "n_fft": 400, "padding_value": 0.0, "padding_side": "right",
+    "return_attention_mask": True, "dither": 0.0,
+    "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_rescale": True, "rescale_factor": 1 / 255,
+    "do_normalize": True, "do_resize": True, "do_convert_rgb": True,
+    "size": {"shortest_edge": 16 * 32 * 32, "longest_edge": 64 * 32 * 32},
+}
+
+
+def write_processor_files(model_dir: Path) -> None:
+    """Write the tiny checkpoint's ``preprocessor_config.json`` and refresh its chat template with
+    the media placeholders, when missing or different (added after the weights: they leave the
+    weights and the manifest's hash alone, so earlier builds are not rebuilt). Atomic
+    (``os.replace``), idempotent."""
+    import os
+
+    model_dir = Path(model_dir)
+    files = {"preprocessor_config.json": json.dumps(TINY_PREPROCESSOR, indent=1), "chat_template.jinja": CHAT_TEMPLATE}
+    for name, text in files.items():
+        path = model_dir / name
+        if path.exists() and path.read_text() == text:
+            continue
+        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def read_speakers(model_dir: Path) -> list[str]:

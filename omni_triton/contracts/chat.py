@@ -43,6 +43,27 @@ TTS_EMBEDS = "TTS_EMBEDS"  #: FP32 [3, H]: embeddings of tts_bos, tts_eos, tts_p
 #: TALKER_INPUTS): the talker tensors as increments on every response (docs/omni_pipeline.md)
 ASYNC_CHUNK = "ASYNC_CHUNK"
 
+# omni -> omni_thinker: the multimodal processor's tensors (omni_triton/stages/qwen3_omni/inputs.py;
+# A audio clips, I images, V videos in message order; all optional, sent only when present)
+INPUT_FEATURES = "INPUT_FEATURES"  #: FP32 [A, M, F]: log-mel features (M mel bins, 100 frames/s)
+FEATURE_ATTENTION_MASK = "FEATURE_ATTENTION_MASK"  #: INT32 [A, F]: 1 on each clip's frames
+PIXEL_VALUES = "PIXEL_VALUES"  #: FP32 [P, C*T*p*p]: all images' patches
+IMAGE_GRID_THW = "IMAGE_GRID_THW"  #: INT64 [I, 3]: patches per image (t, h, w)
+PIXEL_VALUES_VIDEOS = "PIXEL_VALUES_VIDEOS"  #: FP32 [Pv, C*T*p*p]: all videos' patches
+VIDEO_GRID_THW = "VIDEO_GRID_THW"  #: INT64 [V, 3]
+VIDEO_SECOND_PER_GRID = "VIDEO_SECOND_PER_GRID"  #: FP32 [V]: seconds per temporal patch
+# omni -> omni_talker (multimodal prompts): the reference also passes these to talker.generate
+AUDIO_FEATURE_LENGTHS = "AUDIO_FEATURE_LENGTHS"  #: INT64 [A]: feature frames per clip
+
+#: ``MultimodalInputs`` field -> thinker input tensor
+MEDIA_TENSORS = {"input_features": INPUT_FEATURES, "feature_attention_mask": FEATURE_ATTENTION_MASK,
+                 "pixel_values": PIXEL_VALUES, "image_grid_thw": IMAGE_GRID_THW,
+                 "pixel_values_videos": PIXEL_VALUES_VIDEOS, "video_grid_thw": VIDEO_GRID_THW,
+                 "video_second_per_grid": VIDEO_SECOND_PER_GRID}
+#: ``MultimodalInputs.talker_arrays`` key -> talker input tensor
+TALKER_MEDIA_TENSORS = {"audio_feature_lengths": AUDIO_FEATURE_LENGTHS, "image_grid_thw": IMAGE_GRID_THW,
+                        "video_grid_thw": VIDEO_GRID_THW, "video_second_per_grid": VIDEO_SECOND_PER_GRID}
+
 TEXT_OUTPUTS = (TEXT_DELTA, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
 SPEECH_OUTPUTS = (AUDIO, SAMPLE_RATE)
 TALKER_TENSORS = (SEQUENCE, PROMPT_LEN, THINKER_EMBEDS, THINKER_HIDDEN, TTS_EMBEDS)
@@ -87,15 +108,59 @@ def _json(text: str, name: str):
         raise ChatInputError(f"{name} is not valid JSON: {exc}") from exc
 
 
-def parse_messages(text: str) -> list[dict[str, str]]:
+#: OpenAI content part types carrying media -> the modality the model must accept; the
+#: placeholders ``{"type": "audio"|"image"|"video"}`` (data already turned into tensors, what the
+#: ``omni`` BLS forwards to ``omni_thinker``) are accepted for the same modalities.
+MEDIA_PART_TYPES = {"input_audio": "audio", "image_url": "image", "video_url": "video"}
+PLACEHOLDER_PART_TYPES = ("audio", "image", "video")
+#: ``input_audio.format`` values (OpenAI: wav, mp3; decoded by soundfile or PyAV)
+INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
+
+
+def _media_part(part: dict, where: str) -> dict:
+    """A validated, normalised media part (only the known fields kept)."""
+    kind = part["type"]
+    if kind in PLACEHOLDER_PART_TYPES:
+        return {"type": kind}
+    body = part.get(kind)
+    if not isinstance(body, dict):
+        raise ChatInputError(f'{where}: a {kind} part needs an object "{kind}"')
+    if kind == "input_audio":
+        data, fmt = body.get("data"), body.get("format")
+        if not isinstance(data, str) or not data:
+            raise ChatInputError(f"{where}: input_audio.data must be a non-empty base64 string")
+        if fmt not in INPUT_AUDIO_FORMATS:
+            raise ChatInputError(f"{where}: input_audio.format {fmt!r} is not one of {', '.join(INPUT_AUDIO_FORMATS)}")
+        return {"type": kind, kind: {"data": data, "format": fmt}}
+    url = body.get("url")
+    if not isinstance(url, str) or not url:
+        raise ChatInputError(f"{where}: {kind}.url must be a non-empty string")
+    return {"type": kind, kind: {"url": url}}
+
+
+def part_modality(part: dict) -> str:
+    """``text``/``audio``/``image``/``video`` of a content part (any ``type`` spelling above)."""
+    kind = part.get("type")
+    return MEDIA_PART_TYPES.get(kind, kind)
+
+
+def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict]:
     """Validate MESSAGES (JSON array of OpenAI chat messages) into ``[{"role", "content"}]``.
 
-    ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts (joined);
-    an assistant message may have ``content: null``; ``developer`` becomes ``system``.
+    ``content`` may be a string or a list of parts: ``{"type": "text", "text": ...}`` and, for
+    the modalities in ``accept`` (e.g. ``("text", "audio", "image", "video")`` for ``omni``),
+    ``input_audio`` (``{"data": base64, "format": "wav"|"mp3"|...}``), ``image_url`` /
+    ``video_url`` (``{"url": ...}``) or their placeholders ``{"type": "audio"|"image"|"video"}``.
+    A message with text parts only gets them joined into one string (as before); a message with
+    media keeps its normalised list of parts. An assistant message may have ``content: null``;
+    ``developer`` becomes ``system``. Media data is not decoded here (see
+    ``omni_triton.media.inputs``).
 
     Raises:
-        ChatInputError: not JSON, empty, unknown role, non-text content.
+        ChatInputError: not JSON, empty, unknown role, a part type this model does not accept
+            (named in the message), a malformed part.
     """
+    accepted = set(accept) | {"text"}
     messages = _json(text, MESSAGES)
     if not isinstance(messages, list) or not messages:
         raise ChatInputError("MESSAGES must be a non-empty JSON array of messages")
@@ -112,15 +177,45 @@ def parse_messages(text: str) -> list[dict[str, str]]:
         if isinstance(content, list):
             parts = []
             for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ChatInputError(f"messages[{i}].content[{j}]: only text parts "
+                where = f"messages[{i}].content[{j}]"
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    parts.append({"type": "text", "text": part["text"]})
+                    continue
+                modality = part_modality(part) if isinstance(part, dict) else None
+                if kind in MEDIA_PART_TYPES or kind in PLACEHOLDER_PART_TYPES:
+                    if modality not in accepted:
+                        raise ChatInputError(f"{where}: this model does not accept {kind} parts "
+                                             f"(it takes: {', '.join(sorted(accepted))})")
+                    if role != "user":
+                        raise ChatInputError(f"{where}: {kind} parts are only accepted in user messages")
+                    parts.append(_media_part(part, where))
+                    continue
+                if accepted == {"text"}:
+                    raise ChatInputError(f"{where}: only text parts "
                                          '({"type": "text", "text": ...}) are supported')
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise ChatInputError(f"messages[{i}].content must be a string or a list of text parts")
+                raise ChatInputError(f"{where}: unknown content part type {kind!r}; this model takes "
+                                     + ", ".join(["text"] + [t for t, m in MEDIA_PART_TYPES.items() if m in accepted]))
+            content = "".join(p["text"] for p in parts) if all(p["type"] == "text" for p in parts) else parts
+        if not isinstance(content, (str, list)):
+            raise ChatInputError(f"messages[{i}].content must be a string or a list of content parts")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
+
+
+def media_parts(messages: list[dict]) -> list[dict]:
+    """The media parts of parsed messages (:func:`parse_messages`), in message order."""
+    return [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] != "text"]
+
+
+def placeholder_messages(messages: list[dict]) -> list[dict]:
+    """``messages`` with every media part replaced by its placeholder (``{"type": "audio"}`` ...):
+    what the chat template renders and what ``omni`` forwards once the media are tensors."""
+    def part(p):
+        return p if p["type"] == "text" else {"type": part_modality(p)}
+
+    return [m if isinstance(m["content"], str) else {**m, "content": [part(p) for p in m["content"]]}
+            for m in messages]
 
 
 def parse_sampling(text: str | None, supported: Iterable[str] | None = None) -> dict[str, Any]:
@@ -254,6 +349,13 @@ _TALKER_IN = (TensorSpec(SEQUENCE, "INT64", (-1,)), TensorSpec(PROMPT_LEN, "INT3
               TensorSpec(THINKER_EMBEDS, "FP32", (-1, -1)), TensorSpec(THINKER_HIDDEN, "FP32", (-1, -1)),
               TensorSpec(TTS_EMBEDS, "FP32", (3, -1)))
 
+_MEDIA_IN = (TensorSpec(INPUT_FEATURES, "FP32", (-1, -1, -1), True), TensorSpec(FEATURE_ATTENTION_MASK, "INT32", (-1, -1), True),
+             TensorSpec(PIXEL_VALUES, "FP32", (-1, -1), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
+             TensorSpec(PIXEL_VALUES_VIDEOS, "FP32", (-1, -1), True), TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True),
+             TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
+_TALKER_MEDIA_IN = (TensorSpec(AUDIO_FEATURE_LENGTHS, "INT64", (-1,), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
+                    TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True), TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
+
 LLM = StageContract(_CHAT_IN + (_s(REQUEST_ID, optional=True),), _TEXT_OUT, decoupled=True)
 LLM_TTS = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
                         _TEXT_OUT + _SPEECH_OUT, decoupled=True)
@@ -262,13 +364,17 @@ OMNI = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, option
                                  TensorSpec(ASYNC_CHUNK, "BOOL", optional=True)),
                      _TEXT_OUT + _SPEECH_OUT, decoupled=True)
 OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True),
-                                         _s(REQUEST_ID, optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True)),
+                                         _s(REQUEST_ID, optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True))
+                             + _MEDIA_IN,
                              _TEXT_OUT + _TALKER_IN, decoupled=True)
-# omni_talker takes either the thinker's finished outputs (_TALKER_IN) or, speaking while thinking,
-# the chat inputs, which it sends to omni_thinker itself (it then streams the thinker's text too).
+# omni_talker takes either the thinker's finished outputs (_TALKER_IN, with _TALKER_MEDIA_IN for
+# multimodal prompts) or, speaking while thinking, the chat inputs, which it sends to omni_thinker
+# itself (it then streams the thinker's text too; text-only prompts: the omni BLS speaks while
+# thinking only for those).
 OMNI_TALKER = StageContract(tuple(TensorSpec(t.name, t.datatype, t.dims, True) for t in _TALKER_IN) + _CHAT_IN
                             + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
-                               TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True)),
+                               TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True))
+                            + _TALKER_MEDIA_IN,
                             (TensorSpec(CODES, "INT64", (-1, -1)),) + _TEXT_OUT, decoupled=True)
 OMNI_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
                               (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)

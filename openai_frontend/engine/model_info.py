@@ -139,6 +139,13 @@ class ModelInfo:
         return ()
 
     @property
+    def input_modalities(self) -> tuple[str, ...]:
+        """What chat content parts the model takes (config parameter ``input_modalities``, e.g.
+        ``text,audio,image,video`` for ``omni``); ``("text",)`` when the config does not say."""
+        declared = self.parameters.get("input_modalities", "")
+        return tuple(m.strip().lower() for m in declared.split(",") if m.strip()) or ("text",)
+
+    @property
     def can_speak(self) -> bool:
         """A chat model that can answer with audio (``AUDIO`` out, ``audio`` in its modalities)."""
         return "audio" in self.output_modalities and chat_contract.AUDIO in self.outputs

@@ -39,11 +39,12 @@ from typing import AsyncIterator
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
-from omni_triton.contracts.chat import MODALITIES
+from omni_triton.contracts.chat import MODALITIES, part_modality
+from omni_triton.media.fetch import UrlFetchError, UrlFetchPolicy, fetch_url
 from omni_triton.media.audio import UnsupportedFormatError, get_format
 
 from ..engine import EngineError, GenerationRequest, ModelInfo
-from ..errors import bad_request, engine_error_detail, error_json
+from ..errors import OpenAIError, bad_request, engine_error_detail, error_json
 from ..generation import (
     CHAT_AUDIO_FORMATS,
     CHAT_STREAM_AUDIO_FORMATS,
@@ -170,6 +171,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
     if info.is_image and not info.is_image_edit:
+        check_media_parts([message_json(m) for m in body.messages], info, body.model)
         return await _image_chat(body, request, info)
     if info.is_image_edit:
         raise bad_request(f"The model '{body.model}' edits images and does not support chat "
@@ -200,6 +202,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     limit = body.token_limit
     _check_token_limit(target, limit, "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
     messages = [message_json(m) for m in body.messages]
+    check_media_parts(messages, target, body.model)
+    messages = await fetch_media_urls(messages, request.app.state.settings.media_urls)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     modalities = None
     if MODALITIES in target.inputs:  # speech models: say whether audio is wanted
@@ -213,6 +217,50 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
                  wants_text="text" in wanted, audio_format=fmt, response_id=response_id,
                  continuous_usage=body.continuous_usage, stage_metrics=body.return_stage_metrics)
     return await _run(plan, request)
+
+
+def check_media_parts(messages: list[dict], target: ModelInfo, model_name: str) -> None:
+    """400 naming the first content part type ``target`` cannot take (its ``input_modalities``),
+    e.g. "The model 'llm' does not accept input_audio parts"."""
+    accepted = set(target.input_modalities)
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("content"), list):
+            continue
+        for j, part in enumerate(m["content"]):
+            if part_modality(part) not in accepted:
+                raise bad_request(
+                    f"The model '{model_name}' does not accept {part['type']} parts (it takes "
+                    f"{', '.join(sorted(accepted))} input)", param=f"messages.{i}.content.{j}",
+                    code="unsupported_content_part")
+            if part["type"] != "text" and m["role"] != "user":
+                raise bad_request(f"{part['type']} parts are only accepted in user messages",
+                                  param=f"messages.{i}.content.{j}", code="invalid_value")
+
+
+async def fetch_media_urls(messages: list[dict], policy: UrlFetchPolicy) -> list[dict]:
+    """``messages`` with every http(s) ``image_url`` / ``video_url`` fetched under ``policy``
+    and replaced by a base64 data URL (the model only sees data). Each refusal is its 4xx
+    (``omni_triton.media.fetch.fetch_url``); other URL schemes but ``data:`` are a 400."""
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("content"), list):
+            out.append(m)
+            continue
+        parts = []
+        for j, part in enumerate(m["content"]):
+            kind = part["type"]
+            url = part[kind]["url"] if kind in ("image_url", "video_url") else None
+            if url is not None and not url[:5].lower() == "data:":
+                try:
+                    mime, data = await fetch_url(url, policy)
+                except UrlFetchError as exc:
+                    raise OpenAIError(exc.status, exc.message, param=f"messages.{i}.content.{j}.{kind}.url",
+                                      code=exc.code) from None
+                mime = mime or ("image/*" if kind == "image_url" else "video/*")
+                part = {"type": kind, kind: {"url": f"data:{mime};base64," + base64.b64encode(data).decode("ascii")}}
+            parts.append(part)
+        out.append({**m, "content": parts})
+    return out
 
 
 def output_modalities(body: ChatCompletionRequest, info: ModelInfo) -> tuple[str, ...]:

@@ -133,7 +133,9 @@ def test_messages_text_parts_and_developer_role():
     ('[{"role": "tool", "content": "x"}]', "role 'tool'"),
     ('[{"content": "x"}]', "role None"),
     ('[{"role": "user", "content": 3}]', "string or a list"),
-    ('[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]', "only text parts"),
+    ('[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]', "does not accept image_url parts"),
+    ('[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]', "does not accept input_audio parts"),
+    ('[{"role": "user", "content": [{"type": "file", "file": {}}]}]', "only text parts"),
     ('["hello"]', "must be an object"),
 ])
 def test_bad_messages(text, match):

@@ -36,11 +36,18 @@ Data contract between the stages (also the Triton tensors, see ``docs/omni_pipel
 - talker -> code2wav: codec frames int64 [T, G] (frame-major);
 - code2wav -> client: float32 mono PCM in [-1, 1] at 24 kHz.
 
-Layout: ``request`` (parsing), ``thinker``, ``talker``, ``code2wav``, ``pipeline`` (in-process);
+Layout: ``request`` (parsing), ``inputs`` (multimodal processor: audio/image/video parts ->
+tensors), ``thinker``, ``talker``, ``code2wav``, ``pipeline`` (in-process);
 the tiny checkpoint builder is ``omni_triton.checkpoints.qwen3_omni``.
 """
 from omni_triton.stages.qwen3_omni.code2wav import (  # noqa: F401
     OmniCode2Wav,
+)
+from omni_triton.stages.qwen3_omni.inputs import (  # noqa: F401
+    MediaItem,
+    MultimodalInputs,
+    OmniProcessor,
+    prepare_media,
 )
 from omni_triton.stages.qwen3_omni.pipeline import (  # noqa: F401
     OmniResult,
@@ -62,5 +69,6 @@ from omni_triton.stages.qwen3_omni.thinker import (  # noqa: F401
     OmniThinker,
     ThinkerOutput,
     ThinkerStep,
+    prepare_multimodal_request,
     prepare_thinker_request,
 )

@@ -44,10 +44,11 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
                  prompt_ids: Sequence[int], sampling: SamplingSettings, voice: str = "Ethan",
                  talker_settings: TalkerSettings | None = None, audio: bool = True,
                  first_chunk_frames: int = 5, chunk_frames: int = 25, left_context_frames: int = 25,
-                 async_chunk: bool = False, thinker_steps=None, feed=None) -> OmniResult:
+                 async_chunk: bool = False, thinker_steps=None, feed=None, media=None) -> OmniResult:
     """The whole pipeline in-process, doing what the ``omni`` BLS model does through Triton:
     thinker text deltas -> (audio) talker frames -> :class:`ChunkSchedule` -> code2wav chunks.
-    The no-Triton baseline of the benchmark and the unit parity test's subject.
+    The no-Triton baseline of the benchmark and the unit parity test's subject. ``media``: the
+    prompt's :class:`~omni_triton.stages.qwen3_omni.inputs.MultimodalInputs` (multimodal prompts).
 
     ``async_chunk`` (speak while thinking): the talker starts on the thinker's first tokens and
     consumes its per-token rows as they come (:meth:`OmniTalker.stream_while_thinking`); False:
@@ -65,7 +66,7 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
         return _run_async(thinker, talker, decoder, prompt_ids, sampling, voice, talker_settings,
                           ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames), thinker_steps, feed, t0, res)
     out = None
-    for step in thinker.stream(prompt_ids, sampling, with_talker_inputs=audio):
+    for step in thinker.stream(prompt_ids, sampling, with_talker_inputs=audio, media=media):
         _text(res, step, t0)
         if step.finish_reason:
             out = step.output

@@ -14,6 +14,7 @@ import torch
 
 from omni_triton.checkpoints.common import read_manifest
 from omni_triton.contracts.chat import ChatInputError
+from omni_triton.stages.qwen3_omni.inputs import talker_media_kwargs
 from omni_triton.stages.qwen3_omni.thinker import ThinkerOutput, ThinkerStep
 from omni_triton.stages.streaming import stopping_criteria, threaded_generate
 
@@ -28,7 +29,9 @@ def build_talker_inputs(model_like, out: ThinkerOutput, speaker_id: int, thinker
     ``model_like`` has ``.config`` (``Qwen3OmniMoeConfig``) and ``.talker``; the reference's own
     ``_get_talker_user_parts`` / ``_get_talker_assistant_parts`` are called on it.
     Returns ``inputs_embeds`` [1, S, Ht], ``trailing_text_hidden`` [1, N, Ht], ``tts_pad_embed``
-    [1, 1, Ht], ``talker_input_ids`` int64 [1, S], ``attention_mask`` int64 [1, S].
+    [1, 1, Ht], ``talker_input_ids`` int64 [1, S], ``attention_mask`` int64 [1, S], and for
+    multimodal prompts ``audio_feature_lengths`` / ``image_grid_thw`` / ``video_grid_thw`` /
+    ``video_second_per_grid`` (``out.talker_media``).
     Raises :class:`ChatInputError` when the sequence has no ``<|im_start|>assistant`` or the thinker
     generated fewer than 2 tokens (the reference needs the first generated token's embedding).
     """
@@ -82,6 +85,9 @@ def build_talker_inputs(model_like, out: ThinkerOutput, speaker_id: int, thinker
         "tts_pad_embed": tts_pad,
         "talker_input_ids": torch.cat((user_ids, asst_ids), dim=1),
         "attention_mask": torch.cat((user_attn, attn.new_ones((1, asst_embeds.shape[1]))), dim=1),
+        # multimodal prompts: the grids / audio lengths the reference also gives talker.generate
+        # (3D rope positions of the media tokens); none for text
+        **talker_media_kwargs(out.talker_media),
     }
 
 

@@ -30,6 +30,10 @@ class ThinkerOutput:
     embeds: np.ndarray  # float32 [L-1, H]
     hidden: np.ndarray  # float32 [L-1, H]
     tts_embeds: np.ndarray  # float32 [3, H]: tts_bos, tts_eos, tts_pad
+    #: multimodal requests: what the reference also passes to ``talker.generate`` for the rope
+    #: positions of the media tokens (``MultimodalInputs.talker_arrays``): audio_feature_lengths
+    #: int64 [A], image_grid_thw / video_grid_thw int64 [n, 3], video_second_per_grid float32 [V]
+    talker_media: dict | None = None
 
 
 @dataclass
@@ -103,6 +107,18 @@ class ChatTokenizer:
             raise ChatInputError("PROMPT is empty")
         return [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
 
+    def encode_multimodal(self, messages: list[dict], processor, media) -> list[int]:
+        """Token ids of messages with media placeholders (``placeholder_messages``): the chat
+        template's text with each placeholder expanded to its encoder's token count
+        (:meth:`OmniProcessor.expand_prompt`), tokenized as the reference processor does.
+
+        Raises:
+            ChatInputError: the placeholders do not match ``media``.
+        """
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = processor.expand_prompt(text, media)
+        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
     def has_assistant_start(self, ids: Sequence[int]) -> bool:
         """Whether ``ids`` contain ``<|im_start|>assistant`` (the talker's prompt needs it)."""
         a, b = self.im_start_token_id, self.assistant_token_id
@@ -175,7 +191,7 @@ class OmniThinker:
 
     def stream(self, prompt_ids: Sequence[int], sampling: SamplingSettings, with_talker_inputs: bool = False,
                should_stop: Callable[[], bool] | None = None,
-               stream_talker_inputs: bool = False) -> Iterator[ThinkerStep]:
+               stream_talker_inputs: bool = False, media=None) -> Iterator[ThinkerStep]:
         """Generate; yield a :class:`ThinkerStep` per batch of new tokens, then a last one with
         ``finish_reason`` (and ``output`` when ``with_talker_inputs``; None when cancelled).
 
@@ -185,6 +201,12 @@ class OmniThinker:
         the thinker from each generate step's ``hidden_states`` (the tensors the reference
         concatenates afterwards), and a step is yielded for every new token even when its text
         delta is empty (held back).
+
+        ``media`` (:class:`~omni_triton.stages.qwen3_omni.inputs.MultimodalInputs`, for prompts
+        from :meth:`ChatTokenizer.encode_multimodal`) goes to ``thinker.generate`` as the
+        reference passes it (``input_features``, ``feature_attention_mask``, ``pixel_values``,
+        ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``video_second_per_grid``):
+        the thinker's own audio and vision towers encode it.
 
         Text deltas: the decode of all generated ids (special tokens skipped) minus what was sent,
         holding back a trailing U+FFFD (an incomplete UTF-8 sequence) and, with ``stop`` strings,
@@ -213,6 +235,8 @@ class OmniThinker:
         with_talker_inputs = with_talker_inputs or stream_talker_inputs
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
         kw = self.generate_kwargs(sampling)
+        if media is not None and not media.empty:
+            kw.update(media.thinker_kwargs())
         if with_talker_inputs:
             kw.update(output_hidden_states=True, return_dict_in_generate=True)
         q: queue.Queue = queue.Queue()
@@ -287,6 +311,7 @@ class OmniThinker:
                 embeds=torch.cat([h[0] for h in hs], dim=1)[0].float().numpy(),
                 hidden=torch.cat([h[layer] for h in hs], dim=1)[0].float().numpy(),
                 tts_embeds=self.tts_embeds(),
+                talker_media=None if media is None or media.empty else media.talker_arrays(),
             )
         last = ThinkerStep(text[len(sent):] if text.startswith(sent) else "", len(generated), reason, output)
         yield pending.fill(last) if stream_talker_inputs else last
@@ -333,7 +358,24 @@ class _PendingRows:
 def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str | None, messages: str | None, sampling: str | None,
                             default_max_tokens: int, max_model_len: int, talker_inputs: bool = False
                             ) -> tuple[list[int], SamplingSettings]:
-    """Validate one chat-contract request for the thinker; returns ``(prompt_ids, sampling)``.
+    """Validate one text-only chat-contract request for the thinker; returns ``(prompt_ids, sampling)``
+    (:func:`prepare_multimodal_request` without media)."""
+    ids, s, _ = prepare_multimodal_request(thinker, prompt, messages, sampling, default_max_tokens, max_model_len,
+                                           talker_inputs)
+    return ids, s
+
+
+def prepare_multimodal_request(thinker: "OmniThinker | ChatTokenizer", prompt: str | None, messages: str | None,
+                               sampling: str | None, default_max_tokens: int, max_model_len: int,
+                               talker_inputs: bool = False, processor=None, media=None):
+    """Validate one chat-contract request for the thinker; returns ``(prompt_ids, sampling, media)``.
+
+    With a ``processor`` (:class:`~omni_triton.stages.qwen3_omni.inputs.OmniProcessor`),
+    MESSAGES may hold ``input_audio`` / ``image_url`` / ``video_url`` parts (decoded and processed
+    here) or their placeholders, whose tensors are ``media``
+    (:class:`~omni_triton.stages.qwen3_omni.inputs.MultimodalInputs`; see
+    :func:`~omni_triton.stages.qwen3_omni.inputs.prepare_media`); the returned ``media`` is what
+    the thinker must get (None: text only). Without a processor, media parts are refused.
 
     ``max_tokens`` defaults to ``min(default_max_tokens, max_model_len - prompt_len)``; a prompt of
     ``max_model_len`` tokens or more, or ``prompt + max_tokens > max_model_len``, is an
@@ -342,7 +384,17 @@ def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str 
     """
     if (prompt is None) == (messages is None):
         raise ChatInputError("exactly one of PROMPT and MESSAGES must be given")
-    ids = thinker.encode(prompt=prompt) if messages is None else thinker.encode(messages=parse_messages(messages))
+    resolved = None
+    if messages is not None and processor is not None:
+        from omni_triton.stages.qwen3_omni.inputs import MEDIA_ACCEPT, prepare_media
+
+        chat = thinker.chat if hasattr(thinker, "chat") else thinker
+        parsed, resolved = prepare_media(parse_messages(messages, accept=MEDIA_ACCEPT), processor, media)
+        ids = chat.encode(messages=parsed) if resolved is None else chat.encode_multimodal(parsed, processor, resolved)
+    elif media is not None and not media.empty:
+        raise ChatInputError("media tensors need MESSAGES with media parts")
+    else:
+        ids = thinker.encode(prompt=prompt) if messages is None else thinker.encode(messages=parse_messages(messages))
     if len(ids) >= max_model_len:
         raise ChatInputError(f"the prompt has {len(ids)} tokens; this model's context is max_model_len={max_model_len}")
     s = sampling_settings(sampling, min(default_max_tokens, max_model_len - len(ids)))
@@ -350,4 +402,4 @@ def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str 
         raise ChatInputError(f"prompt ({len(ids)} tokens) + max_tokens ({s.max_tokens}) exceeds max_model_len={max_model_len}")
     if talker_inputs and not thinker.has_assistant_start(ids):
         raise ChatInputError("audio output needs a chat prompt ending in <|im_start|>assistant (send MESSAGES)")
-    return ids, s
+    return ids, s, resolved
