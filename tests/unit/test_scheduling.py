@@ -223,3 +223,33 @@ def test_fifo_env_gives_the_previous_dispatch_and_frames_unit_is_validated(monke
     stage.finalize()
     with pytest.raises(ValueError):
         Speaker().initialize(_args(scheduling="deadline", deadline_unit="bytes"))
+
+
+def _config(name):
+    from pathlib import Path
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    path = Path(__file__).resolve().parents[2] / "model_repository" / name / "config.pbtxt"
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def _params(config):
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+@pytest.mark.parametrize("talker,bls", [("tts_talker", "tts"), ("omni_talker", "omni")])
+def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls):
+    """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames; the
+    BLS admits more requests at once than the talker has instances (else they queue whole)."""
+    t, b = _params(_config(talker)), _params(_config(bls))
+    assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "frames"
+    assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
+    assert float(t["frame_rate_hz"]) == 12.5
+    assert sum(g.count for g in _config(bls).instance_group) > sum(g.count for g in _config(talker).instance_group)
+
+
+def test_piper_schedules_by_audio():
+    p = _params(_config("piper_tts"))
+    assert scheduling_policy(p, env={}) is Policy.DEADLINE and p.get("deadline_unit", "audio") == "audio"
