@@ -239,7 +239,7 @@ def _params(config):
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-@pytest.mark.parametrize("talker,bls", [("tts_talker", "tts"), ("omni_talker", "omni")])
+@pytest.mark.parametrize("talker,bls", [("tts_talker", "tts")])
 def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls):
     """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames; the
     BLS admits more requests at once than the talker has instances (else they queue whole)."""
