@@ -5,9 +5,10 @@ Run::
     python -m clients.bench_tts --out bench_tts.json
     python -m clients.bench_tts --models piper_tts --concurrency 1,4 --requests 8
     python -m clients.bench_tts --frontend-url http://127.0.0.1:9000 --triton-grpc-url 127.0.0.1:8001
+    python -m clients.bench_tts --paths frontend --concurrency 1,8 --out ttfp.json   # issue 13 item 4
 
 In the spirit of vLLM-Omni's TTS serving benchmarks and CosyVoice's Triton client (which report
-RTF). For each model (``piper_tts``, ``tts``) and each concurrency level ``C`` it sends
+RTF). For each model (``piper_tts``, ``tts``, ``omni``: ``MODEL_PATHS``) and each concurrency level ``C`` it sends
 ``N = max(--requests, C)`` streaming requests from a closed loop of ``C`` worker threads (each
 worker sends its next request as soon as its previous one finished) through three paths, one
 after another, never overlapping (they share the same CPU cores):
@@ -27,7 +28,14 @@ after another, never overlapping (they share the same CPU cores):
 ``frontend``
     the user path: ``POST /v1/audio/speech`` on the OpenAI frontend with ``stream: true``,
     ``response_format: "pcm"`` (16-bit mono; samples = bytes / 2, rate from ``X-Sample-Rate``),
-    read with httpx streaming.
+    read with httpx streaming. ``omni``: ``POST /v1/chat/completions`` with ``modalities: ["text",
+    "audio"]``, ``audio.format: "pcm16"``, streamed (SSE ``delta.audio.data``); its only path.
+
+Scheduling (issue 13 item 4, docs/scheduling.md): with its own stack the served paths run once
+per ``--scheduling`` mode, each on a fresh server: ``deadline`` (the configs as shipped: Piper and
+the talkers step their open requests earliest playback deadline first) and ``fifo``
+(``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: the previous behaviour). Results
+are keyed ``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON compares them.
 
 Every path gets ``--warmup`` untimed requests per model before its first level.
 Unless ``--frontend-url``/``--triton-grpc-url`` are given, the benchmark starts its own
@@ -47,6 +55,10 @@ Metrics (per request):
 - ``audio_s``: seconds of audio received = samples / sample rate (Hz).
 - ``rtf``: real-time factor = processing time / audio duration = ``e2e_ms / 1000 / audio_s``
   (dimensionless; < 1 is faster than real time).
+- ``underrun_s`` / ``longest_stall_ms``: a real-time player per stream
+  (``omni_triton.runtime.playback.PlaybackClock``, vLLM-Omni's audio metrics: playback starts at
+  the first chunk, no jitter buffer): total seconds it stalled because a chunk arrived after the
+  audio before it had finished playing, and the longest single stall.
 
 Aggregates (per model, path, concurrency; over successful requests):
 
@@ -59,6 +71,14 @@ Aggregates (per model, path, concurrency; over successful requests):
   wall-clock second (dimensionless; "x real time" for the whole server).
 - ``requests_per_s``: successful requests / ``wall_s``.
 - ``errors``: failed requests (their messages are in ``error_messages``).
+- ``underrun_s_total`` / ``underrun_s_max``: sum / max of the per-request underrun seconds;
+  ``stalled_streams``: requests with any underrun; ``continuity_rate``: share of requests with no
+  stall over 100 ms (``CONTINUITY_STALL_S``).
+
+Scheduling summary (``scheduling.<model>.<path:mode>``): TTFP p50/p90 per level,
+``ttfp_p50_growth`` (p50 at the highest level / at the lowest), underrun seconds and continuity
+per level, ``faster_than_real_time`` (mean RTF < 1 at the highest level) and ``target_met``
+(growth <= 2 and, when faster than real time, no underrun at the highest level).
 
 Ratios (``ratios.<model>.<C>``), served path over baseline at the same concurrency:
 ``frontend_vs_inprocess``, ``triton_vs_inprocess``, ``frontend_vs_triton``, each with
@@ -98,8 +118,21 @@ from clients.bench_common import (
 )
 from omni_triton.contracts import speech
 from omni_triton.contracts.speech import FrameBudget
+from omni_triton.runtime.playback import CONTINUITY_STALL_S, PlaybackClock
+from omni_triton.runtime.scheduling import SCHEDULING_ENV
 
-MODELS = ("piper_tts", "tts")
+#: The served pipelines and the paths each can be measured on. To add a pipeline (e.g. a
+#: Qwen3-TTS BLS): a row here, its texts (``TEXTS`` is shared) and voices in ``VOICES``, and for a
+#: non-speech frontend API a ``frontend_run_one`` branch (``omni`` uses chat completions).
+MODEL_PATHS = {
+    "piper_tts": ("inprocess", "triton", "frontend"),
+    "tts": ("inprocess", "triton", "frontend"),
+    "omni": ("frontend",),  # POST /v1/chat/completions, text + streamed pcm16 audio
+}
+MODELS = tuple(MODEL_PATHS)
+#: ``--scheduling`` modes: ``deadline`` = the configs as shipped (``scheduling: "deadline"``),
+#: ``fifo`` = the previous behaviour (``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment).
+SCHEDULING_MODES = ("deadline", "fifo")
 #: packages whose versions go into the report
 TTS_PACKAGES = ("torch", "transformers", "onnxruntime", "piper-tts", "tritonclient", "httpx", "numpy",
                 "nvidia-pytriton", "fastapi", "uvicorn")
@@ -119,7 +152,11 @@ TEXTS = (
 )
 
 #: Voices cycled per request: ``VOICES[model][i % len]``.
-VOICES = {"piper_tts": ("joe",), "tts": ("0", "1", "2", "3")}
+VOICES = {"piper_tts": ("joe",), "tts": ("0", "1", "2", "3"), "omni": ("Ethan", "Chelsie", "Aiden")}
+#: Text tokens the omni thinker may generate per request (its spoken answer follows them).
+OMNI_MAX_TOKENS = 32
+#: PCM rate of omni's streamed pcm16 chat audio (Hz; the model's ``sample_rate`` parameter).
+OMNI_SAMPLE_RATE = 24000
 
 
 # ------------------------------------------------------------------------------ pure helpers
@@ -127,7 +164,9 @@ VOICES = {"piper_tts": ("joe",), "tts": ("0", "1", "2", "3")}
 
 @dataclass
 class RequestResult:
-    """One timed request. Times in seconds from the request start; see the module docstring."""
+    """One timed request. Times in seconds from the request start; see the module docstring.
+    ``player`` is the real-time player of this stream (``PlaybackClock`` from 0 = the send):
+    fed by :meth:`on_audio` as chunks arrive; absent, no underrun is known (0)."""
 
     index: int
     ttfp_s: float | None = None
@@ -136,6 +175,34 @@ class RequestResult:
     sample_rate: int = 0
     chunks: int = 0
     error: str | None = None
+    player: PlaybackClock | None = None
+
+    def on_audio(self, t_s: float, samples: int, sample_rate: int) -> None:
+        """``samples`` samples at ``sample_rate`` Hz arrived ``t_s`` seconds after the send."""
+        if samples <= 0:
+            return
+        if self.ttfp_s is None:
+            self.ttfp_s = t_s
+        if self.player is None:
+            self.player = PlaybackClock(start=0.0)
+        self.player.add(t_s, samples, sample_rate)
+        self.samples += samples
+        self.sample_rate = sample_rate
+        self.chunks += 1
+
+    @property
+    def underrun_s(self) -> float:
+        """Seconds a real-time player of this stream stalled after its first chunk."""
+        return self.player.underrun_s if self.player is not None else 0.0
+
+    @property
+    def longest_stall_s(self) -> float:
+        return self.player.longest_stall_s if self.player is not None else 0.0
+
+    @property
+    def continuous(self) -> bool:
+        """No stall longer than ``CONTINUITY_STALL_S`` (100 ms; vLLM-Omni's continuity)."""
+        return self.longest_stall_s <= CONTINUITY_STALL_S
 
     @property
     def ok(self) -> bool:
@@ -155,6 +222,7 @@ class RequestResult:
             "ttfp_ms": _ms(self.ttfp_s), "e2e_ms": _ms(self.e2e_s),
             "audio_s": round(self.audio_s, 4), "rtf": _round(self.rtf, 4),
             "samples": self.samples, "sample_rate": self.sample_rate, "chunks": self.chunks,
+            "underrun_s": round(self.underrun_s, 4), "longest_stall_ms": _ms(self.longest_stall_s),
             "error": self.error,
         }
 
@@ -189,6 +257,10 @@ def summarize(results: Sequence[RequestResult], wall_s: float) -> dict:
         "wall_s": _round(wall_s, 3),
         "throughput_audio_s_per_s": _round(audio_total / wall_s, 3) if wall_s > 0 and ok else None,
         "requests_per_s": _round(len(ok) / wall_s, 3) if wall_s > 0 and ok else None,
+        "underrun_s_total": _round(sum(r.underrun_s for r in ok), 3),
+        "underrun_s_max": _round(max((r.underrun_s for r in ok), default=None), 3),
+        "stalled_streams": sum(1 for r in ok if r.underrun_s > 0),
+        "continuity_rate": _round(sum(1 for r in ok if r.continuous) / len(ok), 3) if ok else None,
     }
 
 
@@ -209,17 +281,83 @@ RATIO_PAIRS = (("frontend_vs_inprocess", "frontend", "inprocess"),
                ("frontend_vs_triton", "frontend", "triton"))
 
 
+def path_label(path: str, mode: str | None) -> str:
+    """Result key of a path run under a scheduling mode: ``frontend:fifo``; ``path`` alone for
+    the in-process path and runs without a mode."""
+    return path if mode is None or path == "inprocess" else f"{path}:{mode}"
+
+
+def split_label(label: str) -> tuple[str, str | None]:
+    """Inverse of :func:`path_label`: ``(path, mode or None)``."""
+    path, _, mode = label.partition(":")
+    return path, mode or None
+
+
 def all_ratios(results: dict) -> dict:
-    """``{model: {concurrency: {pair: compare(...)}}}`` for every pair whose both paths ran."""
+    """``{model: {concurrency: {pair: compare(...)}}}`` for every pair whose both paths ran; with
+    scheduling modes the pair name gets the mode (``frontend_vs_inprocess:fifo``)."""
     out: dict = {}
     for model, paths in results.items():
         levels = sorted({c for p in paths.values() for c in p}, key=int)
+        modes = sorted({split_label(lb)[1] for lb in paths if split_label(lb)[0] != "inprocess"},
+                       key=lambda m: m or "") or [None]
         for c in levels:
-            for name, served, base in RATIO_PAIRS:
-                if c in paths.get(served, {}) and c in paths.get(base, {}):
-                    out.setdefault(model, {}).setdefault(c, {})[name] = compare(
-                        paths[served][c], paths[base][c])
+            for mode in modes:
+                for name, served, base in RATIO_PAIRS:
+                    s_lb, b_lb = path_label(served, mode), path_label(base, mode)
+                    if c in paths.get(s_lb, {}) and c in paths.get(b_lb, {}):
+                        out.setdefault(model, {}).setdefault(c, {})[
+                            name if mode is None else f"{name}:{mode}"] = compare(paths[s_lb][c], paths[b_lb][c])
     return out
+
+
+#: Issue 13's target: TTFP p50 at the highest concurrency at most this many times the lowest's.
+TTFP_GROWTH_TARGET = 2.0
+
+
+def scheduling_summary(results: dict) -> dict:
+    """Per model and served path label (``frontend:deadline`` ...): TTFP p50/p90 per concurrency,
+    ``ttfp_p50_growth`` = p50 at the highest level / p50 at the lowest, underrun seconds and the
+    continuity rate per level, ``faster_than_real_time`` (mean RTF < 1 at the highest level) and
+    ``target_met``: growth <= ``TTFP_GROWTH_TARGET`` and, when faster than real time, zero
+    underrun seconds at the highest level (issue 13 item 4)."""
+    out: dict = {}
+    for model, paths in results.items():
+        for label, levels in paths.items():
+            if split_label(label)[0] == "inprocess" or not levels:
+                continue
+            cs = sorted(levels, key=int)
+            lo, hi = levels[cs[0]], levels[cs[-1]]
+            growth = ratio(hi["ttfp_ms"]["p50"], lo["ttfp_ms"]["p50"]) if len(cs) > 1 else None
+            fast = hi["rtf_mean"] is not None and hi["rtf_mean"] < 1.0
+            out.setdefault(model, {})[label] = {
+                "ttfp_p50_ms": {c: levels[c]["ttfp_ms"]["p50"] for c in cs},
+                "ttfp_p90_ms": {c: levels[c]["ttfp_ms"]["p90"] for c in cs},
+                "ttfp_p50_growth": growth,
+                "underrun_s_total": {c: levels[c]["underrun_s_total"] for c in cs},
+                "continuity_rate": {c: levels[c]["continuity_rate"] for c in cs},
+                "faster_than_real_time": fast,
+                "target_met": (growth is not None and growth <= TTFP_GROWTH_TARGET
+                               and (not fast or hi["underrun_s_total"] == 0)),
+            }
+    return out
+
+
+def format_scheduling(summary: dict) -> str:
+    """Readable table of :func:`scheduling_summary`."""
+    head = (f"{'model':<10} {'path':<18} | {'TTFP p50 by conc (ms)':<26} {'p90 at max':>10} | "
+            f"{'growth':>6} | {'underrun s':>10} {'contin.':>7} | target")
+    lines = ["Scheduling (TTFP p50 growth = highest / lowest concurrency; underrun and continuity "
+             "at the highest)", head, "-" * len(head)]
+    for model, labels in summary.items():
+        for label, x in sorted(labels.items()):
+            cs = list(x["ttfp_p50_ms"])
+            p50s = " / ".join(f"{_fmt(x['ttfp_p50_ms'][c], 0)}" for c in cs)
+            lines.append(f"{model:<10} {label:<18} | {p50s:<26} {_fmt(x['ttfp_p90_ms'][cs[-1]], 0):>10} | "
+                         f"{_fmt(x['ttfp_p50_growth'], 2):>6} | {_fmt(x['underrun_s_total'][cs[-1]], 2):>10} "
+                         f"{_fmt(x['continuity_rate'][cs[-1]], 2):>7} | "
+                         f"{'met' if x['target_met'] else 'missed'}")
+    return "\n".join(lines)
 
 
 def _fmt(x, nd: int = 1) -> str:
@@ -230,21 +368,23 @@ def format_table(results: dict, ratios: dict) -> str:
     """Readable stdout table of :func:`summarize` results and :func:`all_ratios`."""
     head = (f"{'model':<10} {'path':<10} {'conc':>4} {'ok/n':>6} | {'TTFP mean':>9} {'p50':>8} "
             f"{'p90':>8} | {'E2E mean':>9} {'p50':>8} {'p90':>8} | {'audio s':>7} {'RTF':>6} "
-            f"{'audio s/s':>9} {'req/s':>6}")
+            f"{'audio s/s':>9} {'req/s':>6} | {'underrun s':>10} {'contin.':>7}")
     lines = ["Latency in ms; RTF = E2E / audio duration; audio s/s = audio seconds per wall second",
              head, "-" * len(head)]
+    order = {p: i for i, p in enumerate(PATHS)}
     for model, paths in results.items():
-        for path in PATHS:
-            for c, s in sorted(paths.get(path, {}).items(), key=lambda kv: int(kv[0])):
+        for path in sorted(paths, key=lambda lb: (order.get(split_label(lb)[0], 99), lb)):
+            for c, s in sorted(paths[path].items(), key=lambda kv: int(kv[0])):
                 lines.append(
                     f"{model:<10} {path:<10} {c:>4} {s['ok']:>3}/{s['requests']:<2} | "
                     f"{_fmt(s['ttfp_ms']['mean']):>9} {_fmt(s['ttfp_ms']['p50']):>8} "
                     f"{_fmt(s['ttfp_ms']['p90']):>8} | {_fmt(s['e2e_ms']['mean']):>9} "
                     f"{_fmt(s['e2e_ms']['p50']):>8} {_fmt(s['e2e_ms']['p90']):>8} | "
                     f"{_fmt(s['audio_s_mean'], 2):>7} {_fmt(s['rtf_mean'], 3):>6} "
-                    f"{_fmt(s['throughput_audio_s_per_s'], 2):>9} {_fmt(s['requests_per_s'], 2):>6}")
+                    f"{_fmt(s['throughput_audio_s_per_s'], 2):>9} {_fmt(s['requests_per_s'], 2):>6} | "
+                    f"{_fmt(s.get('underrun_s_total'), 2):>10} {_fmt(s.get('continuity_rate'), 2):>7}")
     if ratios:
-        rhead = (f"{'model':<10} {'conc':>4} {'ratio':<22} | {'TTFP mean':>9} {'TTFP p50':>8} | "
+        rhead = (f"{'model':<10} {'conc':>4} {'ratio':<30} | {'TTFP mean':>9} {'TTFP p50':>8} | "
                  f"{'E2E mean':>8} {'E2E p50':>8} | {'RTF':>6} | {'thrpt':>6}")
         lines += ["", "Serving overhead (served / baseline; thrpt < 1: less audio per second)",
                   rhead, "-" * len(rhead)]
@@ -252,7 +392,7 @@ def format_table(results: dict, ratios: dict) -> str:
             for c, pairs in sorted(levels.items(), key=lambda kv: int(kv[0])):
                 for name, r in pairs.items():
                     lines.append(
-                        f"{model:<10} {c:>4} {name:<22} | {_fmt(r['ttfp_mean'], 2):>9} "
+                        f"{model:<10} {c:>4} {name:<30} | {_fmt(r['ttfp_mean'], 2):>9} "
                         f"{_fmt(r['ttfp_p50'], 2):>8} | {_fmt(r['e2e_mean'], 2):>8} "
                         f"{_fmt(r['e2e_p50'], 2):>8} | {_fmt(r['rtf_mean'], 2):>6} | "
                         f"{_fmt(r['throughput'], 2):>6}")
@@ -283,12 +423,7 @@ def _timed_stream(index: int, chunks: Iterable[tuple[int, int]]) -> RequestResul
     r = RequestResult(index=index)
     t0 = time.perf_counter()
     for n, sr in chunks:
-        if n > 0:
-            if r.ttfp_s is None:
-                r.ttfp_s = time.perf_counter() - t0
-            r.samples += n
-            r.sample_rate = sr
-            r.chunks += 1
+        r.on_audio(time.perf_counter() - t0, n, sr)
     r.e2e_s = time.perf_counter() - t0
     return r
 
@@ -394,11 +529,8 @@ def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: fl
                 raise err
             audio = res.as_numpy(speech.AUDIO)
             if audio is not None and audio.size:
-                if r.ttfp_s is None:
-                    r.ttfp_s = time.perf_counter() - t0
-                r.samples += int(audio.size)
-                r.sample_rate = int(res.as_numpy(speech.SAMPLE_RATE).reshape(-1)[0])
-                r.chunks += 1
+                r.on_audio(time.perf_counter() - t0, int(audio.size),
+                           int(res.as_numpy(speech.SAMPLE_RATE).reshape(-1)[0]))
             final = res.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 break
@@ -422,6 +554,11 @@ def grpc_run_one(url: str, model: str, timeout_s: float) -> RunOne:
 
 
 def frontend_run_one(client, base_url: str, model: str) -> RunOne:
+    """The user path of ``model``: ``/v1/audio/speech`` (pcm, streamed) or, for ``omni``,
+    :func:`chat_run_one`. Each HTTP read feeds the stream's real-time player."""
+    if model == "omni":
+        return chat_run_one(client, base_url, model)
+
     def run_one(index: int, text: str, voice: str) -> RequestResult:
         body = {"model": model, "input": text, "voice": voice, "response_format": "pcm",
                 "stream": True}
@@ -431,16 +568,47 @@ def frontend_run_one(client, base_url: str, model: str) -> RunOne:
             if resp.status_code != 200:
                 resp.read()
                 raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
-            r.sample_rate = int(resp.headers["x-sample-rate"])
+            rate = int(resp.headers["x-sample-rate"])
+            r.sample_rate = rate
             nbytes = 0
             for data in resp.iter_raw():
-                if data:
-                    if r.ttfp_s is None:
-                        r.ttfp_s = time.perf_counter() - t0
-                    nbytes += len(data)
-                    r.chunks += 1  # HTTP reads, not model chunks
+                if data:  # s16le mono; a read may end inside a sample: count whole ones
+                    before, nbytes = nbytes // 2, nbytes + len(data)
+                    r.on_audio(time.perf_counter() - t0, nbytes // 2 - before, rate)  # HTTP reads, not model chunks
         r.e2e_s = time.perf_counter() - t0
-        r.samples = nbytes // 2  # s16le mono
+        return r
+
+    return run_one
+
+
+def chat_run_one(client, base_url: str, model: str) -> RunOne:
+    """``POST /v1/chat/completions`` with ``modalities: ["text", "audio"]``, ``audio.format:
+    pcm16``, ``stream: true``; every SSE chunk's ``delta.audio.data`` (base64 s16le at
+    ``OMNI_SAMPLE_RATE``) feeds the player. The request's text is the user message."""
+    import base64
+
+    def run_one(index: int, text: str, voice: str) -> RequestResult:
+        body = {"model": model, "messages": [{"role": "user", "content": text}],
+                "modalities": ["text", "audio"], "audio": {"format": "pcm16", "voice": voice},
+                "max_tokens": OMNI_MAX_TOKENS, "stream": True}
+        r = RequestResult(index=index, sample_rate=OMNI_SAMPLE_RATE)
+        t0 = time.perf_counter()
+        with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                resp.read()
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            carry = b""
+            for line in resp.iter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[5:]).get("choices", []):
+                    data = ((choice.get("delta") or {}).get("audio") or {}).get("data")
+                    if data:
+                        pcm = carry + base64.b64decode(data)
+                        whole = len(pcm) // 2 * 2
+                        carry = pcm[whole:]
+                        r.on_audio(time.perf_counter() - t0, whole // 2, OMNI_SAMPLE_RATE)
+        r.e2e_s = time.perf_counter() - t0
         return r
 
     return run_one
@@ -520,10 +688,93 @@ class Bench:
                      f"{_fmt(s['throughput_audio_s_per_s'], 2)} audio s/s  ({wall:.1f} s)")
 
 
+def run_served(bench: "Bench", args, served: list[str], mode: str | None, started: list,
+               external: bool) -> tuple[dict, dict | None]:
+    """Run the served ``paths`` of every model under one scheduling ``mode`` (``deadline``: the
+    configs as shipped; ``fifo``: ``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment;
+    ``None``: as is). Starts and stops its own stack unless ``external``. Results go to
+    ``bench.results[model][path_label(path, mode)]``. Returns (stack info, codec settings the
+    server runs or ``None``); a failure is recorded in the info's ``error``, never raised."""
+    log = bench.log
+    info: dict = {"scheduling": mode}
+    codec = None
+    server = frontend = None
+    saved = os.environ.get(SCHEDULING_ENV)
+    try:
+        frontend_url, grpc_url = args.frontend_url, args.triton_grpc_url
+        if not external:
+            from omni_triton.launcher import Frontend, TritonServer, free_port
+            from omni_triton.paths import cache_dir
+
+            if mode == "fifo":
+                os.environ[SCHEDULING_ENV] = "fifo"  # tritonserver's stubs inherit it
+            elif mode == "deadline":
+                os.environ.pop(SCHEDULING_ENV, None)
+            logs = cache_dir() / "logs"
+            tag = f"bench-{os.getpid()}-{mode or 'served'}"
+            t = time.perf_counter()
+            server = TritonServer(list(args.models), http_port=free_port(),
+                                  grpc_port=free_port(), metrics_port=free_port(),
+                                  log_path=logs / f"{tag}-tritonserver.log")
+            log(f"starting tritonserver ({', '.join(server.models)}) on gRPC {server.grpc_url}"
+                f" (scheduling: {mode or 'as configured'})")
+            started.append(server)
+            server.start()
+            server.wait_ready(timeout=args.ready_timeout)
+            info["triton_ready_s"] = round(time.perf_counter() - t, 2)
+            grpc_url = server.grpc_url
+            if "frontend" in served:
+                frontend = Frontend(grpc_url, port=free_port(), models=list(args.models),
+                                    log_path=logs / f"{tag}-frontend.log")
+                started.append(frontend)
+                frontend.start()
+                frontend.wait_ready()
+                frontend_url = frontend.url
+            info.update(stack_ready_s=round(time.perf_counter() - t, 2), triton_log=str(server.log_path),
+                        frontend_log=str(frontend.log_path) if frontend else None)
+            log(f"stack ready in {info['stack_ready_s']} s (frontend {frontend_url})")
+        if "tts" in args.models:
+            codec = codec_settings(grpc_url)  # what the server actually runs
+        info.update(frontend_url=frontend_url, triton_grpc_url=grpc_url)
+        if grpc_url:
+            try:
+                import tritonclient.grpc as grpcclient
+
+                with grpcclient.InferenceServerClient(grpc_url) as c:
+                    info["tritonserver_version"] = c.get_server_metadata(as_json=True).get("version")
+            except Exception:
+                pass
+        import httpx
+
+        limit = max(bench.levels) + 2
+        with httpx.Client(timeout=httpx.Timeout(args.timeout, connect=10.0),
+                          limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)) as http:
+            for model in args.models:
+                if "triton" in served and grpc_url and "triton" in MODEL_PATHS[model]:
+                    log(f"Triton gRPC streaming ({mode or 'as served'})")
+                    bench.run_path(model, path_label("triton", mode), grpc_run_one(grpc_url, model, args.timeout))
+                if "frontend" in served and frontend_url and "frontend" in MODEL_PATHS[model]:
+                    log(f"OpenAI frontend (httpx streaming, pcm; {mode or 'as served'})")
+                    bench.run_path(model, path_label("frontend", mode), frontend_run_one(http, frontend_url, model))
+    except Exception as exc:  # keep what was measured; report the failure
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"error: {info['error']}", file=sys.stderr)
+    finally:
+        for proc in (frontend, server):
+            if proc is not None:
+                proc.stop()
+                started.remove(proc)
+        if saved is None:
+            os.environ.pop(SCHEDULING_ENV, None)
+        else:
+            os.environ[SCHEDULING_ENV] = saved
+    return info, codec
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench_tts.json", help="JSON output file")
-    p.add_argument("--models", default=",".join(MODELS), help="comma separated: piper_tts,tts")
+    p.add_argument("--models", default=",".join(MODELS), help="comma separated: " + ",".join(MODELS))
     p.add_argument("--paths", default=",".join(PATHS), help="comma separated: inprocess,triton,frontend")
     p.add_argument("--concurrency", default="1,4,8", help="comma separated levels")
     p.add_argument("--requests", type=int, default=8,
@@ -534,6 +785,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, s")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="own stack start-up timeout, s")
     p.add_argument("--quiet", action="store_true", help="only the final table")
+    p.add_argument("--scheduling", default=None,
+                   help="comma separated scheduling modes, one own stack each: deadline (configs as "
+                        "shipped), fifo (OMNI_TRITON_SCHEDULING=fifo: the previous behaviour); default "
+                        "deadline,fifo with an own stack, the server as it runs with --*-url")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
@@ -544,6 +799,15 @@ def main(argv: list[str] | None = None) -> int:
         if x not in PATHS:
             p.error(f"unknown path {x!r}; choose from {', '.join(PATHS)}")
     external = bool(args.frontend_url or args.triton_grpc_url)
+    if args.scheduling is None:
+        args.scheduling = [] if external else list(SCHEDULING_MODES)
+    else:
+        args.scheduling = [m.strip() for m in args.scheduling.split(",") if m.strip()]
+    for m in args.scheduling:
+        if m not in SCHEDULING_MODES:
+            p.error(f"unknown scheduling mode {m!r}; choose from {', '.join(SCHEDULING_MODES)}")
+    if external and len(args.scheduling) > 1:
+        p.error("one running server has one scheduling mode: give at most one with --*-url")
     if external:  # only the paths whose endpoints were given
         paths = [x for x in paths if x == "inprocess"
                  or (x == "triton" and args.triton_grpc_url) or (x == "frontend" and args.frontend_url)]
@@ -562,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1) in-process baseline, before any server runs (never overlapping the served runs)
     if "inprocess" in paths:
         log("in-process (no Triton)")
-        for model in args.models:
+        for model in [m for m in args.models if "inprocess" in MODEL_PATHS[m]]:
             t = time.perf_counter()
             if model == "piper_tts":
                 engine = InProcessPiper(piper_parallelism())
@@ -578,71 +842,21 @@ def main(argv: list[str] | None = None) -> int:
 
         gc.collect()
 
-    # 2) served paths
+    # 2) served paths, once per scheduling mode (own stack: one server per mode, one after another)
     served = [x for x in paths if x != "inprocess"]
-    server = frontend = None
-    try:
-        if served:
-            frontend_url, grpc_url = args.frontend_url, args.triton_grpc_url
-            if not external:
-                from omni_triton.launcher import Frontend, TritonServer, free_port
-                from omni_triton.paths import cache_dir
-
-                logs = cache_dir() / "logs"
-                tag = f"bench-{os.getpid()}"
-                t = time.perf_counter()
-                server = TritonServer(list(args.models), http_port=free_port(),
-                                      grpc_port=free_port(), metrics_port=free_port(),
-                                      log_path=logs / f"{tag}-tritonserver.log")
-                log(f"starting tritonserver ({', '.join(server.models)}) on gRPC {server.grpc_url}")
-                started.append(server)
-                server.start()
-                server.wait_ready(timeout=args.ready_timeout)
-                stack_info["triton_ready_s"] = round(time.perf_counter() - t, 2)
-                grpc_url = server.grpc_url
-                if "frontend" in served:
-                    frontend = Frontend(grpc_url, port=free_port(), models=list(args.models),
-                                        log_path=logs / f"{tag}-frontend.log")
-                    started.append(frontend)
-                    frontend.start()
-                    frontend.wait_ready()
-                    frontend_url = frontend.url
-                stack_info.update(stack_ready_s=round(time.perf_counter() - t, 2),
-                                  triton_log=str(server.log_path),
-                                  frontend_log=str(frontend.log_path) if frontend else None)
-                log(f"stack ready in {stack_info['stack_ready_s']} s (frontend {frontend_url})")
-                if "tts" in args.models:
-                    codec = codec_settings(grpc_url)  # what the server actually runs
-            stack_info.update(frontend_url=frontend_url, triton_grpc_url=grpc_url)
-            if grpc_url:
-                try:
-                    import tritonclient.grpc as grpcclient
-
-                    with grpcclient.InferenceServerClient(grpc_url) as c:
-                        stack_info["tritonserver_version"] = c.get_server_metadata(as_json=True).get("version")
-                except Exception:
-                    pass
-            import httpx
-
-            limit = max(bench.levels) + 2
-            with httpx.Client(timeout=httpx.Timeout(args.timeout, connect=10.0),
-                              limits=httpx.Limits(max_connections=limit,
-                                                  max_keepalive_connections=limit)) as http:
-                for model in args.models:
-                    if "triton" in served and grpc_url:
-                        log("Triton gRPC streaming")
-                        bench.run_path(model, "triton", grpc_run_one(grpc_url, model, args.timeout))
-                    if "frontend" in served and frontend_url:
-                        log("OpenAI frontend (httpx streaming, pcm)")
-                        bench.run_path(model, "frontend", frontend_run_one(http, frontend_url, model))
-    except Exception as exc:  # keep what was measured; report the failure
-        stack_error = f"{type(exc).__name__}: {exc}"
-        print(f"error: {stack_error}", file=sys.stderr)
-    finally:
-        for proc in reversed(started):
-            proc.stop()
+    modes = args.scheduling or [None]
+    stack_info["per_mode"] = {}
+    if served:
+        for mode in modes:
+            info, codec_served = run_served(bench, args, served, mode, started, external)
+            stack_info["per_mode"][mode or "as_served"] = info
+            codec = codec_served or codec
+            if info.get("error"):
+                stack_error = info["error"]
+                break
 
     ratios = all_ratios(bench.results)
+    sched = scheduling_summary(bench.results)
     machine["loadavg_at_end"] = os.getloadavg()
     config = {
         "command": " ".join([Path(sys.executable).name, "-m", "clients.bench_tts", *(argv or sys.argv[1:])]),
@@ -657,6 +871,11 @@ def main(argv: list[str] | None = None) -> int:
         "load_pattern": "closed loop: C worker threads, each sends its next request when the "
                         "previous one ended",
         "tts_codec": codec,
+        "scheduling_modes": args.scheduling or ["as served"],
+        "playback_model": "per stream a real-time player with no jitter buffer "
+                          "(omni_triton.runtime.playback.PlaybackClock): playback starts at the first "
+                          "chunk; a chunk arriving after the audio before it finished playing stalls it; "
+                          f"continuity = no stall over {CONTINUITY_STALL_S * 1000:.0f} ms",
         "threads": {**threads,
                     **{v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                       "OPENBLAS_NUM_THREADS")},
@@ -677,13 +896,21 @@ def main(argv: list[str] | None = None) -> int:
             "tts served: code2wav chunks of concurrent streams are dynamically batched; "
             "in-process decodes each chunk alone (the batching is what serving adds)",
             "frontend chunks count HTTP reads, not model chunks",
+            "with scheduling deadline the served talkers interleave their open requests frame by "
+            "frame (earliest playback deadline first); the in-process codec baseline still "
+            "generates one request at a time per talker object",
+            f"omni: chat completions, {OMNI_MAX_TOKENS} text tokens, streamed pcm16 at "
+            f"{OMNI_SAMPLE_RATE} Hz; the request text is the user message",
         ],
     }
-    report = {"config": config, "results": bench.results, "ratios": ratios,
+    report = {"config": config, "results": bench.results, "ratios": ratios, "scheduling": sched,
               "wall_s": round(time.perf_counter() - t_start, 2), "error": stack_error}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print()
     print(format_table(bench.results, ratios))
+    if sched:
+        print()
+        print(format_scheduling(sched))
     print(f"\nwrote {args.out}; total wall time {report['wall_s']:.1f} s")
     return 1 if stack_error else 0
 

@@ -86,8 +86,10 @@ class CodecTalkerStage(DecoupledStage):
     def generate(self, job, stream):
         text, speaker, min_frames, max_frames = job
         pending = []
+        # Under the deadline scheduler (config `scheduling: deadline`) the talker computes a frame
+        # only when the scheduler steps this request, so open requests interleave frame by frame.
         for frames in self.talker.stream(text, speaker=speaker, min_frames=min_frames, max_frames=max_frames,
-                                         should_stop=stream.cancelled):
+                                         should_stop=stream.cancelled, paced=self.scheduler is not None):
             self.metrics.count("frames", len(frames))
             pending.append(frames)
             if sum(len(f) for f in pending) >= self.emit_frames:

@@ -17,6 +17,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping
 
+import numpy as np
+
 from omni_triton.adapters import bls
 from omni_triton.adapters.bls import bls_threads_unchecked
 from omni_triton.adapters.telemetry import RequestTelemetry, Telemetry
@@ -29,7 +31,9 @@ from omni_triton.adapters.triton_io import (
     send,
     tensors,
 )
-from omni_triton.contracts.tensors import REQUEST_ID, InputError
+from omni_triton.contracts.speech import CODES
+from omni_triton.contracts.tensors import AUDIO, REQUEST_ID, SAMPLE_RATE, InputError
+from omni_triton.runtime import scheduling
 
 
 def _pb():
@@ -153,6 +157,17 @@ class DecoupledStage:
     its concurrency from its instance count (one stub process each): two threads of one stub
     reading decoupled BLS streams deadlock python_backend (``omni_triton/adapters/bls.py``, "One
     thread"). A ``workers`` > 0 for it is refused at load (``RuntimeError``).
+
+    Playback-deadline scheduling (``omni_triton.runtime.scheduling``, docs/scheduling.md): when
+    the config parameter ``scheduling`` is ``"deadline"`` (and ``OMNI_TRITON_SCHEDULING`` is not
+    ``fifo``), ``execute`` hands each job to a :class:`~omni_triton.runtime.scheduling.StepScheduler`
+    of ``scheduler_workers`` threads (default ``workers``, else 1) that steps the generators of
+    all open requests one output at a time, earliest playback deadline first, so a new request's
+    first chunk does not wait for other requests' later chunks. The deadline model comes from
+    :meth:`playback_deadline` (config ``deadline_unit``: ``audio`` for AUDIO/SAMPLE_RATE outputs,
+    ``frames`` for CODES outputs decoded in ``first_chunk_frames``/``chunk_frames`` chunks at
+    ``frame_rate_hz``). Not for stages that read BLS streams or have their own ``dispatch``
+    (logged, FIFO kept).
     """
 
     stage = "stage"
@@ -183,6 +198,17 @@ class DecoupledStage:
             raise RuntimeError(f"{self.model_name}: workers = {n}, but a stage that reads decoupled BLS "
                                "streams must run them on one thread (workers 0; raise the instance count "
                                "instead): see omni_triton/adapters/bls.py")
+        self.scheduler = None
+        if scheduling.scheduling_policy(self.params) is scheduling.Policy.DEADLINE:
+            if self.reads_bls_streams or type(self).dispatch is not DecoupledStage.dispatch:
+                logging.getLogger(self.stage).warning(
+                    "%s: scheduling=deadline ignored (the stage reads BLS streams or dispatches itself)",
+                    self.model_name)
+            else:
+                self.playback_deadline(0.0)  # validates the deadline parameters at load
+                workers = int(self.params.get("scheduler_workers", n if n > 0 else 1))
+                self.scheduler = scheduling.StepScheduler(workers, scheduling.Policy.DEADLINE, name=self.stage)
+                n = 0
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=self.stage) if n > 0 else None
 
     def setup(self, args: dict, params: dict[str, str]) -> None:
@@ -218,17 +244,65 @@ class DecoupledStage:
                 continue
             self.metrics.count("requests")
             self.metrics.add("active", 1)
-            queued = self.pool is not None and type(self).dispatch is DecoupledStage.dispatch
+            queued = (self.pool is not None or self.scheduler is not None) and \
+                type(self).dispatch is DecoupledStage.dispatch
             self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
             self.dispatch(job, stream)
         return None
 
     def dispatch(self, job, stream: ResponseStream) -> None:
-        """Run ``job`` in execute or on the pool."""
-        if self.pool is None:
+        """Run ``job`` in execute, on the pool, or on the deadline scheduler."""
+        if self.scheduler is not None:
+            self._schedule(job, stream)
+        elif self.pool is None:
             self.run(job, stream)
         else:
             self.pool.submit(self._run_queued, job, stream)
+
+    def playback_deadline(self, arrival: float) -> scheduling.Deadline:
+        """The deadline model of one request arriving at ``arrival`` (scheduler clock, s), from
+        the config parameters ``deadline_unit`` (``audio`` | ``frames``), ``first_audio_budget_ms``,
+        ``deadline_guard_ms`` and, for frames, ``first_chunk_frames``, ``chunk_frames``,
+        ``frame_rate_hz`` (the consumer's chunk schedule).
+
+        Raises:
+            ValueError: an unknown ``deadline_unit`` or invalid numbers.
+        """
+        p = self.params
+        budget = float(p.get("first_audio_budget_ms", "0")) / 1000.0
+        guard = float(p.get("deadline_guard_ms", "0")) / 1000.0
+        unit = p.get("deadline_unit", "audio")
+        if unit == "frames":
+            return scheduling.FrameDeadline(arrival, int(p.get("first_chunk_frames", "5")),
+                                            int(p.get("chunk_frames", "25")),
+                                            float(p.get("frame_rate_hz", "12.5")), budget, guard)
+        if unit != "audio":
+            raise ValueError(f"{self.model_name}: deadline_unit must be audio or frames, not {unit!r}")
+        return scheduling.AudioDeadline(arrival, budget, guard)
+
+    def playback_amount(self, outputs: Mapping[str, Any]) -> float:
+        """What one response adds to its stream's deadline: codec frames (rows of CODES) or
+        seconds of audio (AUDIO samples / SAMPLE_RATE Hz); 0 for anything else."""
+        if self.params.get("deadline_unit", "audio") == "frames":
+            codes = outputs.get(CODES)
+            return float(len(codes)) if codes is not None else 0.0
+        audio, rate = outputs.get(AUDIO), outputs.get(SAMPLE_RATE)
+        if audio is None or rate is None:
+            return 0.0
+        rate = int(np.asarray(rate).reshape(-1)[0])
+        return float(np.asarray(audio).size) / rate if rate > 0 else 0.0
+
+    def _schedule(self, job, stream: ResponseStream) -> None:
+        def on_start():
+            self.telemetry.add("omni_stage_requests_waiting", -1)
+            self.telemetry.add("omni_stage_requests_running", 1)
+
+        def on_output(outputs):
+            stream.send(outputs, final=isinstance(outputs, Final))
+            return self.playback_amount(outputs)
+
+        self.scheduler.submit(self.generate(job, stream), self.playback_deadline(self.scheduler.clock()),
+                              on_output, lambda error: self.finish(job, stream, error), on_start)
 
     def _run_queued(self, job, stream: ResponseStream) -> None:
         self.telemetry.add("omni_stage_requests_waiting", -1)
@@ -278,6 +352,8 @@ class DecoupledStage:
     def finalize(self):
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.scheduler is not None:
+            self.scheduler.close()
         self.metrics = None  # metric families go before the stub's shared memory does
         bls.report_to(None)
         self.telemetry.close()

@@ -71,3 +71,51 @@ def test_inprocess_baselines_get_the_served_parallelism():
 
     assert instance_count("tts_talker") == 2 and instance_count("tts_code2wav") == 1
     assert b.piper_parallelism() == 2  # piper_tts: workers 2, one instance
+
+
+def test_the_player_of_a_stream_counts_underruns_and_continuity():
+    """Chunks of 1 s at 1 kHz: the second arrives 0.05 s late (continuous), the third 0.5 s late."""
+    r = b.RequestResult(index=0)
+    r.on_audio(0.2, 1000, 1000)  # first audio at 0.2, plays until 1.2
+    r.on_audio(1.25, 1000, 1000)  # 0.05 s stall, plays until 2.25
+    assert r.ttfp_s == 0.2 and r.underrun_s == pytest.approx(0.05) and r.continuous
+    r.on_audio(2.75, 1000, 1000)  # 0.5 s stall
+    r.on_audio(2.8, 0, 1000)  # empty: ignored
+    r.e2e_s = 3.0
+    assert r.underrun_s == pytest.approx(0.55) and not r.continuous and r.chunks == 3 and r.samples == 3000
+    smooth = b.RequestResult(index=1)
+    smooth.on_audio(0.1, 1000, 1000)
+    smooth.on_audio(0.5, 1000, 1000)
+    smooth.e2e_s = 0.6
+    s = b.summarize([r, smooth], wall_s=3.0)
+    assert s["underrun_s_total"] == pytest.approx(0.55) and s["stalled_streams"] == 1
+    assert s["continuity_rate"] == 0.5 and r.to_json()["longest_stall_ms"] == 500.0
+
+
+def test_scheduling_summary_compares_modes_against_the_target():
+    def level(ttfps, stall=0.0):
+        rs = []
+        for i, t in enumerate(ttfps):
+            x = b.RequestResult(index=i)
+            x.on_audio(t, 1000, 1000)
+            x.on_audio(t + 1.0 + stall, 1000, 1000)
+            x.e2e_s = t + 1.0 + stall
+            rs.append(x)
+        return b.summarize(rs, wall_s=3.0)
+
+    results = {"tts": {
+        "inprocess": {"1": level([0.1])},
+        b.path_label("frontend", "deadline"): {"1": level([0.1]), "8": level([0.15, 0.19])},
+        b.path_label("frontend", "fifo"): {"1": level([0.1]), "8": level([0.5, 0.9], stall=0.2)},
+    }}
+    sched = b.scheduling_summary(results)["tts"]
+    assert set(sched) == {"frontend:deadline", "frontend:fifo"}  # in-process is no served mode
+    good, bad = sched["frontend:deadline"], sched["frontend:fifo"]
+    assert good["ttfp_p50_growth"] == pytest.approx(1.7) and good["target_met"]
+    assert bad["ttfp_p50_growth"] == pytest.approx(7.0) and not bad["target_met"]
+    assert bad["underrun_s_total"]["8"] == pytest.approx(0.4) and bad["continuity_rate"]["8"] == 0.0
+    ratios = b.all_ratios(results)
+    assert "frontend_vs_inprocess:fifo" in ratios["tts"]["1"]
+    assert b.split_label("frontend:fifo") == ("frontend", "fifo") and b.path_label("inprocess", "fifo") == "inprocess"
+    assert "frontend:deadline" in b.format_scheduling(b.scheduling_summary(results))
+    assert "frontend:fifo" in b.format_table(results, ratios)

@@ -103,6 +103,42 @@ def test_cancellation_stops_within_one_frame(talker, codes):
         np.testing.assert_array_equal(np.concatenate(got), codes[:n])
 
 
+def test_paced_streams_of_one_talker_interleave_frame_by_frame_with_the_same_frames(talker, codes):
+    """Paced (the deadline scheduler's mode): two streams of ONE talker object pulled alternately
+    frame by frame give each the frames it gets alone, and a paced stream computes only what is
+    pulled (its stop hook, called once per computed frame, runs at most one frame ahead). With the
+    per-model lock held by a paced stream, the second stream's first frame never comes (the
+    consumer thread would block): the worker below then does not finish and the test fails."""
+    other_alone = talker.generate(TEXT, speaker=1, min_frames=12, max_frames=12)
+    computed = {"a": 0, "b": 0}
+
+    def hook(name):
+        def stop():
+            computed[name] += 1
+            return False
+        return stop
+
+    got: dict = {"a": [], "b": [], "ahead": []}
+
+    def consume():
+        a = talker.stream(TEXT, 0, 20, 20, should_stop=hook("a"), paced=True)
+        b = talker.stream(TEXT, 1, 12, 12, should_stop=hook("b"), paced=True)
+        for _ in range(12):
+            got["a"].append(next(a))
+            got["b"].append(next(b))
+            got["ahead"].append(computed["a"] - sum(len(f) for f in got["a"]))
+        got["a"].extend(a)
+        got["b"].extend(b)
+
+    worker = threading.Thread(target=consume, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "two paced streams of one talker did not interleave"
+    np.testing.assert_array_equal(np.concatenate(got["a"]), codes[:20])
+    np.testing.assert_array_equal(np.concatenate(got["b"]), other_alone)
+    assert max(got["ahead"]) <= 1  # generation waits for the consumer (one frame in flight at most)
+
+
 def test_closing_generator_stops_generation(talker):
     """Closing the generator stops ``generate`` within a frame or two and joins its thread.
 

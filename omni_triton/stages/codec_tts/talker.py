@@ -3,6 +3,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import queue
 import threading
@@ -49,10 +51,16 @@ class _FrameStreamer:
     frame per step. ``put`` checks the cancellation hook after every frame (before queueing it) and
     raises :class:`GenerationCancelled`, which aborts ``generate`` before the next frame is computed:
     at most the one frame in flight when cancellation was requested is computed, and it is dropped.
+
+    ``gate`` (paced streams): after queueing a frame, ``put`` waits for one release of the gate
+    (the consumer asking for the next frame) before ``generate`` computes another; ``closed``
+    set while waiting aborts generation (:class:`GenerationCancelled`).
     """
 
-    def __init__(self, q: "queue.Queue", should_stop: Callable[[], bool]):
+    def __init__(self, q: "queue.Queue", should_stop: Callable[[], bool],
+                 gate: threading.Semaphore | None = None, closed: threading.Event | None = None):
         self.q, self.should_stop, self._prompt_seen = q, should_stop, False
+        self.gate, self.closed = gate, closed
 
     def put(self, value: torch.Tensor) -> None:
         if not self._prompt_seen:
@@ -61,6 +69,10 @@ class _FrameStreamer:
         if self.should_stop():  # frame computed after a cancel request: dropped
             raise GenerationCancelled()
         self.q.put(value[0].numpy().astype(np.int64, copy=True))
+        if self.gate is not None:
+            while not self.gate.acquire(timeout=0.05):
+                if self.closed is not None and self.closed.is_set():
+                    raise GenerationCancelled()
 
     def end(self) -> None:
         pass
@@ -129,6 +141,7 @@ class CodecTalker:
         min_frames: int | None = None,
         max_frames: int | None = None,
         should_stop: Callable[[], bool] | None = None,
+        paced: bool = False,
     ) -> Iterator[np.ndarray]:
         """Yield ``np.int64 [n_new, num_codebooks]`` frames (n_new >= 1) while generation runs.
 
@@ -136,6 +149,13 @@ class CodecTalker:
         0..K-2 all ``codebook_eos_token_id``; suppressed before ``min_frames`` and never yielded)
         or when ``should_stop()`` returns True (checked after every frame; no frame generated after
         a True is yielded). Closing the generator early also stops generation.
+
+        ``paced``: generate only on demand, one frame per ``next()`` (the generate thread waits
+        after each frame until the consumer asks for the next), and without the per-model lock,
+        so several paced streams of one talker interleave frame by frame in the order their
+        consumer pulls them (``omni_triton.runtime.scheduling``: earliest playback deadline
+        first). Frames are the same as unpaced (each ``generate`` call has its own cache). Unpaced
+        (default): generations of one talker run one after another, each ahead of its consumer.
         """
         min_frames = self.default_min_frames if min_frames is None else int(min_frames)
         max_frames = self.default_max_frames if max_frames is None else int(max_frames)
@@ -154,17 +174,18 @@ class CodecTalker:
         q: queue.Queue = queue.Queue()
         done = object()
         inputs = self.prompt_ids(text, speaker)
+        gate = threading.Semaphore(0) if paced else None
 
         def run():
             from transformers import LogitsProcessorList
 
-            with self._lock:
+            with contextlib.nullcontext() if paced else self._lock:
                 try:
                     self.model.generate(
                         **inputs, max_new_tokens=max_frames, do_sample=False,
                         logits_processor=LogitsProcessorList(
                             [_MinFramesLogitsProcessor(min_frames, self.codebook_eos_id)]),
-                        streamer=_FrameStreamer(q, stop),
+                        streamer=_FrameStreamer(q, stop, gate, closed),
                     )
                 except GenerationCancelled:
                     pass
@@ -183,6 +204,8 @@ class CodecTalker:
                 yield np.stack(frames).astype(np.int64)
             if len(frames) < len(items):
                 break  # the EOS frame: the rest is not audio
+            if gate is not None:
+                gate.release()  # the consumer asked for more: compute the next frame
 
     def generate(self, text: str, speaker: int = 0, min_frames=None, max_frames=None) -> np.ndarray:
         """All frames at once: ``np.int64 [T, num_codebooks]``."""

@@ -1,0 +1,321 @@
+"""Playback-deadline scheduling of streamed synthesis work (issue 13 item 4).
+
+Why: a stage that synthesises whole requests one after another (``piper_tts``'s two workers, a
+talker instance generating one request inside ``execute``) makes a new request's *first* chunk
+wait behind every later chunk of the requests already running, although those streams are
+far ahead of real time: time to first audio (TTFP) grows with the load while the running
+listeners gain nothing. This module interleaves the work of concurrent streams step by step
+(one sentence, one codec frame) and always runs the step whose audio is due soonest:
+
+- a stream that has sent no audio yet is due at its arrival time (its first chunk is wanted
+  now);
+- a stream that is playing is due when the audio it has already delivered ends playing
+  (:class:`~omni_triton.runtime.playback.PlaybackClock`: first chunk arrival + seconds
+  delivered + stalls so far), minus ``guard_s``;
+- so a stream far ahead of real time yields to every other, and one about to underrun runs
+  first (earliest deadline first: EDF; with FIFO the oldest stream always runs first, the
+  previous run-to-completion order).
+
+Pure Python, no Triton: :class:`RunQueue` is the ordering (unit-tested without timing),
+:class:`StepScheduler` the worker threads that step generators in that order,
+:class:`AudioDeadline` / :class:`FrameDeadline` the per-stream deadline models (PCM seconds;
+codec frames decoded in chunks). ``omni_triton.adapters.stream.DecoupledStage`` uses them when a
+model's ``config.pbtxt`` sets ``scheduling: "deadline"`` (docs/scheduling.md).
+
+The switch back: ``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment (or the config
+parameter ``scheduling: "fifo"``) gives the previous behaviour (the stage's original dispatch).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+LOGGER = logging.getLogger("omni_triton.scheduling")
+
+#: Environment variable that overrides every stage's policy (``fifo`` turns scheduling off).
+SCHEDULING_ENV = "OMNI_TRITON_SCHEDULING"
+#: config.pbtxt parameter naming a stage's policy.
+SCHEDULING_PARAM = "scheduling"
+
+
+class Policy(str, Enum):
+    """How a stage orders the steps of its concurrent streams."""
+
+    DEADLINE = "deadline"  # earliest playback deadline first (first chunks at their arrival)
+    FIFO = "fifo"  # oldest stream first: the previous behaviour
+
+
+def scheduling_policy(params: Mapping[str, str], env: Mapping[str, str] | None = None) -> Policy:
+    """The policy of one stage.
+
+    ``OMNI_TRITON_SCHEDULING=fifo`` in ``env`` (default ``os.environ``) forces FIFO everywhere (the
+    benchmark's "scheduling off" run); otherwise the ``scheduling`` parameter of ``params`` (the
+    model's config.pbtxt parameters) decides; absent means FIFO (stages that never opted in).
+
+    Raises:
+        ValueError: an unknown policy name in the parameter or the environment.
+    """
+    env = os.environ if env is None else env
+    forced = (env.get(SCHEDULING_ENV) or "").strip().lower()
+    if forced:
+        Policy(forced)  # validates
+        if forced == Policy.FIFO.value:
+            return Policy.FIFO
+    return Policy((params.get(SCHEDULING_PARAM) or Policy.FIFO.value).strip().lower())
+
+
+class Deadline(Protocol):
+    """A stream's playback deadline (seconds on the scheduler's monotonic clock)."""
+
+    def observe(self, now: float, amount: float) -> None:
+        """``amount`` more output (model-specific unit) was sent at ``now``."""
+
+    def due(self) -> float:
+        """When the stream's next output must be there for its listener not to stall."""
+
+
+@dataclass
+class AudioDeadline:
+    """Deadline of a stream of PCM chunks (``piper_tts``): a real-time player with no buffer.
+
+    Args:
+        arrival: when the request arrived (seconds, the scheduler's clock).
+        first_audio_budget_s: the first chunk is due this long after ``arrival`` (0: now).
+        guard_s: later chunks are due this long before the delivered audio ends playing.
+
+    ``observe(now, seconds)``: ``seconds`` of audio were sent at ``now``.
+    """
+
+    arrival: float
+    first_audio_budget_s: float = 0.0
+    guard_s: float = 0.0
+    first_audio: float | None = None
+    _play_end: float = field(default=0.0, repr=False)
+
+    def observe(self, now: float, amount: float) -> None:
+        if amount <= 0:
+            return
+        if self.first_audio is None:
+            self.first_audio, self._play_end = now, now
+        self._play_end = max(self._play_end, now) + amount  # a stall shifts the rest (PlaybackClock)
+
+    def due(self) -> float:
+        if self.first_audio is None:
+            return self.arrival + self.first_audio_budget_s
+        return self._play_end - self.guard_s
+
+
+@dataclass
+class FrameDeadline:
+    """Deadline of a talker's codec-frame stream whose consumer decodes chunks
+    (:class:`~omni_triton.stages.chunking.ChunkSchedule`: ``first_chunk_frames``, then
+    ``chunk_frames``) and plays ``frame_rate_hz`` frames per second of audio.
+
+    The frames of chunk ``j`` become audible together, when the chunk is complete; the chunk is
+    due when the audio before it ends playing: ``first_audio + start_j / frame_rate_hz``, where
+    ``first_audio`` is when the first chunk's last frame was sent (the decode after it is short).
+    Before that the stream is due at ``arrival + first_audio_budget_s``.
+
+    ``observe(now, frames)``: ``frames`` more frames were sent at ``now``.
+
+    Raises:
+        ValueError: chunk sizes < 1 or frame rate <= 0.
+    """
+
+    arrival: float
+    first_chunk_frames: int = 5
+    chunk_frames: int = 25
+    frame_rate_hz: float = 12.5
+    first_audio_budget_s: float = 0.0
+    guard_s: float = 0.0
+    frames: int = 0
+    first_audio: float | None = None
+
+    def __post_init__(self):
+        if self.first_chunk_frames < 1 or self.chunk_frames < 1 or self.frame_rate_hz <= 0:
+            raise ValueError("first_chunk_frames, chunk_frames must be >= 1 and frame_rate_hz > 0")
+
+    def observe(self, now: float, amount: float) -> None:
+        self.frames += int(amount)
+        if self.first_audio is None and self.frames >= self.first_chunk_frames:
+            self.first_audio = now
+
+    def due(self) -> float:
+        if self.first_audio is None:
+            return self.arrival + self.first_audio_budget_s
+        later = (self.frames - self.first_chunk_frames) // self.chunk_frames  # full chunks after the first
+        chunk_start = self.first_chunk_frames + later * self.chunk_frames  # first frame of the next chunk
+        return self.first_audio + chunk_start / self.frame_rate_hz - self.guard_s
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One stream in a :class:`RunQueue`: ``seq`` orders arrivals; ``payload`` is the caller's."""
+
+    seq: int
+    deadline: Deadline
+    payload: Any = None
+
+
+class RunQueue:
+    """The ready streams, most urgent first (not thread-safe; :class:`StepScheduler` locks it).
+
+    A stream is out of the queue while one of its steps runs and is pushed back after it, so its
+    deadline is read when it is pushed and cannot change while queued.
+
+    DEADLINE orders by ``(deadline.due(), seq)``: earliest playback deadline first, arrival
+    order among equals. FIFO orders by ``seq`` alone: the oldest stream first, i.e. every stream
+    runs to its end before a later one starts (with one worker).
+    """
+
+    def __init__(self, policy: Policy = Policy.DEADLINE):
+        self.policy = Policy(policy)
+        self._heap: list[tuple[tuple, int, Ticket]] = []
+        self._seq = itertools.count()
+        self._push_seq = itertools.count()
+
+    def ticket(self, deadline: Deadline, payload: Any = None) -> Ticket:
+        """A new stream's ticket (the next arrival number)."""
+        return Ticket(next(self._seq), deadline, payload)
+
+    def key(self, ticket: Ticket) -> tuple:
+        if self.policy is Policy.FIFO:
+            return (ticket.seq,)
+        return (ticket.deadline.due(), ticket.seq)
+
+    def push(self, ticket: Ticket) -> None:
+        heapq.heappush(self._heap, (self.key(ticket), next(self._push_seq), ticket))
+
+    def pop(self) -> Ticket | None:
+        """The most urgent stream, removed; ``None`` when empty."""
+        return heapq.heappop(self._heap)[2] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+@dataclass(eq=False)
+class _Stream:
+    steps: Iterator[Any]
+    on_output: Callable[[Any], float]
+    on_end: Callable[[BaseException | None], None]
+    on_start: Callable[[], None] | None = None
+    started: bool = False
+
+
+class StepScheduler:
+    """Worker threads that step many streams' generators, one step at a time, in
+    :class:`RunQueue` order.
+
+    ``submit`` a stream's generator (each ``next()`` is one unit of work: a sentence, a codec
+    frame); a worker takes the most urgent stream, runs one step, hands the output to
+    ``on_output`` (which sends it and returns its amount for the deadline: audio seconds,
+    frames), and queues the stream again. A stream is stepped by one worker at a time, so its
+    outputs stay in order. ``on_end(None)`` after the last step, ``on_end(exc)`` when a step
+    raised; exceptions of the callbacks are logged, never kill a worker.
+
+    Args:
+        workers: threads (1 for Python-bound talkers; Piper's onnxruntime releases the GIL: 2).
+        policy: the :class:`RunQueue` order.
+        name: thread name prefix.
+        clock: monotonic seconds (injectable for tests).
+
+    Raises:
+        ValueError: ``workers`` < 1.
+    """
+
+    def __init__(self, workers: int, policy: Policy = Policy.DEADLINE, name: str = "scheduler",
+                 clock: Callable[[], float] = time.monotonic):
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.clock = clock
+        self.queue = RunQueue(policy)
+        self._cond = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, steps: Iterator[Any], deadline: Deadline, on_output: Callable[[Any], float],
+               on_end: Callable[[BaseException | None], None],
+               on_start: Callable[[], None] | None = None) -> None:
+        """Queue a new stream (its first step is due at ``deadline.due()``); ``on_start`` runs
+        before its first step.
+
+        Raises:
+            RuntimeError: the scheduler is closed.
+        """
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("scheduler closed")
+            self.queue.push(self.queue.ticket(deadline, _Stream(iter(steps), on_output, on_end, on_start)))
+            self._cond.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not len(self.queue):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                ticket = self.queue.pop()
+            if self._step(ticket):
+                with self._cond:
+                    if self._closed:
+                        return
+                    self.queue.push(ticket)
+                    self._cond.notify()
+
+    def _step(self, ticket: Ticket) -> bool:
+        """Run one step of ``ticket``'s stream; True when it has more."""
+        s: _Stream = ticket.payload
+        try:
+            if not s.started:
+                s.started = True
+                if s.on_start is not None:
+                    s.on_start()
+            out = next(s.steps)
+        except StopIteration:
+            self._end(s, None)
+            return False
+        except Exception as exc:  # noqa: BLE001 - reported to the stream
+            self._end(s, exc)
+            return False
+        try:
+            amount = s.on_output(out)
+            ticket.deadline.observe(self.clock(), float(amount or 0.0))
+        except Exception as exc:  # noqa: BLE001 - a failed send ends the stream
+            self._end(s, exc)
+            return False
+        return True
+
+    @staticmethod
+    def _end(s: _Stream, error: BaseException | None) -> None:
+        try:
+            s.steps.close() if hasattr(s.steps, "close") else None
+        except Exception:  # noqa: BLE001
+            LOGGER.exception("closing a stream's generator")
+        try:
+            s.on_end(error)
+        except Exception:  # noqa: BLE001
+            LOGGER.exception("ending a scheduled stream")
+
+    def close(self) -> None:
+        """Stop the workers after their current step; each stream still queued ends with
+        ``on_end(RuntimeError)`` (the model is being unloaded: its requests get their FINAL)."""
+        with self._cond:
+            self._closed = True
+            left = [self.queue.pop() for _ in range(len(self.queue))]
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=5.0)
+        for ticket in left:
+            self._end(ticket.payload, RuntimeError("stage unloading"))

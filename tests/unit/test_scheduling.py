@@ -1,0 +1,255 @@
+"""The playback-deadline scheduler (omni_triton.runtime.scheduling): its ordering, deadlines and
+the stage integration. No timing: clocks are fixed numbers, threads are sequenced with events."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from tests.unit import fake_pb_utils as pb
+
+sys.modules.setdefault("triton_python_backend_utils", pb)
+
+from omni_triton.adapters.stream import DecoupledStage  # noqa: E402
+from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE  # noqa: E402
+from omni_triton.runtime.scheduling import (  # noqa: E402
+    SCHEDULING_ENV,
+    AudioDeadline,
+    FrameDeadline,
+    Policy,
+    RunQueue,
+    StepScheduler,
+    scheduling_policy,
+)
+
+
+def _playing(arrival, first_audio, seconds):
+    d = AudioDeadline(arrival)
+    d.observe(first_audio, seconds)
+    return d
+
+
+def test_a_new_streams_first_chunk_goes_before_a_running_streams_later_chunks():
+    """Deadline order: stream A (arrived first, 5 s of audio delivered at t=0.1, so due at 5.1)
+    yields to B, which arrived at t=1 and has no audio yet (due now). FIFO would run A first:
+    this test is red when the deadline order is replaced by arrival order."""
+    q = RunQueue(Policy.DEADLINE)
+    a = q.ticket(_playing(0.0, 0.1, 5.0), "A")
+    b = q.ticket(AudioDeadline(1.0), "B")
+    q.push(a)
+    q.push(b)
+    assert [q.pop().payload, q.pop().payload] == ["B", "A"]
+
+
+def test_the_nearest_playback_deadline_goes_first_and_a_stream_far_ahead_yields():
+    q = RunQueue(Policy.DEADLINE)
+    far_ahead = q.ticket(_playing(0.0, 0.1, 30.0), "far")  # due 30.1
+    about_to_stall = q.ticket(_playing(0.5, 0.6, 0.5), "near")  # due 1.1
+    new = q.ticket(AudioDeadline(2.0), "new")  # due 2.0
+    for t in (far_ahead, new, about_to_stall):
+        q.push(t)
+    assert [q.pop().payload for _ in range(3)] == ["near", "new", "far"]
+    assert q.pop() is None
+
+
+def test_fifo_is_arrival_order_whatever_the_deadlines():
+    q = RunQueue(Policy.FIFO)
+    a = q.ticket(_playing(0.0, 0.1, 30.0), "A")
+    b = q.ticket(AudioDeadline(1.0), "B")
+    q.push(b)
+    q.push(a)
+    assert [q.pop().payload, q.pop().payload] == ["A", "B"]
+
+
+def test_audio_deadline_follows_the_playback_clock_with_stalls():
+    d = AudioDeadline(arrival=1.0, first_audio_budget_s=0.2, guard_s=0.1)
+    assert d.due() == pytest.approx(1.2)  # no audio yet: the first chunk is due
+    d.observe(1.5, 2.0)  # first audio at 1.5, plays until 3.5
+    assert d.due() == pytest.approx(3.4)
+    d.observe(4.0, 1.0)  # late: the player stalled 0.5 s, resumes at 4.0 and plays until 5.0
+    assert d.due() == pytest.approx(4.9)
+    d.observe(4.5, 0.0)  # empty chunk: nothing changes
+    assert d.due() == pytest.approx(4.9)
+
+
+def test_frame_deadline_is_the_start_of_the_chunk_being_generated():
+    d = FrameDeadline(arrival=10.0, first_chunk_frames=5, chunk_frames=25, frame_rate_hz=12.5)
+    d.observe(10.1, 4)
+    assert d.due() == 10.0  # first chunk incomplete: due at arrival
+    d.observe(10.2, 1)  # first chunk (0.4 s) complete: first audio at 10.2
+    assert d.due() == pytest.approx(10.2 + 5 / 12.5)  # chunk 2 (frames 5..29) due when chunk 1 ends
+    d.observe(10.3, 24)
+    assert d.due() == pytest.approx(10.2 + 5 / 12.5)  # frame 29 still belongs to chunk 2
+    d.observe(10.4, 1)
+    assert d.due() == pytest.approx(10.2 + 30 / 12.5)  # chunk 3 starts at frame 30
+    with pytest.raises(ValueError):
+        FrameDeadline(0.0, chunk_frames=0)
+
+
+def test_policy_switch_env_forces_fifo_params_decide_otherwise():
+    assert scheduling_policy({}, env={}) is Policy.FIFO  # stages that never opted in
+    assert scheduling_policy({"scheduling": "deadline"}, env={}) is Policy.DEADLINE
+    assert scheduling_policy({"scheduling": "deadline"}, env={SCHEDULING_ENV: "fifo"}) is Policy.FIFO
+    assert scheduling_policy({"scheduling": "deadline"}, env={SCHEDULING_ENV: "deadline"}) is Policy.DEADLINE
+    assert scheduling_policy({}, env={SCHEDULING_ENV: "deadline"}) is Policy.FIFO  # env cannot opt a stage in
+    with pytest.raises(ValueError):
+        scheduling_policy({"scheduling": "lifo"}, env={})
+    with pytest.raises(ValueError):
+        scheduling_policy({}, env={SCHEDULING_ENV: "fast"})
+
+
+def _run_two_streams(policy):
+    """One worker; stream A starts first and is held in its first step until B is queued.
+    Every step delivers 1 s of audio at clock 0. Returns the order of the steps."""
+    order, lock = [], threading.Lock()
+    a_started, b_queued, done = threading.Event(), threading.Event(), threading.Event()
+    ends = []
+
+    def steps(name, n, gate=False):
+        for i in range(n):
+            if gate and i == 0:
+                a_started.set()
+                b_queued.wait(5)
+            with lock:
+                order.append(f"{name}{i}")
+            yield 1.0
+
+    def on_end(error):
+        ends.append(error)
+        if len(ends) == 2:
+            done.set()
+
+    sched = StepScheduler(1, policy, clock=lambda: 0.0)
+    try:
+        sched.submit(steps("A", 4, gate=True), AudioDeadline(0.0), float, on_end)
+        assert a_started.wait(5)
+        sched.submit(steps("B", 2), AudioDeadline(0.0), float, on_end)
+        b_queued.set()
+        assert done.wait(5)
+    finally:
+        sched.close()
+    assert ends == [None, None]
+    return order
+
+
+def test_the_scheduler_interleaves_a_new_stream_before_a_running_one_continues():
+    # after A0, A is due at 1.0 (1 s delivered at 0) and B at 0.0: B0 runs before A1
+    assert _run_two_streams(Policy.DEADLINE) == ["A0", "B0", "A1", "B1", "A2", "A3"]
+    assert _run_two_streams(Policy.FIFO) == ["A0", "A1", "A2", "A3", "B0", "B1"]
+
+
+def test_a_failing_step_ends_only_its_stream():
+    done, ends = threading.Event(), []
+
+    def bad():
+        yield 1.0
+        raise RuntimeError("boom")
+
+    def on_end(error):
+        ends.append(error)
+        done.set()
+
+    sched = StepScheduler(1, Policy.DEADLINE, clock=lambda: 0.0)
+    try:
+        sched.submit(bad(), AudioDeadline(0.0), float, on_end)
+        assert done.wait(5)
+    finally:
+        sched.close()
+    assert isinstance(ends[0], RuntimeError)
+    with pytest.raises(RuntimeError):
+        sched.submit(iter(()), AudioDeadline(0.0), float, on_end)
+    with pytest.raises(ValueError):
+        StepScheduler(0)
+
+
+class Speaker(DecoupledStage):
+    """A stage whose config opts into deadline scheduling; N sentences of 1 s at 10 Hz each."""
+
+    stage = "speaker"
+    workers = 2
+
+    def parse(self, request):
+        return int(request.inputs["N"].as_numpy()[0])
+
+    def generate(self, n, stream):
+        for i in range(n):
+            yield {AUDIO: np.full(10, i, np.float32), SAMPLE_RATE: np.array([10], np.int32)}
+
+
+def _wait_finals(requests, limit_s=10.0):
+    """Wait (not a timing assertion) until every request got its FINAL."""
+    ended = threading.Event()
+    for _ in range(int(limit_s / 0.01)):
+        if all(r.sender.finals for r in requests):
+            return
+        ended.wait(0.01)
+    raise AssertionError("a scheduled request never ended")
+
+
+def _args(**params):
+    return {"model_name": "speaker", "model_instance_name": "speaker_0",
+            "model_config": json.dumps({"parameters": {k: {"string_value": v} for k, v in params.items()}})}
+
+
+def test_a_stage_with_scheduling_deadline_runs_its_jobs_on_the_scheduler(monkeypatch):
+    monkeypatch.delenv(SCHEDULING_ENV, raising=False)
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline", scheduler_workers="1"))
+    assert stage.scheduler is not None and stage.pool is None
+    assert stage.playback_amount({AUDIO: np.zeros(25, np.float32), SAMPLE_RATE: np.array([10])}) == 2.5
+    requests = [pb.FakeRequest({"N": np.array([n])}) for n in (3, 2)]
+    stage.execute(requests)
+    _wait_finals(requests)
+    stage.finalize()
+    for req, n in zip(requests, (3, 2)):
+        assert [int(o[AUDIO][0]) for o in req.sender.outputs()] == list(range(n))
+        assert req.sender.finals == 1
+    assert all(locked for _, locked in pb.CALLS)  # every Triton call under the stub's one lock
+
+
+def test_fifo_env_gives_the_previous_dispatch_and_frames_unit_is_validated(monkeypatch):
+    monkeypatch.setenv(SCHEDULING_ENV, "fifo")
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline"))
+    assert stage.scheduler is None and stage.pool is not None  # the old pool of `workers`
+    stage.finalize()
+    monkeypatch.delenv(SCHEDULING_ENV)
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline", deadline_unit="frames", first_chunk_frames="5"))
+    assert stage.playback_amount({"CODES": np.zeros((3, 8), np.int64)}) == 3.0
+    stage.finalize()
+    with pytest.raises(ValueError):
+        Speaker().initialize(_args(scheduling="deadline", deadline_unit="bytes"))
+
+
+def _config(name):
+    from pathlib import Path
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    path = Path(__file__).resolve().parents[2] / "model_repository" / name / "config.pbtxt"
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def _params(config):
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+@pytest.mark.parametrize("talker,bls", [("tts_talker", "tts")])
+def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls):
+    """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames; the
+    BLS admits more requests at once than the talker has instances (else they queue whole)."""
+    t, b = _params(_config(talker)), _params(_config(bls))
+    assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "frames"
+    assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
+    assert float(t["frame_rate_hz"]) == 12.5
+    assert sum(g.count for g in _config(bls).instance_group) > sum(g.count for g in _config(talker).instance_group)
+
+
+def test_piper_schedules_by_audio():
+    p = _params(_config("piper_tts"))
+    assert scheduling_policy(p, env={}) is Policy.DEADLINE and p.get("deadline_unit", "audio") == "audio"
