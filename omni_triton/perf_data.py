@@ -25,6 +25,8 @@ from omni_triton.contracts.tensors import StageContract
 #: Every served model's contract (stages, BLS models, ensembles), by model name.
 CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS,
                                        **video.CONTRACTS}
+from omni_triton.contracts import qwen2_5_omni as _qwen2_5_omni  # noqa: E402
+CONTRACTS.update(_qwen2_5_omni.CONTRACTS)
 
 #: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
 TINY_DIMS = {
@@ -129,6 +131,10 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     table["wan_t2v_text_encoder"] = {video.PROMPT: _u8("a red square"), video.NEGATIVE_PROMPT: _u8("")}
     table["wan_t2v_denoiser"] = {video.PROMPT_EMBEDS: np.zeros((4, dims["video_text_dim"]), np.float32), **video_req}
     table["wan_t2v_vae_decoder"] = {video.LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
+    # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
+    table.update({f"qwen25_{k}": table[k] for k in ("omni", "omni_thinker", "omni_talker")})
+    table["qwen25_omni_token2wav"] = {speech.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
+                                      image.SEED: np.array([0], np.int64)}
     return table[model]
 
 
