@@ -29,21 +29,19 @@ def _checkpoint(params):
     return checkpoint_dir(params.get("model_name", NAME))
 
 
-def _metrics(stage: str, unit: str, what: str) -> dict:
-    return dict(
-        tokens=(f"{stage}_{unit}_total", f"{what} generated", "counter"),
-        frames=(f"{stage}_{unit}_total", f"{what} generated", "counter"),
-        requests=(f"{stage}_requests_total", f"{stage} requests started", "counter"),
-        cancelled=(f"{stage}_cancelled_total", f"{stage} requests cancelled", "counter"),
-        active=(f"{stage}_active", f"{stage} requests being generated (per instance)", "gauge"),
-    )
+def _metrics(stage: str, counted: str, what: str) -> dict:
+    """``metric_specs`` of a decoupled stage: ``<stage>_<counted>_total`` and the request gauges."""
+    return {counted: (f"{stage}_{counted}_total", f"{what} generated", "counter"),
+            "requests": (f"{stage}_requests_total", f"{stage} requests started", "counter"),
+            "cancelled": (f"{stage}_cancelled_total", f"{stage} requests cancelled", "counter"),
+            "active": (f"{stage}_active", f"{stage} requests being generated (per instance)", "gauge")}
 
 
 class Qwen25ThinkerStage(OmniThinkerStage):
     """``qwen25_omni_thinker``: as ``omni_thinker`` (same tensors), on the Qwen2.5-Omni thinker."""
 
     stage = "qwen25_omni_thinker"
-    metric_specs = {k: v for k, v in _metrics("qwen25_omni_thinker", "tokens", "Tokens").items() if k != "frames"}
+    metric_specs = _metrics("qwen25_omni_thinker", "tokens", "Tokens")
 
     def setup(self, args, params):
         from omni_triton.stages.qwen2_5_omni import Qwen25Thinker
@@ -59,7 +57,7 @@ class Qwen25TalkerStage(OmniTalkerStage):
     [n, 1] responses as the talker generates them; one request at a time per instance."""
 
     stage = "qwen25_omni_talker"
-    metric_specs = {k: v for k, v in _metrics("qwen25_omni_talker", "frames", "Codec tokens").items() if k != "tokens"}
+    metric_specs = _metrics("qwen25_omni_talker", "frames", "Codec tokens")
 
     def setup(self, args, params):
         from omni_triton.stages.qwen2_5_omni import Qwen25Talker, TalkerSettings
