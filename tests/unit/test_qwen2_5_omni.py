@@ -130,3 +130,31 @@ def test_text_only_and_errors(stages):
         token2wav.validate(np.array([0, token2wav.num_embeds + 1]))
     with pytest.raises(chat.ChatInputError, match="takes 1"):
         token2wav.validate(np.zeros(0, np.int64))
+
+
+def test_talker_inputs_layout_and_pad_after_the_first_thinker_eos(stages):
+    """``build_talker_inputs`` on a sequence whose answer has the thinker EOS in the middle (as
+    with ``ignore_eos``; a greedy stop at EOS makes the reference's per-row rewrite a no-op): the
+    talker's prompt is prompt states + voice bos + the first answer token, its reply part the
+    later answer states, then ``tts_text_end`` where the EOS was and ``tts_text_pad`` after it."""
+    from omni_triton.stages.qwen3_omni import ThinkerOutput
+
+    _, talker, _ = stages
+    eos_id = talker.thinker_eos_token_id
+    H = talker.bos_embeds["Chelsie"].shape[-1]
+    P, gen = 5, [20, 21, 22, eos_id, 23, 24]
+    seq = np.array(list(range(30, 30 + P)) + gen, np.int64)
+    rng = np.random.default_rng(0)
+    embeds, hidden, tts = (rng.standard_normal(s).astype(np.float32) for s in ((len(seq) - 1, H), (len(seq) - 1, H), (3, H)))
+    out = ThinkerOutput(seq, P, embeds, hidden, tts)
+    bos = torch.ones((1, 1, H))
+    inp = q25.build_talker_inputs(talker.talker, out, 7, bos, eos_id)
+    state = hidden + embeds
+    assert inp["input_text_ids"][0].tolist() == seq[:P].tolist() + [7, gen[0]]
+    assert inp["input_ids"].shape == inp["attention_mask"].shape == (1, P + 2)
+    np.testing.assert_array_equal(inp["inputs_embeds"][0].numpy(), np.concatenate([state[:P], bos[0].numpy(), state[P:P + 1]]))
+    reply = inp["thinker_reply_part"][0].numpy()
+    assert reply.shape == (len(gen), H)
+    np.testing.assert_array_equal(reply[:2], state[P + 1:P + 3])  # answer tokens 1, 2
+    np.testing.assert_array_equal(reply[2], tts[1])  # tts_text_end where the EOS was generated
+    np.testing.assert_array_equal(reply[3:], np.broadcast_to(tts[2], (len(gen) - 3, H)))  # then pad
