@@ -118,6 +118,7 @@ class Qwen25OmniPipeline(OmniPipeline):
         self.voices = [v.strip() for v in params.get("voices", "Chelsie").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
+        self.async_chunk = False  # read by OmniPipeline.parse where omni speaks while thinking; not here
         self.stage_flags = CancelFlags.for_server()
         # validated here too (a stage's INVALID_ARG reaches a 2.51 BLS model as INTERNAL)
         self.chat = chat_tokenizer(_checkpoint(params))
