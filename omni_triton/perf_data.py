@@ -122,6 +122,10 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
                                    image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE)},
     }
     table["qwen_image_edit_vae_decoder"] = table["qwen_image_vae_decoder"]
+    # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
+    table.update({f"qwen25_{k}": table[k] for k in ("omni", "omni_thinker", "omni_talker")})
+    table["qwen25_omni_token2wav"] = {speech.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
+                                      image.SEED: np.array([0], np.int64)}
     # video: 32x32 px, 5 frames (4k+1), 2 steps, CFG off (no negative embeddings needed)
     video_req = {video.HEIGHT: _i32(_SIZE), video.WIDTH: _i32(_SIZE), video.NUM_FRAMES: _i32(5),
                  video.NUM_INFERENCE_STEPS: _i32(2), video.GUIDANCE_SCALE: _f32(1.0),
@@ -131,10 +135,6 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     table["wan_t2v_text_encoder"] = {video.PROMPT: _u8("a red square"), video.NEGATIVE_PROMPT: _u8("")}
     table["wan_t2v_denoiser"] = {video.PROMPT_EMBEDS: np.zeros((4, dims["video_text_dim"]), np.float32), **video_req}
     table["wan_t2v_vae_decoder"] = {video.LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
-    # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
-    table.update({f"qwen25_{k}": table[k] for k in ("omni", "omni_thinker", "omni_talker")})
-    table["qwen25_omni_token2wav"] = {speech.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
-                                      image.SEED: np.array([0], np.int64)}
     return table[model]
 
 

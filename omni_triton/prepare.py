@@ -94,11 +94,11 @@ ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "piper-voices": _prepare_piper_voices,
     "csm-tiny": _prepare_csm_tiny,
     "qwen3-omni-tiny": _prepare_qwen3_omni_tiny,
+    "qwen2.5-omni-tiny": _prepare_qwen2_5_omni_tiny,
     "qwen-image-tiny": _prepare_qwen_image_tiny,
     "qwen-image-edit-tiny": _prepare_qwen_image_edit_tiny,
     "smollm2": _prepare_smollm2,
     "wan2.2-t2v-tiny": _prepare_wan_t2v_tiny,
-    "qwen2.5-omni-tiny": _prepare_qwen2_5_omni_tiny,
 }
 
 
