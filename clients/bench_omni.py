@@ -19,6 +19,9 @@ paths, one after the other (they share the CPU cores):
     code2wav seconds).
 ``triton``
     Triton gRPC streaming to the BLS model ``omni`` (``clients.omni_grpc_stream.stream_chat``).
+``qwen25_omni``
+    the same requests to the Qwen2.5-Omni BLS model ``qwen25_omni`` (voice Chelsie; token2wav
+    decodes the whole utterance, so its TTFP is its E2E; ``docs/qwen2_5_omni.md``).
 
 Unless ``--triton-grpc-url`` is given it starts its own tritonserver with ``omni`` on free ports
 after the in-process phase and always stops it. torch uses one thread here, as in the stubs.
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             from omni_triton.launcher import TritonServer, free_port
             from omni_triton.paths import cache_dir
 
-            server = TritonServer(["omni"], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+            server = TritonServer(["omni", "qwen25_omni"], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                                   log_path=cache_dir() / "logs" / f"bench-omni-{os.getpid()}.log")
             server.start()
             server.wait_ready(timeout=args.ready_timeout)
@@ -227,6 +230,15 @@ def main(argv: list[str] | None = None) -> int:
                                                    and r.audio_arrival_s[0] < r.text_arrival_s[-1])}
 
         run_path("triton", triton)
+
+        def qwen25(i):
+            inputs = build_chat_inputs([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], sampling=sampling,
+                                       voice="Chelsie")
+            r = stream_chat(url, "qwen25_omni", inputs)
+            return {"ttft_s": r.ttft_s, "ttfp_s": r.ttfp_s, "e2e_s": r.total_s,
+                    "audio_s": r.audio.size / max(r.sample_rate, 1)}
+
+        run_path("qwen25_omni", qwen25)
     finally:
         if server is not None:
             server.stop()

@@ -25,6 +25,8 @@ from omni_triton.contracts.tensors import StageContract
 #: Every served model's contract (stages, BLS models, ensembles), by model name.
 CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS,
                                        **video.CONTRACTS}
+from omni_triton.contracts import qwen2_5_omni as _qwen2_5_omni  # noqa: E402
+CONTRACTS.update(_qwen2_5_omni.CONTRACTS)
 
 #: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
 TINY_DIMS = {
@@ -120,6 +122,10 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
                                    image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE)},
     }
     table["qwen_image_edit_vae_decoder"] = table["qwen_image_vae_decoder"]
+    # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
+    table.update({f"qwen25_{k}": table[k] for k in ("omni", "omni_thinker", "omni_talker")})
+    table["qwen25_omni_token2wav"] = {speech.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
+                                      image.SEED: np.array([0], np.int64)}
     # video: 32x32 px, 5 frames (4k+1), 2 steps, CFG off (no negative embeddings needed)
     video_req = {video.HEIGHT: _i32(_SIZE), video.WIDTH: _i32(_SIZE), video.NUM_FRAMES: _i32(5),
                  video.NUM_INFERENCE_STEPS: _i32(2), video.GUIDANCE_SCALE: _f32(1.0),

@@ -9,6 +9,8 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   trained tokenizer, saved with ``save_pretrained`` (``omni_triton.checkpoints.csm``).
 - ``qwen3-omni-tiny``: a tiny random-weight Qwen3-Omni (thinker, talker + code predictor,
   code2wav) with a locally trained ChatML tokenizer (``omni_triton.checkpoints.qwen3_omni``).
+- ``qwen2.5-omni-tiny``: a tiny random-weight Qwen2.5-Omni (thinker, talker, token2wav DiT + BigVGAN,
+  ``spk_dict.pt`` with Chelsie/Ethan) (``omni_triton.checkpoints.qwen2_5_omni``).
 - ``qwen-image-tiny`` / ``qwen-image-edit-tiny``: tiny random-weight diffusers
   ``QwenImagePipeline`` / ``QwenImageEditPipeline`` folders (``omni_triton.checkpoints.qwen_image``).
 - ``wan2.2-t2v-tiny``: a tiny random-weight diffusers ``WanPipeline`` (Wan2.2 two-expert form:
@@ -60,6 +62,12 @@ def _prepare_qwen3_omni_tiny(dest: Path, log: Callable[[str], None]) -> None:
     build_tiny_qwen3_omni(dest)
 
 
+def _prepare_qwen2_5_omni_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.checkpoints.qwen2_5_omni import build_tiny_qwen2_5_omni
+
+    build_tiny_qwen2_5_omni(dest)
+
+
 def _prepare_qwen_image_tiny(dest: Path, log: Callable[[str], None]) -> None:
     from omni_triton.checkpoints.qwen_image import KIND_T2I, build_tiny_qwen_image
 
@@ -94,6 +102,7 @@ ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "piper-voices": _prepare_piper_voices,
     "csm-tiny": _prepare_csm_tiny,
     "qwen3-omni-tiny": _prepare_qwen3_omni_tiny,
+    "qwen2.5-omni-tiny": _prepare_qwen2_5_omni_tiny,
     "qwen-image-tiny": _prepare_qwen_image_tiny,
     "qwen-image-edit-tiny": _prepare_qwen_image_edit_tiny,
     "smollm2": _prepare_smollm2,

@@ -13,3 +13,6 @@ from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, InputError, Stag
 #: model name -> :class:`StageContract`, every model of ``model_repository/`` and ``ensembles/``.
 CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS,
                                      **video.CONTRACTS}
+
+from omni_triton.contracts import qwen2_5_omni  # noqa: E402  (the Qwen2.5-Omni pipeline)
+CONTRACTS.update(qwen2_5_omni.CONTRACTS)

@@ -1,0 +1,163 @@
+"""``TritonPythonModel`` classes of the Qwen2.5-Omni pipeline (contracts:
+``omni_triton.contracts.qwen2_5_omni``): ``qwen25_omni`` (BLS) -> ``qwen25_omni_thinker`` (text
+deltas + the talker's inputs) -> ``qwen25_omni_talker`` (codec ids) -> ``qwen25_omni_token2wav``
+(DiT + BigVGAN, whole utterance). The thinker, talker and BLS reuse the Qwen3-Omni adapters
+(``omni_triton.adapters.omni``: request parsing, response layout, streaming) with the Qwen2.5-Omni
+stages of ``omni_triton.stages.qwen2_5_omni``. Stub-only imports."""
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from omni_triton.adapters.batched import BatchedStage, set_torch_threads
+from omni_triton.adapters.bls import call_stage, stream_stage
+from omni_triton.adapters.chat import read_chat_request
+from omni_triton.adapters.omni import OmniPipeline, OmniTalkerStage, OmniThinkerStage, _OmniJob
+from omni_triton.adapters.triton_io import optional_str_input, required_array
+from omni_triton.contracts import chat as ch
+from omni_triton.contracts import qwen2_5_omni as q25
+from omni_triton.contracts import speech as sp
+from omni_triton.contracts.tensors import first_str, scalar_array, utf8_array
+
+
+def _checkpoint(params):
+    from omni_triton.checkpoints.qwen2_5_omni import NAME, checkpoint_dir
+
+    return checkpoint_dir(params.get("model_name", NAME))
+
+
+def _metrics(stage: str, counted: str, what: str) -> dict:
+    """``metric_specs`` of a decoupled stage: ``<stage>_<counted>_total`` and the request gauges."""
+    return {counted: (f"{stage}_{counted}_total", f"{what} generated", "counter"),
+            "requests": (f"{stage}_requests_total", f"{stage} requests started", "counter"),
+            "cancelled": (f"{stage}_cancelled_total", f"{stage} requests cancelled", "counter"),
+            "active": (f"{stage}_active", f"{stage} requests being generated (per instance)", "gauge")}
+
+
+class Qwen25ThinkerStage(OmniThinkerStage):
+    """``qwen25_omni_thinker``: as ``omni_thinker`` (same tensors), on the Qwen2.5-Omni thinker."""
+
+    stage = "qwen25_omni_thinker"
+    metric_specs = _metrics("qwen25_omni_thinker", "tokens", "Tokens")
+
+    def setup(self, args, params):
+        from omni_triton.stages.qwen2_5_omni import Qwen25Thinker
+
+        set_torch_threads()
+        self.thinker = Qwen25Thinker.from_pretrained(_checkpoint(params))
+        self.default_max_tokens = int(params.get("default_max_tokens", "32"))
+        self.max_model_len = int(params.get("max_model_len", "1024"))
+
+
+class Qwen25TalkerStage(OmniTalkerStage):
+    """``qwen25_omni_talker``: the thinker's outputs (+ VOICE, MIN/MAX_FRAMES, REQUEST_ID) -> CODES
+    [n, 1] responses as the talker generates them; one request at a time per instance."""
+
+    stage = "qwen25_omni_talker"
+    metric_specs = _metrics("qwen25_omni_talker", "frames", "Codec tokens")
+
+    def setup(self, args, params):
+        from omni_triton.stages.qwen2_5_omni import Qwen25Talker, TalkerSettings
+
+        set_torch_threads()
+        self.talker = Qwen25Talker.from_pretrained(_checkpoint(params))
+        self.default_voice = params.get("default_voice", "Chelsie")
+        self.settings = TalkerSettings(
+            max_frames=int(params.get("default_max_frames", "4096")),
+            min_frames=int(params.get("default_min_frames", "0")),
+            do_sample=params.get("do_sample", "true").lower() == "true",
+            repetition_penalty=float(params.get("repetition_penalty", "1.05")))
+
+
+class Qwen25Token2WavStage(BatchedStage):
+    """``qwen25_omni_token2wav``: CODES [1, T] + VOICE + SEED -> AUDIO [1, 480 T]; each item of a
+    dynamic batch is its own whole-utterance DiT solve (as the reference decodes per sample: the
+    noise and the non-causal DiT make a padded batch differ)."""
+
+    def setup(self, args, params):
+        from omni_triton.stages.qwen2_5_omni import Qwen25Token2Wav
+
+        set_torch_threads()
+        self.token2wav = Qwen25Token2Wav.from_pretrained(
+            _checkpoint(params), num_steps=int(params.get("num_steps", "10")),
+            guidance_scale=float(params.get("guidance_scale", "0.5")))
+
+    def parse(self, request):
+        codes = self.token2wav.validate(required_array(request, sp.CODES))
+        voice = self.token2wav.voice(optional_str_input(request, ch.VOICE) or "")
+        return codes, voice, int(required_array(request, q25.SEED).reshape(-1)[0])
+
+    def run(self, items):
+        return [self.token2wav.synthesize(*item) for item in items]
+
+    def outputs(self, pcm):
+        return {sp.AUDIO: pcm[None, :]}
+
+
+@dataclass
+class _Qwen25Job(_OmniJob):
+    seed: int = 0  #: the DiT's noise seed
+
+
+class Qwen25OmniPipeline(OmniPipeline):
+    """``qwen25_omni`` BLS: request validation and response layout of ``omni``; thinker text deltas
+    streamed as they come; with audio the talker's codes are collected and decoded once on
+    ``qwen25_omni_token2wav`` (DiT noise seed: the request's ``seed``, else a random one), and the
+    PCM is sent as one AUDIO response (``docs/qwen2_5_omni.md``: why not chunked)."""
+
+    stage = "qwen25_omni"
+    thinker, talker, token2wav = "qwen25_omni_thinker", "qwen25_omni_talker", "qwen25_omni_token2wav"
+
+    def setup(self, args, params):
+        from omni_triton.runtime.cancel_flags import CancelFlags
+        from omni_triton.stages.qwen2_5_omni import chat_tokenizer
+
+        self.voices = [v.strip() for v in params.get("voices", "Chelsie").split(",") if v.strip()]
+        self.default_voice = params.get("default_voice", self.voices[0])
+        self.sample_rate = int(params.get("sample_rate", "24000"))
+        self.async_chunk = False  # read by OmniPipeline.parse where omni speaks while thinking; not here
+        self.stage_flags = CancelFlags.for_server()
+        # validated here too (a stage's INVALID_ARG reaches a 2.51 BLS model as INTERNAL)
+        self.chat = chat_tokenizer(_checkpoint(params))
+        self.default_max_tokens = int(params.get("default_max_tokens", "32"))
+        self.max_model_len = int(params.get("max_model_len", "1024"))
+
+    def parse(self, request):
+        job = super().parse(request)
+        raw = read_chat_request(request)[2]
+        seed = ch.parse_sampling(raw).get("seed") if raw else None
+        return _Qwen25Job(**vars(job), seed=secrets.randbits(63) if seed is None else int(seed))
+
+    def generate(self, job, stream):
+        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
+        outputs = ch.TEXT_OUTPUTS + (ch.TALKER_TENSORS if job.audio else ())
+        talker_in, counts, finish = None, (0, 0), ""
+        for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
+                                f"qwen25-thinker-{uuid.uuid4().hex}", parent=stream):
+            finish = first_str(out[ch.FINISH_REASON])
+            counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
+            yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
+            if job.audio and ch.SEQUENCE in out:
+                talker_in = [(n, out[n]) for n in ch.TALKER_TENSORS]
+        if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:
+            return
+        if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:
+            return  # the reference needs the first generated token's states
+        talker_in += [(ch.VOICE, utf8_array(job.voice))]
+        if job.max_frames is not None:
+            talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
+        codes = []
+        for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
+                                f"qwen25-talker-{uuid.uuid4().hex}", parent=stream):
+            c = out.get(sp.CODES)
+            if c is not None and c.size and not stream.cancel_seen:
+                codes.append(c.reshape(-1))
+        if not codes or stream.cancel_seen or stream.cancelled():
+            return
+        pcm = call_stage(self.token2wav, [(sp.CODES, np.concatenate(codes).astype(np.int64)[None, :]),
+                                          (ch.VOICE, utf8_array(job.voice)[None, :]),
+                                          (q25.SEED, np.array([[job.seed]], np.int64))], [sp.AUDIO])[sp.AUDIO]
+        yield self._response(counts=counts, audio=pcm.reshape(-1))
