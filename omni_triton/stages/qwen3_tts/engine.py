@@ -130,12 +130,13 @@ def _prompt_item(p: VoicePrompt):
 @dataclass
 class TalkerSeq:
     """One request in a :class:`TalkerBatch`: ``emit(frame int64 [G])`` per generated frame,
-    ``should_stop()`` polled every step (cancellation), ``done(reason)`` once at the end."""
+    ``should_stop()`` polled every step (cancellation), ``done(reason, error=None)`` once at the end
+    (reason ``stop`` | ``cancelled`` | ``error``)."""
 
     prompt: TalkerPrompt
     emit: Callable[[np.ndarray], None]
     should_stop: Callable[[], bool] = lambda: False
-    done: Callable[[str], None] = lambda reason: None
+    done: Callable[..., None] = lambda reason, error=None: None
     tokens: list = field(default_factory=list)
     length: int = 0  # positions in the KV cache of this row (its own, without padding)
     step: int = 0  # decode steps made (index into the trailing text)
@@ -265,6 +266,10 @@ class TalkerBatch:
             else:
                 alive.append(i)
         self._select(alive)
+
+    def clear(self) -> None:
+        """Drop every row (after a failed step; their ``done`` is the caller's business)."""
+        self.seqs, self.keys, self.values, self.mask, self.past_hidden = [], [], [], None, None
 
     def _select(self, rows: list[int]) -> None:
         if len(rows) == len(self.seqs):
