@@ -43,6 +43,9 @@ class Qwen3TtsTalkerStage(DecoupledStage):
         requests=("omni_qwen3_tts_talker_requests_total", "Talker requests started", "counter"),
         cancelled=("omni_qwen3_tts_talker_cancelled_total", "Talker requests cancelled", "counter"),
         active=("omni_qwen3_tts_talker_active", "Talker requests queued or decoding", "gauge"),
+        steps=("omni_qwen3_tts_talker_steps_total", "Batched decode steps (one forward pass for all rows)", "counter"),
+        rows=("omni_qwen3_tts_talker_step_rows_total", "Requests decoded by those steps (rows / steps = mean batch)",
+              "counter"),
     )
 
     def setup(self, args, params):
@@ -55,7 +58,13 @@ class Qwen3TtsTalkerStage(DecoupledStage):
         self.forms = {t: Qwen3TtsForm(root / t) for t in tasks}
         self.default_max = int(params.get("default_max_frames", "200"))
         self.max_frames_cap = int(params.get("max_frames_cap", "2048"))
-        self.scheduler = TalkerScheduler(self.forms, int(params.get("max_num_seqs", "8")))
+        self.scheduler = TalkerScheduler(self.forms, int(params.get("max_num_seqs", "8")), on_step=self._on_step)
+
+    def _on_step(self, rows: int) -> None:
+        metrics = getattr(self, "metrics", None)  # set after setup
+        if metrics is not None:
+            metrics.count("steps")
+            metrics.count("rows", rows)
 
     def parse(self, request):
         from omni_triton.stages.qwen3_tts.request import Qwen3TtsRequest, VoicePrompt, validate_request
@@ -124,6 +133,14 @@ class Qwen3TtsVoicePromptStage(BatchedStage):
         self.max_seconds = float(params.get("max_ref_seconds", "60"))
 
     def parse(self, request):
+        from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
+
+        try:
+            return self._parse(request)
+        except q.Qwen3TtsInputError as exc:  # prefixed: 2.51 hands a BLS caller INVALID_ARG as INTERNAL
+            raise q.Qwen3TtsInputError(INVALID_INPUT_PREFIX + str(exc)) from None
+
+    def _parse(self, request):
         audio = input_array(request, q.REF_AUDIO)
         audio = np.asarray(audio, np.float32).reshape(-1)
         rate = int(np.asarray(input_array(request, q.REF_SAMPLE_RATE)).reshape(-1)[0])

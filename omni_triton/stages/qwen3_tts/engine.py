@@ -324,11 +324,17 @@ class Qwen3TtsCodec:
 
     @torch.no_grad()
     def decode(self, chunks: list[np.ndarray], lefts: list[int]) -> list[np.ndarray]:
-        """Decode a ragged batch in one forward pass: each ``codes`` int64 [T_i, G] (right-padded with
-        -1, the package's padding) -> float32 PCM of its frames after the first ``left_i``."""
-        width = max(len(c) for c in chunks)
-        batch = np.full((len(chunks), width, self.num_groups), -1, np.int64)
+        """Decode a ragged batch: each ``codes`` int64 [T_i, G] -> float32 PCM of its frames after the
+        first ``left_i``. Chunks of equal length share one forward pass; lengths are not padded
+        together, because the 12 Hz decoder looks a little ahead and padding frames would change
+        the last samples of a shorter chunk."""
+        out: list[np.ndarray | None] = [None] * len(chunks)
+        by_len: dict[int, list[int]] = {}
         for i, c in enumerate(chunks):
-            batch[i, :len(c)] = c
-        wavs = self.model.decode(torch.from_numpy(batch)).audio_values
-        return [w.float().cpu().numpy()[left * self.samples_per_frame:].astype(np.float32) for w, left in zip(wavs, lefts)]
+            by_len.setdefault(len(c), []).append(i)
+        for idx in by_len.values():
+            batch = torch.from_numpy(np.stack([np.asarray(chunks[i], np.int64) for i in idx]))
+            wavs = self.model.decode(batch).audio_values
+            for i, w in zip(idx, wavs):
+                out[i] = w.float().cpu().numpy()[lefts[i] * self.samples_per_frame:].astype(np.float32)
+        return out
