@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: text path scaled up (random text embeddings barely moved the talker)
 FORMS = ("custom_voice", "voice_design", "base")
 SPEAKERS = ("vivian", "ryan", "serena")  #: built-in speakers of the tiny custom_voice form
 LANGUAGES = ("english", "chinese")
@@ -132,6 +132,15 @@ def _build(out_dir: Path, seed: int, spec: TinyQwen3TtsSpec, h: str) -> None:
                              im_end_token_id=ids[IM_END], tts_pad_token_id=ids[TTS_PAD],
                              tts_bos_token_id=ids[TTS_BOS], tts_eos_token_id=ids[TTS_EOS])
         model = Qwen3TTSForConditionalGeneration(cfg).eval()
+        with torch.no_grad():
+            # The package's init (std 0.02 everywhere, zero biases) makes the projected text ~100x
+            # smaller than the codec embeddings, so text and instructions never changed a greedy
+            # frame of the random talker: unit-variance text embeddings and a fan-in scaled
+            # projection make every input token matter (tests depend on that).
+            tk = model.talker
+            tk.model.text_embedding.weight.normal_(0.0, 1.0, generator=gen)
+            for lin in (tk.text_projection.linear_fc1, tk.text_projection.linear_fc2):
+                lin.weight.normal_(0.0, lin.in_features ** -0.5, generator=gen)
         dest = out_dir / form
         model.save_pretrained(dest)
         # Qwen3TTSSpeakerEncoderConfig takes no **kwargs: keep only its own fields in config.json,

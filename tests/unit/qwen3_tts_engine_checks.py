@@ -1,6 +1,6 @@
 """Checks of ``omni_triton.stages.qwen3_tts`` that need the official ``qwen-tts`` package, run in
 the Qwen3-TTS environment by ``tests/unit/test_qwen3_tts.py`` (``.venv-qwen3-tts/bin/python
-tests/unit/qwen3_tts_engine_checks.py CHECKPOINT``): each check prints ``ok <name>`` or raises.
+tests/unit/qwen3_tts_engine_checks.py CHECKPOINT [CHECK ...]``): each check prints ``ok <name>`` or raises.
 No Triton."""
 import sys
 
@@ -23,11 +23,14 @@ forms = {t: Qwen3TtsForm(f"{ROOT}/{t}") for t in ("custom_voice", "voice_design"
 codec = Qwen3TtsCodec(f"{ROOT}/base")
 ref = (np.sin(np.arange(32000) * 2 * np.pi * 220 / 16000) * 0.3).astype(np.float32)
 prompt = forms["base"].voice_prompt(ref, 16000, "Some words here.", False)
+xvec = forms["base"].voice_prompt(ref, 16000, None, True)  # x-vector only: the text is fed step by step
 REQS = {
     "custom_voice": Qwen3TtsRequest("custom_voice", "Hello there, how are you?", "English", "ryan", "Speak happily", None, 30),
     "vivian": Qwen3TtsRequest("custom_voice", "Hello there, how are you?", "English", "vivian", None, None, 30),
     "voice_design": Qwen3TtsRequest("voice_design", "A designed voice.", "Auto", None, "A deep calm voice", None, 25),
     "base": Qwen3TtsRequest("base", "Cloned words.", "Auto", None, None, prompt, 25),
+    "base_xvec": Qwen3TtsRequest("base", "Cloned from the speaker embedding alone, read as it goes.", "English",
+                                 None, None, xvec, 30),
 }
 
 
@@ -97,7 +100,7 @@ def check_scheduler_cancel_and_forms():
         assert finished.acquire(timeout=300)
     sched.close()
     assert ends["vivian"][0] == "cancelled" and 3 <= len(frames["vivian"]) < 29
-    for name in ("custom_voice", "voice_design", "base"):
+    for name in ("custom_voice", "voice_design", "base", "base_xvec"):
         assert ends[name] == ("stop", None), ends[name]
         assert np.array_equal(np.stack(frames[name]), generate_frames(forms[REQS[name].task], REQS[name])), name
     print("ok scheduler_cancel_and_forms")
@@ -115,5 +118,7 @@ def check_ragged_decode():
     print("ok ragged_decode")
 
 
+ONLY = set(sys.argv[2:])  # names of checks to run (all when empty)
 for check in (check_parity, check_batched_equals_solo, check_scheduler_cancel_and_forms, check_ragged_decode):
-    check()
+    if not ONLY or check.__name__ in ONLY:
+        check()
