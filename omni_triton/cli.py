@@ -32,7 +32,7 @@ from omni_triton.launcher import (
     dependencies,
 )
 
-DEFAULT_MODELS = "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v"
+DEFAULT_MODELS = "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,qwen3_tts"
 
 
 def _model_list(text: str) -> list[str]:
