@@ -6,6 +6,7 @@ Run::
     python -m clients.bench_tts --models piper_tts --concurrency 1,4 --requests 8
     python -m clients.bench_tts --frontend-url http://127.0.0.1:9000 --triton-grpc-url 127.0.0.1:8001
     python -m clients.bench_tts --paths frontend --concurrency 1,8 --out ttfp.json   # issue 13 item 4
+    python -m clients.bench_tts --qwen3-tts   # the Qwen3-TTS forms (clients/bench_qwen3_tts.py)
 
 In the spirit of vLLM-Omni's TTS serving benchmarks and CosyVoice's Triton client (which report
 RTF). For each model (``piper_tts``, ``tts``, ``omni``: ``MODEL_PATHS``) and each concurrency level ``C`` it sends
@@ -772,6 +773,10 @@ def run_served(bench: "Bench", args, served: list[str], mode: str | None, starte
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--qwen3-tts" in (sys.argv[1:] if argv is None else argv):  # the Qwen3-TTS forms: clients/bench_qwen3_tts.py
+        from clients.bench_qwen3_tts import main as qwen3_tts_main
+
+        return qwen3_tts_main([a for a in (sys.argv[1:] if argv is None else argv) if a != "--qwen3-tts"])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench_tts.json", help="JSON output file")
     p.add_argument("--models", default=",".join(MODELS), help="comma separated: " + ",".join(MODELS))

@@ -36,7 +36,7 @@ from omni_triton.launcher import (
 #: seconds a server that wrote a fatal ``Signal (N) received.`` line may take to exit on its own
 WEDGED_GRACE_S = 10.0
 
-DEFAULT_MODELS = "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v"
+DEFAULT_MODELS = "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts"
 
 
 def _model_list(text: str) -> list[str]:

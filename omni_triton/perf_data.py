@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_triton.contracts import chat, image, speech, video
+from omni_triton.contracts import chat, image, qwen3_tts, speech, video
 from omni_triton.contracts.tensors import StageContract
 
 #: Every served model's contract (stages, BLS models, ensembles), by model name.
 CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS,
-                                       **video.CONTRACTS}
+                                       **video.CONTRACTS, **qwen3_tts.CONTRACTS}
 from omni_triton.contracts import qwen2_5_omni as _qwen2_5_omni  # noqa: E402
 CONTRACTS.update(_qwen2_5_omni.CONTRACTS)
 
@@ -141,6 +141,13 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     table["wan_i2v_vae_encoder"] = {video.INPUT_IMAGE: reference, video.NUM_FRAMES: _i32(5)}
     table["wan_i2v_denoiser"] = {**table["wan_t2v_denoiser"],
                                  video.CONDITION_LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
+    # qwen3-tts-tiny: 4 code groups; a 1 s clip at 16 kHz for the clone prompt
+    table["qwen3_tts"] = {speech.TEXT: _u8(_TEXT), qwen3_tts.VOICE: _u8("vivian"), speech.MAX_FRAMES: _i32(8)}
+    table["qwen3_tts_talker"] = {**table["qwen3_tts"], qwen3_tts.TASK: _u8("custom_voice")}
+    table["qwen3_tts_code2wav"] = {speech.CODES: np.zeros((frames, 4), np.int64), speech.LEFT_CONTEXT: _i32(0)}
+    table["qwen3_tts_voice_prompt"] = {
+        qwen3_tts.REF_AUDIO: (np.sin(np.arange(16000) * 0.08) * 0.3).astype(np.float32),
+        qwen3_tts.REF_SAMPLE_RATE: _i32(16000), qwen3_tts.X_VECTOR_ONLY: np.array([True])}
     return table[model]
 
 

@@ -22,6 +22,10 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   dequantized once into a bf16 Hugging Face folder with its tokenizer and chat template
   (``omni_triton.checkpoints.smollm2.build_smollm2``), which vLLM CPU serves.
 
+- ``qwen3-tts-tiny``: tiny random-weight Qwen3-TTS forms (custom_voice, voice_design, base) + the
+  12 Hz codec, from the ``qwen-tts`` package's configs, built in the Qwen3-TTS environment
+  (``omni_triton.checkpoints.qwen3_tts``).
+
 Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
 """
 from __future__ import annotations
@@ -98,6 +102,18 @@ def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
     build_smollm2(dest, log)
 
 
+def _prepare_qwen3_tts_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    import subprocess
+
+    from omni_triton.paths import REPO_ROOT
+
+    python = REPO_ROOT / ".venv-qwen3-tts" / "bin" / "python"  # qwen-tts lives in its own environment
+    if not python.exists():
+        raise RuntimeError(f"{python} missing: run `bash scripts/setup_qwen3_tts.sh` (scripts/setup.sh does)")
+    subprocess.run([str(python), "-m", "omni_triton.checkpoints.qwen3_tts", str(dest)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "piper-voices": _prepare_piper_voices,
     "csm-tiny": _prepare_csm_tiny,
@@ -108,6 +124,7 @@ ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "smollm2": _prepare_smollm2,
     "wan2.2-t2v-tiny": _prepare_wan_t2v_tiny,
     "wan2.2-i2v-tiny": _prepare_wan_i2v_tiny,
+    "qwen3-tts-tiny": _prepare_qwen3_tts_tiny,
 }
 
 

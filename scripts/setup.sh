@@ -55,5 +55,6 @@ fi
 if ! "$VENV/bin/python" -m pip install --no-deps --no-build-isolation -e "$ROOT" > "$VENV/install.log" 2>&1; then
   cat "$VENV/install.log"; exit 1
 fi
+bash "$ROOT/scripts/setup_qwen3_tts.sh"  # the Qwen3-TTS environment (second venv, cached)
 bash "$ROOT/scripts/setup_bench.sh"  # vLLM-Omni's benchmark client (second venv, cached)
-"$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,tts,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v}"
+"$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,tts,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen25_omni}"

@@ -64,3 +64,51 @@ QWEN3_TTS_VOICE_PROMPT = StageContract(
 
 #: client-facing models; the qwen3tts stages add theirs when they land.
 CLIENT_CONTRACTS = {"qwen3_tts": QWEN3_TTS, "qwen3_tts_voice_prompt": QWEN3_TTS_VOICE_PROMPT}
+
+# ------------------------------------------------------------------ stage-internal (qwen3tts)
+# ``qwen3_tts_talker`` (decoupled, batched decoding across requests inside the stage): the
+# request's form and conditioning -> CODES int64 [n, G] responses (one per generated frame,
+# G = code groups), then an empty FINAL; REQUEST_ID lets the BLS caller cancel on 2.51.
+# ``qwen3_tts_code2wav`` (dynamic batching, ragged): CODES int64 [1, T, G] + LEFT_CONTEXT int32
+# [1, 1] -> AUDIO fp32 [1, samples] of the frames after the left context (1920 samples/frame).
+from omni_triton.contracts.speech import CODES, LEFT_CONTEXT  # noqa: E402
+from omni_triton.contracts.tensors import REQUEST_ID  # noqa: E402
+
+QWEN3_TTS_TALKER = StageContract(
+    (TensorSpec(TEXT, "BYTES"), TensorSpec(TASK, "BYTES"), TensorSpec(VOICE, "BYTES", optional=True),
+     TensorSpec(INSTRUCTIONS, "BYTES", optional=True), TensorSpec(LANGUAGE, "BYTES", optional=True),
+     TensorSpec(VOICE_PROMPT, "BYTES", optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
+     TensorSpec(REQUEST_ID, "BYTES", optional=True)),
+    (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
+QWEN3_TTS_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
+                                   (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
+
+#: every Qwen3-TTS model (client-facing and stage-internal) -> contract.
+CONTRACTS = {**CLIENT_CONTRACTS, "qwen3_tts_talker": QWEN3_TTS_TALKER, "qwen3_tts_code2wav": QWEN3_TTS_CODE2WAV}
+
+
+def qwen3_tts_inputs(text: str, task: str | None = None, voice: str | None = None, instructions: str | None = None,
+                     language: str | None = None, voice_prompt: bytes | None = None, ref_audio=None,
+                     ref_sample_rate: int | None = None, ref_text: str | None = None, x_vector_only: bool | None = None,
+                     max_frames: int | None = None) -> list:
+    """The inputs of one ``qwen3_tts`` request as ``(name, array)`` pairs (absent ones left out)."""
+    import numpy as np
+
+    from omni_triton.contracts.tensors import scalar_array, utf8_array
+
+    pairs = [(TEXT, utf8_array(text))]
+    for name, value in ((TASK, task), (VOICE, voice), (INSTRUCTIONS, instructions), (LANGUAGE, language),
+                        (REF_TEXT, ref_text)):
+        if value is not None:
+            pairs.append((name, utf8_array(value)))
+    if voice_prompt is not None:
+        pairs.append((VOICE_PROMPT, np.array([voice_prompt], dtype=np.object_)))
+    if ref_audio is not None:
+        pairs.append((REF_AUDIO, np.asarray(ref_audio, np.float32).reshape(-1)))
+    if ref_sample_rate is not None:
+        pairs.append((REF_SAMPLE_RATE, scalar_array(int(ref_sample_rate), "INT32")))
+    if x_vector_only is not None:
+        pairs.append((X_VECTOR_ONLY, np.array([bool(x_vector_only)], np.bool_)))
+    if max_frames is not None:
+        pairs.append((MAX_FRAMES, scalar_array(int(max_frames), "INT32")))
+    return pairs

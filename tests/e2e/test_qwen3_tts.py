@@ -1,0 +1,159 @@
+"""End-to-end: Qwen3-TTS on Triton (``qwen3_tts`` BLS -> ``qwen3_tts_talker`` -> ``qwen3_tts_code2wav``,
+``qwen3_tts_voice_prompt``), the three stages running in the Qwen3-TTS environment.
+
+Parity reference: the official package's own non-streaming ``generate_custom_voice`` /
+``generate_voice_design`` / ``generate_voice_clone`` + decode on the same prepared checkpoint,
+greedy, run by ``tests/e2e/qwen3_tts_reference.py`` with ``.venv-qwen3-tts``'s interpreter (the
+package needs transformers 4.57.3). Tolerance (docs/qwen3_tts.md, "Parity"): the codec frames are
+identical (equal length, and the one-shot decode of the served frames equals the package's audio
+bit for bit in-process, tests/unit/test_qwen3_tts.py); streamed audio is decoded in chunks with 25
+frames of left context and the 12 Hz decoder looks a little ahead, so samples next to a chunk's end
+differ; and a dynamic batch of concurrent chunks changes the codec's first conv by ~2e-6 (batch
+of 2 vs 1), which the tiny random decoder (saturating, high-gain convs) amplifies to ~4e-3 at the
+output. Bound: max abs difference ``PCM_TOL`` (a leaked voice or a wrong form differs by ~1).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from clients.qwen3_tts_grpc import stream_qwen3_tts, voice_prompt
+from conftest import E2E_MODELS
+from omni_triton.contracts.qwen3_tts import qwen3_tts_inputs as inputs
+from omni_triton.launcher import resolve_models
+from omni_triton.paths import REPO_ROOT, model_dir
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    "qwen3_tts" not in set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()])),
+    reason="qwen3_tts not in OMNI_TRITON_E2E_MODELS")]
+
+PCM_TOL = 0.05
+SPF = 1920  # samples per 12 Hz frame at 24 kHz
+REF_SR = 16000  # the clip's rate: the stage resamples (the package's librosa call)
+REF = (np.sin(np.arange(REF_SR * 2) * 2 * np.pi * 220 / REF_SR) * 0.3
+       + np.random.RandomState(0).randn(REF_SR * 2) * 0.05).astype(np.float32)
+CASES = {
+    "custom_voice": dict(task="custom_voice", text="Hello there, how are you today?", speaker="ryan",
+                         instructions="Speak happily", language="English", max_new_tokens=40),
+    "voice_design": dict(task="voice_design", text="A designed voice speaks.", instructions="A deep calm voice",
+                         max_new_tokens=30),
+    "base": dict(task="base", text="Cloned words follow.", ref_text="Some words here.", max_new_tokens=30),
+    "vivian": dict(task="custom_voice", text="Hello there, how are you today?", speaker="vivian",
+                   max_new_tokens=40),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """case name -> the package's float32 PCM (one subprocess for all cases)."""
+    tmp = tmp_path_factory.mktemp("qwen3tts")
+    np.save(tmp / "ref.npy", REF)
+    reqs = [dict(c, ref_audio_npy=str(tmp / "ref.npy"), ref_sr=REF_SR) for c in CASES.values()]
+    (tmp / "in.json").write_text(json.dumps(reqs))
+    subprocess.run([str(REPO_ROOT / ".venv-qwen3-tts/bin/python"), str(Path(__file__).with_name("qwen3_tts_reference.py")),
+                    str(model_dir("qwen3-tts-tiny")), str(tmp / "in.json"), str(tmp / "out.npz")],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    z = np.load(tmp / "out.npz")
+    return {name: z[f"audio_{i}"] for i, name in enumerate(CASES)}
+
+
+def _served(url, case, **extra):
+    c = CASES[case]
+    kw = dict(task=c["task"], voice=c.get("speaker"), instructions=c.get("instructions"), language=c.get("language"),
+              max_frames=c["max_new_tokens"])
+    if c["task"] == "base" and "voice_prompt" not in extra:
+        kw.update(ref_audio=REF, ref_sample_rate=REF_SR, ref_text=c["ref_text"])
+    kw.update(extra)
+    return stream_qwen3_tts(url, inputs(c["text"], **kw))
+
+
+def _assert_parity(got, want):
+    assert got.sample_rate == 24000
+    assert got.audio.size == want.size and want.size % SPF == 0, (got.audio.size, want.size)
+    assert len(got.chunks) >= 2, "streamed in several chunks"
+    assert np.abs(got.audio - want).max() <= PCM_TOL
+
+
+@pytest.mark.parametrize("case", ["custom_voice", "voice_design", "base"])
+def test_parity_with_the_package(stack, reference, case):
+    """Each form (TASK routes it) streams the package's own generation for the same inputs."""
+    _assert_parity(_served(stack.triton_grpc_url, case), reference[case])
+
+
+def test_voice_prompt_computed_once_equals_per_request_clip(stack, reference):
+    """qwen3_tts_voice_prompt's bytes (what the frontend stores at upload) give the same speech as
+    the per-request clip, and the form follows from VOICE_PROMPT when TASK is left out."""
+    data, seconds = voice_prompt(stack.triton_grpc_url, REF, REF_SR, CASES["base"]["ref_text"])
+    assert seconds == pytest.approx(REF.size / REF_SR)
+    c = CASES["base"]
+    got = stream_qwen3_tts(stack.triton_grpc_url, inputs(c["text"], voice_prompt=data, max_frames=c["max_new_tokens"]))
+    _assert_parity(got, reference["base"])
+
+
+def test_concurrent_voices_stay_isolated(stack, reference):
+    """Two requests with different speakers decoding in the same batched steps each equal their
+    solo run (vLLM-Omni once leaked one request's voice into another in a batch)."""
+    url = stack.triton_grpc_url
+    solo = {case: _served(url, case).audio for case in ("custom_voice", "vivian")}
+    assert np.abs(solo["custom_voice"] - solo["vivian"]).max() > 10 * PCM_TOL, "the two voices differ"
+    steps = stack.metric("omni_qwen3_tts_talker_steps_total")
+    rows = stack.metric("omni_qwen3_tts_talker_step_rows_total")
+    got, barrier = {}, threading.Barrier(2)
+
+    def run(case):
+        barrier.wait()
+        got[case] = _served(url, case).audio
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in ("custom_voice", "vivian")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    d_steps = stack.metric("omni_qwen3_tts_talker_steps_total") - steps
+    d_rows = stack.metric("omni_qwen3_tts_talker_step_rows_total") - rows
+    assert d_rows > d_steps, f"the two requests shared decode steps ({d_rows} rows in {d_steps} steps)"
+    for case in ("custom_voice", "vivian"):
+        assert got[case].size == solo[case].size
+        assert np.abs(got[case] - solo[case]).max() <= PCM_TOL, case
+    _assert_parity(_served(url, "vivian"), reference["vivian"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(task="custom_voice", voice="nobody"), "unknown VOICE"),
+    (dict(task="voice_design"), "INSTRUCTIONS"),
+    (dict(task="singing"), "TASK must be one of"),
+    (dict(task="base"), "VOICE_PROMPT or REF_AUDIO"),
+    (dict(voice_prompt=b"not an archive"), "voice prompt archive"),
+    (dict(task="base", ref_audio=np.zeros(100, np.float32), ref_sample_rate=16000, ref_text="x"), "reference clip"),
+    (dict(language="Klingon", voice="ryan"), "unknown LANGUAGE"),
+])
+def test_bad_input_is_invalid_input(stack, kwargs, message):
+    with pytest.raises(InferenceServerException) as err:
+        stream_qwen3_tts(stack.triton_grpc_url, inputs("Some text.", max_frames=10, **kwargs))
+    assert "invalid input" in err.value.message() and message in err.value.message(), err.value.message()
+
+
+def test_empty_text_is_invalid_input(stack):
+    with pytest.raises(InferenceServerException, match="invalid input"):
+        stream_qwen3_tts(stack.triton_grpc_url, inputs("   ", voice="ryan"))
+
+
+def test_cancel_mid_stream_frees_the_talker(stack):
+    """A client that stops after the first chunk cancels the pipeline: the talker row leaves the
+    batch (its cancelled counter moves, nothing stays active) and the next request is served."""
+    url = stack.triton_grpc_url
+    cancelled = stack.metric("omni_qwen3_tts_talker_cancelled_total")
+    got = stream_qwen3_tts(url, inputs("A long sentence that goes on and on for a while.", voice="ryan",
+                                       max_frames=1500), max_chunks=1)
+    assert len(got.chunks) == 1
+    stack.wait_until(lambda: stack.metric("omni_qwen3_tts_talker_cancelled_total") > cancelled,
+                     "the talker never saw the cancellation", timeout_s=120)
+    stack.wait_until(lambda: stack.metric("omni_qwen3_tts_talker_active") == 0, "a talker row stayed active",
+                     timeout_s=120)
+    assert _served(url, "vivian").audio.size > 0
