@@ -337,23 +337,9 @@ class OmniPipeline(DecoupledStage):
             return
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
 
-        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
-        outputs = ch.TEXT_OUTPUTS + (ch.TALKER_TENSORS if job.audio else ())
-        talker_in, counts, finish = None, (0, 0), ""
-        for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
-                                f"omni-thinker-{uuid.uuid4().hex}", parent=stream):
-            finish = first_str(out[ch.FINISH_REASON])
-            counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
-            yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
-            if job.audio and ch.SEQUENCE in out:
-                talker_in = [(n, out[n]) for n in ch.TALKER_TENSORS]
-        if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:
+        talker_in, counts = yield from self._think(job, stream, "omni-thinker")
+        if talker_in is None:
             return
-        if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:
-            return  # the reference needs the first generated token's embedding
-        talker_in += [(ch.VOICE, utf8_array(job.voice))] + list(job.talker_media or [])
-        if job.max_frames is not None:
-            talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
         chunked = ChunkedDecoder(ChunkSchedule(*self.chunks), self._decode)
         for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
                                 f"omni-talker-{uuid.uuid4().hex}", parent=stream):
@@ -365,6 +351,32 @@ class OmniPipeline(DecoupledStage):
         if chunked.total and not stream.cancel_seen and not stream.cancelled():
             for pcm in chunked.flush():
                 yield self._response(counts=counts, audio=pcm)
+
+    def _think(self, job, stream, request_prefix: str):
+        """Stream the thinker (``self.thinker``), yielding a text response per delta; returns
+        ``(talker_in, counts)``: the talker's inputs (the thinker's talker tensors, VOICE, the
+        prompt's media positions, MAX_FRAMES) or None when nothing is to be spoken (text only,
+        cancelled, aborted, or under two generated tokens: the reference needs the first
+        generated token's states), and the (prompt, completion) token counts. Used as
+        ``talker_in, counts = yield from self._think(...)`` (also by the Qwen2.5-Omni BLS)."""
+        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
+        outputs = ch.TEXT_OUTPUTS + (ch.TALKER_TENSORS if job.audio else ())
+        talker_in, counts, finish = None, (0, 0), ""
+        for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
+                                f"{request_prefix}-{uuid.uuid4().hex}", parent=stream):
+            finish = first_str(out[ch.FINISH_REASON])
+            counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
+            yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
+            if job.audio and ch.SEQUENCE in out:
+                talker_in = [(n, out[n]) for n in ch.TALKER_TENSORS]
+        if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:
+            return None, counts
+        if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:
+            return None, counts
+        talker_in += [(ch.VOICE, utf8_array(job.voice))] + list(job.talker_media or [])
+        if job.max_frames is not None:
+            talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
+        return talker_in, counts
 
     def _speak_while_thinking(self, job, stream):
         """``async_chunk``: one stream, omni_talker's, which carries the thinker's text responses

@@ -20,7 +20,7 @@ from omni_triton.adapters.triton_io import optional_str_input, required_array
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import qwen2_5_omni as q25
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import first_str, scalar_array, utf8_array
+from omni_triton.contracts.tensors import utf8_array
 
 
 def _checkpoint(params):
@@ -132,23 +132,9 @@ class Qwen25OmniPipeline(OmniPipeline):
         return _Qwen25Job(**vars(job), seed=secrets.randbits(63) if seed is None else int(seed))
 
     def generate(self, job, stream):
-        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
-        outputs = ch.TEXT_OUTPUTS + (ch.TALKER_TENSORS if job.audio else ())
-        talker_in, counts, finish = None, (0, 0), ""
-        for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
-                                f"qwen25-thinker-{uuid.uuid4().hex}", parent=stream):
-            finish = first_str(out[ch.FINISH_REASON])
-            counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
-            yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
-            if job.audio and ch.SEQUENCE in out:
-                talker_in = [(n, out[n]) for n in ch.TALKER_TENSORS]
-        if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:
+        talker_in, counts = yield from self._think(job, stream, "qwen25-thinker")
+        if talker_in is None:
             return
-        if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:
-            return  # the reference needs the first generated token's states
-        talker_in += [(ch.VOICE, utf8_array(job.voice))]
-        if job.max_frames is not None:
-            talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
         codes = []
         for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
                                 f"qwen25-talker-{uuid.uuid4().hex}", parent=stream):

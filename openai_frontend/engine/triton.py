@@ -378,6 +378,40 @@ class TritonEngine:
         if not got_frames:
             raise InferenceError(f"{model}: the stream ended without a video")
 
+    async def _unary(self, model: str, inputs: list[InferInput], request_id: str):
+        """One unary ``ModelInfer`` on ``model``; returns its ``InferResult``.
+
+        Registered in flight (``abort_inflight`` ends it with a 503 when a stage dies); a task
+        cancellation cancels the call.
+
+        Raises:
+            ModelNotReadyError: the stage's stub is down (being restarted).
+            InvalidRequestError: the stage answered ``INVALID_ARG`` (or ``invalid input: ...``).
+            EngineError: other failures (``_translate``).
+        """
+        call = asyncio.ensure_future(self._client.infer(model, inputs, request_id=request_id))
+        self._inflight[request_id] = (model, call.cancel)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            call.cancel()
+            error = self._stage_restarted(request_id, model)
+            if error is None:
+                raise
+            raise error from None
+        except InferenceServerException as exc:
+            message = exc.message() or str(exc)
+            if _STUB_DOWN in message:
+                raise ModelNotReadyError(f"{model}: {message} (being restarted)", param="model") from exc
+            if (exc.status() or "").endswith("INVALID_ARGUMENT") or INVALID_INPUT_PREFIX in message:
+                raise InvalidRequestError(f"{model}: {message.split(INVALID_INPUT_PREFIX, 1)[-1] or message}") from exc
+            raise _translate(exc, f"inference on {model}") from exc
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, f"inference on {model}") from exc
+        finally:
+            self._inflight.pop(request_id, None)
+            self._aborted.pop(request_id, None)
+
     async def voice_prompt(self, model: str, audio: np.ndarray, sample_rate: int, ref_text: str | None,
                            x_vector_only: bool) -> tuple[bytes, float]:
         """One unary ``ModelInfer`` on ``qwen3_tts_voice_prompt`` (``Engine.voice_prompt``)."""
@@ -386,24 +420,7 @@ class TritonEngine:
                  (qwen3_contract.X_VECTOR_ONLY, scalar_array(bool(x_vector_only), "BOOL"))]
         if ref_text:
             pairs.append((qwen3_contract.REF_TEXT, utf8_array(ref_text)))
-        request_id = uuid.uuid4().hex
-        call = asyncio.ensure_future(self._client.infer(model, _infer_inputs(pairs), request_id=request_id))
-        self._inflight[request_id] = (model, call.cancel)
-        try:
-            result = await call
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        except InferenceServerException as exc:
-            message = exc.message() or str(exc)
-            if (exc.status() or "").endswith("INVALID_ARGUMENT") or INVALID_INPUT_PREFIX in message:
-                raise InvalidRequestError(message.split(INVALID_INPUT_PREFIX, 1)[-1] or message) from exc
-            raise _translate(exc, f"inference on {model}") from exc
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, f"inference on {model}") from exc
-        finally:
-            self._inflight.pop(request_id, None)
-            self._aborted.pop(request_id, None)
+        result = await self._unary(model, _infer_inputs(pairs), uuid.uuid4().hex)
         prompt = result.as_numpy(qwen3_contract.VOICE_PROMPT)
         seconds = result.as_numpy(qwen3_contract.REF_SECONDS)
         if prompt is None or not prompt.size:
@@ -424,30 +441,7 @@ class TritonEngine:
         """
 
         async def one(i: int) -> GeneratedImage:
-            request_id = f"{uuid.uuid4().hex}-{i}"
-            call = asyncio.ensure_future(self._client.infer(model, _image_inputs(job, i),
-                                                            request_id=request_id))
-            self._inflight[request_id] = (model, call.cancel)
-            try:
-                result = await call
-            except asyncio.CancelledError:
-                call.cancel()
-                error = self._stage_restarted(request_id, model)
-                if error is None:
-                    raise
-                raise error from None
-            except InferenceServerException as exc:
-                message = exc.message() or str(exc)
-                if _STUB_DOWN in message:
-                    raise ModelNotReadyError(f"{model}: {message} (being restarted)", param="model") from exc
-                if (exc.status() or "").endswith("INVALID_ARGUMENT"):
-                    raise InvalidRequestError(f"{model}: {message}") from exc
-                raise _translate(exc, f"inference on {model}") from exc
-            except grpc.aio.AioRpcError as exc:
-                raise _translate(exc, f"inference on {model}") from exc
-            finally:
-                self._inflight.pop(request_id, None)
-                self._aborted.pop(request_id, None)
+            result = await self._unary(model, _image_inputs(job, i), f"{uuid.uuid4().hex}-{i}")
             pixels = result.as_numpy(image_contract.IMAGE)
             if pixels is None:
                 raise InferenceError(f"{model}: no {image_contract.IMAGE} in the response")

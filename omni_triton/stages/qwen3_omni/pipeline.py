@@ -75,12 +75,7 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
         return res
     res.timings["code2wav_s"] = 0.0
 
-    def decode(codes, left):
-        td = time.perf_counter()
-        pcm = decoder.decode([codes], [left])[0]
-        res.timings["code2wav_s"] += time.perf_counter() - td
-        res.timings.setdefault("ttfp_s", time.perf_counter() - t0)
-        return pcm
+    decode = _timed_decode(decoder, res, t0)
 
     chunked = ChunkedDecoder(ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames), decode,
                              talker.num_code_groups)
@@ -103,6 +98,20 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
     return res
 
 
+def _timed_decode(decoder: OmniCode2Wav, res: OmniResult, t0: float):
+    """``decode(codes, left) -> pcm`` for ``ChunkedDecoder``: one code2wav call, its time added to
+    ``res.timings["code2wav_s"]`` and the first chunk's time since ``t0`` kept as ``ttfp_s``."""
+
+    def decode(codes, left):
+        td = time.perf_counter()
+        pcm = decoder.decode([codes], [left])[0]
+        res.timings["code2wav_s"] += time.perf_counter() - td
+        res.timings.setdefault("ttfp_s", time.perf_counter() - t0)
+        return pcm
+
+    return decode
+
+
 def _text(res: OmniResult, step, t0: float) -> None:
     if step.text:
         res.events.append(("text", len(res.text_deltas)))
@@ -121,12 +130,7 @@ def _run_async(thinker, talker, decoder, prompt_ids, sampling, voice, talker_set
     res.timings["code2wav_s"] = 0.0
     n_audio = [0]
 
-    def decode(codes, left):
-        td = time.perf_counter()
-        pcm = decoder.decode([codes], [left])[0]
-        res.timings["code2wav_s"] += time.perf_counter() - td
-        res.timings.setdefault("ttfp_s", time.perf_counter() - t0)
-        return pcm
+    decode = _timed_decode(decoder, res, t0)
 
     def emit(chunks):
         for pcm in chunks:
