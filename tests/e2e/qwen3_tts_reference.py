@@ -1,4 +1,4 @@
-"""Parity reference for tests/e2e/test_qwen3_tts.py, run with the Qwen3-TTS environment's
+"""Parity reference for tests/e2e/test_qwen3_tts_served.py, run with the Qwen3-TTS environment's
 interpreter (``.venv-qwen3-tts/bin/python``; qwen-tts needs transformers 4.57.3, the test process
 has 5.x): the package's own non-streaming ``generate_custom_voice`` / ``generate_voice_design`` /
 ``generate_voice_clone`` (+ its decode) on the prepared tiny checkpoint, greedy (the checkpoint's

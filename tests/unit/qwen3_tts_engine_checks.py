@@ -18,7 +18,7 @@ from omni_triton.stages.qwen3_tts.scheduler import TalkerScheduler  # noqa: E402
 from omni_triton.stages.qwen3_tts.streaming import ContextSchedule  # noqa: E402
 
 ROOT = sys.argv[1]
-PCM_TOL = 0.05  # see tests/e2e/test_qwen3_tts.py and docs/qwen3_tts.md, "Parity"
+PCM_TOL = 0.05  # see tests/e2e/test_qwen3_tts_served.py and docs/qwen3_tts.md, "Parity"
 forms = {t: Qwen3TtsForm(f"{ROOT}/{t}") for t in ("custom_voice", "voice_design", "base")}
 codec = Qwen3TtsCodec(f"{ROOT}/base")
 ref = (np.sin(np.arange(32000) * 2 * np.pi * 220 / 16000) * 0.3).astype(np.float32)
