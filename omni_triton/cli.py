@@ -26,6 +26,7 @@ from omni_triton.launcher import (
     TritonServer,
     crash_reason,
     dependents,
+    frontend_models,
     kill_process_group,
     stream_callees,
     available_models,
@@ -89,7 +90,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not args.no_frontend:
             if args.api_key:  # the frontend reads it from its environment (not argv: ps shows that)
                 os.environ["OMNI_TRITON_API_KEY"] = args.api_key
-            frontend = Frontend(server.grpc_url, host=args.host, port=args.port, models=models,
+            frontend = Frontend(server.grpc_url, host=args.host, port=args.port,
+                                models=frontend_models(models, server.repositories),
                                 extra_args=[*args.frontend_arg,
                                             *(["--strict-params"] if args.strict_params else [])],
                                 env={"OMNI_TRITON_SERVE_STATUS": str(status.path)})

@@ -194,6 +194,23 @@ def dependencies(model_path: Path) -> list[str]:
     return deps
 
 
+def frontend_models(models: list[str], repositories: list[Path] | None = None) -> list[str]:
+    """``models`` plus the models their configs name in the ``frontend_companions`` parameter:
+    models the OpenAI frontend calls itself although the user did not name them (``qwen3_tts``
+    names ``qwen3_tts_voice_prompt``, which computes a clone prompt at voice upload). Without
+    them, ``serve --models qwen3_tts`` loaded the companion (a dependency) but the frontend,
+    told only the named models, answered voice uploads with ``voice_cloning_unavailable``."""
+    paths = available_models(repositories)
+    out = list(dict.fromkeys(models))
+    for model in list(out):
+        if model not in paths:
+            continue
+        config = _read_config(paths[model] / "config.pbtxt")
+        extra = config.parameters["frontend_companions"].string_value if "frontend_companions" in config.parameters else ""
+        out += [c.strip() for c in extra.split(",") if c.strip() and c.strip() not in out]
+    return out
+
+
 def stream_callees(model: str, loaded: list[str], repositories: list[Path] | None = None) -> list[str]:
     """The loaded decoupled models that BLS model ``model`` calls (its ``depends_on``).
 

@@ -89,7 +89,7 @@ class CodecTalkerStage(DecoupledStage):
         # Under the deadline scheduler (config `scheduling: deadline`) the talker computes a frame
         # only when the scheduler steps this request, so open requests interleave frame by frame.
         for frames in self.talker.stream(text, speaker=speaker, min_frames=min_frames, max_frames=max_frames,
-                                         should_stop=stream.cancelled, paced=self.scheduler is not None):
+                                         should_stop=stream.cancelled, paced=self.step_scheduler is not None):
             self.metrics.count("frames", len(frames))
             pending.append(frames)
             if sum(len(f) for f in pending) >= self.emit_frames:

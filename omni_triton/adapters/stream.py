@@ -198,7 +198,7 @@ class DecoupledStage:
             raise RuntimeError(f"{self.model_name}: workers = {n}, but a stage that reads decoupled BLS "
                                "streams must run them on one thread (workers 0; raise the instance count "
                                "instead): see omni_triton/adapters/bls.py")
-        self.scheduler = None
+        self.step_scheduler = None
         if scheduling.scheduling_policy(self.params) is scheduling.Policy.DEADLINE:
             if self.reads_bls_streams or type(self).dispatch is not DecoupledStage.dispatch:
                 logging.getLogger(self.stage).warning(
@@ -207,7 +207,7 @@ class DecoupledStage:
             else:
                 self.playback_deadline(0.0)  # validates the deadline parameters at load
                 workers = int(self.params.get("scheduler_workers", n if n > 0 else 1))
-                self.scheduler = scheduling.StepScheduler(workers, scheduling.Policy.DEADLINE, name=self.stage)
+                self.step_scheduler = scheduling.StepScheduler(workers, scheduling.Policy.DEADLINE, name=self.stage)
                 n = 0
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=self.stage) if n > 0 else None
 
@@ -244,7 +244,7 @@ class DecoupledStage:
                 continue
             self.metrics.count("requests")
             self.metrics.add("active", 1)
-            queued = (self.pool is not None or self.scheduler is not None) and \
+            queued = (self.pool is not None or self.step_scheduler is not None) and \
                 type(self).dispatch is DecoupledStage.dispatch
             self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
             self.dispatch(job, stream)
@@ -252,7 +252,7 @@ class DecoupledStage:
 
     def dispatch(self, job, stream: ResponseStream) -> None:
         """Run ``job`` in execute, on the pool, or on the deadline scheduler."""
-        if self.scheduler is not None:
+        if self.step_scheduler is not None:
             self._schedule(job, stream)
         elif self.pool is None:
             self.run(job, stream)
@@ -301,7 +301,7 @@ class DecoupledStage:
             stream.send(outputs, final=isinstance(outputs, Final))
             return self.playback_amount(outputs)
 
-        self.scheduler.submit(self.generate(job, stream), self.playback_deadline(self.scheduler.clock()),
+        self.step_scheduler.submit(self.generate(job, stream), self.playback_deadline(self.step_scheduler.clock()),
                               on_output, lambda error: self.finish(job, stream, error), on_start)
 
     def _run_queued(self, job, stream: ResponseStream) -> None:
@@ -352,8 +352,8 @@ class DecoupledStage:
     def finalize(self):
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
-        if self.scheduler is not None:
-            self.scheduler.close()
+        if self.step_scheduler is not None:
+            self.step_scheduler.close()
         self.metrics = None  # metric families go before the stub's shared memory does
         bls.report_to(None)
         self.telemetry.close()

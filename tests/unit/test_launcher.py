@@ -195,3 +195,12 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
         log.close()
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if f"--http-port={http}" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_the_frontend_is_told_about_the_models_it_calls_itself():
+    """``serve --models piper_tts,qwen3_tts``: the frontend also gets qwen3_tts_voice_prompt (voice
+    uploads call it), which Triton loads as a dependency; nothing else of qwen3_tts's stages."""
+    from omni_triton.launcher import frontend_models
+
+    assert frontend_models(["piper_tts", "qwen3_tts"]) == ["piper_tts", "qwen3_tts", "qwen3_tts_voice_prompt"]
+    assert frontend_models(["piper_tts"]) == ["piper_tts"]

@@ -198,3 +198,25 @@ def test_video_patchify_matches_the_image_processor_layout(stages):
     np.testing.assert_array_equal(first, [[0, 10], [1, 11], [2, 12]])
     last = patches[-1].reshape(3, t, p, p)[:, :, 0, 0]  # frames 2 and 2 (repeated)
     np.testing.assert_array_equal(last, [[20, 20], [21, 21], [22, 22]])
+
+
+def test_audio_and_image_in_one_prompt_speak_like_the_fixed_reference(stages, omni_dir):
+    """An audio part and an image part together: the reference's talker fails on its own config
+    (no ``audio_config``, transformers 5.19); with the thinker's audio_config given to it
+    (``give_talker_the_audio_config``, what ``OmniTalker`` does) the reference speaks, and the
+    pipeline's text and audio equal it."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    thinker, talker, decoder, _ = stages
+    ids, sampling, media = _prepare(stages, messages(AUDIO_PART, IMAGE_PART))
+    assert media.counts == {"audio": 1, "image": 1, "video": 0}
+    res = qo.run_pipeline(thinker, talker, decoder, ids, sampling, "Ethan", TALKER, media=media)
+    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(omni_dir).eval()
+    with pytest.raises(AttributeError, match="audio_config"):
+        _reference(reference, thinker, ids, media)
+    from omni_triton.stages.qwen3_omni.talker import give_talker_the_audio_config
+
+    give_talker_the_audio_config(reference)
+    text, wav = _reference(reference, thinker, ids, media)
+    assert res.text == text and res.audio.size > 0
+    np.testing.assert_array_equal(decoder.decode([res.codes])[0], wav)

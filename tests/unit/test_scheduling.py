@@ -198,7 +198,7 @@ def test_a_stage_with_scheduling_deadline_runs_its_jobs_on_the_scheduler(monkeyp
     monkeypatch.delenv(SCHEDULING_ENV, raising=False)
     stage = Speaker()
     stage.initialize(_args(scheduling="deadline", scheduler_workers="1"))
-    assert stage.scheduler is not None and stage.pool is None
+    assert stage.step_scheduler is not None and stage.pool is None
     assert stage.playback_amount({AUDIO: np.zeros(25, np.float32), SAMPLE_RATE: np.array([10])}) == 2.5
     requests = [pb.FakeRequest({"N": np.array([n])}) for n in (3, 2)]
     stage.execute(requests)
@@ -214,7 +214,7 @@ def test_fifo_env_gives_the_previous_dispatch_and_frames_unit_is_validated(monke
     monkeypatch.setenv(SCHEDULING_ENV, "fifo")
     stage = Speaker()
     stage.initialize(_args(scheduling="deadline"))
-    assert stage.scheduler is None and stage.pool is not None  # the old pool of `workers`
+    assert stage.step_scheduler is None and stage.pool is not None  # the old pool of `workers`
     stage.finalize()
     monkeypatch.delenv(SCHEDULING_ENV)
     stage = Speaker()

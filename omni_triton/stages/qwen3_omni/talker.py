@@ -121,6 +121,22 @@ def talker_generate_kwargs(config, s: TalkerSettings) -> dict:
     return kw
 
 
+def give_talker_the_audio_config(model) -> None:
+    """Let the talker compute rope positions for prompts with audio *and* an image or video.
+
+    transformers 5.19's talker reuses the thinker's ``get_rope_index``, which reads
+    ``self.config.audio_config.n_window`` to count an audio clip's tokens once the prompt also
+    has an image/video grid; the talker's config has no ``audio_config``, so the reference's own
+    ``generate(..., return_audio=True)`` fails there with ``AttributeError`` (audio alone, or
+    images alone, take other branches). The clip lengths are the thinker's audio encoder's, so
+    the talker is given the thinker's ``audio_config`` (``model``: a
+    ``Qwen3OmniMoeForConditionalGeneration``; a no-op when the talker has one).
+    """
+    talker_config = model.talker.config
+    if getattr(talker_config, "audio_config", None) is None:
+        talker_config.audio_config = model.config.thinker_config.audio_config
+
+
 class OmniTalker:
     """Talker + code predictor of a Qwen3-Omni checkpoint, streaming codec frames.
 
@@ -149,6 +165,7 @@ class OmniTalker:
         from transformers import Qwen3OmniMoeForConditionalGeneration
 
         model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).to(device).eval()
+        give_talker_the_audio_config(model)
         del model.thinker, model.code2wav
         return cls(model, read_manifest(model_dir))
 
