@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.bench_common import closed_loop, git_commit, machine_info, parse_concurrency
-from clients.bench_tts import RequestResult, all_ratios, format_table, summarize
+from clients.audio_bench_results import RequestResult, all_ratios, format_table, summarize
 
 FORMS = ("custom_voice", "voice_design", "base")
 LABEL = {"custom_voice": "q3-custom", "voice_design": "q3-design", "base": "q3-clone"}

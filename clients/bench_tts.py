@@ -117,6 +117,10 @@ from clients.bench_common import (
     ratio,
     stop_all_on_sigterm,
 )
+from clients.audio_bench_results import (  # noqa: F401 - re-exported for the tests and callers
+    RATIO_PAIRS, TTFP_GROWTH_TARGET, RequestResult, all_ratios, compare, format_scheduling, format_table,
+    path_label, scheduling_summary, split_label, summarize,
+)
 from omni_triton.contracts import speech
 from omni_triton.contracts.speech import FrameBudget
 from omni_triton.runtime.playback import CONTINUITY_STALL_S, PlaybackClock
@@ -160,244 +164,9 @@ OMNI_MAX_TOKENS = 32
 OMNI_SAMPLE_RATE = 24000
 
 
-# ------------------------------------------------------------------------------ pure helpers
-
-
-@dataclass
-class RequestResult:
-    """One timed request. Times in seconds from the request start; see the module docstring.
-    ``player`` is the real-time player of this stream (``PlaybackClock`` from 0 = the send):
-    fed by :meth:`on_audio` as chunks arrive; absent, no underrun is known (0)."""
-
-    index: int
-    ttfp_s: float | None = None
-    e2e_s: float | None = None
-    samples: int = 0
-    sample_rate: int = 0
-    chunks: int = 0
-    error: str | None = None
-    player: PlaybackClock | None = None
-
-    def on_audio(self, t_s: float, samples: int, sample_rate: int) -> None:
-        """``samples`` samples at ``sample_rate`` Hz arrived ``t_s`` seconds after the send."""
-        if samples <= 0:
-            return
-        if self.ttfp_s is None:
-            self.ttfp_s = t_s
-        if self.player is None:
-            self.player = PlaybackClock(start=0.0)
-        self.player.add(t_s, samples, sample_rate)
-        self.samples += samples
-        self.sample_rate = sample_rate
-        self.chunks += 1
-
-    @property
-    def underrun_s(self) -> float:
-        """Seconds a real-time player of this stream stalled after its first chunk."""
-        return self.player.underrun_s if self.player is not None else 0.0
-
-    @property
-    def longest_stall_s(self) -> float:
-        return self.player.longest_stall_s if self.player is not None else 0.0
-
-    @property
-    def continuous(self) -> bool:
-        """No stall longer than ``CONTINUITY_STALL_S`` (100 ms; vLLM-Omni's continuity)."""
-        return self.longest_stall_s <= CONTINUITY_STALL_S
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.e2e_s is not None and self.samples > 0
-
-    @property
-    def audio_s(self) -> float:
-        return self.samples / self.sample_rate if self.sample_rate else 0.0
-
-    @property
-    def rtf(self) -> float | None:
-        return self.e2e_s / self.audio_s if self.ok and self.audio_s > 0 else None
-
-    def to_json(self) -> dict:
-        return {
-            "index": self.index,
-            "ttfp_ms": _ms(self.ttfp_s), "e2e_ms": _ms(self.e2e_s),
-            "audio_s": round(self.audio_s, 4), "rtf": _round(self.rtf, 4),
-            "samples": self.samples, "sample_rate": self.sample_rate, "chunks": self.chunks,
-            "underrun_s": round(self.underrun_s, 4), "longest_stall_ms": _ms(self.longest_stall_s),
-            "error": self.error,
-        }
-
-
-def _round(x: float | None, nd: int = 2) -> float | None:
-    return None if x is None else round(float(x), nd)
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 2)
-
-
-def summarize(results: Sequence[RequestResult], wall_s: float) -> dict:
-    """Aggregate one level (see the module docstring); times in ms, rounded to 0.01 ms."""
-    ok = [r for r in results if r.ok]
-    ttfp = {k: _round(v * 1000 if v is not None else None) for k, v in
-            describe([r.ttfp_s for r in ok if r.ttfp_s is not None]).items()}
-    e2e = {k: _round(v * 1000 if v is not None else None) for k, v in
-           describe([r.e2e_s for r in ok]).items()}
-    audio_total = sum(r.audio_s for r in ok)
-    rtfs = [r.rtf for r in ok if r.rtf is not None]
-    return {
-        "requests": len(results),
-        "ok": len(ok),
-        "errors": len(results) - len(ok),
-        "error_messages": sorted({r.error for r in results if r.error})[:5],
-        "ttfp_ms": ttfp,
-        "e2e_ms": e2e,
-        "rtf_mean": _round(sum(rtfs) / len(rtfs), 4) if rtfs else None,
-        "audio_s_mean": _round(audio_total / len(ok), 3) if ok else None,
-        "audio_s_total": _round(audio_total, 3),
-        "wall_s": _round(wall_s, 3),
-        "throughput_audio_s_per_s": _round(audio_total / wall_s, 3) if wall_s > 0 and ok else None,
-        "requests_per_s": _round(len(ok) / wall_s, 3) if wall_s > 0 and ok else None,
-        "underrun_s_total": _round(sum(r.underrun_s for r in ok), 3),
-        "underrun_s_max": _round(max((r.underrun_s for r in ok), default=None), 3),
-        "stalled_streams": sum(1 for r in ok if r.underrun_s > 0),
-        "continuity_rate": _round(sum(1 for r in ok if r.continuous) / len(ok), 3) if ok else None,
-    }
-
-
-def compare(served: dict, base: dict) -> dict:
-    """Ratios served / baseline of two :func:`summarize` results (see the module docstring)."""
-    return {
-        "ttfp_mean": ratio(served["ttfp_ms"]["mean"], base["ttfp_ms"]["mean"]),
-        "ttfp_p50": ratio(served["ttfp_ms"]["p50"], base["ttfp_ms"]["p50"]),
-        "e2e_mean": ratio(served["e2e_ms"]["mean"], base["e2e_ms"]["mean"]),
-        "e2e_p50": ratio(served["e2e_ms"]["p50"], base["e2e_ms"]["p50"]),
-        "rtf_mean": ratio(served["rtf_mean"], base["rtf_mean"]),
-        "throughput": ratio(served["throughput_audio_s_per_s"], base["throughput_audio_s_per_s"]),
-    }
-
-
-RATIO_PAIRS = (("frontend_vs_inprocess", "frontend", "inprocess"),
-               ("triton_vs_inprocess", "triton", "inprocess"),
-               ("frontend_vs_triton", "frontend", "triton"))
-
-
-def path_label(path: str, mode: str | None) -> str:
-    """Result key of a path run under a scheduling mode: ``frontend:fifo``; ``path`` alone for
-    the in-process path and runs without a mode."""
-    return path if mode is None or path == "inprocess" else f"{path}:{mode}"
-
-
-def split_label(label: str) -> tuple[str, str | None]:
-    """Inverse of :func:`path_label`: ``(path, mode or None)``."""
-    path, _, mode = label.partition(":")
-    return path, mode or None
-
-
-def all_ratios(results: dict) -> dict:
-    """``{model: {concurrency: {pair: compare(...)}}}`` for every pair whose both paths ran; with
-    scheduling modes the pair name gets the mode (``frontend_vs_inprocess:fifo``)."""
-    out: dict = {}
-    for model, paths in results.items():
-        levels = sorted({c for p in paths.values() for c in p}, key=int)
-        modes = sorted({split_label(lb)[1] for lb in paths if split_label(lb)[0] != "inprocess"},
-                       key=lambda m: m or "") or [None]
-        for c in levels:
-            for mode in modes:
-                for name, served, base in RATIO_PAIRS:
-                    s_lb, b_lb = path_label(served, mode), path_label(base, mode)
-                    if c in paths.get(s_lb, {}) and c in paths.get(b_lb, {}):
-                        out.setdefault(model, {}).setdefault(c, {})[
-                            name if mode is None else f"{name}:{mode}"] = compare(paths[s_lb][c], paths[b_lb][c])
-    return out
-
-
-#: Issue 13's target: TTFP p50 at the highest concurrency at most this many times the lowest's.
-TTFP_GROWTH_TARGET = 2.0
-
-
-def scheduling_summary(results: dict) -> dict:
-    """Per model and served path label (``frontend:deadline`` ...): TTFP p50/p90 per concurrency,
-    ``ttfp_p50_growth`` = p50 at the highest level / p50 at the lowest, underrun seconds and the
-    continuity rate per level, ``faster_than_real_time`` (mean RTF < 1 at the highest level) and
-    ``target_met``: growth <= ``TTFP_GROWTH_TARGET`` and, when faster than real time, zero
-    underrun seconds at the highest level (issue 13 item 4)."""
-    out: dict = {}
-    for model, paths in results.items():
-        for label, levels in paths.items():
-            if split_label(label)[0] == "inprocess" or not levels:
-                continue
-            cs = sorted(levels, key=int)
-            lo, hi = levels[cs[0]], levels[cs[-1]]
-            growth = ratio(hi["ttfp_ms"]["p50"], lo["ttfp_ms"]["p50"]) if len(cs) > 1 else None
-            fast = hi["rtf_mean"] is not None and hi["rtf_mean"] < 1.0
-            out.setdefault(model, {})[label] = {
-                "ttfp_p50_ms": {c: levels[c]["ttfp_ms"]["p50"] for c in cs},
-                "ttfp_p90_ms": {c: levels[c]["ttfp_ms"]["p90"] for c in cs},
-                "ttfp_p50_growth": growth,
-                "underrun_s_total": {c: levels[c]["underrun_s_total"] for c in cs},
-                "continuity_rate": {c: levels[c]["continuity_rate"] for c in cs},
-                "faster_than_real_time": fast,
-                "target_met": (growth is not None and growth <= TTFP_GROWTH_TARGET
-                               and (not fast or hi["underrun_s_total"] == 0)),
-            }
-    return out
-
-
-def format_scheduling(summary: dict) -> str:
-    """Readable table of :func:`scheduling_summary`."""
-    head = (f"{'model':<10} {'path':<18} | {'TTFP p50 by conc (ms)':<26} {'p90 at max':>10} | "
-            f"{'growth':>6} | {'underrun s':>10} {'contin.':>7} | target")
-    lines = ["Scheduling (TTFP p50 growth = highest / lowest concurrency; underrun and continuity "
-             "at the highest)", head, "-" * len(head)]
-    for model, labels in summary.items():
-        for label, x in sorted(labels.items()):
-            cs = list(x["ttfp_p50_ms"])
-            p50s = " / ".join(f"{_fmt(x['ttfp_p50_ms'][c], 0)}" for c in cs)
-            lines.append(f"{model:<10} {label:<18} | {p50s:<26} {_fmt(x['ttfp_p90_ms'][cs[-1]], 0):>10} | "
-                         f"{_fmt(x['ttfp_p50_growth'], 2):>6} | {_fmt(x['underrun_s_total'][cs[-1]], 2):>10} "
-                         f"{_fmt(x['continuity_rate'][cs[-1]], 2):>7} | "
-                         f"{'met' if x['target_met'] else 'missed'}")
-    return "\n".join(lines)
-
-
-def _fmt(x, nd: int = 1) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
-
-
-def format_table(results: dict, ratios: dict) -> str:
-    """Readable stdout table of :func:`summarize` results and :func:`all_ratios`."""
-    head = (f"{'model':<10} {'path':<10} {'conc':>4} {'ok/n':>6} | {'TTFP mean':>9} {'p50':>8} "
-            f"{'p90':>8} | {'E2E mean':>9} {'p50':>8} {'p90':>8} | {'audio s':>7} {'RTF':>6} "
-            f"{'audio s/s':>9} {'req/s':>6} | {'underrun s':>10} {'contin.':>7}")
-    lines = ["Latency in ms; RTF = E2E / audio duration; audio s/s = audio seconds per wall second",
-             head, "-" * len(head)]
-    order = {p: i for i, p in enumerate(PATHS)}
-    for model, paths in results.items():
-        for path in sorted(paths, key=lambda lb: (order.get(split_label(lb)[0], 99), lb)):
-            for c, s in sorted(paths[path].items(), key=lambda kv: int(kv[0])):
-                lines.append(
-                    f"{model:<10} {path:<10} {c:>4} {s['ok']:>3}/{s['requests']:<2} | "
-                    f"{_fmt(s['ttfp_ms']['mean']):>9} {_fmt(s['ttfp_ms']['p50']):>8} "
-                    f"{_fmt(s['ttfp_ms']['p90']):>8} | {_fmt(s['e2e_ms']['mean']):>9} "
-                    f"{_fmt(s['e2e_ms']['p50']):>8} {_fmt(s['e2e_ms']['p90']):>8} | "
-                    f"{_fmt(s['audio_s_mean'], 2):>7} {_fmt(s['rtf_mean'], 3):>6} "
-                    f"{_fmt(s['throughput_audio_s_per_s'], 2):>9} {_fmt(s['requests_per_s'], 2):>6} | "
-                    f"{_fmt(s.get('underrun_s_total'), 2):>10} {_fmt(s.get('continuity_rate'), 2):>7}")
-    if ratios:
-        rhead = (f"{'model':<10} {'conc':>4} {'ratio':<30} | {'TTFP mean':>9} {'TTFP p50':>8} | "
-                 f"{'E2E mean':>8} {'E2E p50':>8} | {'RTF':>6} | {'thrpt':>6}")
-        lines += ["", "Serving overhead (served / baseline; thrpt < 1: less audio per second)",
-                  rhead, "-" * len(rhead)]
-        for model, levels in ratios.items():
-            for c, pairs in sorted(levels.items(), key=lambda kv: int(kv[0])):
-                for name, r in pairs.items():
-                    lines.append(
-                        f"{model:<10} {c:>4} {name:<30} | {_fmt(r['ttfp_mean'], 2):>9} "
-                        f"{_fmt(r['ttfp_p50'], 2):>8} | {_fmt(r['e2e_mean'], 2):>8} "
-                        f"{_fmt(r['e2e_p50'], 2):>8} | {_fmt(r['rtf_mean'], 2):>6} | "
-                        f"{_fmt(r['throughput'], 2):>6}")
-    return "\n".join(lines)
+# ------------------------------------------------------------------------------ results
+# RequestResult, summaries, ratios and the table: clients/audio_bench_results.py (shared with
+# clients/bench_qwen3_tts.py)
 
 
 # ---------------------------------------------------------------------------- load generator
@@ -774,9 +543,10 @@ def run_served(bench: "Bench", args, served: list[str], mode: str | None, starte
 
 def main(argv: list[str] | None = None) -> int:
     if "--qwen3-tts" in (sys.argv[1:] if argv is None else argv):  # the Qwen3-TTS forms: clients/bench_qwen3_tts.py
-        from clients.bench_qwen3_tts import main as qwen3_tts_main
+        import subprocess  # its own process: benchmarks do not import each other (test_bench_common)
 
-        return qwen3_tts_main([a for a in (sys.argv[1:] if argv is None else argv) if a != "--qwen3-tts"])
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--qwen3-tts"]
+        return subprocess.call([sys.executable, "-m", "clients.bench_qwen3_tts", *rest])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench_tts.json", help="JSON output file")
     p.add_argument("--models", default=",".join(MODELS), help="comma separated: " + ",".join(MODELS))

@@ -122,6 +122,7 @@ class Qwen25OmniPipeline(OmniPipeline):
         self.stage_flags = CancelFlags.for_server()
         # validated here too (a stage's INVALID_ARG reaches a 2.51 BLS model as INTERNAL)
         self.chat = chat_tokenizer(_checkpoint(params))
+        self.processor = None  # text-only here: OmniPipeline.parse refuses media parts without one
         self.default_max_tokens = int(params.get("default_max_tokens", "32"))
         self.max_model_len = int(params.get("max_model_len", "1024"))
 

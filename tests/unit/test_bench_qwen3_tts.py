@@ -18,7 +18,10 @@ def test_ttfp_scaling_is_highest_over_lowest_level():
 def test_bench_tts_hands_qwen3_tts_over(monkeypatch):
     from clients import bench_tts
 
+    import subprocess
+    import sys
+
     seen = []
-    monkeypatch.setattr(b, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(subprocess, "call", lambda cmd: seen.append(cmd) or 0)
     assert bench_tts.main(["--qwen3-tts", "--concurrency", "1"]) == 0
-    assert seen == [["--concurrency", "1"]]
+    assert seen == [[sys.executable, "-m", "clients.bench_qwen3_tts", "--concurrency", "1"]]
