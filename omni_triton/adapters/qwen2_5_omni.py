@@ -48,6 +48,7 @@ class Qwen25ThinkerStage(OmniThinkerStage):
 
         set_torch_threads()
         self.thinker = Qwen25Thinker.from_pretrained(_checkpoint(params))
+        self.processor = None  # text-only: OmniThinkerStage.parse refuses media parts without one
         self.default_max_tokens = int(params.get("default_max_tokens", "32"))
         self.max_model_len = int(params.get("max_model_len", "1024"))
 
