@@ -121,6 +121,7 @@ from clients.audio_bench_results import (  # noqa: F401 - re-exported for the te
     RATIO_PAIRS, TTFP_GROWTH_TARGET, RequestResult, all_ratios, compare, format_scheduling, format_table,
     path_label, scheduling_summary, split_label, summarize,
 )
+from clients.audio_bench_results import _fmt  # the table's number format, for the progress lines
 from omni_triton.contracts import speech
 from omni_triton.contracts.speech import FrameBudget
 from omni_triton.runtime.playback import CONTINUITY_STALL_S, PlaybackClock

@@ -98,3 +98,29 @@ def test_no_benchmark_imports_another():
         imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
         others = {m for m in imported if m.startswith("clients.bench_") and m != "clients.bench_common"}
         assert not others, f"{path.name} imports {others}"
+
+
+def test_benchmarks_use_no_undefined_names():
+    """A crude undefined-name check of every benchmark module (a helper moved to another module but
+    still called by its old one fails only at run time, after minutes of measuring)."""
+    import ast
+    import builtins
+    from pathlib import Path
+
+    clients = Path(bc.__file__).parent
+    for path in [*clients.glob("bench_*.py"), clients / "audio_bench_results.py"]:
+        tree = ast.parse(path.read_text())
+        defined = set(dir(builtins)) | {"__file__", "__name__"}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {a.asname or a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                defined.add(node.name)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        assert not used - defined, f"{path.name}: undefined {sorted(used - defined)}"
