@@ -140,9 +140,6 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
     while not stop.wait(0.5):
         ticks += 1
         if server.proc.poll() is None and ticks % 2 == 0:
-            missing = server.models_without_stub()
-            # a stub can vanish between the two looks: report its death before the reload below
-            # (otherwise the report lands after the reload, seconds later)
             for report in server.track_stub_families():
                 _log(f"the stub process of {report['model']} died; killed its children "
                      f"{report['killed']}, removed {len(report['shm_removed'])} /dev/shm files")
@@ -161,7 +158,7 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
                     if pids:
                         callee_restarts[callee] = time.monotonic()
                         _log(f"restarting {callee} too (it streamed to {report['model']}): killed {pids}")
-            for model in missing:
+            for model in server.models_without_stub():
                 _log(f"reloading {model}")
                 try:
                     server.reload(model)
