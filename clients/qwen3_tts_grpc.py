@@ -9,16 +9,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import queue
-import time
 from functools import partial
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from clients.tts_grpc_stream import StreamResult
+from clients.tts_grpc_stream import StreamResult, stream_speech
 from omni_triton.contracts import qwen3_tts as q
-from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, infer_input, wrap_inputs
+from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
 
 def stream_qwen3_tts(url: str, pairs: list, max_chunks: int | None = None, timeout_s: float = 300.0,
@@ -30,35 +28,8 @@ def stream_qwen3_tts(url: str, pairs: list, max_chunks: int | None = None, timeo
         InferenceServerException: the model answered with an error.
         TimeoutError: no response for ``timeout_s`` seconds.
     """
-    responses: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    result, completed = StreamResult(), False
-    try:
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        start = time.perf_counter()
-        client.async_stream_infer(model, wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput)),
-                                  enable_empty_final_response=True)
-        while True:
-            res, err = responses.get(timeout=timeout_s)
-            if err is not None:
-                raise err
-            final = res.get_response().parameters.get("triton_final_response")
-            audio = res.as_numpy(AUDIO)
-            if audio is not None and audio.size:
-                result.chunks.append(audio.astype(np.float32).reshape(-1))
-                result.arrival_s.append(time.perf_counter() - start)
-                result.sample_rate = int(res.as_numpy(SAMPLE_RATE).reshape(-1)[0])
-                if max_chunks is not None and len(result.chunks) >= max_chunks:
-                    break
-            if final is not None and final.bool_param:
-                completed = True
-                break
-    except queue.Empty:
-        raise TimeoutError(f"no response from {model} for {timeout_s} s") from None
-    finally:
-        client.stop_stream(cancel_requests=not completed)
-        client.close()
-    return result
+    return stream_speech(url, model, wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput)), max_chunks,
+                         timeout_s)
 
 
 def voice_prompt(url: str, audio: np.ndarray, sample_rate: int, ref_text: str | None = None,

@@ -71,6 +71,19 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
         InferenceServerException: the model answered with an error.
         TimeoutError: no response for ``timeout_s`` seconds.
     """
+    return stream_speech(url, model, build_inputs(text, voice, speed, max_frames), max_chunks, timeout_s, on_chunk)
+
+
+def stream_speech(url: str, model: str, inputs: list, max_chunks: int | None = None, timeout_s: float = 300.0,
+                  on_chunk: Callable[[int, np.ndarray], None] | None = None) -> StreamResult:
+    """Send one request with the ``InferInput`` s ``inputs`` to the decoupled speech model
+    ``model`` on a gRPC bidirectional stream and collect its AUDIO chunks (float32 PCM, with
+    arrival times in s from the send and the SAMPLE_RATE in Hz); arguments as :func:`stream_tts`.
+
+    Raises:
+        InferenceServerException: the model answered with an error.
+        TimeoutError: no response for ``timeout_s`` seconds.
+    """
     responses: "queue.Queue" = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     result = StreamResult()
@@ -78,7 +91,7 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         start = time.perf_counter()
-        client.async_stream_infer(model, build_inputs(text, voice, speed, max_frames),
+        client.async_stream_infer(model, inputs,
                                   enable_empty_final_response=True)
         while True:
             res, err = responses.get(timeout=timeout_s)
