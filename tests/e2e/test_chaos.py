@@ -47,9 +47,10 @@ def _in_thread(fn) -> tuple[threading.Thread, dict]:
     return t, out
 
 
-def _sse_speech(url: str) -> list[str]:
-    """Event names of a streamed (SSE) speech request for LONG_TEXT."""
-    events = []
+def _sse_speech(url: str, events: list | None = None) -> list[str]:
+    """Event names of a streamed (SSE) speech request for LONG_TEXT (appended to ``events`` as
+    they arrive, when given)."""
+    events = [] if events is None else events
     with httpx.stream("POST", f"{url}/v1/audio/speech", timeout=300, json={
             "model": "piper_tts", "voice": "joe", "input": LONG_TEXT, "stream_format": "sse"}) as r:
         for line in r.iter_lines():
@@ -63,12 +64,18 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
     url = stack.frontend_url
     chat_body = {"model": "llm", "messages": [{"role": "user", "content": "What is the capital of Japan?"}],
                  "max_tokens": 24, "temperature": 0}
-    streamed, streamed_out = _in_thread(lambda: _sse_speech(url))
+    live_events: list[str] = []
+    streamed, streamed_out = _in_thread(lambda: _sse_speech(url, live_events))
     whole, whole_out = _in_thread(lambda: httpx.post(f"{url}/v1/audio/speech", timeout=300, json={
         "model": "piper_tts", "voice": "joe", "input": LONG_TEXT, "response_format": "wav"}).status_code)
     chat, chat_out = _in_thread(lambda: httpx.post(f"{url}/v1/chat/completions", json=chat_body,
                                                    timeout=300).status_code)
-    time.sleep(1.5)  # all three are running
+    # all three are running, and the stream has started (a stage that dies before the first chunk
+    # is a 503 before any event: CI12 once killed it 1.5 s in, before the first audio)
+    deadline = time.monotonic() + 60
+    while "speech.audio.delta" not in live_events and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
     (stub,) = _stubs("piper_tts", stack.triton_pid)
     killed_at = time.monotonic()
     os.kill(stub.pid, signal.SIGKILL)
