@@ -14,7 +14,15 @@ listeners gain nothing. This module interleaves the work of concurrent streams s
   delivered + stalls so far), minus ``guard_s``;
 - so a stream far ahead of real time yields to every other, and one about to underrun runs
   first (earliest deadline first: EDF; with FIFO the oldest stream always runs first, the
-  previous run-to-completion order).
+  previous run-to-completion order);
+- a *paced* stream (its client plays it as it arrives: the frontend's ``stream: true``) is not
+  computed more than ``max_lead_s`` ahead of its deadline: it waits, parked, until
+  ``due() - max_lead_s``. EDF alone is work-conserving: idle workers run streams seconds ahead
+  of their listeners, and on a 2-core machine that work slows the next request's first chunk
+  (it waits for a worker, then shares the cores). Parked streams leave the cores to first
+  chunks; ``max_lead_s`` (seconds of audio kept ready ahead of the listener) absorbs the wait
+  for a worker, so they still do not underrun. Unpaced streams (a whole clip, a batch job)
+  are never parked.
 
 Pure Python, no Triton: :class:`RunQueue` is the ordering (unit-tested without timing),
 :class:`StepScheduler` the worker threads that step generators in that order,
@@ -157,11 +165,13 @@ class FrameDeadline:
 
 @dataclass(eq=False)
 class Ticket:
-    """One stream in a :class:`RunQueue`: ``seq`` orders arrivals; ``payload`` is the caller's."""
+    """One stream in a :class:`RunQueue`: ``seq`` orders arrivals; ``payload`` is the caller's;
+    ``paced``: the stream may be parked until ``deadline.due() - max_lead_s``."""
 
     seq: int
     deadline: Deadline
     payload: Any = None
+    paced: bool = False
 
 
 class RunQueue:
@@ -173,17 +183,33 @@ class RunQueue:
     DEADLINE orders by ``(deadline.due(), seq)``: earliest playback deadline first, arrival
     order among equals. FIFO orders by ``seq`` alone: the oldest stream first, i.e. every stream
     runs to its end before a later one starts (with one worker).
+
+    Pacing (DEADLINE only): with ``max_lead_s`` set, a ``paced`` ticket is *eligible* only from
+    ``deadline.due() - max_lead_s`` on; :meth:`pop` with ``now`` returns the most urgent eligible
+    ticket and :meth:`next_eligible` says when a parked one becomes eligible.
+
+    Raises:
+        ValueError: ``max_lead_s`` < 0.
     """
 
-    def __init__(self, policy: Policy = Policy.DEADLINE):
+    def __init__(self, policy: Policy = Policy.DEADLINE, max_lead_s: float | None = None):
         self.policy = Policy(policy)
+        if max_lead_s is not None and max_lead_s < 0:
+            raise ValueError("max_lead_s must be >= 0")
+        self.max_lead_s = max_lead_s if self.policy is Policy.DEADLINE else None
         self._heap: list[tuple[tuple, int, Ticket]] = []
         self._seq = itertools.count()
         self._push_seq = itertools.count()
 
-    def ticket(self, deadline: Deadline, payload: Any = None) -> Ticket:
+    def ticket(self, deadline: Deadline, payload: Any = None, paced: bool = False) -> Ticket:
         """A new stream's ticket (the next arrival number)."""
-        return Ticket(next(self._seq), deadline, payload)
+        return Ticket(next(self._seq), deadline, payload, paced)
+
+    def eligible_at(self, ticket: Ticket) -> float:
+        """When ``ticket`` may run: ``-inf`` (now) unless it is paced under a ``max_lead_s``."""
+        if self.max_lead_s is None or not ticket.paced:
+            return float("-inf")
+        return ticket.deadline.due() - self.max_lead_s
 
     def key(self, ticket: Ticket) -> tuple:
         if self.policy is Policy.FIFO:
@@ -193,9 +219,27 @@ class RunQueue:
     def push(self, ticket: Ticket) -> None:
         heapq.heappush(self._heap, (self.key(ticket), next(self._push_seq), ticket))
 
-    def pop(self) -> Ticket | None:
-        """The most urgent stream, removed; ``None`` when empty."""
-        return heapq.heappop(self._heap)[2] if self._heap else None
+    def pop(self, now: float | None = None) -> Ticket | None:
+        """The most urgent stream, removed; ``None`` when empty. With ``now`` (scheduler clock,
+        s): the most urgent one eligible at ``now`` (parked paced streams are skipped and stay
+        queued); ``None`` when none is."""
+        if now is None or self.max_lead_s is None:
+            return heapq.heappop(self._heap)[2] if self._heap else None
+        parked, found = [], None
+        while self._heap:
+            item = heapq.heappop(self._heap)
+            if self.eligible_at(item[2]) <= now:
+                found = item[2]
+                break
+            parked.append(item)
+        for item in parked:  # keys unchanged: a queued stream's deadline cannot move
+            heapq.heappush(self._heap, item)
+        return found
+
+    def next_eligible(self) -> float | None:
+        """The earliest time a queued stream becomes eligible (``-inf``: one is now); ``None``
+        when empty."""
+        return min((self.eligible_at(item[2]) for item in self._heap), default=None)
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -226,17 +270,20 @@ class StepScheduler:
         policy: the :class:`RunQueue` order.
         name: thread name prefix.
         clock: monotonic seconds (injectable for tests).
+        max_lead_s: how far (seconds) ahead of its playback deadline a paced stream may be
+            computed (``None``: no pacing; :class:`RunQueue`). Workers sleep until a parked
+            stream becomes eligible or a new one arrives.
 
     Raises:
-        ValueError: ``workers`` < 1.
+        ValueError: ``workers`` < 1, ``max_lead_s`` < 0.
     """
 
     def __init__(self, workers: int, policy: Policy = Policy.DEADLINE, name: str = "scheduler",
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, max_lead_s: float | None = None):
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.clock = clock
-        self.queue = RunQueue(policy)
+        self.queue = RunQueue(policy, max_lead_s)
         self._cond = threading.Condition()
         self._closed = False
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
@@ -246,9 +293,9 @@ class StepScheduler:
 
     def submit(self, steps: Iterator[Any], deadline: Deadline, on_output: Callable[[Any], float],
                on_end: Callable[[BaseException | None], None],
-               on_start: Callable[[], None] | None = None) -> None:
+               on_start: Callable[[], None] | None = None, paced: bool = False) -> None:
         """Queue a new stream (its first step is due at ``deadline.due()``); ``on_start`` runs
-        before its first step.
+        before its first step; ``paced``: its client plays it in real time (``max_lead_s``).
 
         Raises:
             RuntimeError: the scheduler is closed.
@@ -256,17 +303,27 @@ class StepScheduler:
         with self._cond:
             if self._closed:
                 raise RuntimeError("scheduler closed")
-            self.queue.push(self.queue.ticket(deadline, _Stream(iter(steps), on_output, on_end, on_start)))
+            self.queue.push(self.queue.ticket(deadline, _Stream(iter(steps), on_output, on_end, on_start), paced))
             self._cond.notify()
+
+    def _next(self) -> Ticket | None:
+        """The next ticket to step, waiting for one to be queued and eligible; ``None`` when
+        closed. Called with ``_cond`` held."""
+        while not self._closed:
+            ticket = self.queue.pop(self.clock())
+            if ticket is not None:
+                return ticket
+            at = self.queue.next_eligible()
+            # a parked stream: sleep until it is eligible (re-checked: the clock may be a test's)
+            self._cond.wait(None if at is None else min(max(at - self.clock(), 0.001), 1.0))
+        return None
 
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not len(self.queue):
-                    self._cond.wait()
-                if self._closed:
+                ticket = self._next()
+                if ticket is None:
                     return
-                ticket = self.queue.pop()
             if self._step(ticket):
                 with self._cond:
                     if self._closed:
@@ -313,7 +370,7 @@ class StepScheduler:
         ``on_end(RuntimeError)`` (the model is being unloaded: its requests get their FINAL)."""
         with self._cond:
             self._closed = True
-            left = [self.queue.pop() for _ in range(len(self.queue))]
+            left = [self.queue.pop() for _ in range(len(self.queue))]  # parked ones too
             self._cond.notify_all()
         for t in self._threads:
             t.join(timeout=5.0)

@@ -64,6 +64,72 @@ def test_fifo_is_arrival_order_whatever_the_deadlines():
     assert [q.pop().payload, q.pop().payload] == ["A", "B"]
 
 
+def test_a_paced_stream_far_ahead_is_parked_until_its_lead_and_an_unpaced_one_never_is():
+    """Pacing: with max_lead_s=2, a paced stream due at 5.1 is not eligible before 3.1, while an
+    unpaced stream with the same deadline is (it would run at once). Red when pacing is dropped
+    (pop(now) returning the heap top) or applied to unpaced streams."""
+    q = RunQueue(Policy.DEADLINE, max_lead_s=2.0)
+    paced = q.ticket(_playing(0.0, 0.1, 5.0), "paced", paced=True)  # due 5.1
+    q.push(paced)
+    assert q.pop(now=1.0) is None and len(q) == 1  # parked, still queued
+    assert q.next_eligible() == pytest.approx(3.1)
+    unpaced = q.ticket(_playing(0.0, 0.1, 5.0), "unpaced")
+    q.push(unpaced)
+    assert q.next_eligible() == float("-inf")
+    assert q.pop(now=1.0).payload == "unpaced"
+    assert q.pop(now=3.0) is None
+    assert q.pop(now=3.1).payload == "paced"
+    # a paced stream with no audio yet is due at its arrival: never parked
+    q.push(q.ticket(AudioDeadline(1.0), "new", paced=True))
+    assert q.pop(now=1.0).payload == "new"
+    # FIFO ignores pacing (the previous behaviour); a negative lead is refused
+    fifo = RunQueue(Policy.FIFO, max_lead_s=2.0)
+    fifo.push(fifo.ticket(_playing(0.0, 0.1, 5.0), "A", paced=True))
+    assert fifo.pop(now=0.0).payload == "A"
+    with pytest.raises(ValueError):
+        RunQueue(Policy.DEADLINE, max_lead_s=-1.0)
+
+
+def test_the_scheduler_holds_a_paced_stream_until_its_lead_and_runs_a_new_one_meanwhile():
+    """A worker leaves a paced stream parked while it is more than max_lead_s ahead: with the
+    clock at 0, A (1 s per step, lead 1.5 s) runs A0, A1 (due 1, eligible at -0.5), then is
+    parked (A1 brought it to 2 s delivered: due 2, eligible 0.5); B, submitted then, runs at
+    once; A2 only after the clock reaches 0.5. Red when parked streams are stepped anyway
+    (A2 before the clock moves) or a parked stream blocks the worker for B."""
+    now = [0.0]
+    order, lock = [], threading.Lock()
+    parked, b_done, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    def steps(name, n):
+        for i in range(n):
+            with lock:
+                order.append(f"{name}{i}")
+            if name == "A" and i == 1:
+                parked.set()
+            yield 1.0
+
+    sched = StepScheduler(1, Policy.DEADLINE, clock=lambda: now[0], max_lead_s=1.5)
+    try:
+        sched.submit(steps("A", 3), AudioDeadline(0.0), float, lambda e: a_done.set(), paced=True)
+        assert parked.wait(5)
+        sched.submit(steps("B", 1), AudioDeadline(0.0), float, lambda e: b_done.set(), paced=True)
+        assert b_done.wait(5)
+        assert not a_done.wait(0.3)  # still parked: the clock has not moved
+        with lock:
+            assert order == ["A0", "A1", "B0"]
+        now[0] = 0.5
+        for _ in range(500):  # A2 runs once the clock reaches its eligibility (not a timing test)
+            with lock:
+                if "A2" in order:
+                    break
+            b_done.wait(0.01)
+        now[0] = 10.0  # A's end (the step after A2) is parked until 3 - 1.5 as well
+        assert a_done.wait(5)
+    finally:
+        sched.close()
+    assert order == ["A0", "A1", "B0", "A2"]
+
+
 def test_audio_deadline_follows_the_playback_clock_with_stalls():
     d = AudioDeadline(arrival=1.0, first_audio_budget_s=0.2, guard_s=0.1)
     assert d.due() == pytest.approx(1.2)  # no audio yet: the first chunk is due
@@ -253,3 +319,36 @@ def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls):
 def test_piper_schedules_by_audio():
     p = _params(_config("piper_tts"))
     assert scheduling_policy(p, env={}) is Policy.DEADLINE and p.get("deadline_unit", "audio") == "audio"
+
+
+@pytest.mark.parametrize("name", ["piper_tts", "tts_talker"])
+def test_scheduled_speech_stages_pace_paced_requests(name):
+    """The stages the frontend streams declare PACED and keep a lead (max_lead_ms) of at least
+    one second, so pacing is on and cannot starve a stream of its next chunk."""
+    config = _config(name)
+    assert "PACED" in {i.name for i in config.input}
+    assert float(_params(config)["max_lead_ms"]) >= 1000
+
+
+def test_a_stage_reads_paced_and_its_max_lead(monkeypatch):
+    monkeypatch.delenv(SCHEDULING_ENV, raising=False)
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline", max_lead_ms="1500"))
+    assert stage.step_scheduler.queue.max_lead_s == 1.5
+    assert stage.paced(pb.FakeRequest({"PACED": np.array([True])})) is True
+    assert stage.paced(pb.FakeRequest({"N": np.array([1])})) is False
+    stage.finalize()
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline"))
+    assert stage.step_scheduler.queue.max_lead_s is None  # no max_lead_ms: never parked
+    stage.finalize()
+    with pytest.raises(ValueError):
+        Speaker().initialize(_args(scheduling="deadline", max_lead_ms="-5"))
+
+
+def test_qwen3_tts_admits_as_many_requests_as_its_talker_batches():
+    """The Qwen3-TTS talker admits a new request at its next decode step (continuous batching,
+    up to max_num_seqs); the BLS in front must admit that many at once, or the rest wait whole
+    in Triton's queue (the first-chunk-behind-whole-requests wait of issue 13 item 4)."""
+    bls = sum(g.count for g in _config("qwen3_tts").instance_group)
+    assert bls >= int(_params(_config("qwen3_tts_talker"))["max_num_seqs"])
