@@ -133,6 +133,7 @@ class _TtsJob:
     text: str
     speaker: int
     max_frames: int
+    paced: bool = False  # PACED: passed on to the talker (its scheduler paces the frames)
 
 
 class TtsPipeline(DecoupledStage):
@@ -167,7 +168,8 @@ class TtsPipeline(DecoupledStage):
             optional_str_input(request, sp.TEXT), optional_str_input(request, sp.VOICE),
             optional_input(request, sp.SPEED), self.voices, self.default_voice, self.max_input_chars)
         max_frames = optional_input(request, sp.MAX_FRAMES)
-        return _TtsJob(text, speaker, self.budget.for_text(text) if max_frames is None else int(max_frames))
+        return _TtsJob(text, speaker, self.budget.for_text(text) if max_frames is None else int(max_frames),
+                       self.paced(request))
 
     def _decode(self, codes, left):
         return call_stage(self.code2wav, sp.code2wav_inputs(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1).astype(np.float32)
@@ -179,6 +181,8 @@ class TtsPipeline(DecoupledStage):
         rate = scalar_array(self.sample_rate, "INT32")
         inputs = [(sp.TEXT, utf8_array(job.text)), (sp.SPEAKER, scalar_array(job.speaker, "INT32")),
                   (sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32"))]
+        if job.paced:
+            inputs.append((sp.PACED, scalar_array(True, "BOOL")))
         for out in stream_stage(self.talker, inputs, [sp.CODES], stream.cancelled, self.talker_flags,
                                 f"tts-{uuid.uuid4().hex}", parent=stream):
             codes = out.get(sp.CODES)

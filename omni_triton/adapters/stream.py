@@ -27,12 +27,13 @@ from omni_triton.adapters.triton_io import (
     error_response,
     is_cancelled,
     model_parameters,
+    optional_input,
     optional_str_input,
     send,
     tensors,
 )
 from omni_triton.contracts.speech import CODES
-from omni_triton.contracts.tensors import AUDIO, REQUEST_ID, SAMPLE_RATE, InputError
+from omni_triton.contracts.tensors import AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, InputError
 from omni_triton.runtime import scheduling
 
 
@@ -72,6 +73,7 @@ class ResponseStream:
         self._on_cancel = on_cancel
         self._lock = threading.Lock()
         self.telemetry: RequestTelemetry | None = None  # set by the stage base
+        self.paced = False  # set by the stage base: PACED and a deadline scheduler
 
     def cancelled(self) -> bool:
         """Whether the client (or the BLS caller, through the REQUEST_ID flag) cancelled."""
@@ -167,7 +169,9 @@ class DecoupledStage:
     :meth:`playback_deadline` (config ``deadline_unit``: ``audio`` for AUDIO/SAMPLE_RATE outputs,
     ``frames`` for CODES outputs decoded in ``first_chunk_frames``/``chunk_frames`` chunks at
     ``frame_rate_hz``). Not for stages that read BLS streams or have their own ``dispatch``
-    (logged, FIFO kept).
+    (logged, FIFO kept). Pacing: with the config parameter ``max_lead_ms`` > 0, a request whose
+    optional ``PACED`` input is true (its client plays it in real time) is not computed more
+    than that far ahead of its playback deadline (``StepScheduler``'s ``max_lead_s``).
     """
 
     stage = "stage"
@@ -207,12 +211,31 @@ class DecoupledStage:
             else:
                 self.playback_deadline(0.0)  # validates the deadline parameters at load
                 workers = int(self.params.get("scheduler_workers", n if n > 0 else 1))
-                self.step_scheduler = scheduling.StepScheduler(workers, scheduling.Policy.DEADLINE, name=self.stage)
+                self.step_scheduler = scheduling.StepScheduler(workers, scheduling.Policy.DEADLINE, name=self.stage,
+                                                               max_lead_s=self.max_lead_s())
                 n = 0
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=self.stage) if n > 0 else None
 
     def setup(self, args: dict, params: dict[str, str]) -> None:
         """Load the model; ``params`` are the config.pbtxt parameters."""
+
+    def max_lead_s(self) -> float | None:
+        """Seconds a paced request may be computed ahead of its playback deadline: the config
+        parameter ``max_lead_ms`` / 1000; ``None`` (no pacing) when absent or 0.
+
+        Raises:
+            ValueError: a negative or non-numeric ``max_lead_ms``.
+        """
+        ms = float(self.params.get("max_lead_ms", "0"))
+        if ms < 0:
+            raise ValueError(f"{self.model_name}: max_lead_ms must be >= 0, not {ms:g}")
+        return ms / 1000.0 if ms > 0 else None
+
+    @staticmethod
+    def paced(request) -> bool:
+        """The request's optional ``PACED`` input (BOOL [1]); False when absent."""
+        value = optional_input(request, PACED)
+        return bool(value) if value is not None else False
 
     def parse(self, request) -> Any:
         raise NotImplementedError
@@ -247,6 +270,7 @@ class DecoupledStage:
             queued = (self.pool is not None or self.step_scheduler is not None) and \
                 type(self).dispatch is DecoupledStage.dispatch
             self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
+            stream.paced = self.step_scheduler is not None and self.paced(request)
             self.dispatch(job, stream)
         return None
 
@@ -302,7 +326,8 @@ class DecoupledStage:
             return self.playback_amount(outputs)
 
         self.step_scheduler.submit(self.generate(job, stream), self.playback_deadline(self.step_scheduler.clock()),
-                              on_output, lambda error: self.finish(job, stream, error), on_start)
+                                   on_output, lambda error: self.finish(job, stream, error), on_start,
+                                   paced=getattr(stream, "paced", False))
 
     def _run_queued(self, job, stream: ResponseStream) -> None:
         self.telemetry.add("omni_stage_requests_waiting", -1)

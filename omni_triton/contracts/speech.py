@@ -2,7 +2,9 @@
 pipeline ``tts`` (BLS) -> ``tts_talker`` (codec frames) -> ``tts_code2wav`` (PCM).
 
 A speech model takes ``TEXT`` (BYTES [1]), optional ``VOICE`` (BYTES [1]), ``SPEED`` (FP32 [1]);
-``tts`` also ``MAX_FRAMES`` (INT32 [1], cap on codec frames, 12.5 per second). Every streamed
+``tts`` also ``MAX_FRAMES`` (INT32 [1], cap on codec frames, 12.5 per second); all of them
+``PACED`` (BOOL [1], optional: the client plays the stream in real time, so the stage may compute
+it just ahead of playback, docs/scheduling.md "Pacing"; ``tts`` passes it to ``tts_talker``). Every streamed
 response carries ``AUDIO`` (FP32 [-1], mono PCM in [-1, 1]) and ``SAMPLE_RATE`` (INT32 [1], Hz).
 Every input problem is a :class:`SpeechInputError`.
 """
@@ -15,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from omni_triton.contracts.tensors import (
-    AUDIO, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
+    AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
 )
 
 TEXT = "TEXT"
@@ -94,8 +96,9 @@ def check_speed(speed: float) -> float:
 
 
 def speech_inputs(text: str, voice: str | None = None, speed: float | None = None,
-                  max_frames: int | None = None) -> list[tuple[str, np.ndarray]]:
-    """The inputs of one speech request as ``(name, array)`` pairs: TEXT, VOICE?, SPEED?, MAX_FRAMES?."""
+                  max_frames: int | None = None, paced: bool | None = None) -> list[tuple[str, np.ndarray]]:
+    """The inputs of one speech request as ``(name, array)`` pairs: TEXT, VOICE?, SPEED?,
+    MAX_FRAMES?, PACED?."""
     pairs = [(TEXT, utf8_array(text))]
     if voice is not None:
         pairs.append((VOICE, utf8_array(voice)))
@@ -103,6 +106,8 @@ def speech_inputs(text: str, voice: str | None = None, speed: float | None = Non
         pairs.append((SPEED, scalar_array(speed, "FP32")))
     if max_frames is not None:
         pairs.append((MAX_FRAMES, scalar_array(int(max_frames), "INT32")))
+    if paced is not None:
+        pairs.append((PACED, scalar_array(bool(paced), "BOOL")))
     return pairs
 
 
@@ -118,12 +123,13 @@ _CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT
                           (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
 
 PIPER_TTS = StageContract((TensorSpec(TEXT, "BYTES"), TensorSpec(VOICE, "BYTES", optional=True),
-                           TensorSpec(SPEED, "FP32", optional=True)), _AUDIO_OUT, decoupled=True)
+                           TensorSpec(SPEED, "FP32", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
+                          _AUDIO_OUT, decoupled=True)
 TTS = StageContract(PIPER_TTS.inputs + (TensorSpec(MAX_FRAMES, "INT32", optional=True),), _AUDIO_OUT, decoupled=True)
 TTS_TALKER = StageContract(
     (TensorSpec(TEXT, "BYTES"), TensorSpec(SPEAKER, "INT32", optional=True),
      TensorSpec(MAX_FRAMES, "INT32", optional=True), TensorSpec(MIN_FRAMES, "INT32", optional=True),
-     TensorSpec(REQUEST_ID, "BYTES", optional=True)),
+     TensorSpec(REQUEST_ID, "BYTES", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
     (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
 TTS_CODE2WAV = _CODE2WAV
 

@@ -25,6 +25,9 @@ REQUEST_ID = "REQUEST_ID"  #: BYTES [1]: id under which a BLS caller can cancel 
 VOICE = "VOICE"  #: BYTES [1]
 AUDIO = "AUDIO"  #: FP32 [-1]: mono PCM in [-1, 1]
 SAMPLE_RATE = "SAMPLE_RATE"  #: INT32 [1]: Hz of AUDIO
+#: BOOL [1]: the client plays this stream as it arrives (real time), so a scheduled stage may hold
+#: its later chunks back to ``max_lead_ms`` ahead of playback (docs/scheduling.md, "Pacing").
+PACED = "PACED"
 
 
 class InputError(ValueError):

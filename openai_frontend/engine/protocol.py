@@ -194,10 +194,12 @@ class Engine(Protocol):
 
     def synthesize(
         self, model: str, text: str, voice: str | None = None, speed: float | None = None,
-        options: SpeechOptions | None = None,
+        options: SpeechOptions | None = None, paced: bool = False,
     ) -> AsyncIterator[AudioChunk]:
         """Stream ``(float32 [T] PCM, sample_rate Hz)`` chunks as the model produces them.
         ``options``: Qwen3-TTS extras (the serving layer passes it only when non-empty).
+        ``paced``: the client plays the stream as it arrives (passed only when True; the model
+        may then compute it just ahead of playback, docs/scheduling.md "Pacing").
 
         Closing the iterator early must cancel the request in the server. Raises
         ``InferenceError`` (model error) or ``TritonUnavailableError`` while iterating.

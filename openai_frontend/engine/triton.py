@@ -248,13 +248,16 @@ class TritonEngine:
 
     async def synthesize(
         self, model: str, text: str, voice: str | None = None, speed: float | None = None,
-        options: SpeechOptions | None = None,
+        options: SpeechOptions | None = None, paced: bool = False,
     ) -> AsyncIterator[AudioChunk]:
         """One ``ModelStreamInfer`` RPC: send one request, yield each ``AUDIO`` response.
 
         The stream half-closes once that request's final response is in (``_stream``), and
         Triton then finishes the RPC. Every streamed response carries ``triton_final_response``,
         so the last audio response is recognised too.
+
+        ``paced``: the client plays the audio as it arrives; sent as ``PACED`` to a model that
+        declares it (its scheduler may then compute the stream just ahead of playback).
 
         Cancellation: ``stream_infer`` returns tritonclient's ``_ResponseIterator`` whose
         ``cancel()`` is ``grpc.aio.Call.cancel()`` (tritonclient 2.73,
@@ -268,6 +271,7 @@ class TritonEngine:
             text,
             voice=voice if speech_contract.VOICE in declared else None,
             speed=speed if speech_contract.SPEED in declared else None,
+            paced=True if paced and speech_contract.PACED in declared else None,
         ))
         if options:
             inputs += _infer_inputs(qwen3_speech_inputs(options, declared))

@@ -113,12 +113,16 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store=Non
     return fmt, voice, speed, options
 
 
-def synthesize(engine, info: ModelInfo, text: str, voice, speed, options):
-    """``engine.synthesize`` with ``options`` passed only when there are any (engines written
-    before the Qwen3-TTS extras keep working)."""
+def synthesize(engine, info: ModelInfo, text: str, voice, speed, options, paced: bool = False):
+    """``engine.synthesize`` with ``options`` passed only when there are any and ``paced`` only
+    when True (engines written before those keep working). ``paced``: a streamed response, which
+    the client plays as it arrives."""
+    extra = {}
     if options:
-        return engine.synthesize(info.name, text, voice, speed, options=options)
-    return engine.synthesize(info.name, text, voice, speed)
+        extra["options"] = options
+    if paced:
+        extra["paced"] = True
+    return engine.synthesize(info.name, text, voice, speed, **extra)
 
 
 def _nothing_to_speak(model: str) -> OpenAIError:
@@ -194,7 +198,7 @@ async def create_speech(body: SpeechRequest, request):
             return Response(data, media_type=fmt.content_type, headers=_audio_headers(fmt.name, rate))
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
-        gen = synthesize(engine, info, body.input, voice, speed, options)
+        gen = synthesize(engine, info, body.input, voice, speed, options, paced=True)
         first_chunk: list = []
 
         async def first_response():

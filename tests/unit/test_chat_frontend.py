@@ -88,7 +88,7 @@ class ChatFakeEngine:
             raise ModelNotReadyError(f"The model '{name}' is not ready", param="model")
         return m
 
-    async def synthesize(self, model, text, voice=None, speed=None):
+    async def synthesize(self, model, text, voice=None, speed=None, paced=False):
         raise InferenceError("not a speech fake")
         yield  # pragma: no cover
 

@@ -69,6 +69,7 @@ class FakeEngine:
         self.fail_at: int | None = None  # raise InferenceError before chunk i
         self.block_at: int | None = None  # wait forever before chunk i
         self.calls: list[dict] = []
+        self.paced: list[bool] = []
         self.started = 0
         self.completed = 0
         self.cancelled = 0
@@ -92,8 +93,9 @@ class FakeEngine:
             raise ModelNotReadyError(f"The model '{name}' is not ready", param="model")
         return m
 
-    async def synthesize(self, model, text, voice=None, speed=None):
+    async def synthesize(self, model, text, voice=None, speed=None, paced=False):
         self.calls.append({"model": model, "text": text, "voice": voice, "speed": speed})
+        self.paced.append(paced)
         self.started += 1
         done = False
         try:
@@ -390,6 +392,15 @@ async def test_stream_pcm_bytes(engine):
     assert r.headers["content-type"] == "audio/pcm"
     assert r.headers["x-sample-rate"] == str(SR)
     assert r.content == expected_pcm(engine)
+
+
+async def test_streamed_speech_is_paced_and_a_whole_clip_is_not(engine):
+    """A streamed response is played as it arrives, so the engine is asked to pace it (PACED);
+    a whole clip must not be held back to real time."""
+    await post(engine, {"model": "piper_tts", "input": "x", "stream": True, "response_format": "pcm"})
+    await post(engine, {"model": "piper_tts", "input": "x", "stream": True, "stream_format": "sse"})
+    await post(engine, {"model": "piper_tts", "input": "x", "response_format": "wav"})
+    assert engine.paced == [True, True, False]
 
 
 async def test_stream_default_format_is_pcm(engine):

@@ -43,7 +43,7 @@ class AllFake(ChatFakeEngine):
     async def stage_statistics(self, models):
         return {**await self.images.stage_statistics(models), **await super().stage_statistics(models)}
 
-    async def synthesize(self, model, text, voice=None, speed=None):
+    async def synthesize(self, model, text, voice=None, speed=None, paced=False):
         self.speech_started += 1
         await asyncio.sleep(0)
         yield np.zeros(2205, np.float32), self.models[model].sample_rate or 22050

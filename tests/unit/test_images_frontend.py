@@ -82,7 +82,7 @@ class FakeImageEngine:
             raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
         return self.models[name]
 
-    async def synthesize(self, model, text, voice=None, speed=None):  # pragma: no cover
+    async def synthesize(self, model, text, voice=None, speed=None, paced=False):  # pragma: no cover
         raise NotImplementedError
         yield
 

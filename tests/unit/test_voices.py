@@ -66,7 +66,7 @@ class FakeEngine:
             raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
         return self.models[name]
 
-    async def synthesize(self, model, text, voice=None, speed=None, options=None):
+    async def synthesize(self, model, text, voice=None, speed=None, options=None, paced=False):
         self.calls.append({"model": model, "text": text, "voice": voice, "speed": speed, "options": options})
         rate = self.models[model].sample_rate
         done = False
