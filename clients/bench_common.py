@@ -85,7 +85,8 @@ def parse_concurrency(text: str) -> list[int]:
 
 
 def closed_loop(run_one: Callable[[int], T], concurrency: int, n: int,
-                on_error: Callable[[int, Exception], T] | None = None) -> tuple[list[T], float]:
+                on_error: Callable[[int, Exception], T] | None = None,
+                stagger_s: float = 0.0) -> tuple[list[T], float]:
     """Send requests ``0 .. n-1`` from ``concurrency`` worker threads, each sending its next
     request as soon as its previous one ended.
 
@@ -93,6 +94,9 @@ def closed_loop(run_one: Callable[[int], T], concurrency: int, n: int,
         run_one: ``run_one(index) -> result``.
         on_error: turns an exception of ``run_one`` into a result (one bad request must not end
             the run); ``None`` lets it propagate.
+        stagger_s: worker ``k`` sends its first request ``k * stagger_s / concurrency`` seconds
+            after the start (0: all at once, a burst). With ``stagger_s`` one request's duration,
+            the clients are spread over it, as users who did not all click at the same instant.
 
     Returns:
         (results in index order, wall-clock seconds from the first send to the last end).
@@ -102,7 +106,9 @@ def closed_loop(run_one: Callable[[int], T], concurrency: int, n: int,
     results: dict[int, T] = {}
     failures: list[BaseException] = []
 
-    def worker():
+    def worker(k: int):
+        if stagger_s > 0 and k:
+            time.sleep(k * stagger_s / concurrency)
         while True:
             with lock:
                 i = next(next_index, None)
@@ -119,7 +125,7 @@ def closed_loop(run_one: Callable[[int], T], concurrency: int, n: int,
                 results[i] = r
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, name=f"bench-worker-{k}") for k in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(k,), name=f"bench-worker-{k}") for k in range(concurrency)]
     for th in threads:
         th.start()
     for th in threads:

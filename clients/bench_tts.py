@@ -121,7 +121,7 @@ from clients.audio_bench_results import (  # noqa: F401 - re-exported for the te
     RATIO_PAIRS, TTFP_GROWTH_TARGET, RequestResult, all_ratios, compare, format_scheduling, format_table,
     path_label, scheduling_summary, split_label, summarize,
 )
-from clients.audio_bench_results import _fmt  # the table's number format, for the progress lines
+from clients.audio_bench_results import _fmt, _round  # number formats (progress lines, JSON)
 from omni_triton.contracts import speech
 from omni_triton.contracts.speech import FrameBudget
 from omni_triton.runtime.playback import CONTINUITY_STALL_S, PlaybackClock
@@ -176,8 +176,10 @@ OMNI_SAMPLE_RATE = 24000
 RunOne = Callable[[int, str, str], RequestResult]
 
 
-def run_level(run_one: RunOne, model: str, concurrency: int, n: int) -> tuple[list[RequestResult], float]:
-    """``n`` requests from ``concurrency`` closed-loop worker threads; returns results, wall s."""
+def run_level(run_one: RunOne, model: str, concurrency: int, n: int,
+              stagger_s: float = 0.0) -> tuple[list[RequestResult], float]:
+    """``n`` requests from ``concurrency`` closed-loop worker threads (first sends spread over
+    ``stagger_s`` seconds, ``closed_loop``); returns results, wall s."""
     voices = VOICES[model]
 
     def one(i: int) -> RequestResult:
@@ -186,7 +188,7 @@ def run_level(run_one: RunOne, model: str, concurrency: int, n: int) -> tuple[li
     def failed(i: int, exc: Exception) -> RequestResult:  # recorded: one bad request must not end the run
         return RequestResult(index=i, error=f"{type(exc).__name__}: {exc}"[:300])
 
-    return closed_loop(one, concurrency, n, on_error=failed)
+    return closed_loop(one, concurrency, n, on_error=failed, stagger_s=stagger_s)
 
 
 def _timed_stream(index: int, chunks: Iterable[tuple[int, int]]) -> RequestResult:
@@ -440,6 +442,16 @@ class Bench:
     def n_requests(self, c: int) -> int:
         return max(self.args.requests, c)
 
+    def stagger_s(self, model: str, path: str, c: int) -> float:
+        """``--arrivals staggered``: spread the C clients' first requests over one request's
+        duration, the mean E2E (s) of the lowest level already measured on this path (0 for
+        that level itself and for ``burst``)."""
+        done = self.results[model].get(path, {})
+        if self.args.arrivals != "staggered" or c <= 1 or not done:
+            return 0.0
+        e2e = done[min(done, key=int)]["e2e_ms"]["mean"]
+        return e2e / 1000.0 if e2e else 0.0
+
     def run_path(self, model: str, path: str, run_one: RunOne) -> None:
         for i in range(self.args.warmup):
             try:
@@ -448,9 +460,11 @@ class Bench:
                 self.log(f"  warm-up failed: {exc}")
         for c in self.levels:
             n = self.n_requests(c)
-            res, wall = run_level(run_one, model, c, n)
+            stagger = self.stagger_s(model, path, c)
+            res, wall = run_level(run_one, model, c, n, stagger)
             s = summarize(res, wall)
             s["concurrency"] = c
+            s["arrivals"], s["stagger_s"] = self.args.arrivals, _round(stagger, 3)
             s["per_request"] = [r.to_json() for r in res]
             self.results[model].setdefault(path, {})[str(c)] = s
             self.log(f"  {model:<10} {path:<10} c={c:<2} n={n:<3} ok={s['ok']:<3} "
@@ -561,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, s")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="own stack start-up timeout, s")
     p.add_argument("--quiet", action="store_true", help="only the final table")
+    p.add_argument("--arrivals", default="burst", choices=("burst", "staggered"),
+                   help="burst: the C clients of a level send their first requests at once; staggered: "
+                        "spread over one request's duration (the lowest level's mean E2E)")
     p.add_argument("--scheduling", default=None,
                    help="comma separated scheduling modes, one own stack each: deadline (configs as "
                         "shipped), fifo (OMNI_TRITON_SCHEDULING=fifo: the previous behaviour); default "
@@ -646,6 +663,8 @@ def main(argv: list[str] | None = None) -> int:
         "request_text_voice": "request i: TEXTS[i % len(TEXTS)], voice VOICES[model][i % len]",
         "load_pattern": "closed loop: C worker threads, each sends its next request when the "
                         "previous one ended",
+        "arrivals": args.arrivals + (": the C first requests of a level sent at once" if args.arrivals == "burst"
+                                     else ": worker k's first request k/C of the lowest level's mean E2E later"),
         "tts_codec": codec,
         "scheduling_modes": args.scheduling or ["as served"],
         "playback_model": "per stream a real-time player with no jitter buffer "

@@ -41,6 +41,21 @@ def test_closed_loop_sends_every_request_once_in_index_order():
     assert res == [i * 10 for i in range(7)] and sorted(seen) == list(range(7)) and wall >= 0
 
 
+def test_closed_loop_staggers_the_first_sends_over_stagger_s():
+    """Worker k's first request starts k/C of stagger_s after the start (a burst without it).
+    Red when the workers all start at once (the start offsets would be ~0)."""
+    import time
+
+    t0, starts = time.perf_counter(), {}
+    def run_one(i):  # long enough that each worker sends exactly one
+        starts[i] = time.perf_counter() - t0
+        time.sleep(0.5)
+
+    bc.closed_loop(run_one, concurrency=4, n=4, stagger_s=0.4)
+    offsets = sorted(starts.values())
+    assert offsets[-1] >= 0.3 - 0.01 and offsets[0] < 0.1  # 0, 0.1, 0.2, 0.3 s (lower bounds only)
+
+
 def test_closed_loop_errors_recorded_or_raised():
     def run_one(i):
         if i == 2:

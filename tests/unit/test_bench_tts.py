@@ -119,3 +119,28 @@ def test_scheduling_summary_compares_modes_against_the_target():
     assert b.split_label("frontend:fifo") == ("frontend", "fifo") and b.path_label("inprocess", "fifo") == "inprocess"
     assert "frontend:deadline" in b.format_scheduling(b.scheduling_summary(results))
     assert "frontend:fifo" in b.format_table(results, ratios)
+
+
+def test_capacity_comes_from_the_fifo_run_so_a_paced_run_cannot_dodge_the_underrun_target():
+    """A paced run's own RTF is ~1 by design (each stream computed just ahead of its listener),
+    so 'faster than real time' is read from the same path's fifo run: there the pipeline keeps
+    up (RTF 0.5), so the paced run's underrun misses the target. Red when the paced run's own
+    RTF (1.2 here) decides."""
+    def level(ttfp, e2e, stall=0.0):
+        x = b.RequestResult(index=0)
+        x.on_audio(ttfp, 1000, 1000)
+        x.on_audio(ttfp + 1.0 + stall, 1000, 1000)
+        x.e2e_s = e2e
+        return b.summarize([x], wall_s=3.0)
+
+    results = {"piper_tts": {
+        b.path_label("frontend", "deadline"): {"1": level(0.1, 2.4), "8": level(0.15, 2.4, stall=0.3)},
+        b.path_label("frontend", "fifo"): {"1": level(0.1, 1.0), "8": level(0.5, 1.0)},
+    }}
+    sched = b.scheduling_summary(results)["piper_tts"]
+    paced = sched["frontend:deadline"]
+    assert paced["rtf_mean"]["8"] == pytest.approx(1.2) and paced["faster_than_real_time"]
+    assert paced["ttfp_p50_growth"] == pytest.approx(1.5) and not paced["target_met"]  # the underrun
+    alone = b.scheduling_summary({"piper_tts": {b.path_label("frontend", "deadline"):
+                                                results["piper_tts"][b.path_label("frontend", "deadline")]}})
+    assert not alone["piper_tts"]["frontend:deadline"]["faster_than_real_time"]  # no fifo run: its own RTF
