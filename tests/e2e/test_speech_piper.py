@@ -99,6 +99,31 @@ def test_sse_stream_arrives_while_synthesis_runs(stack):
     assert_speech_like(audio, 22050, LONG_TEXT, min_seconds=10)
 
 
+def test_streamed_speech_is_paced_to_its_listener(stack):
+    """A streamed response (the frontend sends PACED) is synthesised just ahead of playback: a
+    sentence leaves piper_tts no earlier than ``max_lead_ms`` (2 s) before the audio sent before
+    it ends playing, so the last delta arrives at least (audio before it - 2 s) after the first.
+    Unpaced the whole answer arrives within a second or two (red: remove PACED in the frontend or
+    set max_lead_ms 0). A lower bound only: a slow machine makes it later, never earlier."""
+    text = " ".join(f"This is sentence number {n} of a paced answer, spoken by the Piper voice." for n in (1, 2, 3))
+    lead_s = 2.0  # model_repository/piper_tts/config.pbtxt max_lead_ms
+    arrivals: list[tuple[float, float]] = []  # (arrival s, audio s) per delta
+    with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", timeout=300,
+                      json={"model": "piper_tts", "voice": "joe", "input": text,
+                            "response_format": "pcm", "stream_format": "sse"}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                if event["type"] == "speech.audio.delta":
+                    arrivals.append((time.monotonic(), len(base64.b64decode(event["audio"])) / 2 / 22050))
+    assert len(arrivals) >= 3
+    before_last = sum(d for _, d in arrivals[:-1])
+    waited = arrivals[-1][0] - arrivals[0][0]
+    assert waited >= before_last - lead_s - 0.5, (
+        f"last sentence {waited:.2f} s after the first, with {before_last:.2f} s of audio before it: not paced")
+
+
 def test_raw_stream_with_sdk(stack):
     chunks = []
     text = "First sentence here. Second sentence here."
