@@ -240,7 +240,8 @@ class InProcessCodec:
     ``CodecDecoder`` per ``tts_code2wav`` instance (a chunk holds one while it decodes)."""
 
     def __init__(self, first_chunk: int, chunk: int, left_context: int,
-                 min_frames: int, budget, talker_instances: int, code2wav_instances: int):
+                 min_frames: int, budget, talker_instances: int, code2wav_instances: int,
+                 low_water_s: float = 0.0):
         from omni_triton.paths import model_dir
         from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker
 
@@ -249,6 +250,7 @@ class InProcessCodec:
         self.decoders = InstancePool([CodecDecoder.from_pretrained(path) for _ in range(code2wav_instances)])
         self.sampling_rate = self.decoders.instances[0].sampling_rate
         self.first_chunk, self.chunk, self.left_context = first_chunk, chunk, left_context
+        self.low_water_s = low_water_s  # the tts config's low_water_ms: early chunks as served
         self.min_frames, self.budget = min_frames, budget
 
     def stream(self, text: str, speaker: int) -> Iterator[tuple[int, int]]:
@@ -259,7 +261,8 @@ class InProcessCodec:
             with self.decoders.take() as decoder:
                 return decoder.decode([codes], [left])[0]
 
-        chunked = ChunkedDecoder(ChunkSchedule(self.first_chunk, self.chunk, self.left_context), decode)
+        chunked = ChunkedDecoder(ChunkSchedule(self.first_chunk, self.chunk, self.left_context,
+                                               low_water_s=self.low_water_s), decode)
         sr = self.sampling_rate
         with self.talkers.take() as talker:
             for new in talker.stream(text, speaker, self.min_frames, self.budget.for_text(text)):
@@ -420,6 +423,7 @@ def codec_settings(grpc_url: str | None) -> dict:
         "first_chunk_frames": int(tts.get("first_chunk_frames", 5)),
         "chunk_frames": int(tts.get("chunk_frames", 25)),
         "left_context_frames": int(tts.get("left_context_frames", 25)),
+        "low_water_ms": float(tts.get("low_water_ms", 0)),
         "min_frames": int(talker.get("default_min_frames", 8)),
         # the talker's cap tts sets when the client sends no MAX_FRAMES (follows the text length)
         "max_frames_per_char": float(tts.get("max_frames_per_char", 2.5)),
@@ -627,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
                 engine = InProcessCodec(codec["first_chunk_frames"], codec["chunk_frames"],
                                         codec["left_context_frames"], codec["min_frames"],
                                         FrameBudget(codec["max_frames_per_char"], codec["min_max_frames"]),
-                                        instance_count("tts_talker"), instance_count("tts_code2wav"))
+                                        instance_count("tts_talker"), instance_count("tts_code2wav"),
+                                        codec["low_water_ms"] / 1000.0)
             log(f"  {model}: loaded in {time.perf_counter() - t:.1f} s")
             bench.run_path(model, "inprocess", engine.run_one)
             del engine

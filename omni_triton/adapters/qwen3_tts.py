@@ -180,11 +180,9 @@ class Qwen3TtsPipeline(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.runtime.cancel_flags import CancelFlags
-        from omni_triton.stages.chunking import ChunkSchedule
+        from omni_triton.stages.chunking import schedule_params
 
-        self.chunks = (int(params.get("first_chunk_frames", "5")), int(params.get("chunk_frames", "25")),
-                       int(params.get("left_context_frames", "25")))
-        ChunkSchedule(*self.chunks)
+        self.chunks = schedule_params(params)  # ChunkSchedule keywords, validated (low water included)
         self.voices = [v.strip() for v in params.get("voices", "").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0] if self.voices else "")
         self.sample_rate = int(params.get("sample_rate", "24000"))
@@ -232,7 +230,7 @@ class Qwen3TtsPipeline(DecoupledStage):
                 raise q.Qwen3TtsInputError(str(exc)) if exc.invalid else exc
         ref_code = VoicePrompt.from_bytes(bytes(prompt)).ref_code if prompt is not None else None
         context = 0 if ref_code is None else len(ref_code)
-        chunked = ChunkedDecoder(ContextSchedule(*self.chunks, context=context), self._decode)
+        chunked = ChunkedDecoder(ContextSchedule(**self.chunks, context=context), self._decode)
         if context:
             chunked.push(ref_code)  # context only: nothing is ready before the first generated frames
         rate = scalar_array(self.sample_rate, "INT32")

@@ -150,11 +150,9 @@ class TtsPipeline(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.runtime.cancel_flags import CancelFlags
-        from omni_triton.stages.chunking import ChunkSchedule
+        from omni_triton.stages.chunking import schedule_params
 
-        self.chunks = (int(params.get("first_chunk_frames", "5")), int(params.get("chunk_frames", "25")),
-                       int(params.get("left_context_frames", "25")))
-        ChunkSchedule(*self.chunks)  # validates the parameters
+        self.chunks = schedule_params(params)  # ChunkSchedule keywords, validated (low water included)
         self.voices = [v.strip() for v in params.get("voices", "0").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
@@ -177,7 +175,7 @@ class TtsPipeline(DecoupledStage):
     def generate(self, job, stream):
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
 
-        chunked = ChunkedDecoder(ChunkSchedule(*self.chunks), self._decode)
+        chunked = ChunkedDecoder(ChunkSchedule(**self.chunks), self._decode)
         rate = scalar_array(self.sample_rate, "INT32")
         inputs = [(sp.TEXT, utf8_array(job.text)), (sp.SPEAKER, scalar_array(job.speaker, "INT32")),
                   (sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32"))]

@@ -3,8 +3,9 @@ chunk, then fixed chunks, each decoded with left context), shared by codec TTS a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -24,16 +25,44 @@ class ChunkSchedule:
     chunks as ``(start, end, left_context)`` frame indices: decode ``frames[start:end]`` and keep
     the audio after the first ``left_context`` frames (``start = first_new - left_context``).
     At the end call :meth:`flush` for the tail. Every frame is emitted exactly once, in order.
+
+    Low water (``low_water_s`` > 0; off by default, the fixed scheme above): the schedule also
+    keeps a real-time listener's playback clock (each chunk adds its new frames /
+    ``frame_rate_hz`` seconds from when it was scheduled, a stall shifting the rest, as
+    ``omni_triton.runtime.playback.PlaybackClock``) and, when the audio already scheduled would
+    end playing within ``low_water_s`` of now, schedules the pending frames early as a shorter
+    chunk (at least ``first_chunk_frames`` of them). Why: after the small first chunk (5 frames:
+    0.4 s of audio at 12.5 Hz) the fixed scheme waits for 25 more frames, which must be generated
+    within those 0.4 s, i.e. at 5x real time; under load a talker slower than that stalls every
+    stream at its second chunk (docs/scheduling.md, "Results"). Early chunks only come when the
+    listener would otherwise stall, so an unloaded stream keeps the fixed chunks; the audio is the
+    same within the decoder's left-context tolerance (``tests/unit/test_codec_tts.py``).
+
+    Args:
+        first_chunk_frames, chunk_frames, left_context_frames: the fixed scheme (frames).
+        low_water_s: seconds of scheduled-but-unplayed audio below which pending frames are
+            scheduled early (0: never).
+        frame_rate_hz: codec frames per second of audio (12.5 for Mimi / the Qwen3 codecs).
+        clock: monotonic seconds (injectable for tests).
+
+    Raises:
+        ValueError: chunk sizes < 1, left context < 0, ``low_water_s`` < 0 or frame rate <= 0.
     """
 
     first_chunk_frames: int = 5
     chunk_frames: int = 25
     left_context_frames: int = 25
     emitted: int = 0  # frames whose audio has been scheduled
+    low_water_s: float = 0.0
+    frame_rate_hz: float = 12.5
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    _play_end: float | None = field(default=None, repr=False)  # when the scheduled audio ends playing
 
     def __post_init__(self):
         if self.first_chunk_frames < 1 or self.chunk_frames < 1 or self.left_context_frames < 0:
             raise ValueError("first_chunk_frames, chunk_frames must be >= 1, left_context_frames >= 0")
+        if self.low_water_s < 0 or self.frame_rate_hz <= 0:
+            raise ValueError("low_water_s must be >= 0 and frame_rate_hz > 0")
 
     def _next_size(self) -> int:
         return self.first_chunk_frames if self.emitted == 0 else self.chunk_frames
@@ -48,13 +77,40 @@ class ChunkSchedule:
         out = []
         while total_frames - self.emitted >= self._next_size():
             out.append(self._chunk(self.emitted + self._next_size()))
+        if self.low_water_s > 0:
+            now = self.clock()
+            self._played(out, now)
+            if (self._play_end is not None and total_frames - self.emitted >= self.first_chunk_frames
+                    and self._play_end - now <= self.low_water_s):
+                early = [self._chunk(total_frames)]  # the listener is about to run dry
+                self._played(early, now)
+                out += early
         return out
+
+    def _played(self, chunks: list[tuple[int, int, int]], now: float) -> None:
+        """Advance the listener's playback clock by the new frames of ``chunks`` scheduled at ``now``."""
+        for start, end, left in chunks:
+            self._play_end = max(self._play_end if self._play_end is not None else now, now) + \
+                (end - start - left) / self.frame_rate_hz
 
     def flush(self, total_frames: int) -> list[tuple[int, int, int]]:
         out = self.push(total_frames)
         if total_frames > self.emitted:
             out.append(self._chunk(total_frames))
         return out
+
+
+def schedule_params(params: dict[str, str]) -> dict:
+    """:class:`ChunkSchedule` keyword arguments from a BLS model's config.pbtxt parameters:
+    ``first_chunk_frames`` (5), ``chunk_frames`` (25), ``left_context_frames`` (25),
+    ``low_water_ms`` (0: off) and ``frame_rate_hz`` (12.5); validated (``ValueError``)."""
+    kw = dict(first_chunk_frames=int(params.get("first_chunk_frames", "5")),
+              chunk_frames=int(params.get("chunk_frames", "25")),
+              left_context_frames=int(params.get("left_context_frames", "25")),
+              low_water_s=float(params.get("low_water_ms", "0")) / 1000.0,
+              frame_rate_hz=float(params.get("frame_rate_hz", "12.5")))
+    ChunkSchedule(**kw)  # validates
+    return kw
 
 
 def chunk_slices(frames: np.ndarray, chunks: Sequence[tuple[int, int, int]]) -> list[tuple[np.ndarray, int]]:

@@ -192,6 +192,46 @@ def test_chunk_schedule_covers_every_frame_once():
     assert chunking.ChunkSchedule(5, 25, 25).flush(0) == []
 
 
+def test_low_water_schedules_pending_frames_before_the_listener_runs_dry():
+    """Low water 0.2 s at 12.5 Hz: the first chunk (5 frames at t=0) plays until 0.4 s. A slow
+    talker has 10 frames at t=0.25: 0.15 s of audio left, so frames 5..9 go out early (left
+    context 5) instead of waiting for frame 30, and the clock then runs to 0.8 s. Fewer pending
+    frames than a first chunk never go early; a talker that keeps ahead gets the fixed chunks.
+    Red when the early chunk is dropped (the fixed scheme would return nothing at t=0.25)."""
+    now = [0.0]
+    s = chunking.ChunkSchedule(5, 25, 25, low_water_s=0.2, clock=lambda: now[0])
+    assert s.push(5) == [(0, 5, 0)]
+    now[0] = 0.1
+    assert s.push(8) == []  # 0.3 s left: not yet low
+    now[0] = 0.25
+    assert s.push(10) == [(0, 10, 5)]
+    now[0] = 0.3
+    assert s.push(12) == []  # only 2 pending: not worth a decode
+    now[0] = 0.65
+    assert s.push(16) == [(0, 16, 10)]  # 0.15 s left of the 0.8 s
+    fast = chunking.ChunkSchedule(5, 25, 25, low_water_s=0.2, clock=lambda: 0.0)
+    assert [c for t in range(1, 73) for c in fast.push(t)] + fast.flush(72) == \
+        [(0, 5, 0), (0, 30, 5), (5, 55, 25), (30, 72, 25)]  # never low: the fixed chunks
+    with pytest.raises(ValueError):
+        chunking.ChunkSchedule(5, 25, 25, low_water_s=-1)
+
+
+def test_early_chunks_decode_to_the_same_audio(decoder, codes):
+    """Chunk boundaries moved by low water (a talker at 8 frames/s, slower than real time) decode
+    within the same 2e-5 of one full decode as the fixed scheme (left context is kept)."""
+    now = [0.0]
+    sched = chunking.ChunkSchedule(5, 25, 25, low_water_s=0.3, clock=lambda: now[0])
+    chunks = []
+    for total in range(1, len(codes) + 1):
+        now[0] = total / 8.0
+        chunks += sched.push(total)
+    chunks += sched.flush(len(codes))
+    sizes = [end - start - left for start, end, left in chunks]
+    assert sizes[0] == 5 and any(5 <= n < 25 for n in sizes[1:-1]), sizes  # early chunks happened
+    streamed = np.concatenate([decoder.decode([c], [lc])[0] for c, lc in chunking.chunk_slices(codes, chunks)])
+    np.testing.assert_allclose(streamed, decoder.decode([codes], [0])[0], rtol=0, atol=2e-5)
+
+
 @pytest.mark.parametrize("first,chunk,left", [(5, 25, 25), (1, 25, 25), (3, 7, 10)])
 def test_chunked_decode_matches_full(decoder, codes, first, chunk, left):
     """Chunks decoded with left context, concatenated, vs one decode of all 60 frames.
