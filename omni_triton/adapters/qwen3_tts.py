@@ -201,7 +201,8 @@ class Qwen3TtsPipeline(DecoupledStage):
         task = choose_task(optional_str_input(request, q.TASK), voice, instructions, prompt is not None or has_ref)
         job = dict(task=task, text=text, voice=voice or (self.default_voice if task == "custom_voice" else None),
                    instructions=instructions, language=optional_str_input(request, q.LANGUAGE),
-                   prompt=bytes(prompt) if prompt is not None else None, max_frames=optional_input(request, MAX_FRAMES))
+                   prompt=bytes(prompt) if prompt is not None else None, max_frames=optional_input(request, MAX_FRAMES),
+                   paced=self.paced(request))
         if task == "base" and prompt is None:
             if not has_ref:
                 raise q.Qwen3TtsInputError("base (voice cloning) needs VOICE_PROMPT or REF_AUDIO")
@@ -218,7 +219,7 @@ class Qwen3TtsPipeline(DecoupledStage):
 
     def generate(self, job, stream):
         from omni_triton.adapters.bls import StageError
-        from omni_triton.stages.chunking import ChunkedDecoder
+        from omni_triton.stages.chunking import ChunkedDecoder, fixed_if_unpaced
         from omni_triton.stages.qwen3_tts.request import VoicePrompt
         from omni_triton.stages.qwen3_tts.streaming import ContextSchedule
 
@@ -230,7 +231,8 @@ class Qwen3TtsPipeline(DecoupledStage):
                 raise q.Qwen3TtsInputError(str(exc)) if exc.invalid else exc
         ref_code = VoicePrompt.from_bytes(bytes(prompt)).ref_code if prompt is not None else None
         context = 0 if ref_code is None else len(ref_code)
-        chunked = ChunkedDecoder(ContextSchedule(**self.chunks, context=context), self._decode)
+        chunked = ChunkedDecoder(ContextSchedule(**fixed_if_unpaced(self.chunks, job["paced"]), context=context),
+                                 self._decode)
         if context:
             chunked.push(ref_code)  # context only: nothing is ready before the first generated frames
         rate = scalar_array(self.sample_rate, "INT32")

@@ -173,9 +173,9 @@ class TtsPipeline(DecoupledStage):
         return call_stage(self.code2wav, sp.code2wav_inputs(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
-        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
+        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
 
-        chunked = ChunkedDecoder(ChunkSchedule(**self.chunks), self._decode)
+        chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
         rate = scalar_array(self.sample_rate, "INT32")
         inputs = [(sp.TEXT, utf8_array(job.text)), (sp.SPEAKER, scalar_array(job.speaker, "INT32")),
                   (sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32"))]

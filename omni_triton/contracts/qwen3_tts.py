@@ -27,7 +27,7 @@ The stage-internal tensors (talker, code2wav) are defined beside the stages.
 """
 from __future__ import annotations
 
-from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec
+from omni_triton.contracts.tensors import AUDIO, PACED, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec
 from omni_triton.contracts.speech import MAX_FRAMES, TEXT
 
 TASK = "TASK"  #: BYTES [1]: "custom_voice" | "voice_design" | "base"
@@ -55,7 +55,7 @@ QWEN3_TTS = StageContract(
     (TensorSpec(TEXT, "BYTES"), TensorSpec(TASK, "BYTES", optional=True), TensorSpec(VOICE, "BYTES", optional=True),
      TensorSpec(INSTRUCTIONS, "BYTES", optional=True), TensorSpec(LANGUAGE, "BYTES", optional=True),
      TensorSpec(VOICE_PROMPT, "BYTES", optional=True)) + _REF
-    + (TensorSpec(MAX_FRAMES, "INT32", optional=True),),
+    + (TensorSpec(MAX_FRAMES, "INT32", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
     _AUDIO_OUT, decoupled=True)
 QWEN3_TTS_VOICE_PROMPT = StageContract(
     tuple(TensorSpec(t.name, t.datatype, t.dims, optional=t.name != REF_AUDIO and t.name != REF_SAMPLE_RATE)

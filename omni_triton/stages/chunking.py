@@ -113,6 +113,14 @@ def schedule_params(params: dict[str, str]) -> dict:
     return kw
 
 
+def fixed_if_unpaced(kw: dict, paced: bool) -> dict:
+    """``kw`` (:func:`schedule_params`) with low water off unless the request is ``paced``: a
+    whole clip has no listener to keep fed, and its fixed chunks keep its bytes the same from
+    run to run (early chunks move chunk boundaries, and so PCM16 samples by a step, with the
+    machine's load)."""
+    return kw if paced else {**kw, "low_water_s": 0.0}
+
+
 def chunk_slices(frames: np.ndarray, chunks: Sequence[tuple[int, int, int]]) -> list[tuple[np.ndarray, int]]:
     """``(codes_with_context [end-start, K], left_context)`` for each ``(start, end, left)``."""
     return [(frames[s:e], left) for s, e, left in chunks]
