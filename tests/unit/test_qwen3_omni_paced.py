@@ -166,3 +166,20 @@ def test_closing_a_paced_stream_mid_answer_stops_both_generations(stages):
                 break
     it.close()  # joins the talker's and the thinker's generate threads
     assert not [t for t in threading.enumerate() if t.name in ("talker-async", "generate") and t.is_alive()]
+
+
+def test_paced_thinker_with_the_talker_inputs_at_the_end_equals_unpaced(stages):
+    """The full-answer path (TALKER_INPUTS without ASYNC_CHUNK, multimodal prompts): the last
+    step's ThinkerOutput of a paced stream (interleaved with another) equals the unpaced one."""
+    thinker, _ = stages
+    streams, alone = {}, {}
+    for name, (q, n) in zip("ab", QUESTIONS):
+        ids = _ids(thinker, q)
+        alone[name] = list(thinker.stream(ids, _sampling(n), with_talker_inputs=True))[-1].output
+        streams[name] = thinker.stream(ids, _sampling(n), with_talker_inputs=True, paced=True)
+    got = _interleave(streams)
+    for name in "ab":
+        out = got[name][-1].output
+        for field in ("sequence", "embeds", "hidden", "tts_embeds"):
+            np.testing.assert_array_equal(getattr(out, field), getattr(alone[name], field))
+        assert out.prompt_len == alone[name].prompt_len
