@@ -183,3 +183,19 @@ def test_paced_thinker_with_the_talker_inputs_at_the_end_equals_unpaced(stages):
         for field in ("sequence", "embeds", "hidden", "tts_embeds"):
             np.testing.assert_array_equal(getattr(out, field), getattr(alone[name], field))
         assert out.prompt_len == alone[name].prompt_len
+
+
+def test_a_paced_talker_that_ends_first_leaves_the_rest_of_the_text_to_pass(stages):
+    """max_frames below the answer's length: the talker ends while the thinker is mid-answer;
+    the thinker's text still passes to its end (as unpaced), only the speech is capped."""
+    thinker, talker = stages
+    ids, short = _ids(thinker, "Tell me a story."), qo.TalkerSettings(max_frames=10, min_frames=10, do_sample=False)
+    alone = list(talker.stream_while_thinking(thinker.stream(ids, _sampling(48), stream_talker_inputs=True),
+                                              "Ethan", short))
+    got = _interleave({"a": talker.stream_while_thinking(
+        thinker.stream(ids, _sampling(48), stream_talker_inputs=True, paced=True), "Ethan", short, paced=True)})["a"]
+    steps = [i for i in got if isinstance(i, qo.ThinkerStep)]
+    assert steps[-1].completion_tokens == 48 and steps[-1].finish_reason
+    assert _text(steps) == _text(alone)
+    np.testing.assert_array_equal(np.concatenate([i for i in got if isinstance(i, np.ndarray)]),
+                                  np.concatenate([i for i in alone if isinstance(i, np.ndarray)]))

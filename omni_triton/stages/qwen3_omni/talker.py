@@ -320,13 +320,12 @@ class OmniTalker:
         steps = iter(steps)
         try:
             while not user_stop():
-                if run is not None and run.finished:
-                    return
                 if run is not None and run.can_step():
                     yield run.step()  # one talker step: its text entry is there
                     continue
                 if not thinking:
-                    return  # nothing (more) to speak
+                    return  # the thinker is done and so is the talker (or there is nothing to speak)
+                # (a talker that ended first, e.g. at max_frames, leaves the rest of the text to pass)
                 step = next(steps, None)
                 if step is None:  # the thinker's stream ended without a finish reason
                     return
