@@ -110,9 +110,11 @@ class OmniThinkerStage(DecoupledStage):
     def generate(self, job, stream):
         ids, sampling, talker_inputs, streamed, media = job
         counted = 0
-        paced = self.step_scheduler is not None  # one token per scheduler step
+        # paced under the scheduler: one token per step (passed only then: Qwen25ThinkerStage's
+        # thinker has no paced mode and its config does not opt into scheduling)
+        paced = {"paced": True} if self.step_scheduler is not None else {}
         for step in self.thinker.stream(ids, sampling, talker_inputs and not streamed, stream.cancelled,
-                                        stream_talker_inputs=streamed, media=media, paced=paced):
+                                        stream_talker_inputs=streamed, media=media, **paced):
             if step is None:
                 yield None  # a token whose text is held back: nothing to send
                 continue
@@ -193,7 +195,8 @@ class OmniTalkerStage(DecoupledStage):
             yield from self._speak_while_thinking(job, stream)
             return
         out, voice, settings = job
-        for frames in self.talker.stream(out, voice, settings, stream.cancelled, paced=self.step_scheduler is not None):
+        paced = {"paced": True} if self.step_scheduler is not None else {}  # (not for Qwen25TalkerStage's talker)
+        for frames in self.talker.stream(out, voice, settings, stream.cancelled, **paced):
             if frames is None:
                 yield None  # a talker step without a frame (its last)
                 continue
@@ -219,8 +222,8 @@ class OmniTalkerStage(DecoupledStage):
                 yield ThinkerStep(first_str(out[ch.TEXT_DELTA]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]),
                                   first_str(out[ch.FINISH_REASON]) or None, **_step_increments(out))
 
-        paced = self.step_scheduler is not None
-        for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled, paced=paced):
+        paced = {"paced": True} if self.step_scheduler is not None else {}
+        for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled, **paced):
             if item is None:
                 yield None  # a talker step without a frame
             elif isinstance(item, ThinkerStep):
