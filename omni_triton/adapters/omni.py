@@ -96,11 +96,28 @@ class OmniThinkerStage(DecoupledStage):
             self.processor, given)
         return ids, sampling, talker_inputs, streamed, media
 
+    def playback_deadline(self, arrival, job=None):
+        """``deadline_unit: tokens`` (docs/scheduling.md): a stream to a talker that speaks while
+        thinking, or to a reader, gets :class:`~omni_triton.runtime.scheduling.TokenDeadline`; a
+        request whose talker starts only after the whole answer (TALKER_INPUTS without
+        ASYNC_CHUNK: the multimodal path) needs every token for its first audio, so all of them
+        are due at its arrival (``lead_tokens`` = its max_tokens)."""
+        deadline = super().playback_deadline(arrival, job)
+        if job is not None and job[2] and not job[3] and hasattr(deadline, "lead_tokens"):
+            deadline = replace(deadline, lead_tokens=int(job[1].max_tokens) + 1)
+        return deadline
+
     def generate(self, job, stream):
         ids, sampling, talker_inputs, streamed, media = job
         counted = 0
+        # paced under the scheduler: one token per step (passed only then: Qwen25ThinkerStage's
+        # thinker has no paced mode and its config does not opt into scheduling)
+        paced = {"paced": True} if self.step_scheduler is not None else {}
         for step in self.thinker.stream(ids, sampling, talker_inputs and not streamed, stream.cancelled,
-                                        stream_talker_inputs=streamed, media=media):
+                                        stream_talker_inputs=streamed, media=media, **paced):
+            if step is None:
+                yield None  # a token whose text is held back: nothing to send
+                continue
             self.metrics.count("tokens", step.completion_tokens - counted)
             counted = step.completion_tokens
             out = {ch.TEXT_DELTA: step.text, ch.FINISH_REASON: step.finish_reason or "",
@@ -178,15 +195,21 @@ class OmniTalkerStage(DecoupledStage):
             yield from self._speak_while_thinking(job, stream)
             return
         out, voice, settings = job
-        for frames in self.talker.stream(out, voice, settings, stream.cancelled):
+        paced = {"paced": True} if self.step_scheduler is not None else {}  # (not for Qwen25TalkerStage's talker)
+        for frames in self.talker.stream(out, voice, settings, stream.cancelled, **paced):
+            if frames is None:
+                yield None  # a talker step without a frame (its last)
+                continue
             self.metrics.count("frames", len(frames))
             yield {sp.CODES: frames}
 
     def _speak_while_thinking(self, job, stream):
-        """Stream omni_thinker (this stub's one BLS-reading thread: execute's), pass its text
-        through and feed its per-token rows to the talker as they come
-        (``OmniTalker.stream_while_thinking``). Cancelled (the caller's REQUEST_ID flag or
-        Triton's): the thinker's flag is raised and the talker stops after its frame."""
+        """Stream omni_thinker (this stub's one BLS-reading thread: execute's, or under the
+        deadline scheduler its one worker's), pass its text through and feed its per-token rows
+        to the talker as they come (``OmniTalker.stream_while_thinking``; paced under the
+        scheduler: one talker step or one thinker response per scheduler step). Cancelled (the
+        caller's REQUEST_ID flag or Triton's): the thinker's flag is raised and the talker stops
+        after its frame."""
         from omni_triton.stages.qwen3_omni import ThinkerStep
 
         inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([True])), (ch.ASYNC_CHUNK, np.array([True]))]
@@ -199,8 +222,11 @@ class OmniTalkerStage(DecoupledStage):
                 yield ThinkerStep(first_str(out[ch.TEXT_DELTA]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]),
                                   first_str(out[ch.FINISH_REASON]) or None, **_step_increments(out))
 
-        for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled):
-            if isinstance(item, ThinkerStep):
+        paced = {"paced": True} if self.step_scheduler is not None else {}
+        for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled, **paced):
+            if item is None:
+                yield None  # a talker step without a frame
+            elif isinstance(item, ThinkerStep):
                 yield {ch.TEXT_DELTA: item.text, ch.FINISH_REASON: item.finish_reason or "",
                        ch.PROMPT_TOKENS: scalar_array(prompt_tokens[0], "INT32"),
                        ch.COMPLETION_TOKENS: scalar_array(item.completion_tokens, "INT32")}

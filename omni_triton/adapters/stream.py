@@ -168,10 +168,19 @@ class DecoupledStage:
     first chunk does not wait for other requests' later chunks. The deadline model comes from
     :meth:`playback_deadline` (config ``deadline_unit``: ``audio`` for AUDIO/SAMPLE_RATE outputs,
     ``frames`` for CODES outputs decoded in ``first_chunk_frames``/``chunk_frames`` chunks at
-    ``frame_rate_hz``). Not for stages that read BLS streams or have their own ``dispatch``
-    (logged, FIFO kept). Pacing: with the config parameter ``max_lead_ms`` > 0, a request whose
-    optional ``PACED`` input is true (its client plays it in real time) is not computed more
-    than that far ahead of its playback deadline (``StepScheduler``'s ``max_lead_s``).
+    ``frame_rate_hz``, ``tokens`` for a thinker feeding a talker one token per frame:
+    :class:`~omni_triton.runtime.scheduling.TokenDeadline`). Not for stages that have their own
+    ``dispatch`` (logged, FIFO kept). A stage that reads BLS streams may be scheduled with
+    ``scheduler_workers`` 1 only (else a load error): that one worker thread then opens and reads
+    all its streams (``execute`` only parses), which keeps the one-thread rule.
+
+    ``generate`` may yield ``None`` under the scheduler: a unit of work done with nothing to send
+    (e.g. a thinker token whose text is held back); it is not sent and counts
+    :meth:`playback_amount` ``(None)``.
+
+    Pacing: with the config parameter ``max_lead_ms`` > 0, a request whose optional ``PACED``
+    input is true (its client plays it in real time) is not computed more than that far ahead of
+    its playback deadline (``StepScheduler``'s ``max_lead_s``).
     """
 
     stage = "stage"
@@ -204,13 +213,17 @@ class DecoupledStage:
                                "instead): see omni_triton/adapters/bls.py")
         self.step_scheduler = None
         if scheduling.scheduling_policy(self.params) is scheduling.Policy.DEADLINE:
-            if self.reads_bls_streams or type(self).dispatch is not DecoupledStage.dispatch:
+            if type(self).dispatch is not DecoupledStage.dispatch:
                 logging.getLogger(self.stage).warning(
-                    "%s: scheduling=deadline ignored (the stage reads BLS streams or dispatches itself)",
-                    self.model_name)
+                    "%s: scheduling=deadline ignored (the stage dispatches itself)", self.model_name)
             else:
                 self.playback_deadline(0.0)  # validates the deadline parameters at load
                 workers = int(self.params.get("scheduler_workers", n if n > 0 else 1))
+                if self.reads_bls_streams and workers != 1 and not bls_threads_unchecked():
+                    raise RuntimeError(
+                        f"{self.model_name}: scheduler_workers = {workers}, but a stage that reads decoupled BLS "
+                        "streams must read them on one thread: scheduler_workers 1 (raise the instance count "
+                        "instead); see omni_triton/adapters/bls.py")
                 self.step_scheduler = scheduling.StepScheduler(workers, scheduling.Policy.DEADLINE, name=self.stage,
                                                                max_lead_s=self.max_lead_s())
                 n = 0
@@ -283,11 +296,12 @@ class DecoupledStage:
         else:
             self.pool.submit(self._run_queued, job, stream)
 
-    def playback_deadline(self, arrival: float) -> scheduling.Deadline:
-        """The deadline model of one request arriving at ``arrival`` (scheduler clock, s), from
-        the config parameters ``deadline_unit`` (``audio`` | ``frames``), ``first_audio_budget_ms``,
-        ``deadline_guard_ms`` and, for frames, ``first_chunk_frames``, ``chunk_frames``,
-        ``frame_rate_hz`` (the consumer's chunk schedule).
+    def playback_deadline(self, arrival: float, job=None) -> scheduling.Deadline:
+        """The deadline model of one request (``job``, None at load) arriving at ``arrival``
+        (scheduler clock, s), from the config parameters ``deadline_unit`` (``audio`` | ``frames``
+        | ``tokens``), ``first_audio_budget_ms``, ``deadline_guard_ms`` and, for frames and
+        tokens, ``first_chunk_frames``, ``chunk_frames``, ``frame_rate_hz`` (the consumer's chunk
+        schedule), for tokens also ``lead_tokens`` (default 1).
 
         Raises:
             ValueError: an unknown ``deadline_unit`` or invalid numbers.
@@ -296,18 +310,27 @@ class DecoupledStage:
         budget = float(p.get("first_audio_budget_ms", "0")) / 1000.0
         guard = float(p.get("deadline_guard_ms", "0")) / 1000.0
         unit = p.get("deadline_unit", "audio")
-        if unit == "frames":
-            return scheduling.FrameDeadline(arrival, int(p.get("first_chunk_frames", "5")),
-                                            int(p.get("chunk_frames", "25")),
-                                            float(p.get("frame_rate_hz", "12.5")), budget, guard)
+        if unit in ("frames", "tokens"):
+            chunks = (int(p.get("first_chunk_frames", "5")), int(p.get("chunk_frames", "25")),
+                      float(p.get("frame_rate_hz", "12.5")))
+            if unit == "tokens":
+                return scheduling.TokenDeadline(arrival, *chunks, int(p.get("lead_tokens", "1")), budget, guard)
+            return scheduling.FrameDeadline(arrival, *chunks, budget, guard)
         if unit != "audio":
-            raise ValueError(f"{self.model_name}: deadline_unit must be audio or frames, not {unit!r}")
+            raise ValueError(f"{self.model_name}: deadline_unit must be audio, frames or tokens, not {unit!r}")
         return scheduling.AudioDeadline(arrival, budget, guard)
 
-    def playback_amount(self, outputs: Mapping[str, Any]) -> float:
-        """What one response adds to its stream's deadline: codec frames (rows of CODES) or
-        seconds of audio (AUDIO samples / SAMPLE_RATE Hz); 0 for anything else."""
-        if self.params.get("deadline_unit", "audio") == "frames":
+    def playback_amount(self, outputs: Mapping[str, Any] | None) -> float:
+        """What one step's output adds to its stream's deadline: codec frames (rows of CODES),
+        seconds of audio (AUDIO samples / SAMPLE_RATE Hz), or for ``tokens`` one token per step
+        except the last (``Final``: a paced thinker computes one token per step and its final
+        step none); 0 for anything else (``None``: nothing sent)."""
+        unit = self.params.get("deadline_unit", "audio")
+        if unit == "tokens":
+            return 0.0 if isinstance(outputs, Final) else 1.0
+        if outputs is None:
+            return 0.0
+        if unit == "frames":
             codes = outputs.get(CODES)
             return float(len(codes)) if codes is not None else 0.0
         audio, rate = outputs.get(AUDIO), outputs.get(SAMPLE_RATE)
@@ -322,10 +345,12 @@ class DecoupledStage:
             self.telemetry.add("omni_stage_requests_running", 1)
 
         def on_output(outputs):
-            stream.send(outputs, final=isinstance(outputs, Final))
+            if outputs is not None:
+                stream.send(outputs, final=isinstance(outputs, Final))
             return self.playback_amount(outputs)
 
-        self.step_scheduler.submit(self.generate(job, stream), self.playback_deadline(self.step_scheduler.clock()),
+        self.step_scheduler.submit(self.generate(job, stream),
+                                   self.playback_deadline(self.step_scheduler.clock(), job),
                                    on_output, lambda error: self.finish(job, stream, error), on_start,
                                    paced=getattr(stream, "paced", False))
 
@@ -339,7 +364,8 @@ class DecoupledStage:
         error = None
         try:
             for outputs in self.generate(job, stream):
-                stream.send(outputs, final=isinstance(outputs, Final))
+                if outputs is not None:
+                    stream.send(outputs, final=isinstance(outputs, Final))
         except Exception as exc:  # noqa: BLE001 - answered below
             error = exc
         self.finish(job, stream, error)

@@ -376,3 +376,52 @@ class StepScheduler:
             t.join(timeout=5.0)
         for ticket in left:
             self._end(ticket.payload, RuntimeError("stage unloading"))
+
+
+@dataclass
+class TokenDeadline:
+    """Deadline of a thinker's token stream whose consumer speaks one token per codec frame
+    (``omni_thinker`` -> ``omni_talker``, speaking while thinking).
+
+    Why frames: after its prefill the Qwen3-Omni talker adds one thinker text embedding per codec
+    frame (transformers 5.19 ``modeling_qwen3_omni_moe.py``,
+    ``Qwen3OmniMoeTalkerForConditionalGeneration.prepare_inputs_for_generation``:
+    ``trailing_text_hidden[:, generation_step]``; ``generate``: "The talker consumes one entry of
+    `trailing_text_hidden` per step"), so thinker token ``i`` is needed about when the frame it
+    conditions is, and that frame is due when its chunk is (:class:`FrameDeadline`). Entry ``k``
+    is the row of generated token ``k + 1``, and a token's row comes out of the forward that
+    computes the *next* token: frame ``k`` needs ``k + 1 + lead_tokens`` tokens, ``lead_tokens``
+    = 1 (``OmniTalker.stream_while_thinking``). So: the first ``lead_tokens +
+    first_chunk_frames`` tokens (the first chunk's, plus its lead) are due at ``arrival +
+    first_audio_budget_s``, like a first chunk; each later token is due with the frame it feeds.
+
+    A reader of text alone gets the same pace (``frame_rate_hz`` tokens per second, 12.5:
+    faster than anyone reads). ``observe(now, tokens)``: ``tokens`` more were sent at ``now``.
+
+    Raises:
+        ValueError: ``lead_tokens`` < 0 or invalid chunk numbers (:class:`FrameDeadline`).
+    """
+
+    arrival: float
+    first_chunk_frames: int = 5
+    chunk_frames: int = 25
+    frame_rate_hz: float = 12.5
+    lead_tokens: int = 1
+    first_audio_budget_s: float = 0.0
+    guard_s: float = 0.0
+    tokens: int = 0
+
+    def __post_init__(self):
+        if self.lead_tokens < 0:
+            raise ValueError("lead_tokens must be >= 0")
+        self._frames = FrameDeadline(self.arrival, self.first_chunk_frames, self.chunk_frames, self.frame_rate_hz,
+                                     self.first_audio_budget_s, self.guard_s)
+
+    def observe(self, now: float, amount: float) -> None:
+        before, self.tokens = self.tokens, self.tokens + int(amount)
+        frames = max(self.tokens - self.lead_tokens, 0) - max(before - self.lead_tokens, 0)
+        if frames > 0:
+            self._frames.observe(now, frames)
+
+    def due(self) -> float:
+        return self._frames.due()

@@ -12,6 +12,7 @@ adds float rounding only).
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -112,6 +113,33 @@ def test_concurrent_chats_each_get_their_own_answer(stack, reference):
         ref_text, ref_wav = reference(question, voice)
         assert r.text == ref_text
         assert r.audio.shape == ref_wav.shape and np.abs(r.audio - ref_wav).max() <= WAVE_TOL
+
+
+def test_concurrent_requests_interleave_at_the_talker_with_the_same_answers(stack, reference):
+    """Four requests at once on two omni_talker instances and one omni_thinker, all scheduled
+    (docs/scheduling.md "The omni talker"): every request's first audio arrives before any
+    request's last audio (with the old dispatch, one whole request per talker instance, requests
+    3 and 4 got their first audio only after request 1 or 2 had sent its last), and each answer
+    still equals its solo reference (the interleaved paced generations are the solo ones)."""
+    jobs = [("Tell me a story.", "Chelsie"), ("Hello, how are you?", "Aiden"), (QUESTION, "Ethan"),
+            ("Tell me a story.", "Ethan")]
+    barrier = threading.Barrier(len(jobs))
+
+    def one(job):
+        barrier.wait()
+        t0 = time.perf_counter()
+        return t0, _chat(stack, job[0], voice=job[1])
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(one, jobs))
+    for (question, voice), (_, r) in zip(jobs, results):
+        ref_text, ref_wav = reference(question, voice)
+        assert r.completed and r.text == ref_text
+        assert r.audio.shape == ref_wav.shape and np.abs(r.audio - ref_wav).max() <= WAVE_TOL
+        assert len(r.audio_chunks) >= 2
+    last_first_audio = max(t0 + r.audio_arrival_s[0] for t0, r in results)
+    first_last_audio = min(t0 + r.audio_arrival_s[-1] for t0, r in results)
+    assert last_first_audio < first_last_audio, (last_first_audio, first_last_audio)
 
 
 def test_cancel_mid_audio_stops_the_talker(stack):

@@ -13,7 +13,7 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
-from omni_triton.adapters.stream import DecoupledStage  # noqa: E402
+from omni_triton.adapters.stream import DecoupledStage, Final  # noqa: E402
 from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE  # noqa: E402
 from omni_triton.runtime.scheduling import (  # noqa: E402
     SCHEDULING_ENV,
@@ -22,6 +22,7 @@ from omni_triton.runtime.scheduling import (  # noqa: E402
     Policy,
     RunQueue,
     StepScheduler,
+    TokenDeadline,
     scheduling_policy,
 )
 
@@ -153,6 +154,31 @@ def test_frame_deadline_is_the_start_of_the_chunk_being_generated():
     assert d.due() == pytest.approx(10.2 + 30 / 12.5)  # chunk 3 starts at frame 30
     with pytest.raises(ValueError):
         FrameDeadline(0.0, chunk_frames=0)
+
+
+def test_token_deadline_is_the_deadline_of_the_frame_each_token_feeds():
+    """Thinker tokens for a talker that speaks one token per frame (lead 1: frame k needs k + 2
+    tokens): the first chunk's tokens (5 frames + lead = 6) are due at arrival, then each token
+    is due with its frame's chunk."""
+    d = TokenDeadline(arrival=10.0, first_chunk_frames=5, chunk_frames=25, frame_rate_hz=12.5, lead_tokens=1)
+    d.observe(10.05, 5)
+    assert d.due() == 10.0  # tokens 0..4 sent: the first chunk still needs token 5
+    d.observe(10.1, 1)  # token 5: the talker can finish its first chunk (frames 0..4)
+    assert d.due() == pytest.approx(10.1 + 5 / 12.5)  # the tokens of chunk 2 are due when chunk 1 ends
+    d.observe(10.2, 25)  # tokens of frames 5..29
+    assert d.due() == pytest.approx(10.1 + 30 / 12.5)
+    d.observe(10.3, 0)
+    assert d.due() == pytest.approx(10.1 + 30 / 12.5)  # a step without a token changes nothing
+    # a new request's first tokens go before a running stream's later ones
+    q = RunQueue(Policy.DEADLINE)
+    q.push(q.ticket(d, "running"))
+    q.push(q.ticket(TokenDeadline(arrival=11.0), "new"))
+    assert [q.pop().payload, q.pop().payload] == ["new", "running"]
+    every_token_now = TokenDeadline(arrival=1.0, lead_tokens=33)  # a talker that waits for the whole answer
+    every_token_now.observe(1.5, 32)
+    assert every_token_now.due() == 1.0
+    with pytest.raises(ValueError):
+        TokenDeadline(0.0, lead_tokens=-1)
 
 
 def test_policy_switch_env_forces_fifo_params_decide_otherwise():
@@ -289,6 +315,34 @@ def test_fifo_env_gives_the_previous_dispatch_and_frames_unit_is_validated(monke
     stage.finalize()
     with pytest.raises(ValueError):
         Speaker().initialize(_args(scheduling="deadline", deadline_unit="bytes"))
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline", deadline_unit="tokens", first_chunk_frames="5"))
+    assert isinstance(stage.playback_deadline(0.0), TokenDeadline)
+    assert stage.playback_amount(None) == 1.0 and stage.playback_amount(Final({})) == 0.0  # a token per step
+    stage.finalize()
+
+
+class StreamReader(Speaker):
+    """A stage that reads decoupled BLS streams (``omni_talker``), scheduled."""
+
+    reads_bls_streams = True
+    workers = 0
+
+
+def test_a_stage_reading_bls_streams_is_scheduled_on_one_worker_only(monkeypatch):
+    """The one-thread rule (bls.py): only ``scheduler_workers`` 1 for a stage that reads BLS
+    streams; 2 is a load error (not a warning and FIFO)."""
+    monkeypatch.delenv(SCHEDULING_ENV, raising=False)
+    monkeypatch.delenv("OMNI_TRITON_BLS_THREADS", raising=False)
+    stage = StreamReader()
+    stage.initialize(_args(scheduling="deadline", scheduler_workers="1", deadline_unit="frames"))
+    assert stage.step_scheduler is not None and stage.pool is None
+    requests = [pb.FakeRequest({"N": np.array([2])})]
+    stage.execute(requests)
+    _wait_finals(requests)
+    stage.finalize()
+    with pytest.raises(RuntimeError, match="one thread"):
+        StreamReader().initialize(_args(scheduling="deadline", scheduler_workers="2", deadline_unit="frames"))
 
 
 def _config(name):
@@ -305,7 +359,7 @@ def _params(config):
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-@pytest.mark.parametrize("talker,bls", [("tts_talker", "tts")])
+@pytest.mark.parametrize("talker,bls", [("tts_talker", "tts"), ("omni_talker", "omni")])
 def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls):
     """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames; the
     BLS admits more requests at once than the talker has instances (else they queue whole)."""
@@ -314,6 +368,16 @@ def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls):
     assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
     assert float(t["frame_rate_hz"]) == 12.5
     assert sum(g.count for g in _config(bls).instance_group) > sum(g.count for g in _config(talker).instance_group)
+
+
+def test_the_omni_thinker_schedules_tokens_by_the_omni_chunk_schedule():
+    """``omni_thinker``'s token deadlines are the frames' of the talker it feeds (TokenDeadline),
+    with omni's chunk schedule; one worker (one request's tokens at a time)."""
+    t, b = _params(_config("omni_thinker")), _params(_config("omni"))
+    assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "tokens"
+    assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
+    assert float(t["frame_rate_hz"]) == 12.5 and t.get("scheduler_workers", "1") == "1"
+    assert _params(_config("omni_talker")).get("scheduler_workers") == "1"  # it reads omni_thinker's streams
 
 
 def test_piper_schedules_by_audio():

@@ -3,7 +3,7 @@ forward pass completes one.
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import queue
 import threading
 from dataclasses import dataclass
@@ -16,7 +16,15 @@ from omni_triton.checkpoints.common import read_manifest
 from omni_triton.contracts.chat import ChatInputError
 from omni_triton.stages.qwen3_omni.inputs import talker_media_kwargs
 from omni_triton.stages.qwen3_omni.thinker import ThinkerOutput, ThinkerStep
-from omni_triton.stages.streaming import stopping_criteria, threaded_generate
+from omni_triton.stages.streaming import (
+    PARKED,
+    Gate,
+    GenerationCancelled,
+    ThreadHook,
+    ThreadPrepare,
+    stopping_criteria,
+    threaded_generate,
+)
 
 # ------------------------------------------------------------------------------------ talker
 
@@ -157,6 +165,9 @@ class OmniTalker:
         self.speaker_ids = {k.lower(): int(v) for k, v in self.config.talker_config.speaker_id.items()}
         self.thinker_eos_token_id = int(self.manifest.get("thinker_eos_token_id", self.config.im_end_token_id))
         self._lock = threading.Lock()
+        # per generate thread: paced streams of one talker run their generates side by side
+        self._frames_hook = ThreadHook(self.talker)
+        self._prepare = ThreadPrepare(self.talker)
 
     @classmethod
     def from_pretrained(cls, model_dir, device: str = "cpu") -> "OmniTalker":
@@ -176,12 +187,26 @@ class OmniTalker:
             raise ChatInputError(f"unknown voice {voice!r}; available: {', '.join(self.speaker_ids)}") from None
 
     def stream(self, out: ThinkerOutput, voice: str, settings: TalkerSettings,
-               should_stop: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
+               should_stop: Callable[[], bool] | None = None, paced: bool = False) -> Iterator[np.ndarray | None]:
         """Yield int64 [n, G] codec frames (n >= 1) as they are generated. Stops at the codec EOS,
-        ``max_frames``, or when ``should_stop()`` is True (checked after every talker step)."""
+        ``max_frames``, or when ``should_stop()`` is True (checked after every talker step).
+
+        ``paced`` (the deadline scheduler's mode): one talker step per ``next()`` (a [1, G] frame,
+        or ``None`` for the prefill-only / last step), the generate thread parked in between, no
+        per-model lock: paced streams of one talker interleave frame by frame (same frames)."""
         inputs = build_talker_inputs(self.model, out, self.speaker_id(voice), self.thinker_eos_token_id)
-        kw = talker_generate_kwargs(self.config, settings)
         user_stop = should_stop or (lambda: False)
+        if paced:
+            feed = TextFeed()
+            feed.finish(inputs["trailing_text_hidden"])
+            run = _TalkerRun(self, inputs, feed, settings, paced=True)
+            try:
+                while not run.finished and not user_stop():
+                    yield run.step()
+            finally:
+                run.close()
+            return
+        kw = talker_generate_kwargs(self.config, settings)
         closed = threading.Event()
         q: queue.Queue = queue.Queue()
         done = object()
@@ -194,13 +219,9 @@ class OmniTalker:
         def run():
             from transformers import StoppingCriteriaList
 
-            with self._lock:
-                handle = self.talker.register_forward_hook(hook)
-                try:
-                    stop = stopping_criteria(lambda ids: closed.is_set() or user_stop())
-                    self.talker.generate(**inputs, stopping_criteria=StoppingCriteriaList([stop]), **kw)
-                finally:
-                    handle.remove()
+            with self._lock, self._frames_hook.active(hook):
+                stop = stopping_criteria(lambda ids: closed.is_set() or user_stop())
+                self.talker.generate(**inputs, stopping_criteria=StoppingCriteriaList([stop]), **kw)
 
         for items in threaded_generate(run, q, done, closed):
             if isinstance(items, list) and items:
@@ -210,7 +231,8 @@ class OmniTalker:
 
     def stream_while_thinking(self, steps: Iterable[ThinkerStep], voice: str, settings: TalkerSettings,
                               should_stop: Callable[[], bool] | None = None,
-                              feed: "TextFeed | None" = None) -> Iterator[ThinkerStep | np.ndarray]:
+                              feed: "TextFeed | None" = None,
+                              paced: bool = False) -> Iterator[ThinkerStep | np.ndarray | None]:
         """Speak while the thinker generates (vLLM-Omni's ``async_chunk``): pass each
         :class:`ThinkerStep` of ``steps`` (a thinker stream with ``stream_talker_inputs``: ids and
         per-token rows as increments) through, interleaved with int64 [n, G] codec frames.
@@ -230,9 +252,19 @@ class OmniTalker:
         generator stops its generate) and nothing more is yielded.
         ``feed``: pass one to watch it (tests).
 
+        ``paced`` (the deadline scheduler's mode): one unit of work per ``next()`` and no talker
+        thread running meanwhile: one talker step (a [1, G] frame, or ``None`` for a step without
+        one) when the text entry it reads is there, else one thinker step read from ``steps``
+        (blocking until the thinker sends it) and passed through. No per-model lock, so the paced
+        streams of one talker interleave. Text therefore passes at the talker's pace (one
+        thinker step per frame while the thinker is ahead), and the values are the unpaced ones.
+
         Raises:
             ChatInputError: unknown voice, or a sequence without ``<|im_start|>assistant``.
         """
+        if paced:
+            yield from self._paced_while_thinking(steps, voice, settings, should_stop, feed)
+            return
         speaker = self.speaker_id(voice)
         user_stop = should_stop or (lambda: False)
         feed = feed if feed is not None else TextFeed()
@@ -276,6 +308,57 @@ class OmniTalker:
                 run.close()
             close = getattr(steps, "close", None)
             if close is not None:  # stopped early: the thinker's stream stops too (joins its thread)
+                close()
+
+    def _paced_while_thinking(self, steps, voice, settings, should_stop, feed) -> Iterator:
+        speaker = self.speaker_id(voice)
+        user_stop = should_stop or (lambda: False)
+        feed = feed if feed is not None else TextFeed()
+        acc = _Accumulated()
+        run: _TalkerRun | None = None
+        asst, fed, thinking = None, 0, True
+        steps = iter(steps)
+        try:
+            while not user_stop():
+                if run is not None and run.can_step():
+                    yield run.step()  # one talker step: its text entry is there
+                    continue
+                if not thinking:
+                    return  # the thinker is done and so is the talker (or there is nothing to speak)
+                # (a talker that ended first, e.g. at max_frames, leaves the rest of the text to pass)
+                step = next(steps, None)
+                if step is None:  # the thinker's stream ended without a finish reason
+                    return
+                acc.add(step)
+                if step.finish_reason:
+                    thinking = False
+                    out = acc.output()
+                    if step.finish_reason != "abort" and len(out.sequence) - out.prompt_len >= 2:
+                        with torch.inference_mode():
+                            full = build_talker_inputs(self.model, out, speaker, self.thinker_eos_token_id)
+                        feed.finish(full["trailing_text_hidden"])
+                        if run is None:  # the thinker ended before the talker's prompt was complete
+                            run = _TalkerRun(self, full, feed, settings, paced=True)
+                    elif run is not None:
+                        run.close()
+                        run = None
+                else:
+                    if run is None and acc.prompt_len and acc.generated >= 2 and acc.tts_embeds is not None:
+                        asst = _assistant_start(self.config, np.asarray(acc.ids[:acc.prompt_len]), acc.prompt_len)
+                        if asst is None:
+                            raise ChatInputError("speech needs a chat prompt (<|im_start|>assistant); use MESSAGES")
+                        if acc.n_rows >= asst + 4:
+                            run = _TalkerRun(self, self._prefill(acc.output(), speaker, asst), feed, settings,
+                                             paced=True)
+                    if run is not None and not run.finished:
+                        fed = self._feed_entries(acc, asst, fed, feed)
+                yield step
+        finally:
+            feed.close()
+            if run is not None:
+                run.close()
+            close = getattr(steps, "close", None)
+            if close is not None:
                 close()
 
     def _prefill(self, out: ThinkerOutput, speaker: int, asst: int) -> dict:
@@ -381,6 +464,11 @@ class TextFeed:
         with self._cond:
             return self._entries
 
+    def has(self, step: int) -> bool:
+        """Whether :meth:`wait` for ``step`` would return at once."""
+        with self._cond:
+            return self._final or self._closed or (self._entries is not None and step < self._entries.shape[1])
+
     def wait(self, step: int) -> torch.Tensor | None:
         """Block until entry ``step`` exists, the feed is final or closed; return the entries
         (the talker reads entry ``step``, or ``tts_pad`` when ``step`` is past the end)."""
@@ -468,45 +556,51 @@ class _TalkerRun:
     """The talker's ``generate`` on its own thread, fed by a :class:`TextFeed`: its
     ``prepare_inputs_for_generation`` (where the reference reads ``trailing_text_hidden[:, step]``)
     gets the feed's entries, waiting while the thinker is behind. Frames int64 [G] queue as a
-    forward hook sees them (as :meth:`OmniTalker.stream`)."""
+    forward hook sees them (as :meth:`OmniTalker.stream`).
 
-    def __init__(self, owner: "OmniTalker", inputs: dict, feed: TextFeed, settings: TalkerSettings):
+    ``paced``: no per-model lock; the thread starts at the first :meth:`step` and parks after each
+    frame (:class:`~omni_triton.stages.streaming.Gate`; Qwen's ``rope_deltas`` and the RNG state
+    are kept per run), so each :meth:`step` computes one talker step; the consumer calls it only
+    when :meth:`can_step` (the entry that step reads is in the feed), so the thread never waits
+    on the feed while it holds the CPU."""
+
+    def __init__(self, owner: "OmniTalker", inputs: dict, feed: TextFeed, settings: TalkerSettings,
+                 paced: bool = False):
         self.q: queue.Queue = queue.Queue()
         self.done = object()
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.finished = False
+        self.frames = 0  # frames taken by step() (paced): the next step reads entry `frames`
+        self.feed = feed
         talker = owner.talker
         kw = talker_generate_kwargs(owner.config, settings)
+        self.gate = Gate(self.q, self.stop, [(talker, "rope_deltas")]) if paced else None
 
         def hook(module, args, output):
             codes = output.hidden_states[1] if output.hidden_states is not None else None
             if codes is not None:
                 self.q.put(codes[0].to(torch.int64).numpy().copy())
+                if self.gate is not None:
+                    self.gate.park()
 
-        original = talker.prepare_inputs_for_generation
-
-        @functools.wraps(original)  # generate inspects its signature
-        def prepare(*args, **kwargs):
+        def prepare(kwargs):
             if "generation_step" in kwargs and not self.stop.is_set():
                 entries = feed.wait(int(kwargs["generation_step"]))
                 kwargs["trailing_text_hidden"] = entries if entries is not None else inputs["tts_pad_embed"][:, :0]
-            return original(*args, **kwargs)
+            return kwargs
 
         def target():
             from transformers import StoppingCriteriaList
 
             try:
                 torch.set_num_threads(1)
-                with owner._lock, torch.inference_mode():
-                    handle = talker.register_forward_hook(hook)
-                    talker.prepare_inputs_for_generation = prepare  # this generate only
-                    try:
-                        stop = stopping_criteria(lambda ids: self.stop.is_set())
-                        talker.generate(**inputs, stopping_criteria=StoppingCriteriaList([stop]), **kw)
-                    finally:
-                        del talker.prepare_inputs_for_generation
-                        handle.remove()
+                with contextlib.nullcontext() if paced else owner._lock, torch.inference_mode(), \
+                        owner._frames_hook.active(hook), owner._prepare.active(prepare):
+                    stop = stopping_criteria(lambda ids: self.stop.is_set())
+                    talker.generate(**inputs, stopping_criteria=StoppingCriteriaList([stop]), **kw)
+            except GenerationCancelled:
+                pass
             except BaseException as e:  # re-raised on the consumer thread
                 self.error = e
             finally:
@@ -515,7 +609,31 @@ class _TalkerRun:
 
         feed.started = True
         self.thread = threading.Thread(target=target, name="talker-async", daemon=True)
-        self.thread.start()
+        if not paced:
+            self.thread.start()
+
+    def can_step(self) -> bool:
+        """Paced: whether the next :meth:`step` finds its text entry (or the feed is final)."""
+        return not self.finished and self.feed.has(self.frames)
+
+    def step(self) -> np.ndarray | None:
+        """Paced: run the talker to its next frame (int64 [1, G]) or its end (None)."""
+        if self.finished:
+            return None
+        if self.thread.ident is None:
+            self.thread.start()
+        else:
+            self.gate.release()
+        items = []
+        while True:
+            item = self.q.get()
+            if item is PARKED:
+                break
+            if self._take(item) is None:
+                break
+            items.append(item)
+        self.frames += len(items)
+        return np.stack(items).astype(np.int64) if items else None
 
     def _take(self, item) -> np.ndarray | None:
         if item is self.done:
@@ -557,4 +675,5 @@ class _TalkerRun:
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join()
+        if self.thread.ident is not None:
+            self.thread.join()

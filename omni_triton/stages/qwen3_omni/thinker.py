@@ -3,6 +3,7 @@ the talker is conditioned on (:class:`ThinkerOutput`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -16,7 +17,7 @@ import torch
 from omni_triton.checkpoints.common import read_manifest
 from omni_triton.contracts.chat import ChatInputError, parse_messages
 from omni_triton.stages.qwen3_omni.request import SamplingSettings, sampling_settings
-from omni_triton.stages.streaming import stopping_criteria, threaded_generate
+from omni_triton.stages.streaming import Gate, ThreadHook, stopping_criteria, threaded_generate
 
 # ----------------------------------------------------------------------------------- thinker
 
@@ -58,10 +59,11 @@ class ThinkerStep:
 
 
 class _QueueStreamer:
-    """transformers streamer: skips the prompt, queues each new token id (int)."""
+    """transformers streamer: skips the prompt, queues each new token id (int); with a ``gate``
+    (paced) the generate thread then parks until its consumer asks for the next token."""
 
-    def __init__(self, q: "queue.Queue"):
-        self.q, self._prompt_seen = q, False
+    def __init__(self, q: "queue.Queue", gate: Gate | None = None):
+        self.q, self._prompt_seen, self.gate = q, False, gate
 
     def put(self, value: torch.Tensor) -> None:
         if not self._prompt_seen:
@@ -69,6 +71,8 @@ class _QueueStreamer:
             return
         for t in value.reshape(-1).tolist():
             self.q.put(int(t))
+        if self.gate is not None:
+            self.gate.park()
 
     def end(self) -> None:
         pass
@@ -143,6 +147,7 @@ class OmniThinker:
         self.eos_token_id = int(self.manifest.get("thinker_eos_token_id", self.config.im_end_token_id))
         self.chat = ChatTokenizer(tokenizer, self.config.im_start_token_id, self.config.assistant_token_id)
         self._lock = threading.Lock()
+        self._rows_hook = ThreadHook(self.thinker)  # per generate thread (paced streams share the model)
 
     @classmethod
     def from_pretrained(cls, model_dir, device: str = "cpu") -> "OmniThinker":
@@ -191,7 +196,7 @@ class OmniThinker:
 
     def stream(self, prompt_ids: Sequence[int], sampling: SamplingSettings, with_talker_inputs: bool = False,
                should_stop: Callable[[], bool] | None = None,
-               stream_talker_inputs: bool = False, media=None) -> Iterator[ThinkerStep]:
+               stream_talker_inputs: bool = False, media=None, paced: bool = False) -> Iterator[ThinkerStep | None]:
         """Generate; yield a :class:`ThinkerStep` per batch of new tokens, then a last one with
         ``finish_reason`` (and ``output`` when ``with_talker_inputs``; None when cancelled).
 
@@ -213,6 +218,13 @@ class OmniThinker:
         the last ``max(len(stop)) - 1`` characters until they cannot start a stop string. The
         concatenated deltas equal ``tokenizer.decode(generated, skip_special_tokens=True)`` (cut
         before the first stop string, which is not included, as in vLLM).
+
+        ``paced`` (the deadline scheduler's mode): one token per ``next()``: the generate thread
+        stops after each token until the next ``next()`` (:class:`~omni_triton.stages.streaming.Gate`),
+        without the per-model lock, so paced streams of one thinker interleave token by token
+        (greedy: the same tokens; seeded sampling: each stream keeps its own RNG state). A token
+        with nothing to report (its text held back, and no talker rows streamed) yields ``None``;
+        the last item (``finish_reason``) adds no token.
         """
         user_stop = should_stop or (lambda: False)
         generated: list[int] = []
@@ -242,6 +254,7 @@ class OmniThinker:
         q: queue.Queue = queue.Queue()
         done = object()
         layer = int(self.config.talker_config.accept_hidden_layer)
+        gate = Gate(q, closed, [(self.thinker, "rope_deltas")]) if paced else None
 
         def rows_hook(module, args, output):  # on the generate thread, once per forward (step)
             hs = output.hidden_states
@@ -250,23 +263,19 @@ class OmniThinker:
         def run():
             from transformers import StoppingCriteriaList
 
-            with self._lock:
-                handle = self.thinker.register_forward_hook(rows_hook) if stream_talker_inputs else None
-                try:
-                    if sampling.seed is not None:
-                        torch.manual_seed(int(sampling.seed))
-                    return self.thinker.generate(
-                        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), streamer=_QueueStreamer(q),
-                        stopping_criteria=StoppingCriteriaList([stopping_criteria(stop_now)]), **kw)
-                finally:
-                    if handle is not None:
-                        handle.remove()
+            with contextlib.nullcontext() if paced else self._lock, \
+                    self._rows_hook.active(rows_hook if stream_talker_inputs else None):
+                if sampling.seed is not None:
+                    torch.manual_seed(int(sampling.seed))
+                return self.thinker.generate(
+                    input_ids=input_ids, attention_mask=torch.ones_like(input_ids), streamer=_QueueStreamer(q, gate),
+                    stopping_criteria=StoppingCriteriaList([stopping_criteria(stop_now)]), **kw)
 
         pending = _PendingRows(prompt_ids, self.tts_embeds() if stream_talker_inputs else None)
         sent = ""
         hold = max((len(s) for s in sampling.stop), default=1) - 1
         result = None
-        it = threaded_generate(run, q, done, closed)
+        it = threaded_generate(run, q, done, closed, gate=gate)
         for items in it:
             if not isinstance(items, list):
                 result = items
@@ -285,6 +294,8 @@ class OmniThinker:
                 delta = text[len(sent):upto] if upto > len(sent) else ""
                 yield pending.fill(ThinkerStep(delta, len(generated)))
                 sent = sent + delta
+            elif paced:
+                yield None  # a token computed, nothing to send yet: one token per step
         for rest in it:  # exhaust (joins the thread)
             if isinstance(rest, list):
                 new_ids = [i for i in rest if not isinstance(i, _Rows)]
