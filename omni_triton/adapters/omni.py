@@ -278,6 +278,7 @@ class _OmniJob:
     max_frames: int | None
     async_chunk: bool = False
     talker_media: list = None  # (name, array) media inputs of omni_talker (multimodal prompts)
+    paced: bool = False  # PACED: played as it arrives, so the low-water chunks apply
 
 
 class OmniPipeline(DecoupledStage):
@@ -292,12 +293,10 @@ class OmniPipeline(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.runtime.cancel_flags import CancelFlags
-        from omni_triton.stages.chunking import ChunkSchedule
+        from omni_triton.stages.chunking import schedule_params
         from omni_triton.stages.qwen3_omni import ChatTokenizer
 
-        self.chunks = (int(params.get("first_chunk_frames", "5")), int(params.get("chunk_frames", "25")),
-                       int(params.get("left_context_frames", "25")))
-        ChunkSchedule(*self.chunks)  # validates the parameters
+        self.chunks = schedule_params(params)  # ChunkSchedule keywords, validated (low water included)
         self.voices = [v.strip() for v in params.get("voices", "Ethan").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
@@ -346,7 +345,7 @@ class OmniPipeline(DecoupledStage):
             # multimodal prompt takes the thinker-then-talker path (exact parity with the reference).
             async_chunk = False
         return _OmniJob(inputs, audio, voice, None if max_frames is None else int(max_frames), async_chunk,
-                        talker_media)
+                        talker_media, self.paced(request))
 
     def _response(self, text="", finish="", counts=(0, 0), audio=None):
         return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish,
@@ -361,12 +360,12 @@ class OmniPipeline(DecoupledStage):
         if job.audio and job.async_chunk:
             yield from self._speak_while_thinking(job, stream)
             return
-        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
+        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
 
         talker_in, counts = yield from self._think(job, stream, "omni-thinker")
         if talker_in is None:
             return
-        chunked = ChunkedDecoder(ChunkSchedule(*self.chunks), self._decode)
+        chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
         for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
                                 f"omni-talker-{uuid.uuid4().hex}", parent=stream):
             codes = out.get(sp.CODES)
@@ -407,12 +406,12 @@ class OmniPipeline(DecoupledStage):
     def _speak_while_thinking(self, job, stream):
         """``async_chunk``: one stream, omni_talker's, which carries the thinker's text responses
         (sent on at once) and the talker's CODES (chunked and decoded as they come)."""
-        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
+        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
 
         inputs = job.inputs + [(ch.VOICE, utf8_array(job.voice))]
         if job.max_frames is not None:
             inputs.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
-        chunked = ChunkedDecoder(ChunkSchedule(*self.chunks), self._decode)
+        chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
         counts, finish = (0, 0), ""
         for out in stream_stage(self.talker, inputs, ch.TEXT_OUTPUTS + (sp.CODES,), stream.cancelled, self.stage_flags,
                                 f"omni-talker-{uuid.uuid4().hex}", parent=stream):

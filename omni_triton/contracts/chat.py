@@ -20,7 +20,7 @@ import numpy as np
 
 from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, MIN_FRAMES
 from omni_triton.contracts.tensors import (
-    AUDIO, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
+    AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
 )
 
 PROMPT = "PROMPT"
@@ -301,13 +301,14 @@ def match_voice(voice: str | None, voices: list[str], default: str, case_sensiti
 def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None,
                 sampling: dict | None = None, modalities: Iterable[str] | None = None,
                 voice: str | None = None, declared: Iterable[str] | None = None,
-                raw: dict[str, str] | None = None) -> list[tuple[str, np.ndarray]]:
+                raw: dict[str, str] | None = None, paced: bool = False) -> list[tuple[str, np.ndarray]]:
     """The inputs of one chat-contract request as ``(name, array)`` pairs, for
     ``tritonclient`` ``InferInput`` or ``pb_utils.Tensor`` (:func:`~omni_triton.contracts.tensors.wrap_inputs`).
 
     ``messages`` is sent as JSON (UTF-8, not ASCII-escaped); ``SAMPLING_PARAMETERS`` only when
     ``sampling`` is non-empty; ``MODALITIES``/``VOICE`` only when given and, with ``declared``
-    (the model's input names), only if the model declares them. ``raw`` adds BYTES inputs
+    (the model's input names), only if the model declares them; ``PACED`` (true) likewise when
+    ``paced`` (a streamed answer with audio, played as it arrives). ``raw`` adds BYTES inputs
     verbatim (bad-input tests). Which of PROMPT/MESSAGES is required is the stage's check.
 
     Raises:
@@ -325,6 +326,8 @@ def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None
         pairs.append((MODALITIES, utf8_array(json.dumps(list(modalities)))))
     if voice is not None and (known is None or VOICE in known):
         pairs.append((VOICE, utf8_array(voice)))
+    if paced and (known is None or PACED in known):
+        pairs.append((PACED, scalar_array(True, "BOOL")))
     for name, value in (raw or {}).items():
         pairs.append((name, utf8_array(value)))
     return pairs
@@ -361,7 +364,7 @@ LLM_TTS = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, opt
                         _TEXT_OUT + _SPEECH_OUT, decoupled=True)
 OMNI = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True),
                                  TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True),
-                                 TensorSpec(ASYNC_CHUNK, "BOOL", optional=True)),
+                                 TensorSpec(ASYNC_CHUNK, "BOOL", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
                      _TEXT_OUT + _SPEECH_OUT, decoupled=True)
 OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True),
                                          _s(REQUEST_ID, optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True))

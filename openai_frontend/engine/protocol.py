@@ -56,6 +56,7 @@ class GenerationRequest:
     modalities: tuple[str, ...] | None = None
     voice: str | None = None
     request_id: str = ""
+    paced: bool = False  # a streamed answer with audio, played as it arrives (PACED, if declared)
 
 
 @dataclass(frozen=True)

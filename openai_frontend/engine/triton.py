@@ -569,7 +569,7 @@ def chat_inputs(request: GenerationRequest, declared: frozenset[str]) -> list[In
         raise ValueError("exactly one of messages / prompt must be set")
     return _infer_inputs(chat_contract.chat_inputs(
         messages=request.messages, prompt=request.prompt, sampling=request.sampling,
-        modalities=request.modalities, voice=request.voice, declared=declared,
+        modalities=request.modalities, voice=request.voice, declared=declared, paced=request.paced,
     ))
 
 

@@ -210,7 +210,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
         modalities = ("text", "audio") if wants_audio else ("text",)
     requests = [
         GenerationRequest(messages=messages, sampling=sampling_parameters(body, limit, i),
-                          modalities=modalities, voice=voice, request_id=f"{response_id}-{i}")
+                          modalities=modalities, voice=voice, request_id=f"{response_id}-{i}",
+                          paced=bool(body.stream and wants_audio))
         for i in range(body.n)
     ]
     plan = _Plan("chat", body.model, target, requests, body.stream, body.include_usage,

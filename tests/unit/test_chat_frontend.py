@@ -376,6 +376,16 @@ async def test_chat_audio_routed_to_speech_twin(engine):
     assert sr == SR and y.tobytes() == float_to_pcm16(engine.expected_audio())
 
 
+async def test_only_a_streamed_answer_with_audio_is_paced(engine):
+    """PACED (low-water chunks, docs/scheduling.md) is asked for a streamed answer with audio,
+    which the client plays as it arrives; never for a whole answer or a text-only stream."""
+    audio = {"modalities": ["text", "audio"], "audio": {"format": "pcm16", "voice": "joe"}}
+    await chat(engine, {"model": "llm_tts", "messages": USER, "stream": True, **audio})
+    await chat(engine, {"model": "llm_tts", "messages": USER, **audio, "audio": {"format": "wav", "voice": "joe"}})
+    await chat(engine, {"model": "llm_tts", "messages": USER, "stream": True, "modalities": ["text"]})
+    assert [req.paced for _, req in engine.requests] == [True, False, False]
+
+
 async def test_chat_audio_only_modality_and_default_voice(engine):
     r = await chat(engine, {"model": "llm_tts", "messages": USER, "modalities": ["audio"]})
     assert r.status_code == 200, r.text

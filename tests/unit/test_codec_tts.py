@@ -292,3 +292,18 @@ def test_cancel_flags_are_shared_between_instances(tmp_path):
     assert flags.directory.parent.name == f"omni-triton-run-{2**22 + 12345}"
     flags.directory.rmdir()
     flags.directory.parent.rmdir()
+
+
+def test_bls_chunk_parameters_and_low_water_only_when_paced():
+    """The BLS configs' chunk keywords (schedule_params) turn low water off for a request that is
+    not PACED (fixed_if_unpaced): a whole clip keeps the fixed chunks and so its exact bytes.
+    Every codec BLS ships a low water and the codec's 12.5 Hz."""
+    from omni_triton.launcher import available_models, model_parameters
+
+    for name in ("tts", "omni", "qwen3_tts"):
+        kw = chunking.schedule_params(model_parameters(available_models()[name]))
+        assert kw["low_water_s"] > 0 and kw["frame_rate_hz"] == 12.5, name
+        assert chunking.fixed_if_unpaced(kw, paced=True) == kw
+        assert chunking.fixed_if_unpaced(kw, paced=False) == {**kw, "low_water_s": 0.0}
+    with pytest.raises(ValueError):
+        chunking.schedule_params({"low_water_ms": "-1"})
