@@ -75,51 +75,53 @@ class Gate:
         self._sem.release()
 
 
-class ThreadHook:
+class _PerThread:
+    """A handler per calling thread, set for the duration of :meth:`active` (none outside)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _fn(self):
+        return getattr(self._local, "fn", None)
+
+    @contextlib.contextmanager
+    def active(self, fn):
+        self._local.fn = fn
+        try:
+            yield
+        finally:
+            self._local.fn = None
+
+
+class ThreadHook(_PerThread):
     """One forward hook on a shared module, calling the handler the *calling thread* set with
     :meth:`active` (none: nothing), so concurrent generations of one model each see only their own
     forward passes."""
 
     def __init__(self, module):
-        self._local = threading.local()
+        super().__init__()
         self.handle = module.register_forward_hook(self._call)
 
     def _call(self, module, args, output):
-        fn = getattr(self._local, "fn", None)
+        fn = self._fn()
         if fn is not None:
             fn(module, args, output)
 
-    @contextlib.contextmanager
-    def active(self, fn):
-        self._local.fn = fn
-        try:
-            yield
-        finally:
-            self._local.fn = None
 
-
-class ThreadPrepare:
+class ThreadPrepare(_PerThread):
     """``module.prepare_inputs_for_generation`` wrapped once: the calling thread's ``fn(kwargs)``
     (set with :meth:`active`) may rewrite its keyword arguments before the original runs."""
 
     def __init__(self, module):
-        self._local = threading.local()
+        super().__init__()
         original = module.prepare_inputs_for_generation
 
         @functools.wraps(original)  # generate inspects its signature
         def prepare(*args, **kwargs):
-            fn = getattr(self._local, "fn", None)
+            fn = self._fn()
             return original(*args, **(fn(kwargs) if fn is not None else kwargs))
 
         module.prepare_inputs_for_generation = prepare
-
-    @contextlib.contextmanager
-    def active(self, fn):
-        self._local.fn = fn
-        try:
-            yield
-        finally:
-            self._local.fn = None
 
 
 def threaded_generate(run: Callable[[], object], q: "queue.Queue", done: object, closed: threading.Event,
