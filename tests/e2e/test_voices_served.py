@@ -49,15 +49,19 @@ class Frontend:
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
-        while True:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "frontend not healthy in time:\n" + self.log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        try:
+            while True:
+                assert self.proc.poll() is None, self.log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "frontend not healthy in time:\n" + self.log.read_text()[-3000:]
+                try:
+                    if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.3)
+        except BaseException:  # a frontend that never got healthy must not outlive the test session
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
