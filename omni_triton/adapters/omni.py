@@ -45,6 +45,13 @@ def _processor(params):
     return OmniProcessor.from_pretrained(_checkpoint(params), limits)
 
 
+def _paced(stage) -> dict:
+    """``{"paced": True}`` under the deadline scheduler (one token / frame per step), else no
+    keyword at all: the Qwen2.5 stages inherit these ``generate`` methods, and their thinker and
+    talker have no paced mode (their configs do not opt into scheduling)."""
+    return {"paced": True} if stage.step_scheduler is not None else {}
+
+
 def _read_media(request, names: dict):
     """The optional media tensors of ``request`` (``names``: field -> tensor name) as a dict of
     numpy arrays (absent ones left out)."""
@@ -110,11 +117,8 @@ class OmniThinkerStage(DecoupledStage):
     def generate(self, job, stream):
         ids, sampling, talker_inputs, streamed, media = job
         counted = 0
-        # paced under the scheduler: one token per step (passed only then: Qwen25ThinkerStage's
-        # thinker has no paced mode and its config does not opt into scheduling)
-        paced = {"paced": True} if self.step_scheduler is not None else {}
         for step in self.thinker.stream(ids, sampling, talker_inputs and not streamed, stream.cancelled,
-                                        stream_talker_inputs=streamed, media=media, **paced):
+                                        stream_talker_inputs=streamed, media=media, **_paced(self)):
             if step is None:
                 yield None  # a token whose text is held back: nothing to send
                 continue
@@ -195,8 +199,7 @@ class OmniTalkerStage(DecoupledStage):
             yield from self._speak_while_thinking(job, stream)
             return
         out, voice, settings = job
-        paced = {"paced": True} if self.step_scheduler is not None else {}  # (not for Qwen25TalkerStage's talker)
-        for frames in self.talker.stream(out, voice, settings, stream.cancelled, **paced):
+        for frames in self.talker.stream(out, voice, settings, stream.cancelled, **_paced(self)):
             if frames is None:
                 yield None  # a talker step without a frame (its last)
                 continue
@@ -222,8 +225,8 @@ class OmniTalkerStage(DecoupledStage):
                 yield ThinkerStep(first_str(out[ch.TEXT_DELTA]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]),
                                   first_str(out[ch.FINISH_REASON]) or None, **_step_increments(out))
 
-        paced = {"paced": True} if self.step_scheduler is not None else {}
-        for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled, **paced):
+        for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled,
+                                                      **_paced(self)):
             if item is None:
                 yield None  # a talker step without a frame
             elif isinstance(item, ThinkerStep):

@@ -137,18 +137,7 @@ def threaded_generate(run: Callable[[], object], q: "queue.Queue", done: object,
         yield from _paced_generate(run, q, done, closed, name, gate)
         return
     box: dict = {}
-
-    def target():
-        try:
-            torch.set_num_threads(1)
-            with torch.inference_mode():
-                box["result"] = run()
-        except BaseException as e:  # re-raised in the consumer
-            box["error"] = e
-        finally:
-            q.put(done)
-
-    th = threading.Thread(target=target, name=name, daemon=True)
+    th = threading.Thread(target=_thread_target(run, q, done, box), name=name, daemon=True)
     th.start()
     try:
         finished = False
@@ -171,22 +160,28 @@ def threaded_generate(run: Callable[[], object], q: "queue.Queue", done: object,
     yield box.get("result")  # last item: generate's return value
 
 
-def _paced_generate(run, q, done, closed, name, gate: Gate) -> Iterator:
-    box: dict = {}
-
+def _thread_target(run, q: "queue.Queue", done: object, box: dict, quiet: tuple = ()) -> Callable[[], None]:
+    """The generate thread's body: ``run()`` with one torch thread under inference mode, its
+    result or exception (other than ``quiet`` ones) in ``box``, then ``done`` queued."""
     def target():
         try:
             torch.set_num_threads(1)
             with torch.inference_mode():
                 box["result"] = run()
-        except GenerationCancelled:
+        except quiet:
             pass
         except BaseException as e:  # re-raised in the consumer
             box["error"] = e
         finally:
             q.put(done)
 
-    th = threading.Thread(target=target, name=name, daemon=True)
+    return target
+
+
+def _paced_generate(run, q, done, closed, name, gate: Gate) -> Iterator:
+    box: dict = {}
+    th = threading.Thread(target=_thread_target(run, q, done, box, quiet=(GenerationCancelled,)), name=name,
+                          daemon=True)
     try:
         finished = False
         while not finished:
