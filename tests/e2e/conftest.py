@@ -75,6 +75,23 @@ SERVER_CRASH_LINES = ("tritonserver exited", "restarting tritonserver", "Triton 
 STUB_DEATH_LINES = ("died; reloading", "the stub process of")
 
 
+def wait_for_stub_death_report(stack, model: str, since: int, timeout_s: float = 120.0) -> None:
+    """Wait until serve has logged the death of ``model``'s stub after byte ``since`` of its log
+    (the size before the kill): a ``kills_stub`` test's own effect. serve may reload the model
+    before it reports the dead stub's family (a later tick), so without this wait the report can
+    land in the next test, which then fails on it (CI11 and CI16: test_videos after
+    test_speech_piper's kill)."""
+    deadline = time.monotonic() + timeout_s
+    needle = f"the stub process of {model} died".encode()
+    while True:
+        with open(stack.log_path, "rb") as f:
+            f.seek(since)
+            if needle in f.read():
+                return
+        assert time.monotonic() < deadline, f"serve never reported the death of {model}'s stub"
+        time.sleep(0.5)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "kills_stub: the test kills or unloads a stub process on purpose "
                                        "(serve reloading that model is expected)")

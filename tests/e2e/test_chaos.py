@@ -20,6 +20,7 @@ import httpx
 import psutil
 import pytest
 
+from conftest import wait_for_stub_death_report
 from omni_triton.launcher import free_port
 
 LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(60))
@@ -77,6 +78,7 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
         time.sleep(0.05)
     time.sleep(0.5)
     (stub,) = _stubs("piper_tts", stack.triton_pid)
+    log_from = os.path.getsize(stack.log_path)
     killed_at = time.monotonic()
     os.kill(stub.pid, signal.SIGKILL)
     for t in (streamed, whole, chat):
@@ -96,6 +98,7 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
         time.sleep(0.5)
     health = httpx.get(f"{url}/health", timeout=10).json()
     assert health["serve"]["stub_reloads"].get("piper_tts", 0) >= 1, health
+    wait_for_stub_death_report(stack, "piper_tts", log_from)  # this test's report, not the next one's
     print(json.dumps({"stub_kill": {"requests_ended_s": round(ended, 1),
                                     "stream_ended_s": round(streamed_out["ended_s"], 1),
                                     "whole": whole_out.get("result"),

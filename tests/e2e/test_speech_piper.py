@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 
 from clients.tts_grpc_stream import stream_tts
+from conftest import wait_for_stub_death_report
 from speech_reference import assert_speech_like, piper_reference
 
 pytestmark = pytest.mark.e2e
@@ -267,6 +268,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
                 and p.info["cmdline"][5] == str(stack.triton_pid)]
 
     (stub,) = piper_stubs()
+    log_from = os.path.getsize(stack.log_path)
     os.kill(stub.pid, signal.SIGKILL)
     deadline = time.monotonic() + 120
     while True:
@@ -279,6 +281,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
         time.sleep(1)
     assert [p.pid for p in piper_stubs()] != [stub.pid]
     assert "reloading piper_tts" in open(stack.log_path).read()
+    wait_for_stub_death_report(stack, "piper_tts", log_from)  # this test's report, not the next one's
 
 
 def test_nothing_to_speak_counts_as_a_client_error(stack):
