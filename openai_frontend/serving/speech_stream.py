@@ -14,7 +14,8 @@ WebSocket (text in, audio out as sentences complete)::
     server <- {"type": "audio.start", "utterance_index", "sentence_index", "sentence_text",
                "format", "sample_rate"}
     server <- binary frames: the sentence's audio (one encoded clip; with ``stream_audio``: PCM
-              int16 LE chunks as Triton streams them)
+              int16 LE chunks as Triton streams them, computed ahead of playback by at most
+              the stage's ``max_lead_ms``: ``PACED``)
     server <- {"type": "audio.done", "utterance_index", "sentence_index", "total_bytes", "error"}
     server <- {"type": "session.done", "utterance_index", "total_sentences"}  (after input.done)
     server <- {"type": "error", "message", "code"?}   (non-fatal: the session goes on)
@@ -254,7 +255,10 @@ class _Session:
             async with AdmittedRequest(state, record):
                 rate = body.sample_rate or info.sample_rate or 24000
                 if stream_audio:
-                    gen = synthesize(state.engine, info, text, voice, speed, options)
+                    # played as it comes, so paced to its listener (docs/scheduling.md "Pacing"):
+                    # the deadlines count from this sentence's request, while the listener still
+                    # plays the previous sentence's tail, so they are never later than needed
+                    gen = synthesize(state.engine, info, text, voice, speed, options, paced=True)
                     resampler = None
                     try:
                         async for chunk, sr in gen:

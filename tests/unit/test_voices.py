@@ -67,7 +67,8 @@ class FakeEngine:
         return self.models[name]
 
     async def synthesize(self, model, text, voice=None, speed=None, options=None, paced=False):
-        self.calls.append({"model": model, "text": text, "voice": voice, "speed": speed, "options": options})
+        self.calls.append({"model": model, "text": text, "voice": voice, "speed": speed, "options": options,
+                           "paced": paced})
         rate = self.models[model].sample_rate
         done = False
         try:
@@ -491,6 +492,7 @@ def test_ws_audio_before_the_last_text(engine, settings):
         ws.send_json({"type": "session.close"})
     assert [c["text"] for c in engine.calls] == ["Hello there.", "This is the end", "Again"]
     assert [c["voice"] for c in engine.calls] == ["joe"] * 3
+    assert [c["paced"] for c in engine.calls] == [False, False, True]  # only streamed PCM is played as it comes
 
 
 def test_ws_errors_are_not_fatal(engine, settings):
