@@ -17,8 +17,11 @@ Triton's queue), the chunk schedule of the ``qwen3_tts`` config. ``triton``: the
 over gRPC (``clients.qwen3_tts_grpc``). Both send the same requests (forms ``custom_voice``,
 ``voice_design``, ``base`` with a precomputed clone prompt; fixed MAX_FRAMES so every path makes
 the same frames: greedy decoding of the same weights), from a closed loop of C client threads.
-Metrics and table: ``clients.bench_tts`` (``ttfp_ms``, ``e2e_ms``, ``rtf``, audio s/s); the
-report adds ``ttfp_p50_c8_over_c1`` per form and path.
+Metrics and table: ``clients.bench_tts`` (``ttfp_ms``, ``e2e_ms``, ``rtf``, audio s/s, and a
+real-time player per stream: underrun seconds, continuity); the report adds
+``ttfp_p50_c8_over_c1`` per form and path and issue 13's scheduling summary
+(``clients.audio_bench_results.scheduling_summary``). Served requests send ``PACED`` (the stream
+is played as it comes, so the ``qwen3_tts`` BLS may cut low-water chunks) unless ``--unpaced``.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from clients.bench_common import closed_loop, git_commit, machine_info, parse_concurrency
-from clients.audio_bench_results import RequestResult, all_ratios, format_table, summarize
+from clients.audio_bench_results import (RequestResult, all_ratios, format_scheduling, format_table,
+                                         scheduling_summary, summarize)
 
 FORMS = ("custom_voice", "voice_design", "base")
 LABEL = {"custom_voice": "q3-custom", "voice_design": "q3-design", "base": "q3-clone"}
@@ -129,10 +133,7 @@ def inprocess(args) -> dict:
 
                 def account(pcms):
                     for pcm in pcms:
-                        if r.ttfp_s is None:
-                            r.ttfp_s = time.perf_counter() - t0
-                        r.samples += pcm.size
-                        r.chunks += 1
+                        r.on_audio(time.perf_counter() - t0, pcm.size, codec.sample_rate)
 
                 while (f := frames.get()) is not None:
                     account(dec.push(f[None]))
@@ -178,10 +179,12 @@ def served(args, grpc_url: str) -> dict:
         def run_one(i):
             kw = request_kwargs(form, i, args.max_frames, prompt)
             t0 = time.perf_counter()
-            res = stream_qwen3_tts(grpc_url, qwen3_tts_inputs(kw.pop("text"), **kw), timeout_s=args.timeout)
-            r = RequestResult(index=i, ttfp_s=res.arrival_s[0] if res.arrival_s else None,
-                              e2e_s=time.perf_counter() - t0, samples=res.audio.size, sample_rate=res.sample_rate,
-                              chunks=len(res.chunks))
+            res = stream_qwen3_tts(grpc_url, qwen3_tts_inputs(kw.pop("text"), **kw, paced=args.paced),
+                                   timeout_s=args.timeout)
+            r = RequestResult(index=i, e2e_s=time.perf_counter() - t0)
+            for chunk, t in zip(res.chunks, res.arrival_s):  # the real-time player, from the arrival times
+                r.on_audio(t, chunk.size, res.sample_rate)
+            r.sample_rate = res.sample_rate or r.sample_rate
             return r
         return run_one
 
@@ -203,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", default="inprocess,triton")
     p.add_argument("--triton-grpc-url", help="use this running Triton (no own server)")
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--unpaced", dest="paced", action="store_false",
+                   help="served requests without PACED (default: PACED, as a client playing in real time)")
     p.add_argument("--inprocess-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.levels = parse_concurrency(args.concurrency)
@@ -246,12 +251,18 @@ def main(argv: list[str] | None = None) -> int:
                          "machine": machine_info(), "git_commit": git_commit(),
                          "notes": ["in-process and served share the CPU cores and run one after another",
                                    "tiny random weights: the figures are serving overhead and batching, not "
-                                   "the real model's speed"]},
+                                   "the real model's speed",
+                                   "underrun/continuity: a real-time player per stream fed at the chunks' arrival "
+                                   "times (omni_triton.runtime.playback.PlaybackClock)",
+                                   "served requests send PACED (low-water chunks, as the frontend's streamed "
+                                   "speech) unless --unpaced" if args.paced else "served requests without PACED"]},
               "results": results, "ratios": ratios,
               "ttfp_scaling": {m: _levels(paths_) for m, paths_ in results.items()},
+              "scheduling": scheduling_summary(results),
               "wall_s": round(time.perf_counter() - t_start, 1)}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(format_table(results, ratios))
+    print("\n" + format_scheduling(report["scheduling"]))
     print("\nTTFP p50 at the highest concurrency / at the lowest:")
     for m, paths_ in report["ttfp_scaling"].items():
         print(f"  {m:<10} " + "  ".join(f"{path}: {list(v.values())[0]}" for path, v in paths_.items()))

@@ -103,13 +103,13 @@ class OmniThinkerStage(DecoupledStage):
             self.processor, given)
         return ids, sampling, talker_inputs, streamed, media
 
-    def playback_deadline(self, arrival, job=None):
+    def playback_deadline(self, arrival, job=None, paced=False):
         """``deadline_unit: tokens`` (docs/scheduling.md): a stream to a talker that speaks while
         thinking, or to a reader, gets :class:`~omni_triton.runtime.scheduling.TokenDeadline`; a
         request whose talker starts only after the whole answer (TALKER_INPUTS without
         ASYNC_CHUNK: the multimodal path) needs every token for its first audio, so all of them
         are due at its arrival (``lead_tokens`` = its max_tokens)."""
-        deadline = super().playback_deadline(arrival, job)
+        deadline = super().playback_deadline(arrival, job, paced)
         if job is not None and job[2] and not job[3] and hasattr(deadline, "lead_tokens"):
             deadline = replace(deadline, lead_tokens=int(job[1].max_tokens) + 1)
         return deadline

@@ -296,12 +296,19 @@ class DecoupledStage:
         else:
             self.pool.submit(self._run_queued, job, stream)
 
-    def playback_deadline(self, arrival: float, job=None) -> scheduling.Deadline:
+    def playback_deadline(self, arrival: float, job=None, paced: bool = False) -> scheduling.Deadline:
         """The deadline model of one request (``job``, None at load) arriving at ``arrival``
         (scheduler clock, s), from the config parameters ``deadline_unit`` (``audio`` | ``frames``
         | ``tokens``), ``first_audio_budget_ms``, ``deadline_guard_ms`` and, for frames and
-        tokens, ``first_chunk_frames``, ``chunk_frames``, ``frame_rate_hz`` (the consumer's chunk
-        schedule), for tokens also ``lead_tokens`` (default 1).
+        tokens, ``first_chunk_frames``, ``chunk_frames``, ``frame_rate_hz``, ``low_water_ms``
+        (the consumer's chunk schedule), for tokens also ``lead_tokens`` (default 1).
+
+        ``paced`` (the request's ``PACED``) with ``low_water_ms`` > 0: the consumer cuts a chunk
+        of at least ``first_chunk_frames`` frames whenever its listener runs low
+        (:class:`~omni_triton.stages.chunking.ChunkSchedule`), so the frames after the first
+        chunk are due in groups of ``first_chunk_frames``, each when the audio before it ends,
+        not 25 at once: with 25, EDF ran one stream's whole next chunk (0.5 s of talker compute)
+        while the others it had started with ran dry at their second chunk.
 
         Raises:
             ValueError: an unknown ``deadline_unit`` or invalid numbers.
@@ -311,7 +318,9 @@ class DecoupledStage:
         guard = float(p.get("deadline_guard_ms", "0")) / 1000.0
         unit = p.get("deadline_unit", "audio")
         if unit in ("frames", "tokens"):
-            chunks = (int(p.get("first_chunk_frames", "5")), int(p.get("chunk_frames", "25")),
+            first = int(p.get("first_chunk_frames", "5"))
+            low_water = float(p.get("low_water_ms", "0")) > 0
+            chunks = (first, first if paced and low_water else int(p.get("chunk_frames", "25")),
                       float(p.get("frame_rate_hz", "12.5")))
             if unit == "tokens":
                 return scheduling.TokenDeadline(arrival, *chunks, int(p.get("lead_tokens", "1")), budget, guard)
@@ -350,7 +359,8 @@ class DecoupledStage:
             return self.playback_amount(outputs)
 
         self.step_scheduler.submit(self.generate(job, stream),
-                                   self.playback_deadline(self.step_scheduler.clock(), job),
+                                   self.playback_deadline(self.step_scheduler.clock(), job,
+                                                          getattr(stream, "paced", False)),
                                    on_output, lambda error: self.finish(job, stream, error), on_start,
                                    paced=getattr(stream, "paced", False))
 

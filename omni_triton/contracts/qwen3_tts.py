@@ -90,8 +90,10 @@ CONTRACTS = {**CLIENT_CONTRACTS, "qwen3_tts_talker": QWEN3_TTS_TALKER, "qwen3_tt
 def qwen3_tts_inputs(text: str, task: str | None = None, voice: str | None = None, instructions: str | None = None,
                      language: str | None = None, voice_prompt: bytes | None = None, ref_audio=None,
                      ref_sample_rate: int | None = None, ref_text: str | None = None, x_vector_only: bool | None = None,
-                     max_frames: int | None = None) -> list:
-    """The inputs of one ``qwen3_tts`` request as ``(name, array)`` pairs (absent ones left out)."""
+                     max_frames: int | None = None, paced: bool = False) -> list:
+    """The inputs of one ``qwen3_tts`` request as ``(name, array)`` pairs (absent ones left out).
+    ``paced``: the client plays the stream in real time (``PACED`` true: low-water chunks,
+    docs/scheduling.md); sent only when true."""
     import numpy as np
 
     from omni_triton.contracts.tensors import scalar_array, utf8_array
@@ -111,4 +113,6 @@ def qwen3_tts_inputs(text: str, task: str | None = None, voice: str | None = Non
         pairs.append((X_VECTOR_ONLY, np.array([bool(x_vector_only)], np.bool_)))
     if max_frames is not None:
         pairs.append((MAX_FRAMES, scalar_array(int(max_frames), "INT32")))
+    if paced:
+        pairs.append((PACED, scalar_array(True, "BOOL")))
     return pairs

@@ -25,3 +25,37 @@ def test_bench_tts_hands_qwen3_tts_over(monkeypatch):
     monkeypatch.setattr(subprocess, "call", lambda cmd: seen.append(cmd) or 0)
     assert bench_tts.main(["--qwen3-tts", "--concurrency", "1"]) == 0
     assert seen == [[sys.executable, "-m", "clients.bench_qwen3_tts", "--concurrency", "1"]]
+
+
+def test_served_requests_are_paced_and_played_in_real_time(monkeypatch):
+    """The served path sends PACED (unless --unpaced) and feeds each stream's chunks, at their
+    arrival times, to a real-time player: a chunk arriving after the audio before it ended is an
+    underrun."""
+    import argparse
+
+    import numpy as np
+
+    from clients import qwen3_tts_grpc
+    from clients.tts_grpc_stream import StreamResult
+    from omni_triton.contracts.tensors import PACED
+
+    sent = []
+
+    def fake_stream(url, pairs, timeout_s=300.0):
+        sent.append(dict(pairs))
+        # 0.5 s of audio at 0.1 s, the next 0.5 s only at 0.9 s: the player stalls 0.3 s
+        return StreamResult(chunks=[np.zeros(12000, np.float32)] * 2, arrival_s=[0.1, 0.9], sample_rate=24000)
+
+    monkeypatch.setattr(qwen3_tts_grpc, "stream_qwen3_tts", fake_stream)
+    monkeypatch.setattr(qwen3_tts_grpc, "voice_prompt", lambda *a, **k: (b"prompt", 2.0))
+    results = {}
+    monkeypatch.setattr(b, "_run_levels", lambda run_one, *a: results.setdefault(len(results), run_one(0)))
+    for paced in (True, False):
+        sent.clear()
+        results.clear()
+        b.served(argparse.Namespace(max_frames=40, timeout=10.0, paced=paced, levels=[1], requests=1, warmup=0),
+                 "unused:1")
+        assert all((PACED in pairs) == paced for pairs in sent) and len(sent) == len(b.FORMS)
+        r = results[0]
+        assert (r.ttfp_s, r.samples, r.chunks, r.sample_rate) == (0.1, 24000, 2, 24000)
+        assert abs(r.underrun_s - 0.3) < 1e-9 and not r.continuous

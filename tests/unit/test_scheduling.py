@@ -322,6 +322,30 @@ def test_fifo_env_gives_the_previous_dispatch_and_frames_unit_is_validated(monke
     stage.finalize()
 
 
+def test_a_paced_request_to_a_low_water_consumer_is_due_in_groups_of_the_first_chunk():
+    """Frames of a PACED request whose consumer has low water are due 5 at a time, each group when
+    the audio before it ends: the consumer cuts >= 5-frame chunks when its listener runs low. An
+    unpaced one (fixed 25-frame chunks) and a consumer without low water keep the 25-frame chunks."""
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline", deadline_unit="frames", first_chunk_frames="5",
+                           chunk_frames="25", frame_rate_hz="12.5", low_water_ms="300"))
+
+    def due_after(deadline, frames):  # 5 frames at t=1 (first audio), then more at t=1
+        deadline.observe(1.0, 5)
+        deadline.observe(1.0, frames - 5)
+        return deadline.due()
+
+    # frames 0-9 sent: the next (frame 10) is due when 10 frames of audio (0.8 s) have played
+    assert due_after(stage.playback_deadline(0.0, paced=True), 10) == pytest.approx(1.8)
+    assert due_after(stage.playback_deadline(0.0, paced=False), 10) == pytest.approx(1.4)  # all of 5..29 at once
+    stage.finalize()
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline", deadline_unit="frames", first_chunk_frames="5",
+                           chunk_frames="25", frame_rate_hz="12.5"))
+    assert due_after(stage.playback_deadline(0.0, paced=True), 10) == pytest.approx(1.4)
+    stage.finalize()
+
+
 class StreamReader(Speaker):
     """A stage that reads decoupled BLS streams (``omni_talker``), scheduled."""
 
@@ -359,14 +383,19 @@ def _params(config):
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-@pytest.mark.parametrize("talker,bls", [("tts_talker", "tts"), ("omni_talker", "omni")])
-def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls):
-    """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames; the
-    BLS admits more requests at once than the talker has instances (else they queue whole)."""
+@pytest.mark.parametrize("talker,bls,gets_paced", [("tts_talker", "tts", True), ("omni_talker", "omni", False)])
+def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls, gets_paced):
+    """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames, its
+    low water included where the BLS passes PACED on (``tts``; ``omni`` does not yet, so
+    ``omni_talker`` keeps 25-frame groups); the BLS admits more requests at once than the talker
+    has instances (else they queue whole)."""
     t, b = _params(_config(talker)), _params(_config(bls))
     assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "frames"
     assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
     assert float(t["frame_rate_hz"]) == 12.5
+    # paced frames due in groups (test_a_paced_request_to_a_low_water_consumer_is_due_in_groups...)
+    assert t.get("low_water_ms", "0") == (b.get("low_water_ms", "0") if gets_paced else "0")
+    assert ("PACED" in {i.name for i in _config(talker).input}) == gets_paced
     assert sum(g.count for g in _config(bls).instance_group) > sum(g.count for g in _config(talker).instance_group)
 
 
