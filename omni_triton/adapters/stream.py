@@ -307,8 +307,9 @@ class DecoupledStage:
         of at least ``first_chunk_frames`` frames whenever its listener runs low
         (:class:`~omni_triton.stages.chunking.ChunkSchedule`), so the frames after the first
         chunk are due in groups of ``first_chunk_frames``, each when the audio before it ends,
-        not 25 at once: with 25, EDF ran one stream's whole next chunk (0.5 s of talker compute)
-        while the others it had started with ran dry at their second chunk.
+        not 25 at once: with 25, EDF may run one stream's whole next chunk (0.5 s of talker
+        compute) while the stream beside it runs dry (docs/scheduling.md, "Chunks that keep the
+        listener fed").
 
         Raises:
             ValueError: an unknown ``deadline_unit`` or invalid numbers.
