@@ -38,6 +38,12 @@ class ChunkSchedule:
     listener would otherwise stall, so an unloaded stream keeps the fixed chunks; the audio is the
     same within the decoder's left-context tolerance (``tests/unit/test_codec_tts.py``).
 
+    Once the listener has run dry anyway (the audio scheduled before ended before the next frames
+    came), low water is off for the rest of the stream: the talker is then slower than real time
+    for it, so no chunking avoids the stalls, and early chunks would only add decode work (a
+    5-frame chunk decodes 30 frames with its left context, 6 per new frame; a 25-frame one 2),
+    taking compute from the talker and so from every stream on the machine.
+
     Args:
         first_chunk_frames, chunk_frames, left_context_frames: the fixed scheme (frames).
         low_water_s: seconds of scheduled-but-unplayed audio below which pending frames are
@@ -57,6 +63,7 @@ class ChunkSchedule:
     frame_rate_hz: float = 12.5
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _play_end: float | None = field(default=None, repr=False)  # when the scheduled audio ends playing
+    ran_dry: bool = field(default=False, repr=False)  # the listener stalled once: low water off
 
     def __post_init__(self):
         if self.first_chunk_frames < 1 or self.chunk_frames < 1 or self.left_context_frames < 0:
@@ -77,8 +84,11 @@ class ChunkSchedule:
         out = []
         while total_frames - self.emitted >= self._next_size():
             out.append(self._chunk(self.emitted + self._next_size()))
-        if self.low_water_s > 0:
+        if self.low_water_s > 0 and not self.ran_dry:
             now = self.clock()
+            if self._play_end is not None and self._play_end < now:
+                self.ran_dry = True  # slower than real time for this stream: the fixed chunks from now on
+                return out
             self._played(out, now)
             if (self._play_end is not None and total_frames - self.emitted >= self.first_chunk_frames
                     and self._play_end - now <= self.low_water_s):

@@ -6,6 +6,7 @@ import ipaddress
 import io
 import json
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -138,7 +139,15 @@ def test_raw_stream_with_sdk(stack):
     assert data[:4] == b"RIFF"
     audio, sr = sf.read(io.BytesIO(data), dtype="float32")
     assert sr == 22050
-    assert_speech_like(audio, sr, text)
+    try:
+        assert_speech_like(audio, sr, text)
+    except AssertionError as exc:
+        # CI19 once got 0.81x the reference's duration here (not reproduced in 70 tries, loaded
+        # or not): keep what came, for the next person
+        kept = Path(stack.triton_log).parent / f"raw_stream_sdk_{time.time():.0f}.wav"
+        kept.write_bytes(data)
+        raise AssertionError(f"{exc}; {len(chunks)} HTTP chunks of {[len(c) for c in chunks]} bytes, "
+                             f"{audio.size} samples, kept in {kept}") from None
 
 
 def test_grpc_stream_direct_to_piper(stack):

@@ -216,14 +216,32 @@ def test_low_water_schedules_pending_frames_before_the_listener_runs_dry():
         chunking.ChunkSchedule(5, 25, 25, low_water_s=-1)
 
 
+def test_low_water_stops_once_the_listener_ran_dry():
+    """A talker at 8 frames/s (slower than real time, 12.5 needed) runs its listener dry whatever
+    the chunks; from then on the fixed chunks come (least decode work), not 5-frame ones. Red
+    when low water goes on after the stall (5-frame chunks all along)."""
+    now = [0.0]
+    sched = chunking.ChunkSchedule(5, 25, 25, low_water_s=0.3, clock=lambda: now[0])
+    chunks = []
+    for total in range(1, 101):
+        now[0] = total / 8.0
+        chunks += sched.push(total)
+    chunks += sched.flush(100)
+    sizes = [end - start - left for start, end, left in chunks]
+    # frame 10 comes at 1.25 s, after the first chunk's audio ended (1.025 s): dry, so fixed chunks
+    assert sched.ran_dry and sizes[0] == 5 and sizes[-1] == 20
+    assert sizes[1:-1] == [25, 25, 25], sizes
+
+
 def test_early_chunks_decode_to_the_same_audio(decoder, codes):
-    """Chunk boundaries moved by low water (a talker at 8 frames/s, slower than real time) decode
-    within the same 2e-5 of one full decode as the fixed scheme (left context is kept)."""
+    """Chunk boundaries moved by low water (a talker at 14 frames/s: faster than real time, not
+    5x) decode within the same 2e-5 of one full decode as the fixed scheme (left context is
+    kept)."""
     now = [0.0]
     sched = chunking.ChunkSchedule(5, 25, 25, low_water_s=0.3, clock=lambda: now[0])
     chunks = []
     for total in range(1, len(codes) + 1):
-        now[0] = total / 8.0
+        now[0] = total / 14.0
         chunks += sched.push(total)
     chunks += sched.flush(len(codes))
     sizes = [end - start - left for start, end, left in chunks]
