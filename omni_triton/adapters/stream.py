@@ -359,11 +359,11 @@ class DecoupledStage:
                 stream.send(outputs, final=isinstance(outputs, Final))
             return self.playback_amount(outputs)
 
+        paced = getattr(stream, "paced", False)
         self.step_scheduler.submit(self.generate(job, stream),
-                                   self.playback_deadline(self.step_scheduler.clock(), job,
-                                                          getattr(stream, "paced", False)),
+                                   self.playback_deadline(self.step_scheduler.clock(), job, paced),
                                    on_output, lambda error: self.finish(job, stream, error), on_start,
-                                   paced=getattr(stream, "paced", False))
+                                   paced=paced)
 
     def _run_queued(self, job, stream: ResponseStream) -> None:
         self.telemetry.add("omni_stage_requests_waiting", -1)
