@@ -85,6 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             check_ports_free({"frontend": args.port})  # fail before the slow model loading
         server.start()
         server.wait_ready(timeout=args.ready_timeout, should_stop=stop.is_set)
+        server.track_stub_families()  # know every stub before a client can reach it (_StubWatch)
         print(f"omni-triton: Triton READY (HTTP {server.http_url}, gRPC {server.grpc_url}, "
               f"metrics http://127.0.0.1:{server.metrics_port}/metrics)", flush=True)
         if not args.no_frontend:
@@ -121,9 +122,10 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
                status: ServeStatus) -> None:
     """Keep tritonserver, its stubs and the frontend running until ``stop`` is set.
 
-    Every second: a stub process that died has its orphaned children (vLLM engine processes) and
-    their /dev/shm files removed and its model reloaded (also when only some of its instances'
-    stubs died); when it was a BLS model's, the decoupled stages it reads are restarted too
+    Every second (:class:`_StubWatch`): a stub process that died is reported in the status file
+    (the frontend then ends its in-flight requests), has its orphaned children (vLLM engine
+    processes) and their /dev/shm files removed, and its model is reloaded (also when only some
+    of its instances' stubs died); when it was a BLS model's, the decoupled stages it reads are restarted too
     (:func:`~omni_triton.launcher.stream_callees`). A tritonserver that died is restarted
     after a backoff (1 s doubling to 30 s; ``--max-restarts`` bounds the count, -1: never give
     up), its log kept as ``<log>.crash-<n>``; a restart that fails is retried the same way. A
@@ -136,38 +138,12 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
     wedged_since = None  # when a still-running server was first seen to have had a fatal signal
     started_at = time.monotonic()
     ticks = 0
-    callee_restarts: dict[str, float] = {}  # decoupled callee -> when serve last restarted it
+    stubs = _StubWatch(server, status)
+    stubs.scan()  # remember the stubs' families now, not a tick later (cmd_serve did so too)
     while not stop.wait(0.5):
         ticks += 1
         if server.proc.poll() is None and ticks % 2 == 0:
-            for report in server.track_stub_families():
-                _log(f"the stub process of {report['model']} died; killed its children "
-                     f"{report['killed']}, removed {len(report['shm_removed'])} /dev/shm files")
-                status.write(last_stub_death={"at": time.time(), "model": report["model"],
-                                              "affected": dependents(report["model"], server.models,
-                                                                     server.repositories),
-                                              "killed_children": report["killed"],
-                                              "shm_removed": len(report["shm_removed"])})
-                # A dead BLS stub leaves the decoupled stages it was reading wedged (their next
-                # response to it blocks forever in the server): restart them too.
-                # Once per minute at most: serve's own reload of a model ends its other stubs too.
-                for callee in stream_callees(report["model"], server.models, server.repositories):
-                    if time.monotonic() - callee_restarts.get(callee, -1e9) < 60:
-                        continue
-                    pids = server.kill_stubs(callee)
-                    if pids:
-                        callee_restarts[callee] = time.monotonic()
-                        _log(f"restarting {callee} too (it streamed to {report['model']}): killed {pids}")
-            for model in server.models_without_stub():
-                _log(f"reloading {model}")
-                try:
-                    server.reload(model)
-                    reloads = dict(status.stub_reloads)
-                    reloads[model] = reloads.get(model, 0) + 1
-                    status.write(stub_reloads=reloads)
-                    _log(f"{model} reloaded")
-                except ServerStartError as exc:
-                    _log(str(exc))
+            stubs.tick()
         if server.proc.poll() is None and ticks % 2 == 0 and server.fatal_signal():
             wedged_since = wedged_since or time.monotonic()
             if time.monotonic() - wedged_since >= WEDGED_GRACE_S:
@@ -193,6 +169,7 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
                 return
             try:
                 _restart_server(server, args.ready_timeout, restarts, crash_log, stop)
+                stubs.restarted()
                 started_at = time.monotonic()
                 status.write(state="ready")
             except ServerStartError as exc:
@@ -207,6 +184,80 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
                 frontend.wait_ready()
             except ServerStartError as exc:
                 _log(str(exc))
+
+
+class _StubWatch:
+    """Stub deaths of a running tritonserver: report each one, then reload its model.
+
+    Every report is written to ``status`` (``last_stub_death``) *before* the model's reload: the
+    frontend reads it and ends the dead stub's in-flight requests, which Triton 2.51 never ends
+    (and which keep the old instance from unloading, its /dev/shm region with it).
+
+    A stub is known from :meth:`TritonServer.track_stub_families` scans (every tick, at start and
+    right after each reload). One that dies before any scan saw it (CI: test_chaos killed
+    piper_tts ~2 s after READY, before the first tick) has no family to report; its model is
+    still reported, as ``"unseen": True`` with no children killed, when
+    :meth:`TritonServer.models_without_stub` finds it missing. Missing stubs are listed *before*
+    the scan, so a stub seen once is always reported by the scan, never twice.
+    """
+
+    def __init__(self, server: TritonServer, status: ServeStatus):
+        self.server = server
+        self.status = status
+        self.reported: set[str] = set()  # models reported dead since their last reload
+        self.callee_restarts: dict[str, float] = {}  # decoupled callee -> when serve last restarted it
+
+    def scan(self) -> None:
+        """Scan the live stubs (remember their families) and report the ones that died."""
+        for report in self.server.track_stub_families():
+            _log(f"the stub process of {report['model']} died; killed its children "
+                 f"{report['killed']}, removed {len(report['shm_removed'])} /dev/shm files")
+            self._report(report["model"], killed_children=report["killed"],
+                         shm_removed=len(report["shm_removed"]))
+
+    def _report(self, model: str, **detail) -> None:
+        server = self.server
+        self.status.write(last_stub_death={"at": time.time(), "model": model,
+                                           "affected": dependents(model, server.models, server.repositories),
+                                           **detail})
+        self.reported.add(model)
+        # A dead BLS stub leaves the decoupled stages it was reading wedged (their next
+        # response to it blocks forever in the server): restart them too.
+        # Once per minute at most: serve's own reload of a model ends its other stubs too.
+        for callee in stream_callees(model, server.models, server.repositories):
+            if time.monotonic() - self.callee_restarts.get(callee, -1e9) < 60:
+                continue
+            pids = server.kill_stubs(callee)
+            if pids:
+                self.callee_restarts[callee] = time.monotonic()
+                _log(f"restarting {callee} too (it streamed to {model}): killed {pids}")
+
+    def tick(self) -> None:
+        """One supervision step: report dead stubs, then reload the models that lack one."""
+        missing = self.server.models_without_stub()
+        self.scan()
+        for model in missing:
+            if model not in self.reported:
+                _log(f"the stub process of {model} died before serve saw it; its children and "
+                     "/dev/shm files are unknown")
+                self._report(model, killed_children=[], shm_removed=0, unseen=True)
+        for model in missing:
+            _log(f"reloading {model}")
+            try:
+                self.server.reload(model)
+            except ServerStartError as exc:
+                _log(str(exc))
+                continue
+            self.reported.discard(model)
+            reloads = dict(self.status.stub_reloads)
+            reloads[model] = reloads.get(model, 0) + 1
+            self.status.write(stub_reloads=reloads)
+            _log(f"{model} reloaded")
+            self.scan()  # the new stubs' families, before a request can reach them
+
+    def restarted(self) -> None:
+        """tritonserver was restarted: its old stubs' reports are moot."""
+        self.reported.clear()
 
 
 def _restart_server(server: TritonServer, ready_timeout: float, restarts: int, crash_log,
@@ -225,6 +276,7 @@ def _restart_server(server: TritonServer, ready_timeout: float, restarts: int, c
           f"{crash_log})", file=sys.stderr, flush=True)
     server.start()
     server.wait_ready(timeout=ready_timeout, should_stop=stop.is_set)
+    server.track_stub_families()
     print("omni-triton: Triton READY again", file=sys.stderr, flush=True)
 
 

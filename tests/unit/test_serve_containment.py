@@ -60,7 +60,9 @@ def test_crash_reason_prefers_the_signal_line():
     assert crash_reason("", 1) == "exited with code 1"
 
 
-def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
+def _spawner(tmp_path):
+    """A TritonServer on a one-model repository (``spawner``: its stub starts a child that maps a
+    /dev/shm file), and ``spawned()``: what each of its stubs wrote (stub pid, child pid, shm)."""
     out = tmp_path / "spawned.jsonl"
     folder = tmp_path / "repo" / "spawner"
     (folder / "1").mkdir(parents=True)
@@ -76,10 +78,24 @@ def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
     server = TritonServer(["spawner"], http_port=free_port(), grpc_port=free_port(),
                           metrics_port=free_port(), log_path=tmp_path / "server.log",
                           repositories=[tmp_path / "repo"])
+    spawned = lambda: [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []  # noqa: E731
+    return server, spawned
+
+
+def _reap(spawned) -> None:
+    for item in spawned():
+        try:
+            psutil.Process(item["child"]).kill()
+        except psutil.Error:
+            pass
+        Path(item["shm"]).unlink(missing_ok=True)
+
+
+def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
+    server, spawned = _spawner(tmp_path)
     status = ServeStatus(tmp_path / "status.json")
     args = argparse.Namespace(max_restarts=-1, ready_timeout=120)
     stop = threading.Event()
-    spawned = lambda: [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []  # noqa: E731
     server.start()
     try:
         server.wait_ready(timeout=120)
@@ -123,34 +139,99 @@ def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
     finally:
         stop.set()
         server.stop()
-        for item in spawned():
-            try:
-                psutil.Process(item["child"]).kill()
-            except psutil.Error:
-                pass
-            Path(item["shm"]).unlink(missing_ok=True)
+        _reap(spawned)
 
 
-def test_a_dead_bls_stub_restarts_the_decoupled_stages_it_reads():
-    """python_backend 2.51 blocks a callee's next response to a dead BLS stub forever: serve
-    restarts exactly the decoupled callees (a wedged wan_t2v_denoiser hung every later video)."""
-    from omni_triton.launcher import stream_callees
-    from omni_triton.paths import model_repositories
+def test_a_stub_that_died_before_serve_saw_it_is_reported_before_its_reload(tmp_path, capfd):
+    """CI (stop 19): test_chaos killed piper_tts ~2 s after READY, before serve's first scan of
+    the stubs; serve reloaded the model without a death report, so the frontend never ended the
+    dead stub's requests (hung 240 s) and its /dev/shm region was left. The model is reported
+    (``unseen``) all the same, and before it is reloaded."""
+    server, spawned = _spawner(tmp_path)
+    status = ServeStatus(tmp_path / "status.json")
+    args = argparse.Namespace(max_restarts=-1, ready_timeout=120)
+    stop = threading.Event()
+    server.start()
+    supervisor = None
+    try:
+        server.wait_ready(timeout=120)
+        (stub,) = [p for p in psutil.Process(server.proc.pid).children()
+                   if p.cmdline()[0].endswith("triton_python_backend_stub")]
+        region = stub.cmdline()[2]
+        stub.kill()  # before any scan: serve never saw this stub
+        _wait(lambda: not stub.is_running() or stub.status() == psutil.STATUS_ZOMBIE, "the stub's death")
+        supervisor = threading.Thread(target=_supervise, args=(server, None, args, stop, status))
+        supervisor.start()
+        _wait(lambda: status.stub_reloads.get("spawner") == 1, "the model reload")
+        death = status.last_stub_death
+        assert death is not None, "the dead stub was never reported (its requests would hang)"
+        assert death["model"] == "spawner" and death["affected"] == ["spawner"] and death["unseen"]
+        log = capfd.readouterr().err
+        assert log.index("spawner died before serve saw it") < log.index("reloading spawner"), log
+        stop.set()
+        supervisor.join(timeout=30)
+        server.stop()
+        assert not os.path.exists(f"/dev/shm/{region}"), "the dead stub's shared-memory region is left"
+    finally:
+        stop.set()
+        if supervisor is not None:
+            supervisor.join(timeout=30)
+        server.stop()
+        _reap(spawned)
 
-    loaded = ["piper_tts", "llm", "llm_tts", "tts", "tts_talker", "tts_code2wav",
-              "wan_t2v", "wan_t2v_text_encoder", "wan_t2v_denoiser", "wan_t2v_vae_decoder"]
-    repos = model_repositories()
-    assert stream_callees("llm_tts", loaded, repos) == ["llm", "piper_tts"]
-    assert stream_callees("tts", loaded, repos) == ["tts_talker"]  # tts_code2wav is batched
-    assert stream_callees("wan_t2v", loaded, repos) == ["wan_t2v_denoiser"]
-    assert stream_callees("piper_tts", loaded, repos) == []  # not a BLS model
-    assert stream_callees("llm_tts", ["llm_tts", "llm"], repos) == ["llm"]  # only loaded ones
 
+def test_a_stub_seen_once_is_reported_once():
+    """The watch lists missing stubs before it scans, so a scanned stub that dies between the two
+    calls is reported by the scan alone. Scanning first would miss it, report it ``unseen`` and
+    reload, then report its family again on the next tick: a second report would end requests
+    already running on the reloaded model."""
+    from omni_triton.cli import _StubWatch
 
-def test_a_model_that_lost_one_of_its_stubs_is_reloaded():
-    from omni_triton.launcher import missing_instances
+    class FakeServer:
+        models, repositories = ["m"], []
 
-    expected = {"llm_tts": 4, "piper_tts": 1}
-    assert missing_instances(expected, {"llm_tts": 4, "piper_tts": 1}) == []
-    assert missing_instances(expected, {"llm_tts": 3, "piper_tts": 1}) == ["llm_tts"]
-    assert missing_instances(expected, {"llm_tts": 4}) == ["piper_tts"]
+        def __init__(self):
+            self.alive, self.dead_family, self.reloads = True, False, 0
+            self.die_after_next_call = False
+
+        def _then_maybe_die(self, result):
+            if self.die_after_next_call:
+                self.die_after_next_call, self.alive, self.dead_family = False, False, True
+            return result
+
+        def models_without_stub(self):
+            return self._then_maybe_die([] if self.alive else ["m"])
+
+        def track_stub_families(self):
+            reports = []
+            if self.dead_family:
+                self.dead_family = False
+                reports = [{"model": "m", "stub_pid": 1, "killed": [], "shm_removed": []}]
+            return self._then_maybe_die(reports)
+
+        def reload(self, model):
+            self.reloads += 1
+            self.alive = True
+
+        def kill_stubs(self, model):
+            return []
+
+    class Status:
+        def __init__(self):
+            self.deaths, self.stub_reloads = [], {}
+
+        def write(self, **kw):
+            self.deaths += [kw["last_stub_death"]] if "last_stub_death" in kw else []
+            self.stub_reloads = kw.get("stub_reloads", self.stub_reloads)
+
+    server, status = FakeServer(), Status()
+    watch = _StubWatch(server, status)
+    server.die_after_next_call = True  # it dies between the tick's two calls
+    for _ in range(3):
+        watch.tick()
+    assert [d["model"] for d in status.deaths] == ["m"] and server.reloads == 1, status.deaths
+    # a stub no scan saw (missing, no family): reported once as unseen, then reloaded
+    server.alive = False
+    for _ in range(3):
+        watch.tick()
+    assert [d.get("unseen") for d in status.deaths] == [None, True] and server.reloads == 2
