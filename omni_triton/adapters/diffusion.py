@@ -59,17 +59,24 @@ class TextEncoder(_DiffusionStage):
 
 
 class VaeEncoder(_DiffusionStage):
-    """VAE encoder stage (edit): condition IMAGE uint8 [H, W, 3] -> normalised IMAGE_LATENTS.
+    """VAE encoder stage (edit): condition IMAGE uint8 [H, W, 3] -> normalised IMAGE_LATENTS, and
+    CHECKED_IMAGE: the same pixels, once ``check_condition_image`` accepted them (the edit
+    ensemble's text encoder reads them, so it runs after this step; see ``im.CHECKED_IMAGE``).
     Logic: ``omni_triton.stages.diffusion.vae_encode``."""
 
     def parse(self, request):
-        return self.d.image_from_array(input_array(request, im.IMAGE))
+        pixels = input_array(request, im.IMAGE)
+        image = self.d.image_from_array(pixels)
+        self.d.check_condition_image(self.pipe, image)  # per item; the ensemble's first step
+        return image, pixels
 
-    def run(self, images):
-        return self.d.vae_encode(self.pipe, images)
+    def run(self, items):
+        latents = self.d.vae_encode(self.pipe, [image for image, _ in items])
+        return [(lat, pixels) for lat, (_, pixels) in zip(latents, items)]
 
-    def outputs(self, latents):
-        return {im.IMAGE_LATENTS: latents[None]}
+    def outputs(self, result):
+        latents, pixels = result
+        return {im.IMAGE_LATENTS: latents[None], im.CHECKED_IMAGE: np.ascontiguousarray(pixels)[None]}
 
 
 class Denoiser(_DiffusionStage):

@@ -24,6 +24,11 @@ IMAGE = "IMAGE"  #: UINT8 [H, W, 3]: a stage's image (condition image in, result
 PROMPT_EMBEDS = "PROMPT_EMBEDS"  #: FP32 [L, D]
 NEGATIVE_PROMPT_EMBEDS = "NEGATIVE_PROMPT_EMBEDS"  #: FP32 [L', D] (L' = 0: no CFG)
 IMAGE_LATENTS = "IMAGE_LATENTS"  #: FP32 [C, 1, h, w]: normalised VAE latents of the condition image
+#: UINT8 [H, W, 3]: the edit VAE encoder's input image, passed on once it was checked; the edit
+#: ensemble's text encoder reads it, so the two steps run one after the other (see
+#: ``ensembles/qwen_image_edit/config.pbtxt``: Triton 2.51 never ends an ensemble request whose
+#: step failed while another step of it was running)
+CHECKED_IMAGE = "CHECKED_IMAGE"
 LATENTS = "LATENTS"  #: FP32 [N, C]: packed latents
 NUM_STEPS = "NUM_STEPS"  #: INT32 [1]
 DENOISE_SECONDS = "DENOISE_SECONDS"  #: FP32 [1]
@@ -120,7 +125,8 @@ QWEN_IMAGE = StageContract(_ENSEMBLE_IN, _ENSEMBLE_OUT, batched=True)
 QWEN_IMAGE_EDIT = StageContract(_ENSEMBLE_IN + (_t(INPUT_IMAGE, "UINT8", (-1, -1, 3)),), _ENSEMBLE_OUT, batched=True)
 TEXT_ENCODER = StageContract(_TEXT_IN, _EMBEDS_OUT, batched=True)
 EDIT_TEXT_ENCODER = StageContract(_TEXT_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)),), _EMBEDS_OUT, batched=True)
-EDIT_VAE_ENCODER = StageContract((_t(IMAGE, "UINT8", (-1, -1, 3)),), (_t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)),),
+EDIT_VAE_ENCODER = StageContract((_t(IMAGE, "UINT8", (-1, -1, 3)),),
+                                 (_t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)), _t(CHECKED_IMAGE, "UINT8", (-1, -1, 3))),
                                  batched=True)
 DENOISER = StageContract(_DENOISE_IN, _DENOISE_OUT, batched=True)
 EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN, _DENOISE_OUT, batched=True)

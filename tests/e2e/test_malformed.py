@@ -5,11 +5,13 @@ Every case, sent one after another over loopback, must be a 4xx with the OpenAI 
 (never a 5xx), and afterwards a valid request of each endpoint must succeed. Endpoints whose
 model is not served (``OMNI_TRITON_E2E_MODELS``) are skipped. Then 4x the admission limit
 (``--max-inflight`` 16) of concurrent speech requests: each ends with 200 or 429/503 +
-``Retry-After``. Also edits of good and bad (4096x4) images sent together: only the bad ones fail.
+``Retry-After``. Also edits of good and bad (4096x4) images sent together: only the bad ones fail,
+and none stays in flight.
 """
 from __future__ import annotations
 
 import io
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -109,3 +111,22 @@ def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
             assert outcome != "ok" and "aspect ratio" in outcome, outcome
         else:
             assert outcome == "ok", outcome
+    # ... and no request is left in flight: the ensemble (no stub of its own) unloads at once.
+    # With its encoders run side by side, each bad image's request stayed in flight for good
+    # (Triton 2.51, see ensembles/qwen_image_edit/config.pbtxt), and it stayed UNLOADING.
+    triton = stack.triton_http_url
+    assert httpx.post(f"{triton}/v2/repository/models/qwen_image_edit/unload", timeout=30).status_code == 200
+    try:
+        deadline = time.monotonic() + 30
+        while (state := _state(triton, "qwen_image_edit")) == "UNLOADING":
+            assert time.monotonic() < deadline, "qwen_image_edit never unloads: a request is left in flight"
+            time.sleep(0.2)
+        assert state == "UNAVAILABLE", state
+    finally:
+        assert httpx.post(f"{triton}/v2/repository/models/qwen_image_edit/load", timeout=120).status_code == 200
+
+
+def _state(triton_url: str, model: str) -> str:
+    """The model's state in Triton's repository index ("READY", "UNLOADING", "UNAVAILABLE", ...)."""
+    index = httpx.post(f"{triton_url}/v2/repository/index", json={}, timeout=10).json()
+    return next((m.get("state", "") for m in index if m["name"] == model), "")

@@ -125,3 +125,28 @@ def test_probe_configs_match_their_contracts(name):
     assert _tensors(config.input) == _spec(contract.inputs)
     assert _tensors(config.output) == _spec(contract.outputs, with_optional=False)
     assert config.model_transaction_policy.decoupled == contract.decoupled
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("ensembles/*/config.pbtxt")), ids=lambda p: p.parent.name)
+def test_no_ensemble_runs_two_steps_of_a_request_at_once(path):
+    """Every two steps of an ensemble depend on each other, one way (a chain, never a fork):
+    Triton 2.51 never ends an ensemble request whose step failed while another of its steps was
+    running (``EnsembleContext::PrepareSteps`` drops that step's completion; fixed upstream in
+    core #466). qwen_image_edit's parallel text/VAE encoders left every bad condition image (and
+    every cancel in that phase) in flight forever: the model could no longer unload and each CI
+    shutdown waited out Triton's exit timeout."""
+    steps = _config(path).ensemble_scheduling.step
+    produced = [set(s.output_map.values()) for s in steps]
+    after = {i: {j for j in range(len(steps)) if produced[j] & set(steps[i].input_map.values())}
+             for i in range(len(steps))}  # i reads an output of each j
+    changed = True
+    while changed:  # transitive closure
+        changed = False
+        for i in after:
+            more = set().union(*(after[j] for j in after[i])) - after[i]
+            if more:
+                after[i] |= more
+                changed = True
+    forks = [(steps[i].model_name, steps[j].model_name) for i in range(len(steps)) for j in range(i)
+             if i not in after[j] and j not in after[i]]
+    assert not forks, f"steps that can run at once: {forks}"
