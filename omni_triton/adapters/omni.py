@@ -17,7 +17,7 @@ from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_array, optional_input, optional_str_input, required_array
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import first_str, scalar_array, utf8_array
+from omni_triton.contracts.tensors import PACED, first_str, scalar_array, utf8_array
 
 
 def _checkpoint(params):
@@ -147,6 +147,7 @@ class OmniTalkerStage(DecoupledStage):
     cancel_flags = True
     reads_bls_streams = True  # speaking while thinking it streams omni_thinker (on execute's thread)
     per_instance_metrics = True
+    pass_paced = True  # omni_thinker declares PACED (qwen25_omni_thinker does not)
     metric_specs = dict(
         frames=("omni_talker_frames_total", "Codec frames generated", "counter"),
         requests=("omni_talker_requests_total", "Talker requests started", "counter"),
@@ -216,6 +217,8 @@ class OmniTalkerStage(DecoupledStage):
         from omni_triton.stages.qwen3_omni import ThinkerStep
 
         inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([True])), (ch.ASYNC_CHUNK, np.array([True]))]
+        if getattr(stream, "paced", False) and self.pass_paced:  # its tokens feed paced frames
+            inputs.append((PACED, np.array([True])))
         prompt_tokens = [0]
 
         def steps():
@@ -291,6 +294,7 @@ class OmniPipeline(DecoupledStage):
     stage = "omni"
     input_error = ch.ChatInputError
     reads_bls_streams = True
+    pass_paced = True  # omni_talker declares PACED (qwen25_omni_talker does not)
     per_instance_metrics = True  # several instances (stub processes)
     thinker, talker, code2wav = "omni_thinker", "omni_talker", "omni_code2wav"
 
@@ -369,6 +373,8 @@ class OmniPipeline(DecoupledStage):
         if talker_in is None:
             return
         chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
+        if job.paced and self.pass_paced:
+            talker_in = talker_in + [(PACED, np.array([True]))]
         for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
                                 f"omni-talker-{uuid.uuid4().hex}", parent=stream):
             codes = out.get(sp.CODES)
@@ -414,6 +420,8 @@ class OmniPipeline(DecoupledStage):
         inputs = job.inputs + [(ch.VOICE, utf8_array(job.voice))]
         if job.max_frames is not None:
             inputs.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
+        if job.paced and self.pass_paced:  # frames due in low-water groups (omni_talker's low_water_ms)
+            inputs.append((PACED, np.array([True])))
         chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
         counts, finish = (0, 0), ""
         for out in stream_stage(self.talker, inputs, ch.TEXT_OUTPUTS + (sp.CODES,), stream.cancelled, self.stage_flags,

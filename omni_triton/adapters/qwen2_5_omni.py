@@ -58,6 +58,7 @@ class Qwen25TalkerStage(OmniTalkerStage):
     [n, 1] responses as the talker generates them; one request at a time per instance."""
 
     stage = "qwen25_omni_talker"
+    pass_paced = False  # qwen25_omni_thinker has no PACED (unscheduled)
     metric_specs = _metrics("qwen25_omni_talker", "frames", "Codec tokens")
 
     def setup(self, args, params):
@@ -110,6 +111,7 @@ class Qwen25OmniPipeline(OmniPipeline):
     PCM is sent as one AUDIO response (``docs/qwen2_5_omni.md``: why not chunked)."""
 
     stage = "qwen25_omni"
+    pass_paced = False  # qwen25_omni_talker has no PACED (unscheduled)
     thinker, talker, token2wav = "qwen25_omni_thinker", "qwen25_omni_talker", "qwen25_omni_token2wav"
 
     def setup(self, args, params):

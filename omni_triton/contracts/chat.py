@@ -367,7 +367,8 @@ OMNI = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, option
                                  TensorSpec(ASYNC_CHUNK, "BOOL", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
                      _TEXT_OUT + _SPEECH_OUT, decoupled=True)
 OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True),
-                                         _s(REQUEST_ID, optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True))
+                                         _s(REQUEST_ID, optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True),
+                                         TensorSpec(PACED, "BOOL", optional=True))
                              + _MEDIA_IN,
                              _TEXT_OUT + _TALKER_IN, decoupled=True)
 # omni_talker takes either the thinker's finished outputs (_TALKER_IN, with _TALKER_MEDIA_IN for
@@ -376,7 +377,8 @@ OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optio
 # thinking only for those).
 OMNI_TALKER = StageContract(tuple(TensorSpec(t.name, t.datatype, t.dims, True) for t in _TALKER_IN) + _CHAT_IN
                             + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
-                               TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True))
+                               TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True),
+                               TensorSpec(PACED, "BOOL", optional=True))
                             + _TALKER_MEDIA_IN,
                             (TensorSpec(CODES, "INT64", (-1, -1)),) + _TEXT_OUT, decoupled=True)
 OMNI_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),

@@ -383,12 +383,11 @@ def _params(config):
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-@pytest.mark.parametrize("talker,bls,gets_paced", [("tts_talker", "tts", True), ("omni_talker", "omni", False)])
+@pytest.mark.parametrize("talker,bls,gets_paced", [("tts_talker", "tts", True), ("omni_talker", "omni", True)])
 def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls, gets_paced):
     """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames, its
-    low water included where the BLS passes PACED on (``tts``; ``omni`` does not yet, so
-    ``omni_talker`` keeps 25-frame groups); the BLS admits more requests at once than the talker
-    has instances (else they queue whole)."""
+    low water included where the BLS passes PACED on (``tts`` and ``omni``); the BLS admits more
+    requests at once than the talker has instances (else they queue whole)."""
     t, b = _params(_config(talker)), _params(_config(bls))
     assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "frames"
     assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
@@ -407,6 +406,8 @@ def test_the_omni_thinker_schedules_tokens_by_the_omni_chunk_schedule():
     assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
     assert float(t["frame_rate_hz"]) == 12.5 and t.get("scheduler_workers", "1") == "1"
     assert _params(_config("omni_talker")).get("scheduler_workers") == "1"  # it reads omni_thinker's streams
+    # omni_talker passes omni's PACED on: the tokens of a paced answer are due in low-water groups
+    assert t["low_water_ms"] == b["low_water_ms"] and "PACED" in {i.name for i in _config("omni_thinker").input}
 
 
 def test_piper_schedules_by_audio():
