@@ -11,7 +11,6 @@ and none stays in flight.
 from __future__ import annotations
 
 import io
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -111,22 +110,5 @@ def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
             assert outcome != "ok" and "aspect ratio" in outcome, outcome
         else:
             assert outcome == "ok", outcome
-    # ... and no request is left in flight: the ensemble (no stub of its own) unloads at once.
-    # With its encoders run side by side, each bad image's request stayed in flight for good
-    # (Triton 2.51, see ensembles/qwen_image_edit/config.pbtxt), and it stayed UNLOADING.
-    triton = stack.triton_http_url
-    assert httpx.post(f"{triton}/v2/repository/models/qwen_image_edit/unload", timeout=30).status_code == 200
-    try:
-        deadline = time.monotonic() + 30
-        while (state := _state(triton, "qwen_image_edit")) == "UNLOADING":
-            assert time.monotonic() < deadline, "qwen_image_edit never unloads: a request is left in flight"
-            time.sleep(0.2)
-        assert state == "UNAVAILABLE", state
-    finally:
-        assert httpx.post(f"{triton}/v2/repository/models/qwen_image_edit/load", timeout=120).status_code == 200
-
-
-def _state(triton_url: str, model: str) -> str:
-    """The model's state in Triton's repository index ("READY", "UNLOADING", "UNAVAILABLE", ...)."""
-    index = httpx.post(f"{triton_url}/v2/repository/index", json={}, timeout=10).json()
-    return next((m.get("state", "") for m in index if m["name"] == model), "")
+    # None stays in flight either (a Triton 2.51 ensemble leak, see ensembles/qwen_image_edit):
+    # the session's teardown checks Triton's shutdown for requests that never ended.
