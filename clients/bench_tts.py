@@ -78,7 +78,8 @@ Aggregates (per model, path, concurrency; over successful requests):
 
 Scheduling summary (``scheduling.<model>.<path:mode>``): TTFP p50/p90 per level,
 ``ttfp_p50_growth`` (p50 at the highest level / at the lowest), underrun seconds and continuity
-per level, ``faster_than_real_time`` (mean RTF < 1 at the highest level) and ``target_met``
+per level, ``faster_than_real_time`` (the audio seconds made per second, by the fifo run where
+there is one, at least the highest level's listeners) and ``target_met``
 (growth <= 2 and, when faster than real time, no underrun at the highest level).
 
 Ratios (``ratios.<model>.<C>``), served path over baseline at the same concurrency:

@@ -122,25 +122,51 @@ def test_scheduling_summary_compares_modes_against_the_target():
 
 
 def test_capacity_comes_from_the_fifo_run_so_a_paced_run_cannot_dodge_the_underrun_target():
-    """A paced run's own RTF is ~1 by design (each stream computed just ahead of its listener),
-    so 'faster than real time' is read from the same path's fifo run: there the pipeline keeps
-    up (RTF 0.5), so the paced run's underrun misses the target. Red when the paced run's own
-    RTF (1.2 here) decides."""
-    def level(ttfp, e2e, stall=0.0):
-        x = b.RequestResult(index=0)
-        x.on_audio(ttfp, 1000, 1000)
-        x.on_audio(ttfp + 1.0 + stall, 1000, 1000)
-        x.e2e_s = e2e
-        return b.summarize([x], wall_s=3.0)
+    """A paced run's own throughput is bounded by playback (each stream computed just ahead of
+    its listener), so 'faster than real time' is read from the same path's fifo run: there the
+    pipeline makes 8 streams x 2 s of audio in 1.6 s, 10 audio-s/s for 8 listeners, so the paced
+    run's underrun misses the target. Red when the paced run's own figures decide."""
+    def level(n, ttfp, e2e, wall, stall=0.0):
+        out = []
+        for i in range(n):
+            x = b.RequestResult(index=i)
+            x.on_audio(ttfp, 1000, 1000)
+            x.on_audio(ttfp + 1.0 + stall, 1000, 1000)
+            x.e2e_s = e2e
+            out.append(x)
+        return b.summarize(out, wall_s=wall)
 
     results = {"piper_tts": {
-        b.path_label("frontend", "deadline"): {"1": level(0.1, 2.4), "8": level(0.15, 2.4, stall=0.3)},
-        b.path_label("frontend", "fifo"): {"1": level(0.1, 1.0), "8": level(0.5, 1.0)},
+        b.path_label("frontend", "deadline"): {"1": level(1, 0.1, 2.4, 2.4), "8": level(8, 0.15, 2.4, 2.6, stall=0.3)},
+        b.path_label("frontend", "fifo"): {"1": level(1, 0.1, 1.0, 1.0), "8": level(8, 0.5, 1.0, 1.6)},
     }}
     sched = b.scheduling_summary(results)["piper_tts"]
     paced = sched["frontend:deadline"]
-    assert paced["rtf_mean"]["8"] == pytest.approx(1.2) and paced["faster_than_real_time"]
+    assert paced["capacity_audio_s_per_s"] == pytest.approx(10.0) and paced["faster_than_real_time"]
     assert paced["ttfp_p50_growth"] == pytest.approx(1.5) and not paced["target_met"]  # the underrun
     alone = b.scheduling_summary({"piper_tts": {b.path_label("frontend", "deadline"):
                                                 results["piper_tts"][b.path_label("frontend", "deadline")]}})
-    assert not alone["piper_tts"]["frontend:deadline"]["faster_than_real_time"]  # no fifo run: its own RTF
+    assert not alone["piper_tts"]["frontend:deadline"]["faster_than_real_time"]  # no fifo run: its own 6.2 audio-s/s
+
+
+def test_a_fifo_run_whose_streams_queue_whole_is_not_capacity_for_all_listeners():
+    """Under fifo each stream waits whole and then runs alone, so its RTF is < 1 although the
+    pipeline makes fewer audio seconds per second than the listeners play (omni at C=8 here: mean
+    RTF 0.71, 6.9 audio-s/s for 8). Then the underrun cannot be zero for all (the target is the
+    TTFP growth alone). Red with the mean RTF as the capacity test."""
+    def level(n, wall, e2e):
+        out = []
+        for i in range(n):
+            x = b.RequestResult(index=i)
+            x.on_audio(0.2, 1000, 1000)
+            x.on_audio(0.3, 3000, 1000)  # 4 s of audio
+            x.e2e_s = e2e
+            out.append(x)
+        return b.summarize(out, wall_s=wall)
+
+    fifo = {"1": level(1, 0.6, 0.6), "8": level(8, 5.0, 2.8)}  # RTF 0.7, but 6.4 audio-s/s for 8
+    sched = b.scheduling_summary({"omni": {b.path_label("frontend", "fifo"): fifo,
+                                           b.path_label("frontend", "deadline"): fifo}})["omni"]
+    assert sched["frontend:fifo"]["rtf_mean"]["8"] == pytest.approx(0.7)
+    assert sched["frontend:deadline"]["capacity_audio_s_per_s"] == pytest.approx(6.4)
+    assert not sched["frontend:deadline"]["faster_than_real_time"]
