@@ -13,6 +13,7 @@ worker pool, ``finalize``. Every call into Triton goes through ``omni_triton.ada
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping
@@ -74,6 +75,7 @@ class ResponseStream:
         self._lock = threading.Lock()
         self.telemetry: RequestTelemetry | None = None  # set by the stage base
         self.paced = False  # set by the stage base: PACED and a deadline scheduler
+        self.balanced = False  # counted in the instance balance (set by the stage base)
 
     def cancelled(self) -> bool:
         """Whether the client (or the BLS caller, through the REQUEST_ID flag) cancelled."""
@@ -181,6 +183,12 @@ class DecoupledStage:
     Pacing: with the config parameter ``max_lead_ms`` > 0, a request whose optional ``PACED``
     input is true (its client plays it in real time) is not computed more than that far ahead of
     its playback deadline (``StepScheduler``'s ``max_lead_s``).
+
+    Instance balance: with the config parameter ``balance_instances`` ``"true"`` (under the
+    scheduler), ``execute`` returns only once this instance has no more open streams than its
+    least loaded sibling (:class:`~omni_triton.runtime.instance_balance.InstanceBalance`), so
+    Triton hands the next request to a sibling instead of stacking streams on whichever
+    instance's execute thread happened to be free.
     """
 
     stage = "stage"
@@ -228,6 +236,13 @@ class DecoupledStage:
                                                                max_lead_s=self.max_lead_s())
                 n = 0
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=self.stage) if n > 0 else None
+        self.balance = None
+        if self.step_scheduler is not None and self.params.get("balance_instances", "false").lower() == "true":
+            from omni_triton.paths import server_run_dir
+            from omni_triton.runtime.instance_balance import InstanceBalance
+
+            self.balance = InstanceBalance(server_run_dir(os.getppid()) / "load" / self.model_name,
+                                           args.get("model_instance_name", self.model_name))
 
     def setup(self, args: dict, params: dict[str, str]) -> None:
         """Load the model; ``params`` are the config.pbtxt parameters."""
@@ -284,7 +299,14 @@ class DecoupledStage:
                 type(self).dispatch is DecoupledStage.dispatch
             self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
             stream.paced = self.step_scheduler is not None and self.paced(request)
+            if self.balance is not None:
+                self.balance.opened()
+                stream.balanced = True
             self.dispatch(job, stream)
+        if self.balance is not None:
+            # the next request goes to a less loaded sibling meanwhile; at most this long (a
+            # stream that never ends must not hold this instance's execute for good)
+            self.balance.wait_turn(timeout_s=float(self.params.get("balance_max_wait_ms", "30000")) / 1000.0)
         return None
 
     def dispatch(self, job, stream: ResponseStream) -> None:
@@ -400,6 +422,8 @@ class DecoupledStage:
         finally:
             self.metrics.add("active", -1)
             self._discard_flag(stream)
+            if self.balance is not None and getattr(stream, "balanced", False):
+                self.balance.closed()
             try:
                 self.telemetry.add("omni_stage_requests_running", -1)
                 if stream.telemetry is not None:
@@ -416,6 +440,8 @@ class DecoupledStage:
             self.pool.shutdown(wait=True, cancel_futures=True)
         if self.step_scheduler is not None:
             self.step_scheduler.close()
+        if self.balance is not None:
+            self.balance.close()
         self.metrics = None  # metric families go before the stub's shared memory does
         bls.report_to(None)
         self.telemetry.close()
