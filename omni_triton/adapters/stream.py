@@ -185,10 +185,12 @@ class DecoupledStage:
     its playback deadline (``StepScheduler``'s ``max_lead_s``).
 
     Instance balance: with the config parameter ``balance_instances`` ``"true"`` (under the
-    scheduler), ``execute`` returns only once this instance has no more open streams than its
-    least loaded sibling (:class:`~omni_triton.runtime.instance_balance.InstanceBalance`), so
-    Triton hands the next request to a sibling instead of stacking streams on whichever
-    instance's execute thread happened to be free.
+    scheduler), ``execute`` returns only once this instance is the least loaded of its siblings
+    (fewest open streams, ties to the lowest instance name; never while it has none open, never
+    longer than ``balance_max_wait_ms``, default 30000:
+    :class:`~omni_triton.runtime.instance_balance.InstanceBalance`), so Triton hands the next
+    request to a sibling instead of stacking streams on whichever instance's execute thread
+    happened to be free. A negative or non-numeric ``balance_max_wait_ms`` is a load error.
     """
 
     stage = "stage"
@@ -241,6 +243,9 @@ class DecoupledStage:
             from omni_triton.paths import server_run_dir
             from omni_triton.runtime.instance_balance import InstanceBalance
 
+            self.balance_max_wait_s = float(self.params.get("balance_max_wait_ms", "30000")) / 1000.0
+            if self.balance_max_wait_s < 0:
+                raise ValueError(f"{self.model_name}: balance_max_wait_ms must be >= 0")
             self.balance = InstanceBalance(server_run_dir(os.getppid()) / "load" / self.model_name,
                                            args.get("model_instance_name", self.model_name))
 
@@ -306,7 +311,7 @@ class DecoupledStage:
         if self.balance is not None:
             # the next request goes to a less loaded sibling meanwhile; at most this long (a
             # stream that never ends must not hold this instance's execute for good)
-            self.balance.wait_turn(timeout_s=float(self.params.get("balance_max_wait_ms", "30000")) / 1000.0)
+            self.balance.wait_turn(timeout_s=self.balance_max_wait_s)
         return None
 
     def dispatch(self, job, stream: ResponseStream) -> None:

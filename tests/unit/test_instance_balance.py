@@ -110,3 +110,10 @@ def test_execute_returns_only_once_a_sibling_has_as_many_streams(monkeypatch, tm
         Talker.release.set()
         for stage in (a, b):
             stage.finalize()
+
+
+def test_a_negative_max_wait_is_a_load_error(monkeypatch, tmp_path):
+    monkeypatch.delenv(SCHEDULING_ENV, raising=False)
+    monkeypatch.setattr("omni_triton.paths.server_run_dir", lambda pid: tmp_path)
+    with pytest.raises(ValueError, match="balance_max_wait_ms"):
+        _talker("talker_0_0", scheduling="deadline", balance_instances="true", balance_max_wait_ms="-1")
