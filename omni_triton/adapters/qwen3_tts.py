@@ -31,7 +31,8 @@ def _checkpoint(params) -> "object":
 
 class Qwen3TtsTalkerStage(DecoupledStage):
     """``qwen3_tts_talker``: TEXT + TASK (+ VOICE, INSTRUCTIONS, LANGUAGE, VOICE_PROMPT, MAX_FRAMES,
-    REQUEST_ID) -> one CODES [1, G] response per generated frame. Requests are handed to a
+    REQUEST_ID) -> CODES [n, G] responses of ``frames_per_response`` generated frames each (config,
+    default 1; the last response may hold fewer), then an empty FINAL. Requests are handed to a
     :class:`~omni_triton.stages.qwen3_tts.scheduler.TalkerScheduler` that decodes up to
     ``max_num_seqs`` of them in shared forward passes."""
 
@@ -58,6 +59,9 @@ class Qwen3TtsTalkerStage(DecoupledStage):
         self.forms = {t: Qwen3TtsForm(root / t) for t in tasks}
         self.default_max = int(params.get("default_max_frames", "200"))
         self.max_frames_cap = int(params.get("max_frames_cap", "2048"))
+        self.frames_per_response = int(params.get("frames_per_response", "1"))
+        if self.frames_per_response < 1:
+            raise ValueError(f"frames_per_response must be >= 1, got {self.frames_per_response}")
         self.scheduler = TalkerScheduler(self.forms, int(params.get("max_num_seqs", "8")), on_step=self._on_step)
 
     def _on_step(self, rows: int) -> None:
@@ -83,11 +87,20 @@ class Qwen3TtsTalkerStage(DecoupledStage):
         return validate_request(req, form.speakers, form.languages, self.max_frames_cap)
 
     def dispatch(self, job, stream):
+        from omni_triton.stages.chunking import FrameGroups
+
+        groups = FrameGroups(self.frames_per_response)
+
         def emit(frame):
             self.metrics.count("frames")
-            stream.send({CODES: frame[None]})
+            codes = groups.push(frame)
+            if codes is not None:
+                stream.send({CODES: codes})
 
         def done(reason, error=None):
+            tail = groups.flush()
+            if tail is not None and error is None and reason == "stop":
+                stream.send({CODES: tail})  # the last frames (fewer than a group)
             self.finish(job, stream, error)
 
         self.scheduler.submit(job, emit, stream.cancelled, done)

@@ -184,3 +184,39 @@ class ChunkedDecoder:
     def flush(self) -> list[np.ndarray]:
         """Decode the tail (end of the stream)."""
         return self._run(self.schedule.flush(self.total))
+
+
+class FrameGroups:
+    """Codec frames collected into responses of ``size`` frames (a talker's stream to its BLS).
+
+    A talker that sends one response per frame pays one stub -> server -> BLS hop per frame and
+    stream (8 streams: 8 hops per batched step), CPU taken from the decoder that makes first
+    audio. Grouping by ``size`` loses nothing when ``size`` divides the consumer's chunk sizes:
+    every chunk still becomes ready on the frame that completes it (the consumer's
+    ``first_chunk_frames`` and ``chunk_frames``; ``tests/unit/test_scheduling.py`` checks the
+    configs). Not thread-safe: one stream, one owner.
+
+    Args:
+        size: frames per response (>= 1; 1 = one response per frame).
+
+    Raises:
+        ValueError: ``size`` < 1.
+    """
+
+    def __init__(self, size: int):
+        if int(size) < 1:
+            raise ValueError(f"frames per response must be >= 1, got {size}")
+        self.size = int(size)
+        self._frames: list[np.ndarray] = []
+
+    def push(self, frame: np.ndarray) -> np.ndarray | None:
+        """Add one frame (``int64 [K]``); returns ``int64 [size, K]`` once ``size`` are held, else None."""
+        self._frames.append(np.asarray(frame).reshape(-1))
+        return self.flush() if len(self._frames) >= self.size else None
+
+    def flush(self) -> np.ndarray | None:
+        """The frames held (``int64 [n, K]``, n < size at the stream's end), or None if none."""
+        if not self._frames:
+            return None
+        out, self._frames = np.stack(self._frames), []
+        return out

@@ -157,3 +157,50 @@ def test_cancel_mid_stream_frees_the_talker(stack):
     stack.wait_until(lambda: stack.metric("omni_qwen3_tts_talker_active") == 0, "a talker row stayed active",
                      timeout_s=120)
     assert _served(url, "vivian").audio.size > 0
+
+
+def _talker_frames(url, max_frames):
+    """The raw ``qwen3_tts_talker`` stream: the CODES array of every response, in order."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    def arr(name, value, dtype):
+        a = np.array([value], dtype=dtype)
+        t = grpcclient.InferInput(name, list(a.shape), "BYTES" if dtype is object else "INT32")
+        t.set_data_from_numpy(a)
+        return t
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("qwen3_tts_talker", [
+        arr("TEXT", b"Hello there, how are you today?", object), arr("TASK", b"custom_voice", object),
+        arr("VOICE", b"ryan", object), arr("MAX_FRAMES", max_frames, np.int32)], enable_empty_final_response=True)
+    out = []
+    while True:
+        result, error = got.get(timeout=120)
+        assert error is None, error
+        codes = result.as_numpy("CODES")
+        if codes is not None and codes.size:
+            out.append(codes)
+        if result.get_response(as_json=True).get("parameters", {}).get("triton_final_response", {}).get("bool_param"):
+            break
+    client.stop_stream()
+    client.close()
+    return out
+
+
+def test_talker_sends_frames_in_groups_and_the_last_short_group(stack):
+    """``frames_per_response`` (5): full groups, then the stream's last frames as a shorter group;
+    the frames are those of a longer run's first ones (greedy), none lost at the end."""
+    made = stack.metric("omni_qwen3_tts_talker_frames_total")
+    short, longer = _talker_frames(stack.triton_grpc_url, 7), _talker_frames(stack.triton_grpc_url, 14)
+    frames_short, frames_long = np.concatenate(short), np.concatenate(longer)
+    made = stack.metric("omni_qwen3_tts_talker_frames_total") - made  # frames the talker generated
+    assert len(frames_short) + len(frames_long) == made, "frames generated but never sent"
+    assert len(frames_short) % 5, f"{len(frames_short)} frames: no short last group to check"
+    assert len(frames_long) > len(frames_short)
+    for groups in (short, longer):
+        assert all(len(c) == 5 for c in groups[:-1]) and 1 <= len(groups[-1]) <= 5, [c.shape for c in groups]
+    assert np.array_equal(frames_short, frames_long[:len(frames_short)])

@@ -446,3 +446,30 @@ def test_qwen3_tts_admits_as_many_requests_as_its_talker_batches():
     in Triton's queue (the first-chunk-behind-whole-requests wait of issue 13 item 4)."""
     bls = sum(g.count for g in _config("qwen3_tts").instance_group)
     assert bls >= int(_params(_config("qwen3_tts_talker"))["max_num_seqs"])
+
+
+def test_qwen3_tts_talker_groups_divide_every_chunk_of_its_bls():
+    """The talker sends frames_per_response frames at a time; a group that does not divide the
+    BLS's first and later chunk sizes would hold a chunk's last frames back until the group fills
+    (first audio later by up to frames_per_response - 1 talker steps)."""
+    group = int(_params(_config("qwen3_tts_talker"))["frames_per_response"])
+    bls = _params(_config("qwen3_tts"))
+    assert group >= 1
+    for key in ("first_chunk_frames", "chunk_frames"):
+        assert int(bls[key]) % group == 0, (key, bls[key], group)
+
+
+def test_frame_groups_hold_frames_until_full_and_lose_none():
+    from omni_triton.stages.chunking import FrameGroups
+
+    frames = [np.full(4, i, np.int64) for i in range(12)]
+    groups = FrameGroups(5)
+    sent = [g for g in (groups.push(f) for f in frames) if g is not None]
+    assert [len(g) for g in sent] == [5, 5]  # a response only when a group is full
+    tail = groups.flush()
+    assert tail.shape == (2, 4) and groups.flush() is None
+    assert np.array_equal(np.concatenate(sent + [tail]), np.stack(frames))
+    one = FrameGroups(1)
+    assert one.push(frames[3]).shape == (1, 4)  # size 1: one response per frame, as before
+    with pytest.raises(ValueError):
+        FrameGroups(0)
