@@ -190,7 +190,8 @@ class DecoupledStage:
     longer than ``balance_max_wait_ms``, default 30000:
     :class:`~omni_triton.runtime.instance_balance.InstanceBalance`), so Triton hands the next
     request to a sibling instead of stacking streams on whichever instance's execute thread
-    happened to be free. A negative or non-numeric ``balance_max_wait_ms`` is a load error.
+    happened to be free. A negative or non-numeric ``balance_max_wait_ms`` is a load error, and so
+    is ``balance_instances`` on a stage that ``reads_bls_streams`` (measured slower on omni_talker).
     """
 
     stage = "stage"
@@ -243,6 +244,11 @@ class DecoupledStage:
             from omni_triton.paths import server_run_dir
             from omni_triton.runtime.instance_balance import InstanceBalance
 
+            if self.reads_bls_streams:
+                raise RuntimeError(
+                    f"{self.model_name}: balance_instances holds execute's thread, which a stage that "
+                    "reads decoupled BLS streams needs: on omni_talker it made first audio slower even "
+                    "at concurrency 1 (docs/scheduling.md, \"Instance balance\")")
             self.balance_max_wait_s = float(self.params.get("balance_max_wait_ms", "30000")) / 1000.0
             if self.balance_max_wait_s < 0:
                 raise ValueError(f"{self.model_name}: balance_max_wait_ms must be >= 0")

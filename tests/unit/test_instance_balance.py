@@ -117,3 +117,18 @@ def test_a_negative_max_wait_is_a_load_error(monkeypatch, tmp_path):
     monkeypatch.setattr("omni_triton.paths.server_run_dir", lambda pid: tmp_path)
     with pytest.raises(ValueError, match="balance_max_wait_ms"):
         _talker("talker_0_0", scheduling="deadline", balance_instances="true", balance_max_wait_ms="-1")
+
+
+class BlsReader(Talker):
+    reads_bls_streams = True
+
+
+def test_balance_on_a_stage_that_reads_bls_streams_is_a_load_error(monkeypatch, tmp_path):
+    """Holding execute slowed omni_talker, which reads omni_thinker's BLS stream (docs/scheduling.md)."""
+    monkeypatch.delenv(SCHEDULING_ENV, raising=False)
+    monkeypatch.setattr("omni_triton.paths.server_run_dir", lambda pid: tmp_path)
+    stage = BlsReader()
+    with pytest.raises(RuntimeError, match="reads decoupled BLS streams"):
+        stage.initialize({"model_name": "reader", "model_instance_name": "reader_0_0", "model_config": json.dumps(
+            {"parameters": {k: {"string_value": v} for k, v in dict(scheduling="deadline", scheduler_workers="1",
+                                                                      balance_instances="true").items()}})})
