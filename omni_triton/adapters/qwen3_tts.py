@@ -31,7 +31,7 @@ def _checkpoint(params) -> "object":
 
 class Qwen3TtsTalkerStage(DecoupledStage):
     """``qwen3_tts_talker``: TEXT + TASK (+ VOICE, INSTRUCTIONS, LANGUAGE, VOICE_PROMPT, MAX_FRAMES,
-    REQUEST_ID) -> CODES [n, G] responses of ``frames_per_response`` generated frames each (config,
+    REQUEST_ID) -> CODES [n, G] responses of ``emit_frames`` generated frames each (config,
     default 1; the last response may hold fewer), then an empty FINAL. Requests are handed to a
     :class:`~omni_triton.stages.qwen3_tts.scheduler.TalkerScheduler` that decodes up to
     ``max_num_seqs`` of them in shared forward passes."""
@@ -59,9 +59,9 @@ class Qwen3TtsTalkerStage(DecoupledStage):
         self.forms = {t: Qwen3TtsForm(root / t) for t in tasks}
         self.default_max = int(params.get("default_max_frames", "200"))
         self.max_frames_cap = int(params.get("max_frames_cap", "2048"))
-        self.frames_per_response = int(params.get("frames_per_response", "1"))
-        if self.frames_per_response < 1:
-            raise ValueError(f"frames_per_response must be >= 1, got {self.frames_per_response}")
+        self.emit_frames = int(params.get("emit_frames", "1"))
+        if self.emit_frames < 1:
+            raise ValueError(f"emit_frames must be >= 1, got {self.emit_frames}")
         self.scheduler = TalkerScheduler(self.forms, int(params.get("max_num_seqs", "8")), on_step=self._on_step)
 
     def _on_step(self, rows: int) -> None:
@@ -89,7 +89,7 @@ class Qwen3TtsTalkerStage(DecoupledStage):
     def dispatch(self, job, stream):
         from omni_triton.stages.chunking import FrameGroups
 
-        groups = FrameGroups(self.frames_per_response)
+        groups = FrameGroups(self.emit_frames)
 
         def emit(frame):
             self.metrics.count("frames")

@@ -192,7 +192,7 @@ def _talker_frames(url, max_frames):
 
 
 def test_talker_sends_frames_in_groups_and_the_last_short_group(stack):
-    """``frames_per_response`` (5): full groups, then the stream's last frames as a shorter group;
+    """``emit_frames`` (5): full groups, then the stream's last frames as a shorter group;
     the frames are those of a longer run's first ones (greedy), none lost at the end."""
     made = stack.metric("omni_qwen3_tts_talker_frames_total")
     short, longer = _talker_frames(stack.triton_grpc_url, 7), _talker_frames(stack.triton_grpc_url, 14)

@@ -449,10 +449,10 @@ def test_qwen3_tts_admits_as_many_requests_as_its_talker_batches():
 
 
 def test_qwen3_tts_talker_groups_divide_every_chunk_of_its_bls():
-    """The talker sends frames_per_response frames at a time; a group that does not divide the
+    """The talker sends emit_frames frames at a time; a group that does not divide the
     BLS's first and later chunk sizes would hold a chunk's last frames back until the group fills
-    (first audio later by up to frames_per_response - 1 talker steps)."""
-    group = int(_params(_config("qwen3_tts_talker"))["frames_per_response"])
+    (first audio later by up to emit_frames - 1 talker steps)."""
+    group = int(_params(_config("qwen3_tts_talker"))["emit_frames"])
     bls = _params(_config("qwen3_tts"))
     assert group >= 1
     for key in ("first_chunk_frames", "chunk_frames"):
