@@ -95,6 +95,8 @@ class CodecTalkerStage(DecoupledStage):
             if sum(len(f) for f in pending) >= self.emit_frames:
                 yield {sp.CODES: np.concatenate(pending)}
                 pending = []
+            else:
+                yield None  # held for the group: under the scheduler still one frame per step
         if pending and not stream.cancel_seen:
             yield Final({sp.CODES: np.concatenate(pending)})
 

@@ -448,15 +448,16 @@ def test_qwen3_tts_admits_as_many_requests_as_its_talker_batches():
     assert bls >= int(_params(_config("qwen3_tts_talker"))["max_num_seqs"])
 
 
-def test_qwen3_tts_talker_groups_divide_every_chunk_of_its_bls():
-    """The talker sends emit_frames frames at a time; a group that does not divide the
-    BLS's first and later chunk sizes would hold a chunk's last frames back until the group fills
-    (first audio later by up to emit_frames - 1 talker steps)."""
-    group = int(_params(_config("qwen3_tts_talker"))["emit_frames"])
-    bls = _params(_config("qwen3_tts"))
+@pytest.mark.parametrize("talker, bls", [("qwen3_tts_talker", "qwen3_tts"), ("tts_talker", "tts")])
+def test_talker_groups_divide_every_chunk_of_its_bls(talker, bls):
+    """A talker sends emit_frames frames at a time; a group that does not divide the BLS's first
+    and later chunk sizes would hold a chunk's last frames back until the group fills (first
+    audio later by up to emit_frames - 1 talker steps)."""
+    group = int(_params(_config(talker)).get("emit_frames", "1"))
+    params = _params(_config(bls))
     assert group >= 1
     for key in ("first_chunk_frames", "chunk_frames"):
-        assert int(bls[key]) % group == 0, (key, bls[key], group)
+        assert int(params[key]) % group == 0, (key, params[key], group)
 
 
 def test_frame_groups_hold_frames_until_full_and_lose_none():
@@ -473,3 +474,33 @@ def test_frame_groups_hold_frames_until_full_and_lose_none():
     assert one.push(frames[3]).shape == (1, 4)  # size 1: one response per frame, as before
     with pytest.raises(ValueError):
         FrameGroups(0)
+
+
+def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
+    """tts_talker with emit_frames 5: the held frames are steps without a response (None), so the
+    scheduler still interleaves open requests frame by frame; without them one step would run a
+    whole group (5 frames of talker compute) while the other streams wait."""
+    from omni_triton.adapters.speech import CodecTalkerStage
+    from omni_triton.contracts.speech import CODES
+
+    class FakeTalker:
+        def stream(self, text, speaker, min_frames, max_frames, should_stop, paced):
+            for i in range(7):
+                yield np.full((1, 8), i, np.int64)
+
+    class Counter:
+        def count(self, *args):
+            pass
+
+    class Stream:
+        cancel_seen = False
+
+        def cancelled(self):
+            return False
+
+    stage = CodecTalkerStage.__new__(CodecTalkerStage)
+    stage.talker, stage.emit_frames, stage.metrics, stage.step_scheduler = FakeTalker(), 3, Counter(), object()
+    steps = list(stage.generate(("Hi.", 0, 0, 7), Stream()))
+    assert [None if s is None else len(s[CODES]) for s in steps] == [None, None, 3, None, None, 3, None, 1]
+    assert isinstance(steps[-1], Final)
+    assert np.array_equal(np.concatenate([s[CODES] for s in steps if s is not None])[:, 0], np.arange(7))
