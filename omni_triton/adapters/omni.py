@@ -138,11 +138,13 @@ class OmniThinkerStage(DecoupledStage):
 
 class OmniTalkerStage(DecoupledStage):
     """``omni_talker`` (talker + code predictor): the thinker's outputs (+ VOICE, MIN/MAX_FRAMES,
-    REQUEST_ID) -> one CODES response per codec frame; one request at a time per instance.
+    REQUEST_ID) -> CODES responses of ``emit_frames`` codec frames (config, default 1; the last may
+    hold fewer); one request at a time per instance.
     Speaking while thinking (chat inputs instead of the thinker's outputs) it streams
     ``omni_thinker`` itself and interleaves the thinker's text responses with CODES."""
 
     stage = "omni_talker"
+    emit_frames = 1  # frames per CODES response (config ``emit_frames``; Qwen2.5's talker keeps 1)
     input_error = ch.ChatInputError
     cancel_flags = True
     reads_bls_streams = True  # speaking while thinking it streams omni_thinker (on execute's thread)
@@ -167,6 +169,9 @@ class OmniTalkerStage(DecoupledStage):
             min_frames=int(params.get("default_min_frames", "0")),
             do_sample=params.get("do_sample", "true").lower() == "true",
             repetition_penalty=float(params.get("repetition_penalty", "1.05")))
+        self.emit_frames = int(params.get("emit_frames", "1"))
+        if self.emit_frames < 1:
+            raise ValueError(f"emit_frames must be >= 1, got {self.emit_frames}")
 
     def parse(self, request):
         from omni_triton.stages.qwen3_omni import ThinkerOutput
@@ -200,12 +205,14 @@ class OmniTalkerStage(DecoupledStage):
             yield from self._speak_while_thinking(job, stream)
             return
         out, voice, settings = job
+        groups = _FrameGroups(self.emit_frames)
         for frames in self.talker.stream(out, voice, settings, stream.cancelled, **_paced(self)):
             if frames is None:
                 yield None  # a talker step without a frame (its last)
                 continue
             self.metrics.count("frames", len(frames))
-            yield {sp.CODES: frames}
+            yield groups.outputs(frames)
+        yield groups.tail(stream)
 
     def _speak_while_thinking(self, job, stream):
         """Stream omni_thinker (this stub's one BLS-reading thread: execute's, or under the
@@ -228,17 +235,43 @@ class OmniTalkerStage(DecoupledStage):
                 yield ThinkerStep(first_str(out[ch.TEXT_DELTA]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]),
                                   first_str(out[ch.FINISH_REASON]) or None, **_step_increments(out))
 
+        groups = _FrameGroups(self.emit_frames)
         for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled,
                                                       **_paced(self)):
             if item is None:
                 yield None  # a talker step without a frame
-            elif isinstance(item, ThinkerStep):
+            elif isinstance(item, ThinkerStep):  # text is never held back with the frames
                 yield {ch.TEXT_DELTA: item.text, ch.FINISH_REASON: item.finish_reason or "",
                        ch.PROMPT_TOKENS: scalar_array(prompt_tokens[0], "INT32"),
                        ch.COMPLETION_TOKENS: scalar_array(item.completion_tokens, "INT32")}
             else:
                 self.metrics.count("frames", len(item))
-                yield {sp.CODES: item}
+                yield groups.outputs(item)
+        yield groups.tail(stream)
+
+
+class _FrameGroups:
+    """``emit_frames`` codec frames per CODES response of ``omni_talker``
+    (:class:`~omni_triton.stages.chunking.FrameGroups`): ``outputs`` is the response for a step
+    (None while a group fills, so the scheduler still steps one frame at a time), ``tail`` the
+    last frames at the stream's end (None when none, or when the request was cancelled)."""
+
+    def __init__(self, size: int):
+        from omni_triton.stages.chunking import FrameGroups
+
+        self.groups = FrameGroups(size)
+
+    def outputs(self, frames: np.ndarray):
+        ready = None
+        for frame in np.asarray(frames).reshape(-1, np.asarray(frames).shape[-1]):
+            group = self.groups.push(frame)
+            if group is not None:
+                ready = group if ready is None else np.concatenate([ready, group])
+        return None if ready is None else {sp.CODES: ready}
+
+    def tail(self, stream):
+        rest = self.groups.flush()
+        return None if rest is None or stream.cancel_seen else {sp.CODES: rest}
 
 
 @dataclass

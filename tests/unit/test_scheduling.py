@@ -448,7 +448,8 @@ def test_qwen3_tts_admits_as_many_requests_as_its_talker_batches():
     assert bls >= int(_params(_config("qwen3_tts_talker"))["max_num_seqs"])
 
 
-@pytest.mark.parametrize("talker, bls", [("qwen3_tts_talker", "qwen3_tts"), ("tts_talker", "tts")])
+@pytest.mark.parametrize("talker, bls", [("qwen3_tts_talker", "qwen3_tts"), ("tts_talker", "tts"),
+                                         ("omni_talker", "omni")])
 def test_talker_groups_divide_every_chunk_of_its_bls(talker, bls):
     """A talker sends emit_frames frames at a time; a group that does not divide the BLS's first
     and later chunk sizes would hold a chunk's last frames back until the group fills (first
@@ -504,3 +505,21 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
     assert [None if s is None else len(s[CODES]) for s in steps] == [None, None, 3, None, None, 3, None, 1]
     assert isinstance(steps[-1], Final)
     assert np.array_equal(np.concatenate([s[CODES] for s in steps if s is not None])[:, 0], np.arange(7))
+
+
+def test_omni_talker_groups_frames_and_sends_the_rest_unless_cancelled():
+    from omni_triton.adapters.omni import _FrameGroups
+    from omni_triton.contracts.speech import CODES
+
+    class Stream:
+        cancel_seen = False
+
+    groups = _FrameGroups(5)
+    steps = [groups.outputs(np.full((1, 16), i, np.int64)) for i in range(7)]
+    assert [None if s is None else len(s[CODES]) for s in steps] == [None] * 4 + [5, None, None]
+    assert np.array_equal(steps[4][CODES][:, 0], np.arange(5))
+    assert groups.tail(Stream())[CODES][:, 0].tolist() == [5, 6] and groups.tail(Stream()) is None
+    groups.outputs(np.zeros((3, 16), np.int64))  # a step of several frames is split into the groups
+    cancelled = Stream()
+    cancelled.cancel_seen = True
+    assert groups.tail(cancelled) is None  # a cancelled stream's partial group is not sent
