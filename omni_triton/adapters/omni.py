@@ -18,6 +18,7 @@ from omni_triton.adapters.triton_io import optional_array, optional_input, optio
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import PACED, first_str, scalar_array, utf8_array
+from omni_triton.stages.chunking import FrameGroups, emit_frames
 
 
 def _checkpoint(params):
@@ -169,9 +170,7 @@ class OmniTalkerStage(DecoupledStage):
             min_frames=int(params.get("default_min_frames", "0")),
             do_sample=params.get("do_sample", "true").lower() == "true",
             repetition_penalty=float(params.get("repetition_penalty", "1.05")))
-        self.emit_frames = int(params.get("emit_frames", "1"))
-        if self.emit_frames < 1:
-            raise ValueError(f"emit_frames must be >= 1, got {self.emit_frames}")
+        self.emit_frames = emit_frames(params)
 
     def parse(self, request):
         from omni_triton.stages.qwen3_omni import ThinkerOutput
@@ -250,27 +249,17 @@ class OmniTalkerStage(DecoupledStage):
         yield groups.tail(stream)
 
 
-class _FrameGroups:
-    """``emit_frames`` codec frames per CODES response of ``omni_talker``
-    (:class:`~omni_triton.stages.chunking.FrameGroups`): ``outputs`` is the response for a step
-    (None while a group fills, so the scheduler still steps one frame at a time), ``tail`` the
-    last frames at the stream's end (None when none, or when the request was cancelled)."""
-
-    def __init__(self, size: int):
-        from omni_triton.stages.chunking import FrameGroups
-
-        self.groups = FrameGroups(size)
+class _FrameGroups(FrameGroups):
+    """``omni_talker``'s CODES responses of ``emit_frames`` frames: ``outputs`` is a step's
+    response (None while a group fills, so the scheduler still steps one frame at a time),
+    ``tail`` the last frames at the stream's end (None when none, or when it was cancelled)."""
 
     def outputs(self, frames: np.ndarray):
-        ready = None
-        for frame in np.asarray(frames).reshape(-1, np.asarray(frames).shape[-1]):
-            group = self.groups.push(frame)
-            if group is not None:
-                ready = group if ready is None else np.concatenate([ready, group])
-        return None if ready is None else {sp.CODES: ready}
+        codes = self.push(frames)
+        return None if codes is None else {sp.CODES: codes}
 
     def tail(self, stream):
-        rest = self.groups.flush()
+        rest = self.flush()
         return None if rest is None or stream.cancel_seen else {sp.CODES: rest}
 
 

@@ -50,6 +50,7 @@ class Qwen3TtsTalkerStage(DecoupledStage):
     )
 
     def setup(self, args, params):
+        from omni_triton.stages.chunking import emit_frames
         from omni_triton.stages.qwen3_tts.engine import Qwen3TtsForm
         from omni_triton.stages.qwen3_tts.scheduler import TalkerScheduler
 
@@ -59,9 +60,7 @@ class Qwen3TtsTalkerStage(DecoupledStage):
         self.forms = {t: Qwen3TtsForm(root / t) for t in tasks}
         self.default_max = int(params.get("default_max_frames", "200"))
         self.max_frames_cap = int(params.get("max_frames_cap", "2048"))
-        self.emit_frames = int(params.get("emit_frames", "1"))
-        if self.emit_frames < 1:
-            raise ValueError(f"emit_frames must be >= 1, got {self.emit_frames}")
+        self.emit_frames = emit_frames(params)
         self.scheduler = TalkerScheduler(self.forms, int(params.get("max_num_seqs", "8")), on_step=self._on_step)
 
     def _on_step(self, rows: int) -> None:
@@ -99,7 +98,7 @@ class Qwen3TtsTalkerStage(DecoupledStage):
 
         def done(reason, error=None):
             tail = groups.flush()
-            if tail is not None and error is None and reason == "stop":
+            if tail is not None and reason == "stop":
                 stream.send({CODES: tail})  # the last frames (fewer than a group)
             self.finish(job, stream, error)
 

@@ -14,6 +14,7 @@ from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_input, optional_str_input, required_array
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import scalar_array, utf8_array
+from omni_triton.stages.chunking import FrameGroups
 
 
 class PiperTts(DecoupledStage):
@@ -85,20 +86,18 @@ class CodecTalkerStage(DecoupledStage):
 
     def generate(self, job, stream):
         text, speaker, min_frames, max_frames = job
-        pending = []
+        groups = FrameGroups(self.emit_frames)
         # Under the deadline scheduler (config `scheduling: deadline`) the talker computes a frame
         # only when the scheduler steps this request, so open requests interleave frame by frame.
         for frames in self.talker.stream(text, speaker=speaker, min_frames=min_frames, max_frames=max_frames,
                                          should_stop=stream.cancelled, paced=self.step_scheduler is not None):
             self.metrics.count("frames", len(frames))
-            pending.append(frames)
-            if sum(len(f) for f in pending) >= self.emit_frames:
-                yield {sp.CODES: np.concatenate(pending)}
-                pending = []
-            else:
-                yield None  # held for the group: under the scheduler still one frame per step
-        if pending and not stream.cancel_seen:
-            yield Final({sp.CODES: np.concatenate(pending)})
+            codes = groups.push(frames)
+            # held for the group: under the scheduler still one frame per step
+            yield None if codes is None else {sp.CODES: codes}
+        rest = groups.flush()
+        if rest is not None and not stream.cancel_seen:
+            yield Final({sp.CODES: rest})
 
 
 class Code2WavStage(BatchedStage):

@@ -209,10 +209,16 @@ class FrameGroups:
         self.size = int(size)
         self._frames: list[np.ndarray] = []
 
-    def push(self, frame: np.ndarray) -> np.ndarray | None:
-        """Add one frame (``int64 [K]``); returns ``int64 [size, K]`` once ``size`` are held, else None."""
-        self._frames.append(np.asarray(frame).reshape(-1))
-        return self.flush() if len(self._frames) >= self.size else None
+    def push(self, frames: np.ndarray) -> np.ndarray | None:
+        """Add one frame (``int64 [K]``) or several (``[n, K]``); returns the complete groups now
+        held (``int64 [m * size, K]``, m >= 1), else None. The rest waits for the next push."""
+        frames = np.asarray(frames)
+        self._frames.extend(frames.reshape(-1, frames.shape[-1]))
+        full = len(self._frames) // self.size * self.size
+        if not full:
+            return None
+        out, self._frames = np.stack(self._frames[:full]), self._frames[full:]
+        return out
 
     def flush(self) -> np.ndarray | None:
         """The frames held (``int64 [n, K]``, n < size at the stream's end), or None if none."""
@@ -220,3 +226,15 @@ class FrameGroups:
             return None
         out, self._frames = np.stack(self._frames), []
         return out
+
+
+def emit_frames(params: dict[str, str]) -> int:
+    """A talker's ``emit_frames`` config parameter (frames per CODES response; default 1).
+
+    Raises:
+        ValueError: not an integer >= 1.
+    """
+    size = int(params.get("emit_frames", "1"))
+    if size < 1:
+        raise ValueError(f"emit_frames must be >= 1, got {size}")
+    return size

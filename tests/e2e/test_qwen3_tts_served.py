@@ -162,21 +162,19 @@ def test_cancel_mid_stream_frees_the_talker(stack):
 def _talker_frames(url, max_frames):
     """The raw ``qwen3_tts_talker`` stream: the CODES array of every response, in order."""
     import queue
+    from functools import partial
 
     import tritonclient.grpc as grpcclient
 
-    def arr(name, value, dtype):
-        a = np.array([value], dtype=dtype)
-        t = grpcclient.InferInput(name, list(a.shape), "BYTES" if dtype is object else "INT32")
-        t.set_data_from_numpy(a)
-        return t
+    from omni_triton.contracts.tensors import infer_input, scalar_array, utf8_array, wrap_inputs
 
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
-    client.async_stream_infer("qwen3_tts_talker", [
-        arr("TEXT", b"Hello there, how are you today?", object), arr("TASK", b"custom_voice", object),
-        arr("VOICE", b"ryan", object), arr("MAX_FRAMES", max_frames, np.int32)], enable_empty_final_response=True)
+    client.async_stream_infer("qwen3_tts_talker", wrap_inputs(
+        [("TEXT", utf8_array("Hello there, how are you today?")), ("TASK", utf8_array("custom_voice")),
+         ("VOICE", utf8_array("ryan")), ("MAX_FRAMES", scalar_array(max_frames, "INT32"))],
+        partial(infer_input, grpcclient.InferInput)), enable_empty_final_response=True)
     out = []
     while True:
         result, error = got.get(timeout=120)
@@ -184,7 +182,8 @@ def _talker_frames(url, max_frames):
         codes = result.as_numpy("CODES")
         if codes is not None and codes.size:
             out.append(codes)
-        if result.get_response(as_json=True).get("parameters", {}).get("triton_final_response", {}).get("bool_param"):
+        final = result.get_response().parameters.get("triton_final_response")
+        if final is not None and final.bool_param:
             break
     client.stop_stream()
     client.close()
