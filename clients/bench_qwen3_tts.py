@@ -73,14 +73,23 @@ def _levels(results_by_path: dict) -> dict:
     return out
 
 
-def _run_levels(run_one, levels, n_requests, warmup, log) -> dict:
+def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst") -> dict:
+    """Each level's closed loop (``clients.bench_common.closed_loop``). ``arrivals`` "staggered":
+    the C clients' first requests are spread over one request's duration (the mean E2E of the
+    first level run), so new requests arrive while others stream, as users who did not all click
+    at once; "burst": they are sent at once."""
     for w in range(warmup):
         run_one(10_000 + w)
     out = {}
     for c in levels:
         n = max(n_requests, c)
-        results, wall = closed_loop(run_one, c, n, on_error=lambda i, e: RequestResult(index=i, error=f"{type(e).__name__}: {e}"[:300]))
+        first = out[str(levels[0])] if out else None
+        stagger = first["e2e_ms"]["mean"] / 1000.0 if arrivals == "staggered" and first and c > 1 \
+            and first["e2e_ms"]["mean"] else 0.0
+        results, wall = closed_loop(run_one, c, n, stagger_s=stagger,
+                                    on_error=lambda i, e: RequestResult(index=i, error=f"{type(e).__name__}: {e}"[:300]))
         out[str(c)] = summarize(results, wall)
+        out[str(c)]["arrivals"], out[str(c)]["stagger_s"] = arrivals, round(stagger, 3)
         log(f"    c={c}: TTFP p50 {out[str(c)]['ttfp_ms']['p50']} ms, RTF {out[str(c)]['rtf_mean']}, "
             f"{out[str(c)]['throughput_audio_s_per_s']} audio s/s")
     return out
@@ -143,10 +152,11 @@ def inprocess(args) -> dict:
         return run_one
 
     out = {}
-    for form in FORMS:
+    for form in getattr(args, "forms", FORMS):
         print(f"  in-process {form}", file=sys.stderr, flush=True)
         out[LABEL[form]] = _run_levels(one(form), args.levels, args.requests, args.warmup,
-                                       lambda m: print(m, file=sys.stderr, flush=True))
+                                       lambda m: print(m, file=sys.stderr, flush=True),
+                                       getattr(args, "arrivals", "burst"))
     sched.close()
     return out
 
@@ -189,10 +199,11 @@ def served(args, grpc_url: str) -> dict:
         return run_one
 
     out = {}
-    for form in FORMS:
+    for form in getattr(args, "forms", FORMS):
         print(f"  Triton gRPC {form}", file=sys.stderr, flush=True)
         out[LABEL[form]] = _run_levels(one(form), args.levels, args.requests, args.warmup,
-                                       lambda m: print(m, file=sys.stderr, flush=True))
+                                       lambda m: print(m, file=sys.stderr, flush=True),
+                                       getattr(args, "arrivals", "burst"))
     return out
 
 
@@ -208,9 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--unpaced", dest="paced", action="store_false",
                    help="served requests without PACED (default: PACED, as a client playing in real time)")
+    p.add_argument("--forms", default=",".join(FORMS), help="forms to run (custom_voice,voice_design,base)")
+    p.add_argument("--arrivals", default="burst", choices=("burst", "staggered"),
+                   help="burst: a level's C first requests at once; staggered: spread over one request's "
+                        "duration (the first level's mean E2E)")
     p.add_argument("--inprocess-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.levels = parse_concurrency(args.concurrency)
+    args.forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    if not args.forms or any(f not in FORMS for f in args.forms):
+        p.error(f"--forms must be a subset of {','.join(FORMS)}")
     if args.inprocess_only:  # the subprocess in the Qwen3-TTS environment
         Path(args.out).write_text(json.dumps(inprocess(args)))
         return 0
@@ -223,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(args.out).with_suffix(".inprocess.json")
         cmd = [str(REPO_ROOT / ".venv-qwen3-tts/bin/python"), "-m", "clients.bench_qwen3_tts", "--inprocess-only",
                "--out", str(tmp), "--concurrency", args.concurrency, "--requests", str(args.requests),
-               "--warmup", str(args.warmup), "--max-frames", str(args.max_frames)]
+               "--warmup", str(args.warmup), "--max-frames", str(args.max_frames), "--arrivals", args.arrivals,
+               "--forms", ",".join(args.forms)]
         subprocess.run(cmd, check=True, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         for model, levels in json.loads(tmp.read_text()).items():
             results.setdefault(model, {})["inprocess"] = levels
@@ -248,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = all_ratios(results)
     report = {"config": {"command": " ".join(["python", "-m", "clients.bench_qwen3_tts", *(argv or sys.argv[1:])]),
                          "levels": args.levels, "requests": args.requests, "max_frames": args.max_frames,
+                         "arrivals": args.arrivals,
                          "machine": machine_info(), "git_commit": git_commit(),
                          "notes": ["in-process and served share the CPU cores and run one after another",
                                    "tiny random weights: the figures are serving overhead and batching, not "
