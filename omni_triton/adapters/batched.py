@@ -1,15 +1,21 @@
 """The batched-stage skeleton: dynamically batched (non-decoupled) stages over
 :func:`~omni_triton.adapters.triton_io.batched_execute` (per-item parse errors answer only that
-item; one batched ``run`` for the valid ones)."""
+item; one batched ``run`` for the valid ones), or, with ``scheduling: "deadline"``, over a
+:class:`~omni_triton.runtime.scheduling.DueBatchQueue` (most urgent work first, each batch
+answered as soon as it is done)."""
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import time
 from typing import Any, Mapping
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.telemetry import Telemetry
-from omni_triton.adapters.triton_io import batched_execute, model_parameters
+from omni_triton.adapters.triton_io import (
+    InputError, batch_responses, batched_execute, model_parameters, optional_input, send,
+)
 
 
 class BatchedStage:
@@ -20,14 +26,58 @@ class BatchedStage:
     (one call for the batch) and ``outputs(result) -> {name: array}``. The base reports the
     omni_stage_* metrics (``omni_triton.adapters.telemetry``): batch size, duration and finish
     reason of every request.
+
+    ``scheduling: "deadline"`` (config parameter; ``OMNI_TRITON_SCHEDULING=fifo`` turns it off):
+    ``execute`` parses and queues its requests and returns ``None``; one worker thread takes
+    batches from a :class:`~omni_triton.runtime.scheduling.DueBatchQueue` (the most urgent item,
+    by the request's optional ``DUE_MS`` input, and the queued items of the same
+    :meth:`batch_key`, at most ``max_batch_size``), runs them and answers each request through
+    its response sender (one response, FINAL: python_backend's response sender in the default
+    mode). So a batch is answered when *its* work is done, not when every other length's pass of
+    Triton's batch is, and urgent work (a first chunk) waits for at most the batch that is running.
+    ``max_lead_ms`` (optional): an item is taken no earlier than this long before its due (the
+    queue's pacing), so work seconds ahead of its listener leaves the cores to first chunks.
     """
 
     def initialize(self, args):
+        from omni_triton.runtime.scheduling import DueBatchQueue, Policy, scheduling_policy
+
         self.name = args["model_name"]
         self.params = model_parameters(args)
         self.setup(args, self.params)
         self.telemetry = Telemetry(self.name, args.get("model_instance_name", self.name))
         bls.report_to(self.telemetry)
+        self._queue = None
+        if scheduling_policy(self.params) is Policy.DEADLINE:
+            self.max_batch = max(1, int(json.loads(args["model_config"]).get("max_batch_size") or 1))
+            lead = self.params.get("max_lead_ms")
+            self._queue = DueBatchQueue(Policy.DEADLINE, None if lead in (None, "") else float(lead) / 1000.0)
+            self._worker = threading.Thread(target=self._work, name=f"{self.name}-queue", daemon=True)
+            self._worker.start()
+
+    def batch_key(self, item) -> Any:
+        """Items with equal keys may share one :meth:`run` under ``scheduling: "deadline"``
+        (default: all; a codec decoder keys by chunk length: one forward pass per length)."""
+        return None
+
+    def due_in_s(self, request) -> float:
+        """Seconds from now until ``request``'s result is due: its optional ``DUE_MS`` input (FP32,
+        ms; negative: overdue), else 0 (now: arrival order among such requests).
+
+        Raises:
+            ValueError: DUE_MS is not finite.
+        """
+        import math
+
+        from omni_triton.contracts.speech import DUE_MS
+
+        due = optional_input(request, DUE_MS)
+        if due is None:
+            return 0.0
+        due = float(due) / 1000.0
+        if not math.isfinite(due):
+            raise ValueError("DUE_MS must be finite")
+        return due
 
     def setup(self, args: dict, params: dict[str, str]) -> None:
         """Load the model; ``params`` are the config.pbtxt parameters."""
@@ -42,6 +92,8 @@ class BatchedStage:
         raise NotImplementedError
 
     def execute(self, requests):
+        if self._queue is not None:
+            return self._enqueue(requests)
         start = time.monotonic()
         self.telemetry.add("omni_stage_requests_running", len(requests))
         try:
@@ -54,11 +106,57 @@ class BatchedStage:
             logging.getLogger(self.name).exception("%s metrics", self.name)
         return responses
 
-    def _report(self, responses, seconds: float) -> None:
+    def _enqueue(self, requests):
+        pb = _pb()
+        now = time.monotonic()
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                item = self.parse(request)
+                due = now + self.due_in_s(request)
+                self._queue.put((item, sender, now), due, self.batch_key(item))
+            except (InputError, ValueError, UnicodeDecodeError, RuntimeError) as exc:
+                invalid = not isinstance(exc, RuntimeError)  # RuntimeError: the queue is closed
+                error = pb.TritonError(f"{self.name}: {exc}", pb.TritonError.INVALID_ARG if invalid else
+                                       pb.TritonError.UNAVAILABLE)
+                self._answer(sender, pb.InferenceResponse(error=error))
+                continue
+            self.telemetry.add("omni_stage_requests_running", 1)
+        return None
+
+    @staticmethod
+    def _answer(sender, response) -> None:
+        try:
+            send(sender, response, _pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # noqa: BLE001 - the caller went away; the others still get theirs
+            logging.getLogger("omni_triton.batched").exception("sending a batched response")
+
+    def _work(self) -> None:
+        """The queue's worker: batches in :class:`DueBatchQueue` order, each answered at once."""
+        while True:
+            batch = self._queue.take(self.max_batch, timeout=1.0)
+            if not batch:
+                if self._queue.closed:
+                    return
+                continue
+            responses = batch_responses([item for item, _, _ in batch], self.name, self.run, self.outputs)
+            end = time.monotonic()
+            for (_, sender, _), response in zip(batch, responses):
+                self._answer(sender, response)
+            self.telemetry.add("omni_stage_requests_running", -len(batch))
+            try:
+                self._report(responses, [end - t0 for _, _, t0 in batch])
+            except Exception:  # noqa: BLE001 - metrics never fail a request
+                logging.getLogger(self.name).exception("%s metrics", self.name)
+
+    def _report(self, responses, seconds) -> None:
+        """Batch size, per-request duration (``seconds``: one for all, or one per response) and
+        finish reasons."""
         t = self.telemetry
         t.observe("omni_stage_batch_size", len(responses))
+        per_request = seconds if isinstance(seconds, list) else [seconds] * len(responses)
         reasons: dict[str, int] = {}
-        for response in responses:
+        for response, seconds in zip(responses, per_request):
             reason = "stop"
             if response.has_error():
                 code = getattr(response.error(), "code", None)
@@ -70,6 +168,13 @@ class BatchedStage:
             t.count("omni_stage_requests_finished_total", n, reason=reason)
 
     def finalize(self):
+        if self._queue is not None:
+            left = self._queue.close()
+            self._worker.join(timeout=10.0)
+            pb = _pb()
+            for _, sender, _ in left:  # queued when the model unloads: answered, not dropped
+                self._answer(sender, pb.InferenceResponse(
+                    error=pb.TritonError(f"{self.name}: stage unloading", pb.TritonError.UNAVAILABLE)))
         bls.report_to(None)
         self.telemetry.close()
 

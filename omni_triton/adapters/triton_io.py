@@ -279,9 +279,20 @@ def batched_execute(requests, stage: str, parse, run, outputs) -> list:
         except (InputError, ValueError, UnicodeDecodeError) as exc:
             responses[i] = pb.InferenceResponse(
                 error=pb.TritonError(f"{stage}: {exc}", pb.TritonError.INVALID_ARG))
+    for i, response in zip(idx, batch_responses(items, stage, run, outputs)):
+        responses[i] = response
+    return responses
+
+
+def batch_responses(items: list, stage: str, run, outputs) -> list:
+    """One ``InferenceResponse`` per parsed item: ``run(items)`` once, and when that fails each
+    item again alone, so only the items that fail by themselves get an error response
+    (INVALID_ARG for an :class:`InputError`, INTERNAL otherwise, logged). Never raises."""
+    pb = _pb()
+    responses: list = [None] * len(items)
     # A batch that fails is run again item by item, so one bad item answers alone instead of
     # failing the good requests batched with it (one 4096x4 edit upload once failed 11 others).
-    groups = [(items, idx)]
+    groups = [(list(items), list(range(len(items))))]
     while groups:
         group_items, group_idx = groups.pop(0)
         if not group_items:

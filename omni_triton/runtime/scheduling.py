@@ -425,3 +425,117 @@ class TokenDeadline:
 
     def due(self) -> float:
         return self._frames.due()
+
+
+class DueBatchQueue:
+    """Work items of a dynamically batched stage (a codec decoder), taken as batches in
+    earliest-deadline order (issue 13 item 4).
+
+    Why: Triton's dynamic batcher hands ``execute`` whatever queued together, and a non-decoupled
+    ``execute`` answers all of its requests at its end. A codec decoder runs one forward pass
+    per chunk length (padding would change a shorter chunk's last samples), so a new stream's
+    5-frame first chunk batched with other streams' later chunks of 5 other lengths waited for
+    all 6 passes, after waiting for the whole previous ``execute`` (measured at c=8 with
+    staggered arrivals: 100-220 ms of passes, 17-124 ms of waiting; docs/scheduling.md). Here the
+    stage queues its requests and a worker takes the most urgent item and every queued item
+    that can share its pass (the same ``key``), so a first chunk waits for at most the pass
+    that is running, and each pass is answered as soon as it ends.
+
+    ``due`` is monotonic seconds: when the chunk's decoding is due (a first chunk: its arrival;
+    a later one: a guard before the audio its listener already has ends playing). Equal dues
+    keep arrival order; with :attr:`Policy.FIFO` arrival order alone decides which item leads a
+    batch.
+
+    Every eligible item of the lead's key joins it (up to ``max_batch``), due or not: a pass has
+    a fixed cost besides its rows (the Qwen3-TTS decoder, 5 frames: ~23 ms for 1 row, ~50 ms for
+    8), and taking only the items already due made more passes and overloaded the decoder
+    (measured: clone underrun 4.25 s against 0.82-1.28 s at c=8).
+
+    Pacing (DEADLINE with ``max_lead_s``): an item is eligible only from ``due - max_lead_s`` on
+    (as :class:`RunQueue`'s paced streams); :meth:`take` waits for the first one to become
+    eligible (or a new item). Without it the decoder is work-conserving: a closed loop of
+    clients keeps it saturated with chunks seconds ahead of their listeners, and a new stream's
+    first chunk waits for them (measured: 95-98% busy during c=8, docs/scheduling.md).
+    Thread-safe.
+
+    Args:
+        policy: DEADLINE (earliest due first) or FIFO (oldest first).
+        max_lead_s: how long before its due an item may be taken (``None``: any time).
+        clock: monotonic seconds (injectable for tests).
+
+    Raises:
+        ValueError: ``max_lead_s`` < 0.
+    """
+
+    def __init__(self, policy: Policy = Policy.DEADLINE, max_lead_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        if max_lead_s is not None and max_lead_s < 0:
+            raise ValueError("max_lead_s must be >= 0")
+        self.policy = Policy(policy)
+        self.max_lead_s = max_lead_s if self.policy is Policy.DEADLINE else None
+        self.clock = clock
+        self._items: list[tuple[float, int, Any, Any]] = []  # (due, seq, key, item)
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def put(self, item: Any, due: float, key: Any = None) -> None:
+        """Queue ``item``, needed at ``due`` (monotonic s); items of one ``key`` may share a batch.
+
+        Raises:
+            RuntimeError: the queue is closed.
+        """
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("queue closed")
+            self._items.append((float(due), next(self._seq), key, item))
+            self._cond.notify()
+
+    def _order(self, entry: tuple) -> tuple:
+        return (entry[1],) if self.policy is Policy.FIFO else (entry[0], entry[1])
+
+    def _eligible_at(self, entry: tuple) -> float:
+        return float("-inf") if self.max_lead_s is None else entry[0] - self.max_lead_s
+
+    def take(self, max_batch: int, timeout: float | None = None) -> list:
+        """The next batch (blocking): the most urgent eligible item and the eligible queued items
+        of its key, most urgent first, at most ``max_batch``; ``[]`` after ``timeout`` s without
+        an eligible item, or once closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    return []
+                now = self.clock()
+                ordered = [e for e in sorted(self._items, key=self._order) if self._eligible_at(e) <= now]
+                if ordered:
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return []
+                at = min((self._eligible_at(e) for e in self._items), default=None)
+                wait = None if at is None else max(at - now, 0.001)
+                waits = [w for w in (wait, left) if w is not None]
+                self._cond.wait(min(waits) if waits else None)
+            key = ordered[0][2]
+            batch = [e for e in ordered if e[2] == key][:max(1, int(max_batch))]
+            taken = {id(e) for e in batch}
+            self._items = [e for e in self._items if id(e) not in taken]
+            return [e[3] for e in batch]
+
+    def close(self) -> list:
+        """Close the queue; returns the items still queued (their requests must be answered)."""
+        with self._cond:
+            self._closed = True
+            left = [e[3] for e in sorted(self._items, key=self._order)]
+            self._items = []
+            self._cond.notify_all()
+        return left
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)

@@ -25,7 +25,7 @@ def record(what: str) -> None:
 
 
 class TritonError:
-    INTERNAL, INVALID_ARG = 13, 3
+    INTERNAL, INVALID_ARG, UNAVAILABLE = 13, 3, 14
 
     def __init__(self, message, code=INTERNAL):
         self._message, self._code = message, code
