@@ -119,6 +119,9 @@ class Qwen3TtsCode2WavStage(BatchedStage):
         set_torch_threads()
         self.codec = Qwen3TtsCodec(_checkpoint(params) / params.get("codec_form", "base"))
 
+    def batch_key(self, item):
+        return len(item[0])  # one forward pass per chunk length (Qwen3TtsCodec.decode)
+
     def parse(self, request):
         from omni_triton.stages.qwen3_tts.streaming import validate_chunk
 
@@ -226,8 +229,8 @@ class Qwen3TtsPipeline(DecoupledStage):
             job["ref"] = ref
         return job
 
-    def _decode(self, codes, left):
-        return call_stage(self.code2wav, code2wav_inputs(codes, left), [AUDIO])[AUDIO].reshape(-1).astype(np.float32)
+    def _decode(self, codes, left, due_s=None):
+        return call_stage(self.code2wav, code2wav_inputs(codes, left, due_s), [AUDIO])[AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
         from omni_triton.adapters.bls import StageError
@@ -244,7 +247,7 @@ class Qwen3TtsPipeline(DecoupledStage):
         ref_code = VoicePrompt.from_bytes(bytes(prompt)).ref_code if prompt is not None else None
         context = 0 if ref_code is None else len(ref_code)
         chunked = ChunkedDecoder(ContextSchedule(**fixed_if_unpaced(self.chunks, job["paced"]), context=context),
-                                 self._decode)
+                                 self._decode, with_due=True)  # the decoder takes the most urgent chunk first
         if context:
             chunked.push(ref_code)  # context only: nothing is ready before the first generated frames
         rate = scalar_array(self.sample_rate, "INT32")

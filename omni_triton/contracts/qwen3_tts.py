@@ -70,8 +70,10 @@ CLIENT_CONTRACTS = {"qwen3_tts": QWEN3_TTS, "qwen3_tts_voice_prompt": QWEN3_TTS_
 # request's form and conditioning -> CODES int64 [n, G] responses (one per generated frame,
 # G = code groups), then an empty FINAL; REQUEST_ID lets the BLS caller cancel on 2.51.
 # ``qwen3_tts_code2wav`` (dynamic batching, ragged): CODES int64 [1, T, G] + LEFT_CONTEXT int32
-# [1, 1] -> AUDIO fp32 [1, samples] of the frames after the left context (1920 samples/frame).
-from omni_triton.contracts.speech import CODES, LEFT_CONTEXT  # noqa: E402
+# [1, 1] (+ DUE_MS fp32 [1, 1]: ms until the chunk's audio is needed; the decoder takes the most
+# urgent chunk first) -> AUDIO fp32 [1, samples] of the frames after the left context (1920
+# samples/frame).
+from omni_triton.contracts.speech import CODES, DUE_MS, LEFT_CONTEXT  # noqa: E402
 from omni_triton.contracts.tensors import REQUEST_ID  # noqa: E402
 
 QWEN3_TTS_TALKER = StageContract(
@@ -80,7 +82,8 @@ QWEN3_TTS_TALKER = StageContract(
      TensorSpec(VOICE_PROMPT, "BYTES", optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
      TensorSpec(REQUEST_ID, "BYTES", optional=True)),
     (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
-QWEN3_TTS_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
+QWEN3_TTS_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32"),
+                                    TensorSpec(DUE_MS, "FP32", optional=True)),
                                    (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
 
 #: every Qwen3-TTS model (client-facing and stage-internal) -> contract.

@@ -27,6 +27,9 @@ MIN_FRAMES = "MIN_FRAMES"  #: INT32 [1]: floor on codec frames (talkers)
 SPEAKER = "SPEAKER"  #: INT32 [1]: CSM speaker id
 CODES = "CODES"  #: INT64 [T, K]: codec frames, frame-major
 LEFT_CONTEXT = "LEFT_CONTEXT"  #: INT32 [1]: leading frames of CODES that are context only
+#: FP32 [1]: milliseconds from now until a chunk's decoding is due (0 = now, a first chunk;
+#: negative: overdue); a decoder with ``scheduling: "deadline"`` takes the most urgent first
+DUE_MS = "DUE_MS"
 
 #: OpenAI ``speed`` bounds (``/v1/audio/speech``).
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
@@ -111,11 +114,16 @@ def speech_inputs(text: str, voice: str | None = None, speed: float | None = Non
     return pairs
 
 
-def code2wav_inputs(codes: np.ndarray, left_context: int) -> list[tuple[str, np.ndarray]]:
+def code2wav_inputs(codes: np.ndarray, left_context: int, due_s: float | None = None) -> list[tuple[str, np.ndarray]]:
     """The inputs of one code2wav (codec decoder) request: CODES ``int64 [1, T, K]`` (batch dim
-    added), LEFT_CONTEXT ``int32 [1, 1]``."""
-    return [(CODES, np.ascontiguousarray(codes[None], dtype=np.int64)),
-            (LEFT_CONTEXT, np.array([[left_context]], dtype=np.int32))]
+    added), LEFT_CONTEXT ``int32 [1, 1]``, and DUE_MS ``fp32 [1, 1]`` when ``due_s`` (seconds
+    until the chunk's decoding is due, negative when overdue) is given (decoders that declare
+    it only)."""
+    inputs = [(CODES, np.ascontiguousarray(codes[None], dtype=np.int64)),
+              (LEFT_CONTEXT, np.array([[left_context]], dtype=np.int32))]
+    if due_s is not None:
+        inputs.append((DUE_MS, np.array([[float(due_s) * 1000.0]], dtype=np.float32)))
+    return inputs
 
 
 _AUDIO_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))

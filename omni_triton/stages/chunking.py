@@ -48,6 +48,8 @@ class ChunkSchedule:
         first_chunk_frames, chunk_frames, left_context_frames: the fixed scheme (frames).
         low_water_s: seconds of scheduled-but-unplayed audio below which pending frames are
             scheduled early (0: never).
+        due_guard_s: :meth:`due_in_s` of a later chunk is this much before the audio before it
+            ends playing (the decode time it needs; config ``deadline_guard_ms``).
         frame_rate_hz: codec frames per second of audio (12.5 for Mimi / the Qwen3 codecs).
         clock: monotonic seconds (injectable for tests).
 
@@ -62,14 +64,16 @@ class ChunkSchedule:
     low_water_s: float = 0.0
     frame_rate_hz: float = 12.5
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    due_guard_s: float = 0.0  # a later chunk is due this long before the audio before it ends
     _play_end: float | None = field(default=None, repr=False)  # when the scheduled audio ends playing
+    _due_in: dict = field(default_factory=dict, repr=False)  # chunk -> seconds until its decoding is due
     ran_dry: bool = field(default=False, repr=False)  # the listener stalled once: low water off
 
     def __post_init__(self):
         if self.first_chunk_frames < 1 or self.chunk_frames < 1 or self.left_context_frames < 0:
             raise ValueError("first_chunk_frames, chunk_frames must be >= 1, left_context_frames >= 0")
-        if self.low_water_s < 0 or self.frame_rate_hz <= 0:
-            raise ValueError("low_water_s must be >= 0 and frame_rate_hz > 0")
+        if self.low_water_s < 0 or self.frame_rate_hz <= 0 or self.due_guard_s < 0:
+            raise ValueError("low_water_s and due_guard_s must be >= 0 and frame_rate_hz > 0")
 
     def _next_size(self) -> int:
         return self.first_chunk_frames if self.emitted == 0 else self.chunk_frames
@@ -98,10 +102,22 @@ class ChunkSchedule:
         return out
 
     def _played(self, chunks: list[tuple[int, int, int]], now: float) -> None:
-        """Advance the listener's playback clock by the new frames of ``chunks`` scheduled at ``now``."""
-        for start, end, left in chunks:
+        """Advance the listener's playback clock by the new frames of ``chunks`` scheduled at ``now``
+        (and note when each chunk's audio is needed: when the audio before it ends playing)."""
+        for chunk in chunks:
+            start, end, left = chunk
+            self._due_in[chunk] = 0.0 if self._play_end is None else self._play_end - now - self.due_guard_s
             self._play_end = max(self._play_end if self._play_end is not None else now, now) + \
                 (end - start - left) / self.frame_rate_hz
+
+    def due_in_s(self, chunk: tuple[int, int, int]) -> float | None:
+        """Seconds from when ``chunk`` (one returned by :meth:`push`) was scheduled until its
+        decoding is due: 0 for the first chunk (now), else when the audio scheduled before it
+        ends playing minus ``due_guard_s`` (time to decode it; negative: overdue, more urgent
+        than a new stream's first chunk). ``None`` when the schedule keeps no playback clock
+        (low water off, the listener ran dry, the tail of :meth:`flush`): needed now. Each
+        chunk's value is read once."""
+        return self._due_in.pop(chunk, None)
 
     def flush(self, total_frames: int) -> list[tuple[int, int, int]]:
         out = self.push(total_frames)
@@ -113,12 +129,14 @@ class ChunkSchedule:
 def schedule_params(params: dict[str, str]) -> dict:
     """:class:`ChunkSchedule` keyword arguments from a BLS model's config.pbtxt parameters:
     ``first_chunk_frames`` (5), ``chunk_frames`` (25), ``left_context_frames`` (25),
-    ``low_water_ms`` (0: off) and ``frame_rate_hz`` (12.5); validated (``ValueError``)."""
+    ``low_water_ms`` (0: off), ``frame_rate_hz`` (12.5) and ``deadline_guard_ms`` (0);
+    validated (``ValueError``)."""
     kw = dict(first_chunk_frames=int(params.get("first_chunk_frames", "5")),
               chunk_frames=int(params.get("chunk_frames", "25")),
               left_context_frames=int(params.get("left_context_frames", "25")),
               low_water_s=float(params.get("low_water_ms", "0")) / 1000.0,
-              frame_rate_hz=float(params.get("frame_rate_hz", "12.5")))
+              frame_rate_hz=float(params.get("frame_rate_hz", "12.5")),
+              due_guard_s=float(params.get("deadline_guard_ms", "0")) / 1000.0)
     ChunkSchedule(**kw)  # validates
     return kw
 
@@ -147,13 +165,16 @@ class ChunkedDecoder:
     Args:
         schedule: the chunk schedule (fresh per stream).
         decode: ``(codes int64 [T, K] with left context, left_context frames) -> float32 PCM`` of
-            the new frames only (a BLS call of a code2wav stage, or a codec in-process).
+            the new frames only (a BLS call of a code2wav stage, or a codec in-process); with
+            ``with_due``, ``decode(codes, left, due_s)``, ``due_s`` the chunk's
+            :meth:`ChunkSchedule.due_in_s` (for a decoder that takes the most urgent chunk first).
         num_codebooks: K, for the empty frame matrix before the first push.
     """
 
-    def __init__(self, schedule: ChunkSchedule, decode, num_codebooks: int = 0):
+    def __init__(self, schedule: ChunkSchedule, decode, num_codebooks: int = 0, with_due: bool = False):
         self.schedule = schedule
         self.decode = decode
+        self.with_due = with_due
         self._parts: list[np.ndarray] = []
         self._codes = np.zeros((0, num_codebooks), np.int64)
 
@@ -172,8 +193,11 @@ class ChunkedDecoder:
     def _run(self, chunks) -> list[np.ndarray]:
         if not chunks:
             return []
-        codes = self.codes
-        return [self.decode(c, left) for c, left in chunk_slices(codes, chunks)]
+        out = []
+        for (c, left), chunk in zip(chunk_slices(self.codes, chunks), chunks):
+            due = self.schedule.due_in_s(chunk)
+            out.append(self.decode(c, left, due) if self.with_due else self.decode(c, left))
+        return out
 
     def push(self, frames: np.ndarray) -> list[np.ndarray]:
         """Add ``frames`` (``[n, K]``; empty is fine) and decode every chunk now ready."""

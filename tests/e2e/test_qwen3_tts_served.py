@@ -203,3 +203,66 @@ def test_talker_sends_frames_in_groups_and_the_last_short_group(stack):
     for groups in (short, longer):
         assert all(len(c) == 5 for c in groups[:-1]) and 1 <= len(groups[-1]) <= 5, [c.shape for c in groups]
     assert np.array_equal(frames_short, frames_long[:len(frames_short)])
+
+
+def _decode_call(url, codes, left, due_ms=None):
+    """One ``qwen3_tts_code2wav`` request (gRPC): the PCM of the frames after ``left``."""
+    from functools import partial
+
+    import tritonclient.grpc as grpcclient
+
+    from omni_triton.contracts.speech import code2wav_inputs
+    from omni_triton.contracts.tensors import infer_input, wrap_inputs
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        due = None if due_ms is None else due_ms / 1000.0
+        result = client.infer("qwen3_tts_code2wav", wrap_inputs(code2wav_inputs(codes, left, due),
+                                                                 partial(infer_input, grpcclient.InferInput)))
+        return result.as_numpy("AUDIO").reshape(-1)
+    finally:
+        client.close()
+
+
+def test_the_decoder_answers_a_first_chunk_before_queued_later_chunks(stack):
+    """``qwen3_tts_code2wav`` (``scheduling: "deadline"``): six later chunks of six lengths, not
+    due for seconds, reach the decoder first; a 5-frame first chunk (DUE_MS 0) sent while they
+    are being decoded is answered after at most the pass that was running, not after all six.
+    Under Triton's plain batching (OMNI_TRITON_SCHEDULING=fifo) it is answered last: one
+    execute decodes the six, one pass per length, and answers them all at its end. Each chunk's
+    audio equals its own decode alone (every pass here has one row)."""
+    import time
+
+    url = stack.triton_grpc_url
+    frames = np.concatenate(_talker_frames(url, 50) * 2)  # valid codes, 50+ frames (one run ends ~30)
+    assert len(frames) >= 50
+    later = [(frames[:n], 25) for n in (50, 45, 40, 35, 30, 26)]
+    done: dict = {}
+
+    def call(name, codes, left, due_ms):
+        pcm = _decode_call(url, codes, left, due_ms)
+        done[name] = (time.monotonic(), pcm)
+
+    threads = [threading.Thread(target=call, args=(f"later{i}", c, left, 5000.0)) for i, (c, left) in enumerate(later)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)  # past the 10 ms batching window: the six are queued or being decoded
+    first = threading.Thread(target=call, args=("first", frames[:5], 0, 0.0))
+    first.start()
+    for t in threads + [first]:
+        t.join(timeout=120)
+    assert len(done) == 7, sorted(done)
+    after = sum(1 for name, (t, _) in done.items() if name != "first" and t > done["first"][0])
+    assert after >= 3, f"the first chunk was answered after {6 - after} of the 6 queued later chunks"
+    for name, (codes, left) in [("first", (frames[:5], 0))] + [(f"later{i}", x) for i, x in enumerate(later)]:
+        alone = _decode_call(url, codes, left)
+        assert done[name][1].shape == alone.shape and np.allclose(done[name][1], alone, atol=1e-5), name
+
+
+def test_a_bad_due_is_invalid_input_and_the_decoder_keeps_serving(stack):
+    url = stack.triton_grpc_url
+    frames = np.concatenate(_talker_frames(url, 10))
+    with pytest.raises(InferenceServerException) as err:
+        _decode_call(url, frames[:5], 0, float("nan"))
+    assert "DUE_MS" in str(err.value) and "INVALID" in str(err.value.status()).upper()
+    assert _decode_call(url, frames[:5], 0, 0.0).size == 5 * SPF

@@ -523,3 +523,207 @@ def test_omni_talker_groups_frames_and_sends_the_rest_unless_cancelled():
     cancelled = Stream()
     cancelled.cancel_seen = True
     assert groups.tail(cancelled) is None  # a cancelled stream's partial group is not sent
+
+
+# ------------------------------------------------------------------ a decoder's work queue
+
+
+def test_the_most_urgent_chunk_leads_a_batch_of_its_length_and_other_lengths_wait():
+    """DueBatchQueue: the earliest-due item leads; queued items of its key join it (one decoder
+    pass per chunk length); other keys wait for later batches, most urgent first."""
+    from omni_triton.runtime.scheduling import DueBatchQueue
+
+    q = DueBatchQueue()
+    q.put("later-50a", due=10.0, key=50)
+    q.put("later-30", due=10.5, key=30)
+    q.put("first-5a", due=1.0, key=5)  # a new stream's first chunk: due at its arrival
+    q.put("later-50b", due=12.0, key=50)
+    q.put("first-5b", due=1.0, key=5)
+    q.put("overdue-30", due=0.5, key=30)  # a listener about to run dry goes before both
+    assert q.take(8) == ["overdue-30", "later-30"]
+    assert q.take(8) == ["first-5a", "first-5b"]  # equal dues: arrival order
+    assert q.take(8) == ["later-50a", "later-50b"]
+    assert q.take(8, timeout=0) == [] and len(q) == 0
+
+
+def test_a_due_batch_is_capped_and_fifo_ignores_dues():
+    from omni_triton.runtime.scheduling import DueBatchQueue
+
+    q = DueBatchQueue()
+    for i in range(5):
+        q.put(i, due=5.0 - i, key="k")
+    assert q.take(2) == [4, 3] and q.take(8) == [2, 1, 0]
+    fifo = DueBatchQueue(Policy.FIFO)
+    fifo.put("old", due=9.0, key=1)
+    fifo.put("urgent", due=0.0, key=2)
+    assert fifo.take(8) == ["old"]
+    assert fifo.close() == ["urgent"] and fifo.closed
+    with pytest.raises(RuntimeError):
+        fifo.put("late", due=0.0)
+
+
+def test_a_paced_due_queue_holds_work_until_its_lead_and_takes_a_first_chunk_at_once():
+    """With ``max_lead_s`` an item is taken no earlier than ``due - max_lead_s``: a later chunk
+    seconds ahead of its listener waits (the decoder idles, leaving the cores), a first chunk
+    (due now) is taken at once; eligible items of the lead's key join it, held ones do not."""
+    from omni_triton.runtime.scheduling import DueBatchQueue
+
+    now = [100.0]
+    q = DueBatchQueue(max_lead_s=1.0, clock=lambda: now[0])
+    q.put("ahead-50", due=103.0, key=50)
+    q.put("soon-50", due=100.5, key=50)
+    q.put("ahead-30", due=102.0, key=30)
+    assert q.take(8) == ["soon-50"]  # eligible from 99.5; ahead-50 (from 102.0) stays
+    assert q.take(8, timeout=0) == []  # nothing eligible at 100.0
+    q.put("first-5", due=100.0, key=5)
+    assert q.take(8, timeout=0) == ["first-5"]
+    now[0] = 101.5
+    assert q.take(8, timeout=0) == ["ahead-30"]
+    now[0] = 102.0
+    assert q.take(8, timeout=0) == ["ahead-50"]
+    with pytest.raises(ValueError):
+        DueBatchQueue(max_lead_s=-1)
+
+
+def test_the_chunk_schedule_says_when_each_chunk_is_due():
+    """A first chunk is due now; a later one when the audio scheduled before it ends playing,
+    minus the guard (negative: overdue); without a playback clock (low water off) None."""
+    from omni_triton.stages.chunking import ChunkSchedule
+
+    now = [100.0]
+    s = ChunkSchedule(5, 25, 25, low_water_s=0.6, frame_rate_hz=12.5, clock=lambda: now[0], due_guard_s=0.3)
+    (first,) = s.push(5)
+    assert s.due_in_s(first) == 0.0 and s.due_in_s(first) is None  # read once
+    now[0] = 100.1  # 0.4 s of audio scheduled at 100.0: it ends at 100.4, 0.3 s from now
+    (second,) = s.push(30)
+    assert second == (0, 30, 5) and s.due_in_s(second) == pytest.approx(0.3 - 0.3)
+    now[0] = 102.0  # the scheduled audio ends playing at 102.4
+    early = s.push(40)  # 10 pending frames, 0.4 s left <= low water: an early chunk
+    assert early == [(5, 40, 25)] and s.due_in_s(early[0]) == pytest.approx(0.4 - 0.3)
+    fixed = ChunkSchedule(5, 25, 25)
+    (chunk,) = fixed.push(5)
+    assert fixed.due_in_s(chunk) is None
+
+
+
+def _decoder_args(**params):
+    return {"model_name": "decoder", "model_instance_name": "decoder_0",
+            "model_config": json.dumps({"max_batch_size": 8,
+                                        "parameters": {k: {"string_value": v} for k, v in params.items()}})}
+
+
+def test_a_deadline_batched_stage_answers_the_most_urgent_pass_first_each_as_soon_as_it_is_done(monkeypatch):
+    """``scheduling: "deadline"`` on a BatchedStage: execute queues and returns None; the worker
+    runs the most urgent chunk with the queued chunks of its length, and answers each pass
+    through the requests' senders (one response + FINAL) before running the next. A bad
+    request is answered at once and does not fail the others."""
+    from omni_triton.adapters.batched import BatchedStage
+    from omni_triton.contracts.speech import DUE_MS
+
+    monkeypatch.delenv(SCHEDULING_ENV, raising=False)
+    gate, passes, answered_before = threading.Event(), [], []
+
+    class Decoder(BatchedStage):
+        def parse(self, request):
+            n = int(request.inputs["N"].as_numpy().reshape(-1)[0])
+            if n <= 0:
+                raise ValueError("N must be > 0")
+            return n
+
+        def batch_key(self, item):
+            return item
+
+        def run(self, items):
+            gate.wait(5)
+            answered_before.append(sum(r.sender.finals for r in reqs))
+            passes.append(list(items))
+            return [n * 10 for n in items]
+
+        def outputs(self, result):
+            return {"Y": np.array([result], np.int64)}
+
+    stage = Decoder()
+    stage.initialize(_decoder_args(scheduling="deadline"))
+    reqs = [pb.FakeRequest({"N": np.array([[50]]), DUE_MS: np.array([[900.0]], np.float32)}),
+            pb.FakeRequest({"N": np.array([[30]]), DUE_MS: np.array([[400.0]], np.float32)}),
+            pb.FakeRequest({"N": np.array([[5]])}),  # no DUE_MS: due now (a first chunk)
+            pb.FakeRequest({"N": np.array([[5]]), DUE_MS: np.array([[0.0]], np.float32)}),
+            pb.FakeRequest({"N": np.array([[0]])}),  # invalid: answered alone, at once
+            pb.FakeRequest({"N": np.array([[50]]), DUE_MS: np.array([[-100.0]], np.float32)})]  # overdue
+    assert stage.execute(reqs) is None
+    assert reqs[4].sender.finals == 1 and reqs[4].sender.errors()[0].code() == pb.TritonError.INVALID_ARG
+    gate.set()
+    for _ in range(500):
+        if all(r.sender.finals for r in reqs):
+            break
+        threading.Event().wait(0.01)
+    stage.finalize()
+    assert passes == [[50, 50], [5, 5], [30]]  # the overdue 50 leads and takes the other 50 along
+    assert answered_before == [1, 3, 5]  # each pass answered before the next ran
+    for r, want in zip(reqs, (500, 300, 50, 50, None, 500)):
+        assert r.sender.finals == 1
+        if want is not None:
+            assert r.sender.outputs()[0]["Y"].tolist() == [want]
+    assert all(locked for what, locked in pb.CALLS if what == "send")
+
+
+def test_a_deadline_batched_stage_answers_what_is_queued_when_it_unloads(monkeypatch):
+    from omni_triton.adapters.batched import BatchedStage
+
+    monkeypatch.delenv(SCHEDULING_ENV, raising=False)
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(BatchedStage):
+        def parse(self, request):
+            return int(request.inputs["N"].as_numpy().reshape(-1)[0])
+
+        def batch_key(self, item):
+            return item
+
+        def run(self, items):
+            started.set()
+            release.wait(5)
+            return items
+
+        def outputs(self, result):
+            return {"Y": np.array([result], np.int64)}
+
+    stage = Slow()
+    stage.initialize(_decoder_args(scheduling="deadline"))
+    reqs = [pb.FakeRequest({"N": np.array([[n]])}) for n in (1, 2)]
+    stage.execute(reqs[:1])
+    assert started.wait(5)
+    stage.execute(reqs[1:])  # queued behind the running pass
+    threading.Timer(0.2, release.set).start()
+    stage.finalize()
+    assert reqs[0].sender.outputs()[0]["Y"].tolist() == [1]
+    assert reqs[1].sender.finals == 1 and reqs[1].sender.errors()[0].code() == pb.TritonError.UNAVAILABLE
+
+
+def test_the_fifo_switch_gives_a_batched_stage_its_plain_execute(monkeypatch):
+    from omni_triton.adapters.batched import BatchedStage
+
+    monkeypatch.setenv(SCHEDULING_ENV, "fifo")
+
+    class Plain(BatchedStage):
+        def parse(self, request):
+            return 1
+
+        def run(self, items):
+            return items
+
+        def outputs(self, result):
+            return {"Y": np.array([result], np.int64)}
+
+    stage = Plain()
+    stage.initialize(_decoder_args(scheduling="deadline"))
+    responses = stage.execute([pb.FakeRequest({})])
+    assert len(responses) == 1 and not responses[0].has_error()
+    stage.finalize()
+
+
+def test_the_qwen3_tts_decoder_takes_the_most_urgent_chunk_first_and_its_bls_says_when():
+    c2w, bls = _params(_config("qwen3_tts_code2wav")), _params(_config("qwen3_tts"))
+    assert c2w.get("scheduling") == "deadline"
+    assert "DUE_MS" in {i.name for i in _config("qwen3_tts_code2wav").input}
+    assert float(bls["deadline_guard_ms"]) > 0 and float(bls["low_water_ms"]) > float(bls["deadline_guard_ms"])
