@@ -22,6 +22,10 @@ real-time player per stream: underrun seconds, continuity); the report adds
 ``ttfp_p50_c8_over_c1`` per form and path and issue 13's scheduling summary
 (``clients.audio_bench_results.scheduling_summary``). Served requests send ``PACED`` (the stream
 is played as it comes, so the ``qwen3_tts`` BLS may cut low-water chunks) unless ``--unpaced``.
+``--arrivals staggered`` spreads a level's first requests over one request's duration;
+``--listen`` makes each client wait until its answer has played to the end before the next
+request (C listeners instead of C clients that keep the server saturated; the capacity is then
+measured by one more run of the highest level without it); ``--forms`` picks forms.
 """
 from __future__ import annotations
 
@@ -73,26 +77,56 @@ def _levels(results_by_path: dict) -> dict:
     return out
 
 
-def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst") -> dict:
+def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst", listen: bool = False) -> dict:
     """Each level's closed loop (``clients.bench_common.closed_loop``). ``arrivals`` "staggered":
     the C clients' first requests are spread over one request's duration (the mean E2E of the
-    first level run), so new requests arrive while others stream, as users who did not all click
-    at once; "burst": they are sent at once."""
+    first level run; with ``listen``, E2E + the wait to the end of playback), so new requests
+    arrive while others stream, as users who did not all click at once; "burst": they are sent
+    at once.
+
+    ``listen``: ``run_one(i, listen=True)`` waits, after its stream ended, until a real-time
+    player would have played it to the end, so C clients are C listeners (each asks for the next
+    answer when the last one has been heard) rather than C clients that send the next request the
+    moment a stream ends, which keeps a server faster than real time saturated. Their throughput
+    is then bounded by playback, so the highest level is run once more without listening and its
+    audio s/s recorded as the level's ``capacity_audio_s_per_s`` (what the target's "faster than
+    real time at that load" is judged by)."""
+    fail = lambda i, e: RequestResult(index=i, error=f"{type(e).__name__}: {e}"[:300])  # noqa: E731
     for w in range(warmup):
         run_one(10_000 + w)
     out = {}
     for c in levels:
         n = max(n_requests, c)
         first = out[str(levels[0])] if out else None
-        stagger = first["e2e_ms"]["mean"] / 1000.0 if arrivals == "staggered" and first and c > 1 \
-            and first["e2e_ms"]["mean"] else 0.0
-        results, wall = closed_loop(run_one, c, n, stagger_s=stagger,
-                                    on_error=lambda i, e: RequestResult(index=i, error=f"{type(e).__name__}: {e}"[:300]))
+        cycle = (first["e2e_ms"]["mean"] + (first.get("listen_wait_ms_mean") or 0.0)) / 1000.0 \
+            if first and first["e2e_ms"]["mean"] else 0.0
+        stagger = cycle if arrivals == "staggered" and c > 1 else 0.0
+        waits: list[float] = []
+        one = (lambda i: run_one(i, listen=True, waits=waits)) if listen else run_one
+        results, wall = closed_loop(one, c, n, stagger_s=stagger, on_error=fail)
         out[str(c)] = summarize(results, wall)
         out[str(c)]["arrivals"], out[str(c)]["stagger_s"] = arrivals, round(stagger, 3)
+        out[str(c)]["listen"] = listen
+        if listen:
+            out[str(c)]["listen_wait_ms_mean"] = round(sum(waits) / len(waits) * 1000.0, 1) if waits else 0.0
         log(f"    c={c}: TTFP p50 {out[str(c)]['ttfp_ms']['p50']} ms, RTF {out[str(c)]['rtf_mean']}, "
             f"{out[str(c)]['throughput_audio_s_per_s']} audio s/s")
+    if listen and levels:
+        c = levels[-1]
+        results, wall = closed_loop(run_one, c, max(n_requests, c), on_error=fail)
+        out[str(c)]["capacity_audio_s_per_s"] = summarize(results, wall)["throughput_audio_s_per_s"]
+        log(f"    c={c} without listening (capacity): {out[str(c)]['capacity_audio_s_per_s']} audio s/s")
     return out
+
+
+def _listen(r: RequestResult, t0: float, listen: bool, waits: list | None) -> None:
+    """With ``listen``: sleep until ``r``'s real-time player has played it to the end."""
+    if not listen or r.player is None or r.player.play_end is None:
+        return
+    wait = max(0.0, r.player.play_end - (time.perf_counter() - t0))
+    if waits is not None:
+        waits.append(wait)
+    time.sleep(wait)
 
 
 # ------------------------------------------------------------------ in-process (Qwen3-TTS env)
@@ -125,7 +159,7 @@ def inprocess(args) -> dict:
             return codec.decode([c], [left])[0]
 
     def one(form):
-        def run_one(i):
+        def run_one(i, listen=False, waits=None):
             kw = request_kwargs(form, i, args.max_frames, None)
             req = Qwen3TtsRequest(form, kw["text"], "Auto", kw.get("voice"), kw.get("instructions"),
                                   prompt if form == "base" else None, args.max_frames)
@@ -148,6 +182,7 @@ def inprocess(args) -> dict:
                     account(dec.push(f[None]))
                 account(dec.flush())
             r.sample_rate, r.e2e_s = codec.sample_rate, time.perf_counter() - t0
+            _listen(r, t0, listen, waits)
             return r
         return run_one
 
@@ -156,7 +191,7 @@ def inprocess(args) -> dict:
         print(f"  in-process {form}", file=sys.stderr, flush=True)
         out[LABEL[form]] = _run_levels(one(form), args.levels, args.requests, args.warmup,
                                        lambda m: print(m, file=sys.stderr, flush=True),
-                                       getattr(args, "arrivals", "burst"))
+                                       getattr(args, "arrivals", "burst"), getattr(args, "listen", False))
     sched.close()
     return out
 
@@ -186,7 +221,7 @@ def served(args, grpc_url: str) -> dict:
     prompt, _ = voice_prompt(grpc_url, REF, REF_SR, REF_TEXT)
 
     def one(form):
-        def run_one(i):
+        def run_one(i, listen=False, waits=None):
             kw = request_kwargs(form, i, args.max_frames, prompt)
             t0 = time.perf_counter()
             res = stream_qwen3_tts(grpc_url, qwen3_tts_inputs(kw.pop("text"), **kw, paced=args.paced),
@@ -195,6 +230,7 @@ def served(args, grpc_url: str) -> dict:
             for chunk, t in zip(res.chunks, res.arrival_s):  # the real-time player, from the arrival times
                 r.on_audio(t, chunk.size, res.sample_rate)
             r.sample_rate = res.sample_rate or r.sample_rate
+            _listen(r, t0, listen, waits)
             return r
         return run_one
 
@@ -203,7 +239,7 @@ def served(args, grpc_url: str) -> dict:
         print(f"  Triton gRPC {form}", file=sys.stderr, flush=True)
         out[LABEL[form]] = _run_levels(one(form), args.levels, args.requests, args.warmup,
                                        lambda m: print(m, file=sys.stderr, flush=True),
-                                       getattr(args, "arrivals", "burst"))
+                                       getattr(args, "arrivals", "burst"), getattr(args, "listen", False))
     return out
 
 
@@ -223,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arrivals", default="burst", choices=("burst", "staggered"),
                    help="burst: a level's C first requests at once; staggered: spread over one request's "
                         "duration (the first level's mean E2E)")
+    p.add_argument("--listen", action="store_true",
+                   help="each client waits until its answer has played to the end before the next request "
+                        "(C listeners); the highest level is also run without it for the capacity")
     p.add_argument("--inprocess-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.levels = parse_concurrency(args.concurrency)
@@ -242,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [str(REPO_ROOT / ".venv-qwen3-tts/bin/python"), "-m", "clients.bench_qwen3_tts", "--inprocess-only",
                "--out", str(tmp), "--concurrency", args.concurrency, "--requests", str(args.requests),
                "--warmup", str(args.warmup), "--max-frames", str(args.max_frames), "--arrivals", args.arrivals,
-               "--forms", ",".join(args.forms)]
+               "--forms", ",".join(args.forms)] + (["--listen"] if args.listen else [])
         subprocess.run(cmd, check=True, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         for model, levels in json.loads(tmp.read_text()).items():
             results.setdefault(model, {})["inprocess"] = levels
@@ -267,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = all_ratios(results)
     report = {"config": {"command": " ".join(["python", "-m", "clients.bench_qwen3_tts", *(argv or sys.argv[1:])]),
                          "levels": args.levels, "requests": args.requests, "max_frames": args.max_frames,
-                         "arrivals": args.arrivals,
+                         "arrivals": args.arrivals, "listen": args.listen,
                          "machine": machine_info(), "git_commit": git_commit(),
                          "notes": ["in-process and served share the CPU cores and run one after another",
                                    "tiny random weights: the figures are serving overhead and batching, not "

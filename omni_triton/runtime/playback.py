@@ -54,6 +54,11 @@ class PlaybackClock:
         self.audio_s += duration
 
     @property
+    def play_end(self) -> float | None:
+        """When the audio received so far ends playing (same clock), ``None`` before any."""
+        return None if self.first_audio is None else self._play_end
+
+    @property
     def ttfp_s(self) -> float | None:
         """Time to first audio packet (seconds from ``start``), ``None`` without audio."""
         return None if self.first_audio is None else self.first_audio - self.start

@@ -59,3 +59,28 @@ def test_served_requests_are_paced_and_played_in_real_time(monkeypatch):
         r = results[0]
         assert (r.ttfp_s, r.samples, r.chunks, r.sample_rate) == (0.1, 24000, 2, 24000)
         assert abs(r.underrun_s - 0.3) < 1e-9 and not r.continuous
+
+
+def test_listening_clients_wait_for_playback_and_capacity_is_measured_without_it(monkeypatch):
+    """``--listen``: each client sleeps until its answer has played to the end before its next
+    request (the wait is the player's end minus the stream's end), and the highest level is run
+    once more without listening for ``capacity_audio_s_per_s``, which the target summary uses."""
+    from clients.audio_bench_results import RequestResult, scheduling_summary
+
+    slept, calls = [], []
+    monkeypatch.setattr(b.time, "sleep", slept.append)
+
+    def run_one(i, listen=False, waits=None):
+        calls.append(listen)
+        r = RequestResult(index=i, e2e_s=0.2)
+        r.on_audio(0.1, 24000, 24000)  # 1 s of audio at 0.1 s: it ends playing at 1.1 s
+        b._listen(r, b.time.perf_counter() - 0.2, listen, waits)  # the stream ended 0.2 s after its send
+        return r
+
+    out = b._run_levels(run_one, [1, 8], 8, 0, lambda m: None, "staggered", listen=True)
+    assert calls.count(True) == 8 + 8 and calls.count(False) == 8  # the capacity run does not listen
+    assert slept and all(0.85 < s < 0.95 for s in slept[:8])  # 1.1 - 0.2 s, less the test's own time
+    assert out["8"]["listen"] and out["8"]["listen_wait_ms_mean"] > 800
+    assert out["8"]["stagger_s"] > 1.0  # one listening cycle: E2E + the wait
+    summary = scheduling_summary({"q3": {"triton": out}})["q3"]["triton"]
+    assert summary["capacity_audio_s_per_s"] == out["8"]["capacity_audio_s_per_s"]
