@@ -171,6 +171,21 @@ def all_ratios(results: dict) -> dict:
 TTFP_GROWTH_TARGET = 2.0
 
 
+def listen_to_end(r: RequestResult, t0: float, waits: list | None = None) -> None:
+    """Sleep until ``r``'s real-time player has played it to the end (``t0``: the request's
+    ``time.perf_counter()`` at its send); the wait (s) is appended to ``waits``. A benchmark's
+    ``--listen`` client: it asks for its next answer once it has heard this one, so C clients
+    are C listeners instead of C clients that keep a faster-than-real-time server saturated."""
+    import time
+
+    if r.player is None or r.player.play_end is None:
+        return
+    wait = max(0.0, r.player.play_end - (time.perf_counter() - t0))
+    if waits is not None:
+        waits.append(wait)
+    time.sleep(wait)
+
+
 def scheduling_summary(results: dict) -> dict:
     """Per model and served path label (``frontend:deadline`` ...): TTFP p50/p90 per concurrency,
     ``ttfp_p50_growth`` = p50 at the highest level / p50 at the lowest, underrun seconds and the
@@ -190,7 +205,8 @@ def scheduling_summary(results: dict) -> dict:
     so its own throughput is bounded by playback and says nothing about capacity;
     ``capacity_audio_s_per_s`` is the figure used, ``rtf_mean`` is reported as measured. A level
     whose own summary has ``capacity_audio_s_per_s`` (its clients paused to listen, so its
-    throughput is bounded by playback too) is judged by that figure instead."""
+    throughput is bounded by playback too) is judged by that figure instead (the ``fifo`` run's
+    where there is one: a paced run's own figure is bounded by playback as well)."""
     out: dict = {}
     for model, paths in results.items():
         for label, levels in paths.items():
@@ -201,8 +217,8 @@ def scheduling_summary(results: dict) -> dict:
             lo, hi = levels[cs[0]], levels[cs[-1]]
             growth = ratio(hi["ttfp_ms"]["p50"], lo["ttfp_ms"]["p50"]) if len(cs) > 1 else None
             capacity = paths.get(path_label(path, "fifo"), {}).get(cs[-1], hi) if mode else hi
-            # a level that measured its capacity apart (bench_qwen3_tts --listen) says so itself
-            made = hi.get("capacity_audio_s_per_s", capacity.get("throughput_audio_s_per_s"))
+            # a level whose clients listened (--listen) measured its capacity in a run without it
+            made = capacity.get("capacity_audio_s_per_s", capacity.get("throughput_audio_s_per_s"))
             fast = made is not None and made >= int(cs[-1])
             out.setdefault(model, {})[label] = {
                 "ttfp_p50_ms": {c: levels[c]["ttfp_ms"]["p50"] for c in cs},

@@ -42,7 +42,7 @@ import numpy as np
 
 from clients.bench_common import closed_loop, git_commit, machine_info, parse_concurrency
 from clients.audio_bench_results import (RequestResult, all_ratios, format_scheduling, format_table,
-                                         scheduling_summary, summarize)
+                                         listen_to_end, scheduling_summary, summarize)
 
 FORMS = ("custom_voice", "voice_design", "base")
 LABEL = {"custom_voice": "q3-custom", "voice_design": "q3-design", "base": "q3-clone"}
@@ -120,13 +120,9 @@ def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst
 
 
 def _listen(r: RequestResult, t0: float, listen: bool, waits: list | None) -> None:
-    """With ``listen``: sleep until ``r``'s real-time player has played it to the end."""
-    if not listen or r.player is None or r.player.play_end is None:
-        return
-    wait = max(0.0, r.player.play_end - (time.perf_counter() - t0))
-    if waits is not None:
-        waits.append(wait)
-    time.sleep(wait)
+    """With ``listen``: :func:`clients.audio_bench_results.listen_to_end`."""
+    if listen:
+        listen_to_end(r, t0, waits)
 
 
 # ------------------------------------------------------------------ in-process (Qwen3-TTS env)

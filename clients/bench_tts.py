@@ -120,7 +120,7 @@ from clients.bench_common import (
 )
 from clients.audio_bench_results import (  # noqa: F401 - re-exported for the tests and callers
     RATIO_PAIRS, TTFP_GROWTH_TARGET, RequestResult, all_ratios, compare, format_scheduling, format_table,
-    path_label, scheduling_summary, split_label, summarize,
+    listen_to_end, path_label, scheduling_summary, split_label, summarize,
 )
 from clients.audio_bench_results import _fmt, _round  # number formats (progress lines, JSON)
 from omni_triton.contracts import speech
@@ -449,27 +449,47 @@ class Bench:
 
     def stagger_s(self, model: str, path: str, c: int) -> float:
         """``--arrivals staggered``: spread the C clients' first requests over one request's
-        duration, the mean E2E (s) of the lowest level already measured on this path (0 for
-        that level itself and for ``burst``)."""
+        duration, the mean E2E (s; with ``--listen`` plus the wait to the end of playback) of
+        the lowest level already measured on this path (0 for that level itself and for
+        ``burst``)."""
         done = self.results[model].get(path, {})
         if self.args.arrivals != "staggered" or c <= 1 or not done:
             return 0.0
-        e2e = done[min(done, key=int)]["e2e_ms"]["mean"]
-        return e2e / 1000.0 if e2e else 0.0
+        low = done[min(done, key=int)]
+        e2e = low["e2e_ms"]["mean"]
+        return (e2e + (low.get("listen_wait_ms_mean") or 0.0)) / 1000.0 if e2e else 0.0
 
     def run_path(self, model: str, path: str, run_one: RunOne) -> None:
+        """Warm-up, then each level; with ``--listen`` each client waits until its answer has
+        played to the end (``listen_to_end``) and the highest level runs once more without it,
+        for the level's ``capacity_audio_s_per_s`` (the target's "faster than real time")."""
         for i in range(self.args.warmup):
             try:
                 run_one(-1 - i, TEXTS[i % len(TEXTS)], VOICES[model][0])
             except Exception as exc:
                 self.log(f"  warm-up failed: {exc}")
+        listen = getattr(self.args, "listen", False)
         for c in self.levels:
             n = self.n_requests(c)
             stagger = self.stagger_s(model, path, c)
-            res, wall = run_level(run_one, model, c, n, stagger)
+            waits: list[float] = []
+
+            def listening(index, text, voice, _waits=waits):
+                t0 = time.perf_counter()
+                r = run_one(index, text, voice)
+                listen_to_end(r, t0, _waits)
+                return r
+
+            res, wall = run_level(listening if listen else run_one, model, c, n, stagger)
             s = summarize(res, wall)
             s["concurrency"] = c
             s["arrivals"], s["stagger_s"] = self.args.arrivals, _round(stagger, 3)
+            s["listen"] = listen
+            if listen:
+                s["listen_wait_ms_mean"] = _round(sum(waits) / len(waits) * 1000.0, 1) if waits else 0.0
+                if c == max(self.levels):
+                    res_cap, wall_cap = run_level(run_one, model, c, n, 0.0)
+                    s["capacity_audio_s_per_s"] = summarize(res_cap, wall_cap)["throughput_audio_s_per_s"]
             s["per_request"] = [r.to_json() for r in res]
             self.results[model].setdefault(path, {})[str(c)] = s
             self.log(f"  {model:<10} {path:<10} c={c:<2} n={n:<3} ok={s['ok']:<3} "
@@ -583,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arrivals", default="burst", choices=("burst", "staggered"),
                    help="burst: the C clients of a level send their first requests at once; staggered: "
                         "spread over one request's duration (the lowest level's mean E2E)")
+    p.add_argument("--listen", action="store_true",
+                   help="each client waits until its answer has played to the end before its next request "
+                        "(C listeners); the highest level also runs without it for the capacity")
     p.add_argument("--scheduling", default=None,
                    help="comma separated scheduling modes, one own stack each: deadline (configs as "
                         "shipped), fifo (OMNI_TRITON_SCHEDULING=fifo: the previous behaviour); default "
@@ -668,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         "voices": {m: list(VOICES[m]) for m in args.models},
         "request_text_voice": "request i: TEXTS[i % len(TEXTS)], voice VOICES[model][i % len]",
         "load_pattern": "closed loop: C worker threads, each sends its next request when the "
-                        "previous one ended",
+                        + ("previous one has played to the end (--listen; capacity from a run of the top "
+                           "level without it)" if getattr(args, "listen", False) else "previous one ended"),
         "arrivals": args.arrivals + (": the C first requests of a level sent at once" if args.arrivals == "burst"
                                      else ": worker k's first request k/C of the lowest level's mean E2E later"),
         "tts_codec": codec,

@@ -170,3 +170,30 @@ def test_a_fifo_run_whose_streams_queue_whole_is_not_capacity_for_all_listeners(
     assert sched["frontend:fifo"]["rtf_mean"]["8"] == pytest.approx(0.7)
     assert sched["frontend:deadline"]["capacity_audio_s_per_s"] == pytest.approx(6.4)
     assert not sched["frontend:deadline"]["faster_than_real_time"]
+
+
+def test_listening_clients_in_bench_tts_wait_for_playback_and_the_top_level_measures_capacity(monkeypatch):
+    """``--listen``: the run_one wrapper sleeps until the player's end, and the highest level
+    runs once more without it for ``capacity_audio_s_per_s``."""
+    import argparse
+
+    from clients import bench_tts as bt
+
+    slept, calls = [], []
+    monkeypatch.setattr(bt.time, "sleep", slept.append)
+
+    def run_one(index, text, voice):
+        calls.append(index)
+        r = bt.RequestResult(index=index, e2e_s=0.0)
+        r.on_audio(0.0, 24000, 24000)  # 1 s of audio, ends playing 1 s after the send
+        return r
+
+    args = argparse.Namespace(concurrency="1,2", requests=2, quiet=True, warmup=0, arrivals="burst", listen=True,
+                              models=["piper_tts"])
+    bench = bt.Bench(args)
+    bench.run_path("piper_tts", "frontend", run_one)
+    levels = bench.results["piper_tts"]["frontend"]
+    assert len(calls) == 2 + 2 + 2  # c=1, c=2 listening, c=2 again for the capacity
+    assert len(slept) == 4 and all(0.9 < s <= 1.0 for s in slept)
+    assert levels["2"]["listen"] and levels["2"]["capacity_audio_s_per_s"] is not None
+    assert "capacity_audio_s_per_s" not in levels["1"]
