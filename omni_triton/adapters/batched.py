@@ -107,6 +107,9 @@ class BatchedStage:
         return responses
 
     def _enqueue(self, requests):
+        """``execute`` under ``scheduling: "deadline"``: parse and queue each request, answer the
+        ones that cannot be queued at once (never raises: a request already answered through its
+        sender must not get the batch's error too)."""
         pb = _pb()
         now = time.monotonic()
         for request in requests:
@@ -114,12 +117,19 @@ class BatchedStage:
             try:
                 item = self.parse(request)
                 due = now + self.due_in_s(request)
+            except (InputError, ValueError, UnicodeDecodeError) as exc:
+                self._answer(sender, pb.InferenceResponse(
+                    error=pb.TritonError(f"{self.name}: {exc}", pb.TritonError.INVALID_ARG)))
+                continue
+            except Exception as exc:  # noqa: BLE001 - that request's error, the others still queue
+                logging.getLogger(self.name).exception("%s: parsing a request", self.name)
+                self._answer(sender, pb.InferenceResponse(error=pb.TritonError(f"{self.name} failed: {exc}")))
+                continue
+            try:
                 self._queue.put((item, sender, now), due, self.batch_key(item))
-            except (InputError, ValueError, UnicodeDecodeError, RuntimeError) as exc:
-                invalid = not isinstance(exc, RuntimeError)  # RuntimeError: the queue is closed
-                error = pb.TritonError(f"{self.name}: {exc}", pb.TritonError.INVALID_ARG if invalid else
-                                       pb.TritonError.UNAVAILABLE)
-                self._answer(sender, pb.InferenceResponse(error=error))
+            except RuntimeError as exc:  # the queue is closed: the model is unloading
+                self._answer(sender, pb.InferenceResponse(
+                    error=pb.TritonError(f"{self.name}: {exc}", pb.TritonError.UNAVAILABLE)))
                 continue
             self.telemetry.add("omni_stage_requests_running", 1)
         return None
