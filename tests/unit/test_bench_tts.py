@@ -197,3 +197,18 @@ def test_listening_clients_in_bench_tts_wait_for_playback_and_the_top_level_meas
     assert len(slept) == 4 and all(0.9 < s <= 1.0 for s in slept)
     assert levels["2"]["listen"] and levels["2"]["capacity_audio_s_per_s"] is not None
     assert "capacity_audio_s_per_s" not in levels["1"]
+
+
+def test_a_listening_level_is_judged_by_the_fifo_runs_listen_free_capacity():
+    """With --listen both modes' throughput is bounded by playback, and a paced (deadline) run's
+    own capacity run is too: the fifo run's listen-free figure decides "faster than real time"."""
+    from clients.bench_tts import scheduling_summary
+
+    def level(p50, capacity, underrun=0.0):
+        return {"ttfp_ms": {"p50": p50, "p90": p50}, "underrun_s_total": underrun, "continuity_rate": 1.0,
+                "rtf_mean": 1.0, "throughput_audio_s_per_s": 7.5, "capacity_audio_s_per_s": capacity}
+
+    results = {"tts": {"frontend:deadline": {"1": level(100, None), "8": level(150, 7.9, underrun=1.0)},
+                       "frontend:fifo": {"1": level(100, None), "8": level(900, 12.0)}}}
+    got = scheduling_summary(results)["tts"]["frontend:deadline"]
+    assert got["capacity_audio_s_per_s"] == 12.0 and got["faster_than_real_time"] and not got["target_met"]
