@@ -171,6 +171,17 @@ def all_ratios(results: dict) -> dict:
 TTFP_GROWTH_TARGET = 2.0
 
 
+def add_load_args(parser) -> None:
+    """The audio benchmarks' load options: ``--arrivals`` (burst | staggered) and ``--listen``."""
+    parser.add_argument("--arrivals", default="burst", choices=("burst", "staggered"),
+                        help="burst: the C clients of a level send their first requests at once; staggered: "
+                             "spread over one request's duration (the lowest level's mean E2E, with --listen "
+                             "plus the wait to the end of playback)")
+    parser.add_argument("--listen", action="store_true",
+                        help="each client waits until its answer has played to the end before its next "
+                             "request (C listeners); the highest level also runs without it for the capacity")
+
+
 def listen_to_end(r: RequestResult, t0: float, waits: list | None = None) -> None:
     """Sleep until ``r``'s real-time player has played it to the end (``t0``: the request's
     ``time.perf_counter()`` at its send); the wait (s) is appended to ``waits``. A benchmark's

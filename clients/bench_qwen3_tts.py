@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.bench_common import closed_loop, git_commit, machine_info, parse_concurrency
-from clients.audio_bench_results import (RequestResult, all_ratios, format_scheduling, format_table,
+from clients.audio_bench_results import (RequestResult, add_load_args, all_ratios, format_scheduling, format_table,
                                          listen_to_end, scheduling_summary, summarize)
 
 FORMS = ("custom_voice", "voice_design", "base")
@@ -252,12 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unpaced", dest="paced", action="store_false",
                    help="served requests without PACED (default: PACED, as a client playing in real time)")
     p.add_argument("--forms", default=",".join(FORMS), help="forms to run (custom_voice,voice_design,base)")
-    p.add_argument("--arrivals", default="burst", choices=("burst", "staggered"),
-                   help="burst: a level's C first requests at once; staggered: spread over one request's "
-                        "duration (the first level's mean E2E)")
-    p.add_argument("--listen", action="store_true",
-                   help="each client waits until its answer has played to the end before the next request "
-                        "(C listeners); the highest level is also run without it for the capacity")
+    add_load_args(p)
     p.add_argument("--inprocess-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.levels = parse_concurrency(args.concurrency)

@@ -120,7 +120,7 @@ from clients.bench_common import (
 )
 from clients.audio_bench_results import (  # noqa: F401 - re-exported for the tests and callers
     RATIO_PAIRS, TTFP_GROWTH_TARGET, RequestResult, all_ratios, compare, format_scheduling, format_table,
-    listen_to_end, path_label, scheduling_summary, split_label, summarize,
+    add_load_args, listen_to_end, path_label, scheduling_summary, split_label, summarize,
 )
 from clients.audio_bench_results import _fmt, _round  # number formats (progress lines, JSON)
 from omni_triton.contracts import speech
@@ -600,12 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, s")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="own stack start-up timeout, s")
     p.add_argument("--quiet", action="store_true", help="only the final table")
-    p.add_argument("--arrivals", default="burst", choices=("burst", "staggered"),
-                   help="burst: the C clients of a level send their first requests at once; staggered: "
-                        "spread over one request's duration (the lowest level's mean E2E)")
-    p.add_argument("--listen", action="store_true",
-                   help="each client waits until its answer has played to the end before its next request "
-                        "(C listeners); the highest level also runs without it for the capacity")
+    add_load_args(p)
     p.add_argument("--scheduling", default=None,
                    help="comma separated scheduling modes, one own stack each: deadline (configs as "
                         "shipped), fifo (OMNI_TRITON_SCHEDULING=fifo: the previous behaviour); default "
