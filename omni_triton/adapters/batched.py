@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from typing import Any, Mapping
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.telemetry import Telemetry
+from omni_triton.contracts.speech import DUE_MS
 from omni_triton.adapters.triton_io import (
     InputError, batch_responses, batched_execute, model_parameters, optional_input, send,
 )
@@ -35,8 +37,6 @@ class BatchedStage:
     its response sender (one response, FINAL: python_backend's response sender in the default
     mode). So a batch is answered when *its* work is done, not when every other length's pass of
     Triton's batch is, and urgent work (a first chunk) waits for at most the batch that is running.
-    ``max_lead_ms`` (optional): an item is taken no earlier than this long before its due (the
-    queue's pacing), so work seconds ahead of its listener leaves the cores to first chunks.
     """
 
     def initialize(self, args):
@@ -50,8 +50,7 @@ class BatchedStage:
         self._queue = None
         if scheduling_policy(self.params) is Policy.DEADLINE:
             self.max_batch = max(1, int(json.loads(args["model_config"]).get("max_batch_size") or 1))
-            lead = self.params.get("max_lead_ms")
-            self._queue = DueBatchQueue(Policy.DEADLINE, None if lead in (None, "") else float(lead) / 1000.0)
+            self._queue = DueBatchQueue(Policy.DEADLINE)
             self._worker = threading.Thread(target=self._work, name=f"{self.name}-queue", daemon=True)
             self._worker.start()
 
@@ -67,10 +66,6 @@ class BatchedStage:
         Raises:
             ValueError: DUE_MS is not finite.
         """
-        import math
-
-        from omni_triton.contracts.speech import DUE_MS
-
         due = optional_input(request, DUE_MS)
         if due is None:
             return 0.0
@@ -101,7 +96,7 @@ class BatchedStage:
         finally:
             self.telemetry.add("omni_stage_requests_running", -len(requests))
         try:
-            self._report(responses, time.monotonic() - start)
+            self._report(responses, [time.monotonic() - start] * len(responses))
         except Exception:  # noqa: BLE001 - metrics never fail a request
             logging.getLogger(self.name).exception("%s metrics", self.name)
         return responses
@@ -159,21 +154,19 @@ class BatchedStage:
             except Exception:  # noqa: BLE001 - metrics never fail a request
                 logging.getLogger(self.name).exception("%s metrics", self.name)
 
-    def _report(self, responses, seconds) -> None:
-        """Batch size, per-request duration (``seconds``: one for all, or one per response) and
-        finish reasons."""
+    def _report(self, responses, seconds: list[float]) -> None:
+        """Batch size, each request's duration (``seconds``, one per response) and finish reasons."""
         t = self.telemetry
         t.observe("omni_stage_batch_size", len(responses))
-        per_request = seconds if isinstance(seconds, list) else [seconds] * len(responses)
         reasons: dict[str, int] = {}
-        for response, seconds in zip(responses, per_request):
+        for response, duration in zip(responses, seconds):
             reason = "stop"
             if response.has_error():
                 code = getattr(response.error(), "code", None)
                 invalid = callable(code) and code() == _pb().TritonError.INVALID_ARG
                 reason = "invalid" if invalid else "error"
             reasons[reason] = reasons.get(reason, 0) + 1
-            t.observe("omni_stage_request_duration_seconds", seconds)
+            t.observe("omni_stage_request_duration_seconds", duration)
         for reason, n in reasons.items():
             t.count("omni_stage_requests_finished_total", n, reason=reason)
 

@@ -70,7 +70,7 @@ CLIENT_CONTRACTS = {"qwen3_tts": QWEN3_TTS, "qwen3_tts_voice_prompt": QWEN3_TTS_
 # request's form and conditioning -> CODES int64 [n, G] responses (one per generated frame,
 # G = code groups), then an empty FINAL; REQUEST_ID lets the BLS caller cancel on 2.51.
 # ``qwen3_tts_code2wav`` (dynamic batching, ragged): CODES int64 [1, T, G] + LEFT_CONTEXT int32
-# [1, 1] (+ DUE_MS fp32 [1, 1]: ms until the chunk's audio is needed; the decoder takes the most
+# [1, 1] (+ DUE_MS fp32 [1, 1]: ms until the chunk's decoding is due; the decoder takes the most
 # urgent chunk first) -> AUDIO fp32 [1, samples] of the frames after the left context (1920
 # samples/frame).
 from omni_triton.contracts.speech import CODES, DUE_MS, LEFT_CONTEXT  # noqa: E402

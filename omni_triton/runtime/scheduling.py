@@ -446,34 +446,19 @@ class DueBatchQueue:
     keep arrival order; with :attr:`Policy.FIFO` arrival order alone decides which item leads a
     batch.
 
-    Every eligible item of the lead's key joins it (up to ``max_batch``), due or not: a pass has
+    Every queued item of the lead's key joins it (up to ``max_batch``), due or not: a pass has
     a fixed cost besides its rows (the Qwen3-TTS decoder, 5 frames: ~23 ms for 1 row, ~50 ms for
     8), and taking only the items already due made more passes and overloaded the decoder
     (measured: clone underrun 4.25 s against 0.82-1.28 s at c=8).
 
-    Pacing (DEADLINE with ``max_lead_s``): an item is eligible only from ``due - max_lead_s`` on
-    (as :class:`RunQueue`'s paced streams); :meth:`take` waits for the first one to become
-    eligible (or a new item). Without it the decoder is work-conserving: a closed loop of
-    clients keeps it saturated with chunks seconds ahead of their listeners, and a new stream's
-    first chunk waits for them (measured: 95-98% busy during c=8, docs/scheduling.md).
     Thread-safe.
 
     Args:
         policy: DEADLINE (earliest due first) or FIFO (oldest first).
-        max_lead_s: how long before its due an item may be taken (``None``: any time).
-        clock: monotonic seconds (injectable for tests).
-
-    Raises:
-        ValueError: ``max_lead_s`` < 0.
     """
 
-    def __init__(self, policy: Policy = Policy.DEADLINE, max_lead_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        if max_lead_s is not None and max_lead_s < 0:
-            raise ValueError("max_lead_s must be >= 0")
+    def __init__(self, policy: Policy = Policy.DEADLINE):
         self.policy = Policy(policy)
-        self.max_lead_s = max_lead_s if self.policy is Policy.DEADLINE else None
-        self.clock = clock
         self._items: list[tuple[float, int, Any, Any]] = []  # (due, seq, key, item)
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -494,29 +479,16 @@ class DueBatchQueue:
     def _order(self, entry: tuple) -> tuple:
         return (entry[1],) if self.policy is Policy.FIFO else (entry[0], entry[1])
 
-    def _eligible_at(self, entry: tuple) -> float:
-        return float("-inf") if self.max_lead_s is None else entry[0] - self.max_lead_s
-
     def take(self, max_batch: int, timeout: float | None = None) -> list:
-        """The next batch (blocking): the most urgent eligible item and the eligible queued items
-        of its key, most urgent first, at most ``max_batch``; ``[]`` after ``timeout`` s without
-        an eligible item, or once closed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """The next batch (blocking): the most urgent item and the queued items of its key, most
+        urgent first, at most ``max_batch``; ``[]`` after ``timeout`` s with nothing queued, or
+        once closed."""
         with self._cond:
-            while True:
-                if self._closed:
-                    return []
-                now = self.clock()
-                ordered = [e for e in sorted(self._items, key=self._order) if self._eligible_at(e) <= now]
-                if ordered:
-                    break
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return []
-                at = min((self._eligible_at(e) for e in self._items), default=None)
-                wait = None if at is None else max(at - now, 0.001)
-                waits = [w for w in (wait, left) if w is not None]
-                self._cond.wait(min(waits) if waits else None)
+            if not self._items and not self._closed:
+                self._cond.wait(timeout)
+            if self._closed or not self._items:
+                return []
+            ordered = sorted(self._items, key=self._order)
             key = ordered[0][2]
             batch = [e for e in ordered if e[2] == key][:max(1, int(max_batch))]
             taken = {id(e) for e in batch}

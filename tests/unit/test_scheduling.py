@@ -562,29 +562,6 @@ def test_a_due_batch_is_capped_and_fifo_ignores_dues():
         fifo.put("late", due=0.0)
 
 
-def test_a_paced_due_queue_holds_work_until_its_lead_and_takes_a_first_chunk_at_once():
-    """With ``max_lead_s`` an item is taken no earlier than ``due - max_lead_s``: a later chunk
-    seconds ahead of its listener waits (the decoder idles, leaving the cores), a first chunk
-    (due now) is taken at once; eligible items of the lead's key join it, held ones do not."""
-    from omni_triton.runtime.scheduling import DueBatchQueue
-
-    now = [100.0]
-    q = DueBatchQueue(max_lead_s=1.0, clock=lambda: now[0])
-    q.put("ahead-50", due=103.0, key=50)
-    q.put("soon-50", due=100.5, key=50)
-    q.put("ahead-30", due=102.0, key=30)
-    assert q.take(8) == ["soon-50"]  # eligible from 99.5; ahead-50 (from 102.0) stays
-    assert q.take(8, timeout=0) == []  # nothing eligible at 100.0
-    q.put("first-5", due=100.0, key=5)
-    assert q.take(8, timeout=0) == ["first-5"]
-    now[0] = 101.5
-    assert q.take(8, timeout=0) == ["ahead-30"]
-    now[0] = 102.0
-    assert q.take(8, timeout=0) == ["ahead-50"]
-    with pytest.raises(ValueError):
-        DueBatchQueue(max_lead_s=-1)
-
-
 def test_the_chunk_schedule_says_when_each_chunk_is_due():
     """A first chunk is due now; a later one when the audio scheduled before it ends playing,
     minus the guard (negative: overdue); without a playback clock (low water off) None."""
