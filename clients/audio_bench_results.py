@@ -172,7 +172,8 @@ TTFP_GROWTH_TARGET = 2.0
 
 
 def add_load_args(parser) -> None:
-    """The audio benchmarks' load options: ``--arrivals`` (burst | staggered) and ``--listen``."""
+    """The audio benchmarks' load options: ``--arrivals`` (burst | staggered), ``--listen`` and
+    ``--requests-per-client`` (:func:`level_requests`)."""
     parser.add_argument("--arrivals", default="burst", choices=("burst", "staggered"),
                         help="burst: the C clients of a level send their first requests at once; staggered: "
                              "spread over one request's duration (the lowest level's mean E2E, with --listen "
@@ -180,6 +181,18 @@ def add_load_args(parser) -> None:
     parser.add_argument("--listen", action="store_true",
                         help="each client waits until its answer has played to the end before its next "
                              "request (C listeners); the highest level also runs without it for the capacity")
+    parser.add_argument("--requests-per-client", type=int, default=0, metavar="K",
+                        help="at least K requests per client at each level (C x K at concurrency C), so the "
+                             "clients of a high level overlap for most of the run instead of ramping up once; "
+                             "0: --requests alone")
+
+
+def level_requests(requests: int, concurrency: int, per_client: int = 0) -> int:
+    """Requests a level of ``concurrency`` clients runs: ``requests``, at least one per client,
+    and at least ``per_client`` per client (``--requests-per-client``). Why: with as many
+    requests as clients each client makes one, and when their first requests are staggered the
+    level ramps up to C streams only at its end."""
+    return max(int(requests), int(concurrency), int(per_client) * int(concurrency))
 
 
 def listen_to_end(r: RequestResult, t0: float, waits: list | None = None) -> None:

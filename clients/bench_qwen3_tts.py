@@ -42,7 +42,7 @@ import numpy as np
 
 from clients.bench_common import closed_loop, git_commit, machine_info, parse_concurrency
 from clients.audio_bench_results import (RequestResult, add_load_args, all_ratios, format_scheduling, format_table,
-                                         listen_to_end, scheduling_summary, summarize)
+                                         level_requests, listen_to_end, scheduling_summary, summarize)
 
 FORMS = ("custom_voice", "voice_design", "base")
 LABEL = {"custom_voice": "q3-custom", "voice_design": "q3-design", "base": "q3-clone"}
@@ -77,12 +77,14 @@ def _levels(results_by_path: dict) -> dict:
     return out
 
 
-def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst", listen: bool = False) -> dict:
+def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst", listen: bool = False,
+                per_client: int = 0) -> dict:
     """Each level's closed loop (``clients.bench_common.closed_loop``). ``arrivals`` "staggered":
     the C clients' first requests are spread over one request's duration (the mean E2E of the
     first level run; with ``listen``, E2E + the wait to the end of playback), so new requests
     arrive while others stream, as users who did not all click at once; "burst": they are sent
-    at once.
+    at once. A level runs :func:`clients.audio_bench_results.level_requests` requests
+    (``n_requests``, at least ``per_client`` per client).
 
     ``listen``: ``run_one(i, listen=True)`` waits, after its stream ended, until a real-time
     player would have played it to the end, so C clients are C listeners (each asks for the next
@@ -96,7 +98,7 @@ def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst
         run_one(10_000 + w)
     out = {}
     for c in levels:
-        n = max(n_requests, c)
+        n = level_requests(n_requests, c, per_client)
         first = out[str(levels[0])] if out else None
         cycle = (first["e2e_ms"]["mean"] + (first.get("listen_wait_ms_mean") or 0.0)) / 1000.0 \
             if first and first["e2e_ms"]["mean"] else 0.0
@@ -113,7 +115,7 @@ def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst
             f"{out[str(c)]['throughput_audio_s_per_s']} audio s/s")
     if listen and levels:
         c = levels[-1]
-        results, wall = closed_loop(run_one, c, max(n_requests, c), on_error=fail)
+        results, wall = closed_loop(run_one, c, level_requests(n_requests, c, per_client), on_error=fail)
         out[str(c)]["capacity_audio_s_per_s"] = summarize(results, wall)["throughput_audio_s_per_s"]
         log(f"    c={c} without listening (capacity): {out[str(c)]['capacity_audio_s_per_s']} audio s/s")
     return out
@@ -187,7 +189,8 @@ def inprocess(args) -> dict:
         print(f"  in-process {form}", file=sys.stderr, flush=True)
         out[LABEL[form]] = _run_levels(one(form), args.levels, args.requests, args.warmup,
                                        lambda m: print(m, file=sys.stderr, flush=True),
-                                       getattr(args, "arrivals", "burst"), getattr(args, "listen", False))
+                                       getattr(args, "arrivals", "burst"), getattr(args, "listen", False),
+                                       getattr(args, "requests_per_client", 0))
     sched.close()
     return out
 
@@ -235,7 +238,8 @@ def served(args, grpc_url: str) -> dict:
         print(f"  Triton gRPC {form}", file=sys.stderr, flush=True)
         out[LABEL[form]] = _run_levels(one(form), args.levels, args.requests, args.warmup,
                                        lambda m: print(m, file=sys.stderr, flush=True),
-                                       getattr(args, "arrivals", "burst"), getattr(args, "listen", False))
+                                       getattr(args, "arrivals", "burst"), getattr(args, "listen", False),
+                                       getattr(args, "requests_per_client", 0))
     return out
 
 
@@ -272,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [str(REPO_ROOT / ".venv-qwen3-tts/bin/python"), "-m", "clients.bench_qwen3_tts", "--inprocess-only",
                "--out", str(tmp), "--concurrency", args.concurrency, "--requests", str(args.requests),
                "--warmup", str(args.warmup), "--max-frames", str(args.max_frames), "--arrivals", args.arrivals,
-               "--forms", ",".join(args.forms)] + (["--listen"] if args.listen else [])
+               "--forms", ",".join(args.forms), "--requests-per-client", str(args.requests_per_client)] + \
+            (["--listen"] if args.listen else [])
         subprocess.run(cmd, check=True, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         for model, levels in json.loads(tmp.read_text()).items():
             results.setdefault(model, {})["inprocess"] = levels
@@ -296,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     ratios = all_ratios(results)
     report = {"config": {"command": " ".join(["python", "-m", "clients.bench_qwen3_tts", *(argv or sys.argv[1:])]),
-                         "levels": args.levels, "requests": args.requests, "max_frames": args.max_frames,
+                         "levels": args.levels, "requests": args.requests,
+                         "requests_per_level": {str(c): level_requests(args.requests, c, args.requests_per_client)
+                                                for c in args.levels}, "max_frames": args.max_frames,
                          "arrivals": args.arrivals, "listen": args.listen,
                          "machine": machine_info(), "git_commit": git_commit(),
                          "notes": ["in-process and served share the CPU cores and run one after another",

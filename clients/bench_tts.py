@@ -120,7 +120,7 @@ from clients.bench_common import (
 )
 from clients.audio_bench_results import (  # noqa: F401 - re-exported for the tests and callers
     RATIO_PAIRS, TTFP_GROWTH_TARGET, RequestResult, all_ratios, compare, format_scheduling, format_table,
-    add_load_args, listen_to_end, path_label, scheduling_summary, split_label, summarize,
+    add_load_args, level_requests, listen_to_end, path_label, scheduling_summary, split_label, summarize,
 )
 from clients.audio_bench_results import _fmt, _round  # number formats (progress lines, JSON)
 from omni_triton.contracts import speech
@@ -445,7 +445,7 @@ class Bench:
         self.log = (lambda *a: print(*a, flush=True)) if not args.quiet else (lambda *a: None)
 
     def n_requests(self, c: int) -> int:
-        return max(self.args.requests, c)
+        return level_requests(self.args.requests, c, getattr(self.args, "requests_per_client", 0))
 
     def stagger_s(self, model: str, path: str, c: int) -> float:
         """``--arrivals staggered``: spread the C clients' first requests over one request's

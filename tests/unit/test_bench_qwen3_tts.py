@@ -84,3 +84,31 @@ def test_listening_clients_wait_for_playback_and_capacity_is_measured_without_it
     assert out["8"]["stagger_s"] > 1.0  # one listening cycle: E2E + the wait
     summary = scheduling_summary({"q3": {"triton": out}})["q3"]["triton"]
     assert summary["capacity_audio_s_per_s"] == out["8"]["capacity_audio_s_per_s"]
+
+
+def test_requests_per_client_keeps_every_client_of_a_level_busy(monkeypatch):
+    """``--requests-per-client K``: a level of C clients runs at least C x K requests (so its
+    staggered clients overlap for most of the run), the lowest level ``--requests`` alone; both
+    benchmarks take the option and count the same way."""
+    import argparse
+
+    from clients.audio_bench_results import RequestResult, add_load_args, level_requests
+
+    monkeypatch.setattr(b.time, "sleep", lambda s: None)
+    seen = []
+
+    def run_one(i, listen=False, waits=None):
+        seen.append(i)
+        return RequestResult(index=i, e2e_s=0.01)
+
+    out = b._run_levels(run_one, [1, 8], 4, 0, lambda m: None, "staggered", per_client=3)
+    assert out["1"]["requests"] == 4 and out["8"]["requests"] == 24 and len(seen) == 28
+    assert level_requests(4, 8) == 8 and level_requests(16, 8, 1) == 16
+    p = argparse.ArgumentParser()
+    add_load_args(p)
+    assert p.parse_args(["--requests-per-client", "3"]).requests_per_client == 3
+    import clients.bench_tts as tts
+
+    bench = tts.Bench(argparse.Namespace(concurrency="1,8", models=["tts"], quiet=True, requests=4,
+                                         requests_per_client=3))
+    assert [bench.n_requests(c) for c in bench.levels] == [4, 24]
