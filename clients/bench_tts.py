@@ -490,6 +490,8 @@ class Bench:
                 if c == max(self.levels):
                     res_cap, wall_cap = run_level(run_one, model, c, n, 0.0)
                     s["capacity_audio_s_per_s"] = summarize(res_cap, wall_cap)["throughput_audio_s_per_s"]
+                    self.log(f"  {model:<10} {path:<10} c={c:<2} without listening (capacity): "
+                             f"{_fmt(s['capacity_audio_s_per_s'], 2)} audio s/s  ({wall_cap:.1f} s)")
             s["per_request"] = [r.to_json() for r in res]
             self.results[model].setdefault(path, {})[str(c)] = s
             self.log(f"  {model:<10} {path:<10} c={c:<2} n={n:<3} ok={s['ok']:<3} "
