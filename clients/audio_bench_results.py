@@ -182,9 +182,9 @@ def add_load_args(parser) -> None:
                         help="each client waits until its answer has played to the end before its next "
                              "request (C listeners); the highest level also runs without it for the capacity")
     parser.add_argument("--requests-per-client", type=int, default=0, metavar="K",
-                        help="at least K requests per client at each level (C x K at concurrency C), so the "
-                             "clients of a high level overlap for most of the run instead of ramping up once; "
-                             "0: --requests alone")
+                        help="at least K requests per client at each level (C x K at concurrency C), so all C "
+                             "clients of a staggered level overlap for about half of it instead of only at its "
+                             "end; 0: --requests alone")
 
 
 def level_requests(requests: int, concurrency: int, per_client: int = 0) -> int:

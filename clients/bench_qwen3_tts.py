@@ -121,6 +121,13 @@ def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst
     return out
 
 
+def _load(args) -> tuple:
+    """:func:`_run_levels`' load arguments ``(arrivals, listen, per_client)`` from the parsed
+    options (``add_load_args``)."""
+    return (getattr(args, "arrivals", "burst"), getattr(args, "listen", False),
+            getattr(args, "requests_per_client", 0))
+
+
 def _listen(r: RequestResult, t0: float, listen: bool, waits: list | None) -> None:
     """With ``listen``: :func:`clients.audio_bench_results.listen_to_end`."""
     if listen:
@@ -189,8 +196,7 @@ def inprocess(args) -> dict:
         print(f"  in-process {form}", file=sys.stderr, flush=True)
         out[LABEL[form]] = _run_levels(one(form), args.levels, args.requests, args.warmup,
                                        lambda m: print(m, file=sys.stderr, flush=True),
-                                       getattr(args, "arrivals", "burst"), getattr(args, "listen", False),
-                                       getattr(args, "requests_per_client", 0))
+                                       *_load(args))
     sched.close()
     return out
 
@@ -238,8 +244,7 @@ def served(args, grpc_url: str) -> dict:
         print(f"  Triton gRPC {form}", file=sys.stderr, flush=True)
         out[LABEL[form]] = _run_levels(one(form), args.levels, args.requests, args.warmup,
                                        lambda m: print(m, file=sys.stderr, flush=True),
-                                       getattr(args, "arrivals", "burst"), getattr(args, "listen", False),
-                                       getattr(args, "requests_per_client", 0))
+                                       *_load(args))
     return out
 
 
