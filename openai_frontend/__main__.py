@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 import uvicorn
 
@@ -14,6 +15,7 @@ from omni_triton.media.fetch import UrlFetchPolicy
 from omni_triton.paths import cache_dir
 
 from .app import Settings, create_app
+from .auth import install_log_redaction
 from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
 from .engine import TritonEngine
@@ -42,7 +44,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="require 'Authorization: Bearer <key>' (default: env OMNI_TRITON_API_KEY; "
                         "unset: no key). Prefer the env variable: arguments show in ps")
     p.add_argument("--auth-exempt-paths", default="/health,/metrics",
-                   help="comma-separated paths served without the API key ('' : none)")
+                   help="comma-separated paths served without the API key ('' : none); /health shows "
+                        "only its status to callers without the key")
+    p.add_argument("--allowed-origins", default="",
+                   help="without an API key, browser pages may write (POST/DELETE, WebSocket) only from "
+                        "the server's own origin and these comma-separated origins "
+                        "(https://app.example.com); their hosts may also be named in Host on a loopback "
+                        "address (DNS-rebinding guard); '*': guard off")
     p.add_argument("--strict-params", action="store_true",
                    help="unknown request fields are a 400 (OpenAI's API) instead of being ignored "
                         "and named in the X-Ignored-Fields header (vLLM's server, the default)")
@@ -92,6 +100,7 @@ def main(argv=None) -> None:
         max_fanout=args.max_fanout,
         api_key=args.api_key,
         auth_exempt_paths=tuple(p.strip() for p in args.auth_exempt_paths.split(",") if p.strip()),
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
         strict_params=args.strict_params,
         media_urls=UrlFetchPolicy(
             allowed_hosts=frozenset(h.strip().lower() for h in args.media_url_allowed_hosts.split(",") if h.strip()),
@@ -110,7 +119,12 @@ def main(argv=None) -> None:
         batch_concurrency=args.batch_concurrency,
     )
     app = create_app(engine, settings)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    install_log_redaction()  # after uvicorn configured its loggers: no key in any logged URL
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        sys.exit(3)  # what uvicorn.run exits with when the server could not start
 
 
 if __name__ == "__main__":
