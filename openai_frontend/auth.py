@@ -66,7 +66,8 @@ def _subprotocol_key(scope) -> bytes | None:
         return None
     for proto in offered_subprotocols(scope):
         if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
-            return proto[len(KEY_SUBPROTOCOL_PREFIX):].encode("utf-8", "surrogateescape")
+            # servers decode the header as latin-1: back to its bytes (never raises)
+            return proto[len(KEY_SUBPROTOCOL_PREFIX):].encode("latin-1", "replace")
     return None
 
 
