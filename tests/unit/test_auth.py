@@ -363,3 +363,19 @@ def test_field_names_with_lone_surrogates_encode():
     from openai_frontend.middleware import format_field_names
 
     assert format_field_names(["\ud800x"]) == "%ED%A0%80x"
+
+
+def test_no_other_key_comparison_in_the_frontend():
+    """Every key check goes through ``auth.ApiKeyCheck``: no other module reads the configured key
+    or compares keys (``speech_stream`` compared it with ``==`` and read ``?api_key=``)."""
+    import re
+    from pathlib import Path
+
+    import openai_frontend
+
+    root = Path(openai_frontend.__file__).parent
+    pattern = re.compile(r"settings\.api_key|\.api_key\b\s*[=!]=|compare_digest|get\(\s*[\"']api_key[\"']")
+    allowed = {"auth.py", "app.py"}  # the check; the app builds it from the setting
+    readers = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if p.name not in allowed and pattern.search(p.read_text())]
+    assert readers == []
