@@ -206,7 +206,7 @@ def test_uvicorn_logs_no_key_from_urls_and_a_real_client_gets_the_subprotocol():
     assert not any("SECRET-A" in line or "SECRET-B" in line or KEY in line for line in lines), lines
 
 
-def test_main_installs_the_redaction(monkeypatch):
+def test_main_installs_the_redaction(monkeypatch, tmp_path):
     import uvicorn
 
     from openai_frontend import __main__ as main_mod
@@ -219,8 +219,8 @@ def test_main_installs_the_redaction(monkeypatch):
         for f in [f for f in logging.getLogger(name).filters if isinstance(f, auth.RedactSecrets)]:
             logging.getLogger(name).removeFilter(f)
     try:
-        main_mod.main(["--port", "0", "--video-storage-dir", "/nonexistent-unused",
-                       "--voice-storage-dir", "/nonexistent-unused"])
+        main_mod.main(["--port", "0", "--video-storage-dir", str(tmp_path / "videos"),
+                       "--voice-storage-dir", str(tmp_path / "voices")])
         for name in ("uvicorn.access", "uvicorn.error"):
             assert any(isinstance(f, auth.RedactSecrets) for f in logging.getLogger(name).filters), name
     finally:
