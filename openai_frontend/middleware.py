@@ -133,6 +133,8 @@ _DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 def _split_host(value: str) -> tuple[str, int | None] | None:
     """``host[:port]`` (IPv6 in brackets) -> (lower-case host without brackets, port or None);
     None when unparsable."""
+    if not value or any(c in value for c in "@/?#\\ \t"):  # a bare authority only: no userinfo, no path
+        return None
     try:
         parts = urlsplit("//" + value)
         return (parts.hostname or "").lower(), parts.port

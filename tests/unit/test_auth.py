@@ -319,8 +319,9 @@ async def test_dns_rebinding_host_is_refused_on_loopback():
     async with client(base_url=LOCAL) as c:
         # a page on http://evil.example:9000 rebound to 127.0.0.1: same-origin for the browser
         for method in ("GET", "POST"):
-            r = await c.request(method, "/health", headers={"Host": "evil.example:9000"})
-            assert_error(r, 403, code="host_not_allowed")
+            for host in ["evil.example:9000", "evil.example@127.0.0.1:9000", "127.0.0.1:x", "[::1", ""]:
+                r = await c.request(method, "/health", headers={"Host": host})
+                assert_error(r, 403, code="host_not_allowed")
         for host in ["localhost:9000", "127.0.0.1:9000", "[::1]:9000", "app.localhost:9000"]:
             assert (await c.get("/health", headers={"Host": host})).status_code == 200, host
     async with client(base_url=LOCAL, allowed_origins=("https://api.example.com",)) as c:
