@@ -380,3 +380,29 @@ def test_no_other_key_comparison_in_the_frontend():
     readers = [str(p.relative_to(root)) for p in root.rglob("*.py")
                if p.name not in allowed and pattern.search(p.read_text())]
     assert readers == []
+
+
+def test_format_field_names_bounds_hold_for_any_names():
+    """Seeded random names (CR/LF, commas, percent signs, NUL, surrogates, emoji; 0-40 names of
+    0-200 characters): the value is ASCII, <= 1 KiB, <= 16 names of <= 64 characters, and the
+    shown names plus the counted rest are all of them."""
+    import random
+    import re
+
+    from openai_frontend.middleware import format_field_names
+
+    rng = random.Random(23)
+    alphabet = ["a", "€", "\r", "\n", ",", "%", " ", "日", "\x00", "\ud800", "\U0001F600", '"', "\\"]
+    for _ in range(400):
+        count = rng.choice([0, 1, 2, 15, 16, 17, 40])
+        lengths = rng.choice([[0, 1, 5, 63, 64, 65, 200], [62, 63, 64, 65, 200]])  # mixed, or all long
+        names = ["".join(rng.choice(alphabet) for _ in range(rng.choice(lengths))) for _ in range(count)]
+        value = format_field_names(names)
+        assert value.isascii() and "\r" not in value and "\n" not in value and len(value) <= 1024
+        if not count:
+            continue
+        items = value.split(", ")
+        rest = re.fullmatch(r"\.\.\. \(\+(\d+) more\)", items[-1])
+        shown = items[:-1] if rest else items
+        assert len(shown) <= 16 and all(len(item) <= 64 and "," not in item for item in shown)
+        assert len(shown) + (int(rest[1]) if rest else 0) == count
