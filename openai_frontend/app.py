@@ -116,7 +116,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.engine = engine
     app.state.serve_watch = watch
     app.state.settings = settings
-    app.state.api_key_check = ApiKeyCheck(settings.api_key)  # auth.authorized(request) reads it
+    app.state.api_key_check = ApiKeyCheck(settings.api_key)  # ApiKey and /health share it
     # A store that cannot be opened (a damaged SQLite file, an unwritable folder) is reported on
     # /v1/audio/voices and makes the voice endpoints 503; the rest of the API keeps serving and
     # nothing on disk is touched (no sweep, no rebuild that could lose voices).
