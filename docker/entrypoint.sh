@@ -14,6 +14,6 @@ python3 -m omni_triton.deploy checkpoints | while read -r folder repo; do
 done
 if [ "${1:-}" = download ]; then exit 0; fi
 # Triton's HTTP/gRPC stay on the container's loopback (the frontend beside them is the way in);
-# its metrics listen for Prometheus. A Triton-only pod passes --triton-host 0.0.0.0 (later wins).
+# its metrics listen for Prometheus. A Triton-only pod adds --triton-host 0.0.0.0 (deploy/k8s).
 # Its admin APIs need OMNI_TRITON_ADMIN_KEY(_FILE) or a random per-start key (omni_triton/triton_admin.py).
 exec omni-triton serve --host 0.0.0.0 --triton-metrics-host 0.0.0.0 "$@"
