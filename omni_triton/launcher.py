@@ -799,6 +799,14 @@ class Frontend:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
 
+    def command(self) -> list[str]:
+        """The frontend's command line (no secret on it: keys travel in :attr:`env`)."""
+        cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", self.triton_grpc_url,
+               "--host", self.host, "--port", str(self.port)]
+        if self.models:
+            cmd += ["--models", ",".join(self.models)]
+        return cmd + self.extra_args
+
     def start(self) -> None:
         """Start the frontend in its own process group.
 
@@ -806,11 +814,7 @@ class Frontend:
             ServerStartError: its port is already in use.
         """
         check_ports_free({"frontend": self.port})
-        cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", self.triton_grpc_url,
-               "--host", self.host, "--port", str(self.port)]
-        if self.models:
-            cmd += ["--models", ",".join(self.models)]
-        cmd += self.extra_args
+        cmd = self.command()
         out = None
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
