@@ -11,6 +11,7 @@ import uvicorn
 
 from pathlib import Path
 
+from omni_triton import triton_admin
 from omni_triton.media.fetch import UrlFetchPolicy
 from omni_triton.paths import cache_dir
 
@@ -23,7 +24,10 @@ from .engine import TritonEngine
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openai_frontend", description=__doc__)
-    p.add_argument("--triton-url", default="localhost:8001", help="Triton gRPC host:port")
+    p.add_argument("--triton-url", default="localhost:8001",
+                   help="Triton gRPC host:port. Its restricted admin APIs (repository index, model "
+                        "config) are called with the key of env OMNI_TRITON_ADMIN_KEY or the file "
+                        "named by OMNI_TRITON_ADMIN_KEY_FILE (omni-triton serve passes it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument(
@@ -91,7 +95,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-    engine = TritonEngine(args.triton_url, models=models, rpc_timeout_s=args.rpc_timeout)
+    try:  # never an argument: argv shows in ps
+        admin_key = triton_admin.key_from_env()
+    except (triton_admin.AdminKeyError, OSError) as exc:
+        raise SystemExit(f"openai_frontend: {triton_admin.ENV}/{triton_admin.ENV_FILE}: {exc}") from exc
+    engine = TritonEngine(args.triton_url, models=models, rpc_timeout_s=args.rpc_timeout,
+                          admin_key=admin_key)
     settings = Settings(
         max_inflight=args.max_inflight,
         default_max_input_chars=args.default_max_input_chars,
