@@ -127,10 +127,22 @@ class BodySizeLimit:
         await error_json(413, detail, {"Connection": "close"})(scope, receive, send)
 
 
+def header_safe(text: str) -> str:
+    """``text`` as a header value of printable ASCII: every other character (and ``%``) is
+    percent-encoded as its UTF-8 bytes (a lone surrogate as its 3 bytes, ``surrogatepass``), so
+    any client string can be echoed in a header: it always encodes (HTTP header values are
+    Latin-1; ``€`` was a 500) and CR/LF cannot split it."""
+    if text.isascii() and text.isprintable() and "%" not in text:
+        return text
+    return "".join(c if " " <= c <= "~" and c != "%" else
+                   "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass")) for c in text)
+
+
 class IgnoredFieldsHeader:
     """``X-Ignored-Fields: a, b.c`` on the response to a request whose unknown fields were
     ignored (``serving.common.check_fields`` leaves their names in ``scope["state"]``), on every
-    kind of response (JSON, raw audio stream, SSE). Absent when every field was known."""
+    kind of response (JSON, raw audio stream, SSE). Absent when every field was known. Names are
+    made header-safe by :func:`header_safe` (non-printable-ASCII characters percent-encoded)."""
 
     HEADER = "X-Ignored-Fields"
 
@@ -146,7 +158,7 @@ class IgnoredFieldsHeader:
             if message["type"] == "http.response.start":
                 names = (scope.get("state") or {}).get(self.state_key)
                 if names:
-                    MutableHeaders(scope=message).append(self.HEADER, ", ".join(names))
+                    MutableHeaders(scope=message).append(self.HEADER, ", ".join(header_safe(n) for n in names))
             await send(message)
 
         await self.app(scope, receive, send_with_header)
