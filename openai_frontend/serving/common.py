@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
@@ -76,6 +77,30 @@ def ignore_fields(request, names: list[str]) -> None:
                    request.url.path, ", ".join(names))
     state = request.scope.setdefault("state", {})
     state[IGNORED_FIELDS_STATE] = list(state.get(IGNORED_FIELDS_STATE) or []) + list(names)
+
+
+# --------------------------------------------------------------------------- forms
+async def read_form(request, *, max_files: int, max_fields: int, max_part_size: int = 1 << 20):
+    """The request's ``multipart/form-data`` (or urlencoded) form, parsed by Starlette with
+    bounds: at most ``max_files`` file parts, ``max_fields`` text fields and ``max_part_size``
+    bytes per text field. The one way every route reads a form (``/v1/audio/speech``,
+    ``/v1/images/edits``, ``/v1/videos``, ``/v1/audio/voices``, ``/v1/audio/voice_consents``).
+
+    Raises:
+        OpenAIError: 400 ``invalid_multipart`` for anything Starlette or python-multipart refuse
+            (no or empty boundary, broken parts, an unknown charset, too many files or fields,
+            a text field over ``max_part_size``), with their reason.
+        HTTPException: 413 from the frontend's body cap (``middleware.BodyTooLarge``), as is.
+    """
+    try:
+        return await request.form(max_files=max_files, max_fields=max_fields, max_part_size=max_part_size)
+    except StarletteHTTPException as exc:  # Starlette's 400 for a MultiPartException; the body cap's 413
+        if exc.status_code == 413:
+            raise
+        reason = str(exc.detail)
+    except Exception as exc:  # noqa: BLE001 - whatever else a hostile body or header makes the parser raise
+        reason = f"{type(exc).__name__}: {exc}"
+    raise bad_request(f"Malformed multipart body: {reason}", code="invalid_multipart")
 
 
 # --------------------------------------------------------------------------- model resolution

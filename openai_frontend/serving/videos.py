@@ -30,7 +30,7 @@ import math
 import secrets
 import time
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -43,7 +43,7 @@ from omni_triton.media.video import MIME_TYPE, encode_mp4
 from ..engine import ModelInfo, VideoJob
 from ..errors import OpenAIError, bad_request
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, VideoJobs, VideoRequest
-from .common import AdmittedRequest, ModelKind, resolve_model, until_disconnect
+from .common import AdmittedRequest, ModelKind, read_form, resolve_model, until_disconnect
 
 VIDEO = ModelKind("video", lambda m: m.is_video)
 TEXT_TO_VIDEO = ModelKind("text-to-video", lambda m: m.is_video and not m.is_image_to_video)
@@ -190,12 +190,7 @@ async def _read_body(request: Request) -> tuple[dict[str, str], dict[str, bytes]
             content_type.startswith("application/x-www-form-urlencoded")):
         raise bad_request("POST /v1/videos takes multipart/form-data (or JSON) with 'prompt', ...",
                           code="invalid_content_type")
-    try:
-        form = await request.form(max_files=4, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES)
-    except HTTPException:
-        raise
-    except Exception as exc:  # noqa: BLE001 - malformed multipart body
-        raise bad_request(f"Malformed multipart body: {exc}", code="invalid_multipart") from None
+    form = await read_form(request, max_files=4, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES)
     try:
         fields: dict[str, str] = {}
         files: dict[str, bytes] = {}

@@ -17,7 +17,7 @@ import logging
 import re
 
 import numpy as np
-from fastapi import HTTPException, Request
+from fastapi import Request
 from starlette.datastructures import UploadFile
 
 from omni_triton.contracts import qwen3_tts as qwen3_contract
@@ -27,6 +27,7 @@ from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
 from ..schemas import ModelVoices, SpeechRequest, VoiceList
 from ..voice_store import AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, StoredVoice, VoiceCorruptError, VoiceStore
+from .common import read_form
 
 logger = logging.getLogger(__name__)
 
@@ -246,12 +247,7 @@ async def _form(request: Request, max_part: int):
         if not isinstance(data, dict):
             raise bad_request("The body must be a JSON object", code="invalid_json")
         return data
-    try:
-        form = await request.form(max_files=2, max_fields=32, max_part_size=max_part)
-    except HTTPException:
-        raise
-    except Exception as exc:  # noqa: BLE001 - malformed multipart body
-        raise bad_request(f"Malformed form body: {exc}", code="invalid_multipart") from None
+    form = await read_form(request, max_files=2, max_fields=32, max_part_size=max_part)
     out = {}
     for key, value in form.multi_items():
         if key in out:
