@@ -90,7 +90,13 @@ def engine_error_detail(exc: EngineError) -> ErrorDetail:
 
 
 def _validation_detail(exc: RequestValidationError) -> ErrorDetail:
-    errors = exc.errors()
+    return validation_detail(exc.errors())
+
+
+def validation_detail(errors: list) -> ErrorDetail:
+    """The OpenAI error detail of pydantic's ``errors()`` (a ``ValidationError`` or FastAPI's
+    ``RequestValidationError``): the most telling error's field as ``param`` (union-member tags
+    such as ``function-after[...]`` left out), our validators' codes (``invalid_characters``)."""
     # our own validators' errors say the most; with unions pydantic lists one error per member
     ours = [e for e in errors if e.get("type") in _CUSTOM_CODES]
     first = ours[0] if ours else (errors[0] if errors else {})

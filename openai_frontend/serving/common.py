@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
 from ..errors import OpenAIError, bad_request
-from ..schemas import ignored_fields
+from ..schemas import ignored_fields, is_text
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +129,11 @@ async def resolve_model(engine, name: str | None, kind: ModelKind | None = None)
 
     Raises:
         ModelNotFoundError (404), ModelNotReadyError (503), TritonUnavailableError (503),
-        OpenAIError (400) as above.
+        OpenAIError (400) as above, and 400 ``invalid_characters`` for a name that is not Unicode
+        text (a lone surrogate, NUL: Triton's gRPC API would fail to encode it).
     """
+    if name is not None and not is_text(name):
+        raise bad_request("'model' is not valid Unicode text", param="model", code="invalid_characters")
     if name is None:
         if kind is None:
             raise bad_request("'model' is required", param="model", code="model_required")

@@ -40,7 +40,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from omni_triton.media.audio import StreamResampler, encode_audio, float_to_pcm16, resample
 
 from ..engine import EngineError, ModelInfo
-from ..errors import OpenAIError, bad_request, engine_error_detail, public_message
+from ..errors import OpenAIError, bad_request, engine_error_detail, public_message, validation_detail
 from ..schemas import SpeechBatchRequest, SpeechRequest
 from .common import SPEECH, AdmittedRequest, resolve_model, until_disconnect
 from .speech import plan, synthesize
@@ -99,10 +99,8 @@ def _error_fields(exc: Exception) -> dict:
         d = engine_error_detail(exc)
         return {"error": d.message, "code": d.code, "param": d.param, "status_code": exc.status_code}
     if isinstance(exc, ValidationError):
-        e = exc.errors()[0]
-        where = ".".join(str(p) for p in e.get("loc", ()))
-        return {"error": f"{where}: {e.get('msg')}", "code": "invalid_value", "param": where or None,
-                "status_code": 400}
+        d = validation_detail(exc.errors())
+        return {"error": d.message, "code": d.code, "param": d.param, "status_code": 400}
     raise exc
 
 

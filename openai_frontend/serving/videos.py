@@ -40,8 +40,9 @@ from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, deco
                                      size_for_aspect)
 from omni_triton.media.video import MIME_TYPE, encode_mp4
 
-from ..engine import ModelInfo, VideoJob
+from ..engine import ModelInfo, VideoJob, parse_size
 from ..errors import OpenAIError, bad_request
+from ..schemas import Text
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, VideoJobs, VideoRequest
 from .common import AdmittedRequest, ModelKind, read_form, resolve_model, until_disconnect
 
@@ -61,10 +62,10 @@ class VideoCreateForm(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=20000)
-    model: str | None = None
+    prompt: Text = Field(min_length=1, max_length=20000)
+    model: Text | None = None
     seconds: float | None = Field(default=None, gt=0, le=600, allow_inf_nan=False)
-    size: str | None = None
+    size: Text | None = None
     width: int | None = Field(default=None, ge=1)
     height: int | None = Field(default=None, ge=1)
     num_frames: int | None = Field(default=None, ge=1)
@@ -75,7 +76,7 @@ class VideoCreateForm(BaseModel):
     boundary_ratio: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     flow_shift: float | None = Field(default=None, gt=0, le=100, allow_inf_nan=False)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    negative_prompt: str | None = Field(default=None, max_length=20000)
+    negative_prompt: Text | None = Field(default=None, max_length=20000)
 
 
 def _param(info: ModelInfo, key: str, default, kind=int):
@@ -94,11 +95,11 @@ def _size(body: VideoCreateForm, info: ModelInfo, image=None) -> tuple[int, int]
         width, height = size_for_aspect(image.shape[1], image.shape[0], default[0] * default[1],
                                         _param(info, "size_multiple", 16), _param(info, "max_size", 1280))
     if body.size is not None:
-        parts = body.size.lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        parsed = parse_size(body.size)  # ASCII digits only ("²x²" passed str.isdigit, then int() raised)
+        if parsed is None:
             raise bad_request(f"size={body.size!r}: must be WIDTHxHEIGHT, e.g. '{default[0]}x{default[1]}'",
                               param="size", code="invalid_size")
-        width, height = int(parts[0]), int(parts[1])
+        width, height = parsed
     width = body.width if body.width is not None else width
     height = body.height if body.height is not None else height
     multiple = _param(info, "size_multiple", 16)

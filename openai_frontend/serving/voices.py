@@ -25,7 +25,7 @@ from omni_triton.media.audio import resample
 
 from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
-from ..schemas import ModelVoices, SpeechRequest, VoiceList
+from ..schemas import ModelVoices, SpeechRequest, VoiceList, is_text
 from ..voice_store import AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, StoredVoice, VoiceCorruptError, VoiceStore
 from .common import read_form
 
@@ -264,8 +264,9 @@ def _text_field(fields: dict, key: str, required: bool = False) -> str | None:
         return None
     if not isinstance(value, str):
         raise bad_request(f"'{key}' must be a text field", param=key, code="invalid_value")
-    if "\x00" in value:
-        raise bad_request(f"'{key}' must not contain NUL characters", param=key, code="invalid_value")
+    if not is_text(value):  # NUL, or a lone surrogate from a JSON body: SQLite and file names need UTF-8
+        raise bad_request(f"'{key}' must be valid Unicode text without NUL characters", param=key,
+                          code="invalid_characters")
     return value.strip()
 
 

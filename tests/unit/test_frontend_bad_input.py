@@ -264,12 +264,21 @@ def jraw(payload) -> dict:
     ("/v1/audio/speech", {**SPEECH, "model": "qwen3_tts", "instructions": LONE}, "instructions"),
     ("/v1/audio/speech", {**SPEECH, "model": "qwen3_tts", "language": LONE}, "language"),
     ("/v1/audio/speech", {**SPEECH, "model": "qwen3_tts", "task_type": LONE}, "task_type"),
-    ("/v1/audio/speech/batch", {"model": "piper_tts", "items": [{"input": "x", "voice": LONE}]}, None),
 ])
 async def test_lone_surrogate_anywhere_is_400(full, path, payload, param):
     """A string that cannot be UTF-8 never reaches SQLite, a file name, a header or Triton."""
     r = await full.post(path, **jraw(payload))
     assert_error(r, 400, param=param)
+
+
+async def test_lone_surrogate_in_a_batch_item_fails_that_item_with_its_field(full):
+    r = await full.post("/v1/audio/speech/batch", **jraw({"model": "piper_tts", "items": [
+        {"input": "x", "voice": LONE}, {"input": "y"}]}))
+    assert r.status_code == 200, r.text
+    bad, good = r.json()["results"]
+    assert (bad["status"], bad["param"], bad["code"], bad["status_code"]) == ("error", "voice", "invalid_characters",
+                                                                              400), bad
+    assert good["status"] == "success", good
 
 
 async def test_lone_surrogate_in_a_consent_rename_is_400(full):
