@@ -18,7 +18,8 @@ any case got something else (a 5xx above all). Cases per endpoint (``cases(endpo
 * **semantic cases** the schema accepts but the API must refuse (unknown model, sizes like
   ``"²³x64"``, ``top_k`` 2^70, huge fan-out, extreme aspect-ratio uploads, ...);
 * **body cases**: truncated JSON, non-JSON, wrong content types, empty and non-object bodies,
-  an oversized body; for edits: corrupt, empty and oversized uploads, broken multipart.
+  an oversized body; for edits: corrupt, empty and oversized uploads, broken multipart; for
+  speech and edits: bogus multipart content types, too many files, a text part over 1 MiB.
 
 No pytest here: ``tests/unit/test_frontend_malformed.py`` runs all cases through ASGI against a
 fake engine, ``tests/e2e/test_malformed.py`` against the real server.
@@ -129,6 +130,9 @@ class Case:
     def request_kwargs(self) -> dict:
         """``httpx`` keyword arguments of this case (``content`` + ``headers``)."""
         headers = {}
+        if self.content_type is not None and "multipart" in self.content_type and self.content is not None:
+            # as-is, even bytes that are not ASCII (httpx encodes str header values as ASCII)
+            return {"content": self.content, "headers": {"content-type": self.content_type.encode("latin-1")}}
         if self.form is not None or self.files is not None or self.form_bytes is not None:
             body, ctype = multipart(self.form or {}, self.files or [], self.form_bytes or {})
             return {"content": body, "headers": {"content-type": ctype}}
@@ -264,6 +268,8 @@ def schema_cases(endpoint: str, models: Models = Models(), strict_params: bool =
                 out.append(Case(endpoint, f"missing {where}", json=payload, has_json=True))
     if strict_params:
         out.append(Case(endpoint, "unknown field", json={**base, "not_a_field": 1}, has_json=True))
+        # a name that is not Latin-1 (the X-Ignored-Fields header of a lenient server once failed on it)
+        out.append(Case(endpoint, "unknown non-Latin-1 field", json={**base, "€": 1}, has_json=True))
     return out
 
 
@@ -412,6 +418,7 @@ def body_cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 1
         Case(endpoint, "no content type", content=base, content_type=None),
         Case(endpoint, "oversized body", content=b'{"x": "' + b"a" * (max_body_bytes + 1) + b'"}'),
     ]
+    out += _multipart_cases(endpoint, models)
     if endpoint == "images_edits":
         out = [c for c in out if c.name != "oversized body"] + [
             Case(endpoint, "JSON instead of multipart", content=base),
@@ -421,6 +428,31 @@ def body_cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 1
             Case(endpoint, "oversized body", content=b"-" * (max_body_bytes + 1),
                  content_type=multipart({}, [], {})[1]),
         ]
+    return out
+
+
+#: ``multipart/form-data`` content types no parser can use (no or an empty boundary, bytes
+#: that are not ASCII, an unknown charset): each was a 500 on the speech form (issue 23)
+BOGUS_MULTIPART_TYPES = ["multipart/form-data", "multipart/form-data; boundary=", 'multipart/form-data; boundary=""',
+                         "multipart/form-data; boundary=\xe4\xff", "multipart/form-data;;;=;",
+                         "multipart/form-data; boundary=x; charset=no-such-charset"]
+
+
+def _multipart_cases(endpoint: str, models: Models) -> list[Case]:
+    """Forms for the endpoints that read one (speech takes its fields as a form too): bogus
+    multipart content types, too many files, a text part over 1 MiB."""
+    if endpoint not in ("speech", "images_edits"):
+        return []
+    fields = {k: str(v) for k, v in valid_request(endpoint, models).items()}
+    junk = b"--x\r\nContent-Disposition: form-data; name=\"input\"\r\n\r\n\xff\r\n--y--\r\n"
+    out = [Case(endpoint, f"content type {ctype!r}", content=junk, content_type=ctype)
+           for ctype in BOGUS_MULTIPART_TYPES]
+    upload = ("clip.wav", b"RIFF0000WAVE", "audio/wav") if endpoint == "speech" else valid_files()[0][1]
+    name = "ref_audio" if endpoint == "speech" else "image"
+    out += [Case(endpoint, "3 files", form=fields, files=[(name, upload)] * 3),
+            Case(endpoint, "9 files", form=fields, files=[(name, upload)] * 9),
+            Case(endpoint, "text part over 1 MiB", form={**fields, "prompt" if endpoint == "images_edits" else "input":
+                                                         "x" * ((1 << 20) + 1)}, files=[(name, upload)])]
     return out
 
 
