@@ -112,3 +112,27 @@ def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
             assert outcome == "ok", outcome
     # None stays in flight either (a Triton 2.51 ensemble leak, see ensembles/qwen_image_edit):
     # the session's teardown checks Triton's shutdown for requests that never ended.
+
+
+def test_issue23_single_request_probes_are_4xx(stack):
+    """The single requests that were 500s (issue 23) against the real frontend: video ids that
+    are not ids (a NUL, glob patterns), a lone surrogate in a voice name, ``size`` ``²x²``, a
+    bogus multipart content type; an unknown field named ``€`` is ignored and named
+    percent-encoded in ``X-Ignored-Fields``."""
+    url = stack.frontend_url
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for video_id in ("%00", "**", "*", "video_*", "["):
+            for method, path in (("DELETE", f"/v1/videos/{video_id}"), ("GET", f"/v1/videos/{video_id}"),
+                                 ("GET", f"/v1/videos/{video_id}/content")):
+                r = c.request(method, path)
+                assert r.status_code == 404 and mp.check(r.status_code, r.content) is None, (method, path, r.text)
+        r = c.post("/v1/audio/voices", content=b'{"name": "\\ud800", "type": "prompt", "prompt": "calm"}',
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "name", r.text
+        r = c.post("/v1/videos", data={"prompt": "a fox", "size": "²x²"})
+        assert 400 <= r.status_code < 500 and mp.check(r.status_code, r.content) is None, r.text
+        r = c.post("/v1/audio/speech", content=b"x", headers={"content-type": "multipart/form-data; boundary="})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_multipart", r.text
+        if "piper_tts" in SERVED:
+            r = c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "Hi.", "€": 1})
+            assert r.status_code == 200 and r.headers["x-ignored-fields"] == "%E2%82%AC", r.headers
