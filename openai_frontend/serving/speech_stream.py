@@ -41,7 +41,7 @@ from omni_triton.media.audio import StreamResampler, encode_audio, float_to_pcm1
 
 from ..engine import EngineError, ModelInfo
 from ..errors import OpenAIError, bad_request, engine_error_detail, public_message, validation_detail
-from ..schemas import SpeechBatchRequest, SpeechRequest
+from ..schemas import SpeechBatchRequest, SpeechRequest, is_text
 from .common import SPEECH, AdmittedRequest, resolve_model, until_disconnect
 from .speech import plan, synthesize
 from .voices import drop_unsupported_extras
@@ -342,8 +342,11 @@ async def speech_stream(ws: WebSocket) -> None:
                     if session.body is None:
                         raise bad_request("Send session.config first", code="not_configured")
                     text = msg.get("text", "") if kind == "input.text" else ""
-                    if not isinstance(text, str) or "\x00" in text:
-                        raise bad_request("'text' must be a string without NUL", param="text", code="invalid_value")
+                    if not isinstance(text, str):
+                        raise bad_request("'text' must be a string", param="text", code="invalid_value")
+                    if not is_text(text):  # NUL, or a lone surrogate (its JSON escape) the engine cannot encode
+                        raise bad_request("'text' must be valid Unicode text without NUL", param="text",
+                                          code="invalid_characters")
                     session.add_text(text, flush=kind == "input.done")
                 elif kind == "session.close":
                     if session.body is not None and session.buffer.strip():

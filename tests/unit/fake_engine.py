@@ -72,6 +72,14 @@ ANSWER = ["The", " capital", " of", " France", " is", " Paris", "."]
 MAX_PROMPT_CHARS = 4000  # the fake's "context": longer input -> INVALID_ARG, as the stage does
 
 
+def _wire(*texts) -> None:
+    """Encode ``texts`` as UTF-8, as the Triton client does for every BYTES tensor and model
+    name: a lone surrogate that reached the engine raises ``UnicodeEncodeError`` here too."""
+    for text in texts:
+        if isinstance(text, str):
+            text.encode("utf-8")
+
+
 def _noise(seed: int, n: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-0.5, 0.5, n).astype(np.float32)
 
@@ -90,13 +98,14 @@ class FakeEngine:
         return list(self.models.values())
 
     async def get_model(self, name):
-        name.encode("utf-8")  # as tritonclient's gRPC call does: a lone surrogate raises here
+        _wire(name)
         if name not in self.models:
             raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
         return self.models[name]
 
     async def synthesize(self, model, text, voice=None, speed=None, options=None, paced=False):
         self.calls += 1
+        _wire(model, text, voice, *(vars(options).values() if options else ()))
         rate = self.models[model].sample_rate or 22050
         for i in range(2):
             await asyncio.sleep(0)
@@ -104,10 +113,12 @@ class FakeEngine:
 
     async def voice_prompt(self, model, audio, sample_rate, ref_text, x_vector_only):
         self.calls += 1
+        _wire(model, ref_text)
         return b"PROMPT" + np.asarray(audio[:16], np.float32).tobytes(), len(audio) / sample_rate
 
     async def generate_images(self, model, job):
         self.calls += 1
+        _wire(model, job.prompt, job.negative_prompt)
         await asyncio.sleep(0)
         return [GeneratedImage(np.random.default_rng(job.seed + i).integers(0, 256, (job.height, job.width, 3),
                                                                             dtype=np.uint8),
@@ -115,6 +126,7 @@ class FakeEngine:
 
     async def generate(self, model, request):
         self.calls += 1
+        _wire(model, request.prompt, request.voice, json.dumps(request.messages, ensure_ascii=False))
         source = json.dumps(request.messages) if request.messages is not None else request.prompt
         if len(source) > MAX_PROMPT_CHARS:
             raise InvalidRequestError(f"prompt has {len(source)} tokens; the context is {MAX_PROMPT_CHARS}")
@@ -131,6 +143,7 @@ class FakeEngine:
 
     async def generate_video(self, model, job, request_id=""):
         self.calls += 1
+        _wire(model, job.prompt, job.negative_prompt)
         for step in range(1, job.steps + 1):
             await asyncio.sleep(0)
             yield VideoEvent(step=step, total=job.steps)

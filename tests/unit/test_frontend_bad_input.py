@@ -291,6 +291,35 @@ async def test_lone_surrogate_in_a_consent_rename_is_400(full):
     assert_error(r, 400, param="name")
 
 
+@pytest.mark.parametrize("message", [
+    {"type": "input.text", "text": "Hello " + LONE + ". "},
+    {"type": "input.text", "text": ["not", "text"]},
+    {"type": "session.config", "model": "piper_tts", "voice": LONE},
+    {"type": "session.config", "model": LONE},
+    {"type": LONE},
+])
+def test_websocket_message_with_a_lone_surrogate_is_an_error_event_and_the_session_goes_on(tmp_path, message):
+    """A WebSocket text frame's JSON may hold ``\\ud800`` escapes: such text never reaches the
+    engine or a JSON reply (both encode UTF-8); an ``error`` event says so and the session
+    still speaks."""
+    from starlette.testclient import TestClient
+
+    from fake_engine import fake_app
+
+    with TestClient(fake_app(tmp_path)) as tc, tc.websocket_connect("/v1/audio/speech/stream") as ws:
+        ws.send_text(json.dumps({"type": "session.config", "model": "piper_tts", "response_format": "wav"}))
+        ws.send_text(json.dumps(message))
+        event = ws.receive_json()
+        assert event["type"] == "error" and event["code"] in ("invalid_characters", "invalid_value", "invalid_message",
+                                                              "model_not_found"), event
+        ws.send_text(json.dumps({"type": "session.config", "model": "piper_tts", "response_format": "wav"}))
+        ws.send_text(json.dumps({"type": "input.text", "text": "Still here. "}))
+        ws.send_text(json.dumps({"type": "input.done"}))
+        assert ws.receive_json()["type"] == "audio.start"
+        assert ws.receive_bytes()[:4] == b"RIFF"
+        assert ws.receive_json()["type"] == "audio.done"
+
+
 async def test_model_name_the_engine_cannot_encode_is_404_not_500(full):
     """``model`` values reach Triton's gRPC API as UTF-8: a lone surrogate is an unknown model."""
     r = await full.post("/v1/videos", **jraw({"prompt": "a fox", "model": "wan" + LONE}))
