@@ -103,6 +103,24 @@ async def read_form(request, *, max_files: int, max_fields: int, max_part_size: 
     raise bad_request(f"Malformed multipart body: {reason}", code="invalid_multipart")
 
 
+async def read_json_object(request) -> dict:
+    """The request's JSON body, which must be an object (for the routes that read their body
+    themselves: ``/v1/videos``, ``/v1/audio/voices``...; the others get FastAPI's parsing).
+
+    Raises:
+        OpenAIError: 400 ``invalid_json`` for a body that is not JSON (invalid UTF-8 included),
+            nested too deeply for the parser (``RecursionError``: was a 500), or not an object.
+    """
+    try:
+        data = await request.json()
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise bad_request(f"Malformed JSON body: {reason}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("The JSON body must be an object", code="invalid_json")
+    return data
+
+
 # --------------------------------------------------------------------------- model resolution
 @dataclass(frozen=True)
 class ModelKind:

@@ -44,7 +44,7 @@ from ..engine import ModelInfo, VideoJob, parse_size
 from ..errors import OpenAIError, bad_request
 from ..schemas import Text
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, VideoJobs, VideoRequest
-from .common import AdmittedRequest, ModelKind, read_form, resolve_model, until_disconnect
+from .common import AdmittedRequest, ModelKind, read_form, read_json_object, resolve_model, until_disconnect
 
 VIDEO = ModelKind("video", lambda m: m.is_video)
 TEXT_TO_VIDEO = ModelKind("text-to-video", lambda m: m.is_video and not m.is_image_to_video)
@@ -180,12 +180,7 @@ async def _read_body(request: Request) -> tuple[dict[str, str], dict[str, bytes]
     whole body is capped by the frontend's ``--max-body-bytes``)."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("application/json"):
-        try:
-            data = await request.json()
-        except ValueError:
-            raise bad_request("Malformed JSON body", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise bad_request("The JSON body must be an object", code="invalid_json")
+        data = await read_json_object(request)
         return {k: v for k, v in data.items() if v is not None}, {}
     if not (content_type.startswith("multipart/form-data") or
             content_type.startswith("application/x-www-form-urlencoded")):

@@ -27,7 +27,7 @@ from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
 from ..schemas import ModelVoices, SpeechRequest, VoiceList, is_text
 from ..voice_store import AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, StoredVoice, VoiceCorruptError, VoiceStore
-from .common import read_form
+from .common import read_form, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -240,13 +240,7 @@ async def _form(request: Request, max_part: int):
     """The request's form fields (multipart or urlencoded) or JSON object, as a dict."""
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("application/json"):
-        try:
-            data = await request.json()
-        except ValueError:
-            raise bad_request("The body is not valid JSON", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise bad_request("The body must be a JSON object", code="invalid_json")
-        return data
+        return await read_json_object(request)
     form = await read_form(request, max_files=2, max_fields=32, max_part_size=max_part)
     out = {}
     for key, value in form.multi_items():

@@ -271,6 +271,16 @@ async def test_lone_surrogate_anywhere_is_400(full, path, payload, param):
     assert_error(r, 400, param=param)
 
 
+@pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b'{"a":' * 50000 + b"1" + b"}" * 50000,
+                                  b'{"prompt": "\xff"}', b"null", b'"x"', b"{"])
+@pytest.mark.parametrize("path", ["/v1/videos", "/v1/videos/sync", "/v1/audio/voices", "/v1/audio/voice_consents"])
+async def test_json_body_too_deep_or_not_an_object_is_400(full, path, body):
+    """The routes that parse their own JSON body: a nesting deeper than the parser's recursion
+    limit was a 500 (``RecursionError``)."""
+    r = await full.post(path, content=body, headers={"content-type": "application/json"})
+    assert_error(r, 400, code="invalid_json")
+
+
 async def test_lone_surrogate_in_a_batch_item_fails_that_item_with_its_field(full):
     r = await full.post("/v1/audio/speech/batch", **jraw({"model": "piper_tts", "items": [
         {"input": "x", "voice": LONE}, {"input": "y"}]}))
