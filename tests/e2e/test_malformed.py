@@ -136,3 +136,24 @@ def test_issue23_single_request_probes_are_4xx(stack):
         if "piper_tts" in SERVED:
             r = c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "Hi.", "€": 1})
             assert r.status_code == 200 and r.headers["x-ignored-fields"] == "%E2%82%AC", r.headers
+
+
+#: examples per operation of the fuzzing phase against the real stack (the coverage and stateful
+#: phases add their own); tests/unit/test_openapi_fuzz.py runs more on a fake engine
+REAL_STACK_MAX_EXAMPLES = 10
+
+
+def test_schemathesis_against_the_real_stack(stack, tmp_path):
+    """Every operation of ``/openapi.json`` fuzzed by schemathesis against the real frontend and
+    Triton (``clients/api_fuzz.py``): no 5xx, no response outside the schema. Models that are not
+    served make their operations' valid requests 4xx (unknown model); ``piper_tts`` speaks."""
+    from clients import api_fuzz
+
+    if not (api_fuzz.fuzz_venv() / "bin" / "schemathesis").exists():
+        pytest.skip("no schemathesis venv: run scripts/setup_fuzz.sh")
+    report = api_fuzz.run(stack.frontend_url, tmp_path / "fuzz", max_examples=REAL_STACK_MAX_EXAMPLES, seed=1)
+    print("schemathesis (real stack):", report.summary())
+    assert report.operations == report.operations_total, report.output[-3000:]
+    assert not report.server_errors, report.server_errors[:10]
+    assert not report.failures, report.output[-6000:]
+    assert httpx.get(f"{stack.frontend_url}/health", timeout=10).status_code == 200
