@@ -261,6 +261,8 @@ def build_openapi(app: FastAPI) -> dict:
             responses.pop("422", None)
             if (method, path) in successes:
                 responses["200"] = {"description": "OK", "content": successes[(method, path)]}
+            if path == "/v1/videos/{video_id}/content":  # a Range request
+                responses["206"] = {"description": "the requested byte range", "content": mp4}
             if path == "/health":  # unhealthy: the same body with 503
                 responses["503"] = {"description": "Triton or a model is not ready", **{
                     "content": responses["200"]["content"]}}

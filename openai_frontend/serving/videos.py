@@ -368,7 +368,31 @@ async def video_content(request: Request, video_id: str, variant: str = "video")
     path = jobs.video_path(video_id)
     if not path.is_file():
         raise OpenAIError(410, "the video file is gone", code="video_expired")
+    _check_range(request.headers.get("range"), path.stat().st_size)
     return FileResponse(path, media_type=MIME_TYPE, filename=f"{video_id}.mp4")
+
+
+def _check_range(header: str | None, size: int) -> None:
+    """A ``Range`` header that ``FileResponse`` would refuse, refused first in the OpenAI error
+    shape (Starlette answers those with a plain-text 400/416 of its own). Parsed by Starlette's
+    own parser, so both agree on what is valid.
+
+    Raises:
+        OpenAIError: 400 ``invalid_range`` (malformed: ``bytes=²-``, ``bytes=5-1``, not bytes),
+            416 ``range_not_satisfiable`` + ``Content-Range: bytes */<size>``.
+    """
+    if header is None:
+        return
+    from starlette import responses
+
+    try:
+        FileResponse._parse_range_header(header, size)
+    except responses.MalformedRangeHeader as exc:
+        raise OpenAIError(400, f"Range {header!r}: {exc.content or 'malformed'}", param="Range",
+                          code="invalid_range") from None
+    except responses.RangeNotSatisfiable:
+        raise OpenAIError(416, f"Range {header!r} is outside the {size} bytes of the video", param="Range",
+                          code="range_not_satisfiable", headers={"Content-Range": f"bytes */{size}"}) from None
 
 
 async def create_video_sync(request: Request) -> Response:

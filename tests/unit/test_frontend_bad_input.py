@@ -244,6 +244,24 @@ async def test_deleting_a_job_removes_its_own_temporary_files_only(full):
     assert not mine.exists() and other.exists()
 
 
+@pytest.mark.parametrize("range_, status", [("bytes=²-", 400), ("bytes=5-1", 400), ("bytes=", 400), ("items=0-1", 400),
+                                            ("bytes=a-b", 400), ("bytes=-0", 416), ("bytes=999999-", 416)])
+async def test_bad_range_on_video_content_is_an_openai_error(full, range_, status):
+    """Starlette's ``FileResponse`` answers a bad ``Range`` with plain text; the content route
+    answers it in the OpenAI error shape (416 with ``Content-Range``); good ranges still work."""
+    vid = (await full.post("/v1/videos", data={"prompt": "a fox", "model": "wan_t2v"})).json()["id"]
+    for _ in range(100):
+        if (await full.get(f"/v1/videos/{vid}")).json()["status"] == "completed":
+            break
+        await asyncio.sleep(0.05)
+    r = await full.get(f"/v1/videos/{vid}/content", headers={"range": range_.encode()})
+    assert_error(r, status, code="invalid_range" if status == 400 else "range_not_satisfiable")
+    if status == 416:
+        assert r.headers["content-range"].startswith("bytes */")
+    r = await full.get(f"/v1/videos/{vid}/content", headers={"range": "bytes=0-3"})
+    assert r.status_code == 206 and len(r.content) == 4
+
+
 def jraw(payload) -> dict:
     """A JSON body with lone surrogates kept as ``\\udXXX`` escapes (``raw``)."""
     return raw(payload)
