@@ -228,7 +228,12 @@ def build_openapi(app: FastAPI) -> dict:
             **_json(_inline(VoiceConsentRename, components))},
         ("post", "/v1/audio/speech"): {"multipart/form-data": {"schema": speech_form}},
     }
-    sse = {"text/event-stream": {"schema": {"type": "string"}}}
+    # server-sent events, described per event (how schemathesis reads them): ``data`` is the JSON
+    # chunk (or ``[DONE]``), ``event`` its kind where the API names one (speech: ``speech.audio.delta``...)
+    sse = {"text/event-stream": {"schema": {
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                       "retry": {"type": "integer"}}}}}
     audio = {f.content_type: {"schema": {"type": "string", "format": "binary"}} for f in SUPPORTED_FORMATS.values()}
     mp4 = {VIDEO_MIME_TYPE: {"schema": {"type": "string", "format": "binary"}}}
     successes = {
