@@ -44,6 +44,17 @@ CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conform
           "allow_header_conformance", "unsupported_method")
 
 
+#: The operations that make a model generate (speech, images, chat, videos, clone prompts):
+#: left out against a real stack (``CHEAP_ONLY``), where a generated valid request can cost
+#: seconds to minutes of CPU; the fake-engine run covers them.
+GENERATING_OPERATIONS = (
+    "create_speech_v1_audio_speech_post", "create_speech_batch_v1_audio_speech_batch_post",
+    "create_voice_v1_audio_voices_post", "create_image_v1_images_generations_post", "edit_image_v1_images_edits_post",
+    "create_video_v1_videos_post", "create_video_sync_v1_videos_sync_post",
+    "create_chat_completion_v1_chat_completions_post", "create_completion_v1_completions_post")
+CHEAP_ONLY = [arg for op in GENERATING_OPERATIONS for arg in ("--exclude-operation-id", op)]
+
+
 def fuzz_venv() -> Path:
     """The schemathesis venv of ``scripts/setup_fuzz.sh`` (``OMNI_TRITON_FUZZ_VENV`` or
     ``<cache>/fuzz-venv``)."""
@@ -109,7 +120,8 @@ def config_toml(fixtures: dict[str, list[str]], probability: float = 0.5) -> str
 class FuzzReport:
     """What one schemathesis run found.
 
-    operations: operations tested (of the schema's); max_examples: ``--max-examples``;
+    operations: operations tested (of ``operations_selected`` by the filters, of the schema's
+    ``operations_total``); max_examples: ``--max-examples``;
     cases: test cases schemathesis generated; requests: (method, path template) -> requests
     sent; other_requests: requests with a method the path does not have (405 expected);
     statuses: status -> count over every response; server_errors: (method, url, status,
@@ -118,6 +130,7 @@ class FuzzReport:
     """
 
     operations: int = 0
+    operations_selected: int = 0
     operations_total: int = 0
     max_examples: int = 0
     cases: int = 0
@@ -136,7 +149,8 @@ class FuzzReport:
 
     def summary(self) -> str:
         per_op = sorted(self.requests.values())
-        return (f"operations {self.operations}/{self.operations_total}, --max-examples {self.max_examples}, "
+        selected = "" if self.operations_selected == self.operations_total else f" ({self.operations_selected} selected)"
+        return (f"operations {self.operations}/{self.operations_total}{selected}, --max-examples {self.max_examples}, "
                 f"{self.cases} cases: {sum(per_op)} requests to {len(per_op)} operations (per operation min "
                 f"{per_op[0] if per_op else 0}, median {per_op[len(per_op) // 2] if per_op else 0}, max "
                 f"{per_op[-1] if per_op else 0}) + {self.other_requests} with unsupported methods, "
@@ -160,7 +174,7 @@ def run(url: str, out_dir: Path | str, max_examples: int = 25, seed: int = 1, ch
     """Fuzz the frontend at ``url`` (see the module docstring); files go to ``out_dir``.
 
     ``fixtures``: ids and model names for the dictionaries (default: ``seed_fixtures(url)``);
-    ``include``: extra ``schemathesis run`` filter options (e.g. ``["--include-method", "GET"]``).
+    ``include``: extra ``schemathesis run`` filter options (e.g. :data:`CHEAP_ONLY`).
     Raises FileNotFoundError when the schemathesis venv is missing.
     """
     import time
@@ -193,6 +207,7 @@ def run(url: str, out_dir: Path | str, max_examples: int = 25, seed: int = 1, ch
         raise RuntimeError(f"schemathesis wrote no report (exit {proc.returncode}):\n{report.output[-4000:]}")
     data = json.loads((out / "report.json").read_text())
     report.operations = data["operations"]["tested"]
+    report.operations_selected = data["operations"]["selected"]
     report.operations_total = data["operations"]["total"]
     report.cases = data["test_cases"]["generated"]
     report.failures = data.get("failures") or []
@@ -221,9 +236,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-examples", type=int, default=25, help="examples per operation (fuzzing phase)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--cheap-only", action="store_true",
+                   help="leave out the operations that make a model generate (for a real stack on CPUs)")
     args = p.parse_args(argv)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
-    report = run(args.url, args.out, args.max_examples, args.seed, headers=headers)
+    report = run(args.url, args.out, args.max_examples, args.seed, headers=headers,
+                 include=CHEAP_ONLY if args.cheap_only else None)
     print(report.summary())
     for method, url, status, body in report.server_errors[:20]:
         print(f"5xx: {status} {method} {url}: {body}")
