@@ -40,8 +40,9 @@ VIDEO_PARAMS = {"task": "text-to-video", "size_multiple": "16", "max_size": "32"
                 "max_input_image_bytes": "200000", "max_input_image_pixels": "65536"}
 
 MODELS = (
+    # the prepared SmolLM2 folder's tokenizer serves /tokenize (400 tokenizer_unavailable without it)
     ModelInfo(name="llm", inputs=CHAT_INPUTS, outputs=TEXT_OUTPUTS, decoupled=True, modalities=("text",),
-              max_model_len=2048),
+              max_model_len=2048, assets=("smollm2",)),
     ModelInfo(name="llm_tts", inputs=CHAT_INPUTS | {"MODALITIES", "VOICE"}, outputs=TEXT_OUTPUTS | SPEECH_OUT,
               decoupled=True, modalities=("text", "audio"), speaks_for="llm", voices=("joe",),
               default_voice="joe", sample_rate=22050, max_model_len=2048),
