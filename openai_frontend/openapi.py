@@ -191,7 +191,10 @@ def _content(model: type[BaseModel]) -> dict:
 def build_openapi(app: FastAPI) -> dict:
     """The OpenAPI document of ``app`` (FastAPI's, completed as the module docstring says)."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                      description="OpenAI-compatible API of Omni-Triton (docs/ in the repository).")
+                      description="OpenAI-compatible API of Omni-Triton (docs/ in the repository). Not listed "
+                                  "here, as OpenAPI has no WebSocket operations: WS /v1/audio/speech/stream "
+                                  "(session.config, input.text, input.done, session.close in; audio.start, "
+                                  "binary audio, audio.done, session.done, error out: docs/voices.md).")
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     models = (ErrorResponse, Video, VideoList, Deleted, Voice, VoiceConsent, VoiceConsentList, SpeechBatchResponse,
               ChatCompletion, Completion)
