@@ -348,6 +348,18 @@ def test_websocket_message_with_a_lone_surrogate_is_an_error_event_and_the_sessi
         assert ws.receive_json()["type"] == "audio.done"
 
 
+@pytest.mark.parametrize("messages", [[{"role": "user", "content": None}], [{"role": "user"}],
+                                      [{"role": "user", "content": [{"type": "input_audio"}]}]])
+async def test_tokenize_messages_the_chat_template_cannot_render_are_400(full, messages):
+    """Found by schemathesis: ``content: null`` made the chat template raise ``TypeError`` (a 500)."""
+    from omni_triton.paths import model_dir
+
+    if not (model_dir("smollm2") / "tokenizer.json").exists():
+        pytest.skip("the prepared smollm2 folder (its tokenizer) is missing: run scripts/setup.sh")
+    r = await full.post("/tokenize", json={"model": "llm", "messages": messages})
+    assert_error(r, 400, param="messages")
+
+
 async def test_model_name_the_engine_cannot_encode_is_404_not_500(full):
     """``model`` values reach Triton's gRPC API as UTF-8: a lone surrogate is an unknown model."""
     r = await full.post("/v1/videos", **jraw({"prompt": "a fox", "model": "wan" + LONE}))
