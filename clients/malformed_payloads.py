@@ -344,7 +344,7 @@ def _voice_field_cases(base: dict) -> list[Case]:
         for value in [HOSTILE_STRINGS[0], "ok\udfffok", "a\x00b", "\x00", 123, 1.5, True, [], {}, ["x"], {"a": 1}]:
             out.append(Case("voices", f"json {name}={_label(value)}", json={**base, name: value}, has_json=True))
         for value in (["", " ", "\x00", "a\x00b"] + (["x" * 65, "\x01ab", "a\x7fb"] if name == "name" else [])
-                      + (["voice", "PROMPT", "audio"] if name == "type" else [])):
+                      + (["voice", "Prompt", "audio"] if name == "type" else [])):
             out.append(Case("voices", f"form {name}={_label(value)}", form={**base, name: value}))
         out.append(Case("voices", f"missing {name}", form={k: v for k, v in base.items() if k != name}))
     return out
