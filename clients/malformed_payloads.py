@@ -3,11 +3,13 @@ plus hostile strings, and a driver that sends them to a running server.
 
 Run against a running stack (loopback only)::
 
-    python -m clients.malformed_payloads --url http://127.0.0.1:9000 [--endpoints chat,speech]
+    python -m clients.malformed_payloads --url http://127.0.0.1:9000 [--endpoints chat,speech,videos,voices]
 
 Every case must be answered with a 4xx and the OpenAI error body ``{"error": {"message",
 "type", "param", "code"}}``; the driver prints the answers per endpoint and class and exits 1 if
-any case got something else (a 5xx above all). Cases per endpoint (``cases(endpoint)``):
+any case got something else (a 5xx above all). Endpoints: chat, completions, image generations
+and edits, speech, and the form routes ``/v1/videos`` and ``/v1/audio/voices``. Cases per
+endpoint (``cases(endpoint)``):
 
 * **schema cases**: for every field of the request model (nested models and list items too), a
   pool of wrong values (wrong JSON types, lone surrogates, NUL, non-ASCII digits, huge numbers,
@@ -18,7 +20,8 @@ any case got something else (a 5xx above all). Cases per endpoint (``cases(endpo
 * **semantic cases** the schema accepts but the API must refuse (unknown model, sizes like
   ``"²³x64"``, ``top_k`` 2^70, huge fan-out, extreme aspect-ratio uploads, ...);
 * **body cases**: truncated JSON, non-JSON, wrong content types, empty and non-object bodies,
-  an oversized body; for edits: corrupt, empty and oversized uploads, broken multipart.
+  an oversized body; for edits: corrupt, empty and oversized uploads, broken multipart; for
+  speech and edits: bogus multipart content types, too many files, a text part over 1 MiB.
 
 No pytest here: ``tests/unit/test_frontend_malformed.py`` runs all cases through ASGI against a
 fake engine, ``tests/e2e/test_malformed.py`` against the real server.
@@ -45,6 +48,9 @@ from openai_frontend.schemas import (
 )
 
 ENDPOINTS = ("chat", "completions", "images_generations", "images_edits", "speech")
+#: the routes that read their own form (or JSON) body: video jobs and custom voices (issue 23)
+FORM_ENDPOINTS = ("videos", "voices")
+ALL_ENDPOINTS = ENDPOINTS + FORM_ENDPOINTS
 
 PATHS = {
     "chat": "/v1/chat/completions",
@@ -52,8 +58,12 @@ PATHS = {
     "images_generations": "/v1/images/generations",
     "images_edits": "/v1/images/edits",
     "speech": "/v1/audio/speech",
+    "videos": "/v1/videos",
+    "voices": "/v1/audio/voices",
 }
 
+#: the request schema of each JSON endpoint (the form endpoints: ``_form_schema_cases`` and
+#: ``_voice_field_cases``)
 SCHEMAS: dict[str, type[BaseModel]] = {
     "chat": ChatCompletionRequest,
     "completions": CompletionRequest,
@@ -71,6 +81,7 @@ class Models:
     image: str = "qwen_image"
     image_edit: str = "qwen_image_edit"
     speech: str = "piper_tts"
+    video: str = "wan_t2v"
 
 
 def valid_request(endpoint: str, models: Models = Models()) -> dict:
@@ -86,7 +97,24 @@ def valid_request(endpoint: str, models: Models = Models()) -> dict:
         "images_edits": {"model": models.image_edit, "prompt": "make it blue", "size": "32x32",
                          "num_inference_steps": 2, "seed": 1},
         "speech": {"model": models.speech, "input": "Hello.", "response_format": "wav"},
+        "videos": {"model": models.video, "prompt": "a red fox"},
+        "voices": {"name": "calm", "type": "prompt", "prompt": "a calm, low voice"},
     }[endpoint]
+
+
+def send_valid(client, endpoint: str, models: Models = Models()):
+    """Send ``endpoint``'s valid request with the ``httpx`` ``client`` (forms as forms; a voice
+    gets a fresh name each time, as names are unique)."""
+    valid = valid_request(endpoint, models)
+    if endpoint == "images_edits":
+        return client.post(PATHS[endpoint], data=valid, files=valid_files())
+    if endpoint == "voices":
+        import uuid
+
+        return client.post(PATHS[endpoint], data={**valid, "name": f"v-{uuid.uuid4().hex[:12]}"})
+    if endpoint == "videos":
+        return client.post(PATHS[endpoint], data=valid)
+    return client.post(PATHS[endpoint], json=valid)
 
 
 def png(width: int = 32, height: int = 32) -> bytes:
@@ -98,9 +126,9 @@ def png(width: int = 32, height: int = 32) -> bytes:
     return buf.getvalue()
 
 
-def valid_files() -> list[tuple[str, tuple[str, bytes, str]]]:
+def valid_files(name: str = "image") -> list[tuple[str, tuple[str, bytes, str]]]:
     """The upload of a valid edit request (httpx ``files=``)."""
-    return [("image", ("in.png", png(), "image/png"))]
+    return [(name, ("in.png", png(), "image/png"))]
 
 
 @dataclass
@@ -129,6 +157,9 @@ class Case:
     def request_kwargs(self) -> dict:
         """``httpx`` keyword arguments of this case (``content`` + ``headers``)."""
         headers = {}
+        if self.content_type is not None and "multipart" in self.content_type and self.content is not None:
+            # as-is, even bytes that are not ASCII (httpx encodes str header values as ASCII)
+            return {"content": self.content, "headers": {"content-type": self.content_type.encode("latin-1")}}
         if self.form is not None or self.files is not None or self.form_bytes is not None:
             body, ctype = multipart(self.form or {}, self.files or [], self.form_bytes or {})
             return {"content": body, "headers": {"content-type": ctype}}
@@ -245,11 +276,13 @@ def _label(value) -> str:
 def schema_cases(endpoint: str, models: Models = Models(), strict_params: bool = False) -> list[Case]:
     """Wrong values for every field (kept only when the schema rejects them), missing required
     fields and, with ``strict_params`` (a server run with ``--strict-params``), an unknown field."""
-    schema = SCHEMAS[endpoint]
     base = valid_request(endpoint, models)
     out = []
-    if endpoint == "images_edits":
-        return _form_schema_cases(base, strict_params)
+    if endpoint in ("images_edits", "videos"):
+        return _form_schema_cases(endpoint, base, strict_params)
+    if endpoint == "voices":
+        return _voice_field_cases(base)
+    schema = SCHEMAS[endpoint]
     for path in _field_paths(schema, base):
         where = ".".join(str(p) for p in path)
         kept = 0
@@ -264,6 +297,8 @@ def schema_cases(endpoint: str, models: Models = Models(), strict_params: bool =
                 out.append(Case(endpoint, f"missing {where}", json=payload, has_json=True))
     if strict_params:
         out.append(Case(endpoint, "unknown field", json={**base, "not_a_field": 1}, has_json=True))
+        # a name that is not Latin-1 (the X-Ignored-Fields header of a lenient server once failed on it)
+        out.append(Case(endpoint, "unknown non-Latin-1 field", json={**base, "€": 1}, has_json=True))
     return out
 
 
@@ -273,23 +308,45 @@ _FORM_VALUES = ["abc", "NaN", "Infinity", "-Infinity", "1e400", "²", "①⑥", 
                 "99999999999999999999999", "a\x00b", "\x00", "true?", "[1]", "{}"]
 
 
-def _form_schema_cases(base: dict, strict_params: bool = False) -> list[Case]:
-    """Edit form fields (strings by nature): each field given strings its type refuses."""
+def _form_schema_cases(endpoint: str, base: dict, strict_params: bool = False) -> list[Case]:
+    """Form fields (strings by nature) of edits and videos: each field given strings its type
+    refuses, then the same as a JSON body where the route takes one (videos)."""
+    from openai_frontend.serving.videos import VideoCreateForm
+
+    schema = ImageEditForm if endpoint == "images_edits" else VideoCreateForm
+    files = valid_files() if endpoint == "images_edits" else None
     out = []
-    for name in ImageEditForm.model_fields:
+    for name in schema.model_fields:
         for value in _FORM_VALUES:
             fields = {**{k: str(v) for k, v in base.items()}, name: value}
             try:
-                ImageEditForm.model_validate(fields)
+                schema.model_validate(fields)
             except ValidationError:
-                out.append(Case("images_edits", f"form {name}={_label(value)}", form=fields,
-                                files=valid_files()))
+                out.append(Case(endpoint, f"form {name}={_label(value)}", form=fields, files=files))
+        if endpoint == "videos":  # JSON bodies: wrong types and text that is not Unicode
+            for value in [HOSTILE_STRINGS[0], "a\x00b", [], {}, ["x"], True, 2**70, float("nan")]:
+                payload = {**base, name: value}
+                if _rejected(schema, payload):
+                    out.append(Case(endpoint, f"json {name}={_label(value)}", json=payload, has_json=True))
     fields = {k: str(v) for k, v in base.items()}
     del fields["prompt"]
-    out.append(Case("images_edits", "missing prompt", form=fields, files=valid_files()))
-    if strict_params:
-        out.append(Case("images_edits", "unknown field", form={**{k: str(v) for k, v in base.items()},
-                                                                "not_a_field": "1"}, files=valid_files()))
+    out.append(Case(endpoint, "missing prompt", form=fields, files=files))
+    if strict_params or endpoint == "videos":  # videos refuse unknown fields always
+        out.append(Case(endpoint, "unknown field", form={**{k: str(v) for k, v in base.items()},
+                                                         "not_a_field": "1"}, files=files))
+    return out
+
+
+def _voice_field_cases(base: dict) -> list[Case]:
+    """``/v1/audio/voices`` fields, as a form and as JSON: values the route refuses."""
+    out = []
+    for name in ("name", "type", "prompt"):
+        for value in [HOSTILE_STRINGS[0], "ok\udfffok", "a\x00b", "\x00", 123, 1.5, True, [], {}, ["x"], {"a": 1}]:
+            out.append(Case("voices", f"json {name}={_label(value)}", json={**base, name: value}, has_json=True))
+        for value in (["", " ", "\x00", "a\x00b"] + (["x" * 65, "\x01ab", "a\x7fb"] if name == "name" else [])
+                      + (["voice", "Prompt", "audio"] if name == "type" else [])):
+            out.append(Case("voices", f"form {name}={_label(value)}", form={**base, name: value}))
+        out.append(Case("voices", f"missing {name}", form={k: v for k, v in base.items() if k != name}))
     return out
 
 
@@ -356,6 +413,44 @@ def semantic_cases(endpoint: str, models: Models = Models()) -> list[Case]:
             j("edit model", model=models.image_edit), j("speech model", model=models.speech),
             j("output_compression 101", output_compression=101), j("seed 2^63", seed=2**63),
         ]
+    if endpoint == "videos":
+        fields = {k: str(v) for k, v in base.items()}
+
+        def v(name: str, files=None, **changes) -> Case:
+            return Case(endpoint, name, form={**fields, **changes}, files=files)
+
+        sizes = ["²x²", "①⑥x16", "１６x１６", "16x16 ", "16x", "x16", "16x16x16", "9" * 5000 + "x16", "-16x16",
+                 "0x0", "30x30", "4096x4096"]
+        return [Case(endpoint, "unknown model", form={**fields, "model": "no-such-model"}),
+                v("image model", model=models.image), v("speech model", model=models.speech),
+                v("empty prompt", prompt="   "), v("lora", lora="x"),
+                v("num_frames not 4k+1", num_frames="6"), v("num_frames 10^6", num_frames="1000000"),
+                v("seconds and num_frames conflict", seconds="1", num_frames="5", fps="16"),
+                v("fps 1000", fps="1000"), v("steps 10^6", num_inference_steps="1000000"),
+                v("input_reference on a text-to-video model", files=valid_files("input_reference")),
+                v("input_reference as text", input_reference="x"),
+                v("input_reference[image_url] not a data URL", **{"input_reference[image_url]": "http://x/a.png"}),
+                Case(endpoint, "prompt twice", form=fields, form_bytes={"prompt": b"again"}),
+                Case(endpoint, "JSON input_reference not an object", json={**base, "input_reference": 5}, has_json=True),
+                Case(endpoint, "JSON input_reference without image_url", json={**base, "input_reference": {}},
+                     has_json=True),
+                Case(endpoint, "JSON input_reference bad base64",
+                     json={**base, "input_reference": {"image_url": "data:image/png;base64,@@@"}}, has_json=True),
+                ] + [v(f"size {size[:20]!r}", size=size) for size in sizes]
+    if endpoint == "voices":
+        def f(name: str, files=None, **changes) -> Case:
+            return Case(endpoint, name, form={**base, **changes}, files=files)
+
+        clip = [("audio_sample", ("a.wav", b"RIFF0000WAVEnot audio", "audio/wav"))]
+        return [f("clone without consent", files=clip, type="audio_sample"),
+                f("clone with an unknown consent", files=clip, type="audio_sample", consent="cons_nope"),
+                f("clone without a clip", type="audio_sample", consent="cons_nope"),
+                f("clip as a text field", type="audio_sample", audio_sample="x"),
+                f("type unknown", type="design"), f("prompt as a file", files=[("prompt", ("p.txt", b"x", "text/plain"))],
+                                                    prompt=None),
+                Case(endpoint, "name twice", form=base, form_bytes={"name": b"again"}),
+                Case(endpoint, "33 fields", form={**base, **{f"f{i}": "x" for i in range(33)}}),
+                Case(endpoint, "3 files", form=base, files=clip * 3)]
     if endpoint == "speech":
         return common + [
             j("empty input", input=""), j("blank input", input="   "),
@@ -412,6 +507,10 @@ def body_cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 1
         Case(endpoint, "no content type", content=base, content_type=None),
         Case(endpoint, "oversized body", content=b'{"x": "' + b"a" * (max_body_bytes + 1) + b'"}'),
     ]
+    out += _multipart_cases(endpoint, models)
+    if endpoint in FORM_ENDPOINTS:
+        out += [Case(endpoint, "JSON nested 100000 deep", content=b"[" * 100000 + b"]" * 100000),
+                Case(endpoint, "multipart without boundary", content=b"--x\r\n\r\n", content_type="multipart/form-data")]
     if endpoint == "images_edits":
         out = [c for c in out if c.name != "oversized body"] + [
             Case(endpoint, "JSON instead of multipart", content=base),
@@ -421,6 +520,32 @@ def body_cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 1
             Case(endpoint, "oversized body", content=b"-" * (max_body_bytes + 1),
                  content_type=multipart({}, [], {})[1]),
         ]
+    return out
+
+
+#: ``multipart/form-data`` content types no parser can use (no or an empty boundary, bytes
+#: that are not ASCII, an unknown charset): each was a 500 on the speech form (issue 23)
+BOGUS_MULTIPART_TYPES = ["multipart/form-data", "multipart/form-data; boundary=", 'multipart/form-data; boundary=""',
+                         "multipart/form-data; boundary=\xe4\xff", "multipart/form-data;;;=;",
+                         "multipart/form-data; boundary=x; charset=no-such-charset"]
+
+
+def _multipart_cases(endpoint: str, models: Models) -> list[Case]:
+    """Forms for the endpoints that read one (speech takes its fields as a form too): bogus
+    multipart content types, too many files, a text part over 1 MiB."""
+    if endpoint not in ("speech", "images_edits", "videos", "voices"):
+        return []
+    fields = {k: str(v) for k, v in valid_request(endpoint, models).items()}
+    junk = b"--x\r\nContent-Disposition: form-data; name=\"input\"\r\n\r\n\xff\r\n--y--\r\n"
+    out = [Case(endpoint, f"content type {ctype!r}", content=junk, content_type=ctype)
+           for ctype in BOGUS_MULTIPART_TYPES]
+    upload = ("clip.wav", b"RIFF0000WAVE", "audio/wav") if endpoint in ("speech", "voices") else valid_files()[0][1]
+    name = {"speech": "ref_audio", "images_edits": "image", "videos": "input_reference", "voices": "audio_sample"}[endpoint]
+    text = "input" if endpoint == "speech" else "name" if endpoint == "voices" else "prompt"
+    out += [Case(endpoint, "9 files", form=fields, files=[(name, upload)] * 9),
+            Case(endpoint, "text part over 1 MiB", form={**fields, text: "x" * ((1 << 20) + 1)}, files=[(name, upload)])]
+    if endpoint == "speech":
+        out.append(Case(endpoint, "3 files", form=fields, files=[(name, upload)] * 3))
     return out
 
 
@@ -458,7 +583,7 @@ class Report:
         return sum(n for c in self.statuses.values() for s, n in c.items() if s >= 500)
 
 
-def run(url: str, endpoints=ENDPOINTS, models: Models = Models(), timeout_s: float = 30.0,
+def run(url: str, endpoints=ALL_ENDPOINTS, models: Models = Models(), timeout_s: float = 30.0,
         api_key: str | None = None) -> Report:
     """Send every case of ``endpoints`` to the frontend at ``url``, one after another, then one
     valid request per endpoint; returns the report."""
@@ -481,11 +606,7 @@ def run(url: str, endpoints=ENDPOINTS, models: Models = Models(), timeout_s: flo
                 problem = check(status, body)
                 if problem:
                     report.failures.append((endpoint, case.name, problem))
-            valid = valid_request(endpoint, models)
-            if endpoint == "images_edits":
-                r = client.post(PATHS[endpoint], data=valid, files=valid_files())
-            else:
-                r = client.post(PATHS[endpoint], json=valid)
+            r = send_valid(client, endpoint, models)
             report.valid[endpoint] = r.status_code
             if r.status_code != 200:
                 report.failures.append((endpoint, "valid request afterwards", f"status {r.status_code}: {r.text[:200]}"))
@@ -496,7 +617,7 @@ def run(url: str, endpoints=ENDPOINTS, models: Models = Models(), timeout_s: flo
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m clients.malformed_payloads", description=__doc__.split("\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:9000", help="frontend URL (loopback)")
-    p.add_argument("--endpoints", default=",".join(ENDPOINTS))
+    p.add_argument("--endpoints", default=",".join(ALL_ENDPOINTS))
     p.add_argument("--api-key", default=None)
     args = p.parse_args(argv)
     report = run(args.url, [e for e in args.endpoints.split(",") if e], api_key=args.api_key)

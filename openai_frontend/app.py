@@ -18,6 +18,7 @@ from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
 from .auth import ApiKeyCheck
+from .openapi import install_openapi
 from .middleware import ApiKey, BodySizeLimit, BrowserGuard, IgnoredFieldsHeader, SpeechFormToJson, UnexpectedErrors
 from .routers import audio, chat, images, models, observability, videos
 from .schemas import SpeechRequest
@@ -137,6 +138,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(observability.router)
+    install_openapi(app)  # /openapi.json describes the forms, media types and error shape too
     # add_middleware wraps: the last added runs first (outermost)
     app.add_middleware(SpeechFormToJson, json_fields=frozenset(SpeechRequest.model_fields) - _SPEECH_TEXT_FIELDS)
     app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)

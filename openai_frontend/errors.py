@@ -90,7 +90,13 @@ def engine_error_detail(exc: EngineError) -> ErrorDetail:
 
 
 def _validation_detail(exc: RequestValidationError) -> ErrorDetail:
-    errors = exc.errors()
+    return validation_detail(exc.errors())
+
+
+def validation_detail(errors: list) -> ErrorDetail:
+    """The OpenAI error detail of pydantic's ``errors()`` (a ``ValidationError`` or FastAPI's
+    ``RequestValidationError``): the most telling error's field as ``param`` (union-member tags
+    such as ``function-after[...]`` left out), our validators' codes (``invalid_characters``)."""
     # our own validators' errors say the most; with unions pydantic lists one error per member
     ours = [e for e in errors if e.get("type") in _CUSTOM_CODES]
     first = ours[0] if ours else (errors[0] if errors else {})
@@ -101,7 +107,10 @@ def _validation_detail(exc: RequestValidationError) -> ErrorDetail:
             type="invalid_request_error",
             code="invalid_json",
         )
-    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
+    loc = list(first.get("loc", ()))
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):  # where, not which field
+        loc = loc[1:]
+    loc = [str(p) for p in loc if not _UNION_TAG.search(str(p))]
     param = loc[0] if loc else None
     where = ".".join(loc) if loc else "body"
     if first.get("type") == "extra_forbidden":
@@ -127,6 +136,24 @@ _CUSTOM_CODES = {"invalid_characters"}
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` header of a 405: the methods of every route of the path template that
+    Starlette matched first (its own header names only that route's, e.g. ``POST`` for
+    ``/v1/videos``, which has GET too; ``/v1/videos/sync`` stays POST, not the methods of
+    ``/v1/videos/{video_id}``)."""
+    from starlette.routing import Match
+
+    template, methods = None, set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "\x00"})  # no method matches: path only
+        if match == Match.NONE:
+            continue
+        template = template or getattr(route, "path_format", None)
+        if getattr(route, "path_format", None) == template:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError):
@@ -144,13 +171,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_json(400, _validation_detail(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException):
         detail = ErrorDetail(
             message=str(exc.detail),
             type="invalid_request_error" if exc.status_code < 500 else "server_error",
             code=_HTTP_CODES.get(exc.status_code),
         )
         headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(request)
         if exc.status_code == 413:  # the rest of the body was not read
             headers["Connection"] = "close"
         return error_json(exc.status_code, detail, headers or None)

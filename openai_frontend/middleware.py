@@ -377,6 +377,10 @@ class SpeechFormToJson:
     Sits inside ``BodySizeLimit`` (the cap applies to the form). Docs: docs/voices.md."""
 
     PATH = "/v1/audio/speech"
+    #: form bounds: ``ref_audio`` (+ one spare) file parts, text fields, bytes of one text field
+    MAX_FILES = 2
+    MAX_FIELDS = 64
+    MAX_FIELD_BYTES = 1 << 20
 
     def __init__(self, app, json_fields: frozenset[str] = frozenset()):
         self.app = app
@@ -393,8 +397,15 @@ class SpeechFormToJson:
         from starlette.datastructures import UploadFile
         from starlette.requests import Request
 
+        from .errors import OpenAIError
+        from .serving.common import read_form
+
         try:
-            form = await Request(scope, receive).form(max_files=2, max_fields=64)
+            form = await read_form(Request(scope, receive), max_files=self.MAX_FILES, max_fields=self.MAX_FIELDS,
+                                   max_part_size=self.MAX_FIELD_BYTES)
+        except OpenAIError as exc:  # answered here: this middleware runs outside the app's handlers
+            return await error_json(exc.status_code, exc.detail)(scope, receive, send)
+        try:
             fields: dict = {}
             for key, value in form.multi_items():
                 if isinstance(value, UploadFile):
@@ -407,7 +418,7 @@ class SpeechFormToJson:
                         pass  # left a string: the schema names the field in its 400
                 fields[key] = value
             await form.close()
-        except HTTPException:  # the body cap (413)
+        except HTTPException:  # the body cap (413), answered by BodySizeLimit
             raise
         except Exception as exc:  # noqa: BLE001 - a malformed multipart body
             detail = ErrorDetail(message=f"Malformed multipart body: {exc}", type="invalid_request_error",

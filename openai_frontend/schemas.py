@@ -56,6 +56,16 @@ def _text(value: str) -> str:
     return value
 
 
+def is_text(value: str) -> bool:
+    """True when ``value`` is what ``_text`` accepts: UTF-8-encodable (no lone surrogate) and
+    without NUL. For client strings checked outside a schema (form fields, ids)."""
+    try:
+        _text(value)
+    except PydanticCustomError:
+        return False
+    return True
+
+
 #: A request string: valid Unicode without NUL (see ``_text``).
 Text = Annotated[str, AfterValidator(_text)]
 

@@ -37,6 +37,15 @@ from omni_triton.media.video import encode_mp4, write_atomic
 
 from .engine import EngineError, InvalidRequestError, VideoJob
 
+#: A job id, exactly as ``VideoStore.insert`` makes them: ``video_`` + 24 lowercase hex digits.
+JOB_ID = re.compile(r"video_[0-9a-f]{24}")
+
+
+def is_job_id(text: object) -> bool:
+    """True when ``text`` has the exact form of a job id (:data:`JOB_ID`). Client ids are
+    checked with this before any database or file-system use (a path, never a glob pattern)."""
+    return isinstance(text, str) and JOB_ID.fullmatch(text) is not None
+
 logger = logging.getLogger(__name__)
 
 QUEUED, IN_PROGRESS, COMPLETED, FAILED, EXPIRED = "queued", "in_progress", "completed", "failed", "expired"
@@ -184,7 +193,7 @@ class JobStore:
     def insert(self, request: VideoRequest, now: int | None = None, max_queued: int | None = None) -> JobRecord | None:
         """Add a queued job; ``None`` when ``max_queued`` jobs are already queued (checked in the
         same transaction)."""
-        job_id = "video_" + secrets.token_hex(12)
+        job_id = "video_" + secrets.token_hex(12)  # the form of JOB_ID
         now = int(time.time()) if now is None else now
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -373,6 +382,9 @@ class VideoJobs:
 
     # ------------------------------------------------------------------ API
     def video_path(self, job_id: str) -> Path:
+        """The MP4 of job ``job_id``. Raises ValueError for a string that is not a job id."""
+        if not is_job_id(job_id):
+            raise ValueError(f"not a video job id: {job_id!r}")
         return self.videos_dir / f"{job_id}.mp4"
 
     def create(self, request: VideoRequest) -> JobRecord | None:
@@ -383,6 +395,9 @@ class VideoJobs:
         return rec
 
     def get(self, job_id: str) -> JobRecord | None:
+        """The job ``job_id``; ``None`` when there is none or ``job_id`` is not a job id."""
+        if not is_job_id(job_id):
+            return None
         rec = self.store.get(job_id)
         if rec is not None and rec.status == COMPLETED and rec.expires_at is not None and rec.expires_at <= time.time():
             self._expire(rec)
@@ -391,7 +406,10 @@ class VideoJobs:
 
     async def delete(self, job_id: str) -> bool:
         """Remove a job and its files; a running job's stream is cancelled first (the denoiser
-        stops at its next step). False when there is no such job."""
+        stops at its next step). False when there is no such job (or ``job_id`` is not a job id:
+        nothing is touched then)."""
+        if not is_job_id(job_id):
+            return False
         running = self._running.get(job_id)
         if running is not None:
             running.deleted = True
@@ -399,8 +417,11 @@ class VideoJobs:
             await asyncio.gather(running.task, return_exceptions=True)
         found = self.store.delete(job_id)
         self.video_path(job_id).unlink(missing_ok=True)
-        for tmp in self.videos_dir.glob(f".{job_id}.mp4.*"):
-            tmp.unlink(missing_ok=True)
+        prefix = f".{job_id}.mp4."  # write_atomic's temporary files of this job (a prefix, not a glob)
+        if self.videos_dir.is_dir():
+            for tmp in self.videos_dir.iterdir():
+                if tmp.name.startswith(prefix):
+                    tmp.unlink(missing_ok=True)
         return found
 
     def sweep(self, now: float | None = None) -> int:

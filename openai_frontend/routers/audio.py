@@ -49,7 +49,8 @@ async def create_consent(request: Request):
 
 
 @router.get("/v1/audio/voice_consents")
-async def list_consents(request: Request, after: str | None = Query(default=None), limit: int = Query(default=20)):
+async def list_consents(request: Request, after: str | None = Query(default=None),
+                        limit: int = Query(default=20, ge=1, le=100)):
     return await voices.list_consents(request, after, limit)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Query, Request
 
 from ..serving import videos
@@ -20,7 +22,8 @@ async def create_video_sync(request: Request):
 
 
 @router.get("/v1/videos")
-async def list_videos(request: Request, limit: int = Query(20), after: str | None = None, order: str = "desc"):
+async def list_videos(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None,
+                      order: Literal["asc", "desc"] = "desc"):
     return await videos.list_videos(request, limit, after, order)
 
 
@@ -30,7 +33,7 @@ async def retrieve_video(request: Request, video_id: str):
 
 
 @router.get("/v1/videos/{video_id}/content")
-async def video_content(request: Request, video_id: str, variant: str = "video"):
+async def video_content(request: Request, video_id: str, variant: Literal["video"] = "video"):
     return await videos.video_content(request, video_id, variant)
 
 

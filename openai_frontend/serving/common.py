@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
 from ..errors import OpenAIError, bad_request
 from ..middleware import format_field_names
-from ..schemas import ignored_fields
+from ..schemas import ignored_fields, is_text
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,48 @@ def ignore_fields(request, names: list[str]) -> None:
     state[IGNORED_FIELDS_STATE] = list(state.get(IGNORED_FIELDS_STATE) or []) + list(names)
 
 
+# --------------------------------------------------------------------------- forms
+async def read_form(request, *, max_files: int, max_fields: int, max_part_size: int = 1 << 20):
+    """The request's ``multipart/form-data`` (or urlencoded) form, parsed by Starlette with
+    bounds: at most ``max_files`` file parts, ``max_fields`` text fields and ``max_part_size``
+    bytes per text field. The one way every route reads a form (``/v1/audio/speech``,
+    ``/v1/images/edits``, ``/v1/videos``, ``/v1/audio/voices``, ``/v1/audio/voice_consents``).
+
+    Raises:
+        OpenAIError: 400 ``invalid_multipart`` for anything Starlette or python-multipart refuse
+            (no or empty boundary, broken parts, an unknown charset, too many files or fields,
+            a text field over ``max_part_size``), with their reason.
+        HTTPException: 413 from the frontend's body cap (``middleware.BodyTooLarge``), as is.
+    """
+    try:
+        return await request.form(max_files=max_files, max_fields=max_fields, max_part_size=max_part_size)
+    except StarletteHTTPException as exc:  # Starlette's 400 for a MultiPartException; the body cap's 413
+        if exc.status_code == 413:
+            raise
+        reason = str(exc.detail)
+    except Exception as exc:  # noqa: BLE001 - whatever else a hostile body or header makes the parser raise
+        reason = f"{type(exc).__name__}: {exc}"
+    raise bad_request(f"Malformed multipart body: {reason}", code="invalid_multipart")
+
+
+async def read_json_object(request) -> dict:
+    """The request's JSON body, which must be an object (for the routes that read their body
+    themselves: ``/v1/videos``, ``/v1/audio/voices``...; the others get FastAPI's parsing).
+
+    Raises:
+        OpenAIError: 400 ``invalid_json`` for a body that is not JSON (invalid UTF-8 included),
+            nested too deeply for the parser (``RecursionError``: was a 500), or not an object.
+    """
+    try:
+        data = await request.json()
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise bad_request(f"Malformed JSON body: {reason}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("The JSON body must be an object", code="invalid_json")
+    return data
+
+
 # --------------------------------------------------------------------------- model resolution
 @dataclass(frozen=True)
 class ModelKind:
@@ -105,8 +148,11 @@ async def resolve_model(engine, name: str | None, kind: ModelKind | None = None)
 
     Raises:
         ModelNotFoundError (404), ModelNotReadyError (503), TritonUnavailableError (503),
-        OpenAIError (400) as above.
+        OpenAIError (400) as above, and 400 ``invalid_characters`` for a name that is not Unicode
+        text (a lone surrogate, NUL: Triton's gRPC API would fail to encode it).
     """
+    if name is not None and not is_text(name):
+        raise bad_request("'model' is not valid Unicode text", param="model", code="invalid_characters")
     if name is None:
         if kind is None:
             raise bad_request("'model' is required", param="model", code="model_required")

@@ -24,7 +24,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
 
 from omni_triton.media.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
 
@@ -33,7 +32,8 @@ from ..engine.model_info import parse_size
 from ..errors import OpenAIError, bad_request
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
 from .stage_metrics import StageClock
-from .common import IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, resolve_model, retry_after_stage_restart, check_fields
+from .common import (IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, check_fields, read_form, resolve_model,
+                     retry_after_stage_restart)
 
 from omni_triton.contracts.image import MIN_INFERENCE_STEPS  # noqa: E402 - the stages' floor
 
@@ -241,13 +241,8 @@ async def edit_image(request) -> JSONResponse:
         raise bad_request("POST /v1/images/edits takes multipart/form-data (fields 'image', "
                           "'prompt', ...)", code="invalid_content_type")
     settings = request.app.state.settings
-    try:
-        form = await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS,
-                                  max_part_size=MAX_FIELD_BYTES)
-    except HTTPException:  # the body cap (413)
-        raise
-    except Exception as exc:  # noqa: BLE001 - malformed multipart body
-        raise bad_request(f"Malformed multipart body: {exc}", code="invalid_multipart") from None
+    form = await read_form(request, max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS,
+                           max_part_size=MAX_FIELD_BYTES)
     try:
         images: list[UploadFile] = []
         mask = None

@@ -40,8 +40,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from omni_triton.media.audio import StreamResampler, encode_audio, float_to_pcm16, resample
 
 from ..engine import EngineError, ModelInfo
-from ..errors import OpenAIError, bad_request, engine_error_detail, public_message
-from ..schemas import SpeechBatchRequest, SpeechRequest
+from ..errors import OpenAIError, bad_request, engine_error_detail, public_message, validation_detail
+from ..schemas import SpeechBatchRequest, SpeechRequest, is_text
 from .common import SPEECH, AdmittedRequest, resolve_model, until_disconnect
 from .speech import plan, synthesize
 from .voices import drop_unsupported_extras
@@ -99,10 +99,8 @@ def _error_fields(exc: Exception) -> dict:
         d = engine_error_detail(exc)
         return {"error": d.message, "code": d.code, "param": d.param, "status_code": exc.status_code}
     if isinstance(exc, ValidationError):
-        e = exc.errors()[0]
-        where = ".".join(str(p) for p in e.get("loc", ()))
-        return {"error": f"{where}: {e.get('msg')}", "code": "invalid_value", "param": where or None,
-                "status_code": 400}
+        d = validation_detail(exc.errors())
+        return {"error": d.message, "code": d.code, "param": d.param, "status_code": 400}
     raise exc
 
 
@@ -334,8 +332,11 @@ async def speech_stream(ws: WebSocket) -> None:
                     if session.body is None:
                         raise bad_request("Send session.config first", code="not_configured")
                     text = msg.get("text", "") if kind == "input.text" else ""
-                    if not isinstance(text, str) or "\x00" in text:
-                        raise bad_request("'text' must be a string without NUL", param="text", code="invalid_value")
+                    if not isinstance(text, str):
+                        raise bad_request("'text' must be a string", param="text", code="invalid_value")
+                    if not is_text(text):  # NUL, or a lone surrogate (its JSON escape) the engine cannot encode
+                        raise bad_request("'text' must be valid Unicode text without NUL", param="text",
+                                          code="invalid_characters")
                     session.add_text(text, flush=kind == "input.done")
                 elif kind == "session.close":
                     if session.body is not None and session.buffer.strip():

@@ -20,6 +20,7 @@ import functools
 import json
 from pathlib import Path
 
+from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -59,12 +60,17 @@ class ChatTokenizer:
         return value.get("content") if isinstance(value, dict) else value
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to ``messages`` (text). Raises ``ValueError`` without one."""
+        """The chat template applied to ``messages`` (text). Raises ``ValueError`` without one, or
+        when the template fails on them (client messages the template does not expect, e.g. a
+        ``null`` content, raise ``TypeError`` or a Jinja error inside it)."""
         if self.template is None:
             raise ValueError("the model has no chat template")
-        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                    bos_token=self._special("bos_token") or "",
-                                    eos_token=self._special("eos_token") or "")
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                        bos_token=self._special("bos_token") or "",
+                                        eos_token=self._special("eos_token") or "")
+        except (TypeError, TemplateError) as exc:
+            raise ValueError(f"the chat template cannot render these messages ({type(exc).__name__}: {exc})") from None
 
     def encode(self, text: str, add_special_tokens: bool) -> tuple[list[int], list[str]]:
         """Token ids and their strings."""

@@ -30,7 +30,7 @@ import math
 import secrets
 import time
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,10 +40,11 @@ from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, deco
                                      size_for_aspect)
 from omni_triton.media.video import MIME_TYPE, encode_mp4
 
-from ..engine import ModelInfo, VideoJob
+from ..engine import ModelInfo, VideoJob, parse_size
 from ..errors import OpenAIError, bad_request
+from ..schemas import Text
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, VideoJobs, VideoRequest
-from .common import AdmittedRequest, ModelKind, resolve_model, until_disconnect
+from .common import AdmittedRequest, ModelKind, read_form, read_json_object, resolve_model, until_disconnect
 
 VIDEO = ModelKind("video", lambda m: m.is_video)
 TEXT_TO_VIDEO = ModelKind("text-to-video", lambda m: m.is_video and not m.is_image_to_video)
@@ -61,10 +62,10 @@ class VideoCreateForm(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=20000)
-    model: str | None = None
+    prompt: Text = Field(min_length=1, max_length=20000)
+    model: Text | None = None
     seconds: float | None = Field(default=None, gt=0, le=600, allow_inf_nan=False)
-    size: str | None = None
+    size: Text | None = None
     width: int | None = Field(default=None, ge=1)
     height: int | None = Field(default=None, ge=1)
     num_frames: int | None = Field(default=None, ge=1)
@@ -75,7 +76,7 @@ class VideoCreateForm(BaseModel):
     boundary_ratio: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     flow_shift: float | None = Field(default=None, gt=0, le=100, allow_inf_nan=False)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    negative_prompt: str | None = Field(default=None, max_length=20000)
+    negative_prompt: Text | None = Field(default=None, max_length=20000)
 
 
 def _param(info: ModelInfo, key: str, default, kind=int):
@@ -94,11 +95,11 @@ def _size(body: VideoCreateForm, info: ModelInfo, image=None) -> tuple[int, int]
         width, height = size_for_aspect(image.shape[1], image.shape[0], default[0] * default[1],
                                         _param(info, "size_multiple", 16), _param(info, "max_size", 1280))
     if body.size is not None:
-        parts = body.size.lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        parsed = parse_size(body.size)  # ASCII digits only ("²x²" passed str.isdigit, then int() raised)
+        if parsed is None:
             raise bad_request(f"size={body.size!r}: must be WIDTHxHEIGHT, e.g. '{default[0]}x{default[1]}'",
                               param="size", code="invalid_size")
-        width, height = int(parts[0]), int(parts[1])
+        width, height = parsed
     width = body.width if body.width is not None else width
     height = body.height if body.height is not None else height
     multiple = _param(info, "size_multiple", 16)
@@ -179,23 +180,13 @@ async def _read_body(request: Request) -> tuple[dict[str, str], dict[str, bytes]
     whole body is capped by the frontend's ``--max-body-bytes``)."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("application/json"):
-        try:
-            data = await request.json()
-        except ValueError:
-            raise bad_request("Malformed JSON body", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise bad_request("The JSON body must be an object", code="invalid_json")
+        data = await read_json_object(request)
         return {k: v for k, v in data.items() if v is not None}, {}
     if not (content_type.startswith("multipart/form-data") or
             content_type.startswith("application/x-www-form-urlencoded")):
         raise bad_request("POST /v1/videos takes multipart/form-data (or JSON) with 'prompt', ...",
                           code="invalid_content_type")
-    try:
-        form = await request.form(max_files=4, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES)
-    except HTTPException:
-        raise
-    except Exception as exc:  # noqa: BLE001 - malformed multipart body
-        raise bad_request(f"Malformed multipart body: {exc}", code="invalid_multipart") from None
+    form = await read_form(request, max_files=4, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES)
     try:
         fields: dict[str, str] = {}
         files: dict[str, bytes] = {}
@@ -377,7 +368,31 @@ async def video_content(request: Request, video_id: str, variant: str = "video")
     path = jobs.video_path(video_id)
     if not path.is_file():
         raise OpenAIError(410, "the video file is gone", code="video_expired")
+    _check_range(request.headers.get("range"), path.stat().st_size)
     return FileResponse(path, media_type=MIME_TYPE, filename=f"{video_id}.mp4")
+
+
+def _check_range(header: str | None, size: int) -> None:
+    """A ``Range`` header that ``FileResponse`` would refuse, refused first in the OpenAI error
+    shape (Starlette answers those with a plain-text 400/416 of its own). Parsed by Starlette's
+    own parser, so both agree on what is valid.
+
+    Raises:
+        OpenAIError: 400 ``invalid_range`` (malformed: ``bytes=²-``, ``bytes=5-1``, not bytes),
+            416 ``range_not_satisfiable`` + ``Content-Range: bytes */<size>``.
+    """
+    if header is None:
+        return
+    from starlette import responses
+
+    try:
+        FileResponse._parse_range_header(header, size)
+    except responses.MalformedRangeHeader as exc:
+        raise OpenAIError(400, f"Range {header!r}: {exc.content or 'malformed'}", param="Range",
+                          code="invalid_range") from None
+    except responses.RangeNotSatisfiable:
+        raise OpenAIError(416, f"Range {header!r} is outside the {size} bytes of the video", param="Range",
+                          code="range_not_satisfiable", headers={"Content-Range": f"bytes */{size}"}) from None
 
 
 async def create_video_sync(request: Request) -> Response:

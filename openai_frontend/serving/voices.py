@@ -17,7 +17,7 @@ import logging
 import re
 
 import numpy as np
-from fastapi import HTTPException, Request
+from fastapi import Request
 from starlette.datastructures import UploadFile
 
 from omni_triton.contracts import qwen3_tts as qwen3_contract
@@ -25,8 +25,9 @@ from omni_triton.media.audio import resample
 
 from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
-from ..schemas import ModelVoices, SpeechRequest, VoiceList
+from ..schemas import ModelVoices, SpeechRequest, VoiceList, is_text
 from ..voice_store import AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, StoredVoice, VoiceCorruptError, VoiceStore
+from .common import read_form, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -239,19 +240,8 @@ async def _form(request: Request, max_part: int):
     """The request's form fields (multipart or urlencoded) or JSON object, as a dict."""
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("application/json"):
-        try:
-            data = await request.json()
-        except ValueError:
-            raise bad_request("The body is not valid JSON", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise bad_request("The body must be a JSON object", code="invalid_json")
-        return data
-    try:
-        form = await request.form(max_files=2, max_fields=32, max_part_size=max_part)
-    except HTTPException:
-        raise
-    except Exception as exc:  # noqa: BLE001 - malformed multipart body
-        raise bad_request(f"Malformed form body: {exc}", code="invalid_multipart") from None
+        return await read_json_object(request)
+    form = await read_form(request, max_files=2, max_fields=32, max_part_size=max_part)
     out = {}
     for key, value in form.multi_items():
         if key in out:
@@ -268,8 +258,9 @@ def _text_field(fields: dict, key: str, required: bool = False) -> str | None:
         return None
     if not isinstance(value, str):
         raise bad_request(f"'{key}' must be a text field", param=key, code="invalid_value")
-    if "\x00" in value:
-        raise bad_request(f"'{key}' must not contain NUL characters", param=key, code="invalid_value")
+    if not is_text(value):  # NUL, or a lone surrogate from a JSON body: SQLite and file names need UTF-8
+        raise bad_request(f"'{key}' must be valid Unicode text without NUL characters", param=key,
+                          code="invalid_characters")
     return value.strip()
 
 

@@ -179,6 +179,8 @@ def stack(tmp_path_factory, request):
         "--ready-timeout", str(READY_TIMEOUT_S),
         # the video job store of this session (SQLite + MP4s), not one in the shared cache
         f"--frontend-arg=--video-storage-dir={tmp_path_factory.mktemp('videos')}",
+        # and its voices and consents (the fuzzer of test_malformed.py creates and deletes some)
+        f"--frontend-arg=--voice-storage-dir={tmp_path_factory.mktemp('voices')}",
     ]
     triton_log = cache_dir() / "logs" / f"tritonserver-{ports['http']}.log"  # TritonServer's default
     old_crash_logs = _crash_logs(triton_log)

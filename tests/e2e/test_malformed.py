@@ -24,13 +24,13 @@ pytestmark = pytest.mark.e2e
 
 SERVED = set(E2E_MODELS.split(","))
 NEEDS = {"chat": "llm", "completions": "llm", "images_generations": "qwen_image",
-         "images_edits": "qwen_image_edit", "speech": "piper_tts"}
+         "images_edits": "qwen_image_edit", "speech": "piper_tts", "videos": "wan_t2v", "voices": None}
 MAX_INFLIGHT = 16  # the frontend's default --max-inflight
 
 
-@pytest.mark.parametrize("endpoint", mp.ENDPOINTS)
+@pytest.mark.parametrize("endpoint", mp.ALL_ENDPOINTS)
 def test_malformed_payloads_are_4xx_and_the_server_keeps_serving(stack, endpoint):
-    if NEEDS[endpoint] not in SERVED:
+    if NEEDS[endpoint] is not None and NEEDS[endpoint] not in SERVED:
         pytest.skip(f"{NEEDS[endpoint]} is not served")
     report = mp.run(stack.frontend_url, [endpoint])
     counts = report.statuses[endpoint]
@@ -112,3 +112,52 @@ def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
             assert outcome == "ok", outcome
     # None stays in flight either (a Triton 2.51 ensemble leak, see ensembles/qwen_image_edit):
     # the session's teardown checks Triton's shutdown for requests that never ended.
+
+
+def test_issue23_single_request_probes_are_4xx(stack):
+    """The single requests that were 500s (issue 23) against the real frontend: video ids that
+    are not ids (a NUL, glob patterns), a lone surrogate in a voice name, ``size`` ``²x²``, a
+    bogus multipart content type; an unknown field named ``€`` is ignored and named
+    percent-encoded in ``X-Ignored-Fields``."""
+    url = stack.frontend_url
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for video_id in ("%00", "**", "*", "video_*", "["):
+            for method, path in (("DELETE", f"/v1/videos/{video_id}"), ("GET", f"/v1/videos/{video_id}"),
+                                 ("GET", f"/v1/videos/{video_id}/content")):
+                r = c.request(method, path)
+                assert r.status_code == 404 and mp.check(r.status_code, r.content) is None, (method, path, r.text)
+        r = c.post("/v1/audio/voices", content=b'{"name": "\\ud800", "type": "prompt", "prompt": "calm"}',
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "name", r.text
+        r = c.post("/v1/videos", data={"prompt": "a fox", "size": "²x²"})
+        assert 400 <= r.status_code < 500 and mp.check(r.status_code, r.content) is None, r.text
+        r = c.post("/v1/audio/speech", content=b"x", headers={"content-type": "multipart/form-data; boundary="})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_multipart", r.text
+        if "piper_tts" in SERVED:
+            r = c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "Hi.", "€": 1})
+            assert r.status_code == 200 and r.headers["x-ignored-fields"] == "%E2%82%AC", r.headers
+
+
+#: examples per operation of the fuzzing phase against the real stack (the coverage and stateful
+#: phases add their own); tests/unit/test_openapi_fuzz.py runs more on a fake engine
+REAL_STACK_MAX_EXAMPLES = 10
+
+
+def test_schemathesis_against_the_real_stack(stack, tmp_path):
+    """The cheap operations of ``/openapi.json`` (all but those that make a model generate,
+    ``api_fuzz.GENERATING_OPERATIONS``: on 2 CPU cores one generated valid video or chat costs
+    seconds to minutes) fuzzed by schemathesis against the real frontend and Triton
+    (``clients/api_fuzz.py``): no 5xx, no response outside the schema. Every operation runs
+    against a fake engine in ``tests/unit/test_openapi_fuzz.py``."""
+    from clients import api_fuzz
+
+    if not (api_fuzz.fuzz_venv() / "bin" / "schemathesis").exists():
+        pytest.skip("no schemathesis venv: run scripts/setup_fuzz.sh")
+    report = api_fuzz.run(stack.frontend_url, tmp_path / "fuzz", max_examples=REAL_STACK_MAX_EXAMPLES, seed=1,
+                          include=api_fuzz.CHEAP_ONLY)
+    print("schemathesis (real stack):", report.summary())
+    assert report.operations == report.operations_selected == report.operations_total - len(
+        api_fuzz.GENERATING_OPERATIONS), report.output[-3000:]
+    assert not report.server_errors, report.server_errors[:10]
+    assert not report.failures, report.output[-6000:]
+    assert httpx.get(f"{stack.frontend_url}/health", timeout=10).status_code == 200

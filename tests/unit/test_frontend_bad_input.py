@@ -103,6 +103,270 @@ async def test_nul_in_chat_content_is_400():
     assert_error(r, 400, param="messages", code="invalid_characters")
 
 
+# ------------------------------------------------------------------ issue 23: the 500s of single requests
+# Each probe of issue 23 against the real app with every store (``fake_engine.fake_app``: voices
+# and video jobs in a temp folder) on one fake engine of every model kind.
+@pytest.fixture
+async def full(tmp_path):
+    from fake_engine import fake_app
+
+    app = fake_app(tmp_path)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            c.app = app
+            yield c
+
+
+SPEECH = {"model": "piper_tts", "input": "Hello."}
+
+
+@pytest.mark.parametrize("name, header", [
+    ("€", "%E2%82%AC"), ("naïve", "na%C3%AFve"), ("\ud800", None),
+    ("a\r\nX-Evil: 1", "a%0D%0AX-Evil:%201"), ("100%", "100%25"),
+])
+async def test_unknown_field_of_any_name_is_ignored_and_named_in_a_latin1_header(full, name, header):
+    """``X-Ignored-Fields`` carries only printable ASCII: other characters of a field name (and
+    ``%``) are percent-encoded as UTF-8 (a lone surrogate as its 3 bytes), so the header always
+    encodes (a non-Latin-1 name was a 500) and cannot be split (CR/LF). A name that is not
+    Unicode text (a lone surrogate) is a 400."""
+    for path, body in (("/v1/audio/speech", SPEECH), ("/v1/chat/completions", CHAT)):
+        r = await full.post(path, **raw({**body, name: 1}))
+        if header is None:
+            assert_error(r, 400)
+            continue
+        assert r.status_code == 200, r.text
+        assert r.headers["x-ignored-fields"] == header
+        assert "x-evil" not in r.headers
+
+
+async def test_unknown_non_latin1_field_with_strict_params_is_400():
+    async with client(AllFake(), strict_params=True) as c:
+        r = await c.post("/v1/audio/speech", **raw({**SPEECH, "€": 1}))
+    err = assert_error(r, 400, code="unknown_parameter")
+    assert "€" in err["message"]
+
+
+#: every route that reads a form, with a valid text field
+FORM_ROUTES = [("/v1/audio/speech", {"model": "piper_tts", "input": "Hello."}),
+               ("/v1/videos", {"prompt": "a fox"}), ("/v1/videos/sync", {"prompt": "a fox"}),
+               ("/v1/audio/voices", {"name": "v", "type": "prompt", "prompt": "calm"}),
+               ("/v1/audio/voice_consents", {"name": "me", "language": "en"}),
+               ("/v1/images/edits", {"model": "qwen_image_edit", "prompt": "blue"})]
+BOGUS_CONTENT_TYPES = ["multipart/form-data", "multipart/form-data; boundary=", 'multipart/form-data; boundary=""',
+                       "multipart/form-data; boundary=x", "multipart/form-data; boundary=\xe4\xff",
+                       "multipart/form-data; boundary=x; charset=no-such-charset", "multipart/form-data;;;=;",
+                       "multipart/mixed; boundary=x", "application/x-www-form-urlencoded; charset=no-such-charset"]
+
+
+@pytest.mark.parametrize("ctype", BOGUS_CONTENT_TYPES)
+@pytest.mark.parametrize("path", [p for p, _ in FORM_ROUTES])
+async def test_bogus_multipart_content_type_is_400(full, path, ctype):
+    body = b"--x\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\n\xff\r\n--y--\r\n"
+    r = await full.post(path, content=body, headers={"content-type": ctype.encode("latin-1")})
+    assert 400 <= r.status_code < 500, r.text
+    assert_error(r, r.status_code)
+
+
+@pytest.mark.parametrize("path, fields", FORM_ROUTES)
+async def test_too_many_files_is_400(full, path, fields):
+    files = [("ref_audio", ("a.wav", b"RIFF", "audio/wav"))] * 9
+    r = await full.post(path, data=fields, files=files)
+    assert_error(r, 400, code="invalid_multipart")
+
+
+@pytest.mark.parametrize("path, fields", FORM_ROUTES)
+async def test_text_part_over_its_cap_is_4xx(full, path, fields):
+    key = next(iter(fields))
+    r = await full.post(path, data={**fields, key: "x" * ((1 << 20) + 1)},
+                        files=[("unused", ("a.bin", b"x", "application/octet-stream"))])
+    err = assert_error(r, r.status_code)
+    assert r.status_code in (400, 413), err
+
+
+async def test_speech_with_three_files_is_400(full):
+    files = [("ref_audio", ("a.wav", b"RIFF", "audio/wav"))] * 3
+    r = await full.post("/v1/audio/speech", data={"model": "qwen3_tts", "input": "hi"}, files=files)
+    assert_error(r, 400, code="invalid_multipart")
+
+
+@pytest.mark.parametrize("size", ["²x²", "①⑥x16", "１６x１６", "16x16 ", " 16x16", "16x", "x16", "16x16x16",
+                                  "9" * 5000 + "x16", "-16x16", "+16x16", "1_6x16"])
+@pytest.mark.parametrize("path", ["/v1/videos", "/v1/videos/sync"])
+async def test_video_size_is_ascii_digits_only(full, path, size):
+    r = await full.post(path, data={"prompt": "a fox", "model": "wan_t2v", "size": size})
+    assert_error(r, 400, param="size", code="invalid_size")
+
+
+@pytest.mark.parametrize("field", ["width", "height", "num_frames", "fps", "seed", "num_inference_steps",
+                                   "seconds", "guidance_scale"])
+@pytest.mark.parametrize("value", ["²", "١٦", "１６", "1e400", "NaN"])
+async def test_video_numbers_are_ascii_only(full, field, value):
+    r = await full.post("/v1/videos", data={"prompt": "a fox", "model": "wan_t2v", field: value})
+    assert_error(r, 400, param=field)
+
+
+async def test_video_with_valid_ascii_size_still_works(full):
+    r = await full.post("/v1/videos/sync", data={"prompt": "a fox", "model": "wan_t2v", "size": "16x32"})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "video/mp4"
+
+
+@pytest.mark.parametrize("video_id", ["%00", "**", "*", "[", "video_*", "video_%5B", ".video_x", "%2e%2e",
+                                      "video_" + "0" * 23 + "g", "video_" + "A" * 24, "x" * 5000, "%ED%A0%80"])
+async def test_malformed_video_id_is_404_and_touches_nothing(full, video_id):
+    """Ids are checked against their exact format (``video_`` + 24 hex digits) before any store or
+    file use: ``DELETE /v1/videos/*`` used to glob, and removed other jobs' temporary files."""
+    r = await full.post("/v1/videos", data={"prompt": "a fox", "model": "wan_t2v"})
+    assert r.status_code == 200, r.text
+    job = r.json()["id"]
+    videos = full.app.state.video_jobs.videos_dir
+    videos.mkdir(parents=True, exist_ok=True)
+    tmp = videos / f".{job}.mp4.abc123.tmp"  # another job's MP4 being written (write_atomic)
+    tmp.write_bytes(b"partial")
+    for method, path in (("DELETE", f"/v1/videos/{video_id}"), ("GET", f"/v1/videos/{video_id}"),
+                         ("GET", f"/v1/videos/{video_id}/content")):
+        r = await full.request(method, path)
+        assert_error(r, 404)
+    assert tmp.exists()
+    assert (await full.get(f"/v1/videos/{job}")).status_code == 200
+
+
+async def test_deleting_a_job_removes_its_own_temporary_files_only(full):
+    ids = [(await full.post("/v1/videos", data={"prompt": "a fox", "model": "wan_t2v"})).json()["id"]
+           for _ in range(2)]
+    videos = full.app.state.video_jobs.videos_dir
+    videos.mkdir(parents=True, exist_ok=True)
+    mine, other = videos / f".{ids[0]}.mp4.a.tmp", videos / f".{ids[1]}.mp4.b.tmp"
+    mine.write_bytes(b"x")
+    other.write_bytes(b"x")
+    assert (await full.delete(f"/v1/videos/{ids[0]}")).status_code == 200
+    assert not mine.exists() and other.exists()
+
+
+@pytest.mark.parametrize("range_, status", [("bytes=²-", 400), ("bytes=5-1", 400), ("bytes=", 400), ("items=0-1", 400),
+                                            ("bytes=a-b", 400), ("bytes=-0", 416), ("bytes=999999-", 416)])
+async def test_bad_range_on_video_content_is_an_openai_error(full, range_, status):
+    """Starlette's ``FileResponse`` answers a bad ``Range`` with plain text; the content route
+    answers it in the OpenAI error shape (416 with ``Content-Range``); good ranges still work."""
+    vid = (await full.post("/v1/videos", data={"prompt": "a fox", "model": "wan_t2v"})).json()["id"]
+    for _ in range(100):
+        if (await full.get(f"/v1/videos/{vid}")).json()["status"] == "completed":
+            break
+        await asyncio.sleep(0.05)
+    r = await full.get(f"/v1/videos/{vid}/content", headers={"range": range_.encode()})
+    assert_error(r, status, code="invalid_range" if status == 400 else "range_not_satisfiable")
+    if status == 416:
+        assert r.headers["content-range"].startswith("bytes */")
+    r = await full.get(f"/v1/videos/{vid}/content", headers={"range": "bytes=0-3"})
+    assert r.status_code == 206 and len(r.content) == 4
+
+
+def jraw(payload) -> dict:
+    """A JSON body with lone surrogates kept as ``\\udXXX`` escapes (``raw``)."""
+    return raw(payload)
+
+
+@pytest.mark.parametrize("path, payload, param", [
+    ("/v1/audio/voices", {"name": LONE, "type": "prompt", "prompt": "calm"}, "name"),
+    ("/v1/audio/voices", {"name": "v", "type": "prompt", "prompt": "a" + LONE}, "prompt"),
+    ("/v1/audio/voices", {"name": "v", "type": LONE, "prompt": "calm"}, "type"),
+    ("/v1/audio/voices", {"name": "v", "consent": LONE, "audio_sample": "x"}, "consent"),
+    ("/v1/audio/voice_consents", {"name": LONE, "language": "en", "recording": "x"}, "name"),
+    ("/v1/audio/voice_consents", {"name": "me", "language": LONE, "recording": "x"}, "language"),
+    ("/v1/videos", {"prompt": "a fox", "model": LONE}, "model"),
+    ("/v1/videos", {"prompt": "a fox", "negative_prompt": LONE}, "negative_prompt"),
+    ("/v1/videos", {"prompt": "a fox", "model": "wan_t2v", "size": LONE}, "size"),
+    ("/v1/videos/sync", {"prompt": LONE, "model": "wan_t2v"}, "prompt"),
+    ("/v1/audio/speech", {**SPEECH, "model": "qwen3_tts", "voice": {"id": LONE}}, "voice"),
+    ("/v1/audio/speech", {**SPEECH, "model": "qwen3_tts", "instructions": LONE}, "instructions"),
+    ("/v1/audio/speech", {**SPEECH, "model": "qwen3_tts", "language": LONE}, "language"),
+    ("/v1/audio/speech", {**SPEECH, "model": "qwen3_tts", "task_type": LONE}, "task_type"),
+])
+async def test_lone_surrogate_anywhere_is_400(full, path, payload, param):
+    """A string that cannot be UTF-8 never reaches SQLite, a file name, a header or Triton."""
+    r = await full.post(path, **jraw(payload))
+    assert_error(r, 400, param=param)
+
+
+@pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b'{"a":' * 50000 + b"1" + b"}" * 50000,
+                                  b'{"prompt": "\xff"}', b"null", b'"x"', b"{"])
+@pytest.mark.parametrize("path", ["/v1/videos", "/v1/videos/sync", "/v1/audio/voices", "/v1/audio/voice_consents"])
+async def test_json_body_too_deep_or_not_an_object_is_400(full, path, body):
+    """The routes that parse their own JSON body: a nesting deeper than the parser's recursion
+    limit was a 500 (``RecursionError``)."""
+    r = await full.post(path, content=body, headers={"content-type": "application/json"})
+    assert_error(r, 400, code="invalid_json")
+
+
+async def test_lone_surrogate_in_a_batch_item_fails_that_item_with_its_field(full):
+    r = await full.post("/v1/audio/speech/batch", **jraw({"model": "piper_tts", "items": [
+        {"input": "x", "voice": LONE}, {"input": "y"}]}))
+    assert r.status_code == 200, r.text
+    bad, good = r.json()["results"]
+    assert (bad["status"], bad["param"], bad["code"], bad["status_code"]) == ("error", "voice", "invalid_characters",
+                                                                              400), bad
+    assert good["status"] == "success", good
+
+
+async def test_lone_surrogate_in_a_consent_rename_is_400(full):
+    from test_voices import wav_bytes
+
+    r = await full.post("/v1/audio/voice_consents", data={"name": "me", "language": "en"},
+                        files={"recording": ("r.wav", wav_bytes(1.0), "audio/wav")})
+    assert r.status_code == 200, r.text
+    r = await full.post(f"/v1/audio/voice_consents/{r.json()['id']}", **jraw({"name": LONE}))
+    assert_error(r, 400, param="name")
+
+
+@pytest.mark.parametrize("message", [
+    {"type": "input.text", "text": "Hello " + LONE + ". "},
+    {"type": "input.text", "text": ["not", "text"]},
+    {"type": "session.config", "model": "piper_tts", "voice": LONE},
+    {"type": "session.config", "model": LONE},
+    {"type": LONE},
+])
+def test_websocket_message_with_a_lone_surrogate_is_an_error_event_and_the_session_goes_on(tmp_path, message):
+    """A WebSocket text frame's JSON may hold ``\\ud800`` escapes: such text never reaches the
+    engine or a JSON reply (both encode UTF-8); an ``error`` event says so and the session
+    still speaks."""
+    from starlette.testclient import TestClient
+
+    from fake_engine import fake_app
+
+    with TestClient(fake_app(tmp_path)) as tc, tc.websocket_connect("/v1/audio/speech/stream") as ws:
+        ws.send_text(json.dumps({"type": "session.config", "model": "piper_tts", "response_format": "wav"}))
+        ws.send_text(json.dumps(message))
+        event = ws.receive_json()
+        assert event["type"] == "error" and event["code"] in ("invalid_characters", "invalid_value", "invalid_message",
+                                                              "model_not_found"), event
+        ws.send_text(json.dumps({"type": "session.config", "model": "piper_tts", "response_format": "wav"}))
+        ws.send_text(json.dumps({"type": "input.text", "text": "Still here. "}))
+        ws.send_text(json.dumps({"type": "input.done"}))
+        assert ws.receive_json()["type"] == "audio.start"
+        assert ws.receive_bytes()[:4] == b"RIFF"
+        assert ws.receive_json()["type"] == "audio.done"
+
+
+@pytest.mark.parametrize("messages", [[{"role": "user", "content": None}], [{"role": "user"}],
+                                      [{"role": "user", "content": [{"type": "input_audio"}]}]])
+async def test_tokenize_messages_the_chat_template_cannot_render_are_400(full, messages):
+    """Found by schemathesis: ``content: null`` made the chat template raise ``TypeError`` (a 500)."""
+    from omni_triton.paths import model_dir
+
+    if not (model_dir("smollm2") / "tokenizer.json").exists():
+        pytest.skip("the prepared smollm2 folder (its tokenizer) is missing: run scripts/setup.sh")
+    r = await full.post("/tokenize", json={"model": "llm", "messages": messages})
+    assert_error(r, 400, param="messages")
+
+
+async def test_model_name_the_engine_cannot_encode_is_404_not_500(full):
+    """``model`` values reach Triton's gRPC API as UTF-8: a lone surrogate is an unknown model."""
+    r = await full.post("/v1/videos", **jraw({"prompt": "a fox", "model": "wan" + LONE}))
+    assert r.status_code in (400, 404), r.text
+    assert_error(r, r.status_code, param="model")
+
+
 # ------------------------------------------------------------------ sizes, sampling, guidance
 @pytest.mark.parametrize("size", ["²³x64", "①⑥x16", "6４x64", "64x64 ", "9" * 5000 + "x64"])
 async def test_size_with_non_ascii_digits_is_400(size):

@@ -15,7 +15,7 @@ from test_frontend_bad_input import AllFake
 pytestmark = pytest.mark.anyio
 
 #: the fake's models under the names the cases use
-MODELS = mp.Models(chat="llm", image="qwen_image", image_edit="qwen_image_edit", speech="piper_tts")
+MODELS = mp.Models(chat="llm", image="qwen_image", image_edit="qwen_image_edit", speech="piper_tts", video="wan_t2v")
 
 
 @pytest.fixture
@@ -52,6 +52,32 @@ async def test_every_malformed_case_is_a_4xx_with_the_openai_error_body(endpoint
             r = await c.post(mp.PATHS[endpoint], json=valid)
         assert r.status_code == 200, r.text
     assert app.state.admission.inflight == 0
+
+
+@pytest.mark.parametrize("endpoint", mp.FORM_ENDPOINTS)
+async def test_every_malformed_form_case_is_a_4xx_with_the_openai_error_body(endpoint, tmp_path):
+    """Videos and voices read their own form or JSON body: the same catalogue against the real
+    app with its stores (``fake_engine.fake_app``); nothing is stored, and a valid request
+    succeeds afterwards."""
+    from fake_engine import fake_app
+
+    assert len(mp.cases(endpoint, MODELS)) >= 80
+    app = fake_app(tmp_path)
+    failures, statuses = [], {}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            for case in mp.cases(endpoint, MODELS):
+                r = await c.post(case.path, **case.request_kwargs())
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                problem = mp.check(r.status_code, r.content)
+                if problem:
+                    failures.append(f"{case.name}: {problem}")
+            assert not failures, f"{len(failures)} of {sum(statuses.values())} cases: " + "\n".join(failures[:40])
+            listed = (await c.get("/v1/videos" if endpoint == "videos" else "/v1/audio/voices")).json()
+            assert listed.get("data" if endpoint == "videos" else "uploaded_voices") == []
+            r = await mp.send_valid(c, endpoint, MODELS)
+            assert r.status_code == 200, r.text
 
 
 # ------------------------------------------------------------------ overload
