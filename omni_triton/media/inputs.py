@@ -46,8 +46,10 @@ class MediaLimits:
     max_parts: int = 8
 
 
-#: demuxers PyAV may use for a client's video (refused before probing otherwise)
-VIDEO_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,ogg,mpegts,mpeg,flv"
+#: demuxers PyAV may use for a client's video (refused before probing otherwise): those whose
+#: streams are known from the header, so FFmpeg's ``max_pixels`` reaches the probing decoders
+#: (MPEG-PS/TS and FLV create theirs while probing, unbounded)
+VIDEO_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,ogg"
 #: frames decoded per second of the sampled span at most (a stream whose timestamps never
 #: advance is cut there instead of being decoded to its end)
 MAX_DECODED_FPS = 240
@@ -154,7 +156,10 @@ def sample_video_frames(data: bytes, what: str, limits: MediaLimits) -> tuple[li
         return MediaInputError(f"{what}: {w}x{h} frames are over the limit of {cap} pixels")
 
     try:
-        container = av.open(io.BytesIO(data), mode="r", options={"format_whitelist": VIDEO_FORMATS})
+        # max_pixels: FFmpeg's own per-frame cap, for the decoders that av.open's stream probing
+        # (avformat_find_stream_info) runs before any header can be read here
+        container = av.open(io.BytesIO(data), mode="r",
+                            options={"format_whitelist": VIDEO_FORMATS, "max_pixels": str(cap)})
     except Exception as exc:  # noqa: BLE001 - no demuxer of VIDEO_FORMATS reads it
         raise MediaInputError(f"{what}: not a video file of {VIDEO_FORMATS} ({type(exc).__name__})") from None
     try:
@@ -165,6 +170,7 @@ def sample_video_frames(data: bytes, what: str, limits: MediaLimits) -> tuple[li
             w, h = stream.codec_context.width, stream.codec_context.height
             if w * h > cap:
                 raise too_large(w, h)
+            stream.codec_context.options = {"max_pixels": str(cap)}  # the decoder refuses bigger frames itself
             next_t, decoded = 0.0, 0
             for frame in container.decode(stream):
                 decoded += 1

@@ -61,6 +61,17 @@ def test_video_bomb_is_refused_from_the_stream_header():
     assert "2048x2048 frames are over the limit" in results["mp4"][0]
 
 
+def test_video_stream_probing_is_bounded_too():
+    """``av.open`` probes the stream (FFmpeg decodes a frame to learn its format) before any
+    header is readable here: an 8192x8192 H.264 frame is 100 MB of YUV; FFmpeg's ``max_pixels``
+    makes that probe refuse it (157 MB of growth without it)."""
+    from media_bombs import mp4_bomb
+
+    results = decode_in_subprocess([("mp4 8192", "inputs.sample_video_frames(payload, 'v', inputs.MediaLimits())",
+                                     mp4_bomb(8192, 2))])
+    _assert_refused(results, "MediaInputError")
+
+
 def test_video_frames_are_checked_as_decoded():
     """The stream header is not the only guard: a frame bigger than the limit is refused when it
     is decoded (a stream can change size mid-way; here the header check is passed by making the
