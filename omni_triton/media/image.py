@@ -85,6 +85,19 @@ def encode_image(pixels: np.ndarray, fmt: str = "png", compression: int | None =
     return EncodedImage(buf.getvalue(), fmt, mime)
 
 
+#: bytes of decompressed PNG text (zTXt/iTXt/iCCP) one image may hold: Pillow's own
+#: ``PngImagePlugin.MAX_TEXT_MEMORY`` is 64 MB (a 211 KB PNG of 200 zTXt chunks grew the process
+#: by 66 MB); client images' text is never used, so it is lowered to this on first use
+MAX_PNG_TEXT_BYTES = 1 << 20
+
+
+def _limit_png_text() -> None:
+    from PIL import PngImagePlugin
+
+    PngImagePlugin.MAX_TEXT_MEMORY = min(PngImagePlugin.MAX_TEXT_MEMORY, MAX_PNG_TEXT_BYTES)
+    PngImagePlugin.MAX_TEXT_CHUNK = min(PngImagePlugin.MAX_TEXT_CHUNK, MAX_PNG_TEXT_BYTES)
+
+
 def open_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose: bool = False):
     """A client's image file -> RGB ``PIL.Image`` (alpha dropped; ``exif_transpose``: a camera
     photo's EXIF orientation applied first): the one image decoder of the project, safe against
@@ -96,7 +109,9 @@ def open_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose:
       is far looser: 89 MP warns, 179 MP refuses);
     - an animation (GIF, APNG, animated WebP) decodes its first frame only (frames are never
       counted or seeked: ``n_frames`` would parse every frame);
-    - a truncated file is refused (Pillow's ``LOAD_TRUNCATED_IMAGES`` stays off).
+    - a truncated file is refused (Pillow's ``LOAD_TRUNCATED_IMAGES`` stays off);
+    - PNG text chunks decompress to at most :data:`MAX_PNG_TEXT_BYTES` in all (Pillow's
+      process-wide limits, lowered).
 
     Memory: at most ``max_pixels`` * 4 bytes for the decoded frame plus its RGB copy.
 
@@ -108,6 +123,7 @@ def open_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose:
 
     if not data:
         raise InvalidImageError("the uploaded image is empty")
+    _limit_png_text()
     try:
         img = Image.open(io.BytesIO(data), formats=UPLOAD_FORMATS)
     except Image.DecompressionBombError as exc:  # over Pillow's own (looser) guard: header only

@@ -92,6 +92,27 @@ def png_81mp_bomb() -> bytes:
     return png_bomb(9000)
 
 
+def png_text_bomb() -> bytes:
+    """An 8x8 PNG carrying 200 zTXt chunks of 1 MB of zeros each (~210 KB): Pillow decompresses
+    text chunks while opening, up to its own 64 MB limit."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8)).save(buf, "PNG")
+    png = buf.getvalue()
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    text = zlib.compress(b"\0" * ((1 << 20) - 1), 9)
+    chunks = b"".join(chunk(b"zTXt", f"k{i}".encode() + b"\0\0" + text) for i in range(200))
+    at = png.index(b"IDAT") - 4  # before the first IDAT: read by Image.open
+    return png[:at] + chunks + png[at:]
+
+
 def gif_bomb() -> bytes:
     """GIF whose logical screen says 64 x 64 and whose first frame says 8000 x 8000 (64 MP:
     under Pillow's own 179 MP guard): a header that lies about the size the decode will have."""
@@ -132,10 +153,10 @@ def mp4_bomb(size: int = 2048, frames: int = 16) -> bytes:
 
 AUDIO_BOMBS = {"flac": flac_bomb, "flac_unknown_length": flac_unknown_length_bomb, "ogg_vorbis": ogg_vorbis_bomb,
                "ogg_opus": ogg_opus_bomb, "mp3": mp3_bomb, "wav_1hz": wav_low_rate_bomb}
-IMAGE_BOMBS = {"png": png_bomb, "png_81mp": png_81mp_bomb, "gif": gif_bomb}
+IMAGE_BOMBS = {"png": png_bomb, "png_81mp": png_81mp_bomb, "png_text": png_text_bomb, "gif": gif_bomb}
 BUILDERS = {**AUDIO_BOMBS, **IMAGE_BOMBS, "mp4": mp4_bomb}
 MIME = {"flac": "audio/flac", "flac_unknown_length": "audio/flac", "ogg_vorbis": "audio/ogg", "ogg_opus": "audio/ogg",
-        "mp3": "audio/mpeg", "wav_1hz": "audio/wav", "png": "image/png", "png_81mp": "image/png", "gif": "image/gif", "mp4": "video/mp4"}
+        "mp3": "audio/mpeg", "wav_1hz": "audio/wav", "png": "image/png", "png_81mp": "image/png", "png_text": "image/png", "gif": "image/gif", "mp4": "video/mp4"}
 
 
 def _status(pid: int) -> dict[str, int]:
