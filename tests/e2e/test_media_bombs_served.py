@@ -78,13 +78,23 @@ def _post_measured(stack, post) -> tuple[httpx.Response, dict[str, float]]:
     return r, {name: round((_vm(p.pid, "VmHWM") - before[name]) / MB, 1) for name, p in procs.items()}
 
 
-def _assert_refused(r: httpx.Response, growth: dict[str, float], param: str) -> None:
+def _report(label: str, r: httpx.Response, growth: dict[str, float]) -> None:
+    """One line per bomb for the record (``pytest -s``): endpoint field, bomb, status, code and
+    the process that grew most."""
     worst = max(growth, key=growth.get)
-    print(f"  {param}: {r.status_code} {r.text[:120]}; worst growth {worst} {growth[worst]} MB")
+    try:
+        code = r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = r.text[:60]
+    print(f"\nBOMB {label:32s} {r.status_code} {code!s:28s} {worst:28s} +{growth[worst]} MB")
+
+
+def _assert_refused(r: httpx.Response, growth: dict[str, float], param: str, name: str = "") -> None:
+    _report(f"{param} {name}", r, growth)
     assert 400 <= r.status_code < 500, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"] and err["type"], err
-    assert growth[worst] * MB <= RSS_BOUND, growth
+    assert max(growth.values()) * MB <= RSS_BOUND, growth
     health = r.request.url.copy_with(path="/health", query=None)
     assert httpx.get(health, timeout=10).status_code == 200  # and the server serves on
 
@@ -113,11 +123,11 @@ def test_audio_bomb_on_consents_and_voices(stack, consent_id, name):
     r, growth = _post_measured(stack, lambda: httpx.post(
         f"{url}/v1/audio/voice_consents", data={"name": f"bomb {name}", "language": "en"},
         files={"recording": (f"bomb.{name}", data, MIME[name])}, timeout=120))
-    _assert_refused(r, growth, "recording")
+    _assert_refused(r, growth, "recording", name)
     r, growth = _post_measured(stack, lambda: httpx.post(
         f"{url}/v1/audio/voices", data={"name": f"bomb {name}", "consent": consent_id},
         files={"audio_sample": (f"bomb.{name}", data, MIME[name])}, timeout=120))
-    _assert_refused(r, growth, "audio_sample")
+    _assert_refused(r, growth, "audio_sample", name)
 
 
 @pytest.mark.parametrize("name", list(AUDIO_BOMBS))
@@ -128,7 +138,7 @@ def test_audio_bomb_as_ref_audio(stack, name):
     r, growth = _post_measured(stack, lambda: httpx.post(
         f"{stack.frontend_url}/v1/audio/speech", timeout=120,
         json={"model": "qwen3_tts", "input": "Hello.", "ref_audio": url, "ref_text": "Hello."}))
-    _assert_refused(r, growth, "ref_audio")
+    _assert_refused(r, growth, "ref_audio", name)
 
 
 @pytest.mark.parametrize("name", list(IMAGE_BOMBS))
@@ -140,12 +150,12 @@ def test_image_bomb_on_edits_and_image_to_video(stack, name):
         r, growth = _post_measured(stack, lambda: httpx.post(
             f"{stack.frontend_url}/v1/images/edits", data={"model": "qwen_image_edit", "prompt": "x"},
             files={"image": (f"bomb.{name}", data, MIME[name])}, timeout=120))
-        _assert_refused(r, growth, "image")
+        _assert_refused(r, growth, "image", name)
     if "wan_i2v" in served:
         r, growth = _post_measured(stack, lambda: httpx.post(
             f"{stack.frontend_url}/v1/videos", data={"model": "wan_i2v", "prompt": "x"},
             files={"input_reference": (f"bomb.{name}", data, MIME[name])}, timeout=120))
-        _assert_refused(r, growth, "input_reference")
+        _assert_refused(r, growth, "input_reference", name)
 
 
 def _chat_part(name: str) -> dict:
@@ -165,7 +175,6 @@ def test_bomb_as_chat_media(stack, name):
     r, growth = _post_measured(stack, lambda: httpx.post(
         f"{stack.frontend_url}/v1/chat/completions", timeout=300,
         json={"model": "omni", "messages": messages, "max_tokens": 4, "modalities": ["text"]}))
+    _report(f"chat {_chat_part(name)['type']} {name}", r, growth)
     assert 400 <= r.status_code < 500, r.text
-    worst = max(growth, key=growth.get)
-    print(f"  chat {name}: {r.status_code} {r.json()['error']['message'][:100]}; worst growth {worst} {growth[worst]} MB")
-    assert growth[worst] * MB <= RSS_BOUND, growth
+    assert max(growth.values()) * MB <= RSS_BOUND, growth
