@@ -5,8 +5,9 @@ decoding process's peak RSS grows by at most 100 MB. The decoders run in one fre
 per test (``media_bombs.decode_in_subprocess``) so the peak is the decoder's own.
 
 Bombs: ``tests/unit/media_bombs.py`` (FLAC, FLAC without a length, OGG Vorbis, OGG Opus, MP3,
-WAV at 1 Hz, PNG, GIF, MP4). On ``main`` before the fix the same calls grew the RSS by 146 MB to
-1.3 GB each (images excepted: their header check already refused them) (docs/voices.md "Limits").
+WAV at 1 Hz, PNG, PNG with zTXt, GIF, MP4). On ``main`` before the fix the audio and video calls
+grew the RSS by 146 MB to 1.3 GB each (the images were already refused from the header;
+docs/voices.md "Decompression-safe decoding").
 """
 from __future__ import annotations
 
