@@ -29,8 +29,9 @@ def _checkpoint(params):
 
 def _processor(params):
     """The checkpoint's multimodal processor with the media limits of the config ``parameters``
-    (``max_media_part_bytes``, ``max_audio_seconds``, ``max_image_pixels``, ``max_video_seconds``,
-    ``max_video_frames``, ``video_fps``, ``max_media_parts``; defaults: ``MediaLimits``)."""
+    (``max_media_part_bytes``, ``max_audio_seconds``, ``max_image_pixels``, ``max_video_pixels``,
+    ``max_video_seconds``, ``max_video_frames``, ``video_fps``, ``max_media_parts``; defaults:
+    ``MediaLimits``)."""
     from omni_triton.media.inputs import MediaLimits
     from omni_triton.stages.qwen3_omni import OmniProcessor
 
@@ -39,6 +40,7 @@ def _processor(params):
         max_part_bytes=int(params.get("max_media_part_bytes", d.max_part_bytes)),
         max_audio_seconds=float(params.get("max_audio_seconds", d.max_audio_seconds)),
         max_image_pixels=int(params.get("max_image_pixels", d.max_image_pixels)),
+        max_video_pixels=int(params.get("max_video_pixels", d.max_video_pixels)),
         max_video_seconds=float(params.get("max_video_seconds", d.max_video_seconds)),
         max_video_frames=int(params.get("max_video_frames", d.max_video_frames)),
         video_fps=float(params.get("video_fps", d.video_fps)),

@@ -1,4 +1,5 @@
-"""Audio encoding for the HTTP edge (no torch; numpy + soundfile + stdlib ``wave`` only).
+"""Audio encoding and bounded decoding for the HTTP edge (no torch; numpy + soundfile + soxr +
+stdlib ``wave``; PyAV for the containers libsndfile does not read).
 
 Everything that crosses a Triton boundary is mono float32 PCM in [-1, 1] (``AUDIO``) with its
 sample rate in Hz (``SAMPLE_RATE``), see ``docs/speech_contracts.md``. This module turns such
@@ -9,6 +10,9 @@ arrays into the bytes an HTTP client asked for:
   framed by libsndfile (through ``soundfile``); headers are never written by hand.
 * ``streaming_wav_header``: the 44-byte RIFF/WAVE header that starts a WAV *stream* whose length
   is not known yet (written by the stdlib ``wave`` module, see its docstring for the size fields).
+* ``decode_audio``: a client's upload (voices, consents, ``ref_audio``, chat ``input_audio``) ->
+  mono float32 at a target rate, under :class:`AudioLimits`: the one audio decoder of the project,
+  safe against decompression bombs (header checked first, decoding stopped at the limit).
 
 Speed changes are not done here: the Triton model applies ``SPEED`` itself.
 All sample counts are per channel (mono: samples == frames); rates are in Hz.
@@ -215,3 +219,174 @@ def resample(samples: np.ndarray, source_rate: int, target_rate: int) -> np.ndar
     """A whole mono float32 clip [T] at ``source_rate`` converted to ``target_rate`` (soxr)."""
     r = StreamResampler(source_rate, target_rate)
     return np.concatenate([r.process(samples), r.flush()])
+
+
+# --------------------------------------------------------------------------- bounded decoding
+@dataclass(frozen=True)
+class AudioLimits:
+    """What one uploaded clip may hold (units in the names). Checked on the container header
+    before decoding, then again on what is really decoded (a lying header cannot overshoot).
+
+    ``max_seconds`` / ``min_seconds``: clip length; ``max_channels``: channels mixed to mono;
+    ``min_sample_rate`` / ``max_sample_rate``: the file's own rate, in Hz.
+    """
+
+    max_seconds: float = 60.0
+    min_seconds: float = 0.0
+    max_channels: int = 8
+    min_sample_rate: int = 4000
+    max_sample_rate: int = 192_000
+
+
+class AudioDecodeError(ValueError):
+    """An upload is not usable audio. ``code``: ``invalid_audio`` (not audio, empty, non-finite,
+    a rate or channel count outside :class:`AudioLimits`), ``audio_too_long``,
+    ``audio_too_short``. The message does not name the field: callers add it."""
+
+    def __init__(self, message: str, code: str = "invalid_audio"):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class DecodedAudio:
+    """A decoded clip: ``samples`` float32 mono [T] in [-1, 1] at ``sample_rate`` Hz,
+    ``seconds`` its length as decoded, ``source_rate`` / ``channels`` of the file."""
+
+    samples: np.ndarray
+    sample_rate: int
+    seconds: float
+    source_rate: int
+    channels: int
+
+
+#: frames decoded per block (per channel): the memory of one block is 4 * channels * this
+DECODE_BLOCK_FRAMES = 16384
+#: demuxers PyAV may use for audio libsndfile does not read (MP4/M4A/AAC, WebM/Matroska, MP3 and
+#: OGG streams libsndfile refuses, FLAC without a length); anything else is refused before probing
+AV_AUDIO_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,mp3,aac,ogg,flac,wav"
+#: libsndfile's frame count for a stream whose length is unknown (SF_COUNT_MAX)
+_UNKNOWN_FRAMES = 1 << 62
+
+
+class _MonoSink:
+    """Mixes decoded blocks ``[n, channels]`` to mono, resamples them to ``target_rate`` (soxr
+    stream) and counts source frames, refusing once they pass ``max_frames``: what is held is
+    at most ``max_seconds * target_rate`` float32 samples, whatever the file claims."""
+
+    def __init__(self, source_rate: int, target_rate: int, limits: AudioLimits):
+        self.rate, self.limits = source_rate, limits
+        self.max_frames = int(limits.max_seconds * source_rate)
+        self.frames = 0
+        self.resampler = StreamResampler(source_rate, target_rate)
+        self.out: list[np.ndarray] = []
+
+    def too_long(self) -> AudioDecodeError:
+        return AudioDecodeError(f"the audio decodes to more than {self.limits.max_seconds:g} s: over the limit of "
+                               f"{self.limits.max_seconds:g} s", "audio_too_long")
+
+    def add(self, block: np.ndarray) -> None:
+        if not len(block):
+            return
+        self.frames += len(block)
+        if self.frames > self.max_frames:
+            raise self.too_long()
+        mono = block.mean(axis=1, dtype=np.float32) if block.ndim == 2 else block.astype(np.float32, copy=False)
+        if not np.all(np.isfinite(mono)):
+            raise AudioDecodeError("the audio holds non-finite samples")
+        self.out.append(self.resampler.process(mono))
+
+    def finish(self, source_rate: int, channels: int) -> DecodedAudio:
+        if self.frames == 0:
+            raise AudioDecodeError("the audio holds no samples")
+        seconds = self.frames / self.rate
+        if seconds < self.limits.min_seconds:
+            raise AudioDecodeError(f"the audio is {seconds:.2f} s long; at least {self.limits.min_seconds:g} s is "
+                                   "needed", "audio_too_short")
+        self.out.append(self.resampler.flush())
+        samples = np.clip(np.concatenate(self.out), -1.0, 1.0).astype(np.float32, copy=False)
+        return DecodedAudio(samples, self.resampler.target_rate, seconds, source_rate, channels)
+
+
+def _check_header(rate: int, channels: int, seconds: float | None, limits: AudioLimits) -> None:
+    if not limits.min_sample_rate <= rate <= limits.max_sample_rate:
+        raise AudioDecodeError(f"a sample rate of {rate} Hz is outside {limits.min_sample_rate}-"
+                               f"{limits.max_sample_rate} Hz")
+    if not 1 <= channels <= limits.max_channels:
+        raise AudioDecodeError(f"{channels} channels; at most {limits.max_channels} are accepted")
+    if seconds is not None and seconds > limits.max_seconds:
+        raise AudioDecodeError(f"the audio is {seconds:.2f} s long (its header says); over the limit of {limits.max_seconds:g} s",
+                               "audio_too_long")
+
+
+def decode_audio(data: bytes, target_rate: int, limits: AudioLimits = AudioLimits()) -> DecodedAudio:
+    """A client's audio file (WAV, FLAC, OGG Vorbis/Opus, MP3 through libsndfile; MP4/AAC, WebM
+    and the rest of :data:`AV_AUDIO_FORMATS` through PyAV) -> float32 mono in [-1, 1] at
+    ``target_rate`` Hz (channels averaged, soxr resampling), decompression-safe:
+
+    1. the container header's rate, channel count and length (frames / rate; the container
+       duration for PyAV) are checked against ``limits`` before any sample is decoded;
+    2. decoding runs in blocks of :data:`DECODE_BLOCK_FRAMES`, each mixed to mono and resampled
+       at once; it stops with ``audio_too_long`` as soon as the decoded frames pass
+       ``limits.max_seconds`` (MP3/OGG lengths are estimates, and headers can lie).
+
+    Memory: one block plus ``max_seconds * target_rate`` float32 samples, whatever the file claims.
+
+    Raises:
+        AudioDecodeError: see its ``code``s.
+    """
+    if not data:
+        raise AudioDecodeError("the audio file is empty")
+    try:
+        f = sf.SoundFile(io.BytesIO(data))
+    except Exception:  # noqa: BLE001 - libsndfile's errors for anything it does not read
+        return _decode_av(data, target_rate, limits)
+    with f:
+        if f.frames >= _UNKNOWN_FRAMES or not f.seekable():  # a stream of unknown length: PyAV counts it
+            return _decode_av(data, target_rate, limits)
+        rate, channels = int(f.samplerate), int(f.channels)
+        _check_header(rate, channels, f.frames / rate if rate > 0 else None, limits)
+        sink = _MonoSink(rate, target_rate, limits)
+        try:
+            while len(block := f.read(DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)):
+                sink.add(block)
+        except AudioDecodeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a corrupt stream after a valid header
+            raise AudioDecodeError(f"the audio stream is damaged ({type(exc).__name__})") from None
+        return sink.finish(rate, channels)
+
+
+def _decode_av(data: bytes, target_rate: int, limits: AudioLimits) -> DecodedAudio:
+    import av
+
+    try:
+        with av.open(io.BytesIO(data), mode="r", options={"format_whitelist": AV_AUDIO_FORMATS}) as container:
+            if not container.streams.audio:
+                raise AudioDecodeError("not an audio file (no audio stream)")
+            stream = container.streams.audio[0]
+            rate = int(stream.rate or stream.codec_context.sample_rate or 0)
+            channels = int(stream.codec_context.channels or 0)
+            seconds = None
+            if container.duration:
+                seconds = container.duration / 1e6
+            elif stream.duration and stream.time_base:
+                seconds = float(stream.duration * stream.time_base)
+            _check_header(rate, channels, seconds, limits)
+            sink = _MonoSink(rate, target_rate, limits)
+            mixer = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            for frame in container.decode(stream):
+                if frame.layout.nb_channels > limits.max_channels or frame.sample_rate != rate:
+                    raise AudioDecodeError(f"the stream changes to {frame.layout.nb_channels} channels at "
+                                           f"{frame.sample_rate} Hz mid-way")
+                if sink.frames + frame.samples > sink.max_frames:
+                    raise sink.too_long()
+                for out in mixer.resample(frame):
+                    sink.add(out.to_ndarray().reshape(-1))
+            for out in mixer.resample(None):
+                sink.add(out.to_ndarray().reshape(-1))
+            return sink.finish(rate, channels)
+    except AudioDecodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
+        raise AudioDecodeError(f"not a decodable audio file ({type(exc).__name__})") from None

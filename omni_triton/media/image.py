@@ -14,6 +14,9 @@ import numpy as np
 FORMATS = {"png": ("PNG", "image/png"), "jpeg": ("JPEG", "image/jpeg"), "webp": ("WEBP", "image/webp")}
 #: upload limit in pixels (Pillow's decompression-bomb guard, tightened: ~16.7 MP)
 MAX_UPLOAD_PIXELS = 4096 * 4096
+#: Pillow formats probed for client images (a camera's multi-picture JPEG opens as JPEG/MPO: its
+#: first picture is decoded)
+UPLOAD_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 
 class UnsupportedImageFormatError(ValueError):
@@ -82,33 +85,80 @@ def encode_image(pixels: np.ndarray, fmt: str = "png", compression: int | None =
     return EncodedImage(buf.getvalue(), fmt, mime)
 
 
-def decode_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose: bool = False) -> np.ndarray:
-    """Decode an uploaded PNG/JPEG/WEBP/... file to ``uint8 [H, W, 3]`` RGB (alpha dropped;
-    ``exif_transpose``: a camera photo's EXIF orientation applied first).
+#: bytes of decompressed PNG text (zTXt/iTXt/iCCP) one image may hold: Pillow's own
+#: ``PngImagePlugin.MAX_TEXT_MEMORY`` is 64 MB (a 211 KB PNG of 200 zTXt chunks grew the process
+#: by 66 MB); client images' text is never used, so it is lowered to this on first use
+MAX_PNG_TEXT_BYTES = 1 << 20
+
+
+def _limit_png_text() -> None:
+    from PIL import PngImagePlugin
+
+    PngImagePlugin.MAX_TEXT_MEMORY = min(PngImagePlugin.MAX_TEXT_MEMORY, MAX_PNG_TEXT_BYTES)
+    PngImagePlugin.MAX_TEXT_CHUNK = min(PngImagePlugin.MAX_TEXT_CHUNK, MAX_PNG_TEXT_BYTES)
+
+
+def open_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose: bool = False):
+    """A client's image file -> RGB ``PIL.Image`` (alpha dropped; ``exif_transpose``: a camera
+    photo's EXIF orientation applied first): the one image decoder of the project, safe against
+    decompression bombs:
+
+    - only :data:`UPLOAD_FORMATS` are probed (no TIFF/PSD/ICO... parsers for client bytes);
+    - the size is read from the header (``Image.open`` is lazy) and ``width * height`` checked
+      against ``max_pixels`` before any pixel is decoded (Pillow's own ``MAX_IMAGE_PIXELS`` guard
+      is far looser: 89 MP warns, 179 MP refuses);
+    - an animation (GIF, APNG, animated WebP) decodes its first frame only (frames are never
+      counted or seeked: ``n_frames`` would parse every frame);
+    - a truncated file is refused (Pillow's ``LOAD_TRUNCATED_IMAGES`` stays off);
+    - PNG text chunks decompress to at most :data:`MAX_PNG_TEXT_BYTES` in all (Pillow's
+      process-wide limits, lowered).
+
+    Memory: at most ``max_pixels`` * 4 bytes for the decoded frame plus its RGB copy.
 
     Raises:
-        InvalidImageError: empty, not an image Pillow can read, truncated, or over
-            ``max_pixels`` (judged from the header, before the pixels are decoded).
+        ImageTooLargeError: more than ``max_pixels`` pixels (judged from the header).
+        InvalidImageError: empty, not an image of :data:`UPLOAD_FORMATS`, truncated or damaged.
     """
     from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise InvalidImageError("the uploaded image is empty")
+    _limit_png_text()
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-            if w * h > max_pixels:
-                raise ImageTooLargeError(f"the uploaded image is {w}x{h}; at most {max_pixels} pixels")
-            img.load()
+        img = Image.open(io.BytesIO(data), formats=UPLOAD_FORMATS)
+    except Image.DecompressionBombError as exc:  # over Pillow's own (looser) guard: header only
+        raise ImageTooLargeError(f"the uploaded image is too large ({exc})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise InvalidImageError(f"the uploaded file is not a readable image ({type(exc).__name__})") from None
+    with img:
+        w, h = img.size
+        if w * h > max_pixels:
+            raise ImageTooLargeError(f"the uploaded image: {w}x{h} = {w * h} pixels is over the limit of "
+                                     f"{max_pixels} pixels")
+        try:
+            img.load()  # the current frame: the first one of an animation
+            if img.size != (w, h):  # a frame that grew past the header's size (GIF frames can)
+                raise ImageTooLargeError(f"the uploaded image grew to {img.size[0]}x{img.size[1]} while decoding")
             if exif_transpose:
                 from PIL import ImageOps
 
                 img = ImageOps.exif_transpose(img)
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except InvalidImageError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise InvalidImageError(f"the uploaded file is not a readable image ({type(exc).__name__})") from None
+            return img.convert("RGB")
+        except InvalidImageError:
+            raise
+        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
+            raise InvalidImageError(f"the uploaded file is not a readable image ({type(exc).__name__})") from None
+
+
+def decode_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose: bool = False) -> np.ndarray:
+    """Decode an uploaded PNG/JPEG/WEBP/GIF/BMP file to ``uint8 [H, W, 3]`` RGB through
+    :func:`open_image` (header size checked before decoding; first frame of an animation).
+
+    Raises:
+        ImageTooLargeError: over ``max_pixels`` (judged from the header, before decoding).
+        InvalidImageError: empty, not an image Pillow can read, truncated.
+    """
+    return np.asarray(open_image(data, max_pixels, exif_transpose), dtype=np.uint8)
 
 
 def fit_image(pixels: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -29,18 +29,30 @@ class MediaLimits:
 
     ``max_part_bytes``: decoded bytes of one part; ``max_audio_seconds``: one audio clip;
     ``max_image_pixels``: width*height of one image (checked from the header, before decoding:
-    Pillow's decompression-bomb guard, tightened); ``max_video_seconds`` / ``max_video_frames``:
-    the span decoded and the frames kept; ``video_fps``: frames sampled per second;
-    ``max_parts``: media parts per request.
+    Pillow's decompression-bomb guard, tightened); ``max_video_pixels``: width*height of a video
+    frame (header and every decoded frame; with ``max_video_frames`` it bounds the frames held:
+    16 x 1920x1080 RGB = 100 MB); ``max_video_seconds`` / ``max_video_frames``: the span decoded
+    and the frames kept; ``video_fps``: frames sampled per second; ``max_parts``: media parts per
+    request.
     """
 
     max_part_bytes: int = 16 * 1024 * 1024
     max_audio_seconds: float = 60.0
     max_image_pixels: int = 4096 * 4096
+    max_video_pixels: int = 1920 * 1080
     max_video_seconds: float = 30.0
     max_video_frames: int = 16
     video_fps: float = 2.0
     max_parts: int = 8
+
+
+#: demuxers PyAV may use for a client's video (refused before probing otherwise): those whose
+#: streams are known from the header, so FFmpeg's ``max_pixels`` reaches the probing decoders
+#: (MPEG-PS/TS and FLV create theirs while probing, unbounded)
+VIDEO_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,ogg"
+#: frames decoded per second of the sampled span at most (a stream whose timestamps never
+#: advance is cut there instead of being decoded to its end)
+MAX_DECODED_FPS = 240
 
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,",
@@ -81,116 +93,91 @@ def parse_data_url(url: str, what: str, max_bytes: int) -> tuple[str, bytes]:
 
 
 def decode_audio(data: bytes, what: str, sample_rate: int, max_seconds: float) -> np.ndarray:
-    """Encoded audio (WAV/FLAC/OGG through soundfile, else MP3/AAC/... through PyAV) -> float32
-    mono PCM [S] in [-1, 1] at ``sample_rate`` Hz (channels averaged, soxr resampling).
+    """Encoded audio (WAV/FLAC/OGG/MP3 through soundfile, MP4/AAC/WebM... through PyAV) -> float32
+    mono PCM [S] in [-1, 1] at ``sample_rate`` Hz: :func:`omni_triton.media.audio.decode_audio`
+    (header checked first, decoding stopped at ``max_seconds``).
 
     Raises:
-        MediaInputError: not decodable as audio, no samples, longer than ``max_seconds``.
+        MediaInputError: not decodable as audio, no samples, longer than ``max_seconds``, a rate
+            or channel count outside ``AudioLimits``.
     """
-    pcm, rate = _decode_soundfile(data)
-    if pcm is None:
-        pcm, rate = _decode_av_audio(data, what, max_seconds)
-    if pcm.size == 0:
-        raise MediaInputError(f"{what}: the audio has no samples")
-    if pcm.shape[0] / rate > max_seconds:
-        raise MediaInputError(f"{what}: {pcm.shape[0] / rate:.1f} s of audio is over the limit of {max_seconds:g} s")
-    mono = pcm.mean(axis=1) if pcm.ndim == 2 else pcm
-    mono = np.ascontiguousarray(mono, dtype=np.float32)
-    if rate != sample_rate:
-        import soxr
-
-        mono = soxr.resample(mono, rate, sample_rate).astype(np.float32)
-    return mono
-
-
-def _decode_soundfile(data: bytes):
-    import soundfile as sf
+    from omni_triton.media.audio import AudioDecodeError, AudioLimits
+    from omni_triton.media.audio import decode_audio as decode
 
     try:
-        pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception:  # soundfile raises LibsndfileError/RuntimeError/TypeError on non-audio
-        return None, 0
-    return pcm, int(rate)
-
-
-def _decode_av_audio(data: bytes, what: str, max_seconds: float):
-    import av
-
-    try:
-        with av.open(io.BytesIO(data), mode="r") as container:
-            if not container.streams.audio:
-                raise MediaInputError(f"{what}: not an audio file (no audio stream)")
-            stream = container.streams.audio[0]
-            rate = int(stream.rate or stream.codec_context.sample_rate or 0)
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-            chunks, n = [], 0
-            for frame in container.decode(stream):
-                for out in resampler.resample(frame):
-                    arr = out.to_ndarray().reshape(-1)
-                    chunks.append(arr)
-                    n += arr.size
-                if rate and n / rate > max_seconds:
-                    raise MediaInputError(f"{what}: the audio is over the limit of {max_seconds:g} s")
-            for out in resampler.resample(None):
-                chunks.append(out.to_ndarray().reshape(-1))
-    except MediaInputError:
-        raise
-    except Exception as exc:  # av.error.InvalidDataError and friends
-        raise MediaInputError(f"{what}: not a decodable audio file ({type(exc).__name__})") from None
-    if not rate:
-        raise MediaInputError(f"{what}: the audio has no sample rate")
-    pcm = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-    return pcm.astype(np.float32)[:, None], rate
+        return decode(data, sample_rate, AudioLimits(max_seconds=max_seconds)).samples
+    except AudioDecodeError as exc:
+        raise MediaInputError(f"{what}: {exc}") from None
 
 
 def decode_image(data: bytes, what: str, max_pixels: int):
-    """Encoded image (PNG/JPEG/WebP/GIF/BMP: what Pillow reads) -> RGB ``PIL.Image``; the size
-    is checked from the header before the pixels are decoded.
+    """Encoded image (PNG/JPEG/WebP/GIF/BMP) -> RGB ``PIL.Image``:
+    :func:`omni_triton.media.image.open_image` (the size checked from the header before the
+    pixels are decoded; the first frame of an animation only).
 
     Raises:
         MediaInputError: not an image, or more than ``max_pixels`` pixels.
     """
-    from PIL import Image, UnidentifiedImageError
+    from omni_triton.media.image import ImageTooLargeError, InvalidImageError, open_image
 
     try:
-        img = Image.open(io.BytesIO(data))
-        w, h = img.size
-        if w * h > max_pixels:
-            raise MediaInputError(f"{what}: {w}x{h} = {w * h} pixels is over the limit of {max_pixels} pixels")
-        img.load()
-        return img.convert("RGB")
-    except MediaInputError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise MediaInputError(f"{what}: not a decodable image ({type(exc).__name__})") from None
+        return open_image(data, max_pixels)
+    except ImageTooLargeError as exc:
+        raise MediaInputError(f"{what}: {exc}") from None
+    except InvalidImageError as exc:
+        raise MediaInputError(f"{what}: not a decodable image ({exc})") from None
 
 
 def sample_video_frames(data: bytes, what: str, limits: MediaLimits) -> tuple[list[np.ndarray], float]:
-    """Encoded video (what PyAV/FFmpeg reads: MP4, WebM, ...) -> RGB frames uint8 [H, W, 3]
-    sampled at ``limits.video_fps`` (the first frame at or after each ``k / fps`` s), at most
-    ``limits.max_video_frames`` of them from the first ``limits.max_video_seconds`` s, and the
-    frame rate actually sampled (frames per second of video, for the processor's
-    ``video_second_per_grid``). The audio track is not used (``use_audio_in_video=False``).
+    """Encoded video (what PyAV/FFmpeg reads of :data:`VIDEO_FORMATS`: MP4, WebM, ...) -> RGB
+    frames uint8 [H, W, 3] sampled at ``limits.video_fps`` (the first frame at or after each
+    ``k / fps`` s), at most ``limits.max_video_frames`` of them from the first
+    ``limits.max_video_seconds`` s, and the frame rate actually sampled (frames per second of
+    video, for the processor's ``video_second_per_grid``). The audio track is not used
+    (``use_audio_in_video=False``).
+
+    Bounded by the limits, not by the container: the frame size is checked on the stream header
+    before decoding and on every decoded frame (a stream may change size mid-way); only sampled
+    frames are converted to RGB; decoding stops after the span, after ``max_video_frames`` kept
+    frames, or after ``max_video_seconds * MAX_DECODED_FPS`` decoded frames, whichever comes first.
 
     Raises:
-        MediaInputError: not a video, no frames, frames over ``max_image_pixels``.
+        MediaInputError: not a video, no frames, frames over ``max_video_pixels`` or
+            ``max_image_pixels``.
     """
     import av
 
     step = 1.0 / limits.video_fps
+    cap = min(limits.max_image_pixels, limits.max_video_pixels)
+    max_decoded = int(limits.max_video_seconds * MAX_DECODED_FPS) + 1
     frames: list[np.ndarray] = []
+
+    def too_large(w: int, h: int) -> MediaInputError:
+        return MediaInputError(f"{what}: {w}x{h} frames are over the limit of {cap} pixels")
+
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
+        # max_pixels: FFmpeg's own per-frame cap, for the decoders that av.open's stream probing
+        # (avformat_find_stream_info) runs before any header can be read here
+        container = av.open(io.BytesIO(data), mode="r",
+                            options={"format_whitelist": VIDEO_FORMATS, "max_pixels": str(cap)})
+    except Exception as exc:  # noqa: BLE001 - no demuxer of VIDEO_FORMATS reads it
+        raise MediaInputError(f"{what}: not a video file of {VIDEO_FORMATS} ({type(exc).__name__})") from None
+    try:
+        with container:
             if not container.streams.video:
                 raise MediaInputError(f"{what}: not a video file (no video stream)")
             stream = container.streams.video[0]
             w, h = stream.codec_context.width, stream.codec_context.height
-            if w * h > limits.max_image_pixels:
-                raise MediaInputError(f"{what}: {w}x{h} frames are over the limit of {limits.max_image_pixels} pixels")
-            next_t = 0.0
+            if w * h > cap:
+                raise too_large(w, h)
+            stream.codec_context.options = {"max_pixels": str(cap)}  # the decoder refuses bigger frames itself
+            next_t, decoded = 0.0, 0
             for frame in container.decode(stream):
+                decoded += 1
+                if frame.width * frame.height > cap:
+                    raise too_large(frame.width, frame.height)
                 t = float(frame.time) if frame.time is not None else len(frames) * step
-                if t > limits.max_video_seconds or len(frames) >= limits.max_video_frames:
+                if t > limits.max_video_seconds or len(frames) >= limits.max_video_frames or decoded > max_decoded:
                     break
                 if t + 1e-6 >= next_t:
                     frames.append(frame.to_ndarray(format="rgb24"))

@@ -25,7 +25,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from omni_triton.media.image import InvalidImageError, UnsupportedImageFormatError, decode_image, encode_image, normalise_format
+from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, UnsupportedImageFormatError, decode_image,
+                                     encode_image, normalise_format)
 
 from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
@@ -285,6 +286,8 @@ async def edit_image(request) -> JSONResponse:
         data = await images[0].read()
         try:
             pixels = await asyncio.to_thread(decode_image, data)
+        except ImageTooLargeError as exc:
+            raise bad_request(str(exc), param="image", code="image_too_large") from None
         except InvalidImageError as exc:
             raise bad_request(str(exc), param="image", code="invalid_image") from None
         check_aspect_ratio(pixels)

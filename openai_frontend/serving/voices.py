@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import io
 import logging
 import re
 
@@ -21,7 +20,8 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 
 from omni_triton.contracts import qwen3_tts as qwen3_contract
-from omni_triton.media.audio import resample
+from omni_triton.media import audio as media_audio
+from omni_triton.media.audio import AudioDecodeError, AudioLimits
 
 from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
@@ -37,6 +37,12 @@ TASK_TYPES = {"customvoice": "custom_voice", "custom_voice": "custom_voice",
 MAX_NAME_CHARS = 64
 _NAME = re.compile(r"[^\x00-\x1f\x7f]{1,64}")
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+/-]*)(?:;[\w=.-]+)*;base64,(?P<data>.*)", re.S)
+#: longest clip any audio field takes when its caller sets no limit, and the most channels (mixed
+#: to mono) of any uploaded audio (docs/voices.md "Limits")
+MAX_AUDIO_SECONDS = 60.0
+MAX_AUDIO_CHANNELS = 8
+#: ``ref_audio`` of a speech request: longest clip
+MAX_REF_AUDIO_SECONDS = 60.0
 _CONSENT_EXTS = {"audio/mpeg": "mp3", "audio/wav": "wav", "audio/x-wav": "wav", "audio/ogg": "ogg",
                  "audio/aac": "aac", "audio/flac": "flac", "audio/webm": "webm", "audio/mp4": "mp4"}
 
@@ -44,35 +50,23 @@ _CONSENT_EXTS = {"audio/mpeg": "mp3", "audio/wav": "wav", "audio/x-wav": "wav", 
 # --------------------------------------------------------------------------- audio input
 def decode_audio(data: bytes, target_rate: int, param: str, min_seconds: float | None = None,
                  max_seconds: float | None = None) -> tuple[np.ndarray, float]:
-    """Uploaded audio bytes (WAV, FLAC, OGG, MP3: what libsndfile reads) -> float32 mono [T] in
-    [-1, 1] at ``target_rate`` Hz (soxr), and its length in seconds.
+    """Uploaded audio bytes (WAV, FLAC, OGG, MP3, M4A...) -> float32 mono [T] in [-1, 1] at
+    ``target_rate`` Hz, and its length in seconds: ``omni_triton.media.audio.decode_audio``
+    (header checked first, decoding stopped at ``max_seconds``; at most
+    :data:`MAX_AUDIO_CHANNELS` channels) with its refusals as OpenAI errors naming ``param``.
+    Blocking (seconds of CPU for a long clip): call it in a worker thread.
 
     Raises:
-        OpenAIError: 400 ``invalid_audio`` (not audio / empty), ``audio_too_short`` /
-            ``audio_too_long`` outside [``min_seconds``, ``max_seconds``].
+        OpenAIError: 400 ``invalid_audio`` (not audio / empty / rate or channels out of range),
+            ``audio_too_short`` / ``audio_too_long`` outside [``min_seconds``, ``max_seconds``].
     """
-    import soundfile as sf
-
+    limits = AudioLimits(max_seconds=MAX_AUDIO_SECONDS if max_seconds is None else max_seconds,
+                         min_seconds=min_seconds or 0.0, max_channels=MAX_AUDIO_CHANNELS)
     try:
-        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as exc:  # noqa: BLE001 - libsndfile's errors for anything that is not audio
-        raise bad_request(f"'{param}' is not a readable audio file ({type(exc).__name__})", param=param,
-                          code="invalid_audio") from None
-    if samples.size == 0 or rate <= 0:
-        raise bad_request(f"'{param}' holds no audio samples", param=param, code="invalid_audio")
-    mono = samples.mean(axis=1).astype(np.float32)
-    if not np.all(np.isfinite(mono)):
-        raise bad_request(f"'{param}' holds non-finite samples", param=param, code="invalid_audio")
-    seconds = len(mono) / rate
-    if min_seconds is not None and seconds < min_seconds:
-        raise bad_request(f"'{param}' is {seconds:.2f} s long; at least {min_seconds:g} s is needed",
-                          param=param, code="audio_too_short")
-    if max_seconds is not None and seconds > max_seconds:
-        raise bad_request(f"'{param}' is {seconds:.2f} s long; at most {max_seconds:g} s is accepted",
-                          param=param, code="audio_too_long")
-    if rate != target_rate:
-        mono = resample(mono, int(rate), target_rate)
-    return np.clip(mono, -1.0, 1.0), seconds
+        clip = media_audio.decode_audio(data, target_rate, limits)
+    except AudioDecodeError as exc:
+        raise bad_request(f"'{param}': {exc}", param=param, code=exc.code) from None
+    return clip.samples, clip.seconds
 
 
 def decode_data_url(text: str, param: str = "ref_audio") -> bytes:
@@ -217,7 +211,8 @@ def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | Non
         if "voice_prompt" in opts:
             raise bad_request("Give either a stored voice or 'ref_audio', not both", param="ref_audio",
                               code="invalid_value")
-        clip, _ = decode_audio(decode_data_url(body.ref_audio), sample_rate, "ref_audio", max_seconds=60.0)
+        clip, _ = decode_audio(decode_data_url(body.ref_audio), sample_rate, "ref_audio",
+                               max_seconds=MAX_REF_AUDIO_SECONDS)
         opts.update(ref_audio=clip, ref_sample_rate=sample_rate, task=opts.get("task") or "base")
     if body.ref_text is not None or body.x_vector_only_mode is not None:
         if body.ref_audio is None:
@@ -370,7 +365,8 @@ async def create_consent(request: Request) -> dict:
                           code="missing_required_parameter")
     upload = fields["recording"]
     data = await _file_bytes(upload, "recording", store.settings.max_upload_bytes)
-    await asyncio.to_thread(decode_audio, data, store.settings.sample_rate, "recording")  # must be audio
+    cfg = store.settings  # a consent recording gets the limits of a voice clip
+    await asyncio.to_thread(decode_audio, data, cfg.sample_rate, "recording", cfg.min_seconds, cfg.max_seconds)
     ext = _CONSENT_EXTS.get((upload.content_type or "").split(";")[0].strip(), "bin")
     return (await asyncio.to_thread(store.add_consent, name, language, data, ext)).to_openai()
 

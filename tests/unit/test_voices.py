@@ -409,6 +409,11 @@ async def test_consents_api(engine, settings):
         r = await c.post("/v1/audio/voice_consents", data={"name": "x", "language": "en"},
                          files={"recording": ("c.wav", b"nope" * 100, "audio/wav")})
         err(r, 400, "invalid_audio")
+        for seconds, channels, code in [(5.5, 1, "audio_too_long"), (0.5, 1, "audio_too_short"), (1.5, 9, "invalid_audio")]:
+            r = await c.post("/v1/audio/voice_consents", data={"name": "x", "language": "en"},
+                             files={"recording": ("c.wav", wav_bytes(seconds, channels=channels), "audio/wav")})
+            assert err(r, 400, code)["param"] == "recording"  # a consent has a voice clip's limits
+        assert len((await c.get("/v1/audio/voice_consents")).json()["data"]) == 1
         assert (await c.delete(f"/v1/audio/voice_consents/{cid}")).json()["deleted"] is True
         err(await c.get(f"/v1/audio/voice_consents/{cid}"), 404, "consent_not_found")
 
