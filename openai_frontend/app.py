@@ -57,6 +57,12 @@ class Settings:
     batch_concurrency: items of one ``/v1/audio/speech/batch`` synthesised at once.
     media_urls: which http(s) ``image_url`` / ``video_url`` parts the frontend fetches
         (``omni_triton.media.fetch.UrlFetchPolicy``; default: none, data URLs only).
+    max_prompt_chars: characters of text one chat / completion / ``/tokenize`` request may carry
+        (all messages' text parts, or all prompts, together); more is a 400
+        ``prompt_too_long`` before any tokenization (262,144: 4x a 64k-token context).
+    speech_stream_max_pending_chars: text one ``WS /v1/audio/speech/stream`` session may hold
+        unspoken (its buffer plus the queued sentences); a message that would exceed it gets an
+        ``error`` event (``text_too_long``, ``status_code`` 413) and the socket is closed (1009).
     """
 
     max_inflight: int = 16
@@ -75,6 +81,8 @@ class Settings:
     batch_concurrency: int = 4
     #: http(s) media URLs in chat content parts (allow-list, size, time); default: refused
     media_urls: UrlFetchPolicy = field(default_factory=UrlFetchPolicy)
+    max_prompt_chars: int = 1 << 18
+    speech_stream_max_pending_chars: int = 1 << 16
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
