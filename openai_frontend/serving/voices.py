@@ -25,7 +25,8 @@ from omni_triton.media.audio import resample
 
 from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
-from ..schemas import ModelVoices, SpeechRequest, VoiceList
+from ..offload import off_loop
+from ..schemas import MAX_REF_TEXT_CHARS, MAX_VOICE_PROMPT_CHARS, ModelVoices, SpeechRequest, VoiceList
 from ..voice_store import AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, StoredVoice, VoiceCorruptError, VoiceStore
 
 logger = logging.getLogger(__name__)
@@ -303,7 +304,10 @@ async def create_voice(request: Request) -> dict:
     try:
         if vtype == PROMPT:
             prompt = _text_field(fields, "prompt", required=True)
-            voice = store.add_design(name, prompt)
+            if len(prompt) > MAX_VOICE_PROMPT_CHARS:
+                raise bad_request(f"'prompt' is {len(prompt)} characters; at most {MAX_VOICE_PROMPT_CHARS}",
+                                  param="prompt", code="prompt_too_long")
+            voice = await off_loop(store.add_design, name, prompt)  # a committed (fsynced) row
         else:
             upload = fields.get("audio_sample", fields.get("ref_audio"))
             if upload is None:
@@ -317,6 +321,9 @@ async def create_voice(request: Request) -> dict:
                 if store.get_consent(consent) is None:
                     raise bad_request(f"No consent recording '{consent}'", param="consent", code="invalid_consent")
             ref_text = _text_field(fields, "ref_text")
+            if ref_text is not None and len(ref_text) > MAX_REF_TEXT_CHARS:
+                raise bad_request(f"'ref_text' is {len(ref_text)} characters; at most {MAX_REF_TEXT_CHARS}",
+                                  param="ref_text", code="invalid_value")
             data = await _file_bytes(upload, "audio_sample", cfg.max_upload_bytes)
             clip, seconds = await asyncio.to_thread(decode_audio, data, cfg.sample_rate, "audio_sample",
                                                     cfg.min_seconds, cfg.max_seconds)
@@ -348,7 +355,7 @@ async def list_voices(state, model: str | None) -> VoiceList:
     that speak: omni, llm_tts), their OpenAI name table, and every stored voice (404 for an
     unknown ``model``)."""
     store = getattr(state, "voice_store", None)
-    stored = store.list_voices() if store is not None else []
+    stored = await off_loop(store.list_voices) if store is not None else []  # stats (and hashes new) files
     models = [m for m in await state.engine.list_models() if m.ready and (m.is_speech or m.can_speak)]
     if model is not None:
         models = [m for m in models if m.name == model or m.public_name == model]
