@@ -80,7 +80,7 @@ MAX_VOICE_PROMPT_CHARS = 4096
 MAX_STOP_CHARS = 4096
 MAX_STOP_SEQUENCES = 64
 #: token ids of one ``POST /detokenize``
-MAX_DETOKENIZE_TOKENS = 1 << 18
+MAX_DETOKENIZE_TOKENS = 1 << 16  # also the JSON value cap's default (--max-json-values)
 
 
 def capped(max_chars: int):

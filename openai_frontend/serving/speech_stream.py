@@ -23,7 +23,7 @@ WebSocket (text in, audio out as sentences complete)::
               (fatal: a size limit, below)
 
 Limits, checked before any work on the message: a message longer than ``--max-body-bytes``
-characters (``message_too_large``); text that would leave more than
+characters or with more than ``--max-json-values`` values (``message_too_large``); text that would leave more than
 ``--speech-stream-max-pending-chars`` (65,536) characters unspoken in the session, i.e. its
 buffer plus the sentences queued and not yet spoken (``text_too_long``). Sentence splitting is
 linear in the text (``split_sentences``). ``session.config`` is validated once, off the event
@@ -376,9 +376,11 @@ async def speech_stream(ws: WebSocket) -> None:
             if message.get("text") is None:
                 await session.error("Send JSON text messages", "invalid_message")
                 continue
-            if len(message["text"]) > session.state.settings.max_body_bytes:  # before parsing it
-                await session.too_big(f"A message is {len(message['text'])} characters; at most "
-                                      f"{session.state.settings.max_body_bytes}", "message_too_large")
+            raw, settings = message["text"], session.state.settings
+            if len(raw) > settings.max_body_bytes or (  # checked before parsing, as for HTTP bodies
+                    raw.count(",") + raw.count("{") + raw.count("[") > settings.max_json_values):
+                await session.too_big(f"A message is over {settings.max_body_bytes} characters or "
+                                      f"{settings.max_json_values} JSON values", "message_too_large")
                 return
             try:
                 msg = json.loads(message["text"])
