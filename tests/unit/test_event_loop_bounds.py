@@ -108,6 +108,7 @@ def test_ws_unspoken_text_is_bounded():
             ws.send_json({"type": "session.config", "model": "piper_tts"})
             ws.send_json({"type": "input.text", "text": "One sentence. " * 50})  # 650 queued (stripped): fits
             ws.send_json({"type": "input.text", "text": "x" * 351})  # 1001 unspoken: over
+            ws.send_json({"type": "bogus"})  # answered only by a session that went on (no hang if broken)
             event = ws.receive_json()
             assert event["type"] == "error" and event["code"] == "text_too_long", event
             assert event["status_code"] == 413 and event["param"] == "text"
