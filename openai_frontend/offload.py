@@ -26,8 +26,10 @@ import anyio.to_thread
 
 T = TypeVar("T")
 
-#: calls of :func:`off_loop` running at once (per event loop); the rest wait
-MAX_WORKERS = max(2, min(8, os.cpu_count() or 2))
+#: calls of :func:`off_loop` running at once (per event loop); the rest wait. One core is left
+#: to the event loop (on 2 cores, two decoding threads made /health's p99 ~95 ms under an
+#: image-to-video upload flood; the loop competes with them for the CPU, not only the GIL)
+MAX_WORKERS = max(1, min(8, (os.cpu_count() or 2) - 1))
 
 _limiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter]" = weakref.WeakKeyDictionary()
 
