@@ -344,7 +344,7 @@ async def create_voice(request: Request) -> dict:
 
 async def delete_voice(request: Request, voice_id: str) -> dict:
     """``DELETE /v1/audio/voices/{id}`` (id or name): ``audio.voice.deleted``; 404 if unknown."""
-    voice = store_of(request.app.state).delete(voice_id)
+    voice = await off_loop(store_of(request.app.state).delete, voice_id)  # files removed, row committed
     if voice is None:
         raise OpenAIError(404, f"No voice '{voice_id}'", param="voice_id", code="voice_not_found")
     return {"id": voice.id, "object": "audio.voice.deleted", "deleted": True}
@@ -408,7 +408,7 @@ async def update_consent(request: Request, consent_id: str) -> dict:
     _consent_or_404(store, consent_id)
     fields = await _form(request, 1 << 16)
     name = _text_field(fields, "name", required=True)
-    return store.rename_consent(consent_id, name).to_openai()
+    return (await off_loop(store.rename_consent, consent_id, name)).to_openai()  # a committed row
 
 
 async def list_consents(request: Request, after: str | None, limit: int) -> dict:
@@ -421,7 +421,7 @@ async def list_consents(request: Request, after: str | None, limit: int) -> dict
 
 
 async def delete_consent(request: Request, consent_id: str) -> dict:
-    if not store_of(request.app.state).delete_consent(consent_id):
+    if not await off_loop(store_of(request.app.state).delete_consent, consent_id):
         raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
                           code="consent_not_found")
     return {"id": consent_id, "object": "audio.voice_consent", "deleted": True}
