@@ -9,7 +9,8 @@
 * request-sized work (tokenize, I2V reference decode + fit, image-edit decode, speech ``plan`` with
   its ``ref_audio`` decode) runs on a worker thread, not the loop's, and ``ref_audio`` is decoded
   once per WebSocket session;
-* a stored clip is hashed once per file version, not on every ``GET /v1/audio/voices``.
+* a stored clip is hashed once per file version, not on every ``GET /v1/audio/voices``; a video
+  job's progress is committed off the loop and only when the percentage rises.
 
 The /health latency under floods of the real server is tests/e2e/test_event_loop_floods.py.
 """
@@ -327,3 +328,26 @@ def test_a_stored_clip_is_hashed_once_per_file_version(tmp_path, monkeypatch):
     clip_file.write_bytes(clip_file.read_bytes()[:-2] + b"xx")  # altered: a new version
     assert "checksum" in store.list_voices()[0].error
     store.close()
+
+
+# --------------------------------------------------------------------------- video progress
+async def test_video_progress_is_committed_off_the_loop_only_when_it_rises(monkeypatch, tmp_path):
+    from openai_frontend.video_jobs import JobStore
+    from tests.unit.test_videos_frontend import FakeVideoEngine, Server, wait_status
+
+    class Chatty(FakeVideoEngine):
+        """Every step reported 20 times (a stage that reports often)."""
+
+        async def generate_video(self, model, job, request_id=""):
+            async for event in super().generate_video(model, job, request_id):
+                for _ in range(1 if event.frames is not None else 20):
+                    yield event
+
+    seen = _record_thread(monkeypatch, JobStore, "progress")
+    async with Server(Chatty(step_s=0), tmp_path) as c:
+        r = await c.post("/v1/videos", data={"prompt": "a cat", "num_inference_steps": "10"})
+        assert r.status_code == 200, r.text
+        body, _ = await wait_status(c, r.json()["id"])
+        assert body["status"] == "completed"
+    assert 0 < len(seen) <= 10, "one commit per rise of the percentage, not one per event (200 here)"
+    assert threading.get_ident() not in seen
