@@ -34,7 +34,7 @@ from openai_frontend import voice_store as voice_store_module
 from openai_frontend.app import Settings, create_app
 from openai_frontend.schemas import (MAX_INSTRUCTIONS_CHARS, MAX_NEGATIVE_PROMPT_CHARS, MAX_REF_TEXT_CHARS,
                                      MAX_VOICE_PROMPT_CHARS)
-from openai_frontend.serving import speech_stream, voices
+from openai_frontend.serving import voices
 from openai_frontend.serving.speech_stream import split_sentences
 from openai_frontend.voice_store import VoiceSettings, VoiceStore
 from tests.unit.test_voices import FakeEngine
@@ -97,14 +97,10 @@ def test_split_sentences_keeps_its_sentences():
 
 
 # --------------------------------------------------------------------------- WebSocket bounds
-def _ws_settings(**kw) -> Settings:
-    return Settings(**kw)
-
-
 def test_ws_unspoken_text_is_bounded():
     engine = FakeEngine()
     engine.block = True  # nothing is ever spoken: the queued sentences stay pending
-    with TestClient(create_app(engine, _ws_settings(speech_stream_max_pending_chars=1000))) as tc:
+    with TestClient(create_app(engine, Settings(speech_stream_max_pending_chars=1000))) as tc:
         with tc.websocket_connect("/v1/audio/speech/stream") as ws:
             ws.send_json({"type": "session.config", "model": "piper_tts"})
             ws.send_json({"type": "input.text", "text": "One sentence. " * 50})  # 650 queued (stripped): fits
@@ -119,7 +115,7 @@ def test_ws_unspoken_text_is_bounded():
 
 
 def test_ws_message_with_too_many_json_values_is_refused_before_parsing():
-    with TestClient(create_app(FakeEngine(), _ws_settings(max_json_values=100))) as tc:
+    with TestClient(create_app(FakeEngine(), Settings(max_json_values=100))) as tc:
         with tc.websocket_connect("/v1/audio/speech/stream") as ws:
             ws.send_text('{"type": "input.text", "text": "hi", "pad": [' + "1," * 200 + "1]}")
             event = ws.receive_json()
