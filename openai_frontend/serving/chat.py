@@ -27,7 +27,6 @@ aborts the request in its engine.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -438,7 +437,7 @@ async def _run(plan: _Plan, request):
                 # nobody reads this; 499 is nginx's "client closed request", for the access log
                 return error_json(499, ErrorDetail(message="Client disconnected", type="invalid_request_error",
                                                    code="client_disconnected"))
-            response = await asyncio.to_thread(_whole_response, plan, states)
+            response = await off_loop(_whole_response, plan, states)
             metrics_object = await clock.metrics(_chat_summary(plan, states))
             if metrics_object is not None:
                 response["metrics"] = metrics_object

@@ -19,7 +19,6 @@ see a truncated transfer rather than a clean end.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 
@@ -196,11 +195,11 @@ async def create_speech(body: SpeechRequest, request):
                 raise _nothing_to_speak(info.name)
             clip, rate = np.concatenate(chunks), counted["rate"]
             if body.sample_rate and body.sample_rate != rate:  # vLLM-Omni's sample_rate (soxr)
-                clip = await asyncio.to_thread(resample, clip, rate, body.sample_rate)
+                clip = await off_loop(resample, clip, rate, body.sample_rate)
                 rate = counted["rate"] = body.sample_rate
                 counted["samples"] = len(clip)
             try:
-                data = await asyncio.to_thread(encode_audio, clip, rate, fmt.name)
+                data = await off_loop(encode_audio, clip, rate, fmt.name)
             except UnsupportedFormatError as exc:  # rate only known after synthesis
                 raise bad_request(str(exc), param="response_format") from None
             return Response(data, media_type=fmt.content_type, headers=_audio_headers(fmt.name, rate))

@@ -158,9 +158,9 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
                 raise bad_request(f"The model '{info.name}' found nothing to speak in 'input'", param="input",
                                   code="no_speech")
             if req.sample_rate and req.sample_rate != rate:
-                clip = await asyncio.to_thread(resample, clip, rate, req.sample_rate)
+                clip = await off_loop(resample, clip, rate, req.sample_rate)
                 rate = req.sample_rate
-            data = await asyncio.to_thread(encode_audio, clip, rate, fmt.name)
+            data = await off_loop(encode_audio, clip, rate, fmt.name)
             n = len(req.input)
             return {"index": index, "status": "success", "audio_data": base64.b64encode(data).decode("ascii"),
                     "media_type": fmt.content_type, "sample_rate": rate,
@@ -330,8 +330,8 @@ class _Session:
                     rate = body.sample_rate or model_rate
                     if clip.size:
                         if rate != model_rate:
-                            clip = await asyncio.to_thread(resample, clip, model_rate, rate)
-                        data = await asyncio.to_thread(encode_audio, clip, rate, fmt.name)
+                            clip = await off_loop(resample, clip, model_rate, rate)
+                        data = await off_loop(encode_audio, clip, rate, fmt.name)
                         await self.send_json({"type": "audio.start", **head, "sentence_text": text,
                                               "format": fmt.name, "sample_rate": rate})
                         started = True

@@ -25,7 +25,6 @@ diffusers Wan I2V example does.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 import time
@@ -397,7 +396,7 @@ async def create_video_sync(request: Request) -> Response:
             if event.frames is not None:
                 frames = event.frames
         result["frames"] = frames[: req.keep_frames]
-        result["data"] = await asyncio.to_thread(encode_mp4, result["frames"], req.fps)
+        result["data"] = await off_loop(encode_mp4, result["frames"], req.fps)
 
     def record(outcome: str) -> None:
         metrics.video_requests.labels(req.model, "sync", outcome).inc()

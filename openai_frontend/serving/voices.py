@@ -9,7 +9,6 @@ outputs include ``VOICE_PROMPT`` (``qwen3_tts_voice_prompt``).
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import io
@@ -325,7 +324,7 @@ async def create_voice(request: Request) -> dict:
                 raise bad_request(f"'ref_text' is {len(ref_text)} characters; at most {MAX_REF_TEXT_CHARS}",
                                   param="ref_text", code="invalid_value")
             data = await _file_bytes(upload, "audio_sample", cfg.max_upload_bytes)
-            clip, seconds = await asyncio.to_thread(decode_audio, data, cfg.sample_rate, "audio_sample",
+            clip, seconds = await off_loop(decode_audio, data, cfg.sample_rate, "audio_sample",
                                                     cfg.min_seconds, cfg.max_seconds)
             model = await _prompt_model(state.engine)
             prompt_bytes, _ = await state.engine.voice_prompt(model.name, clip, cfg.sample_rate, ref_text,
@@ -333,7 +332,7 @@ async def create_voice(request: Request) -> dict:
             if not isinstance(prompt_bytes, bytes) or not prompt_bytes:
                 raise OpenAIError(502, f"{model.name} returned no voice prompt", type="server_error",
                                   code="voice_prompt_failed")
-            voice = await asyncio.to_thread(store.add_clip, name, clip, cfg.sample_rate, prompt_bytes, ref_text,
+            voice = await off_loop(store.add_clip, name, clip, cfg.sample_rate, prompt_bytes, ref_text,
                                             consent, seconds)
     except DuplicateVoiceName:  # a concurrent upload took the name between the check and the insert
         raise OpenAIError(409, f"A voice named '{name}' exists already", param="name",
@@ -386,9 +385,9 @@ async def create_consent(request: Request) -> dict:
                           code="missing_required_parameter")
     upload = fields["recording"]
     data = await _file_bytes(upload, "recording", store.settings.max_upload_bytes)
-    await asyncio.to_thread(decode_audio, data, store.settings.sample_rate, "recording")  # must be audio
+    await off_loop(decode_audio, data, store.settings.sample_rate, "recording")  # must be audio
     ext = _CONSENT_EXTS.get((upload.content_type or "").split(";")[0].strip(), "bin")
-    return (await asyncio.to_thread(store.add_consent, name, language, data, ext)).to_openai()
+    return (await off_loop(store.add_consent, name, language, data, ext)).to_openai()
 
 
 def _consent_or_404(store: VoiceStore, consent_id: str):
