@@ -87,6 +87,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--media-url-timeout", type=float, default=10.0, help="seconds per media fetch, redirects included")
     p.add_argument("--media-url-trusted-networks", default="",
                    help="comma-separated CIDRs fetched although private (default none: public addresses only)")
+    p.add_argument("--max-prompt-chars", type=int, default=1 << 18,
+                   help="characters of text in one chat/completion/tokenize request (400 prompt_too_long beyond)")
+    p.add_argument("--max-json-values", type=int, default=1 << 16,
+                   help="values (',', '{', '[' bytes) in one JSON request body (413 beyond, before parsing)")
+    p.add_argument("--speech-stream-max-pending-chars", type=int, default=1 << 16,
+                   help="unspoken text one speech WebSocket session may hold (error + close 1009 beyond)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -126,9 +132,14 @@ def main(argv=None) -> None:
             min_seconds=args.voice_min_seconds, max_seconds=args.voice_max_seconds,
             max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required"),
         batch_concurrency=args.batch_concurrency,
+        max_prompt_chars=args.max_prompt_chars,
+        max_json_values=args.max_json_values,
+        speech_stream_max_pending_chars=args.speech_stream_max_pending_chars,
     )
     app = create_app(engine, settings)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    # a WebSocket message is bounded like an HTTP body (the speech stream checks it again)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                            ws_max_size=args.max_body_bytes)  # a WebSocket message is bounded like an HTTP body
     install_log_redaction()  # after uvicorn configured its loggers: no key in any logged URL
     server = uvicorn.Server(config)
     server.run()

@@ -19,7 +19,8 @@ from .errors import install_error_handlers
 from .metrics import FrontendMetrics
 from .auth import ApiKeyCheck
 from .openapi import install_openapi
-from .middleware import ApiKey, BodySizeLimit, BrowserGuard, IgnoredFieldsHeader, SpeechFormToJson, UnexpectedErrors
+from .middleware import (ApiKey, BodySizeLimit, BrowserGuard, IgnoredFieldsHeader, JsonValueLimit,
+                         SpeechFormToJson, UnexpectedErrors)
 from .routers import audio, chat, images, models, observability, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
@@ -65,6 +66,14 @@ class Settings:
     batch_concurrency: items of one ``/v1/audio/speech/batch`` synthesised at once.
     media_urls: which http(s) ``image_url`` / ``video_url`` parts the frontend fetches
         (``omni_triton.media.fetch.UrlFetchPolicy``; default: none, data URLs only).
+    max_prompt_chars: characters of text one chat / completion / ``/tokenize`` request may carry
+        (all messages' text parts, or all prompts, together); more is a 400
+        ``prompt_too_long`` before any tokenization (262,144: 4x a 64k-token context).
+    max_json_values: values (counted as ``,``, ``{``, ``[`` bytes) one JSON request body may hold;
+        more is a 413 before it is parsed (parsing and validating run on the event loop).
+    speech_stream_max_pending_chars: text one ``WS /v1/audio/speech/stream`` session may hold
+        unspoken (its buffer plus the queued sentences); a message that would exceed it gets an
+        ``error`` event (``text_too_long``, ``status_code`` 413) and the socket is closed (1009).
     """
 
     max_inflight: int = 16
@@ -84,6 +93,9 @@ class Settings:
     batch_concurrency: int = 4
     #: http(s) media URLs in chat content parts (allow-list, size, time); default: refused
     media_urls: UrlFetchPolicy = field(default_factory=UrlFetchPolicy)
+    max_prompt_chars: int = 1 << 18
+    max_json_values: int = 1 << 16
+    speech_stream_max_pending_chars: int = 1 << 16
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -141,6 +153,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     install_openapi(app)  # /openapi.json describes the forms, media types and error shape too
     # add_middleware wraps: the last added runs first (outermost)
     app.add_middleware(SpeechFormToJson, json_fields=frozenset(SpeechRequest.model_fields) - _SPEECH_TEXT_FIELDS)
+    app.add_middleware(JsonValueLimit, limit=settings.max_json_values)
     app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(ApiKey, check=app.state.api_key_check, exempt=tuple(settings.auth_exempt_paths))

@@ -437,3 +437,38 @@ class SpeechFormToJson:
             return await receive()
 
         await self.app({**scope, "headers": headers}, json_receive, send)
+
+
+class JsonValueLimit:
+    """413 (``payload_too_large``) for a JSON request body with more than ``limit`` values.
+
+    FastAPI parses a JSON body (``json.loads``) and validates it (pydantic) on the event loop, and
+    neither releases the GIL, so their cost must be bounded: it grows with the number of values
+    (16 MiB of ``[1,1,...]`` or of tiny chat messages took seconds), not with the bytes of one
+    long string (a base64 data URL parses at memory speed). The values are counted, over-estimated,
+    as the ``,``, ``{`` and ``[`` bytes of each body chunk as it arrives (a C scan, spread over
+    the chunks), before anything is parsed. Bodies of other content types pass unchanged.
+    """
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or b"json" not in dict(scope.get("headers") or ()).get(b"content-type", b""):
+            return await self.app(scope, receive, send)
+        seen = 0
+
+        async def counting_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                body = message.get("body", b"")
+                seen += body.count(b",") + body.count(b"{") + body.count(b"[")
+                if seen > self.limit:
+                    # an HTTPException: FastAPI's body reader re-raises it and the app answers 413
+                    raise HTTPException(413, f"The JSON body holds more than {self.limit} values "
+                                             "(--max-json-values)", headers={"Connection": "close"})
+            return message
+
+        await self.app(scope, counting_receive, send)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 #: Config of every request body model: unknown fields are kept aside (``model_extra``) so the
@@ -69,6 +69,49 @@ def is_text(value: str) -> bool:
 #: A request string: valid Unicode without NUL (see ``_text``).
 Text = Annotated[str, AfterValidator(_text)]
 
+# Length caps (characters) of the free-text request fields. pydantic checks them while it reads
+# the body, before any validator or serving code looks at the text; over a cap is a 400 naming
+# the field ("Invalid value for 'instructions': String should have at most 4096 characters").
+# docs/openai_frontend.md "Limits" lists them with the caps that depend on the model or settings
+# (speech ``input``: the model's ``max_input_chars``; chat/completions/tokenize text:
+# ``--max-prompt-chars``; image ``prompt``: ``serving.images.MAX_PROMPT_CHARS``).
+
+#: names and enum-like strings: ``model``, ``voice``, ``response_format``, ``language``, ``size``...
+MAX_NAME_FIELD_CHARS = 256
+#: ``instructions`` of a speech request (a voice/style description for the TTS stage)
+MAX_INSTRUCTIONS_CHARS = 4096
+#: ``ref_text``: the transcript of a ``ref_audio`` clip (at most 60 s of speech)
+MAX_REF_TEXT_CHARS = 4096
+#: ``negative_prompt`` of image and chat-on-image requests (as long as an image ``prompt``)
+MAX_NEGATIVE_PROMPT_CHARS = 32000
+#: ``prompt`` of a designed voice (``POST /v1/audio/voices`` with ``type=prompt``)
+MAX_VOICE_PROMPT_CHARS = 4096
+#: ``stop`` sequences of chat/completions: each, and how many
+MAX_STOP_CHARS = 4096
+MAX_STOP_SEQUENCES = 64
+#: token ids of one ``POST /detokenize``
+MAX_DETOKENIZE_TOKENS = 1 << 16  # also the JSON value cap's default (--max-json-values)
+
+
+def capped(max_chars: int):
+    """A :data:`Text` of at most ``max_chars`` characters, checked before anything else looks at
+    the text (a ``BeforeValidator``: pydantic's own ``max_length`` would first reject a lone
+    surrogate with a less helpful error than ``_text``'s)."""
+
+    def check_length(value):
+        if isinstance(value, str) and len(value) > max_chars:
+            raise PydanticCustomError("string_too_long", "String should have at most {max_length} characters",
+                                      {"max_length": max_chars})
+        return value
+
+    return Annotated[str, BeforeValidator(check_length), AfterValidator(_text)]
+
+
+#: a :data:`Text` of at most :data:`MAX_NAME_FIELD_CHARS`
+Name = capped(MAX_NAME_FIELD_CHARS)
+#: one ``stop`` sequence
+Stop = capped(MAX_STOP_CHARS)
+
 
 # --------------------------------------------------------------------------- errors
 class ErrorDetail(BaseModel):
@@ -110,7 +153,7 @@ class VoiceRef(BaseModel):
     """OpenAI's custom-voice form ``{"id": "..."}``; the id must be one of the model's voices."""
 
     model_config = REQUEST_CONFIG
-    id: Text
+    id: Name
 
 
 class SpeechRequest(BaseModel):
@@ -129,12 +172,12 @@ class SpeechRequest(BaseModel):
 
     model_config = REQUEST_CONFIG
 
-    model: Text | None = None
+    model: Name | None = None
     input: Text
-    voice: Text | VoiceRef | None = None
-    response_format: Text | None = None
+    voice: Name | VoiceRef | None = None
+    response_format: Name | None = None
     speed: float = Field(1.0, ge=0.25, le=4.0)
-    instructions: Text | None = None
+    instructions: capped(MAX_INSTRUCTIONS_CHARS) | None = None
     stream: bool = False
     stream_format: Literal["audio", "sse"] = "audio"
     #: vLLM's sampling extension (its benchmark's random dataset always sends it). Accepted and
@@ -147,11 +190,11 @@ class SpeechRequest(BaseModel):
     sample_rate: int | None = Field(None, gt=0, le=384000)
     #: vLLM-Omni's Qwen3-TTS extensions (docs/voices.md): ``CustomVoice`` | ``VoiceDesign`` |
     #: ``Base`` (or the contract's ``custom_voice`` | ``voice_design`` | ``base``).
-    task_type: Text | None = None
-    language: Text | None = None
+    task_type: Name | None = None
+    language: Name | None = None
     #: Reference clip for per-request cloning: a ``data:audio/...;base64,`` URL (or bare base64).
     ref_audio: Text | None = None
-    ref_text: Text | None = None
+    ref_text: capped(MAX_REF_TEXT_CHARS) | None = None
     x_vector_only_mode: bool | None = None
 
     @property
@@ -235,15 +278,15 @@ class SpeechBatchRequest(BaseModel):
 
     model_config = REQUEST_CONFIG
     items: list[SpeechBatchItem] = Field(min_length=1, max_length=32)
-    model: Text | None = None
-    voice: Text | VoiceRef | None = None
-    response_format: Text | None = None
+    model: Name | None = None
+    voice: Name | VoiceRef | None = None
+    response_format: Name | None = None
     speed: float | None = None
-    instructions: Text | None = None
-    task_type: Text | None = None
-    language: Text | None = None
+    instructions: capped(MAX_INSTRUCTIONS_CHARS) | None = None
+    task_type: Name | None = None
+    language: Name | None = None
     ref_audio: Text | None = None
-    ref_text: Text | None = None
+    ref_text: capped(MAX_REF_TEXT_CHARS) | None = None
     x_vector_only_mode: bool | None = None
     sample_rate: int | None = None
 
@@ -277,25 +320,25 @@ class ImageGenerationRequest(BaseModel):
     model_config = REQUEST_CONFIG
 
     prompt: Text
-    model: Text | None = None
+    model: Name | None = None
     n: int = 1  # checked against the model's max_images (400 invalid_n)
-    size: Text | None = None
-    response_format: Text | None = None
-    output_format: Text | None = None
+    size: Text | None = None  # parse_size: invalid_size for anything but WxH (5 digits each)
+    response_format: Name | None = None
+    output_format: Name | None = None
     output_compression: int | None = Field(None, ge=0, le=100)
     seed: int | None = Field(None, ge=0, le=2**62)
-    negative_prompt: Text | None = None
+    negative_prompt: capped(MAX_NEGATIVE_PROMPT_CHARS) | None = None
     num_inference_steps: int | None = None  # checked against the model's max_steps
     guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     stream: bool = False
     #: vLLM-Omni's extension: the response carries ``metrics`` / ``stage_durations``.
     return_stage_metrics: bool = False
-    quality: Text | None = None
-    style: Text | None = None
-    background: Text | None = None
-    moderation: Text | None = None
-    user: Text | None = None
+    quality: Name | None = None
+    style: Name | None = None
+    background: Name | None = None
+    moderation: Name | None = None
+    user: Name | None = None
 
 
 class ImageEditForm(ImageGenerationRequest):
@@ -306,7 +349,7 @@ class ImageEditForm(ImageGenerationRequest):
     #: NaN/Infinity and out-of-range values are still rejected
     model_config = ConfigDict(extra="allow", strict=False, allow_inf_nan=False)
 
-    input_fidelity: Text | None = None
+    input_fidelity: Name | None = None
 
 
 class ImageData(BaseModel):
@@ -405,7 +448,7 @@ class ChatMessage(BaseModel):
     model_config = REQUEST_CONFIG
     role: ChatRole
     content: Text | list[ContentPart] | None = None
-    name: Text | None = None
+    name: Name | None = None
 
 
 class StreamOptions(BaseModel):
@@ -424,7 +467,7 @@ class AudioParam(BaseModel):
 
     model_config = REQUEST_CONFIG
     format: Literal["wav", "mp3", "flac", "opus", "pcm16", "aac"] = "wav"
-    voice: Text | VoiceRef | None = None
+    voice: Name | VoiceRef | None = None
 
     @property
     def voice_id(self) -> str | None:
@@ -437,16 +480,16 @@ class _SamplingFields(BaseModel):
 
     model_config = REQUEST_CONFIG
 
-    model: Text
+    model: Name
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    stop: Text | list[Text] | None = None
+    stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 16)  # 64-bit in the engines; choice i: seed + i
     n: int = Field(1, ge=1, le=16)
-    user: Text | None = None
+    user: Name | None = None
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
     ignore_eos: bool | None = None
@@ -487,12 +530,12 @@ class ChatCompletionRequest(_SamplingFields):
     presence_penalty: Literal[0, 0.0] | None = None
     #: Diffusion models only (vLLM-Omni's chat on image models; same meaning as in
     #: ``ImageGenerationRequest``): the last user message is the prompt.
-    size: Text | None = None
-    negative_prompt: Text | None = None
+    size: Text | None = None  # parse_size: invalid_size for anything but WxH (5 digits each)
+    negative_prompt: capped(MAX_NEGATIVE_PROMPT_CHARS) | None = None
     num_inference_steps: int | None = None  # checked against the model's max_steps
     guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
-    output_format: Text | None = None
+    output_format: Name | None = None
     #: vLLM-Omni's extension: the response carries ``metrics`` (per-stage timings from Triton).
     return_stage_metrics: bool = False
 
@@ -633,7 +676,7 @@ class TokenizeRequest(BaseModel):
     prompt and false for messages (the chat template holds them), as vLLM's do."""
 
     model_config = REQUEST_CONFIG
-    model: Text
+    model: Name
     prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
@@ -652,8 +695,8 @@ class DetokenizeRequest(BaseModel):
     """``POST /detokenize``: token ids of the model's vocabulary."""
 
     model_config = REQUEST_CONFIG
-    model: Text
-    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+    model: Name
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] = Field(max_length=MAX_DETOKENIZE_TOKENS)
 
 
 class DetokenizeResponse(BaseModel):

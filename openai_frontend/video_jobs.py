@@ -467,7 +467,7 @@ class VideoJobs:
         stall = self.settings.stall_timeout_s
         loop = asyncio.get_running_loop()
         try:
-            frames = None
+            frames, progress = None, -1
             async with asyncio.timeout_at(None if stall is None else loop.time() + stall) as watchdog:
                 async for event in self.engine.generate_video(req.model, req.job,
                                                               request_id=f"{rec.id}-{rec.attempts}"):
@@ -475,8 +475,10 @@ class VideoJobs:
                         watchdog.reschedule(loop.time() + stall)
                     if event.frames is not None:
                         frames = event.frames
-                    elif event.total:
-                        self.store.progress(rec.id, DENOISE_PROGRESS * event.step // event.total)
+                    elif event.total and DENOISE_PROGRESS * event.step // event.total > progress:
+                        # a committed (fsynced) row: off the loop, and only when the percentage rises
+                        progress = DENOISE_PROGRESS * event.step // event.total
+                        await asyncio.to_thread(self.store.progress, rec.id, progress)
             assert frames is not None
             frames = frames[: req.keep_frames]
             data = await asyncio.to_thread(encode_mp4, frames, req.fps)

@@ -188,6 +188,9 @@ class VoiceStore:
         for d in (self.root, self.voices_dir, self.consents_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        #: files whose checksum was verified: path -> (size, mtime_ns, sha256); a listing stats
+        #: each file and hashes it again only when it changed (not every clip on every GET)
+        self._verified: dict[str, tuple[int, int, str]] = {}
         self._db = sqlite3.connect(self.root / "voices.sqlite", check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -239,11 +242,15 @@ class VoiceStore:
         for fname, sha in ((PROMPT_FILE, prompt_sha), (CLIP_FILE, clip_sha)):
             path = folder / fname
             try:
+                st = path.stat()
+                if self._verified.get(str(path)) == (st.st_size, st.st_mtime_ns, sha):
+                    continue
                 data = path.read_bytes()
             except OSError:
                 return f"{fname} is missing"
             if _sha256(data) != sha:
                 return f"{fname} does not match its checksum"
+            self._verified[str(path)] = (st.st_size, st.st_mtime_ns, sha)
         return None
 
     _COLUMNS = "id, name, type, created_at, prompt, ref_text, consent, sample_rate, seconds, prompt_sha256, clip_sha256"

@@ -372,11 +372,13 @@ class TritonEngine:
         Raises:
             EngineError: as :meth:`_stream`; ``InferenceError`` when the stream ends without frames.
         """
+        # the stored reference PNG (up to the model's max_size squared) is decoded off the loop
+        image = await asyncio.to_thread(pixels_from_png_base64, job.input_reference) if job.input_reference else None
         inputs = _infer_inputs(video_contract.video_inputs(
             job.prompt, width=job.width, height=job.height, num_frames=job.num_frames, steps=job.steps,
             seed=job.seed, negative_prompt=job.negative_prompt, guidance_scale=job.guidance_scale,
             guidance_scale_2=job.guidance_scale_2, boundary_ratio=job.boundary_ratio, flow_shift=job.flow_shift,
-            image=pixels_from_png_base64(job.input_reference) if job.input_reference else None))
+            image=image))
         got_frames = False
         async for result in self._stream(model, inputs, request_id or uuid.uuid4().hex):
             frames = result.as_numpy(video_contract.VIDEO)

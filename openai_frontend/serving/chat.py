@@ -27,7 +27,6 @@ aborts the request in its engine.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -76,9 +75,11 @@ from ..schemas import (
     ImageGenerationRequest,
     Usage,
 )
+from ..offload import off_loop
 from . import images
 from .stage_metrics import StageClock
-from .common import AdmittedRequest, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
+from .common import (AdmittedRequest, check_fields, check_prompt_chars, messages_chars, resolve_model,
+                     retry_after_stage_restart, sse_response, until_disconnect)
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     """Serve ``POST /v1/chat/completions`` (``request``: the Starlette request). Returns the
     completion (a dict), an SSE response, or an image chat's ``JSONResponse``."""
     check_fields(body, request)
+    check_prompt_chars(messages_chars(body.messages), request, "messages")
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
     if info.is_image and not info.is_image_edit:
@@ -258,7 +260,8 @@ async def fetch_media_urls(messages: list[dict], policy: UrlFetchPolicy) -> list
                     raise OpenAIError(exc.status, exc.message, param=f"messages.{i}.content.{j}.{kind}.url",
                                       code=exc.code) from None
                 mime = mime or ("image/*" if kind == "image_url" else "video/*")
-                part = {"type": kind, kind: {"url": f"data:{mime};base64," + base64.b64encode(data).decode("ascii")}}
+                url = await off_loop(lambda: f"data:{mime};base64," + base64.b64encode(data).decode("ascii"))
+                part = {"type": kind, kind: {"url": url}}
             parts.append(part)
         out.append({**m, "content": parts})
     return out
@@ -345,6 +348,7 @@ async def create_completion(body: CompletionRequest, request):
     """Serve ``POST /v1/completions``: each prompt gets ``n`` choices (indexed
     ``prompt_index * n + i``). Returns the completion (a dict) or an SSE response."""
     check_fields(body, request)
+    check_prompt_chars(sum(map(len, body.prompts)), request, "prompt")
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
     if not info.is_completion:
@@ -433,7 +437,7 @@ async def _run(plan: _Plan, request):
                 # nobody reads this; 499 is nginx's "client closed request", for the access log
                 return error_json(499, ErrorDetail(message="Client disconnected", type="invalid_request_error",
                                                    code="client_disconnected"))
-            response = await asyncio.to_thread(_whole_response, plan, states)
+            response = await off_loop(_whole_response, plan, states)
             metrics_object = await clock.metrics(_chat_summary(plan, states))
             if metrics_object is not None:
                 response["metrics"] = metrics_object

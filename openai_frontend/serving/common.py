@@ -67,6 +67,30 @@ def check_fields(body, request) -> list[str]:
     return names
 
 
+# --------------------------------------------------------------------------- text caps
+def messages_chars(messages) -> int:
+    """Characters of text in chat ``messages`` (``schemas.ChatMessage``): string contents, text
+    parts and names. Media parts are not text (the body cap and their decoders bound them)."""
+    total = 0
+    for m in messages:
+        if isinstance(m.content, str):
+            total += len(m.content)
+        elif m.content is not None:
+            total += sum(len(p.text) for p in m.content if p.type == "text")
+        total += len(m.name or "")
+    return total
+
+
+def check_prompt_chars(chars: int, request, param: str) -> None:
+    """400 ``prompt_too_long`` when a request's text (``chars`` characters) is over
+    ``Settings.max_prompt_chars`` (``--max-prompt-chars``); checked before the request is
+    tokenized, rendered or sent anywhere."""
+    limit = request.app.state.settings.max_prompt_chars
+    if chars > limit:
+        raise bad_request(f"'{param}' holds {chars} characters of text; at most {limit} (--max-prompt-chars)",
+                          param=param, code="prompt_too_long")
+
+
 def ignore_fields(request, names: list[str]) -> None:
     """Known fields the resolved model cannot use but that are harmless to drop (the speech
     extras ``task_type``/``language`` on a model without them): treated like unknown fields,

@@ -12,7 +12,6 @@ images. The response is OpenAI's ``{created, data: [{b64_json, revised_prompt}],
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import logging
@@ -31,6 +30,7 @@ from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, Unsu
 from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
 from ..errors import OpenAIError, bad_request
+from ..offload import off_loop
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
 from .stage_metrics import StageClock
 from .common import (IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, check_fields, read_form, resolve_model,
@@ -179,7 +179,7 @@ async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
         # Seeded images have no side effects: retried once if a stage dies under them.
         images = await retry_after_stage_restart(
             state.engine, info.name, lambda: state.engine.generate_images(info.name, job))
-        encoded = [await asyncio.to_thread(encode_image, im.pixels, fmt, compression) for im in images]
+        encoded = [await off_loop(encode_image, im.pixels, fmt, compression) for im in images]
         steps = images[0].steps if images else 0
         seconds = round(sum(set(im.denoise_seconds for im in images)), 6)
         result = ImageResult(images, encoded, steps, seconds)
@@ -285,7 +285,7 @@ async def edit_image(request) -> JSONResponse:
                                   f"{settings.max_upload_bytes}", param="image", code="payload_too_large")
         data = await images[0].read()
         try:
-            pixels = await asyncio.to_thread(decode_image, data)
+            pixels = await off_loop(decode_image, data)
         except ImageTooLargeError as exc:
             raise bad_request(str(exc), param="image", code="image_too_large") from None
         except InvalidImageError as exc:

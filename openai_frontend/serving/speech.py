@@ -19,7 +19,6 @@ see a truncated transfer rather than a clean end.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 
@@ -41,6 +40,7 @@ from omni_triton.media.audio import (
 )
 
 from ..engine import EngineError, ModelInfo
+from ..offload import off_loop
 from ..errors import ErrorDetail, OpenAIError, bad_request, engine_error_detail, error_json
 from ..schemas import (
     SpeechAudioDelta,
@@ -64,6 +64,20 @@ class StreamAborted(RuntimeError):
     """Raised out of a raw-audio response body after Triton failed mid-stream."""
 
 
+def check_input(text: str, info: ModelInfo, default_max_chars: int) -> None:
+    """400 ``empty_input`` / ``input_too_long`` (over the model's ``max_input_chars``, else
+    ``default_max_chars``) for the text to speak."""
+    if not text.strip():
+        raise bad_request("'input' must not be empty", param="input", code="empty_input")
+    limit = info.max_input_chars or default_max_chars
+    if len(text) > limit:
+        raise bad_request(
+            f"'input' is {len(text)} characters; the model '{info.name}' accepts at most {limit}",
+            param="input",
+            code="input_too_long",
+        )
+
+
 def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store=None):
     """Validate the request against the model (``store``: the ``VoiceStore`` of custom voices).
 
@@ -75,15 +89,7 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store=Non
         OpenAIError: 400 naming the offending field (empty/too long input, unknown voice,
             unsupported speed/instructions/format...), 409 for a corrupt stored voice.
     """
-    if not body.input.strip():
-        raise bad_request("'input' must not be empty", param="input", code="empty_input")
-    limit = info.max_input_chars or default_max_chars
-    if len(body.input) > limit:
-        raise bad_request(
-            f"'input' is {len(body.input)} characters; the model '{info.name}' accepts at most {limit}",
-            param="input",
-            code="input_too_long",
-        )
+    check_input(body.input, info, default_max_chars)
     voice, options = resolve_speech(body, info, store)
     if body.speed != 1.0 and not info.supports_speed:
         raise bad_request(
@@ -151,8 +157,9 @@ async def create_speech(body: SpeechRequest, request):
     body, extras = drop_unsupported_extras(body, info)
     if extras:
         ignore_fields(request, extras)
-    fmt, voice, speed, options = plan(body, info, state.settings.default_max_input_chars,
-                                      getattr(state, "voice_store", None))
+    # off the loop: a ref_audio clip is decoded and a stored voice's prompt read and checked here
+    fmt, voice, speed, options = await off_loop(plan, body, info, state.settings.default_max_input_chars,
+                                                getattr(state, "voice_store", None))
     mode = "sse" if body.stream_format == "sse" else ("stream" if body.stream else "clip")
     counted = {"samples": 0, "rate": info.sample_rate or 0}
 
@@ -188,11 +195,11 @@ async def create_speech(body: SpeechRequest, request):
                 raise _nothing_to_speak(info.name)
             clip, rate = np.concatenate(chunks), counted["rate"]
             if body.sample_rate and body.sample_rate != rate:  # vLLM-Omni's sample_rate (soxr)
-                clip = await asyncio.to_thread(resample, clip, rate, body.sample_rate)
+                clip = await off_loop(resample, clip, rate, body.sample_rate)
                 rate = counted["rate"] = body.sample_rate
                 counted["samples"] = len(clip)
             try:
-                data = await asyncio.to_thread(encode_audio, clip, rate, fmt.name)
+                data = await off_loop(encode_audio, clip, rate, fmt.name)
             except UnsupportedFormatError as exc:  # rate only known after synthesis
                 raise bad_request(str(exc), param="response_format") from None
             return Response(data, media_type=fmt.content_type, headers=_audio_headers(fmt.name, rate))

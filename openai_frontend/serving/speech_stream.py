@@ -19,6 +19,15 @@ WebSocket (text in, audio out as sentences complete)::
     server <- {"type": "audio.done", "utterance_index", "sentence_index", "total_bytes", "error"}
     server <- {"type": "session.done", "utterance_index", "total_sentences"}  (after input.done)
     server <- {"type": "error", "message", "code"?}   (non-fatal: the session goes on)
+    server <- {"type": "error", "message", "code", "param", "status_code": 413}, then close 1009
+              (fatal: a size limit, below)
+
+Limits, checked before any work on the message: a message longer than ``--max-body-bytes``
+characters or with more than ``--max-json-values`` values (``message_too_large``); text that would leave more than
+``--speech-stream-max-pending-chars`` (65,536) characters unspoken in the session, i.e. its
+buffer plus the sentences queued and not yet spoken (``text_too_long``). Sentence splitting is
+linear in the text (``split_sentences``). ``session.config`` is validated once, off the event
+loop (a ``ref_audio`` clip is decoded once per config, not once per sentence).
 
 Each complete sentence (``split_sentences``) is queued and synthesised in order by one worker
 while more text arrives. A closed socket cancels the worker, which closes the Triton stream of
@@ -43,7 +52,8 @@ from ..engine import EngineError, ModelInfo
 from ..errors import OpenAIError, bad_request, engine_error_detail, public_message, validation_detail
 from ..schemas import SpeechBatchRequest, SpeechRequest, is_text
 from .common import SPEECH, AdmittedRequest, resolve_model, until_disconnect
-from .speech import plan, synthesize
+from ..offload import off_loop
+from .speech import check_input, plan, synthesize
 from .voices import drop_unsupported_extras
 
 logger = logging.getLogger(__name__)
@@ -51,7 +61,13 @@ logger = logging.getLogger(__name__)
 #: A sentence ends at ``.!?;`` (and their CJK forms, or ``…``), closing quotes/brackets allowed,
 #: followed by whitespace; or at a line break. The end of the buffer is not a boundary (more text
 #: may follow: "3." of "3.14", "..." still being typed) until ``input.done``.
-_BOUNDARY = re.compile(r"[.!?;…]+[\"')\]]*\s+|[。！？；]+[\"')\]」』]*\s*|\n+")
+#: Linear time: a punctuation run is only entered at its first character (the look-behind) and
+#: every quantifier is possessive, so no position is scanned twice; the old form
+#: (``[.!?;…]+[\"')\]]*\s+`` tried every start inside a run: 30,000 ``.`` took 9 s on the loop).
+_BOUNDARY = re.compile(r"(?<![.!?;…])[.!?;…]++[\"')\]]*+\s++"
+                       r"|(?<![。！？；])[。！？；]++[\"')\]」』]*+\s*+"
+                       r"|\n++")
+_SPACE = re.compile(r"\s*+")
 #: Text without any boundary is cut at its last space once it is this long.
 MAX_SENTENCE_CHARS = 400
 
@@ -61,6 +77,7 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
 
     ``"Hi there. How are"`` -> ``(["Hi there."], "How are")``. Whitespace-only sentences are
     dropped. A rest longer than ``MAX_SENTENCE_CHARS`` is cut at its last space (or hard).
+    Runs in time linear in ``len(buffer)`` whatever it holds (runs of punctuation, spaces, quotes).
     """
     out, start = [], 0
     for m in _BOUNDARY.finditer(buffer):
@@ -68,14 +85,15 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
         if sentence:
             out.append(sentence)
         start = m.end()
-    rest = buffer[start:]
-    while len(rest) > MAX_SENTENCE_CHARS:
-        cut = rest.rfind(" ", 0, MAX_SENTENCE_CHARS)
-        cut = cut if cut > 0 else MAX_SENTENCE_CHARS
-        if rest[:cut].strip():
-            out.append(rest[:cut].strip())
-        rest = rest[cut:].lstrip()
-    return out, rest
+    end = len(buffer)
+    while end - start > MAX_SENTENCE_CHARS:  # offsets, not slices of the rest: no quadratic copying
+        cut = buffer.rfind(" ", start, start + MAX_SENTENCE_CHARS)
+        cut = cut if cut > start else start + MAX_SENTENCE_CHARS
+        piece = buffer[start:cut].strip()
+        if piece:
+            out.append(piece)
+        start = _SPACE.match(buffer, cut).end()
+    return out, buffer[start:]
 
 
 async def collect_clip(engine, info: ModelInfo, text: str, voice, speed, options) -> tuple[np.ndarray, int]:
@@ -125,7 +143,8 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
                 raise bad_request("Batch items cannot stream", param="stream", code="invalid_value")
             info = await resolve_model(engine, req.model, SPEECH)
             req, ignored = drop_unsupported_extras(req, info)
-            fmt, voice, speed, options = plan(req, info, state.settings.default_max_input_chars, store)
+            fmt, voice, speed, options = await off_loop(plan, req, info, state.settings.default_max_input_chars,
+                                                        store)
 
             def record(outcome: str, name=info.name) -> None:
                 state.metrics.requests.labels(name, "batch", outcome).inc()
@@ -137,9 +156,9 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
                 raise bad_request(f"The model '{info.name}' found nothing to speak in 'input'", param="input",
                                   code="no_speech")
             if req.sample_rate and req.sample_rate != rate:
-                clip = await asyncio.to_thread(resample, clip, rate, req.sample_rate)
+                clip = await off_loop(resample, clip, rate, req.sample_rate)
                 rate = req.sample_rate
-            data = await asyncio.to_thread(encode_audio, clip, rate, fmt.name)
+            data = await off_loop(encode_audio, clip, rate, fmt.name)
             n = len(req.input)
             return {"index": index, "status": "success", "audio_data": base64.b64encode(data).decode("ascii"),
                     "media_type": fmt.content_type, "sample_rate": rate,
@@ -170,8 +189,13 @@ class _Session:
         self.state = ws.app.state
         self.body: SpeechRequest | None = None
         self.info: ModelInfo | None = None
+        #: ``speech.plan``'s (format, voice, speed, options) of the current config: made once per
+        #: ``session.config`` (a ``ref_audio`` clip is decoded once, not once per sentence)
+        self.planned: tuple | None = None
         self.stream_audio = False
         self.buffer = ""
+        #: characters of the queued sentences not yet spoken
+        self.queued_chars = 0
         self.utterance = 0
         self.sentences = 0  # queued in the current utterance
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -188,6 +212,14 @@ class _Session:
     async def error(self, message: str, code: str | None = None) -> None:
         await self.send_json({"type": "error", "message": public_message(message), "code": code})
 
+    async def too_big(self, message: str, code: str, param: str | None = None) -> None:
+        """The fatal error of a client over a size limit: an ``error`` event with ``status_code``
+        413, then the socket is closed with 1009 (message too big). The caller returns."""
+        await self.send_json({"type": "error", "message": message, "code": code, "param": param,
+                              "status_code": 413})
+        async with self.send_lock:
+            await self.ws.close(code=1009, reason=code)
+
     async def configure(self, msg: dict) -> None:
         if self.buffer.strip():
             raise bad_request("session.config while text is buffered; send input.done first", code="text_pending")
@@ -203,23 +235,36 @@ class _Session:
                               param="stream", code="invalid_value")
         info = await resolve_model(self.state.engine, body.model, SPEECH)
         body, _ = drop_unsupported_extras(body, info)  # task_type/language on a model without them
-        fmt, *_ = plan(body, info, self.state.settings.default_max_input_chars,
-                       getattr(self.state, "voice_store", None))
-        if stream_audio and fmt.name != "pcm":
+        planned = await off_loop(plan, body, info, self.state.settings.default_max_input_chars,
+                                 getattr(self.state, "voice_store", None))
+        if stream_audio and planned[0].name != "pcm":
             raise bad_request("stream_audio sends PCM chunks: response_format must be 'pcm'",
                               param="response_format", code="unsupported_format")
-        self.body, self.info, self.stream_audio = body, info, stream_audio
+        self.body, self.info, self.planned, self.stream_audio = body, info, planned, stream_audio
+
+    def accepts(self, text: str) -> bool:
+        """Whether ``text`` fits in the session's unspoken-text budget
+        (``Settings.speech_stream_max_pending_chars``)."""
+        return self.pending_chars + len(text) <= self.state.settings.speech_stream_max_pending_chars
+
+    @property
+    def pending_chars(self) -> int:
+        """Characters received and not yet spoken: the buffer plus the queued sentences."""
+        return len(self.buffer) + self.queued_chars
 
     def add_text(self, text: str, flush: bool) -> None:
+        """Queue the sentences ``text`` completes (all of the rest with ``flush``); linear in
+        ``len(text)`` plus the buffer (at most ``MAX_SENTENCE_CHARS`` between messages)."""
         self.buffer += text
         sentences, self.buffer = split_sentences(self.buffer)
         if flush and self.buffer.strip():
             sentences.append(self.buffer.strip())
         if flush:
             self.buffer = ""
+        self.queued_chars += sum(map(len, sentences))
         for s in sentences:
             self.queue.put_nowait(("sentence", self.utterance, self.sentences, s, self.body, self.info,
-                                   self.stream_audio))
+                                   self.planned, self.stream_audio))
             self.sentences += 1
         if flush:
             self.queue.put_nowait(("done", self.utterance, self.sentences))
@@ -235,10 +280,13 @@ class _Session:
             if item[0] == "done":
                 await self.send_json({"type": "session.done", "utterance_index": item[1], "total_sentences": item[2]})
                 continue
-            await self.speak(*item[1:])
+            try:
+                await self.speak(*item[1:])
+            finally:
+                self.queued_chars -= len(item[3])
 
     async def speak(self, utterance: int, index: int, text: str, body: SpeechRequest, info: ModelInfo,
-                    stream_audio: bool) -> None:
+                    planned: tuple, stream_audio: bool) -> None:
         state = self.state
         started, total, failed = False, 0, False
         head = {"utterance_index": utterance, "sentence_index": index}
@@ -247,9 +295,8 @@ class _Session:
             state.metrics.requests.labels(info.name, "websocket", outcome).inc()
 
         try:
-            req = body.model_copy(update={"input": text})
-            fmt, voice, speed, options = plan(req, info, state.settings.default_max_input_chars,
-                                              getattr(state, "voice_store", None))
+            check_input(text, info, state.settings.default_max_input_chars)
+            fmt, voice, speed, options = planned  # made once by session.config
             async with AdmittedRequest(state, record):
                 rate = body.sample_rate or info.sample_rate or 24000
                 if stream_audio:
@@ -281,8 +328,8 @@ class _Session:
                     rate = body.sample_rate or model_rate
                     if clip.size:
                         if rate != model_rate:
-                            clip = await asyncio.to_thread(resample, clip, model_rate, rate)
-                        data = await asyncio.to_thread(encode_audio, clip, rate, fmt.name)
+                            clip = await off_loop(resample, clip, model_rate, rate)
+                        data = await off_loop(encode_audio, clip, rate, fmt.name)
                         await self.send_json({"type": "audio.start", **head, "sentence_text": text,
                                               "format": fmt.name, "sample_rate": rate})
                         started = True
@@ -317,6 +364,12 @@ async def speech_stream(ws: WebSocket) -> None:
             if message.get("text") is None:
                 await session.error("Send JSON text messages", "invalid_message")
                 continue
+            raw, settings = message["text"], session.state.settings
+            if len(raw) > settings.max_body_bytes or (  # checked before parsing, as for HTTP bodies
+                    raw.count(",") + raw.count("{") + raw.count("[") > settings.max_json_values):
+                await session.too_big(f"A message is over {settings.max_body_bytes} characters or "
+                                      f"{settings.max_json_values} JSON values", "message_too_large")
+                return
             try:
                 msg = json.loads(message["text"])
                 if not isinstance(msg, dict):
@@ -337,6 +390,13 @@ async def speech_stream(ws: WebSocket) -> None:
                     if not is_text(text):  # NUL, or a lone surrogate (its JSON escape) the engine cannot encode
                         raise bad_request("'text' must be valid Unicode text without NUL", param="text",
                                           code="invalid_characters")
+                    if not session.accepts(text):  # before any work on it
+                        limit = session.state.settings.speech_stream_max_pending_chars
+                        await session.too_big(
+                            f"The session would hold {session.pending_chars + len(text)} characters not yet "
+                            f"spoken; at most {limit}: send less text at once, or wait for audio.done events",
+                            "text_too_long", param="text")
+                        return
                     session.add_text(text, flush=kind == "input.done")
                 elif kind == "session.close":
                     if session.body is not None and session.buffer.strip():

@@ -12,6 +12,12 @@ The counts therefore equal what the chat stages count (``PROMPT_TOKENS``).
   "add_generation_prompt": true, "add_special_tokens": false}`` (either with
   ``return_token_strs``) -> ``{"count", "max_model_len", "tokens", "token_strs"}``.
 * ``/detokenize``: ``{"model", "tokens"}`` -> ``{"prompt"}``.
+
+Limits (checked before any work): the prompt, or the messages' text, at most
+``--max-prompt-chars`` characters (400 ``prompt_too_long``); at most
+``schemas.MAX_DETOKENIZE_TOKENS`` token ids. Rendering, encoding, decoding and the JSON of the
+answer run off the event loop (``offload.off_loop``); the encoder runs with the GIL released
+(``Tokenizer.encode_batch``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 from pathlib import Path
 
 from jinja2 import TemplateError
+from fastapi.responses import Response
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -28,10 +35,11 @@ from tokenizers import Tokenizer
 from omni_triton.paths import model_dir
 
 from ..engine import ModelInfo
-from ..errors import bad_request
+from ..errors import OpenAIError, bad_request
 from ..generation import message_json
 from ..schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from .common import check_fields, resolve_model
+from ..offload import off_loop
+from .common import check_fields, check_prompt_chars, messages_chars, resolve_model
 
 
 class ChatTokenizer:
@@ -74,7 +82,9 @@ class ChatTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool) -> tuple[list[int], list[str]]:
         """Token ids and their strings."""
-        enc = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        # encode_batch releases the GIL while it runs: a long text encoded in a worker thread
+        # leaves the event loop free
+        enc = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
         return list(enc.ids), list(enc.tokens)
 
     def decode(self, ids: list[int]) -> str:
@@ -112,36 +122,52 @@ async def _chat_model(body, request) -> tuple[ModelInfo, ChatTokenizer]:
     if not (info.is_chat or info.is_completion):
         raise bad_request(f"The model '{body.model}' is not a chat or completion model", param="model",
                           code="unsupported_model")
-    return info, load_tokenizer(str(await tokenizer_folder(engine, info)))
+    return info, await off_loop(load_tokenizer, str(await tokenizer_folder(engine, info)))
 
 
-async def tokenize(body: TokenizeRequest, request) -> TokenizeResponse:
+async def tokenize(body: TokenizeRequest, request) -> Response:
     """``POST /tokenize``: a ``prompt`` (special tokens added unless ``add_special_tokens`` is
     false) or chat ``messages`` (the chat template applied; no special tokens added by default,
-    the template holds them)."""
-    info, tok = await _chat_model(body, request)
+    the template holds them). Answers a ``TokenizeResponse`` JSON."""
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("Send exactly one of 'prompt' and 'messages'", param="prompt", code="invalid_value")
+    if body.messages is not None:
+        check_prompt_chars(messages_chars(body.messages), request, "messages")
+    else:
+        check_prompt_chars(len(body.prompt), request, "prompt")
+    info, tok = await _chat_model(body, request)
+    return Response(await off_loop(_tokenize, body, info, tok), media_type="application/json")
+
+
+def _tokenize(body: TokenizeRequest, info: ModelInfo, tok: ChatTokenizer) -> bytes:
+    """The JSON of ``/tokenize``'s answer (a worker thread's work: render, encode, serialise)."""
     if body.messages is not None:
         try:
             text = tok.render([message_json(m) for m in body.messages], body.add_generation_prompt)
         except ValueError as exc:
             raise bad_request(str(exc), param="messages", code="invalid_value") from None
+        except Exception as exc:  # noqa: BLE001 - a sandboxed template refusing the input (SecurityError...)
+            raise OpenAIError(400, f"The chat template failed on these messages ({type(exc).__name__})",
+                              param="messages", code="invalid_value") from None
         special = bool(body.add_special_tokens)
     else:
         text = body.prompt
         special = True if body.add_special_tokens is None else body.add_special_tokens
     ids, strs = tok.encode(text, special)
     return TokenizeResponse(count=len(ids), max_model_len=info.max_model_len, tokens=ids,
-                            token_strs=strs if body.return_token_strs else None)
+                            token_strs=strs if body.return_token_strs else None).model_dump_json().encode()
 
 
 async def detokenize(body: DetokenizeRequest, request) -> DetokenizeResponse:
     """``POST /detokenize``: the text of ``tokens`` (400 for an id outside the vocabulary)."""
     _, tok = await _chat_model(body, request)
+    return await off_loop(_detokenize, body.tokens, tok)
+
+
+def _detokenize(tokens: list[int], tok: ChatTokenizer) -> DetokenizeResponse:
     size = tok.tokenizer.get_vocab_size(with_added_tokens=True)
-    bad = [t for t in body.tokens if not 0 <= t < size]
-    if bad:
-        raise bad_request(f"Token id {bad[0]} is outside the vocabulary (size {size})", param="tokens",
+    bad = next((t for t in tokens if not 0 <= t < size), None)
+    if bad is not None:
+        raise bad_request(f"Token id {bad} is outside the vocabulary (size {size})", param="tokens",
                           code="invalid_value")
-    return DetokenizeResponse(prompt=tok.decode(body.tokens))
+    return DetokenizeResponse(prompt=tok.decode(tokens))

@@ -25,7 +25,6 @@ diffusers Wan I2V example does.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 import time
@@ -44,6 +43,7 @@ from ..engine import ModelInfo, VideoJob, parse_size
 from ..errors import OpenAIError, bad_request
 from ..schemas import Text
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, VideoJobs, VideoRequest
+from ..offload import off_loop
 from .common import AdmittedRequest, ModelKind, read_form, read_json_object, resolve_model, until_disconnect
 
 VIDEO = ModelKind("video", lambda m: m.is_video)
@@ -268,7 +268,7 @@ async def _parse(request: Request) -> VideoRequest:
     if url is not None:
         if reference is not None:
             raise bad_request("input_reference given twice", param="input_reference", code="invalid_input_reference")
-        reference = _data_url_bytes(url)
+        reference = await off_loop(_data_url_bytes, url)
     try:
         body = VideoCreateForm.model_validate(fields)
     except ValidationError as exc:
@@ -289,8 +289,10 @@ async def _parse(request: Request) -> VideoRequest:
     if reference is None and info.is_image_to_video:
         raise bad_request(f"The model '{info.name}' is image-to-video and needs an 'input_reference' image "
                           "(multipart file part)", param="input_reference", code="missing_input_reference")
-    image = decode_reference(reference, info) if reference is not None else None
-    return plan(body, info, image)
+    if reference is None:
+        return plan(body, info)
+    # decode, EXIF-rotate, fit (crop + Lanczos resize) and PNG-encode: off the loop, one call
+    return await off_loop(lambda: plan(body, info, decode_reference(reference, info)))
 
 
 def _jobs(request: Request) -> VideoJobs:
@@ -310,7 +312,7 @@ async def create_video(request: Request) -> JSONResponse:
     429 + ``Retry-After`` when ``--video-max-queued`` jobs wait already."""
     jobs = _jobs(request)
     req = await _parse(request)
-    rec = jobs.create(req)
+    rec = await off_loop(jobs.create, req)  # a committed (fsynced) SQLite row
     request.app.state.metrics.video_requests.labels(req.model, "jobs", "ok" if rec else "rejected").inc()
     if rec is None:
         raise OpenAIError(429, f"{jobs.settings.max_queued} video jobs are queued already; retry later",
@@ -409,7 +411,7 @@ async def create_video_sync(request: Request) -> Response:
             if event.frames is not None:
                 frames = event.frames
         result["frames"] = frames[: req.keep_frames]
-        result["data"] = await asyncio.to_thread(encode_mp4, result["frames"], req.fps)
+        result["data"] = await off_loop(encode_mp4, result["frames"], req.fps)
 
     def record(outcome: str) -> None:
         metrics.video_requests.labels(req.model, "sync", outcome).inc()

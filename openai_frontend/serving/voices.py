@@ -9,7 +9,6 @@ outputs include ``VOICE_PROMPT`` (``qwen3_tts_voice_prompt``).
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
@@ -25,7 +24,8 @@ from omni_triton.media.audio import AudioDecodeError, AudioLimits
 
 from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
-from ..schemas import ModelVoices, SpeechRequest, VoiceList, is_text
+from ..offload import off_loop
+from ..schemas import MAX_REF_TEXT_CHARS, MAX_VOICE_PROMPT_CHARS, ModelVoices, SpeechRequest, VoiceList, is_text
 from ..voice_store import AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, StoredVoice, VoiceCorruptError, VoiceStore
 from .common import read_form, read_json_object
 
@@ -289,7 +289,10 @@ async def create_voice(request: Request) -> dict:
     try:
         if vtype == PROMPT:
             prompt = _text_field(fields, "prompt", required=True)
-            voice = store.add_design(name, prompt)
+            if len(prompt) > MAX_VOICE_PROMPT_CHARS:
+                raise bad_request(f"'prompt' is {len(prompt)} characters; at most {MAX_VOICE_PROMPT_CHARS}",
+                                  param="prompt", code="prompt_too_long")
+            voice = await off_loop(store.add_design, name, prompt)  # a committed (fsynced) row
         else:
             upload = fields.get("audio_sample", fields.get("ref_audio"))
             if upload is None:
@@ -303,8 +306,11 @@ async def create_voice(request: Request) -> dict:
                 if store.get_consent(consent) is None:
                     raise bad_request(f"No consent recording '{consent}'", param="consent", code="invalid_consent")
             ref_text = _text_field(fields, "ref_text")
+            if ref_text is not None and len(ref_text) > MAX_REF_TEXT_CHARS:
+                raise bad_request(f"'ref_text' is {len(ref_text)} characters; at most {MAX_REF_TEXT_CHARS}",
+                                  param="ref_text", code="invalid_value")
             data = await _file_bytes(upload, "audio_sample", cfg.max_upload_bytes)
-            clip, seconds = await asyncio.to_thread(decode_audio, data, cfg.sample_rate, "audio_sample",
+            clip, seconds = await off_loop(decode_audio, data, cfg.sample_rate, "audio_sample",
                                                     cfg.min_seconds, cfg.max_seconds)
             model = await _prompt_model(state.engine)
             prompt_bytes, _ = await state.engine.voice_prompt(model.name, clip, cfg.sample_rate, ref_text,
@@ -312,7 +318,7 @@ async def create_voice(request: Request) -> dict:
             if not isinstance(prompt_bytes, bytes) or not prompt_bytes:
                 raise OpenAIError(502, f"{model.name} returned no voice prompt", type="server_error",
                                   code="voice_prompt_failed")
-            voice = await asyncio.to_thread(store.add_clip, name, clip, cfg.sample_rate, prompt_bytes, ref_text,
+            voice = await off_loop(store.add_clip, name, clip, cfg.sample_rate, prompt_bytes, ref_text,
                                             consent, seconds)
     except DuplicateVoiceName:  # a concurrent upload took the name between the check and the insert
         raise OpenAIError(409, f"A voice named '{name}' exists already", param="name",
@@ -323,7 +329,7 @@ async def create_voice(request: Request) -> dict:
 
 async def delete_voice(request: Request, voice_id: str) -> dict:
     """``DELETE /v1/audio/voices/{id}`` (id or name): ``audio.voice.deleted``; 404 if unknown."""
-    voice = store_of(request.app.state).delete(voice_id)
+    voice = await off_loop(store_of(request.app.state).delete, voice_id)  # files removed, row committed
     if voice is None:
         raise OpenAIError(404, f"No voice '{voice_id}'", param="voice_id", code="voice_not_found")
     return {"id": voice.id, "object": "audio.voice.deleted", "deleted": True}
@@ -334,7 +340,7 @@ async def list_voices(state, model: str | None) -> VoiceList:
     that speak: omni, llm_tts), their OpenAI name table, and every stored voice (404 for an
     unknown ``model``)."""
     store = getattr(state, "voice_store", None)
-    stored = store.list_voices() if store is not None else []
+    stored = await off_loop(store.list_voices) if store is not None else []  # stats (and hashes new) files
     models = [m for m in await state.engine.list_models() if m.ready and (m.is_speech or m.can_speak)]
     if model is not None:
         models = [m for m in models if m.name == model or m.public_name == model]
@@ -366,9 +372,9 @@ async def create_consent(request: Request) -> dict:
     upload = fields["recording"]
     data = await _file_bytes(upload, "recording", store.settings.max_upload_bytes)
     cfg = store.settings  # a consent recording gets the limits of a voice clip
-    await asyncio.to_thread(decode_audio, data, cfg.sample_rate, "recording", cfg.min_seconds, cfg.max_seconds)
+    await off_loop(decode_audio, data, cfg.sample_rate, "recording", cfg.min_seconds, cfg.max_seconds)
     ext = _CONSENT_EXTS.get((upload.content_type or "").split(";")[0].strip(), "bin")
-    return (await asyncio.to_thread(store.add_consent, name, language, data, ext)).to_openai()
+    return (await off_loop(store.add_consent, name, language, data, ext)).to_openai()
 
 
 def _consent_or_404(store: VoiceStore, consent_id: str):
@@ -388,7 +394,7 @@ async def update_consent(request: Request, consent_id: str) -> dict:
     _consent_or_404(store, consent_id)
     fields = await _form(request, 1 << 16)
     name = _text_field(fields, "name", required=True)
-    return store.rename_consent(consent_id, name).to_openai()
+    return (await off_loop(store.rename_consent, consent_id, name)).to_openai()  # a committed row
 
 
 async def list_consents(request: Request, after: str | None, limit: int) -> dict:
@@ -401,7 +407,7 @@ async def list_consents(request: Request, after: str | None, limit: int) -> dict
 
 
 async def delete_consent(request: Request, consent_id: str) -> dict:
-    if not store_of(request.app.state).delete_consent(consent_id):
+    if not await off_loop(store_of(request.app.state).delete_consent, consent_id):
         raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
                           code="consent_not_found")
     return {"id": consent_id, "object": "audio.voice_consent", "deleted": True}

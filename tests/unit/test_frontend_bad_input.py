@@ -289,7 +289,7 @@ async def test_lone_surrogate_anywhere_is_400(full, path, payload, param):
     assert_error(r, 400, param=param)
 
 
-@pytest.mark.parametrize("body", [b"[" * 100000 + b"]" * 100000, b'{"a":' * 50000 + b"1" + b"}" * 50000,
+@pytest.mark.parametrize("body", [b"[" * 50000 + b"]" * 50000, b'{"a":' * 50000 + b"1" + b"}" * 50000,
                                   b'{"prompt": "\xff"}', b"null", b'"x"', b"{"])
 @pytest.mark.parametrize("path", ["/v1/videos", "/v1/videos/sync", "/v1/audio/voices", "/v1/audio/voice_consents"])
 async def test_json_body_too_deep_or_not_an_object_is_400(full, path, body):

@@ -15,6 +15,10 @@ _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc"
 # line break (list items, paragraphs).
 _BOUNDARY = re.compile(r"(?<=[.!?\u2026])(?P<close>[\"'\u201d\u2019)\]]*)\s+|\n+")
 _MARKDOWN = re.compile(r"[*_`#>|~]+")
+_SPACE = re.compile(r"\s*")
+#: characters before a period that decide whether it ends a sentence (the last word: an
+#: abbreviation or an initial); a longer word is neither, however it is cut
+_WORD_WINDOW = 32
 
 
 def speakable(text: str) -> str | None:
@@ -44,26 +48,33 @@ class SentenceSegmenter:
     _buffer: str = field(default="", init=False)
 
     def push(self, delta: str) -> list[str]:
-        """Add streamed text; returns the sentences completed by it (stripped, in order)."""
-        self._buffer += delta
+        """Add streamed text; returns the sentences completed by it (stripped, in order).
+
+        Linear in ``len(delta)`` plus the carried-over buffer (at most ``max_chars``): a rejected
+        boundary (an abbreviation, a piece under ``min_chars``) is judged from a bounded window,
+        never by re-slicing the text since the last accepted one.
+        """
+        buffer = self._buffer + delta
         out = []
         start = 0
-        for m in _BOUNDARY.finditer(self._buffer):
-            piece = self._buffer[start:m.start() + len(m.group("close") or "")].strip()
+        for m in _BOUNDARY.finditer(buffer):
+            end = m.start() + len(m.group("close") or "")
             line_break = "\n" in m.group(0)
-            if not line_break and not self._is_end(piece):
-                continue  # a period that does not end a sentence
-            if not line_break and len(piece) < self.min_chars:
-                continue  # too short: join with what follows
+            if not line_break:
+                if not self._is_end(buffer[max(start, end - _WORD_WINDOW):end]):
+                    continue  # a period that does not end a sentence
+                if end - start < self.min_chars + _WORD_WINDOW and len(buffer[start:end].strip()) < self.min_chars:
+                    continue  # too short: join with what follows
+            piece = buffer[start:end].strip()
             if piece:
                 out.append(piece)
             start = m.end()
-        self._buffer = self._buffer[start:]
-        while len(self._buffer) > self.max_chars:
-            cut = self._buffer.rfind(" ", 0, self.max_chars)
-            cut = cut if cut > 0 else self.max_chars
-            out.append(self._buffer[:cut].strip())
-            self._buffer = self._buffer[cut:].lstrip()
+        while len(buffer) - start > self.max_chars:  # offsets: no quadratic re-slicing of the rest
+            cut = buffer.rfind(" ", start, start + self.max_chars)
+            cut = cut if cut > start else start + self.max_chars
+            out.append(buffer[start:cut].strip())
+            start = _SPACE.match(buffer, cut).end()
+        self._buffer = buffer[start:]
         return [s for s in out if s]
 
     def flush(self) -> list[str]:
