@@ -522,10 +522,11 @@ class VideoJobs:
                 (nothing is written).
         """
         cfg = self.settings
-        reference = request.job.input_reference
-        if reference is not None and len(reference) * 3 // 4 > cfg.max_reference_bytes:
-            raise JobQuotaError("max_reference_bytes", f"input_reference is {len(reference) * 3 // 4} bytes once "
-                                f"fitted to the video's size; at most {cfg.max_reference_bytes} are stored")
+        reference = request.job.input_reference  # base64 of the fitted PNG
+        size = len(reference) * 3 // 4 - reference[-2:].count("=") if reference else 0
+        if size > cfg.max_reference_bytes:
+            raise JobQuotaError("max_reference_bytes", f"input_reference is {size} bytes once fitted to the "
+                                f"video's size; at most {cfg.max_reference_bytes} are stored")
         rec = self.store.insert(request, max_queued=cfg.max_queued, max_jobs=cfg.max_stored_jobs,
                                 max_bytes=cfg.max_stored_bytes)
         if rec is not None:
@@ -646,8 +647,8 @@ class VideoJobs:
 
     def _expire(self, rec: JobRecord) -> None:
         self.video_path(rec.id).unlink(missing_ok=True)
-        self.store.expire(rec.id, f"the video was removed after the retention period "
-                          f"({self.settings.retention_s:g} s after completion)")
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.expires_at or time.time()))
+        self.store.expire(rec.id, f"the video was removed after its retention period (expired at {when})")
         self._on_event(rec.id, EXPIRED)
 
     async def _sweep_loop(self) -> None:
