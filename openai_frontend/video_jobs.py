@@ -153,7 +153,9 @@ class VideoRequest:
 
 @dataclass
 class JobRecord:
-    """One row of the store (times are Unix seconds)."""
+    """One row of the store (times are Unix seconds). ``request`` is None when the row was read
+    for the API: the stored request (with its reference image, up to ``max_reference_bytes``) is
+    loaded only to run the job, not for every poll or list."""
 
     id: str
     model: str
@@ -163,7 +165,7 @@ class JobRecord:
     size: str
     seconds: str
     prompt: str
-    request: VideoRequest
+    request: VideoRequest | None
     started_at: int | None = None
     completed_at: int | None = None
     expires_at: int | None = None
@@ -217,11 +219,16 @@ class JobStore:
         with self._lock:
             return self._db.execute(sql, args).rowcount
 
+    #: every column but ``request`` (what the API and the sweeps read)
+    _SUMMARY = ("seq, id, model, status, progress, created_at, started_at, completed_at, expires_at, size, "
+                "seconds, prompt, error, attempts, file")
+
     @staticmethod
     def _record(row: sqlite3.Row) -> JobRecord:
+        request = VideoRequest.from_json(row["request"]) if "request" in row.keys() else None
         return JobRecord(id=row["id"], model=row["model"], status=row["status"], progress=row["progress"],
                          created_at=row["created_at"], size=row["size"], seconds=row["seconds"],
-                         prompt=row["prompt"], request=VideoRequest.from_json(row["request"]),
+                         prompt=row["prompt"], request=request,
                          started_at=row["started_at"], completed_at=row["completed_at"],
                          expires_at=row["expires_at"], error=json.loads(row["error"]) if row["error"] else None,
                          attempts=row["attempts"], file=row["file"], seq=row["seq"])
@@ -262,16 +269,20 @@ class JobStore:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job_id, request.model, QUEUED, now, request.size, request.seconds, request.job.prompt,
                      text, len(text)))
+                # read in the transaction: a runner in another thread may claim it right after
+                row = self._db.execute(f"SELECT {self._SUMMARY} FROM jobs WHERE id = ?", (job_id,)).fetchone()
                 self._db.execute("COMMIT")
             except JobQuotaError:
                 raise
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return self.get(job_id)
+        return self._record(row)
 
-    def get(self, job_id: str) -> JobRecord | None:
-        rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+    def get(self, job_id: str, with_request: bool = True) -> JobRecord | None:
+        """The job ``job_id`` or None; ``with_request=False`` leaves its stored request unread."""
+        columns = "*" if with_request else self._SUMMARY
+        rows = self._query(f"SELECT {columns} FROM jobs WHERE id = ?", (job_id,))
         return self._record(rows[0]) if rows else None
 
     def list(self, limit: int = 20, after: str | None = None, order: str = "desc") -> tuple[list[JobRecord], bool]:
@@ -288,7 +299,8 @@ class JobStore:
             if not found:
                 raise KeyError(after)
             where, args = f"WHERE seq {op} ?", (found[0]["seq"],)
-        rows = self._query(f"SELECT * FROM jobs {where} ORDER BY seq {direction} LIMIT ?", args + (limit + 1,))
+        rows = self._query(f"SELECT {self._SUMMARY} FROM jobs {where} ORDER BY seq {direction} LIMIT ?",
+                           args + (limit + 1,))
         return [self._record(r) for r in rows[:limit]], len(rows) > limit
 
     def count(self, status: str) -> int:
@@ -347,11 +359,11 @@ class JobStore:
     def with_status(self, *statuses: str) -> list[JobRecord]:
         marks = ",".join("?" * len(statuses))
         return [self._record(r) for r in
-                self._query(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses)]
+                self._query(f"SELECT {self._SUMMARY} FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses)]
 
     def expired_before(self, now: int) -> list[JobRecord]:
-        rows = self._query("SELECT * FROM jobs WHERE status = ? AND expires_at IS NOT NULL AND expires_at <= ?",
-                           (COMPLETED, now))
+        rows = self._query(f"SELECT {self._SUMMARY} FROM jobs WHERE status = ? AND expires_at IS NOT NULL "
+                           "AND expires_at <= ?", (COMPLETED, now))
         return [self._record(r) for r in rows]
 
     def purge(self, now: int, after_s: float) -> list[str]:
@@ -460,6 +472,7 @@ class VideoJobs:
         self._tasks: list[asyncio.Task] = []
         self._on_event = on_event or (lambda job_id, what: None)
         self._on_store_error = on_store_error or (lambda operation: None)
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: the database error the runner is retrying, or None: ``{"operation", "message", "since"}``
         self.store_error: dict | None = None
 
@@ -493,6 +506,7 @@ class VideoJobs:
             self.sweep()
             self.remove_stray_files()
 
+        self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(settle)
         self._tasks = [asyncio.create_task(self._dispatch(), name="video-dispatch"),
                        asyncio.create_task(self._sweep_loop(), name="video-retention")]
@@ -530,8 +544,19 @@ class VideoJobs:
         rec = self.store.insert(request, max_queued=cfg.max_queued, max_jobs=cfg.max_stored_jobs,
                                 max_bytes=cfg.max_stored_bytes)
         if rec is not None:
-            self._wake.set()
+            self._wake_dispatcher()
         return rec
+
+    def _wake_dispatcher(self) -> None:
+        """Wake the dispatcher, from the event loop or from a worker thread (``create`` runs in one)."""
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if self._loop is None or on_loop:
+            self._wake.set()
+        else:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     def to_openai(self, rec: JobRecord) -> dict[str, Any]:
         """``rec.to_openai()``; a queued job's ``error`` says when the runner cannot reach the
@@ -545,10 +570,10 @@ class VideoJobs:
         return out
 
     def get(self, job_id: str) -> JobRecord | None:
-        rec = self.store.get(job_id)
+        rec = self.store.get(job_id, with_request=False)
         if rec is not None and rec.status == COMPLETED and rec.expires_at is not None and rec.expires_at <= time.time():
             self._expire(rec)
-            rec = self.store.get(job_id)
+            rec = self.store.get(job_id, with_request=False)
         return rec
 
     async def delete(self, job_id: str) -> bool:
@@ -705,7 +730,7 @@ class VideoJobs:
             path = self.video_path(rec.id)
             await asyncio.to_thread(write_atomic, path, data)
             if (self._running.get(rec.id, _Running(None)).deleted
-                    or await self._db("check", self.store.get, rec.id) is None):
+                    or await self._db("check", self.store.get, rec.id, with_request=False) is None):
                 path.unlink(missing_ok=True)  # deleted while its MP4 was being written
                 return
             await self._db("complete", self.store.complete, rec.id, str(path), self._expiry(int(time.time())),

@@ -323,7 +323,7 @@ async def create_video(request: Request) -> JSONResponse:
     jobs = _jobs(request)
     req = await _parse(request)
     try:
-        rec = jobs.create(req)
+        rec = await asyncio.to_thread(jobs.create, req)  # writes the request (reference image) + fsync
     except JobQuotaError as exc:
         request.app.state.metrics.video_requests.labels(req.model, "jobs", "rejected").inc()
         if exc.limit == "max_reference_bytes":

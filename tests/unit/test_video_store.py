@@ -287,3 +287,17 @@ async def test_a_stored_reference_image_over_the_limit_is_a_400(tmp_path):
         assert (await c.get("/v1/videos")).json()["data"] == []
         flat = await c.post("/v1/videos", data={"prompt": "a cat", "size": "32x32"}, files=ref(png(32, 32, flat=True)))
         assert flat.status_code == 200, flat.text
+
+
+async def test_polls_and_lists_do_not_read_the_stored_request(tmp_path):
+    """The stored request holds the reference image (up to max_reference_bytes as base64): a poll
+    or a list page must not load and parse it on the event loop. A request column that is not
+    JSON at all shows that they do not touch it."""
+    server = Server(FakeVideoEngine(), tmp_path)
+    async with server as c:
+        vid = (await c.post("/v1/videos", data={"prompt": "a cat"})).json()["id"]
+        await wait_status(c, vid)
+        server.app.state.video_jobs.store._write("UPDATE jobs SET request = 'x' WHERE id = ?", (vid,))
+        assert (await c.get(f"/v1/videos/{vid}")).json()["status"] == "completed"
+        assert [v["id"] for v in (await c.get("/v1/videos")).json()["data"]] == [vid]
+        assert (await c.get(f"/v1/videos/{vid}/content")).status_code == 200
