@@ -703,7 +703,7 @@ class VideoJobs:
                         break
                     task = asyncio.create_task(self._run(rec), name=f"video-{rec.id}")
                     self._running[rec.id] = _Running(task)
-            except (sqlite3.Error, OSError, ValueError, KeyError, TypeError) as exc:  # a damaged row too
+            except Exception as exc:  # noqa: BLE001 - database errors, a damaged row: never the end of it
                 delay = self._store_failed("dispatch", exc, delay)
             else:
                 delay = None
