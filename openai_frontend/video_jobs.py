@@ -42,7 +42,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 import re
 import secrets
 import sqlite3
