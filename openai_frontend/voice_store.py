@@ -72,8 +72,8 @@ CREATE TABLE IF NOT EXISTS consents (
 );
 """
 #: columns added after the first release: (table, column, definition, how old rows are filled)
-_MIGRATIONS = (("voices", "bytes", "INTEGER NOT NULL DEFAULT 0", "UPDATE voices SET bytes = length(prompt) "
-                "WHERE prompt IS NOT NULL"),
+_MIGRATIONS = (("voices", "bytes", "INTEGER NOT NULL DEFAULT 0",
+                "UPDATE voices SET bytes = length(CAST(prompt AS BLOB)) WHERE prompt IS NOT NULL"),
                ("consents", "bytes", "INTEGER NOT NULL DEFAULT 0", None))
 
 CLIP_FILE, PROMPT_FILE = "clip.wav", "voice_prompt.bin"

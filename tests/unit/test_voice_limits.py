@@ -51,7 +51,8 @@ async def test_voice_count_limit(tmp_path):
     settings = _settings(tmp_path, max_voices=1)
     engine = FakeEngine()
     async with client(engine, settings) as c:
-        assert (await c.post("/v1/audio/voices", data={"name": "a", "type": "prompt", "prompt": "calm"})).status_code == 200
+        designed = await c.post("/v1/audio/voices", data={"name": "a", "type": "prompt", "prompt": "calm"})
+        assert designed.status_code == 200
         r = await clone(c, name="b", consent_id=await consent(c))
         err(r, 400, "quota_exceeded")
         assert not engine.prompt_calls  # refused before the clip was decoded or sent to the model
@@ -117,7 +118,8 @@ def test_limits_hold_across_a_restart_and_an_old_store_is_migrated(tmp_path, mon
             ref_text TEXT, consent TEXT, sample_rate INTEGER, seconds REAL, prompt_sha256 TEXT, clip_sha256 TEXT);
         CREATE TABLE consents (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, name TEXT NOT NULL,
             language TEXT NOT NULL, created_at INTEGER NOT NULL, file TEXT NOT NULL, sha256 TEXT NOT NULL);
-        INSERT INTO voices (id, name, type, created_at, prompt) VALUES ('voice_old', 'old', 'prompt', 1, 'a warm voice');
+        INSERT INTO voices (id, name, type, created_at, prompt)
+            VALUES ('voice_old', 'old', 'prompt', 1, 'a warm voice');
     """)
     db.commit()
     db.close()
