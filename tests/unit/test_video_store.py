@@ -161,6 +161,17 @@ async def test_failed_and_expired_jobs_are_purged_with_their_files(tmp_path):
         assert sorted(p.name for p in (tmp_path / "videos").iterdir()) == [f"{done}.mp4"]
 
 
+async def test_the_periodic_sweep_purges_a_failed_job(tmp_path):
+    engine = FakeVideoEngine(fail=InvalidRequestError("bad embeddings"))
+    async with Server(engine, tmp_path, purge_after_s=0, sweep_interval_s=0.05) as c:
+        vid = (await c.post("/v1/videos", data={"prompt": "fails"})).json()["id"]
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10
+        while (await c.get(f"/v1/videos/{vid}")).status_code != 404:  # failed, then purged by the loop
+            assert loop.time() < end, "the periodic sweep never purged the failed job"
+            await asyncio.sleep(0.02)
+
+
 async def test_restart_purges_and_sweeps_stray_files_but_loses_nothing(tmp_path):
     engine = FakeVideoEngine()
     async with Server(engine, tmp_path, purge_after_s=1000) as c:
