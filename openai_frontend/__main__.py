@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--video-purge-after-s", type=float, default=7 * 24 * 3600,
                    help="failed and expired video jobs (row, reference image, files) are deleted this "
                         "long after they failed / expired (<= 0: kept)")
-    p.add_argument("--video-max-stored-jobs", type=int, default=1000,
+    p.add_argument("--video-max-stored-jobs", type=int, default=10000,
                    help="video jobs of any status kept at once; 400 quota_exceeded beyond")
     p.add_argument("--video-max-stored-bytes", type=int, default=20 << 30,
                    help="bytes of MP4s and stored requests (reference images) kept; 400 quota_exceeded beyond")

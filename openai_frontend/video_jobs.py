@@ -425,7 +425,7 @@ class JobSettings:
     sweep_interval_s: float = 30.0
     stall_timeout_s: float | None = 600.0
     purge_after_s: float | None = 7 * 24 * 3600
-    max_stored_jobs: int = 1000
+    max_stored_jobs: int = 10000
     max_stored_bytes: int = 20 << 30
     max_reference_bytes: int = 8 << 20
     db_retry_initial_s: float = 0.5
