@@ -311,3 +311,27 @@ async def test_polls_and_lists_do_not_read_the_stored_request(tmp_path):
         assert (await c.get(f"/v1/videos/{vid}")).json()["status"] == "completed"
         assert [v["id"] for v in (await c.get("/v1/videos")).json()["data"]] == [vid]
         assert (await c.get(f"/v1/videos/{vid}/content")).status_code == 200
+
+
+def test_the_store_options_reach_the_settings_also_through_serve(monkeypatch, tmp_path):
+    """``python -m openai_frontend`` options -> JobSettings / VoiceSettings, and the same options
+    passed by ``omni-triton serve --frontend-arg=...``."""
+    import openai_frontend.__main__ as frontend_main
+    from omni_triton.cli import build_parser
+
+    serve = build_parser().parse_args(["serve", "--frontend-arg=--video-purge-after-s=60",
+                                       "--frontend-arg=--voice-max-consents=5"])
+    argv = [*serve.frontend_arg, "--video-storage-dir", str(tmp_path / "v"), "--voice-storage-dir",
+            str(tmp_path / "a"), "--video-max-stored-jobs", "7", "--video-max-stored-bytes", "1000",
+            "--video-max-reference-bytes", "99", "--voice-max-voices", "3", "--voice-max-stored-bytes", "500",
+            "--voice-max-prompt-chars", "50"]
+    seen = {}
+    monkeypatch.setattr(frontend_main, "create_app", lambda engine, settings: seen.update(s=settings))
+    monkeypatch.setattr(frontend_main.uvicorn, "run", lambda *a, **k: None)
+    frontend_main.main(argv)
+    video, voices = seen["s"].video, seen["s"].voices
+    assert (video.purge_after_s, video.max_stored_jobs, video.max_stored_bytes, video.max_reference_bytes) == (
+        60, 7, 1000, 99)
+    assert (voices.max_consents, voices.max_voices, voices.max_stored_bytes, voices.max_prompt_chars) == (5, 3, 500, 50)
+    frontend_main.main(["--video-purge-after-s", "0", "--video-storage-dir", str(tmp_path / "v")])
+    assert seen["s"].video.purge_after_s is None  # <= 0: failed and expired jobs are kept
