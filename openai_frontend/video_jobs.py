@@ -344,8 +344,11 @@ class JobStore:
         self._write("UPDATE jobs SET status = ?, completed_at = ?, expires_at = ?, error = ? WHERE id = ?",
                    (FAILED, now, expires_at, json.dumps({"code": code, "message": message}), job_id))
 
-    def requeue(self, job_id: str) -> None:
-        self._write("UPDATE jobs SET status = ? WHERE id = ? AND status = ?", (QUEUED, job_id, IN_PROGRESS))
+    def requeue(self, job_id: str, refund_attempt: bool = False) -> None:
+        """Queue a running job again; ``refund_attempt``: it never started (a claim that a
+        shutdown overtook), so its start does not count against ``max_attempts``."""
+        self._write("UPDATE jobs SET status = ?, attempts = MAX(attempts - ?, 0) WHERE id = ? AND status = ?",
+                    (QUEUED, int(refund_attempt), job_id, IN_PROGRESS))
 
     def expire(self, job_id: str, message: str) -> None:
         self._write("UPDATE jobs SET status = ?, file = NULL, error = ?, bytes = length(request) "
@@ -472,6 +475,7 @@ class VideoJobs:
         self._on_event = on_event or (lambda job_id, what: None)
         self._on_store_error = on_store_error or (lambda operation: None)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._claim: asyncio.Future | None = None  # the dispatcher's claim in flight (a worker thread)
         #: the database error the runner is retrying, or None: ``{"operation", "message", "since"}``
         self.store_error: dict | None = None
 
@@ -519,6 +523,11 @@ class VideoJobs:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        claim, self._claim = self._claim, None
+        if claim is not None:  # the dispatcher was stopped while its thread claimed a job
+            rec = (await asyncio.gather(claim, return_exceptions=True))[0]
+            if isinstance(rec, JobRecord):
+                self.store.requeue(rec.id, refund_attempt=True)
         self.store.close()
         if self._folder_lock is not None:
             self._folder_lock.release()
@@ -697,7 +706,15 @@ class VideoJobs:
             self._wake.clear()
             try:
                 while len(self._running) < self.settings.max_running:
-                    rec = await asyncio.to_thread(self.store.next_queued)
+                    self._claim = claim = asyncio.ensure_future(asyncio.to_thread(self.store.next_queued))
+                    try:
+                        rec = await asyncio.shield(claim)  # cancelled: stop() settles the claim
+                    except asyncio.CancelledError:
+                        raise
+                    except BaseException:
+                        self._claim = None
+                        raise
+                    self._claim = None
                     if rec is None:
                         break
                     task = asyncio.create_task(self._run(rec), name=f"video-{rec.id}")

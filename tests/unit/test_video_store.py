@@ -335,3 +335,35 @@ def test_the_store_options_reach_the_settings_also_through_serve(monkeypatch, tm
     assert (voices.max_consents, voices.max_voices, voices.max_stored_bytes, voices.max_prompt_chars) == (5, 3, 500, 50)
     frontend_main.main(["--video-purge-after-s", "0", "--video-storage-dir", str(tmp_path / "v")])
     assert seen["s"].video.purge_after_s is None  # <= 0: failed and expired jobs are kept
+
+
+async def test_a_claim_overtaken_by_shutdown_is_handed_back(tmp_path):
+    """The dispatcher claims a job in a worker thread; a shutdown landing between the claim and
+    the job's start puts it back in the queue without counting an attempt."""
+    import threading
+
+    from openai_frontend.video_jobs import JobSettings, VideoJobs
+
+    jobs = VideoJobs(FakeVideoEngine(), JobSettings(storage_dir=tmp_path, sweep_interval_s=3600))
+    await jobs.start()
+    claimed, release = threading.Event(), threading.Event()
+    original = jobs.store.next_queued
+
+    def slow_claim():
+        rec = original()
+        if rec is not None:
+            claimed.set()
+            release.wait(10)  # the claim is committed; its answer is late
+        return rec
+
+    jobs.store.next_queued = slow_claim
+    rec = await asyncio.to_thread(jobs.create, _request())
+    assert await asyncio.to_thread(claimed.wait, 10)
+    stopping = asyncio.create_task(jobs.stop())
+    await asyncio.sleep(0.05)
+    release.set()
+    await stopping
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    again = store.get(rec.id)
+    assert (again.status, again.attempts) == ("queued", 0)
+    store.close()

@@ -261,6 +261,7 @@ async def test_a_job_interrupted_too_often_fails_with_the_reason(tmp_path):
                 await c.post("/v1/videos", data={"prompt": "a cat"})
             vid = (await c.get("/v1/videos")).json()["data"][0]["id"]
             await wait_status(c, vid, ("in_progress",))
+            await wait_engine_jobs(engine)  # running (not only claimed) when the process goes
     async with Server(FakeVideoEngine(), tmp_path, max_attempts=2) as c:
         body = (await c.get(f"/v1/videos/{vid}")).json()
     assert body["status"] == "failed" and body["error"]["code"] == "interrupted"
@@ -273,6 +274,7 @@ async def test_an_mp4_written_before_the_crash_completes_its_job(tmp_path):
     async with Server(engine, tmp_path) as c:
         vid = (await c.post("/v1/videos", data={"prompt": "a cat"})).json()["id"]
         await wait_status(c, vid, ("in_progress",))
+        await wait_engine_jobs(engine)
     (tmp_path / "videos").mkdir(exist_ok=True)
     (tmp_path / "videos" / f"{vid}.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 finished before the crash")
     second = FakeVideoEngine()
