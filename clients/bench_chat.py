@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                     server.wait_ready(timeout=args.ready_timeout)
                 stack["triton_ready_s"] = round(time.perf_counter() - t, 2)
                 frontend = Frontend(server.grpc_url, port=free_port(), models=server.models,
-                                    log_path=logs / f"{tag}-frontend.log")
+                                    log_path=logs / f"{tag}-frontend.log", admin_key=server.admin_key)
                 started.append(frontend)
                 frontend.start()
                 frontend.wait_ready()

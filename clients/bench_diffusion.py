@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.start()
                 server.wait_ready(timeout=args.ready_timeout)
                 frontend = Frontend(server.grpc_url, port=free_port(), models=[MODEL],
-                                    log_path=logs / f"{tag}-frontend.log")
+                                    log_path=logs / f"{tag}-frontend.log", admin_key=server.admin_key)
                 started.append(frontend)
                 frontend.start()
                 frontend.wait_ready()

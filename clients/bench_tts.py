@@ -394,15 +394,20 @@ def chat_run_one(client, base_url: str, model: str) -> RunOne:
 # ------------------------------------------------------------------------------- config
 
 
-def model_parameters(name: str, grpc_url: str | None) -> dict[str, str]:
+def model_parameters(name: str, grpc_url: str | None, admin_key: str | None = None) -> dict[str, str]:
     """A model's config ``parameters``: from the running Triton when reachable, else from this
-    checkout's ``config.pbtxt``."""
+    checkout's ``config.pbtxt``. Triton's model-config API is restricted: ``admin_key`` is its key
+    (default: env ``OMNI_TRITON_ADMIN_KEY`` / ``OMNI_TRITON_ADMIN_KEY_FILE``)."""
     if grpc_url:
         try:
             import tritonclient.grpc as grpcclient
 
+            from omni_triton import triton_admin
+
+            key = admin_key or triton_admin.key_from_env()
             with grpcclient.InferenceServerClient(grpc_url) as c:
-                cfg = c.get_model_config(name, as_json=True)["config"]
+                cfg = c.get_model_config(name, headers=triton_admin.headers(key, grpc=True),
+                                         as_json=True)["config"]
             return {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         except Exception:
             pass
@@ -417,9 +422,9 @@ def piper_parallelism() -> int:
     return int(model_parameters("piper_tts", None).get("workers", 2)) * instance_count("piper_tts")
 
 
-def codec_settings(grpc_url: str | None) -> dict:
-    tts = model_parameters("tts", grpc_url)
-    talker = model_parameters("tts_talker", grpc_url)
+def codec_settings(grpc_url: str | None, admin_key: str | None = None) -> dict:
+    tts = model_parameters("tts", grpc_url, admin_key)
+    talker = model_parameters("tts_talker", grpc_url, admin_key)
     return {
         "first_chunk_frames": int(tts.get("first_chunk_frames", 5)),
         "chunk_frames": int(tts.get("chunk_frames", 25)),
@@ -537,7 +542,7 @@ def run_served(bench: "Bench", args, served: list[str], mode: str | None, starte
             grpc_url = server.grpc_url
             if "frontend" in served:
                 frontend = Frontend(grpc_url, port=free_port(), models=list(args.models),
-                                    log_path=logs / f"{tag}-frontend.log")
+                                    log_path=logs / f"{tag}-frontend.log", admin_key=server.admin_key)
                 started.append(frontend)
                 frontend.start()
                 frontend.wait_ready()
@@ -546,7 +551,7 @@ def run_served(bench: "Bench", args, served: list[str], mode: str | None, starte
                         frontend_log=str(frontend.log_path) if frontend else None)
             log(f"stack ready in {info['stack_ready_s']} s (frontend {frontend_url})")
         if "tts" in args.models:
-            codec = codec_settings(grpc_url)  # what the server actually runs
+            codec = codec_settings(grpc_url, server.admin_key if server else None)  # what the server runs
         info.update(frontend_url=frontend_url, triton_grpc_url=grpc_url)
         if grpc_url:
             try:

@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.start()
                 server.wait_ready(timeout=args.ready_timeout)
                 frontend = Frontend(server.grpc_url, port=free_port(), models=models,
-                                    log_path=logs / f"{tag}-frontend.log",
+                                    log_path=logs / f"{tag}-frontend.log", admin_key=server.admin_key,
                                     extra_args=[f"--video-storage-dir={store}",
                                                 f"--video-max-queued={max(levels) * 2}",
                                                 f"--video-max-running={max(levels)}"])

@@ -13,4 +13,7 @@ python3 -m omni_triton.deploy checkpoints | while read -r folder repo; do
   fi
 done
 if [ "${1:-}" = download ]; then exit 0; fi
-exec omni-triton serve --host 0.0.0.0 --triton-host 0.0.0.0 "$@"
+# Triton's HTTP/gRPC stay on the container's loopback (the frontend beside them is the way in);
+# its metrics listen for Prometheus. A Triton-only pod adds --triton-host 0.0.0.0 (deploy/k8s).
+# Its admin APIs need OMNI_TRITON_ADMIN_KEY(_FILE) or a random per-start key (omni_triton/triton_admin.py).
+exec omni-triton serve --host 0.0.0.0 --triton-metrics-host 0.0.0.0 "$@"

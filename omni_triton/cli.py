@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+from omni_triton import triton_admin
 from omni_triton.launcher import (
     Frontend,
     RestartBackoff,
@@ -73,8 +74,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not args.skip_prepare:
         prepare(models)
+    try:
+        admin_key = triton_admin.key_from_env()
+    except (triton_admin.AdminKeyError, OSError) as exc:
+        print(f"omni-triton: {triton_admin.ENV}/{triton_admin.ENV_FILE}: {exc}", file=sys.stderr)
+        return 2
     server = TritonServer(models, http_port=args.triton_http_port, grpc_port=args.triton_grpc_port,
-                          metrics_port=args.triton_metrics_port, host=args.triton_host)
+                          metrics_port=args.triton_metrics_port, host=args.triton_host,
+                          metrics_host=args.triton_metrics_host, admin_key=admin_key)
     frontend = None
     status = ServeStatus(server.log_path.with_name(f"serve-status-{server.http_port}.json"))
     status.write(state="starting")
@@ -87,7 +94,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.wait_ready(timeout=args.ready_timeout, should_stop=stop.is_set)
         server.track_stub_families()  # know every stub before a client can reach it (_StubWatch)
         print(f"omni-triton: Triton READY (HTTP {server.http_url}, gRPC {server.grpc_url}, "
-              f"metrics http://127.0.0.1:{server.metrics_port}/metrics)", flush=True)
+              f"metrics http://127.0.0.1:{server.metrics_port}/metrics); its admin APIs "
+              f"({', '.join(triton_admin.RESTRICTED_APIS)}) need the header "
+              f"'{triton_admin.HEADER}' with the key in {server.admin_key_path}", flush=True)
         if not args.no_frontend:
             if args.api_key:  # the frontend reads it from its environment (not argv: ps shows that)
                 os.environ["OMNI_TRITON_API_KEY"] = args.api_key
@@ -95,7 +104,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                 models=frontend_models(models, server.repositories),
                                 extra_args=[*args.frontend_arg,
                                             *(["--strict-params"] if args.strict_params else [])],
-                                env={"OMNI_TRITON_SERVE_STATUS": str(status.path)})
+                                env={"OMNI_TRITON_SERVE_STATUS": str(status.path)},
+                                admin_key=server.admin_key)
             frontend.start()
             frontend.wait_ready()
             print(f"omni-triton: OpenAI API at {frontend.url}/v1  (try: curl {frontend.url}/v1/models)",
@@ -296,8 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="frontend bind address")
     p.add_argument("--port", type=int, default=9000, help="frontend port")
     p.add_argument("--triton-host", default="127.0.0.1",
-                   help="address Triton's HTTP/gRPC/metrics endpoints bind to (0.0.0.0: all; "
-                        "note anyone reaching it can load/unload models)")
+                   help="address Triton's HTTP and gRPC endpoints bind to (default loopback; "
+                        "0.0.0.0: all). Inference, health, metadata and statistics are open to "
+                        "whoever reaches them; the admin APIs (model repository load/unload, model "
+                        "config, shared memory, trace, logging) need the key of env "
+                        "OMNI_TRITON_ADMIN_KEY or the file named by OMNI_TRITON_ADMIN_KEY_FILE "
+                        "(default: a random key per serve, written 0600 to <cache>/run/)")
+    p.add_argument("--triton-metrics-host", default=None,
+                   help="address Triton's metrics endpoint binds to (default: --triton-host)")
     p.add_argument("--triton-http-port", type=int, default=8000)
     p.add_argument("--triton-grpc-port", type=int, default=8001)
     p.add_argument("--triton-metrics-port", type=int, default=8002)

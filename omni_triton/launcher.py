@@ -16,6 +16,11 @@ What the launcher does, in order (each step is a function, usable from tests):
    depend on), waits for READY, and on failure raises :class:`ServerStartError` naming the
    failing model with its error lines. :meth:`TritonServer.stop` terminates the whole process
    group (stubs and any engine children), so nothing is left behind.
+
+Triton's administrative APIs (model repository: load/unload; model config; shared memory; trace;
+logging) are restricted to a key (:mod:`omni_triton.triton_admin`): :class:`TritonServer` holds
+it, sends it on its own repository calls and hands it to :class:`Frontend`. Its HTTP, gRPC and
+metrics endpoints bind to 127.0.0.1 unless told otherwise.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from pathlib import Path
 
 import httpx
 
+from omni_triton import triton_admin
 from omni_triton.paths import cache_dir, model_repositories, server_run_dir
 
 _PR_SET_PDEATHSIG = 1
@@ -379,21 +385,34 @@ class TritonServer:
         extra_args: more tritonserver flags.
         repositories: model repositories (default: this checkout's ``model_repository`` and
             ``ensembles``).
-        host: address Triton's HTTP, gRPC and metrics endpoints bind to. Default 127.0.0.1:
-            explicit model control lets any client load/unload models, so Triton is not exposed
-            beyond this machine unless asked (``0.0.0.0``).
+        host: address Triton's HTTP and gRPC endpoints bind to. Default 127.0.0.1: Triton is
+            not exposed beyond this machine unless asked (``0.0.0.0``, e.g. a Kubernetes pod whose
+            frontend runs in another pod).
+        metrics_host: address of the metrics endpoint (default ``host``; a container may open
+            only this one to its Prometheus).
+        admin_key: the key of Triton's restricted APIs (:mod:`omni_triton.triton_admin`);
+            default a fresh random one. Kept across restarts of this server.
+        restrict_apis: start Triton with the restricted-API flags (default). ``False`` only for
+            tests that show what the restriction prevents.
     """
 
     def __init__(self, models: list[str], http_port: int = 8000, grpc_port: int = 8001,
                  metrics_port: int = 8002, log_path: Path | None = None,
                  exit_timeout: int = 10, extra_args: list[str] | None = None,
-                 repositories: list[Path] | None = None, host: str = "127.0.0.1"):
+                 repositories: list[Path] | None = None, host: str = "127.0.0.1",
+                 metrics_host: str | None = None, admin_key: str | None = None,
+                 restrict_apis: bool = True):
         self.host = host
+        self.metrics_host = metrics_host or host
+        self.admin_key = triton_admin.check_key(admin_key) if admin_key else triton_admin.new_key()
+        self.restrict_apis = restrict_apis
         self.repositories = repositories or model_repositories()
         self.models = resolve_models(models, self.repositories)
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         # One log per server (by HTTP port), so concurrent servers never overwrite each other's.
         self.log_path = log_path or cache_dir() / "logs" / f"tritonserver-{http_port}.log"
+        # the admin key for local tools (perf_analyzer, tests): 0600, removed by stop()
+        self.admin_key_path = cache_dir() / "run" / f"triton-admin-key-{http_port}"
         self.exit_timeout = exit_timeout
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
@@ -417,6 +436,11 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"{self._connect_host}:{self.grpc_port}"
 
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """HTTP headers a call to one of Triton's restricted APIs needs (repository, config, ...)."""
+        return triton_admin.headers(self.admin_key)
+
     def command(self) -> list[str]:
         """The full tritonserver command line."""
         cmd = [str(self.install.server)]
@@ -429,13 +453,14 @@ class TritonServer:
             *[f"--load-model={m}" for m in self.models],
             f"--http-address={self.host}",
             f"--grpc-address={self.host}",
-            f"--metrics-address={self.host}",
+            f"--metrics-address={self.metrics_host}",
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
             f"--exit-timeout-secs={self.exit_timeout}",
             "--log-verbose=0",
+            *(triton_admin.server_flags(self.admin_key) if self.restrict_apis else []),
             *self.extra_args,
         ]
         return cmd
@@ -449,6 +474,7 @@ class TritonServer:
         check_ports_free({"Triton HTTP": self.http_port, "Triton gRPC": self.grpc_port,
                           "Triton metrics": self.metrics_port})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        triton_admin.write_key_file(self.admin_key_path, self.admin_key)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -509,7 +535,8 @@ class TritonServer:
 
     def model_states(self) -> dict[str, tuple[str, str]]:
         """Model -> (state, reason) from Triton's repository index."""
-        r = httpx.post(f"{self.http_url}/v2/repository/index", json={}, timeout=5)
+        r = httpx.post(f"{self.http_url}/v2/repository/index", json={}, timeout=5,
+                       headers=self.admin_headers)
         return {m["name"]: (m.get("state", ""), m.get("reason", "")) for m in r.json()}
 
     def wait_ready(self, timeout: float = 600.0, should_stop=lambda: False) -> None:
@@ -697,7 +724,7 @@ class TritonServer:
             ServerStartError: Triton refused or failed to unload or load it.
         """
         repo = f"{self.http_url}/v2/repository/models/{model}"
-        r = httpx.post(f"{repo}/unload", timeout=600)
+        r = httpx.post(f"{repo}/unload", timeout=600, headers=self.admin_headers)
         if r.status_code != 200:
             raise ServerStartError(f"unloading {model} failed: {r.text}")
         deadline = time.monotonic() + 120
@@ -705,7 +732,7 @@ class TritonServer:
             if time.monotonic() > deadline:
                 raise ServerStartError(f"{model} did not unload within 120 s")
             time.sleep(0.2)
-        r = httpx.post(f"{repo}/load", timeout=600)
+        r = httpx.post(f"{repo}/load", timeout=600, headers=self.admin_headers)
         if r.status_code != 200:
             raise ServerStartError(f"loading {model} again failed: {r.text}")
 
@@ -718,6 +745,7 @@ class TritonServer:
                 self.track_stub_families()  # the /dev/shm files its stubs and engines map now
             stop_process_group(self.proc, timeout=self.exit_timeout + 10)
             shutil.rmtree(server_run_dir(self.proc.pid), ignore_errors=True)
+            self.admin_key_path.unlink(missing_ok=True)
             for region in self._shm_regions:
                 (Path("/dev/shm") / region).unlink(missing_ok=True)
             # vLLM's shared-memory queues (psm_*) outlive an engine that was stopped by killing
@@ -749,13 +777,18 @@ class Frontend:
         models: Triton models the frontend serves (all READY ones when empty).
         log_path: file receiving its output (``None``: inherit the launcher's stdout).
         extra_args: more ``openai_frontend`` flags.
+        env: more environment variables for it.
+        admin_key: the key of Triton's restricted APIs (:attr:`TritonServer.admin_key`), passed
+            in the frontend's environment (``OMNI_TRITON_ADMIN_KEY``; never on its argv, which
+            other local users can read). Without it, the frontend inherits this process's.
     """
 
     def __init__(self, triton_grpc_url: str, host: str = "127.0.0.1", port: int = 9000,
                  models: list[str] | None = None, log_path: Path | None = None,
-                 extra_args: list[str] | None = None, env: dict[str, str] | None = None):
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
+                 admin_key: str | None = None):
         self.triton_grpc_url, self.host, self.port = triton_grpc_url, host, port
-        self.env = env or {}
+        self.env = {**(env or {}), **({triton_admin.ENV: admin_key} if admin_key else {})}
         self.models = models or []
         self.log_path = log_path
         self.extra_args = extra_args or []
@@ -766,6 +799,14 @@ class Frontend:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
 
+    def command(self) -> list[str]:
+        """The frontend's command line (no secret on it: keys travel in :attr:`env`)."""
+        cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", self.triton_grpc_url,
+               "--host", self.host, "--port", str(self.port)]
+        if self.models:
+            cmd += ["--models", ",".join(self.models)]
+        return cmd + self.extra_args
+
     def start(self) -> None:
         """Start the frontend in its own process group.
 
@@ -773,11 +814,7 @@ class Frontend:
             ServerStartError: its port is already in use.
         """
         check_ports_free({"frontend": self.port})
-        cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", self.triton_grpc_url,
-               "--host", self.host, "--port", str(self.port)]
-        if self.models:
-            cmd += ["--models", ",".join(self.models)]
-        cmd += self.extra_args
+        cmd = self.command()
         out = None
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -183,7 +183,8 @@ def write_all(outdir: Path, models: list[str] | None = None) -> list[Path]:
 
 
 def perf_command(model: str, data_file: Path, url: str = "localhost:8001", *,
-                 perf_analyzer: str = "perf_analyzer", extra: list[str] = ()) -> list[str]:
+                 perf_analyzer: str = "perf_analyzer", extra: list[str] = (),
+                 admin_key: str | None = None) -> list[str]:
     """The perf_analyzer argv for ``model`` over gRPC: ``--streaming`` for decoupled models
     (perf_analyzer needs it for them and measures until the final response), batch size 1.
 
@@ -193,8 +194,14 @@ def perf_command(model: str, data_file: Path, url: str = "localhost:8001", *,
         url: Triton's gRPC ``host:port``.
         perf_analyzer: the executable (``scripts/perf_runner.sh``'s ``bin/perf_analyzer`` here).
         extra: more perf_analyzer options, appended (later ones win).
+        admin_key: the key of Triton's restricted APIs (perf_analyzer reads the model config
+            first), sent with ``-H``. Note: perf_analyzer takes headers on its command line only.
     """
     argv = [perf_analyzer, "-m", model, "-i", "grpc", "-u", url, "--input-data", str(data_file), "-b", "1"]
+    if admin_key:
+        from omni_triton import triton_admin
+
+        argv += ["-H", f"{triton_admin.GRPC_HEADER}:{admin_key}"]
     if CONTRACTS[model].decoupled:
         argv.append("--streaming")
     return argv + list(extra)
@@ -238,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd.add_argument("--perf-analyzer", default="perf_analyzer")
     args = parser.parse_args(argv)
     if args.cmd == "command":
-        print("\n".join(perf_command(args.model, args.data, args.url, perf_analyzer=args.perf_analyzer)))
+        from omni_triton import triton_admin
+
+        print("\n".join(perf_command(args.model, args.data, args.url, perf_analyzer=args.perf_analyzer,
+                                     admin_key=triton_admin.key_from_env())))
         return 0
     for path in write_all(args.outdir, [m for m in args.models.split(",") if m] or None):
         print(path)

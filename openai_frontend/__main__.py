@@ -11,10 +11,12 @@ import uvicorn
 
 from pathlib import Path
 
+from omni_triton import triton_admin
 from omni_triton.media.fetch import UrlFetchPolicy
 from omni_triton.paths import cache_dir
 
 from .app import Settings, create_app
+from .auth import install_log_redaction
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
@@ -23,7 +25,10 @@ from .engine import TritonEngine
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openai_frontend", description=__doc__)
-    p.add_argument("--triton-url", default="localhost:8001", help="Triton gRPC host:port")
+    p.add_argument("--triton-url", default="localhost:8001",
+                   help="Triton gRPC host:port. Its restricted admin APIs (repository index, model "
+                        "config) are called with the key of env OMNI_TRITON_ADMIN_KEY or the file "
+                        "named by OMNI_TRITON_ADMIN_KEY_FILE (omni-triton serve passes it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument(
@@ -44,7 +49,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="require 'Authorization: Bearer <key>' (default: env OMNI_TRITON_API_KEY; "
                         "unset: no key). Prefer the env variable: arguments show in ps")
     p.add_argument("--auth-exempt-paths", default="/health,/metrics",
-                   help="comma-separated paths served without the API key ('' : none)")
+                   help="comma-separated paths served without the API key ('' : none); /health shows "
+                        "only its status to callers without the key")
+    p.add_argument("--allowed-origins", default="",
+                   help="without an API key, browser pages may write (POST/DELETE, WebSocket) only from "
+                        "the server's own origin and these comma-separated origins "
+                        "(https://app.example.com); their hosts may also be named in Host on a loopback "
+                        "address (DNS-rebinding guard); '*': guard off")
     p.add_argument("--strict-params", action="store_true",
                    help="unknown request fields are a 400 (OpenAI's API) instead of being ignored "
                         "and named in the X-Ignored-Fields header (vLLM's server, the default)")
@@ -101,7 +112,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-    engine = TritonEngine(args.triton_url, models=models, rpc_timeout_s=args.rpc_timeout)
+    try:  # never an argument: argv shows in ps
+        admin_key = triton_admin.key_from_env()
+    except (triton_admin.AdminKeyError, OSError) as exc:
+        raise SystemExit(f"openai_frontend: {triton_admin.ENV}/{triton_admin.ENV_FILE}: {exc}") from exc
+    engine = TritonEngine(args.triton_url, models=models, rpc_timeout_s=args.rpc_timeout,
+                          admin_key=admin_key)
     settings = Settings(
         max_inflight=args.max_inflight,
         default_max_input_chars=args.default_max_input_chars,
@@ -110,6 +126,7 @@ def main(argv=None) -> None:
         max_fanout=args.max_fanout,
         api_key=args.api_key,
         auth_exempt_paths=tuple(p.strip() for p in args.auth_exempt_paths.split(",") if p.strip()),
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
         strict_params=args.strict_params,
         media_urls=UrlFetchPolicy(
             allowed_hosts=frozenset(h.strip().lower() for h in args.media_url_allowed_hosts.split(",") if h.strip()),
@@ -136,7 +153,12 @@ def main(argv=None) -> None:
         app = create_app(engine, settings)
     except StorageLockedError as exc:
         sys.exit(f"openai_frontend: not starting: {exc}")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    install_log_redaction()  # after uvicorn configured its loggers: no key in any logged URL
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        sys.exit(3)  # what uvicorn.run exits with when the server could not start
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from .admission import AdmissionController
 from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
-from .middleware import ApiKey, BodySizeLimit, IgnoredFieldsHeader, SpeechFormToJson, UnexpectedErrors
+from .auth import ApiKeyCheck
+from .middleware import ApiKey, BodySizeLimit, BrowserGuard, IgnoredFieldsHeader, SpeechFormToJson, UnexpectedErrors
 from .routers import audio, chat, images, models, observability, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
@@ -48,7 +49,13 @@ class Settings:
     max_fanout: Triton requests one HTTP request may become (chat ``n``; completions prompts x
         ``n``); more is a 400. Each counts against ``max_inflight``.
     api_key: when set, every path but ``auth_exempt_paths`` needs ``Authorization: Bearer <key>``
-        (401 otherwise).
+        (or, on a WebSocket, the ``openai-insecure-api-key.<key>`` subprotocol; 401 otherwise;
+        never in the URL), and ``/health`` shows its detail only to requests with the key.
+        Unset: ``/health`` detail for loopback clients only, and ``BrowserGuard`` refuses
+        cross-origin browser writes and DNS-rebound hosts (``middleware.BrowserGuard``).
+    allowed_origins: browser origins (``https://app.example.com``) allowed to write to a
+        frontend without an API key, and whose hosts may be named in ``Host`` on a loopback
+        address; ``("*",)`` switches the browser guard off.
     max_upload_bytes: largest uploaded file part (``/v1/images/edits``); larger is a 413.
     strict_params: unknown request fields are a 400 "Unrecognized request argument" (OpenAI's
         API) instead of being ignored and named in ``X-Ignored-Fields`` (vLLM's server).
@@ -67,6 +74,7 @@ class Settings:
     max_fanout: int = 16
     api_key: str | None = None
     auth_exempt_paths: tuple[str, ...] = ("/health", "/metrics")
+    allowed_origins: tuple[str, ...] = ()
     max_upload_bytes: int = 8 << 20
     strict_params: bool = False
     #: video jobs (``/v1/videos``): storage folder, queue bound, retention...; None: disabled
@@ -123,6 +131,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.engine = engine
     app.state.serve_watch = watch
     app.state.settings = settings
+    app.state.api_key_check = ApiKeyCheck(settings.api_key)  # ApiKey and /health share it
     # A store that cannot be opened (a damaged SQLite file, an unwritable folder) is reported on
     # /v1/audio/voices and makes the voice endpoints 503; the rest of the API keeps serving and
     # nothing on disk is touched (no sweep, no rebuild that could lose voices).
@@ -151,7 +160,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.add_middleware(SpeechFormToJson, json_fields=frozenset(SpeechRequest.model_fields) - _SPEECH_TEXT_FIELDS)
     app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
-    if settings.api_key:
-        app.add_middleware(ApiKey, key=settings.api_key, exempt=tuple(settings.auth_exempt_paths))
+    app.add_middleware(ApiKey, check=app.state.api_key_check, exempt=tuple(settings.auth_exempt_paths))
+    if not settings.api_key:  # with a key, a page cannot authenticate a write it forges
+        app.add_middleware(BrowserGuard, allowed_origins=tuple(settings.allowed_origins))
     app.add_middleware(UnexpectedErrors)
     return app

@@ -1,14 +1,18 @@
-"""ASGI middleware of the frontend: unexpected errors as JSON 500s, the optional API key, and the
-request body cap. Each answers in the OpenAI error shape (``errors.error_json``)."""
+"""ASGI middleware of the frontend: unexpected errors as JSON 500s, the optional API key, the
+browser guard (cross-origin writes, DNS rebinding), the request body cap and the bounded
+``X-Ignored-Fields`` header. Each answers in the OpenAI error shape (``errors.error_json``)."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-import secrets
+from urllib.parse import urlsplit
 
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 
+from .auth import (KEY_SUBPROTOCOL_PREFIX, ApiKeyCheck, header, is_loopback, offered_subprotocols,
+                   url_credentials)
 from .errors import ErrorDetail, error_json
 
 logger = logging.getLogger(__name__)
@@ -53,29 +57,185 @@ class UnexpectedErrors:
 
 
 class ApiKey:
-    """Optional API key: every path except ``exempt`` needs ``Authorization: Bearer <key>``
-    (what the OpenAI SDKs send); otherwise 401 ``invalid_api_key`` with
-    ``WWW-Authenticate: Bearer``. Keys are compared in constant time."""
+    """The API key gate (``auth.ApiKeyCheck``), on HTTP requests and WebSocket handshakes.
 
-    def __init__(self, app, key: str, exempt: tuple[str, ...] = ("/health", "/metrics")):
-        if not key:
-            raise ValueError("empty API key")
+    With a key configured, every path except ``exempt`` needs the key in a header
+    (``Authorization: Bearer <key>``, or on a WebSocket the ``openai-insecure-api-key.<key>``
+    subprotocol); otherwise 401 ``invalid_api_key`` with ``WWW-Authenticate: Bearer``. A
+    credential-like query parameter (``?api_key=``, ``auth.URL_KEY_PARAMS``) is a 401
+    ``api_key_in_url`` even when it holds the right key: URLs land in logs. A refused WebSocket
+    gets the same JSON 401 where the server supports ASGI's ``websocket.http.response``
+    (uvicorn does), else a close (code 1008, which the server answers 403).
+
+    With or without a key, a WebSocket client that offered the key subprotocol (the browser
+    convention) gets the first other offered subprotocol selected on accept (a browser fails a
+    handshake whose offered subprotocols got no answer), never the one holding the key.
+    """
+
+    def __init__(self, app, check: ApiKeyCheck, exempt: tuple[str, ...] = ("/health", "/metrics")):
         self.app = app
-        self._key = key.encode("utf-8")
+        self.check = check
         self.exempt = frozenset(exempt)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") in self.exempt:
+        if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or ())
-        auth = headers.get(b"authorization", b"")
-        scheme, _, token = auth.partition(b" ")
-        if scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self._key):
+        if scope["type"] == "websocket":
+            send = _answer_key_subprotocol(scope, send)
+        if not self.check.enabled or scope.get("path") in self.exempt:
             return await self.app(scope, receive, send)
-        message = ("Incorrect API key provided" if auth else
-                   "Missing API key: send it as 'Authorization: Bearer <key>'")
-        detail = ErrorDetail(message=message, type="invalid_request_error", code="invalid_api_key")
-        await error_json(401, detail, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        in_url = url_credentials(scope)
+        if in_url:
+            message = (f"API keys in the URL are refused (query parameter {in_url[0]!r}): URLs land in "
+                       "logs. Send 'Authorization: Bearer <key>' (or, from a browser WebSocket, the "
+                       f"subprotocol '{KEY_SUBPROTOCOL_PREFIX}<key>')")
+            code = "api_key_in_url"
+        elif self.check.authorized(scope):
+            return await self.app(scope, receive, send)
+        elif self.check.presented(scope):
+            message, code = "Incorrect API key provided", "invalid_api_key"
+        else:
+            message = "Missing API key: send it as 'Authorization: Bearer <key>'"
+            code = "invalid_api_key"
+        detail = ErrorDetail(message=message, type="invalid_request_error", code=code)
+        await _refuse(401, detail, scope, receive, send, {"WWW-Authenticate": "Bearer"})
+
+
+def _answer_key_subprotocol(scope, send):
+    """``send`` that selects a subprotocol on ``websocket.accept`` when the client offered the
+    key one and the app chose none: the first offered subprotocol not carrying a key."""
+    offered = offered_subprotocols(scope)
+    if not any(p.startswith(KEY_SUBPROTOCOL_PREFIX) for p in offered):
+        return send
+    others = [p for p in offered if not p.startswith(KEY_SUBPROTOCOL_PREFIX)]
+
+    async def send_with_subprotocol(message):
+        if message["type"] == "websocket.accept" and not message.get("subprotocol") and others:
+            message = {**message, "subprotocol": others[0]}
+        await send(message)
+
+    return send_with_subprotocol
+
+
+async def _refuse(status: int, detail: ErrorDetail, scope, receive, send, headers: dict | None = None):
+    """Answers ``status`` with the OpenAI error body on HTTP; on a WebSocket handshake the same
+    response through ``websocket.http.response`` when the server has it, else a 1008 close."""
+    if scope["type"] == "websocket" and "websocket.http.response" not in (scope.get("extensions") or {}):
+        await send({"type": "websocket.close", "code": 1008, "reason": detail.code or "refused"})
+        return
+    await error_json(status, detail, headers)(scope, receive, send)
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
+
+
+def _split_host(value: str) -> tuple[str, int | None] | None:
+    """``host[:port]`` (IPv6 in brackets) -> (lower-case host without brackets, port or None);
+    None when unparsable."""
+    if not value or any(c in value for c in "@/?#\\ \t"):  # a bare authority only: no userinfo, no path
+        return None
+    try:
+        parts = urlsplit("//" + value)
+        return (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return None
+
+
+def _origin_parts(origin: str) -> tuple[str, str, int] | None:
+    """``scheme://host[:port]`` -> (scheme, host, port with the scheme's default); None when it
+    is not such an origin (``null``, garbage)."""
+    try:
+        parts = urlsplit(origin)
+        if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+            return None
+        return parts.scheme, parts.hostname.lower(), parts.port or _DEFAULT_PORTS[parts.scheme]
+    except ValueError:
+        return None
+
+
+def _is_ip_or_localhost(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+class BrowserGuard:
+    """What a web page may make a browser do to this server, for a frontend running without an
+    API key (a developer's local server): the checks ``CORS`` does not make.
+
+    - **Cross-origin writes**: a ``POST``/``PUT``/``PATCH``/``DELETE`` (or any method but
+      ``GET``/``HEAD``/``OPTIONS``) or a WebSocket handshake (browsers apply no CORS to either:
+      a page can send a form or multipart ``POST`` and open a WebSocket to any origin) that
+      carries an ``Origin`` header is a 403 ``cross_origin_refused`` unless that origin is the
+      request's own (scheme default port, host and port equal to the ``Host`` header's) or listed
+      in ``allowed_origins``; ``Origin: null`` (sandboxed frames, ``file:`` pages) is refused.
+      Without ``Origin``, ``Sec-Fetch-Site: cross-site``/``same-site`` is refused the same way.
+      Requests without either header (curl, SDKs, servers) pass.
+    - **DNS rebinding**: a request that arrived on a loopback address (``scope["server"]``) must
+      name a loopback host in ``Host``: ``localhost``, ``*.localhost``, an IP address, or the
+      host of an ``allowed_origins`` entry; else 403 ``host_not_allowed``. (A page on
+      ``http://evil.example:9000`` whose name is rebound to 127.0.0.1 is same-origin for the
+      browser and sends ``Host: evil.example:9000``.)
+
+    ``allowed_origins`` holds origins (``https://app.example.com``, ``http://localhost:3000``);
+    ``"*"`` in it switches the guard off.
+    """
+
+    def __init__(self, app, allowed_origins: tuple[str, ...] = ()):
+        self.app = app
+        self.off = "*" in allowed_origins
+        self.origins = frozenset(p for p in (_origin_parts(o.strip().rstrip("/")) for o in allowed_origins) if p)
+        self.hosts = frozenset(host for _, host, _ in self.origins)
+
+    async def __call__(self, scope, receive, send):
+        if self.off or scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        refusal = self._refusal(scope)
+        if refusal is None:
+            return await self.app(scope, receive, send)
+        await _refuse(403, refusal, scope, receive, send)
+
+    def _refusal(self, scope) -> ErrorDetail | None:
+        host_header = (header(scope, b"host") or b"").decode("latin-1")
+        host = _split_host(host_header)
+        server = scope.get("server")
+        if server and is_loopback(str(server[0])) and (
+                host is None or not (_is_ip_or_localhost(host[0]) or host[0] in self.hosts)):
+            return ErrorDetail(
+                message=f"Host {host_header[:100]!r} is not allowed on a loopback address (DNS rebinding guard); "
+                        "use localhost or 127.0.0.1, or list the origin in --allowed-origins",
+                type="invalid_request_error", code="host_not_allowed")
+        if scope["type"] == "http" and scope.get("method", "GET").upper() in _SAFE_METHODS:
+            return None
+        origin = header(scope, b"origin")
+        if origin is not None:
+            parts = _origin_parts(origin.decode("latin-1").strip())
+            if parts is not None and (parts in self.origins or self._same_origin(parts, host)):
+                return None
+            shown = origin.decode("latin-1")[:100]
+        else:
+            site = (header(scope, b"sec-fetch-site") or b"").decode("latin-1").strip().lower()
+            if site not in ("cross-site", "same-site"):
+                return None  # not a browser, or same-origin / user-initiated ("none")
+            shown = f"(none; Sec-Fetch-Site: {site})"
+        return ErrorDetail(
+            message=f"Cross-origin request refused: Origin {shown!r} is not this server's origin. "
+                    "Browsers may not write to a frontend that runs without an API key from another "
+                    "site; set --api-key, or list the origin in --allowed-origins",
+            type="invalid_request_error", code="cross_origin_refused")
+
+    @staticmethod
+    def _same_origin(origin: tuple[str, str, int], host: tuple[str, int | None] | None) -> bool:
+        if host is None or not host[0]:
+            return False
+        scheme, name, port = origin
+        # a Host without a port means the default port of the scheme the browser used
+        return name == host[0] and port == (host[1] or _DEFAULT_PORTS[scheme])
 
 
 class BodyTooLarge(HTTPException):
@@ -127,10 +287,66 @@ class BodySizeLimit:
         await error_json(413, detail, {"Connection": "close"})(scope, receive, send)
 
 
+#: ``X-Ignored-Fields`` bounds: names listed, characters per (encoded) name, bytes of the value
+IGNORED_FIELDS_MAX_NAMES = 16
+IGNORED_FIELDS_MAX_NAME_CHARS = 64
+IGNORED_FIELDS_MAX_BYTES = 1024
+#: printable ASCII a name keeps as-is in the header; everything else is percent-encoded (UTF-8)
+_FIELD_NAME_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in ',%"\\')
+
+
+def _encode_field_name(name: str, max_chars: int) -> str:
+    """``name`` percent-encoded (UTF-8; lone surrogates as their ``surrogatepass`` bytes) outside
+    ``_FIELD_NAME_SAFE``, cut to ``max_chars`` at a whole escape with ``...`` when longer."""
+    from urllib.parse import quote
+
+    # look at no more of a huge name than can be shown: 3 escaped chars per byte, 4 bytes per char
+    encoded = quote(name[:max_chars].encode("utf-8", "surrogatepass"), safe=_FIELD_NAME_SAFE)
+    if len(encoded) <= max_chars and len(name) <= max_chars:
+        return encoded
+    cut = max_chars - 3
+    if "%" in encoded[max(0, cut - 2):cut]:  # do not split a %XX escape
+        cut = encoded.rindex("%", 0, cut)
+    return encoded[:cut] + "..."
+
+
+def format_field_names(names, max_names: int = IGNORED_FIELDS_MAX_NAMES,
+                       max_name_chars: int = IGNORED_FIELDS_MAX_NAME_CHARS,
+                       max_bytes: int = IGNORED_FIELDS_MAX_BYTES) -> str:
+    """The ``X-Ignored-Fields`` value (also used in log lines): field names joined by ``", "``,
+    header-safe and bounded.
+
+    Each name is percent-encoded (UTF-8) outside printable ASCII and in ``,`` ``%`` ``"`` ``\\``
+    (so ``"€"`` is ``%E2%82%AC``: never a CR/LF, never a non-Latin-1 header value), cut to
+    ``max_name_chars`` characters (``...`` at the end when cut); at most ``max_names`` names and
+    ``max_bytes`` bytes in all, the rest counted in a last ``... (+N more)`` item. The result is
+    ASCII and at most ``max_bytes`` long (for ``max_bytes`` >= 32).
+    """
+    names = list(names)
+    shown: list[str] = []
+    size = 0
+    for i, name in enumerate(names):
+        if i >= max_names:
+            break
+        item = _encode_field_name(str(name), max_name_chars)
+        rest = len(names) - i - 1
+        # room for this item plus, if anything follows, the longest possible "... (+N more)"
+        tail = len(f", ... (+{len(names)} more)") if rest else 0
+        if size + (2 if shown else 0) + len(item) + tail > max_bytes:
+            break
+        size += (2 if shown else 0) + len(item)
+        shown.append(item)
+    if len(shown) < len(names):
+        shown.append(f"... (+{len(names) - len(shown)} more)")
+    return ", ".join(shown)
+
+
 class IgnoredFieldsHeader:
     """``X-Ignored-Fields: a, b.c`` on the response to a request whose unknown fields were
     ignored (``serving.common.check_fields`` leaves their names in ``scope["state"]``), on every
-    kind of response (JSON, raw audio stream, SSE). Absent when every field was known."""
+    kind of response (JSON, raw audio stream, SSE). Absent when every field was known. The value
+    is :func:`format_field_names`: percent-encoded names, at most 16 of 64 characters and 1 KiB
+    in all, then ``... (+N more)``."""
 
     HEADER = "X-Ignored-Fields"
 
@@ -146,7 +362,7 @@ class IgnoredFieldsHeader:
             if message["type"] == "http.response.start":
                 names = (scope.get("state") or {}).get(self.state_key)
                 if names:
-                    MutableHeaders(scope=message).append(self.HEADER, ", ".join(names))
+                    MutableHeaders(scope=message).append(self.HEADER, format_field_names(names))
             await send(message)
 
         await self.app(scope, receive, send_with_header)

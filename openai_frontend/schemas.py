@@ -239,9 +239,12 @@ class SpeechBatchRequest(BaseModel):
 
 
 class HealthStatus(BaseModel):
+    """``GET /health``. Callers not allowed the detail (see ``routers.observability.shows_detail``)
+    get ``status`` alone; the other fields are then absent."""
+
     status: Literal["ok", "unhealthy"]
-    triton_live: bool
-    models: dict[str, str]  # name -> Triton state
+    triton_live: bool | None = None
+    models: dict[str, str] | None = None  # name -> Triton state
     not_ready: list[str] = []
     message: str | None = None
     #: ``omni-triton serve``'s supervision record when the frontend runs under it: ``state``

@@ -30,6 +30,7 @@ from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
+from omni_triton import triton_admin
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
 from omni_triton.contracts import speech as speech_contract
@@ -50,6 +51,8 @@ logger = logging.getLogger(__name__)
 #: Triton 2.51's error when a model's Python stub process died; the model stays READY until it
 #: is loaded again (``omni-triton serve`` does that), so the request is retryable: 503.
 _STUB_DOWN = "is not healthy"
+#: Triton's answer to a restricted call without the right key (omni_triton.triton_admin)
+_RESTRICTED = "is restricted, expecting header"
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 #: Inputs assumed declared while a model's config is not cached yet (every optional input is sent).
 _SPEECH_INPUTS = frozenset({speech_contract.TEXT, speech_contract.VOICE, speech_contract.SPEED})
@@ -73,6 +76,10 @@ def _translate(exc: Exception, what: str) -> EngineError:
     """Map tritonclient / gRPC exceptions to typed engine errors."""
     if isinstance(exc, InferenceServerException):
         status = exc.status() or ""
+        if _RESTRICTED in (exc.message() or ""):
+            return TritonUnavailableError(
+                f"Triton refused the frontend's admin call ({what}): the frontend lacks the key "
+                f"tritonserver was started with (env {triton_admin.ENV} or {triton_admin.ENV_FILE})")
         if any(status.endswith(c.name) for c in _UNAVAILABLE_CODES):
             return TritonUnavailableError(f"Triton is unavailable ({what}): {exc.message()}")
         return InferenceError(f"Triton error ({what}): {exc.message()}")
@@ -90,10 +97,15 @@ class TritonEngine:
         url: Triton gRPC endpoint, ``host:port`` (default port 8001).
         models: names to serve; None serves every model in Triton's repository index.
         rpc_timeout_s: deadline for unary metadata calls (health, index, config).
+        admin_key: the key of Triton's restricted APIs (``omni_triton.triton_admin``), sent as
+            the ``triton-grpc-protocol-omni-triton-admin-key`` metadata on the repository-index and model-config
+            calls; ``None`` sends none (a Triton started without the restriction).
     """
 
-    def __init__(self, url: str, models: list[str] | None = None, rpc_timeout_s: float = 5.0):
+    def __init__(self, url: str, models: list[str] | None = None, rpc_timeout_s: float = 5.0,
+                 admin_key: str | None = None):
         self.url = url
+        self._admin_headers = triton_admin.headers(admin_key, grpc=True) or None
         self._served = list(dict.fromkeys(models)) if models else None
         self._timeout = rpc_timeout_s
         # Created on first use, inside the event loop that will use it (grpc.aio channels
@@ -156,7 +168,8 @@ class TritonEngine:
     async def _index(self) -> dict[str, tuple[str, str]]:
         """name -> (state, reason); a model with any READY version counts as READY."""
         try:
-            index = await self._client.get_model_repository_index(client_timeout=self._timeout)
+            index = await self._client.get_model_repository_index(headers=self._admin_headers,
+                                                                  client_timeout=self._timeout)
         except Exception as exc:  # noqa: BLE001
             raise _translate(exc, "repository index") from exc
         states: dict[str, tuple[str, str]] = {}
@@ -172,7 +185,8 @@ class TritonEngine:
         if cached is not None:
             return cached
         try:
-            resp = await self._client.get_model_config(name, client_timeout=self._timeout)
+            resp = await self._client.get_model_config(name, headers=self._admin_headers,
+                                                       client_timeout=self._timeout)
         except Exception as exc:  # noqa: BLE001
             raise _translate(exc, f"config of {name}") from exc
         info = model_info_from_config(resp.config, state, reason)

@@ -1,4 +1,8 @@
-"""``GET /health`` (200 only when Triton is live and every served model is READY) and ``/metrics``."""
+"""``GET /health`` (200 only when Triton is live and every served model is READY) and ``/metrics``.
+
+``/health``'s detail (models and their states, load errors, ``serve``'s restarts, crash
+reasons and stub PIDs) goes only to callers who may see it (:func:`shows_detail`); anyone else
+gets ``{"status": ...}`` with the same 200/503."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..auth import ApiKeyCheck, loopback_client
 from ..engine import EngineError
 from ..errors import public_message
 from ..schemas import HealthStatus
@@ -46,7 +51,19 @@ async def health(request: Request):
         serve=_serve_status(request),
     )
     headers = None if ok else {"Retry-After": str(request.app.state.settings.retry_after_s)}
-    return JSONResponse(status.model_dump(), status_code=200 if ok else 503, headers=headers)
+    body = status.model_dump() if shows_detail(request) else {"status": status.status}
+    return JSONResponse(body, status_code=200 if ok else 503, headers=headers)
+
+
+def shows_detail(request: Request) -> bool:
+    """Whether ``/health`` answers this caller with its detail. With an API key configured:
+    only requests that carry it (``/health`` itself stays open for probes, status only). Without
+    one: only loopback clients (the developer's own machine, ``kubectl port-forward``, a compose
+    health check); a remote caller of a keyless server learns the status, not PIDs or errors."""
+    check: ApiKeyCheck = request.app.state.api_key_check
+    if check.enabled:
+        return check.authorized(request.scope)
+    return loopback_client(request.scope)
 
 
 def _serve_status(request: Request) -> dict | None:

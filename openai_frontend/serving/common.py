@@ -14,6 +14,7 @@ from sse_starlette import EventSourceResponse
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
 from ..errors import OpenAIError, bad_request
+from ..middleware import format_field_names
 from ..schemas import ignored_fields
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def check_fields(body, request) -> list[str]:
                           + (f" (and {len(names) - 1} more)" if len(names) > 1 else ""),
                           param=names[0].split(".")[0], code="unknown_parameter")
     logger.warning("%s %s: ignoring unknown field(s) %s", request.method, request.url.path,
-                   ", ".join(names))
+                   format_field_names(names))  # bounded, no CR/LF: the names are the client's
     request.scope.setdefault("state", {})[IGNORED_FIELDS_STATE] = names
     return names
 
@@ -73,7 +74,7 @@ def ignore_fields(request, names: list[str]) -> None:
         raise bad_request(f"Unrecognized request argument supplied: {names[0]}", param=names[0],
                           code="unknown_parameter")
     logger.warning("%s %s: ignoring field(s) %s (not supported by the model)", request.method,
-                   request.url.path, ", ".join(names))
+                   request.url.path, format_field_names(names))
     state = request.scope.setdefault("state", {})
     state[IGNORED_FIELDS_STATE] = list(state.get(IGNORED_FIELDS_STATE) or []) + list(names)
 

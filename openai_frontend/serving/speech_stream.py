@@ -300,19 +300,9 @@ class _Session:
         await self.send_json({"type": "audio.done", **head, "total_bytes": total, "error": failed})
 
 
-def _authorized(ws: WebSocket) -> bool:
-    key = ws.app.state.settings.api_key
-    if not key:
-        return True
-    header = ws.headers.get("authorization", "")
-    return header == f"Bearer {key}" or ws.query_params.get("api_key") == key
-
-
 async def speech_stream(ws: WebSocket) -> None:
-    """``WS /v1/audio/speech/stream``: see the module docstring."""
-    if not _authorized(ws):
-        await ws.close(code=1008, reason="missing or wrong API key")
-        return
+    """``WS /v1/audio/speech/stream``: see the module docstring. The API key (when configured)
+    was checked on the handshake by ``middleware.ApiKey``."""
     await ws.accept()
     session = _Session(ws)
     worker = asyncio.create_task(session.worker())

@@ -27,6 +27,7 @@ import httpx
 import psutil
 import pytest
 
+from omni_triton import triton_admin
 from omni_triton.launcher import free_port
 from omni_triton.paths import cache_dir
 
@@ -46,6 +47,17 @@ class Stack:
     triton_pid: int
     serve_pid: int = 0  # the ``omni-triton serve`` process
     triton_log: str = ""  # tritonserver's own log (``<cache>/logs/tritonserver-<http port>.log``)
+    admin_key: str = ""  # the key of Triton's restricted APIs (serve got it in OMNI_TRITON_ADMIN_KEY)
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers for Triton's restricted APIs (repository load/unload/index, model config, ...)."""
+        return triton_admin.headers(self.admin_key)
+
+    @property
+    def grpc_admin_headers(self) -> dict[str, str]:
+        """The same for ``tritonclient.grpc`` calls (``headers=``; Triton prefixes gRPC's name)."""
+        return triton_admin.headers(self.admin_key, grpc=True)
 
     @staticmethod
     def wait_until(condition, failure: str, timeout_s: float = 60.0) -> None:
@@ -172,7 +184,9 @@ def stack(tmp_path_factory, request):
     old_crash_logs = _crash_logs(triton_log)
     request.config.stash[_OLD_CRASH_LOGS] = old_crash_logs
     log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    admin_key = triton_admin.new_key()  # known to the tests: serve takes it from its environment
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**os.environ, triton_admin.ENV: admin_key})
     url = f"http://127.0.0.1:{ports['frontend']}"
     deadline = time.monotonic() + READY_TIMEOUT_S + 60
     shm_regions: set[str] = set()
@@ -202,6 +216,7 @@ def stack(tmp_path_factory, request):
             triton_pid=tritons[0].pid,
             serve_pid=proc.pid,
             triton_log=str(triton_log),
+            admin_key=admin_key,
         )
         yield session
         # A crash between tests, or one the per-test check could not see (a test without the

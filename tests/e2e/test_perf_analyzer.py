@@ -29,7 +29,8 @@ def perf_analyzer() -> str:
 def test_perf_analyzer_reports_throughput_and_latency(stack, perf_analyzer, tmp_path, model):
     csv_path = tmp_path / f"{model}.csv"
     argv = perf_command(model, CONFIGS / model / "input_data.json", stack.triton_grpc_url,
-                        perf_analyzer=perf_analyzer, extra=[*QUICK_OPTIONS, "-f", str(csv_path)])
+                        perf_analyzer=perf_analyzer, extra=[*QUICK_OPTIONS, "-f", str(csv_path)],
+                        admin_key=stack.admin_key)
     assert ("--streaming" in argv) == CONTRACTS[model].decoupled
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -274,7 +274,7 @@ def test_health_is_not_ok_while_a_stage_is_down(stack):
     /health and /v1/audio/speech still see that the pipeline cannot serve (503), and recover
     once the stage is loaded again."""
     repo = f"{stack.triton_http_url}/v2/repository/models/tts_talker"
-    assert httpx.post(f"{repo}/unload", timeout=60).status_code == 200
+    assert httpx.post(f"{repo}/unload", timeout=60, headers=stack.admin_headers).status_code == 200
     try:
         deadline = time.monotonic() + 60
         while httpx.get(f"{stack.triton_http_url}/v2/models/tts_talker/ready").status_code == 200:
@@ -290,6 +290,6 @@ def test_health_is_not_ok_while_a_stage_is_down(stack):
                         json={"model": "piper_tts", "voice": "joe", "input": "Piper still works."})
         assert ok.status_code == 200
     finally:
-        assert httpx.post(f"{repo}/load", timeout=300).status_code == 200
+        assert httpx.post(f"{repo}/load", timeout=300, headers=stack.admin_headers).status_code == 200
     assert httpx.get(f"{stack.frontend_url}/health", timeout=30).status_code == 200
     assert stream_tts(stack.triton_grpc_url, "tts", "Back again.", voice="0").chunks

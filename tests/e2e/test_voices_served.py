@@ -35,8 +35,9 @@ QWEN3 = ("qwen3_tts", "qwen3_tts_voice_prompt")
 class Frontend:
     """``python -m openai_frontend`` on the stack's Triton with its own voice store."""
 
-    def __init__(self, triton_url: str, store: Path, log: Path, models: list[str]):
+    def __init__(self, triton_url: str, store: Path, log: Path, models: list[str], admin_key: str = ""):
         self.port = free_port()
+        self.env = {**os.environ, "OMNI_TRITON_ADMIN_KEY": admin_key}  # Triton's restricted APIs
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", triton_url, "--port", str(self.port),
                     "--models", ",".join(models), "--voice-storage-dir", str(store),
@@ -47,7 +48,7 @@ class Frontend:
 
     def start(self) -> "Frontend":
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=self.env)
         deadline = time.monotonic() + 120
         try:
             while True:
@@ -85,7 +86,8 @@ class Frontend:
 def served(stack) -> set[str]:
     """The READY models of the stack's Triton (internal stages such as qwen3_tts_voice_prompt
     included: /v1/models lists only what clients call)."""
-    index = httpx.post(f"{stack.triton_http_url}/v2/repository/index", json={}, timeout=10).json()
+    index = httpx.post(f"{stack.triton_http_url}/v2/repository/index", json={}, timeout=10,
+                       headers=stack.admin_headers).json()
     return {m["name"] for m in index if m.get("state") == "READY"}
 
 
@@ -93,7 +95,7 @@ def served(stack) -> set[str]:
 def frontend(stack, served, tmp_path_factory):
     models = ["piper_tts"] + [m for m in QWEN3 if m in served]
     fe = Frontend(stack.triton_grpc_url, tmp_path_factory.mktemp("voices"),
-                  tmp_path_factory.mktemp("fe") / "frontend.log", models).start()
+                  tmp_path_factory.mktemp("fe") / "frontend.log", models, stack.admin_key).start()
     yield fe
     fe.stop()
 

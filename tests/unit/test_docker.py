@@ -60,18 +60,51 @@ def test_compose_services_build_existing_dockerfiles_and_mount_existing_files():
     assert services["omni-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
 
 
-def test_prometheus_scrapes_the_ports_the_images_expose_and_compose_publishes():
+def test_prometheus_scrapes_the_ports_the_images_expose_on_the_internal_network():
     targets = {t for job in PROMETHEUS["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
     assert targets == {"omni:8002", "omni:9000"}
+    networks = COMPOSE["networks"]
+    assert networks["triton"] == {"internal": True}
+    assert "triton" in COMPOSE["services"]["prometheus"]["networks"]
     for service in ("omni-gpu", "omni-cpu"):
-        published = {p.split(":")[1] for p in COMPOSE["services"][service]["ports"]}
-        assert "omni" in COMPOSE["services"][service]["networks"]["default"]["aliases"]
-        assert {t.split(":")[1] for t in targets} <= published, service
+        assert COMPOSE["services"][service]["networks"]["triton"]["aliases"] == ["omni"]
+        # "omni" (Triton's metrics port) resolves on the internal network only
+        assert not (COMPOSE["services"][service]["networks"]["default"] or {}).get("aliases")
     for path in DOCKERFILES:
         exposed = {w for k, v in _dockerfile_instructions(path) if k == "EXPOSE" for w in v.split()}
         assert {t.split(":")[1] for t in targets} <= exposed, path.name
     datasource = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())
-    assert datasource["datasources"][0]["url"].endswith(":" + COMPOSE["services"]["prometheus"]["ports"][0].split(":")[1])
+    assert datasource["datasources"][0]["url"].endswith(":" + COMPOSE["services"]["prometheus"]["ports"][0].split(":")[-1])
+
+
+def _published(service: dict) -> list[tuple[str, str]]:
+    """(host address or '' for every interface, host port) of each published port."""
+    out = []
+    for spec in service.get("ports", []):
+        parts = str(spec).split(":")
+        out.append((parts[0] if len(parts) == 3 else "", parts[-2] if len(parts) > 1 else parts[0]))
+    return out
+
+
+def test_only_the_frontend_port_is_published_and_triton_stays_private():
+    """Issue 23: compose published Triton's HTTP and gRPC ports (load/unload for anyone). Now only
+    the frontend's 9000 is; Prometheus and Grafana (admin/admin) listen on the host's loopback;
+    Triton's HTTP/gRPC listen on the container's loopback (no --triton-host 0.0.0.0 in the images'
+    entrypoints) and only its read-only metrics port opens to the container's networks."""
+    services = COMPOSE["services"]
+    for name in ("omni-gpu", "omni-cpu"):
+        assert _published(services[name]) == [("", "9000")], name
+        env = services[name]["environment"]
+        assert "OMNI_TRITON_ADMIN_KEY" in env and "OMNI_TRITON_API_KEY" in env, name
+    for name, service in services.items():
+        for host, port in _published(service):
+            assert port not in {"8000", "8001", "8002"}, (name, port)
+            assert name.startswith("omni-") or host == "127.0.0.1", (name, host, port)
+    entrypoints = [(DOCKER / "entrypoint.sh").read_text(), (DOCKER / "Dockerfile.cpu").read_text()]
+    for text in entrypoints:
+        serve = [ln for ln in text.splitlines() if "serve" in ln and "--host" in ln]
+        assert serve and all("--triton-host" not in ln for ln in serve), serve
+        assert all("--triton-metrics-host" in ln for ln in serve), serve
 
 
 def test_dashboard_queries_only_exported_metrics():

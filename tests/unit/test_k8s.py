@@ -22,6 +22,8 @@ DOCS = [yaml.safe_load_all(p.read_text()) for p in sorted(K8S.glob("*.yaml"))]
 OBJECTS = [o for doc in DOCS for o in doc if o]
 NAMESPACE = "omni-triton"
 TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+ADMIN_SECRET = "omni-triton-admin-key"
+SCALING_DOC = (ROOT / "docs" / "scaling.md").read_text()
 
 
 def _find(kind: str, name: str) -> dict:
@@ -61,12 +63,14 @@ def test_every_object_is_namespaced_and_names_are_unique():
 
 def test_triton_args_parse_and_match_the_ports_and_probes():
     container = _container("omni-triton")
-    # the image's ENTRYPOINT (docker/entrypoint.sh) execs `omni-triton serve --host .. --triton-host 0.0.0.0 "$@"`
+    # the image's ENTRYPOINT (docker/entrypoint.sh) execs `omni-triton serve --host .. "$@"`
     entry = (ROOT / "docker" / "entrypoint.sh").read_text()
-    assert 'exec omni-triton serve --host 0.0.0.0 --triton-host 0.0.0.0 "$@"' in entry
+    assert 'exec omni-triton serve --host 0.0.0.0 --triton-metrics-host 0.0.0.0 "$@"' in entry
     assert "command" not in container
-    args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--triton-host", "0.0.0.0", *_expand(container)])
+    args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--triton-metrics-host", "0.0.0.0",
+                                      *_expand(container)])
     assert args.no_frontend and args.max_restarts == 0  # Kubernetes restarts the pod, not serve
+    assert args.triton_host == "0.0.0.0"  # the frontend is in other pods; the NetworkPolicy guards it
     assert (args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port) == (8000, 8001, 8002)
     assert _ports(container) == TRITON_PORTS
     for probe, path in [("startupProbe", "/v2/health/live"), ("livenessProbe", "/v2/health/live"),
@@ -127,6 +131,48 @@ def test_every_frontend_store_folder_is_on_a_persistent_volume():
         _find("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
 
 
+def _labels(deployment: str) -> dict:
+    return _find("Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
+
+
+def test_only_frontend_pods_reach_triton_and_only_prometheus_its_metrics():
+    """Issue 23: any pod could reach Triton's ports (model load/unload for anyone in the cluster)."""
+    policies = [o for o in OBJECTS if o["kind"] == "NetworkPolicy"]
+    (policy,) = [p for p in policies
+                 if p["spec"]["podSelector"]["matchLabels"].items() <= _labels("omni-triton").items()]
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert not spec["podSelector"]["matchLabels"].items() <= _labels("omni-frontend").items()
+    ports = _ports(_container("omni-triton"))
+    admitted = {}
+    for rule in spec["ingress"]:
+        assert rule.get("from") and rule.get("ports"), rule  # a rule without either admits everyone
+        for peer in rule["from"]:
+            assert "ipBlock" not in peer, peer
+            selector = peer["podSelector"]["matchLabels"]
+            for port in rule["ports"]:
+                assert port["protocol"] == "TCP" and port["port"] in ports, port
+                admitted.setdefault(ports[port["port"]], []).append((selector, "namespaceSelector" in peer))
+    assert set(admitted) == {TRITON_PORTS["grpc"], TRITON_PORTS["metrics"]}
+    (frontend, anywhere), = admitted[TRITON_PORTS["grpc"]]
+    assert frontend.items() <= _labels("omni-frontend").items() and not anywhere  # this namespace only
+    (prometheus, _), = admitted[TRITON_PORTS["metrics"]]
+    assert prometheus == {"app.kubernetes.io/name": "prometheus"}
+    # the frontend reaches Triton on the port the policy admits
+    host, port = frontend_args(_expand(_container("omni-frontend"))).triton_url.split(":")
+    service_ports = {p["port"]: p["targetPort"] for p in _find("Service", host)["spec"]["ports"]}
+    assert ports[service_ports[int(port)]] == TRITON_PORTS["grpc"]
+
+
+def test_triton_and_the_frontend_share_the_admin_key_secret():
+    refs = {}
+    for deployment in ("omni-triton", "omni-frontend"):
+        env = {e["name"]: e for e in _container(deployment)["env"]}
+        refs[deployment] = env["OMNI_TRITON_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
+    assert refs["omni-triton"] == refs["omni-frontend"] == {"name": ADMIN_SECRET, "key": "OMNI_TRITON_ADMIN_KEY"}
+    assert f"kubectl create secret generic {ADMIN_SECRET} " in (K8S / "20-triton.yaml").read_text()
+
+
 def test_selectors_claims_and_config_refer_to_existing_objects():
     for o in OBJECTS:
         if o["kind"] in ("Deployment", "Job"):
@@ -146,7 +192,11 @@ def test_selectors_claims_and_config_refer_to_existing_objects():
                     if "configMapKeyRef" in ref:
                         assert ref["configMapKeyRef"]["key"] in _find("ConfigMap", ref["configMapKeyRef"]["name"])["data"]
                     if "secretKeyRef" in ref:  # created by the operator (docs/scaling.md)
-                        assert ref["secretKeyRef"]["optional"] is True
+                        name = ref["secretKeyRef"]["name"]
+                        assert f"kubectl create secret generic {name} " in SCALING_DOC, name
+                        # only the Triton admin key is required: without it the frontend cannot
+                        # read model configs (a pod that does not start says why)
+                        assert ref["secretKeyRef"].get("optional", False) is (name != ADMIN_SECRET), name
         if o["kind"] in ("Service", "PodDisruptionBudget"):
             selector = o["spec"]["selector"]
             selector = selector.get("matchLabels", selector)

@@ -326,14 +326,23 @@ def test_the_store_options_reach_the_settings_also_through_serve(monkeypatch, tm
             "--video-max-reference-bytes", "99", "--voice-max-voices", "3", "--voice-max-stored-bytes", "500",
             "--voice-max-prompt-chars", "50"]
     seen = {}
-    monkeypatch.setattr(frontend_main, "create_app", lambda engine, settings: seen.update(s=settings))
-    monkeypatch.setattr(frontend_main.uvicorn, "run", lambda *a, **k: None)
-    frontend_main.main(argv)
+
+    class Built(Exception):
+        pass
+
+    def create_app(engine, settings):  # the settings main built; stop before any server starts
+        seen["s"] = settings
+        raise Built
+
+    monkeypatch.setattr(frontend_main, "create_app", create_app)
+    with pytest.raises(Built):
+        frontend_main.main(argv)
     video, voices = seen["s"].video, seen["s"].voices
     assert (video.purge_after_s, video.max_stored_jobs, video.max_stored_bytes, video.max_reference_bytes) == (
         60, 7, 1000, 99)
     assert (voices.max_consents, voices.max_voices, voices.max_stored_bytes, voices.max_prompt_chars) == (5, 3, 500, 50)
-    frontend_main.main(["--video-purge-after-s", "0", "--video-storage-dir", str(tmp_path / "v")])
+    with pytest.raises(Built):
+        frontend_main.main(["--video-purge-after-s", "0", "--video-storage-dir", str(tmp_path / "v")])
     assert seen["s"].video.purge_after_s is None  # <= 0: failed and expired jobs are kept
 
 
