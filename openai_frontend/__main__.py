@@ -17,6 +17,7 @@ from omni_triton.paths import cache_dir
 
 from .app import Settings, create_app
 from .auth import install_log_redaction
+from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
 from .engine import TritonEngine
@@ -70,6 +71,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--video-stall-timeout-s", type=float, default=600.0,
                    help="a running video job with no progress for this long is stopped and failed "
                         "('stalled'; <= 0: no limit)")
+    p.add_argument("--video-purge-after-s", type=float, default=7 * 24 * 3600,
+                   help="failed and expired video jobs (row, reference image, files) are deleted this "
+                        "long after they failed / expired (<= 0: kept)")
+    p.add_argument("--video-max-stored-jobs", type=int, default=10000,
+                   help="video jobs of any status kept at once; 400 quota_exceeded beyond")
+    p.add_argument("--video-max-stored-bytes", type=int, default=20 << 30,
+                   help="bytes of MP4s and stored requests (reference images) kept; 400 quota_exceeded beyond")
+    p.add_argument("--video-max-reference-bytes", type=int, default=8 << 20,
+                   help="largest stored input_reference (PNG at the video's size); 400 beyond")
     p.add_argument("--voice-storage-dir", default=None,
                    help="custom voices: SQLite store + clips and prompts (default: <cache>/voices/<port>)")
     p.add_argument("--voice-min-seconds", type=float, default=1.0, help="shortest accepted voice clip")
@@ -78,6 +88,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="largest audio_sample / consent recording (413 beyond)")
     p.add_argument("--voice-consent", choices=("required", "optional"), default="required",
                    help="required: a cloned voice needs the id of a stored consent recording (OpenAI)")
+    p.add_argument("--voice-max-voices", type=int, default=1000, help="stored voices; 400 quota_exceeded beyond")
+    p.add_argument("--voice-max-consents", type=int, default=1000,
+                   help="stored consent recordings; 400 quota_exceeded beyond")
+    p.add_argument("--voice-max-stored-bytes", type=int, default=2 << 30,
+                   help="bytes of clips, prompts and consent recordings kept; 400 quota_exceeded beyond")
+    p.add_argument("--voice-max-prompt-chars", type=int, default=4096,
+                   help="characters of a designed voice's prompt; 400 prompt_too_long beyond")
     p.add_argument("--batch-concurrency", type=int, default=4,
                    help="items of one /v1/audio/speech/batch synthesised at once")
     p.add_argument("--media-url-allowed-hosts", default="",
@@ -126,20 +143,28 @@ def main(argv=None) -> None:
             max_queued=args.video_max_queued, max_running=args.video_max_running,
             retention_s=args.video_retention_s if args.video_retention_s > 0 else None,
             max_attempts=args.video_max_attempts,
-            stall_timeout_s=args.video_stall_timeout_s if args.video_stall_timeout_s > 0 else None),
+            stall_timeout_s=args.video_stall_timeout_s if args.video_stall_timeout_s > 0 else None,
+            purge_after_s=args.video_purge_after_s if args.video_purge_after_s > 0 else None,
+            max_stored_jobs=args.video_max_stored_jobs, max_stored_bytes=args.video_max_stored_bytes,
+            max_reference_bytes=args.video_max_reference_bytes),
         voices=VoiceSettings(
             storage_dir=Path(args.voice_storage_dir) if args.voice_storage_dir else cache_dir() / "voices" / str(args.port),
             min_seconds=args.voice_min_seconds, max_seconds=args.voice_max_seconds,
-            max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required"),
+            max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required",
+            max_voices=args.voice_max_voices, max_consents=args.voice_max_consents,
+            max_stored_bytes=args.voice_max_stored_bytes, max_prompt_chars=args.voice_max_prompt_chars),
         batch_concurrency=args.batch_concurrency,
         max_prompt_chars=args.max_prompt_chars,
         max_json_values=args.max_json_values,
         speech_stream_max_pending_chars=args.speech_stream_max_pending_chars,
     )
-    app = create_app(engine, settings)
+    try:
+        app = create_app(engine, settings)
+    except StorageLockedError as exc:
+        sys.exit(f"openai_frontend: not starting: {exc}")
     # a WebSocket message is bounded like an HTTP body (the speech stream checks it again)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                            ws_max_size=args.max_body_bytes)  # a WebSocket message is bounded like an HTTP body
+                            ws_max_size=args.max_body_bytes)
     install_log_redaction()  # after uvicorn configured its loggers: no key in any logged URL
     server = uvicorn.Server(config)
     server.run()

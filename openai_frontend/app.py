@@ -24,7 +24,8 @@ from .middleware import (ApiKey, BodySizeLimit, BrowserGuard, IgnoredFieldsHeade
 from .routers import audio, chat, images, models, observability, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
-from .video_jobs import JobSettings, VideoJobs
+from .storage_lock import lock_unless_shared
+from .video_jobs import JobSettings, JobStore, VideoJobs
 from .voice_store import VoiceSettings, VoiceStore
 from .stage_watch import ServeStatusWatch
 
@@ -99,8 +100,17 @@ class Settings:
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
-    """Build the app around ``engine`` (``TritonEngine`` in production, a fake in unit tests)."""
+    """Build the app around ``engine`` (``TritonEngine`` in production, a fake in unit tests).
+
+    Raises:
+        StorageLockedError: another process has the video or the voice storage folder open
+            (``openai_frontend.storage_lock``): a second frontend on one folder refuses to start.
+    """
     settings = settings or Settings()
+    # the video folder's lock now, so a second frontend stops here with the holder's pid instead
+    # of failing in the lifespan; VideoJobs takes its own reference (shared within the process)
+    video_lock = (lock_unless_shared(settings.video.storage_dir, JobStore.shared)
+                  if settings.video is not None else None)
 
     # serve's status file (omni_triton.launcher.ServeStatus): restarts and stub deaths for
     # /health; a stage that died has the in-flight requests it would leave hanging ended.
@@ -110,10 +120,13 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     async def lifespan(_app: FastAPI):
         watch.start()
         if settings.video is not None:
-            _app.state.video_jobs = VideoJobs(
+            metrics = _app.state.metrics
+            _app.state.video_jobs = jobs = VideoJobs(
                 engine, settings.video,
-                on_event=lambda _id, outcome: _app.state.metrics.video_jobs.labels(outcome).inc())
-            await _app.state.video_jobs.start()
+                on_event=lambda _id, outcome: metrics.video_jobs.labels(outcome).inc(),
+                on_store_error=lambda operation: metrics.video_store_errors.labels(operation).inc())
+            metrics.video_store_failing.set_function(lambda: float(jobs.store_error is not None))
+            await jobs.start()
         try:
             yield
         finally:
@@ -121,6 +134,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
                 _app.state.voice_store.close()
             if getattr(_app.state, "video_jobs", None) is not None:
                 await _app.state.video_jobs.stop()
+            if video_lock is not None:
+                video_lock.release()
             await watch.stop()
             if close_engine:
                 await engine.close()
@@ -140,6 +155,10 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
         except (sqlite3.DatabaseError, OSError) as exc:
             app.state.voice_store_error = f"{type(exc).__name__}: {exc}"
             logger.error("voice store %s cannot be opened: %s", settings.voices.storage_dir, exc)
+        except BaseException:  # StorageLockedError: this frontend does not start
+            if video_lock is not None:
+                video_lock.release()
+            raise
     app.state.admission = AdmissionController(settings.max_inflight, settings.retry_after_s)
     app.state.metrics = FrontendMetrics(app.state.admission)
     app.state.started_at = int(time.time())

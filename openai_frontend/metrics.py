@@ -95,5 +95,17 @@ class FrontendMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.video_store_errors = Counter(
+            "omni_frontend_video_store_errors",
+            "Database errors the video job runner survived (retried with backoff), by operation "
+            "(dispatch, progress, complete, fail, requeue, check, sweep)",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.video_store_failing = Gauge(
+            "omni_frontend_video_store_failing",
+            "1 while the video job runner retries a failing database (queued jobs wait), else 0",
+            registry=self.registry,
+        )
         if admission is not None:
             self.inflight.set_function(lambda: admission.inflight)

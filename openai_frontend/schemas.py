@@ -85,7 +85,7 @@ MAX_REF_TEXT_CHARS = 4096
 #: ``negative_prompt`` of image and chat-on-image requests (as long as an image ``prompt``)
 MAX_NEGATIVE_PROMPT_CHARS = 32000
 #: ``prompt`` of a designed voice (``POST /v1/audio/voices`` with ``type=prompt``)
-MAX_VOICE_PROMPT_CHARS = 4096
+MAX_VOICE_PROMPT_CHARS = 4096  # the default of VoiceSettings.max_prompt_chars (--voice-max-prompt-chars)
 #: ``stop`` sequences of chat/completions: each, and how many
 MAX_STOP_CHARS = 4096
 MAX_STOP_SEQUENCES = 64

@@ -17,6 +17,24 @@ Statuses: ``queued`` -> ``in_progress`` -> ``completed`` | ``failed``; ``complet
 ``expired`` when its MP4 is older than the retention (the file is removed, the job stays and says
 so). ``DELETE`` removes the row and the files and cancels a running job's Triton stream, which
 stops the denoiser at its next step boundary.
+
+Retention and limits (:class:`JobSettings`): a ``failed`` job and an ``expired`` one are purged
+(row, reference image, MP4, temporary files) ``purge_after_s`` after they failed / expired, by
+the sweep that runs at start and every ``sweep_interval_s``; the start also removes temporary
+MP4s and MP4s no live job owns. At most ``max_queued`` jobs wait (429 + ``Retry-After``), at most
+``max_stored_jobs`` jobs of any status and ``max_stored_bytes`` bytes (MP4s + stored requests,
+reference images included) are kept, and a stored reference image has at most
+``max_reference_bytes`` (400s, checked before the row is written).
+
+Database errors do not stop the runner: the dispatcher and every job-state write retry with
+backoff (``db_retry_initial_s`` doubling to ``db_retry_max_s``) until the database answers again;
+meanwhile :attr:`VideoJobs.store_error` says what fails since when, ``GET /v1/videos/{id}`` of a
+queued job carries it in ``error`` (code ``job_store_unavailable``), and every failure is logged
+and counted (``omni_frontend_video_store_errors``). A progress update that fails is skipped.
+
+One process per folder: :class:`VideoJobs` holds ``<storage_dir>/frontend.lock``
+(:mod:`openai_frontend.storage_lock`) from before it settles the previous process's jobs until
+:meth:`VideoJobs.stop`, so a second frontend on the folder cannot requeue this one's jobs.
 """
 from __future__ import annotations
 
@@ -36,6 +54,7 @@ from typing import Any, Callable
 from omni_triton.media.video import encode_mp4, write_atomic
 
 from .engine import EngineError, InvalidRequestError, VideoJob
+from .storage_lock import lock_unless_shared
 
 #: A job id, exactly as ``VideoStore.insert`` makes them: ``video_`` + 24 lowercase hex digits.
 JOB_ID = re.compile(r"video_[0-9a-f]{24}")
@@ -71,10 +90,25 @@ CREATE TABLE IF NOT EXISTS jobs (
     request TEXT NOT NULL,
     error TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
-    file TEXT
+    file TEXT,
+    bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
 """
+#: columns added after the first release: (column, definition, how old rows are filled)
+_MIGRATIONS = (("bytes", "INTEGER NOT NULL DEFAULT 0", "UPDATE jobs SET bytes = length(request)"),)
+
+
+class JobQuotaError(Exception):
+    """A new job would pass a :class:`JobSettings` limit (nothing was written).
+
+    Attributes:
+        limit: the setting's name (``max_stored_jobs``, ``max_stored_bytes``, ``max_reference_bytes``).
+    """
+
+    def __init__(self, limit: str, message: str):
+        super().__init__(message)
+        self.limit = limit
 
 
 #: how Triton 2.51 / the engine say a model's stub process died (``Stub process
@@ -127,7 +161,9 @@ class VideoRequest:
 
 @dataclass
 class JobRecord:
-    """One row of the store (times are Unix seconds)."""
+    """One row of the store (times are Unix seconds). ``request`` is None when the row was read
+    for the API: the stored request (with its reference image, up to ``max_reference_bytes``) is
+    loaded only to run the job, not for every poll or list."""
 
     id: str
     model: str
@@ -137,7 +173,7 @@ class JobRecord:
     size: str
     seconds: str
     prompt: str
-    request: VideoRequest
+    request: VideoRequest | None
     started_at: int | None = None
     completed_at: int | None = None
     expires_at: int | None = None
@@ -158,6 +194,11 @@ class JobStore:
     """The job table in one SQLite file (``<storage>/jobs.sqlite3``), safe to call from any
     thread (one connection behind a lock; every call is one short transaction)."""
 
+    #: True for a store on a database several frontends share (the scale-out issue's PostgreSQL
+    #: store, not built yet: jobs claimed with ``FOR UPDATE SKIP LOCKED``); such a store needs no
+    #: folder lock (:func:`openai_frontend.storage_lock.lock_unless_shared`). SQLite is local.
+    shared = False
+
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +209,11 @@ class JobStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+            for column, definition, fill in _MIGRATIONS:
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {definition}")
+                    self._db.execute(fill)
 
     def close(self) -> None:
         with self._lock:
@@ -181,41 +227,70 @@ class JobStore:
         with self._lock:
             return self._db.execute(sql, args).rowcount
 
+    #: every column but ``request`` (what the API and the sweeps read)
+    _SUMMARY = ("seq, id, model, status, progress, created_at, started_at, completed_at, expires_at, size, "
+                "seconds, prompt, error, attempts, file")
+
     @staticmethod
     def _record(row: sqlite3.Row) -> JobRecord:
+        request = VideoRequest.from_json(row["request"]) if "request" in row.keys() else None
         return JobRecord(id=row["id"], model=row["model"], status=row["status"], progress=row["progress"],
                          created_at=row["created_at"], size=row["size"], seconds=row["seconds"],
-                         prompt=row["prompt"], request=VideoRequest.from_json(row["request"]),
+                         prompt=row["prompt"], request=request,
                          started_at=row["started_at"], completed_at=row["completed_at"],
                          expires_at=row["expires_at"], error=json.loads(row["error"]) if row["error"] else None,
                          attempts=row["attempts"], file=row["file"], seq=row["seq"])
 
-    def insert(self, request: VideoRequest, now: int | None = None, max_queued: int | None = None) -> JobRecord | None:
-        """Add a queued job; ``None`` when ``max_queued`` jobs are already queued (checked in the
-        same transaction)."""
+    def insert(self, request: VideoRequest, now: int | None = None, max_queued: int | None = None,
+               max_jobs: int | None = None, max_bytes: int | None = None) -> JobRecord | None:
+        """Add a queued job; ``None`` when ``max_queued`` jobs are already queued. The limits are
+        checked in the insert's transaction (concurrent creates cannot pass them together).
+
+        Raises:
+            JobQuotaError: ``max_jobs`` jobs (any status) are stored, or the stored bytes plus
+                this request's would pass ``max_bytes``.
+        """
         job_id = "video_" + secrets.token_hex(12)  # the form of JOB_ID
         now = int(time.time()) if now is None else now
+        text = request.to_json()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                if max_queued is not None:
-                    (queued,) = self._db.execute("SELECT COUNT(*) FROM jobs WHERE status = ?", (QUEUED,)).fetchone()
-                    if queued >= max_queued:
-                        self._db.execute("ROLLBACK")
-                        return None
+                (queued, stored, nbytes) = self._db.execute(
+                    "SELECT COUNT(*) FILTER (WHERE status = ?), COUNT(*), COALESCE(SUM(bytes), 0) FROM jobs",
+                    (QUEUED,)).fetchone()
+                error = None
+                if max_queued is not None and queued >= max_queued:
+                    self._db.execute("ROLLBACK")
+                    return None
+                if max_jobs is not None and stored >= max_jobs:
+                    error = JobQuotaError("max_stored_jobs", f"{stored} video jobs are stored, the most this "
+                                          f"server keeps; delete finished jobs (DELETE /v1/videos/{{id}}) first")
+                elif max_bytes is not None and nbytes + len(text) > max_bytes:
+                    error = JobQuotaError("max_stored_bytes", f"the video store holds {nbytes} bytes; this job "
+                                          f"would pass its limit of {max_bytes}; delete finished jobs first")
+                if error is not None:
+                    self._db.execute("ROLLBACK")
+                    raise error
                 self._db.execute(
-                    "INSERT INTO jobs (id, model, status, created_at, size, seconds, prompt, request) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO jobs (id, model, status, created_at, size, seconds, prompt, request, bytes) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job_id, request.model, QUEUED, now, request.size, request.seconds, request.job.prompt,
-                     request.to_json()))
+                     text, len(text)))
+                # read in the transaction: a runner in another thread may claim it right after
+                row = self._db.execute(f"SELECT {self._SUMMARY} FROM jobs WHERE id = ?", (job_id,)).fetchone()
                 self._db.execute("COMMIT")
+            except JobQuotaError:
+                raise
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return self.get(job_id)
+        return self._record(row)
 
-    def get(self, job_id: str) -> JobRecord | None:
-        rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+    def get(self, job_id: str, with_request: bool = True) -> JobRecord | None:
+        """The job ``job_id`` or None; ``with_request=False`` leaves its stored request unread."""
+        columns = "*" if with_request else self._SUMMARY
+        rows = self._query(f"SELECT {columns} FROM jobs WHERE id = ?", (job_id,))
         return self._record(rows[0]) if rows else None
 
     def list(self, limit: int = 20, after: str | None = None, order: str = "desc") -> tuple[list[JobRecord], bool]:
@@ -232,7 +307,8 @@ class JobStore:
             if not found:
                 raise KeyError(after)
             where, args = f"WHERE seq {op} ?", (found[0]["seq"],)
-        rows = self._query(f"SELECT * FROM jobs {where} ORDER BY seq {direction} LIMIT ?", args + (limit + 1,))
+        rows = self._query(f"SELECT {self._SUMMARY} FROM jobs {where} ORDER BY seq {direction} LIMIT ?",
+                           args + (limit + 1,))
         return [self._record(r) for r in rows[:limit]], len(rows) > limit
 
     def count(self, status: str) -> int:
@@ -260,21 +336,32 @@ class JobStore:
         self._write("UPDATE jobs SET progress = MAX(progress, ?) WHERE id = ? AND status = ?",
                    (int(progress), job_id, IN_PROGRESS))
 
-    def complete(self, job_id: str, file: str, expires_at: int | None, now: int | None = None) -> None:
+    def complete(self, job_id: str, file: str, expires_at: int | None, now: int | None = None,
+                 file_bytes: int = 0) -> None:
+        """Mark the job completed with its MP4 ``file`` of ``file_bytes`` bytes (counted against
+        ``max_stored_bytes`` until it expires)."""
         now = int(time.time()) if now is None else now
         self._write("UPDATE jobs SET status = ?, progress = 100, completed_at = ?, expires_at = ?, file = ?, "
-                   "error = NULL WHERE id = ?", (COMPLETED, now, expires_at, file, job_id))
+                   "error = NULL, bytes = length(request) + ? WHERE id = ?",
+                   (COMPLETED, now, expires_at, file, int(file_bytes), job_id))
 
-    def fail(self, job_id: str, code: str, message: str, now: int | None = None) -> None:
+    def fail(self, job_id: str, code: str, message: str, now: int | None = None,
+             expires_at: int | None = None) -> None:
+        """Mark the job failed; ``expires_at``: when the purge will remove it (shown to clients;
+        the purge itself counts from ``completed_at``)."""
         now = int(time.time()) if now is None else now
-        self._write("UPDATE jobs SET status = ?, completed_at = ?, error = ? WHERE id = ?",
-                   (FAILED, now, json.dumps({"code": code, "message": message}), job_id))
+        self._write("UPDATE jobs SET status = ?, completed_at = ?, expires_at = ?, error = ? WHERE id = ?",
+                   (FAILED, now, expires_at, json.dumps({"code": code, "message": message}), job_id))
 
-    def requeue(self, job_id: str) -> None:
-        self._write("UPDATE jobs SET status = ? WHERE id = ? AND status = ?", (QUEUED, job_id, IN_PROGRESS))
+    def requeue(self, job_id: str, refund_attempt: bool = False) -> None:
+        """Queue a running job again; ``refund_attempt``: it never started (a claim that a
+        shutdown overtook), so its start does not count against ``max_attempts``."""
+        self._write("UPDATE jobs SET status = ?, attempts = MAX(attempts - ?, 0) WHERE id = ? AND status = ?",
+                    (QUEUED, int(refund_attempt), job_id, IN_PROGRESS))
 
     def expire(self, job_id: str, message: str) -> None:
-        self._write("UPDATE jobs SET status = ?, file = NULL, error = ? WHERE id = ? AND status = ?",
+        self._write("UPDATE jobs SET status = ?, file = NULL, error = ?, bytes = length(request) "
+                   "WHERE id = ? AND status = ?",
                    (EXPIRED, json.dumps({"code": "video_expired", "message": message}), job_id, COMPLETED))
 
     def delete(self, job_id: str) -> bool:
@@ -283,12 +370,33 @@ class JobStore:
     def with_status(self, *statuses: str) -> list[JobRecord]:
         marks = ",".join("?" * len(statuses))
         return [self._record(r) for r in
-                self._query(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses)]
+                self._query(f"SELECT {self._SUMMARY} FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses)]
 
     def expired_before(self, now: int) -> list[JobRecord]:
-        rows = self._query("SELECT * FROM jobs WHERE status = ? AND expires_at IS NOT NULL AND expires_at <= ?",
-                           (COMPLETED, now))
+        rows = self._query(f"SELECT {self._SUMMARY} FROM jobs WHERE status = ? AND expires_at IS NOT NULL "
+                           "AND expires_at <= ?", (COMPLETED, now))
         return [self._record(r) for r in rows]
+
+    def purge(self, now: int, after_s: float) -> list[str]:
+        """Delete the jobs that failed (``completed_at``) or expired (``expires_at``) at least
+        ``after_s`` seconds before ``now``; returns their ids (the caller removes their files)."""
+        where = ("(status = ? AND completed_at IS NOT NULL AND completed_at + ? <= ?) OR "
+                 "(status = ? AND expires_at IS NOT NULL AND expires_at + ? <= ?)")
+        args = (FAILED, after_s, now, EXPIRED, after_s, now)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                ids = [r[0] for r in self._db.execute(f"SELECT id FROM jobs WHERE {where}", args)]
+                self._db.execute(f"DELETE FROM jobs WHERE {where}", args)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return ids
+
+    def statuses(self) -> dict[str, str]:
+        """Every job id -> its status (the start-up file sweep; bounded by ``max_stored_jobs``)."""
+        return {r[0]: r[1] for r in self._query("SELECT id, status FROM jobs")}
 
 
 @dataclass
@@ -307,6 +415,17 @@ class JobSettings:
         frames) for this long is stopped (its gRPC call cancelled, so the denoiser stops at its
         next step) and failed with code ``stalled``: a stage that never answers (a wedged stub,
         a lost response) cannot leave a job ``in_progress`` forever (``None``: no limit).
+    purge_after_s: a failed job, and an expired one, is deleted (row, stored request and
+        reference image, files) this long after it failed / expired (``None``: kept).
+    sweep_interval_s: seconds between two retention sweeps (expiry + purge; one also runs at start).
+    max_stored_jobs: jobs of any status kept at once; a new job beyond is a 400 ``quota_exceeded``.
+    max_stored_bytes: bytes of MP4s and stored requests (reference images included) kept at
+        once; a new job while the store is at the limit is a 400 ``quota_exceeded`` (one job's MP4
+        may pass it: its size is known only when it is written).
+    max_reference_bytes: bytes of a stored ``input_reference`` (the PNG of the image fitted to
+        the video's size); more is a 400 ``input_reference_too_large``.
+    db_retry_initial_s / db_retry_max_s: backoff of the dispatcher and the job-state writes after
+        a database error (doubling from the first to the second, then retried at that pace).
     """
 
     storage_dir: Path
@@ -317,6 +436,12 @@ class JobSettings:
     retry_after_s: int = 5
     sweep_interval_s: float = 30.0
     stall_timeout_s: float | None = 600.0
+    purge_after_s: float | None = 7 * 24 * 3600
+    max_stored_jobs: int = 10000
+    max_stored_bytes: int = 20 << 30
+    max_reference_bytes: int = 8 << 20
+    db_retry_initial_s: float = 0.5
+    db_retry_max_s: float = 30.0
 
 
 @dataclass
@@ -331,19 +456,37 @@ class VideoJobs:
     ``start()`` recovers what a previous process left (see the module docstring) and starts the
     dispatcher and the retention sweep; ``stop()`` cancels the running tasks, whose jobs stay
     ``in_progress`` in the store and are resumed by the next ``start()``.
+
+    ``on_event(job_id, outcome)`` is called when a job ends (completed, failed, expired);
+    ``on_store_error(operation)`` on every database error the runner survives.
+
+    Raises (at construction):
+        StorageLockedError: another process has ``settings.storage_dir`` open.
     """
 
-    def __init__(self, engine, settings: JobSettings, on_event: Callable[[str, str], None] | None = None):
+    def __init__(self, engine, settings: JobSettings, on_event: Callable[[str, str], None] | None = None,
+                 on_store_error: Callable[[str], None] | None = None):
         self.engine = engine
         self.settings = settings
         self.dir = Path(settings.storage_dir)
         self.videos_dir = self.dir / "videos"
         self.inputs_dir = self.dir / "inputs"
-        self.store = JobStore(self.dir / "jobs.sqlite3")
+        self._folder_lock = lock_unless_shared(self.dir, JobStore.shared)
+        try:
+            self.store = JobStore(self.dir / "jobs.sqlite3")
+        except BaseException:
+            if self._folder_lock is not None:
+                self._folder_lock.release()
+            raise
         self._running: dict[str, _Running] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._on_event = on_event or (lambda job_id, what: None)
+        self._on_store_error = on_store_error or (lambda operation: None)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._claim: asyncio.Future | None = None  # the dispatcher's claim in flight (a worker thread)
+        #: the database error the runner is retrying, or None: ``{"operation", "message", "since"}``
+        self.store_error: dict | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def recover(self) -> dict[str, int]:
@@ -352,11 +495,13 @@ class VideoJobs:
         for rec in self.store.with_status(IN_PROGRESS):
             path = self.video_path(rec.id)
             if path.is_file() and path.stat().st_size > 0:
-                self.store.complete(rec.id, str(path), self._expiry(int(path.stat().st_mtime)))
+                self.store.complete(rec.id, str(path), self._expiry(int(path.stat().st_mtime)),
+                                    file_bytes=path.stat().st_size)
                 counts["completed"] += 1
             elif rec.attempts >= self.settings.max_attempts:
                 self.store.fail(rec.id, "interrupted", f"the job was interrupted {rec.attempts} times (frontend "
-                                f"restarts or stage failures) and is not retried again")
+                                f"restarts or stage failures) and is not retried again",
+                                expires_at=self._purge_at(int(time.time())))
                 counts["failed"] += 1
             else:
                 self.store.requeue(rec.id)
@@ -366,19 +511,35 @@ class VideoJobs:
         return counts
 
     async def start(self) -> None:
-        self.recover()
-        self.sweep()
+        """Settle the previous process's jobs, sweep (expiry, purge, stray files; in a worker
+        thread), then start the dispatcher and the periodic sweep."""
+        def settle():
+            self.recover()
+            self.sweep()
+            self.remove_stray_files()
+
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(settle)
         self._tasks = [asyncio.create_task(self._dispatch(), name="video-dispatch"),
                        asyncio.create_task(self._sweep_loop(), name="video-retention")]
         self._wake.set()
 
     async def stop(self) -> None:
+        """Cancel the dispatcher, the sweep and the running jobs (resumed at the next start),
+        close the store and release the folder lock."""
         tasks = self._tasks + [r.task for r in self._running.values()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        claim, self._claim = self._claim, None
+        if claim is not None:  # the dispatcher was stopped while its thread claimed a job
+            rec = (await asyncio.gather(claim, return_exceptions=True))[0]
+            if isinstance(rec, JobRecord):
+                self.store.requeue(rec.id, refund_attempt=True)
         self.store.close()
+        if self._folder_lock is not None:
+            self._folder_lock.release()
 
     # ------------------------------------------------------------------ API
     def video_path(self, job_id: str) -> Path:
@@ -388,20 +549,54 @@ class VideoJobs:
         return self.videos_dir / f"{job_id}.mp4"
 
     def create(self, request: VideoRequest) -> JobRecord | None:
-        """Queue a job; ``None`` when the queue is full."""
-        rec = self.store.insert(request, max_queued=self.settings.max_queued)
+        """Queue a job; ``None`` when the queue is full.
+
+        Raises:
+            JobQuotaError: a stored-jobs limit, or ``max_reference_bytes``, would be passed
+                (nothing is written).
+        """
+        cfg = self.settings
+        reference = request.job.input_reference  # base64 of the fitted PNG
+        size = len(reference) * 3 // 4 - reference[-2:].count("=") if reference else 0
+        if size > cfg.max_reference_bytes:
+            raise JobQuotaError("max_reference_bytes", f"input_reference is {size} bytes once fitted to the "
+                                f"video's size; at most {cfg.max_reference_bytes} are stored")
+        rec = self.store.insert(request, max_queued=cfg.max_queued, max_jobs=cfg.max_stored_jobs,
+                                max_bytes=cfg.max_stored_bytes)
         if rec is not None:
-            self._wake.set()
+            self._wake_dispatcher()
         return rec
+
+    def _wake_dispatcher(self) -> None:
+        """Wake the dispatcher, from the event loop or from a worker thread (``create`` runs in one)."""
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if self._loop is None or on_loop:
+            self._wake.set()
+        else:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def to_openai(self, rec: JobRecord) -> dict[str, Any]:
+        """``rec.to_openai()``; a queued job's ``error`` says when the runner cannot reach the
+        database (``job_store_unavailable``: it waits, it is not lost)."""
+        out = rec.to_openai()
+        if rec.status == QUEUED and self.store_error is not None and out["error"] is None:
+            out["error"] = {"code": "job_store_unavailable",
+                            "message": f"the job store fails since {self.store_error['since']} "
+                                       f"({self.store_error['message']}); queued jobs wait and start "
+                                       f"once it answers again"}
+        return out
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job ``job_id``; ``None`` when there is none or ``job_id`` is not a job id."""
         if not is_job_id(job_id):
             return None
-        rec = self.store.get(job_id)
+        rec = self.store.get(job_id, with_request=False)
         if rec is not None and rec.status == COMPLETED and rec.expires_at is not None and rec.expires_at <= time.time():
             self._expire(rec)
-            rec = self.store.get(job_id)
+            rec = self.store.get(job_id, with_request=False)
         return rec
 
     async def delete(self, job_id: str) -> bool:
@@ -416,51 +611,141 @@ class VideoJobs:
             running.task.cancel()
             await asyncio.gather(running.task, return_exceptions=True)
         found = self.store.delete(job_id)
-        self.video_path(job_id).unlink(missing_ok=True)
-        prefix = f".{job_id}.mp4."  # write_atomic's temporary files of this job (a prefix, not a glob)
-        if self.videos_dir.is_dir():
-            for tmp in self.videos_dir.iterdir():
-                if tmp.name.startswith(prefix):
-                    tmp.unlink(missing_ok=True)
+        self._remove_files(job_id)
         return found
 
     def sweep(self, now: float | None = None) -> int:
-        """Expire the completed jobs past their retention; returns how many."""
+        """Expire the completed jobs past their retention, then purge the failed and expired
+        jobs past ``purge_after_s`` with their files; returns how many jobs expired. Blocking
+        (files and database): run it in a worker thread."""
         now = int(time.time() if now is None else now)
         expired = self.store.expired_before(now)
         for rec in expired:
             self._expire(rec)
+        if self.settings.purge_after_s is not None:
+            purged = self.store.purge(now, self.settings.purge_after_s)
+            for job_id in purged:
+                self._remove_files(job_id)
+            if purged:
+                logger.info("video jobs: purged %d failed or expired jobs", len(purged))
         return len(expired)
 
+    def remove_stray_files(self) -> int:
+        """Remove temporary MP4s and MP4s no queued, running or completed job owns (a crash
+        between writing and committing, a purge interrupted). Only safe while no job runs (at
+        start, with the folder lock held); returns how many files were removed."""
+        if not self.videos_dir.is_dir():
+            return 0
+        statuses = self.store.statuses()
+        removed = 0
+        for entry in self.videos_dir.iterdir():
+            job_id = entry.name[:-len(".mp4")] if entry.name.endswith(".mp4") else None
+            if entry.is_file() and (job_id is None or statuses.get(job_id) not in (QUEUED, IN_PROGRESS, COMPLETED)):
+                entry.unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            logger.warning("video jobs: removed %d temporary or orphaned files", removed)
+        return removed
+
     # ------------------------------------------------------------------ internals
+    def _remove_files(self, job_id: str) -> None:
+        """Remove job ``job_id``'s MP4 and ``write_atomic``'s temporary files of it, matched by
+        exact name and prefix, never as a glob pattern (an id from an older store need not have
+        :data:`JOB_ID`'s form)."""
+        if not self.videos_dir.is_dir():
+            return
+        name, prefix = f"{job_id}.mp4", f".{job_id}.mp4."
+        for entry in self.videos_dir.iterdir():
+            if entry.name == name or entry.name.startswith(prefix):
+                entry.unlink(missing_ok=True)
+
     def _expiry(self, completed_at: int) -> int | None:
         r = self.settings.retention_s
         return None if r is None else math.ceil(completed_at + r)
 
+    def _purge_at(self, failed_at: int) -> int | None:
+        r = self.settings.purge_after_s
+        return None if r is None else math.ceil(failed_at + r)
+
+    def _store_failed(self, operation: str, exc: BaseException, delay: float | None) -> float:
+        """Record and log a database error of ``operation``; returns the next backoff delay."""
+        cfg = self.settings
+        message = f"{type(exc).__name__}: {exc}"
+        if self.store_error is None:
+            self.store_error = {"operation": operation, "message": message,
+                                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        else:
+            self.store_error.update(operation=operation, message=message)
+        self._on_store_error(operation)
+        delay = cfg.db_retry_initial_s if delay is None else min(cfg.db_retry_max_s, delay * 2)
+        logger.error("video jobs: %s failed (%s); retrying in %g s", operation, message, delay)
+        return delay
+
+    def _store_ok(self) -> None:
+        if self.store_error is not None:
+            logger.warning("video jobs: the job store answers again (it failed since %s)", self.store_error["since"])
+            self.store_error = None
+
+    async def _db(self, operation: str, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)`` in a worker thread, retried with backoff until it succeeds
+        (or the task is cancelled): a job's state change is never dropped."""
+        delay = None
+        while True:
+            try:
+                result = await asyncio.to_thread(fn, *args, **kwargs)
+            except (sqlite3.Error, OSError) as exc:
+                delay = self._store_failed(operation, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            self._store_ok()
+            return result
+
     def _expire(self, rec: JobRecord) -> None:
         self.video_path(rec.id).unlink(missing_ok=True)
-        self.store.expire(rec.id, f"the video was removed after the retention period "
-                          f"({self.settings.retention_s:g} s after completion)")
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.expires_at or time.time()))
+        self.store.expire(rec.id, f"the video was removed after its retention period (expired at {when})")
         self._on_event(rec.id, EXPIRED)
 
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.sweep_interval_s)
             try:
-                self.sweep()
+                await asyncio.to_thread(self.sweep)
+            except (sqlite3.Error, OSError) as exc:  # the next sweep tries again
+                self._store_failed("sweep", exc, None)
             except Exception:  # noqa: BLE001 - the sweep must keep running
                 logger.exception("video retention sweep failed")
 
     async def _dispatch(self) -> None:
+        """Start queued jobs while fewer than ``max_running`` run. A database error is retried
+        with backoff (and reported: :attr:`store_error`), never the end of the dispatcher."""
+        delay = None
         while True:
-            await self._wake.wait()
+            if delay is None:
+                await self._wake.wait()
+            else:
+                await asyncio.sleep(delay)
             self._wake.clear()
-            while len(self._running) < self.settings.max_running:
-                rec = self.store.next_queued()
-                if rec is None:
-                    break
-                task = asyncio.create_task(self._run(rec), name=f"video-{rec.id}")
-                self._running[rec.id] = _Running(task)
+            try:
+                while len(self._running) < self.settings.max_running:
+                    self._claim = claim = asyncio.ensure_future(asyncio.to_thread(self.store.next_queued))
+                    try:
+                        rec = await asyncio.shield(claim)  # cancelled: stop() settles the claim
+                    except asyncio.CancelledError:
+                        raise
+                    except BaseException:
+                        self._claim = None
+                        raise
+                    self._claim = None
+                    if rec is None:
+                        break
+                    task = asyncio.create_task(self._run(rec), name=f"video-{rec.id}")
+                    self._running[rec.id] = _Running(task)
+            except Exception as exc:  # noqa: BLE001 - database errors, a damaged row: never the end of it
+                delay = self._store_failed("dispatch", exc, delay)
+            else:
+                delay = None
+                self._store_ok()
 
     async def _run(self, rec: JobRecord) -> None:
         req = rec.request
@@ -478,46 +763,60 @@ class VideoJobs:
                     elif event.total and DENOISE_PROGRESS * event.step // event.total > progress:
                         # a committed (fsynced) row: off the loop, and only when the percentage rises
                         progress = DENOISE_PROGRESS * event.step // event.total
-                        await asyncio.to_thread(self.store.progress, rec.id, progress)
+                        await self._progress(rec.id, progress)
             assert frames is not None
             frames = frames[: req.keep_frames]
             data = await asyncio.to_thread(encode_mp4, frames, req.fps)
             path = self.video_path(rec.id)
             await asyncio.to_thread(write_atomic, path, data)
-            if self._running.get(rec.id, _Running(None)).deleted or self.store.get(rec.id) is None:
+            if (self._running.get(rec.id, _Running(None)).deleted
+                    or await self._db("check", self.store.get, rec.id, with_request=False) is None):
                 path.unlink(missing_ok=True)  # deleted while its MP4 was being written
                 return
-            self.store.complete(rec.id, str(path), self._expiry(int(time.time())))
+            await self._db("complete", self.store.complete, rec.id, str(path), self._expiry(int(time.time())),
+                           file_bytes=len(data))
             self._on_event(rec.id, COMPLETED)
         except asyncio.CancelledError:
             raise  # deleted (row removed by delete) or shutting down (resumed at the next start)
         except TimeoutError:  # the watchdog: the stream (and so the stage's request) is cancelled
             logger.warning("video job %s: no event from %s for %g s; stopped", rec.id, req.model, stall)
-            self.store.fail(rec.id, "stalled", f"model {req.model} sent no progress for {stall:g} s "
-                            f"(a stage may be stuck); the job was stopped: retry it")
-            self._on_event(rec.id, FAILED)
+            await self._fail(rec.id, "stalled", f"model {req.model} sent no progress for {stall:g} s "
+                             f"(a stage may be stuck); the job was stopped: retry it")
         except InvalidRequestError as exc:
-            self.store.fail(rec.id, "invalid_request", exc.message if hasattr(exc, "message") else str(exc))
-            self._on_event(rec.id, FAILED)
+            await self._fail(rec.id, "invalid_request", exc.message if hasattr(exc, "message") else str(exc))
         except EngineError as exc:
             if rec.attempts < self.settings.max_attempts:
                 logger.warning("video job %s: %s; queued again (attempt %d of %d)", rec.id, exc, rec.attempts,
                                self.settings.max_attempts)
                 await asyncio.sleep(1.0)
-                self.store.requeue(rec.id)
+                await self._db("requeue", self.store.requeue, rec.id)
             else:
                 stage = dead_stage(str(exc))
                 if stage is None:
-                    self.store.fail(rec.id, "generation_failed", str(exc))
+                    await self._fail(rec.id, "generation_failed", str(exc))
                 else:
                     logger.warning("video job %s failed: %s", rec.id, exc)  # the raw error, for operators
-                    self.store.fail(rec.id, "stage_died", f"stage {stage} died while this job ran (attempt "
-                                    f"{rec.attempts} of {self.settings.max_attempts}); retry the job")
-                self._on_event(rec.id, FAILED)
+                    await self._fail(rec.id, "stage_died", f"stage {stage} died while this job ran (attempt "
+                                     f"{rec.attempts} of {self.settings.max_attempts}); retry the job")
         except Exception as exc:  # noqa: BLE001 - a job fails with its reason, never vanishes
             logger.exception("video job %s failed", rec.id)
-            self.store.fail(rec.id, "internal_error", f"{type(exc).__name__}: {exc}")
-            self._on_event(rec.id, FAILED)
+            await self._fail(rec.id, "internal_error", f"{type(exc).__name__}: {exc}")
         finally:
             self._running.pop(rec.id, None)
             self._wake.set()
+
+    async def _fail(self, job_id: str, code: str, message: str) -> None:
+        """Fail the job (retried until the database takes it) and report the outcome."""
+        now = int(time.time())
+        await self._db("fail", self.store.fail, job_id, code, message, now=now, expires_at=self._purge_at(now))
+        self._on_event(job_id, FAILED)
+
+    async def _progress(self, job_id: str, progress: int) -> None:
+        """Raise the job's progress; a database error skips this update (the next one, or the
+        completion, catches up) instead of stopping the job."""
+        try:
+            await asyncio.to_thread(self.store.progress, job_id, progress)
+        except (sqlite3.Error, OSError) as exc:
+            self._store_failed("progress", exc, None)
+        else:
+            self._store_ok()

@@ -12,6 +12,15 @@ name) removes the folder again. At start, temporary folders and folders without 
 between the rename and the commit) are removed. A row whose files are missing or whose prompt
 no longer matches its SHA-256 is *corrupt*: listed with an ``error``, refused on use
 (:class:`VoiceCorruptError`, a 409), never a crash.
+
+Limits (:class:`VoiceSettings`): at most ``max_voices`` voices, ``max_consents`` consent
+recordings and ``max_stored_bytes`` bytes of clips, prompts and recordings together; a designed
+voice's ``prompt`` has at most ``max_prompt_chars`` characters. Each is checked before anything
+is written (:meth:`VoiceStore.check_quota`) and again in the transaction that commits the row, so
+concurrent uploads cannot pass it together (:class:`QuotaExceededError`, a 400 ``quota_exceeded``).
+
+One process per folder: the store holds ``<storage_dir>/frontend.lock``
+(:mod:`openai_frontend.storage_lock`) from before its start-up sweep until :meth:`VoiceStore.close`.
 """
 from __future__ import annotations
 
@@ -28,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .storage_lock import lock_unless_shared
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +57,8 @@ CREATE TABLE IF NOT EXISTS voices (
     sample_rate INTEGER,
     seconds REAL,
     prompt_sha256 TEXT,
-    clip_sha256 TEXT
+    clip_sha256 TEXT,
+    bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS consents (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -55,9 +67,14 @@ CREATE TABLE IF NOT EXISTS consents (
     language TEXT NOT NULL,
     created_at INTEGER NOT NULL,
     file TEXT NOT NULL,
-    sha256 TEXT NOT NULL
+    sha256 TEXT NOT NULL,
+    bytes INTEGER NOT NULL DEFAULT 0
 );
 """
+#: columns added after the first release: (table, column, definition, how old rows are filled)
+_MIGRATIONS = (("voices", "bytes", "INTEGER NOT NULL DEFAULT 0",
+                "UPDATE voices SET bytes = length(CAST(prompt AS BLOB)) WHERE prompt IS NOT NULL"),
+               ("consents", "bytes", "INTEGER NOT NULL DEFAULT 0", None))
 
 CLIP_FILE, PROMPT_FILE = "clip.wav", "voice_prompt.bin"
 
@@ -72,7 +89,11 @@ class VoiceSettings:
     sample_rate: Hz clips are resampled to (soxr) before the prompt is computed and stored.
     require_consent: an ``audio_sample`` voice needs ``consent``, the id of a stored consent
         recording (OpenAI's rule); False accepts any non-empty or missing consent (vLLM-Omni).
-    max_voices: stored voices at most (400 beyond).
+    max_voices: stored voices at most (400 ``quota_exceeded`` beyond).
+    max_consents: stored consent recordings at most (400 ``quota_exceeded`` beyond).
+    max_stored_bytes: bytes of voice clips, clone prompts, designed-voice prompts and consent
+        recordings together (400 ``quota_exceeded`` when one more would pass it).
+    max_prompt_chars: characters of a designed voice's ``prompt`` (400 ``prompt_too_long``).
     """
 
     storage_dir: Path
@@ -82,6 +103,9 @@ class VoiceSettings:
     sample_rate: int = 24000
     require_consent: bool = True
     max_voices: int = 1000
+    max_consents: int = 1000
+    max_stored_bytes: int = 2 << 30
+    max_prompt_chars: int = 4096
 
 
 @dataclass(frozen=True)
@@ -137,6 +161,18 @@ class VoiceCorruptError(VoiceStoreError):
     """The voice's files are missing or do not match what was stored."""
 
 
+class QuotaExceededError(VoiceStoreError):
+    """Storing one more item would pass a :class:`VoiceSettings` limit.
+
+    Attributes:
+        limit: the setting's name (``max_voices``, ``max_consents``, ``max_stored_bytes``).
+    """
+
+    def __init__(self, limit: str, message: str):
+        super().__init__(message)
+        self.limit = limit
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -178,28 +214,115 @@ def encode_clip(samples: np.ndarray, sample_rate: int) -> bytes:
 
 
 class VoiceStore:
-    """The SQLite file + voice folders under ``settings.storage_dir`` (thread-safe; calls are short)."""
+    """The SQLite file + voice folders under ``settings.storage_dir`` (thread-safe; calls are short).
+
+    Raises (at construction):
+        StorageLockedError: another process has the folder open
+            (:mod:`openai_frontend.storage_lock`).
+        sqlite3.DatabaseError, OSError: the database or the folder cannot be opened.
+    """
+
+    #: True for a store on a database several frontends share (the scale-out issue's
+    #: PostgreSQL store, not built yet): it takes no folder lock. This SQLite store is local.
+    shared = False
 
     def __init__(self, settings: VoiceSettings):
         self.settings = settings
         self.root = Path(settings.storage_dir)
         self.voices_dir = self.root / "voices"
         self.consents_dir = self.root / "consents"
-        for d in (self.root, self.voices_dir, self.consents_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        #: files whose checksum was verified: path -> (size, mtime_ns, sha256); a listing stats
-        #: each file and hashes it again only when it changed (not every clip on every GET)
-        self._verified: dict[str, tuple[int, int, str]] = {}
-        self._db = sqlite3.connect(self.root / "voices.sqlite", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._sweep()
+        self._folder_lock = lock_unless_shared(self.root, self.shared)  # before the sweep below
+        try:
+            for d in (self.root, self.voices_dir, self.consents_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            self._lock = threading.Lock()
+            #: files whose checksum was verified: path -> (size, mtime_ns, sha256); a listing stats
+            #: each file and hashes it again only when it changed (not every clip on every GET)
+            self._verified: dict[str, tuple[int, int, str]] = {}
+            self._db = sqlite3.connect(self.root / "voices.sqlite", check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            self._migrate()
+            self._sweep()
+        except BaseException:
+            if self._folder_lock is not None:
+                self._folder_lock.release()
+            raise
 
     def close(self) -> None:
+        """Close the database and release the folder lock."""
         with self._lock:
             self._db.close()
+        if self._folder_lock is not None:
+            self._folder_lock.release()
+
+    def _migrate(self) -> None:
+        """Add the columns a store written by an older frontend lacks (:data:`_MIGRATIONS`)."""
+        for table, column, definition, fill in _MIGRATIONS:
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+                if fill:
+                    self._db.execute(fill)
+
+    # ------------------------------------------------------------------ limits
+    def _usage(self) -> tuple[int, int, int]:
+        """(voices, consents, stored bytes); the caller holds ``self._lock``."""
+        voices, vbytes = self._db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM voices").fetchone()
+        consents, cbytes = self._db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM consents").fetchone()
+        return voices, consents, vbytes + cbytes
+
+    def _quota_error(self, kind: str, new_bytes: int) -> QuotaExceededError | None:
+        """Why one more ``kind`` (``voice`` / ``consent``) of ``new_bytes`` cannot be stored, or
+        None; the caller holds ``self._lock``."""
+        cfg = self.settings
+        voices, consents, stored = self._usage()
+        if kind == "voice" and voices >= cfg.max_voices:
+            return QuotaExceededError("max_voices", f"At most {cfg.max_voices} voices can be stored; "
+                                      "delete one first")
+        if kind == "consent" and consents >= cfg.max_consents:
+            return QuotaExceededError("max_consents", f"At most {cfg.max_consents} consent recordings can be "
+                                      "stored; delete one first")
+        if stored + new_bytes > cfg.max_stored_bytes:
+            return QuotaExceededError("max_stored_bytes", f"The voice store holds {stored} bytes; {new_bytes} "
+                                      f"more would pass its limit of {cfg.max_stored_bytes}; delete voices or "
+                                      "consent recordings first")
+        return None
+
+    def check_quota(self, kind: str, new_bytes: int = 0) -> None:
+        """Raise if one more ``kind`` (``"voice"`` or ``"consent"``) of ``new_bytes`` bytes would
+        pass a limit (the serving layer calls it before decoding or writing anything; the insert
+        checks again atomically).
+
+        Raises:
+            QuotaExceededError: naming the limit.
+        """
+        with self._lock:
+            error = self._quota_error(kind, new_bytes)
+        if error is not None:
+            raise error
+
+    def _insert_within_quota(self, kind: str, new_bytes: int, sql: str, args: tuple) -> None:
+        """Run the INSERT ``sql`` in one transaction with the quota check (concurrent uploads
+        cannot pass a limit together).
+
+        Raises:
+            QuotaExceededError: nothing was inserted.
+            sqlite3.IntegrityError: a UNIQUE column is taken.
+        """
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                error = self._quota_error(kind, new_bytes)
+                if error is None:
+                    self._db.execute(sql, args)
+                self._db.execute("ROLLBACK" if error else "COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if error is not None:
+            raise error
 
     # ------------------------------------------------------------------ start-up
     def _sweep(self) -> None:
@@ -302,9 +425,11 @@ class VoiceStore:
 
         Raises:
             DuplicateVoiceName: ``name`` is taken (nothing is left on disk).
+            QuotaExceededError: a limit would be passed (nothing is left on disk).
         """
         vid = "voice_" + secrets.token_hex(12)
         clip_bytes = encode_clip(clip, sample_rate)
+        self.check_quota("voice", len(clip_bytes) + len(voice_prompt))
         tmp = self.voices_dir / f".tmp-{vid}"
         final = self.voices_dir / vid
         tmp.mkdir()
@@ -321,7 +446,7 @@ class VoiceStore:
                             ref_text=ref_text or None, consent=consent or None, sample_rate=sample_rate,
                             seconds=round(float(seconds if seconds is not None else len(clip) / sample_rate), 3))
         try:
-            self._insert(voice, _sha256(voice_prompt), _sha256(clip_bytes))
+            self._insert(voice, _sha256(voice_prompt), _sha256(clip_bytes), len(clip_bytes) + len(voice_prompt))
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)
             raise
@@ -332,19 +457,23 @@ class VoiceStore:
 
         Raises:
             DuplicateVoiceName: ``name`` is taken.
+            QuotaExceededError: a limit would be passed, or ``prompt`` has more than
+                ``max_prompt_chars`` characters (limit ``max_prompt_chars``).
         """
+        if len(prompt) > self.settings.max_prompt_chars:
+            raise QuotaExceededError("max_prompt_chars", f"'prompt' has {len(prompt)} characters; at most "
+                                     f"{self.settings.max_prompt_chars} are accepted")
         voice = StoredVoice(id="voice_" + secrets.token_hex(12), name=name, type=PROMPT,
                             created_at=int(time.time()), prompt=prompt)
-        self._insert(voice, None, None)
+        self._insert(voice, None, None, len(prompt.encode("utf-8", "surrogatepass")))
         return voice
 
-    def _insert(self, v: StoredVoice, prompt_sha: str | None, clip_sha: str | None) -> None:
+    def _insert(self, v: StoredVoice, prompt_sha: str | None, clip_sha: str | None, nbytes: int = 0) -> None:
         try:
-            with self._lock:
-                self._db.execute(
-                    f"INSERT INTO voices ({self._COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (v.id, v.name, v.type, v.created_at, v.prompt, v.ref_text, v.consent, v.sample_rate,
-                     v.seconds, prompt_sha, clip_sha))
+            self._insert_within_quota(
+                "voice", nbytes, f"INSERT INTO voices ({self._COLUMNS}, bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (v.id, v.name, v.type, v.created_at, v.prompt, v.ref_text, v.consent, v.sample_rate,
+                 v.seconds, prompt_sha, clip_sha, nbytes))
         except sqlite3.IntegrityError as exc:
             raise DuplicateVoiceName(v.name) from exc
 
@@ -360,16 +489,22 @@ class VoiceStore:
 
     # ------------------------------------------------------------------ consents
     def add_consent(self, name: str, language: str, recording: bytes, ext: str) -> StoredConsent:
-        """Store a consent recording (``recording`` bytes as uploaded, file written atomically)."""
+        """Store a consent recording (``recording`` bytes as uploaded, file written atomically).
+
+        Raises:
+            QuotaExceededError: ``max_consents`` or ``max_stored_bytes`` would be passed
+                (nothing is left on disk).
+        """
+        self.check_quota("consent", len(recording))
         cid = "cons_" + secrets.token_hex(12)
         fname = f"{cid}.{ext}"
         write_atomic(self.consents_dir / fname, recording)
         consent = StoredConsent(id=cid, name=name, language=language, created_at=int(time.time()))
         try:
-            with self._lock:
-                self._db.execute("INSERT INTO consents (id, name, language, created_at, file, sha256) "
-                                 "VALUES (?,?,?,?,?,?)", (cid, name, language, consent.created_at, fname,
-                                                          _sha256(recording)))
+            self._insert_within_quota(
+                "consent", len(recording), "INSERT INTO consents (id, name, language, created_at, file, sha256, "
+                "bytes) VALUES (?,?,?,?,?,?,?)", (cid, name, language, consent.created_at, fname,
+                                                  _sha256(recording), len(recording)))
         except BaseException:
             (self.consents_dir / fname).unlink(missing_ok=True)
             raise

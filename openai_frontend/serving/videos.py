@@ -42,7 +42,7 @@ from omni_triton.media.video import MIME_TYPE, encode_mp4
 from ..engine import ModelInfo, VideoJob, parse_size
 from ..errors import OpenAIError, bad_request
 from ..schemas import Text
-from ..video_jobs import COMPLETED, EXPIRED, FAILED, VideoJobs, VideoRequest
+from ..video_jobs import COMPLETED, EXPIRED, FAILED, JobQuotaError, VideoJobs, VideoRequest
 from ..offload import off_loop
 from .common import AdmittedRequest, ModelKind, read_form, read_json_object, resolve_model, until_disconnect
 
@@ -309,23 +309,33 @@ def _not_found(video_id: str) -> OpenAIError:
 
 async def create_video(request: Request) -> JSONResponse:
     """``POST /v1/videos``: queue a job (200 with the ``video`` object, ``status: queued``);
-    429 + ``Retry-After`` when ``--video-max-queued`` jobs wait already."""
+    429 + ``Retry-After`` when ``--video-max-queued`` jobs wait already; 400 ``quota_exceeded``
+    when ``--video-max-stored-jobs`` / ``--video-max-stored-bytes`` are reached (retrying does not
+    help until jobs are deleted or purged), 400 ``input_reference_too_large`` past
+    ``--video-max-reference-bytes``."""
     jobs = _jobs(request)
     req = await _parse(request)
-    rec = await off_loop(jobs.create, req)  # a committed (fsynced) SQLite row
+    try:
+        rec = await off_loop(jobs.create, req)  # writes the request (reference image) + fsync
+    except JobQuotaError as exc:
+        request.app.state.metrics.video_requests.labels(req.model, "jobs", "rejected").inc()
+        if exc.limit == "max_reference_bytes":
+            raise bad_request(str(exc), param="input_reference", code="input_reference_too_large") from None
+        raise bad_request(str(exc), code="quota_exceeded") from None
     request.app.state.metrics.video_requests.labels(req.model, "jobs", "ok" if rec else "rejected").inc()
     if rec is None:
         raise OpenAIError(429, f"{jobs.settings.max_queued} video jobs are queued already; retry later",
                           type="rate_limit_error", code="video_queue_full",
                           headers={"Retry-After": str(jobs.settings.retry_after_s)})
-    return JSONResponse(rec.to_openai())
+    return JSONResponse(jobs.to_openai(rec))
 
 
 async def retrieve_video(request: Request, video_id: str) -> JSONResponse:
-    rec = _jobs(request).get(video_id)
+    jobs = _jobs(request)
+    rec = jobs.get(video_id)
     if rec is None:
         raise _not_found(video_id)
-    return JSONResponse(rec.to_openai())
+    return JSONResponse(jobs.to_openai(rec))
 
 
 async def list_videos(request: Request, limit: int = 20, after: str | None = None, order: str = "desc") -> JSONResponse:
@@ -333,11 +343,12 @@ async def list_videos(request: Request, limit: int = 20, after: str | None = Non
         raise bad_request(f"limit={limit}: must be in [1, 100]", param="limit", code="invalid_value")
     if order not in ("asc", "desc"):
         raise bad_request(f"order={order!r}: must be 'asc' or 'desc'", param="order", code="invalid_value")
+    jobs = _jobs(request)
     try:
-        records, more = _jobs(request).store.list(limit, after, order)
+        records, more = jobs.store.list(limit, after, order)
     except KeyError:
         raise bad_request(f"after={after!r}: no such video", param="after", code="invalid_value") from None
-    data = [r.to_openai() for r in records]
+    data = [jobs.to_openai(r) for r in records]
     return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                          "last_id": data[-1]["id"] if data else None, "has_more": more})
 

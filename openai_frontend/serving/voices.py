@@ -25,8 +25,9 @@ from omni_triton.media.audio import AudioDecodeError, AudioLimits
 from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
 from ..offload import off_loop
-from ..schemas import MAX_REF_TEXT_CHARS, MAX_VOICE_PROMPT_CHARS, ModelVoices, SpeechRequest, VoiceList, is_text
-from ..voice_store import AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, StoredVoice, VoiceCorruptError, VoiceStore
+from ..schemas import MAX_REF_TEXT_CHARS, ModelVoices, SpeechRequest, VoiceList, is_text
+from ..voice_store import (AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, QuotaExceededError, StoredVoice,
+                           VoiceCorruptError, VoiceStore)
 from .common import read_form, read_json_object
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,15 @@ async def _prompt_model(engine) -> ModelInfo:
             return m
     raise OpenAIError(400, "Voice cloning is not available: no served model computes voice prompts "
                       "(qwen3_tts_voice_prompt)", param="audio_sample", code="voice_cloning_unavailable")
+
+
+def quota_error(exc: QuotaExceededError) -> OpenAIError:
+    """A store limit -> 400 ``quota_exceeded`` (``prompt_too_long`` for the designed-voice prompt):
+    a 400, not a 429, because retrying does not help until something is deleted (the OpenAI SDK
+    retries 429s on its own)."""
+    if exc.limit == "max_prompt_chars":
+        return bad_request(str(exc), param="prompt", code="prompt_too_long")
+    return bad_request(str(exc), code="quota_exceeded")
 
 
 def store_of(state) -> VoiceStore:
@@ -284,13 +294,12 @@ async def create_voice(request: Request) -> dict:
                           code="invalid_value")
     if store.name_taken(name):
         raise OpenAIError(409, f"A voice named '{name}' exists already", param="name", code="duplicate_name")
-    if store.count() >= cfg.max_voices:
-        raise bad_request(f"At most {cfg.max_voices} voices can be stored; delete one first", code="too_many_voices")
     try:
+        store.check_quota("voice")  # the counts, before any decoding; the insert checks again
         if vtype == PROMPT:
             prompt = _text_field(fields, "prompt", required=True)
-            if len(prompt) > MAX_VOICE_PROMPT_CHARS:
-                raise bad_request(f"'prompt' is {len(prompt)} characters; at most {MAX_VOICE_PROMPT_CHARS}",
+            if len(prompt) > store.settings.max_prompt_chars:  # before any work (add_design checks again)
+                raise bad_request(f"'prompt' is {len(prompt)} characters; at most {store.settings.max_prompt_chars}",
                                   param="prompt", code="prompt_too_long")
             voice = await off_loop(store.add_design, name, prompt)  # a committed (fsynced) row
         else:
@@ -323,6 +332,8 @@ async def create_voice(request: Request) -> dict:
     except DuplicateVoiceName:  # a concurrent upload took the name between the check and the insert
         raise OpenAIError(409, f"A voice named '{name}' exists already", param="name",
                           code="duplicate_name") from None
+    except QuotaExceededError as exc:
+        raise quota_error(exc) from None
     logger.info("voice %s (%s, %s) stored", voice.id, voice.name, voice.type)
     return voice.to_openai()
 
@@ -366,6 +377,10 @@ async def create_consent(request: Request) -> dict:
     fields = await _form(request, store.settings.max_upload_bytes + 1)
     name = _text_field(fields, "name", required=True)
     language = _text_field(fields, "language", required=True)
+    try:
+        store.check_quota("consent")  # the count, before the recording is read and decoded
+    except QuotaExceededError as exc:
+        raise quota_error(exc) from None
     if "recording" not in fields:
         raise bad_request("Missing required parameter: 'recording'", param="recording",
                           code="missing_required_parameter")
@@ -374,7 +389,10 @@ async def create_consent(request: Request) -> dict:
     cfg = store.settings  # a consent recording gets the limits of a voice clip
     await off_loop(decode_audio, data, cfg.sample_rate, "recording", cfg.min_seconds, cfg.max_seconds)
     ext = _CONSENT_EXTS.get((upload.content_type or "").split(";")[0].strip(), "bin")
-    return (await off_loop(store.add_consent, name, language, data, ext)).to_openai()
+    try:
+        return (await off_loop(store.add_consent, name, language, data, ext)).to_openai()
+    except QuotaExceededError as exc:
+        raise quota_error(exc) from None
 
 
 def _consent_or_404(store: VoiceStore, consent_id: str):

@@ -111,6 +111,26 @@ def test_frontend_args_parse_and_reach_triton_through_its_service():
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
 
 
+def test_every_frontend_store_folder_is_on_a_persistent_volume():
+    """Every ``--*-storage-dir`` of the frontend (video jobs, voices, any store added later) is
+    given, and lies on a mount backed by a PersistentVolumeClaim: a store left at its default
+    (under the cache, an emptyDir) or on an emptyDir is lost at every restart."""
+    container = _container("omni-frontend")
+    args = vars(frontend_args(_expand(container)))
+    stores = {k: v for k, v in args.items() if k.endswith("_storage_dir")}
+    assert {"video_storage_dir", "voice_storage_dir"} <= stores.keys()
+    pod = _find("Deployment", "omni-frontend")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for option, folder in stores.items():
+        assert folder, f"--{option.replace('_', '-')} is not set: the store would live in the cache (emptyDir)"
+        mounts = [m for m in container["volumeMounts"]
+                  if folder == m["mountPath"] or folder.startswith(m["mountPath"].rstrip("/") + "/")]
+        assert mounts, f"{folder} ({option}) is on no volume"
+        volume = volumes[max(mounts, key=lambda m: len(m["mountPath"]))["name"]]  # the innermost mount
+        assert "persistentVolumeClaim" in volume, f"{folder} ({option}) is on {volume}, not a PVC"
+        _find("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+
+
 def _labels(deployment: str) -> dict:
     return _find("Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
 

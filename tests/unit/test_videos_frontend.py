@@ -121,6 +121,16 @@ async def wait_status(c, vid, statuses=("completed", "failed"), timeout=20.0):
         await asyncio.sleep(0.01)
 
 
+async def wait_engine_jobs(engine, n=1, timeout=20.0):
+    """Until ``n`` jobs reached the engine (a claimed job is ``in_progress`` in the store a moment
+    before its runner task calls the engine: the claim commits in a worker thread)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while len(engine.jobs) < n:
+        assert loop.time() < end, f"{len(engine.jobs)} of {n} jobs reached the engine"
+        await asyncio.sleep(0.01)
+
+
 def assert_error(r, status, param=None, code=None):
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -159,6 +169,7 @@ async def test_progress_rises_with_the_steps(tmp_path):
     engine.gate = asyncio.Event()
     async with Server(engine, tmp_path) as c:
         vid = (await c.post("/v1/videos", data={"prompt": "a cat", "num_inference_steps": "10"})).json()["id"]
+        await wait_engine_jobs(engine)  # claimed and running: now at the gate
         seen = []
         for _ in range(5):  # let one step through at a time
             engine.gate.set()
@@ -227,6 +238,7 @@ async def test_a_restart_resumes_the_job_with_its_seed(tmp_path):
         vid = (await c.post("/v1/videos", data={"prompt": "a cat"})).json()["id"]
         queued = (await c.post("/v1/videos", data={"prompt": "queued", "seed": "9"})).json()["id"]
         await wait_status(c, vid, ("in_progress",))
+        await wait_engine_jobs(engine)
     # the first process is gone mid-job: both jobs are still in the store
     rows = dict(sqlite3.connect(tmp_path / "jobs.sqlite3").execute("SELECT id, status FROM jobs").fetchall())
     assert rows[vid] == "in_progress"
@@ -249,6 +261,7 @@ async def test_a_job_interrupted_too_often_fails_with_the_reason(tmp_path):
                 await c.post("/v1/videos", data={"prompt": "a cat"})
             vid = (await c.get("/v1/videos")).json()["data"][0]["id"]
             await wait_status(c, vid, ("in_progress",))
+            await wait_engine_jobs(engine)  # running (not only claimed) when the process goes
     async with Server(FakeVideoEngine(), tmp_path, max_attempts=2) as c:
         body = (await c.get(f"/v1/videos/{vid}")).json()
     assert body["status"] == "failed" and body["error"]["code"] == "interrupted"
@@ -261,6 +274,7 @@ async def test_an_mp4_written_before_the_crash_completes_its_job(tmp_path):
     async with Server(engine, tmp_path) as c:
         vid = (await c.post("/v1/videos", data={"prompt": "a cat"})).json()["id"]
         await wait_status(c, vid, ("in_progress",))
+        await wait_engine_jobs(engine)
     (tmp_path / "videos").mkdir(exist_ok=True)
     (tmp_path / "videos" / f"{vid}.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 finished before the crash")
     second = FakeVideoEngine()
