@@ -325,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-prepare", action="store_true", help="do not run prepare first")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer <key>' on the OpenAI API (default: env "
-                        "OMNI_TRITON_API_KEY; /health and /metrics stay open)")
+                        "OMNI_TRITON_API_KEY, preferred: arguments show in ps; /health answers its "
+                        "status only without the key, /metrics stays open)")
     p.add_argument("--strict-params", action="store_true",
                    help="unknown request fields are a 400 (OpenAI's API) instead of being ignored "
                         "and named in the X-Ignored-Fields header (vLLM's server, the default)")
