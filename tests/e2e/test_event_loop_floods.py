@@ -121,7 +121,8 @@ def wav_bytes(seconds: float, rate: int, channels: int) -> bytes:
 # --------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def served(stack) -> set[str]:
-    index = httpx.post(f"{stack.triton_http_url}/v2/repository/index", json={}, timeout=10).json()
+    index = httpx.post(f"{stack.triton_http_url}/v2/repository/index", json={}, timeout=10,
+                       headers=stack.admin_headers).json()  # a restricted API: the admin key
     return {m["name"] for m in index if m.get("state") == "READY"}
 
 
@@ -136,7 +137,7 @@ def frontend(stack, served, tmp_path_factory):
         pytest.skip("needs piper_tts served")
     models = ["piper_tts"] + [m for m in OPTIONAL if m in served]
     store = tmp_path_factory.mktemp("floods")
-    fe = Frontend(stack.triton_grpc_url, store, store / "frontend.log", models)
+    fe = Frontend(stack.triton_grpc_url, store, store / "frontend.log", models, stack.admin_key)
     fe.cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", stack.triton_grpc_url, "--port", str(fe.port),
               "--models", ",".join(models), "--voice-storage-dir", str(store / "voices"),
               "--video-storage-dir", str(store / "videos"), "--log-level", "warning"]

@@ -33,16 +33,9 @@ async def test_every_malformed_case_is_a_4xx_with_the_openai_error_body(endpoint
     """With ``--strict-params`` (OpenAI's behaviour), so the unknown-field cases are 400s too."""
     engine = AllFake()
     app = create_app(engine, Settings(strict_params=True))
-    failures, statuses = [], {}
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-        for case in mp.cases(endpoint, MODELS, strict_params=True):
-            r = await c.post(case.path, **case.request_kwargs())
-            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-            problem = mp.check(r.status_code, r.content)
-            if problem:
-                failures.append(f"{case.name}: {problem}")
-        assert not failures, f"{len(failures)} of {sum(statuses.values())} cases: " + "\n".join(failures[:40])
+        await _assert_every_case_is_a_4xx(c, mp.cases(endpoint, MODELS, strict_params=True))
         # nothing reached the engine, and the server still serves
         assert engine.requests == [] and engine.images.jobs == [] and engine.speech_started == 0
         valid = mp.valid_request(endpoint, MODELS)
@@ -63,17 +56,10 @@ async def test_every_malformed_form_case_is_a_4xx_with_the_openai_error_body(end
 
     assert len(mp.cases(endpoint, MODELS)) >= 80
     app = fake_app(tmp_path)
-    failures, statuses = [], {}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-            for case in mp.cases(endpoint, MODELS):
-                r = await c.post(case.path, **case.request_kwargs())
-                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-                problem = mp.check(r.status_code, r.content)
-                if problem:
-                    failures.append(f"{case.name}: {problem}")
-            assert not failures, f"{len(failures)} of {sum(statuses.values())} cases: " + "\n".join(failures[:40])
+            await _assert_every_case_is_a_4xx(c, mp.cases(endpoint, MODELS))
             listed = (await c.get("/v1/videos" if endpoint == "videos" else "/v1/audio/voices")).json()
             assert listed.get("data" if endpoint == "videos" else "uploaded_voices") == []
             r = await mp.send_valid(c, endpoint, MODELS)
@@ -101,3 +87,15 @@ async def test_overload_4x_the_admission_limit():
                 assert r.headers["retry-after"] and mp.check(r.status_code, r.content) is None
         assert (await c.post(requests[0][0], json=requests[0][1])).status_code == 200
     assert app.state.admission.inflight == 0
+
+
+async def _assert_every_case_is_a_4xx(client, cases) -> None:
+    """Post every catalogue case; fail listing each one whose answer is not a 4xx in the OpenAI
+    error shape (``malformed_payloads.check``)."""
+    failures = []
+    for case in cases:
+        r = await client.post(case.path, **case.request_kwargs())
+        problem = mp.check(r.status_code, r.content)
+        if problem:
+            failures.append(f"{case.name}: {problem}")
+    assert not failures, f"{len(failures)} of {len(cases)} cases: " + "\n".join(failures[:40])
