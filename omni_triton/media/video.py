@@ -45,12 +45,16 @@ def encode_mp4(frames: np.ndarray, fps: int, crf: int = 18) -> bytes:
         stream = container.add_stream("libx264", rate=Fraction(int(fps), 1))
         stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
         stream.pix_fmt = "yuv420p"
-        stream.time_base = Fraction(1, int(fps))
+        # the frames' time base is 1/fps for good: the MP4 muxer replaces the stream's own time
+        # base when it writes the header (at the first packet, after x264's 40-frame lookahead),
+        # and frames stamped with that one after it had pts far too small (EINVAL past 41 frames)
+        time_base = Fraction(1, int(fps))
+        stream.time_base = time_base
         stream.options = {"crf": str(crf)}
         for i, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")
             frame.pts = i
-            frame.time_base = stream.time_base
+            frame.time_base = time_base
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
