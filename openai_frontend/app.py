@@ -20,7 +20,7 @@ from .metrics import FrontendMetrics
 from .auth import ApiKeyCheck
 from .openapi import install_openapi
 from .middleware import (ApiKey, BodySizeLimit, BrowserGuard, IgnoredFieldsHeader, JsonValueLimit,
-                         SpeechFormToJson, UnexpectedErrors)
+                         SingleHeaders, SpeechFormToJson, UnexpectedErrors)
 from .routers import audio, chat, images, models, observability, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
@@ -178,5 +178,6 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.add_middleware(ApiKey, check=app.state.api_key_check, exempt=tuple(settings.auth_exempt_paths))
     if not settings.api_key:  # with a key, a page cannot authenticate a write it forges
         app.add_middleware(BrowserGuard, allowed_origins=tuple(settings.allowed_origins))
+    app.add_middleware(SingleHeaders)  # before any check reads the first Host/Origin/Authorization
     app.add_middleware(UnexpectedErrors)
     return app

@@ -134,6 +134,8 @@ _CUSTOM_CODES = {"invalid_characters"}
 
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+#: the 400 detail FastAPI raises when a JSON body does not parse (fastapi/routing.py)
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
 
 
 def allowed_methods(request: Request) -> str:
@@ -172,10 +174,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
+        code = _HTTP_CODES.get(exc.status_code)
+        if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:  # FastAPI's JSON body parse failure
+            code = "invalid_json"  # (not JSON, invalid UTF-8, nested too deeply), as read_json_object's
         detail = ErrorDetail(
             message=str(exc.detail),
             type="invalid_request_error" if exc.status_code < 500 else "server_error",
-            code=_HTTP_CODES.get(exc.status_code),
+            code=code,
         )
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:

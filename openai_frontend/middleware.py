@@ -126,6 +126,31 @@ async def _refuse(status: int, detail: ErrorDetail, scope, receive, send, header
     await error_json(status, detail, headers)(scope, receive, send)
 
 
+class SingleHeaders:
+    """400 ``duplicate_header`` for a request (HTTP or WebSocket handshake) with more than one
+    ``Host`` (RFC 9112 section 3.2: a server must answer 400) or more than one ``Origin`` or
+    ``Authorization``: every check downstream reads the first value, and a second one must not
+    be able to slip past it (two ``Host`` headers passed the DNS-rebinding guard)."""
+
+    NAMES = (b"host", b"origin", b"authorization")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        seen: set[bytes] = set()
+        for key, _ in scope.get("headers") or ():
+            if key in self.NAMES:
+                if key in seen:
+                    detail = ErrorDetail(message=f"More than one {key.decode().title()} header",
+                                         type="invalid_request_error", code="duplicate_header")
+                    return await _refuse(400, detail, scope, receive, send)
+                seen.add(key)
+        await self.app(scope, receive, send)
+
+
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 

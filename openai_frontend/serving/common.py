@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+from python_multipart.multipart import parse_options_header
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
@@ -105,6 +108,21 @@ def ignore_fields(request, names: list[str]) -> None:
 
 
 # --------------------------------------------------------------------------- forms
+class _StrictMultiPartParser(MultiPartParser):
+    """Starlette's ``MultiPartParser`` whose text parts must decode in the form's charset
+    (``MultiPartException`` otherwise; Starlette falls back to Latin-1)."""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode(self._charset or "utf-8")
+            except (UnicodeDecodeError, LookupError):
+                raise MultiPartException(f"text part '{part.field_name[:64]}' is not valid "
+                                         f"{self._charset or 'utf-8'}") from None
+        super().on_part_end()
+
+
 async def read_form(request, *, max_files: int, max_fields: int, max_part_size: int = 1 << 20):
     """The request's ``multipart/form-data`` (or urlencoded) form, parsed by Starlette with
     bounds: at most ``max_files`` file parts, ``max_fields`` text fields and ``max_part_size``
@@ -114,11 +132,21 @@ async def read_form(request, *, max_files: int, max_fields: int, max_part_size: 
     Raises:
         OpenAIError: 400 ``invalid_multipart`` for anything Starlette or python-multipart refuse
             (no or empty boundary, broken parts, an unknown charset, too many files or fields,
-            a text field over ``max_part_size``), with their reason.
+            a text field over ``max_part_size``, a text part not valid in the form's charset,
+            UTF-8 by default), with their reason.
         HTTPException: 413 from the frontend's body cap (``middleware.BodyTooLarge``), as is.
     """
     try:
+        if parse_options_header(request.headers.get("content-type", ""))[0] == b"multipart/form-data":
+            # Starlette's own parser, but a text part that is not valid in its charset (UTF-8 by
+            # default) is refused instead of silently read as Latin-1 (a lone surrogate's bytes
+            # became 'í\xa0\x80' in a stored prompt or voice name)
+            async with aclosing(request.stream()) as stream:
+                return await _StrictMultiPartParser(request.headers, stream, max_files=max_files,
+                                                    max_fields=max_fields, max_part_size=max_part_size).parse()
         return await request.form(max_files=max_files, max_fields=max_fields, max_part_size=max_part_size)
+    except MultiPartException as exc:
+        reason = exc.message
     except StarletteHTTPException as exc:  # Starlette's 400 for a MultiPartException; the body cap's 413
         if exc.status_code == 413:
             raise

@@ -406,7 +406,7 @@ async def speech_stream(ws: WebSocket) -> None:
                     await ws.close()
                     return
                 else:
-                    raise bad_request(f"Unknown message type {kind!r}", param="type", code="invalid_message")
+                    raise bad_request(f"Unknown message type {str(kind)[:64]!r}", param="type", code="invalid_message")
             except (OpenAIError, EngineError, ValidationError) as exc:
                 err = _error_fields(exc)
                 await session.error(err["error"], err["code"])

@@ -347,7 +347,7 @@ async def list_videos(request: Request, limit: int = 20, after: str | None = Non
     try:
         records, more = jobs.store.list(limit, after, order)
     except KeyError:
-        raise bad_request(f"after={after!r}: no such video", param="after", code="invalid_value") from None
+        raise bad_request(f"after={after[:64]!r}: no such video", param="after", code="invalid_value") from None
     data = [jobs.to_openai(r) for r in records]
     return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                          "last_id": data[-1]["id"] if data else None, "has_more": more})

@@ -608,3 +608,58 @@ async def test_upload_over_the_cap_is_413():
                          data={"model": "qwen_image_edit", "prompt": "x"})
         assert_error(r, 400)
     assert engine.images.jobs == []
+
+
+# ------------------------------------------------------------------ issue 23: the attack session's findings
+def _multipart(fields: dict[str, bytes], boundary: str = "b") -> dict:
+    body = b"".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n'.encode() + v + b"\r\n"
+                    for k, v in fields.items()) + f"--{boundary}--\r\n".encode()
+    return {"content": body, "headers": {"content-type": f"multipart/form-data; boundary={boundary}"}}
+
+
+@pytest.mark.parametrize("path, fields", [
+    ("/v1/videos", {"model": b"wan_t2v", "prompt": b"\xed\xa0\x80"}),  # an encoded lone surrogate
+    ("/v1/audio/voices", {"name": b"\xed\xa0\x80\xff", "type": b"prompt", "prompt": b"calm"}),
+    ("/v1/images/edits", {"model": b"qwen_image_edit", "prompt": b"\xff\xfe bad"}),
+    ("/v1/audio/speech", {"model": b"piper_tts", "input": b"caf\xe9"}),  # Latin-1, not UTF-8
+])
+async def test_a_text_part_that_is_not_utf8_is_400_not_read_as_latin1(full, path, fields):
+    """Starlette decodes a text part that is not valid UTF-8 as Latin-1: the bytes of a lone
+    surrogate were stored as the prompt 'í\\xa0\\x80' (200). Now a 400 naming the part."""
+    r = await full.post(path, **_multipart(fields))
+    assert_error(r, 400, code="invalid_multipart")
+    assert "not valid utf-8" in r.json()["error"]["message"]
+    listed = (await full.get("/v1/videos")).json()["data"]
+    assert listed == []  # nothing was queued
+
+
+async def test_utf8_text_parts_still_pass(full):
+    r = await full.post("/v1/videos", **_multipart({"model": b"wan_t2v", "prompt": "café ☕".encode()}))
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt"] == "café ☕"
+
+
+@pytest.mark.parametrize("name", ["Host", "Origin", "Authorization"])
+async def test_a_second_host_origin_or_authorization_header_is_400(full, name):
+    """Two ``Host`` headers passed the DNS-rebinding guard (it read the first); RFC 9112 wants 400."""
+    first = {"Host": "127.0.0.1:9000", "Origin": "http://127.0.0.1:9000", "Authorization": "Bearer a"}[name]
+    headers = [(name, first), (name, "evil.example")]
+    r = await full.post("/v1/audio/speech", json=SPEECH, headers=httpx.Headers(headers))
+    assert_error(r, 400, code="duplicate_header")
+    assert (await full.post("/v1/audio/speech", json=SPEECH)).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/audio/speech", "/v1/chat/completions", "/v1/completions",
+                                  "/v1/images/generations", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize("body", [b'{"a":' * 20000 + b"1" + b"}" * 20000, b'{"model": "\xff"}', b"{"])
+async def test_a_json_body_that_does_not_parse_has_a_code(full, path, body):
+    """FastAPI's own parse failure was a 400 with ``code: null``; now ``invalid_json`` as on the
+    routes that read their body themselves."""
+    r = await full.post(path, content=body, headers={"content-type": "application/json"})
+    assert_error(r, 400, code="invalid_json")
+
+
+async def test_an_unknown_after_is_not_echoed_whole(full):
+    r = await full.get("/v1/videos", params={"after": "z" * 10000})
+    assert_error(r, 400, param="after")
+    assert len(r.content) < 1000
