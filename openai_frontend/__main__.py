@@ -110,6 +110,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="values (',', '{', '[' bytes) in one JSON request body (413 beyond, before parsing)")
     p.add_argument("--speech-stream-max-pending-chars", type=int, default=1 << 16,
                    help="unspoken text one speech WebSocket session may hold (error + close 1009 beyond)")
+    p.add_argument("--speech-stream-max-sessions", type=int, default=64,
+                   help="speech WebSocket sessions open at once (one more: error too_many_sessions + close 1013)")
+    p.add_argument("--speech-stream-idle-timeout-s", type=float, default=30.0,
+                   help="close a speech WebSocket session (error idle_timeout + close 1008) without a "
+                        "session.config this long after the handshake, or without a message this long "
+                        "while it has nothing queued or being spoken")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -157,6 +163,8 @@ def main(argv=None) -> None:
         max_prompt_chars=args.max_prompt_chars,
         max_json_values=args.max_json_values,
         speech_stream_max_pending_chars=args.speech_stream_max_pending_chars,
+        speech_stream_max_sessions=args.speech_stream_max_sessions,
+        speech_stream_idle_timeout_s=args.speech_stream_idle_timeout_s,
     )
     try:
         app = create_app(engine, settings)

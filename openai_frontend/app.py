@@ -75,6 +75,11 @@ class Settings:
     speech_stream_max_pending_chars: text one ``WS /v1/audio/speech/stream`` session may hold
         unspoken (its buffer plus the queued sentences); a message that would exceed it gets an
         ``error`` event (``text_too_long``, ``status_code`` 413) and the socket is closed (1009).
+    speech_stream_max_sessions: ``WS /v1/audio/speech/stream`` sessions open at once; one more
+        gets an ``error`` event (``too_many_sessions``, ``status_code`` 429) and is closed (1013).
+    speech_stream_idle_timeout_s: a speech WebSocket session without a ``session.config`` this
+        long after the handshake, or without a message this long while nothing of it is queued
+        or being spoken, gets an ``error`` event (``idle_timeout``) and is closed (1008).
     """
 
     max_inflight: int = 16
@@ -97,6 +102,8 @@ class Settings:
     max_prompt_chars: int = 1 << 18
     max_json_values: int = 1 << 16
     speech_stream_max_pending_chars: int = 1 << 16
+    speech_stream_max_sessions: int = 64
+    speech_stream_idle_timeout_s: float = 30.0
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:

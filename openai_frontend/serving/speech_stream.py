@@ -21,6 +21,10 @@ WebSocket (text in, audio out as sentences complete)::
     server <- {"type": "error", "message", "code"?}   (non-fatal: the session goes on)
     server <- {"type": "error", "message", "code", "param", "status_code": 413}, then close 1009
               (fatal: a size limit, below)
+    server <- {"type": "error", "message", "code": "too_many_sessions", "param", "status_code": 429},
+              then close 1013 (try again later): refused, ``--speech-stream-max-sessions`` are open
+    server <- {"type": "error", "message", "code": "idle_timeout", "param", "status_code": 408},
+              then close 1008: idle for ``--speech-stream-idle-timeout-s`` (below)
 
 Limits, checked before any work on the message: a message longer than ``--max-body-bytes``
 characters or with more than ``--max-json-values`` values (``message_too_large``); text that would leave more than
@@ -28,6 +32,13 @@ characters or with more than ``--max-json-values`` values (``message_too_large``
 buffer plus the sentences queued and not yet spoken (``text_too_long``). Sentence splitting is
 linear in the text (``split_sentences``). ``session.config`` is validated once, off the event
 loop (a ``ref_audio`` clip is decoded once per config, not once per sentence).
+
+Sessions: at most ``--speech-stream-max-sessions`` (64) are open at once in one frontend; one
+more is accepted only to be told ``too_many_sessions`` and closed (1013) before it can send
+anything; a slot is freed however its session ends. Idle sessions are closed (``idle_timeout``,
+1008): one without a ``session.config`` ``--speech-stream-idle-timeout-s`` (30) seconds after the
+handshake, and one that sends no message for that long while nothing of it is queued or being
+spoken (never while its audio is being made or sent; the clock restarts when it is done).
 
 Each complete sentence (``split_sentences``) is queued and synthesised in order by one worker
 while more text arrives. A closed socket cancels the worker, which closes the Triton stream of
@@ -200,6 +211,15 @@ class _Session:
         self.sentences = 0  # queued in the current utterance
         self.queue: asyncio.Queue = asyncio.Queue()
         self.send_lock = asyncio.Lock()
+        #: the worker holds an item (a sentence being synthesised or sent)
+        self.working = False
+        #: loop time of the last message received or queue item finished (the idle clock)
+        self.last_activity = asyncio.get_running_loop().time()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of the session is queued or being spoken."""
+        return not self.working and self.queue.empty()
 
     async def send_json(self, data: dict) -> None:
         async with self.send_lock:
@@ -215,10 +235,15 @@ class _Session:
     async def too_big(self, message: str, code: str, param: str | None = None) -> None:
         """The fatal error of a client over a size limit: an ``error`` event with ``status_code``
         413, then the socket is closed with 1009 (message too big). The caller returns."""
+        await self.fatal(message, code, 413, 1009, param)
+
+    async def fatal(self, message: str, code: str, status_code: int, close_code: int,
+                    param: str | None = None) -> None:
+        """A fatal ``error`` event, then the socket is closed with ``close_code``. The caller returns."""
         await self.send_json({"type": "error", "message": message, "code": code, "param": param,
-                              "status_code": 413})
+                              "status_code": status_code})
         async with self.send_lock:
-            await self.ws.close(code=1009, reason=code)
+            await self.ws.close(code=close_code, reason=code)
 
     async def configure(self, msg: dict) -> None:
         if self.buffer.strip():
@@ -277,13 +302,19 @@ class _Session:
             item = await self.queue.get()
             if item[0] == "close":
                 return
-            if item[0] == "done":
-                await self.send_json({"type": "session.done", "utterance_index": item[1], "total_sentences": item[2]})
-                continue
+            self.working = True
             try:
-                await self.speak(*item[1:])
+                if item[0] == "done":
+                    await self.send_json({"type": "session.done", "utterance_index": item[1],
+                                          "total_sentences": item[2]})
+                    continue
+                try:
+                    await self.speak(*item[1:])
+                finally:
+                    self.queued_chars -= len(item[3])
             finally:
-                self.queued_chars -= len(item[3])
+                self.working = False
+                self.last_activity = asyncio.get_running_loop().time()
 
     async def speak(self, utterance: int, index: int, text: str, body: SpeechRequest, info: ModelInfo,
                     planned: tuple, stream_audio: bool) -> None:
@@ -347,17 +378,73 @@ class _Session:
 
 async def speech_stream(ws: WebSocket) -> None:
     """``WS /v1/audio/speech/stream``: see the module docstring. The API key (when configured)
-    was checked on the handshake by ``middleware.ApiKey``."""
+    was checked on the handshake by ``middleware.ApiKey``.
+
+    At most ``Settings.speech_stream_max_sessions`` sessions at once: the slot is counted before
+    the first ``await`` (no two handshakes can both take the last one) and given back in
+    ``finally`` however the session ends (close, error, disconnect, cancellation)."""
+    state = ws.app.state
+    limit = state.settings.speech_stream_max_sessions
+    open_now = getattr(state, "speech_stream_sessions", 0)
+    if open_now >= limit:
+        await ws.accept()
+        session = _Session(ws)
+        try:
+            await session.fatal(f"{open_now} speech stream sessions are open, the most this server allows; "
+                                "try again later", "too_many_sessions", 429, 1013)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        return
+    state.speech_stream_sessions = open_now + 1
+    try:
+        await _serve(ws)
+    finally:
+        state.speech_stream_sessions -= 1
+
+
+async def _receive_or_idle(session: _Session, receiver: asyncio.Future, worker: asyncio.Task,
+                           config_deadline: float) -> set:
+    """Wait for the next message or the worker's end: the finished ones; empty when the session
+    has been idle too long (``Settings.speech_stream_idle_timeout_s``). Never empty while the
+    worker holds an item or has one queued."""
+    loop = asyncio.get_running_loop()
+    idle_s = session.state.settings.speech_stream_idle_timeout_s
+    while True:
+        if session.body is None and session.idle:
+            deadline = config_deadline
+        elif session.idle:
+            deadline = session.last_activity + idle_s
+        else:
+            deadline = None  # speaking: look again when that is done (or at the idle period)
+        timeout = idle_s if deadline is None else deadline - loop.time()
+        if deadline is not None and timeout <= 0:
+            return set()
+        done, _ = await asyncio.wait({receiver, worker}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if done:
+            return done
+
+
+async def _serve(ws: WebSocket) -> None:
     await ws.accept()
     session = _Session(ws)
+    config_deadline = session.last_activity + session.state.settings.speech_stream_idle_timeout_s
     worker = asyncio.create_task(session.worker())
+    receiver = None
     try:
         while True:
             receiver = asyncio.ensure_future(ws.receive())
-            done, _ = await asyncio.wait({receiver, worker}, return_when=asyncio.FIRST_COMPLETED)
+            done = await _receive_or_idle(session, receiver, worker, config_deadline)
+            if not done:
+                receiver.cancel()
+                idle_s = session.state.settings.speech_stream_idle_timeout_s
+                await session.fatal(f"No session.config within {idle_s:g} s of the handshake" if session.body is None
+                                    else f"No message for {idle_s:g} s with nothing to speak",
+                                    "idle_timeout", 408, 1008)
+                return
             if worker in done:  # the worker failed (socket gone while sending): see finally
                 receiver.cancel()
                 return
+            session.last_activity = asyncio.get_running_loop().time()
             message = receiver.result()
             if message["type"] == "websocket.disconnect":
                 return
@@ -413,6 +500,8 @@ async def speech_stream(ws: WebSocket) -> None:
     except WebSocketDisconnect:
         return
     finally:
+        if receiver is not None and not receiver.done():
+            receiver.cancel()
         if not worker.done():
             worker.cancel()  # closes the Triton stream of the sentence being spoken
         try:

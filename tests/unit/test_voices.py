@@ -553,6 +553,99 @@ def test_ws_needs_the_api_key(engine, settings):
             assert ws.receive_json() == {"type": "session.done", "utterance_index": 0, "total_sentences": 0}
 
 
+def _receive_within(ws, seconds: float = 10.0) -> dict:
+    """The next message of ``ws``, or a failure after ``seconds`` (TestClient's receive has no
+    timeout: a server that never answers would hang the test)."""
+    import threading
+
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(ws.receive()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert box, f"nothing from the server within {seconds} s"
+    return box[0]
+
+
+def _closed_with(ws) -> int:
+    """The close code of the next message, which must be the close."""
+    msg = _receive_within(ws)
+    assert msg["type"] == "websocket.close", msg
+    return msg["code"]
+
+
+def test_ws_sessions_are_capped_and_slots_come_back(engine, settings):
+    """The N+1-th session is refused (error too_many_sessions, 429, close 1013) while N are open;
+    a slot is free again once one of them ends."""
+    from contextlib import ExitStack
+
+    settings.speech_stream_max_sessions = 2
+    app = create_app(engine, settings)
+    with TestClient(app) as tc, ExitStack() as stack:
+        first, _second = (stack.enter_context(tc.websocket_connect("/v1/audio/speech/stream")) for _ in range(2))
+        with tc.websocket_connect("/v1/audio/speech/stream") as third:
+            event = json.loads(_receive_within(third)["text"])
+            assert (event["type"], event["code"], event["status_code"]) == ("error", "too_many_sessions", 429)
+            assert _closed_with(third) == 1013
+        first.close(1000)  # one ends: its slot comes back (counted down in the handler's finally)
+        deadline = time.monotonic() + 10
+        while app.state.speech_stream_sessions != 1:
+            assert time.monotonic() < deadline, "the closed session's slot never came back"
+            time.sleep(0.01)
+        with tc.websocket_connect("/v1/audio/speech/stream") as again:
+            again.send_json({"type": "session.config", "model": "piper_tts"})
+            again.send_json({"type": "input.done"})
+            assert json.loads(_receive_within(again)["text"])["type"] == "session.done"
+    assert app.state.speech_stream_sessions == 0  # every path gave its slot back
+
+
+def test_ws_silent_sessions_are_closed(engine, settings):
+    """No session.config after the handshake, or no message (nothing to speak) after one: closed
+    with an idle_timeout error and 1008."""
+    settings.speech_stream_idle_timeout_s = 0.3
+    with ws_client(engine, settings) as tc:
+        with tc.websocket_connect("/v1/audio/speech/stream") as ws:  # sends nothing at all
+            event = json.loads(_receive_within(ws)["text"])
+            assert (event["type"], event["code"]) == ("error", "idle_timeout")
+            assert _closed_with(ws) == 1008
+        with tc.websocket_connect("/v1/audio/speech/stream") as ws:  # configured, then silent
+            ws.send_json({"type": "session.config", "model": "piper_tts"})
+            ws.send_json({"type": "input.text", "text": "half a sentence"})  # buffered, not queued
+            event = json.loads(_receive_within(ws)["text"])
+            assert (event["type"], event["code"]) == ("error", "idle_timeout")
+            assert _closed_with(ws) == 1008
+        assert tc.app.state.speech_stream_sessions == 0
+
+
+class _SlowEngine(FakeEngine):
+    """Each chunk takes ``delay`` seconds to make."""
+
+    delay = 0.5
+
+    async def synthesize(self, model, text, voice=None, speed=None, options=None, paced=False):
+        async for chunk, rate in super().synthesize(model, text, voice, speed, options, paced):
+            await asyncio.sleep(self.delay)
+            yield chunk, rate
+
+
+def test_ws_speaking_session_is_not_idle():
+    """A session whose sentence takes 5x the idle timeout to synthesise gets its audio (no
+    idle_timeout while it is spoken); once done and silent, the idle clock runs again."""
+    engine = _SlowEngine()
+    settings = Settings(speech_stream_idle_timeout_s=0.3)
+    with ws_client(engine, settings) as tc, tc.websocket_connect("/v1/audio/speech/stream") as ws:
+        ws.send_json({"type": "session.config", "model": "piper_tts", "response_format": "wav"})
+        ws.send_json({"type": "input.text", "text": "A slow sentence. "})  # then silence: 1.5 s of synthesis
+        start = json.loads(_receive_within(ws)["text"])
+        assert start["type"] == "audio.start", start
+        assert _receive_within(ws).get("bytes")
+        done = json.loads(_receive_within(ws)["text"])
+        assert done["type"] == "audio.done" and not done["error"]
+        event = json.loads(_receive_within(ws)["text"])
+        assert (event["type"], event["code"]) == ("error", "idle_timeout")
+        assert _closed_with(ws) == 1008
+    assert engine.completed == 1 and engine.cancelled == 0
+
+
 @pytest.mark.parametrize("model, expect", [("piper_tts", {"nova": "joe"}), ("llm_tts", {"alloy": "joe"}),
                                            ("tts", {"nova": "3", "alloy": "0"}),
                                            ("omni", {"nova": "Chelsie", "onyx": "Aiden"})])
