@@ -9,8 +9,11 @@ call lives in ``omni_triton.stages.diffusion`` and is unit-tested without Triton
 import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
-from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, is_cancelled, log, scalar_input
+from omni_triton.adapters.triton_io import (
+    forward_logs_to_triton, input_array, is_cancelled, log, optional_str_input, scalar_input,
+)
 from omni_triton.contracts import image as im
+from omni_triton.contracts.tensors import MAX_DIFFUSION_PROMPT_CHARS
 
 
 class _DiffusionStage(BatchedStage):
@@ -32,8 +35,11 @@ class TextEncoder(_DiffusionStage):
     no CFG), float32. Logic: ``omni_triton.stages.diffusion.encode_prompts``."""
 
     def parse(self, request):
-        prompt = scalar_input(request, im.PROMPT, str)
-        negative = scalar_input(request, im.NEGATIVE_PROMPT, str, required=False) or ""
+        prompt = optional_str_input(request, im.PROMPT, MAX_DIFFUSION_PROMPT_CHARS, im.ImageInputError)
+        if prompt is None:
+            raise im.ImageInputError(f"missing input {im.PROMPT}")
+        negative = optional_str_input(request, im.NEGATIVE_PROMPT, MAX_DIFFUSION_PROMPT_CHARS,
+                                      im.ImageInputError) or ""
         if not prompt.strip():
             raise im.ImageInputError("PROMPT is empty")
         image = None

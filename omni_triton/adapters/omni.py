@@ -17,7 +17,8 @@ from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_array, optional_input, optional_str_input, required_array
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import PACED, first_str, scalar_array, utf8_array
+from omni_triton.contracts.tensors import PACED, first_str, media_messages_chars, scalar_array, utf8_array
+from omni_triton.media.inputs import MediaLimits
 from omni_triton.stages.chunking import FrameGroups, emit_frames
 
 
@@ -25,6 +26,18 @@ def _checkpoint(params):
     from omni_triton.checkpoints.qwen3_omni import checkpoint_dir
 
     return checkpoint_dir(params.get("model_name", "qwen3-omni-tiny"))
+
+
+def _messages_chars(params) -> int:
+    """MESSAGES cap with the media parts the config allows inline (``max_media_parts`` x
+    ``max_media_part_bytes``)."""
+    d = MediaLimits()
+    return media_messages_chars(int(params.get("max_media_parts", d.max_parts)),
+                                int(params.get("max_media_part_bytes", d.max_part_bytes)))
+
+
+#: before ``setup`` reads the config: the ``MediaLimits`` defaults
+_DEFAULT_MESSAGES_CHARS = media_messages_chars(MediaLimits.max_parts, MediaLimits.max_part_bytes)
 
 
 def _processor(params):
@@ -86,7 +99,10 @@ class OmniThinkerStage(DecoupledStage):
         active=("omni_thinker_active", "Thinker requests being generated (per instance)", "gauge"),
     )
 
+    messages_chars = _DEFAULT_MESSAGES_CHARS  # MESSAGES cap (inline media parts included)
+
     def setup(self, args, params):
+        self.messages_chars = _messages_chars(params)
         from omni_triton.stages.qwen3_omni import OmniThinker
 
         set_torch_threads()
@@ -102,7 +118,8 @@ class OmniThinkerStage(DecoupledStage):
         streamed = talker_inputs and bool(optional_input(request, ch.ASYNC_CHUNK) or False)
         given = MultimodalInputs(**_read_media(request, ch.MEDIA_TENSORS))
         ids, sampling, media = prepare_multimodal_request(
-            self.thinker, *read_chat_request(request), self.default_max_tokens, self.max_model_len, talker_inputs,
+            self.thinker, *read_chat_request(request, self.messages_chars), self.default_max_tokens,
+            self.max_model_len, talker_inputs,
             self.processor, given)
         return ids, sampling, talker_inputs, streamed, media
 
@@ -160,7 +177,10 @@ class OmniTalkerStage(DecoupledStage):
         active=("omni_talker_active", "Talker requests being generated (per instance)", "gauge"),
     )
 
+    messages_chars = _DEFAULT_MESSAGES_CHARS  # MESSAGES cap (inline media parts included)
+
     def setup(self, args, params):
+        self.messages_chars = _messages_chars(params)
         from omni_triton.stages.qwen3_omni import OmniTalker, TalkerSettings
 
         set_torch_threads()
@@ -179,7 +199,7 @@ class OmniTalkerStage(DecoupledStage):
 
         settings = self._settings(request)
         voice = optional_str_input(request, ch.VOICE) or self.default_voice
-        text_inputs = read_chat_request(request)
+        text_inputs = read_chat_request(request, self.messages_chars)
         if text_inputs[0] is not None or text_inputs[1] is not None:  # speak while thinking
             self.talker.speaker_id(voice)  # unknown voice: INVALID_ARG before the thinker starts
             return _AsyncTalkerJob(chat_request_pairs(text_inputs), voice, settings)
@@ -322,7 +342,10 @@ class OmniPipeline(DecoupledStage):
     per_instance_metrics = True  # several instances (stub processes)
     thinker, talker, code2wav = "omni_thinker", "omni_talker", "omni_code2wav"
 
+    messages_chars = _DEFAULT_MESSAGES_CHARS  # MESSAGES cap (inline media parts included)
+
     def setup(self, args, params):
+        self.messages_chars = _messages_chars(params)
         from omni_triton.runtime.cancel_flags import CancelFlags
         from omni_triton.stages.chunking import schedule_params
         from omni_triton.stages.qwen3_omni import ChatTokenizer
@@ -348,7 +371,7 @@ class OmniPipeline(DecoupledStage):
         voice = ch.match_voice(optional_str_input(request, ch.VOICE), self.voices, self.default_voice,
                                case_sensitive=False)
         audio = "audio" in modalities
-        prompt, messages, sampling = read_chat_request(request)
+        prompt, messages, sampling = read_chat_request(request, self.messages_chars)
         media = None
         if messages is not None:
             # media parts are decoded and processed here, once: the thinker gets placeholders + tensors

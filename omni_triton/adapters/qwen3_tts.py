@@ -14,7 +14,7 @@ from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage
 from omni_triton.adapters.triton_io import input_array, optional_input, optional_str_input
 from omni_triton.contracts import qwen3_tts as q
-from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, TEXT, code2wav_inputs
+from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, TEXT, code2wav_inputs, max_input_chars
 from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, scalar_array, utf8_array
 
 CHECKPOINT = "qwen3-tts-tiny"
@@ -146,6 +146,7 @@ class Qwen3TtsVoicePromptStage(BatchedStage):
         self.form = Qwen3TtsForm(_checkpoint(params) / "base")
         self.min_seconds = float(params.get("min_ref_seconds", "0.5"))
         self.max_seconds = float(params.get("max_ref_seconds", "60"))
+        self.max_input_chars = max_input_chars(params, "4096")  # REF_TEXT (the frontend's ref_text cap)
 
     def parse(self, request):
         from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
@@ -159,7 +160,8 @@ class Qwen3TtsVoicePromptStage(BatchedStage):
         audio = input_array(request, q.REF_AUDIO)
         audio = np.asarray(audio, np.float32).reshape(-1)
         rate = int(np.asarray(input_array(request, q.REF_SAMPLE_RATE)).reshape(-1)[0])
-        ref_text = optional_str_input(request, q.REF_TEXT) or None
+        ref_text = optional_str_input(request, q.REF_TEXT, self.max_input_chars, q.Qwen3TtsInputError,
+                                      "max_input_chars") or None
         xvec = optional_input(request, q.X_VECTOR_ONLY)
         xvec = bool(xvec) if xvec is not None else False
         if not 8000 <= rate <= 192000:
@@ -201,15 +203,17 @@ class Qwen3TtsPipeline(DecoupledStage):
         self.voices = [v.strip() for v in params.get("voices", "").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0] if self.voices else "")
         self.sample_rate = int(params.get("sample_rate", "24000"))
+        self.max_input_chars = max_input_chars(params, "2000")
         self.talker_flags = CancelFlags.for_server()
 
     def parse(self, request):
         from omni_triton.stages.qwen3_tts.request import choose_task
 
-        text = optional_str_input(request, TEXT) or ""
+        text = self._text(request, TEXT) or ""
         if not text.strip():
             raise q.Qwen3TtsInputError("TEXT must not be empty")
-        voice, instructions = optional_str_input(request, VOICE), optional_str_input(request, q.INSTRUCTIONS)
+        voice, instructions = optional_str_input(request, VOICE), self._text(request, q.INSTRUCTIONS)
+        self._text(request, q.REF_TEXT)  # forwarded as sent to qwen3_tts_voice_prompt: bounded here
         prompt = optional_input(request, q.VOICE_PROMPT)
         ref_audio = optional_input(request, q.REF_AUDIO)
         has_ref = ref_audio is not None
@@ -228,6 +232,10 @@ class Qwen3TtsPipeline(DecoupledStage):
                     ref.append((name, np.asarray(value).reshape(-1)))
             job["ref"] = ref
         return job
+
+    def _text(self, request, name):
+        """Text input ``name``, refused over the model's ``max_input_chars`` (before any work)."""
+        return optional_str_input(request, name, self.max_input_chars, q.Qwen3TtsInputError, "max_input_chars")
 
     def _decode(self, codes, left, due_s=None):
         return call_stage(self.code2wav, code2wav_inputs(codes, left, due_s), [AUDIO])[AUDIO].reshape(-1).astype(np.float32)

@@ -12,6 +12,11 @@ from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_input, optional_str_input, required_array
+
+
+def request_text(request, name: str, max_input_chars: int) -> str | None:
+    """A speech text input, refused (``SpeechInputError``) over the model's ``max_input_chars``."""
+    return optional_str_input(request, name, max_input_chars, sp.SpeechInputError, "max_input_chars")
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import scalar_array, utf8_array
 from omni_triton.stages.chunking import FrameGroups
@@ -34,15 +39,20 @@ class PiperTts(DecoupledStage):
         from omni_triton.paths import model_dir
         from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
 
+        self.read_params(params)
         voices = discover_voices(model_dir("piper-voices"))
         if not voices:
             raise RuntimeError(f"no Piper voices under {model_dir('piper-voices')}; run `omni-triton prepare`")
         self.speaker = PiperSpeaker(voices)
 
+    def read_params(self, params):
+        """Parameters read without loading voices (``setup`` calls it first)."""
+        self.max_input_chars = sp.max_input_chars(params, "4096")
+
     def parse(self, request):
         speed = optional_input(request, sp.SPEED)
-        return (optional_str_input(request, sp.TEXT) or "", optional_str_input(request, sp.VOICE) or None,
-                1.0 if speed is None else float(speed))
+        text = request_text(request, sp.TEXT, self.max_input_chars) or ""
+        return (text, optional_str_input(request, sp.VOICE) or None, 1.0 if speed is None else float(speed))
 
     def generate(self, job, stream):
         text, voice, speed = job
@@ -157,14 +167,14 @@ class TtsPipeline(DecoupledStage):
         self.voices = [v.strip() for v in params.get("voices", "0").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
-        self.max_input_chars = int(params.get("max_input_chars", "2000"))
+        self.max_input_chars = sp.max_input_chars(params, "2000")
         self.budget = sp.FrameBudget(float(params.get("max_frames_per_char", "2.5")),
                                      int(params.get("min_max_frames", "100")))
         self.talker_flags = CancelFlags.for_server()
 
     def parse(self, request):
         text, speaker = sp.parse_tts_request(
-            optional_str_input(request, sp.TEXT), optional_str_input(request, sp.VOICE),
+            request_text(request, sp.TEXT, self.max_input_chars), optional_str_input(request, sp.VOICE),
             optional_input(request, sp.SPEED), self.voices, self.default_voice, self.max_input_chars)
         max_frames = optional_input(request, sp.MAX_FRAMES)
         return _TtsJob(text, speaker, self.budget.for_text(text) if max_frames is None else int(max_frames),

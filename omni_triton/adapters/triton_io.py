@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, InputError, first_str, utf8_array
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, InputError, bounded_str, first_str, utf8_array
 
 
 def _pb():
@@ -164,14 +164,22 @@ def optional_input(request, name: str) -> Any:
     return array[0] if array.size else None
 
 
-def optional_str_input(request, name: str) -> str | None:
-    """First element of an optional BYTES input decoded as UTF-8, or ``None`` when absent.
+def optional_str_input(request, name: str, max_chars: int | None = None, error: type[Exception] = InputError,
+                       limit: str = "max_chars") -> str | None:
+    """First element of an optional BYTES input decoded as UTF-8, or ``None`` when absent; with
+    ``max_chars``, refused (``error``) over that many characters (bytes bounded before decoding,
+    :func:`~omni_triton.contracts.tensors.bounded_str`).
 
     Raises:
         UnicodeDecodeError: not UTF-8 (the stage bases answer it as INVALID_ARG).
+        error: over ``max_chars``.
     """
     tensor = _pb().get_input_tensor_by_name(request, name)
-    return None if tensor is None else first_str(tensor.as_numpy())
+    if tensor is None:
+        return None
+    if max_chars is None:
+        return first_str(tensor.as_numpy())
+    return bounded_str(tensor.as_numpy(), name, max_chars, error, limit)
 
 
 def input_array(request, name: str, required: bool = True):

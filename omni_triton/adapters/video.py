@@ -33,7 +33,7 @@ from omni_triton.adapters.triton_io import (
     scalar_input,
 )
 from omni_triton.contracts import video as vc
-from omni_triton.contracts.tensors import REQUEST_ID, InputError, scalar_array, utf8_array
+from omni_triton.contracts.tensors import MAX_DIFFUSION_PROMPT_CHARS, REQUEST_ID, InputError, scalar_array, utf8_array
 
 LOGGER = logging.getLogger("omni_triton.video")
 
@@ -60,10 +60,12 @@ class TextEncoder(BatchedStage):
         self.wan, self.pipe = _load(params)
 
     def parse(self, request):
-        prompt = scalar_input(request, vc.PROMPT, str)
+        prompt = optional_str_input(request, vc.PROMPT, MAX_DIFFUSION_PROMPT_CHARS, vc.VideoInputError)
+        if prompt is None:
+            raise vc.VideoInputError(f"missing input {vc.PROMPT}")
         if not prompt.strip():
             raise vc.VideoInputError("PROMPT is empty")
-        negative = scalar_input(request, vc.NEGATIVE_PROMPT, str, required=False)
+        negative = optional_str_input(request, vc.NEGATIVE_PROMPT, MAX_DIFFUSION_PROMPT_CHARS, vc.VideoInputError)
         return prompt, negative
 
     def run(self, items):
@@ -252,10 +254,11 @@ class WanT2VPipeline(DecoupledStage):
         self.denoiser_flags = CancelFlags.for_server()
 
     def parse(self, request):
-        prompt = optional_str_input(request, vc.PROMPT) or ""
+        prompt = optional_str_input(request, vc.PROMPT, MAX_DIFFUSION_PROMPT_CHARS, vc.VideoInputError) or ""
         if not prompt.strip():
             raise vc.VideoInputError("PROMPT is empty")
-        negative = optional_str_input(request, vc.NEGATIVE_PROMPT) or ""
+        negative = optional_str_input(request, vc.NEGATIVE_PROMPT, MAX_DIFFUSION_PROMPT_CHARS,
+                                      vc.VideoInputError) or ""
         return prompt, negative, parse_request_scalars(request, self.limits)
 
     def condition_inputs(self, job) -> list:

@@ -64,6 +64,19 @@ class FrameBudget:
         return max(self.floor, math.ceil(len(text) * self.frames_per_char))
 
 
+def max_input_chars(params, default: str) -> int:
+    """The model's ``max_input_chars`` parameter (``config.pbtxt``): the stage's own cap on TEXT
+    (and INSTRUCTIONS/REF_TEXT), the same one the frontend applies to speech ``input``.
+
+    Raises:
+        ValueError: not a positive integer.
+    """
+    value = int(params.get("max_input_chars", default))
+    if value < 1:
+        raise ValueError(f"max_input_chars must be positive, got {value}")
+    return value
+
+
 def parse_tts_request(text: str | None, voice: str | None, speed, voices: Sequence[str], default_voice: str,
                       max_input_chars: int) -> tuple[str, int]:
     """Validate a ``tts`` request; return ``(text, speaker_id)``.

@@ -111,6 +111,53 @@ def first_str(array: np.ndarray | None) -> str | None:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+#: Stage-side caps on client text (docs/speech_contracts.md, docs/chat_contracts.md): Triton's
+#: inference port is reachable without the frontend, so each stage bounds its own text inputs.
+#: Chat/LLM prompt text: the frontend's ``--max-prompt-chars`` default (``Settings.max_prompt_chars``).
+MAX_PROMPT_CHARS = 1 << 18
+#: MESSAGES is that text plus its JSON framing (roles, quotes, escapes).
+MAX_MESSAGES_CHARS = 2 * MAX_PROMPT_CHARS
+
+
+def media_messages_chars(max_parts: int, max_part_bytes: int) -> int:
+    """The MESSAGES cap of a model that takes media parts inline (``omni``): the text's cap plus
+    ``max_parts`` base64 data URLs of ``max_part_bytes`` decoded bytes each (and their framing)."""
+    return MAX_MESSAGES_CHARS + max_parts * (4 * -(-max_part_bytes // 3) + 4096)
+
+
+#: diffusion (image/video) PROMPT and NEGATIVE_PROMPT: the frontend's ``MAX_NEGATIVE_PROMPT_CHARS``.
+MAX_DIFFUSION_PROMPT_CHARS = 32_000
+#: UTF-8 spends at most 4 bytes on a character: the byte bound checked before decoding.
+UTF8_MAX_BYTES = 4
+
+
+def bounded_str(array: np.ndarray | None, name: str, max_chars: int, error: type[Exception] = InputError,
+                limit: str = "max_chars") -> str | None:
+    """:func:`first_str` of input ``name``, refused when longer than ``max_chars`` characters.
+
+    The raw bytes are bounded first (``UTF8_MAX_BYTES * max_chars``), so an oversize tensor is
+    refused without being decoded. ``limit`` names the bound in the message (e.g. the config
+    parameter ``max_input_chars``).
+
+    Raises:
+        error: over the byte or the character bound (``invalid input: NAME ...``).
+        UnicodeDecodeError: the bytes are not UTF-8.
+    """
+    if array is None:
+        return None
+    flat = array.reshape(-1)
+    if not flat.size:
+        return None
+    value = flat[0]
+    if isinstance(value, (bytes, bytearray)) and len(value) > UTF8_MAX_BYTES * max_chars:
+        raise error(f"{name} has {len(value)} bytes, more than {limit}={max_chars} characters allow "
+                    f"({UTF8_MAX_BYTES * max_chars} bytes)")
+    text = value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+    if len(text) > max_chars:
+        raise error(f"{name} has {len(text)} characters, more than {limit}={max_chars}")
+    return text
+
+
 def scalar_array(value, datatype: str) -> np.ndarray:
     """A one-element array of Triton datatype ``datatype`` (``"INT32"``, ``"FP32"``, ``"BOOL"``...)."""
     return np.array([value], dtype=NUMPY_DTYPES[datatype])
