@@ -102,13 +102,18 @@ def first_str(array: np.ndarray | None) -> str | None:
     Raises:
         UnicodeDecodeError: the bytes are not UTF-8.
     """
+    value = _first(array)
+    if value is None:
+        return None
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _first(array: np.ndarray | None):
+    """The first element of ``array``; ``None`` for ``None`` or an empty array."""
     if array is None:
         return None
     flat = array.reshape(-1)
-    if not flat.size:
-        return None
-    value = flat[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    return flat[0] if flat.size else None
 
 
 #: Stage-side caps on client text (docs/speech_contracts.md, docs/chat_contracts.md): Triton's
@@ -143,12 +148,9 @@ def bounded_str(array: np.ndarray | None, name: str, max_chars: int, error: type
         error: over the byte or the character bound (``invalid input: NAME ...``).
         UnicodeDecodeError: the bytes are not UTF-8.
     """
-    if array is None:
+    value = _first(array)
+    if value is None:
         return None
-    flat = array.reshape(-1)
-    if not flat.size:
-        return None
-    value = flat[0]
     if isinstance(value, (bytes, bytearray)) and len(value) > UTF8_MAX_BYTES * max_chars:
         raise error(f"{name} has {len(value)} bytes, more than {limit}={max_chars} characters allow "
                     f"({UTF8_MAX_BYTES * max_chars} bytes)")
