@@ -1,8 +1,8 @@
 """``omni-triton``: prepare the embedded default models and serve them on tritonserver.
 
 Commands:
-    omni-triton prepare [--models piper_tts,tts]
-    omni-triton serve   [--models piper_tts,tts] [--port 9000] [--triton-http-port 8000] ...
+    omni-triton prepare [--models piper,csm]
+    omni-triton serve   [--models piper,csm] [--port 9000] [--triton-http-port 8000] ...
     omni-triton models  (lists the models of the repositories and what they depend on)
 
 ``serve`` prepares what the models need, starts tritonserver with only those models, waits for
@@ -38,7 +38,7 @@ from omni_triton.launcher import (
 #: seconds a server that wrote a fatal ``Signal (N) received.`` line may take to exit on its own
 WEDGED_GRACE_S = 10.0
 
-DEFAULT_MODELS = "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts"
+DEFAULT_MODELS = "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts"
 
 
 def _model_list(text: str) -> list[str]:
@@ -205,7 +205,7 @@ class _StubWatch:
 
     A stub is known from :meth:`TritonServer.track_stub_families` scans (every tick, at start and
     right after each reload). One that dies before any scan saw it (CI: test_chaos killed
-    piper_tts ~2 s after READY, before the first tick) has no family to report; its model is
+    piper ~2 s after READY, before the first tick) has no family to report; its model is
     still reported, as ``"unseen": True`` with no children killed, when
     :meth:`TritonServer.models_without_stub` finds it missing. Missing stubs are listed *before*
     the scan, so a stub seen once is always reported by the scan, never twice.

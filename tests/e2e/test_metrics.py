@@ -34,8 +34,8 @@ def _series(stack, name):
 def test_stage_audio_and_bls_metrics_after_requests(stack):
     streams = stack.metric("omni_audio_streams_total", model="piper_tts")
     finished = stack.metric("omni_stage_requests_finished_total", model="piper_tts", reason="stop")
-    calls = stack.metric("omni_bls_calls_total", model="tts", target="tts_talker")
-    batches = stack.metric("omni_stage_batch_size_count", model="tts_code2wav")
+    calls = stack.metric("omni_bls_calls_total", model="tts", target="csm_talker")
+    batches = stack.metric("omni_stage_batch_size_count", model="csm_code2wav")
     _speech(stack, "piper_tts", "One sentence here. And a second one.", stream=True)
     _speech(stack, "tts", "Hi there.", stream=False)
     served = {m["id"] for m in httpx.get(f"{stack.frontend_url}/v1/models", timeout=30).json()["data"]}
@@ -62,12 +62,12 @@ def test_stage_audio_and_bls_metrics_after_requests(stack):
     rtf_sum = stack.metric("omni_audio_rtf_sum", model="piper_tts")
     assert rtf_sum > 0
     # the tts BLS: one talker stream and its code2wav calls, bytes both ways, time waited
-    assert stack.metric("omni_bls_calls_total", model="tts", target="tts_talker") == calls + 1
-    assert stack.metric("omni_bls_calls_total", model="tts", target="tts_code2wav") >= 1
-    assert stack.metric("omni_bls_transfer_bytes_total", model="tts", target="tts_code2wav", direction="received") > 0
-    assert stack.metric("omni_bls_transfer_bytes_total", model="tts", target="tts_talker", direction="sent") > 0
-    assert stack.metric("omni_bls_transfer_seconds_total", model="tts", target="tts_talker") > 0
-    assert stack.metric("omni_stage_batch_size_count", model="tts_code2wav") > batches
+    assert stack.metric("omni_bls_calls_total", model="tts", target="csm_talker") == calls + 1
+    assert stack.metric("omni_bls_calls_total", model="tts", target="csm_code2wav") >= 1
+    assert stack.metric("omni_bls_transfer_bytes_total", model="tts", target="csm_code2wav", direction="received") > 0
+    assert stack.metric("omni_bls_transfer_bytes_total", model="tts", target="csm_talker", direction="sent") > 0
+    assert stack.metric("omni_bls_transfer_seconds_total", model="tts", target="csm_talker") > 0
+    assert stack.metric("omni_stage_batch_size_count", model="csm_code2wav") > batches
     assert _eventually(lambda: stack.metric("omni_stage_requests_running", model="piper_tts") == 0)
 
 

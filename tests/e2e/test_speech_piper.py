@@ -108,7 +108,7 @@ def test_streamed_speech_is_paced_to_its_listener(stack):
     Unpaced the whole answer arrives within a second or two (red: remove PACED in the frontend or
     set max_lead_ms 0). A lower bound only: a slow machine makes it later, never earlier."""
     text = " ".join(f"This is sentence number {n} of a paced answer, spoken by the Piper voice." for n in (1, 2, 3))
-    lead_s = 2.0  # model_repository/piper_tts/config.pbtxt max_lead_ms
+    lead_s = 2.0  # model_repository/piper/config.pbtxt max_lead_ms
     arrivals: list[tuple[float, float]] = []  # (arrival s, audio s) per delta
     with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", timeout=300,
                       json={"model": "piper_tts", "voice": "joe", "input": text,
@@ -152,7 +152,7 @@ def test_raw_stream_with_sdk(stack):
 
 def test_grpc_stream_direct_to_piper(stack):
     text = "One sentence. Another sentence. A third."
-    result = stream_tts(stack.triton_grpc_url, "piper_tts", text)
+    result = stream_tts(stack.triton_grpc_url, "piper", text)
     assert len(result.chunks) == 3 and result.sample_rate == 22050
     assert_speech_like(result.audio, 22050, text)
 
@@ -163,7 +163,7 @@ def test_grpc_first_audio_arrives_before_the_last_sentence_is_synthesised(stack)
     below the whole answer's seconds)."""
     before = stack.metric("omni_tts_audio_seconds_total", model="piper_tts")
     at_first = []
-    result = stream_tts(stack.triton_grpc_url, "piper_tts", LONG_TEXT, on_chunk=lambda i, _: i == 0 and at_first.append(
+    result = stream_tts(stack.triton_grpc_url, "piper", LONG_TEXT, on_chunk=lambda i, _: i == 0 and at_first.append(
         stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - before))
     total = result.audio.size / result.sample_rate
     assert len(result.chunks) >= 12 and at_first
@@ -290,7 +290,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
         time.sleep(1)
     assert [p.pid for p in piper_stubs()] != [stub.pid]
     assert "reloading piper_tts" in open(stack.log_path).read()
-    wait_for_stub_death_report(stack, "piper_tts", log_from)  # this test's report, not the next one's
+    wait_for_stub_death_report(stack, "piper", log_from)  # this test's report, not the next one's
 
 
 def test_nothing_to_speak_counts_as_a_client_error(stack):
