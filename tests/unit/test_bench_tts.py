@@ -115,7 +115,7 @@ def test_scheduling_summary_compares_modes_against_the_target():
     assert bad["ttfp_p50_growth"] == pytest.approx(7.0) and not bad["target_met"]
     assert bad["underrun_s_total"]["8"] == pytest.approx(0.4) and bad["continuity_rate"]["8"] == 0.0
     ratios = b.all_ratios(results)
-    assert "frontend_vs_inprocess:fifo" in ratios["tts"]["1"]
+    assert "frontend_vs_inprocess:fifo" in ratios["csm"]["1"]
     assert b.split_label("frontend:fifo") == ("frontend", "fifo") and b.path_label("inprocess", "fifo") == "inprocess"
     assert "frontend:deadline" in b.format_scheduling(b.scheduling_summary(results))
     assert "frontend:fifo" in b.format_table(results, ratios)

@@ -256,7 +256,7 @@ def test_scaling_plan_is_linked_and_quotes_the_measured_figures():
     plan = (ROOT / "docs" / "scaling.md").read_text()
     measured = _readme_rps()
     quoted = re.findall(r"^\| `(\w+)` \| ([\d.]+) \|", plan, re.M)
-    assert {m for m, _ in quoted} >= {"piper", "llm", "llm_tts", "qwen_image"}
+    assert {m for m, _ in quoted} >= {"piper_tts", "llm", "llm_tts", "qwen_image"}
     for model, rps in quoted:
         assert measured[model] == rps, (model, rps, measured.get(model))
 

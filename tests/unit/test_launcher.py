@@ -163,7 +163,7 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
         [sys.executable, "-m", "omni_triton", "serve", "--models", "piper", "--no-frontend",
          "--triton-http-port", str(http), "--triton-grpc-port", str(grpc_port),
          "--triton-metrics-port", str(metrics)], stdout=log, stderr=subprocess.STDOUT)
-    ready = f"http://127.0.0.1:{http}/v2/models/piper_tts/ready"
+    ready = f"http://127.0.0.1:{http}/v2/models/piper/ready"
 
     def wait_for(text: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -202,5 +202,5 @@ def test_the_frontend_is_told_about_the_models_it_calls_itself():
     uploads call it), which Triton loads as a dependency; nothing else of qwen3_tts's stages."""
     from omni_triton.launcher import frontend_models
 
-    assert frontend_models(["piper_tts", "qwen3_tts"]) == ["piper_tts", "qwen3_tts", "qwen3_tts_voice_prompt"]
-    assert frontend_models(["piper_tts"]) == ["piper_tts"]
+    assert frontend_models(["piper", "qwen3_tts"]) == ["piper", "qwen3_tts", "qwen3_tts_voice_prompt"]
+    assert frontend_models(["piper"]) == ["piper"]
