@@ -169,7 +169,7 @@ def _chat_part(name: str) -> dict:
 @pytest.mark.parametrize("name", [*AUDIO_BOMBS, *IMAGE_BOMBS, "mp4"])
 def test_bomb_as_chat_media(stack, name):
     """Decoded in the ``qwen3_omni`` stub: its RSS (and every other stub's) is measured."""
-    if "qwen3_omni" not in _served(stack):
+    if "omni" not in _served(stack):
         pytest.skip("omni not served")
     messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, _chat_part(name)]}]
     r, growth = _post_measured(stack, lambda: httpx.post(

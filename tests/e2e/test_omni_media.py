@@ -38,7 +38,7 @@ def _served(stack) -> set[str]:
 
 @pytest.fixture(scope="module")
 def sdk(stack):
-    if "qwen3_omni" not in _served(stack):
+    if "omni" not in _served(stack):
         pytest.skip("omni not served")
     return openai.OpenAI(base_url=f"{stack.frontend_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
