@@ -640,3 +640,21 @@ async def test_metrics_exposed(engine):
         assert 'omni_frontend_speech_requests_total{mode="clip",model="piper_tts",outcome="ok"} 1.0' in text
         assert "omni_frontend_time_to_first_audio_seconds_bucket" in text
         assert "omni_frontend_inflight_requests 0.0" in text
+
+
+async def test_metrics_and_errors_name_a_renamed_model_as_clients_call_it(engine):
+    """A model served under another Triton name (the family rename: Triton ``piper``,
+    ``served_model_name`` ``piper_tts``) keeps its OpenAI name in the frontend's metric labels and
+    error messages, not the Triton name."""
+    import dataclasses
+
+    engine.models["piper"] = dataclasses.replace(engine.models.pop("piper_tts"), name="piper",
+                                                 served_model_name="piper_tts")
+    async with make_client(engine) as c:
+        r = await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "x", "response_format": "pcm"})
+        assert r.status_code == 200, r.text
+        r = await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "x" * 5000})
+        assert r.status_code == 400 and "'piper_tts'" in r.json()["error"]["message"], r.text
+        text = (await c.get("/metrics")).text
+        assert 'omni_frontend_speech_requests_total{mode="clip",model="piper_tts",outcome="ok"} 1.0' in text
+        assert 'model="piper"' not in text
