@@ -12,7 +12,28 @@ from pathlib import Path
 import torch
 
 from omni_triton.checkpoints.common import MANIFEST, build_once
-from omni_triton.stages.qwen_image.loading import image_only_processor_class
+
+
+def image_only_processor_class():
+    """``Qwen2VLProcessor`` without its video processor.
+
+    transformers 5 builds ``Qwen2VLProcessor`` with a ``Qwen2VLVideoProcessor``, which needs
+    torchvision; torchvision wheels do not import beside torch 2.13 CPU here (README, Pins), and
+    the edit pipeline only ever passes images. Text and image handling are the parent's.
+    """
+    from transformers import Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class Qwen2VLImageOnlyProcessor(Qwen2VLProcessor):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
+            self.video_token = getattr(tokenizer, "video_token", "<|video_pad|>")
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    return Qwen2VLImageOnlyProcessor
+
 
 BUILDER_VERSION = 1
 KIND_T2I = "t2i"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from omni_triton.runtime.reaper import ChildReaper
-from omni_triton.stages.llm.request import GenerationJob, make_sampling_params
+from omni_triton.runtime.vllm_request import GenerationJob, make_sampling_params
 
 LOGGER = logging.getLogger("omni_triton.llm")
 

@@ -4,35 +4,10 @@ problem is a :class:`~omni_triton.contracts.chat.ChatInputError`, i.e. INVALID_A
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
 
 from omni_triton.contracts.chat import ChatInputError, parse_messages, parse_sampling
-
-
-def make_sampling_params(kwargs: dict[str, Any]):
-    """vLLM ``SamplingParams`` streaming deltas (``RequestOutputKind.DELTA``).
-
-    Raises:
-        ChatInputError: vLLM rejects a value (e.g. negative temperature, top_p outside (0, 1]).
-    """
-    from vllm.exceptions import VLLMError
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-    try:
-        return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
-    except (ValueError, TypeError, VLLMError) as exc:
-        raise ChatInputError(f"invalid sampling parameters: {exc}") from exc
-
-
-@dataclass
-class GenerationJob:
-    """One validated request: ``prompt_ids`` (token ids, list[int]) and ``sampling`` (keyword
-    arguments of ``SamplingParams`` with ``max_tokens`` always set)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    sampling: dict[str, Any]
+# the request vLLM runs, shared with the runtime (which must not import stages)
+from omni_triton.runtime.vllm_request import GenerationJob, make_sampling_params  # noqa: F401
 
 
 def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:

@@ -9,32 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from omni_triton.checkpoints.qwen_image import image_only_processor_class  # noqa: F401 (re-exported)
 from omni_triton.contracts.image import ImageInputError
 
 LOGGER = logging.getLogger("omni_triton.diffusion")
-
-
-
-
-def image_only_processor_class():
-    """``Qwen2VLProcessor`` without its video processor.
-
-    transformers 5 builds ``Qwen2VLProcessor`` with a ``Qwen2VLVideoProcessor``, which needs
-    torchvision; torchvision wheels do not import beside torch 2.13 CPU here (README, Pins), and
-    the edit pipeline only ever passes images. Text and image handling are the parent's.
-    """
-    from transformers import Qwen2VLProcessor
-    from transformers.processing_utils import ProcessorMixin
-
-    class Qwen2VLImageOnlyProcessor(Qwen2VLProcessor):
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
-            self.video_token = getattr(tokenizer, "video_token", "<|video_pad|>")
-            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
-
-    return Qwen2VLImageOnlyProcessor
 
 
 # --------------------------------------------------------------------------- loading
