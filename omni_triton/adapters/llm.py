@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omni_triton.adapters.api_inputs import chat_request_pairs, read_chat_request
 from omni_triton.adapters.bls import stream_stage
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import log, optional_str_input
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import MAX_MESSAGES_CHARS, MAX_PROMPT_CHARS, scalar_array, utf8_array
+from omni_triton.contracts.tensors import scalar_array, utf8_array
 
 LOGGER = logging.getLogger("llm")
 
@@ -25,31 +26,6 @@ LOGGER = logging.getLogger("llm")
 def _text_outputs(text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict:
     return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish, ch.PROMPT_TOKENS: scalar_array(prompt_tokens, "INT32"),
             ch.COMPLETION_TOKENS: scalar_array(completion_tokens, "INT32")}
-
-
-#: chat text inputs and their stage-side caps in characters (bytes bounded before decoding)
-_CHAT_TEXT = ((ch.PROMPT, MAX_PROMPT_CHARS), (ch.MESSAGES, MAX_MESSAGES_CHARS),
-              (ch.SAMPLING_PARAMETERS, MAX_PROMPT_CHARS))
-
-
-def read_chat_request(request, messages_chars: int = MAX_MESSAGES_CHARS) -> tuple[str | None, str | None, str | None]:
-    """PROMPT, MESSAGES, SAMPLING_PARAMETERS of a chat request (``None`` where absent).
-
-    Each is refused (``ChatInputError``) over its cap: ``MAX_PROMPT_CHARS`` (the frontend's
-    ``--max-prompt-chars`` default; MESSAGES ``messages_chars``: twice that, for its JSON framing,
-    plus the inline media parts of a model that takes them, ``media_messages_chars``).
-
-    Raises:
-        UnicodeDecodeError: not UTF-8 (answered as INVALID_ARG).
-        ChatInputError: over a cap.
-    """
-    return tuple(optional_str_input(request, n, messages_chars if n == ch.MESSAGES else cap, ch.ChatInputError)
-                 for n, cap in _CHAT_TEXT)
-
-
-def chat_request_pairs(values: tuple[str | None, str | None, str | None]) -> list:
-    """The given ones of :func:`read_chat_request`'s values as ``(name, array)`` inputs of a stage."""
-    return [(n, utf8_array(v)) for n, v in zip((n for n, _ in _CHAT_TEXT), values) if v is not None]
 
 
 class LlmStage(DecoupledStage):

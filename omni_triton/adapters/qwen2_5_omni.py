@@ -14,7 +14,7 @@ import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
-from omni_triton.adapters.llm import read_chat_request
+from omni_triton.adapters.api_inputs import read_chat_request
 from omni_triton.adapters.qwen3_omni import Qwen3OmniPipeline, Qwen3OmniTalkerStage, Qwen3OmniThinkerStage, _Qwen3OmniJob
 from omni_triton.adapters.triton_io import optional_str_input, required_array
 from omni_triton.contracts import chat as ch

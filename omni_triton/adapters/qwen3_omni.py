@@ -11,8 +11,8 @@ import numpy as np
 
 from omni_triton.adapters.batched import set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
-from omni_triton.adapters.llm import chat_request_pairs, read_chat_request
-from omni_triton.adapters.speech import CsmCode2WavStage
+from omni_triton.adapters.api_inputs import chat_request_pairs, read_chat_request
+from omni_triton.adapters.codec import CodecDecoderStage
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_array, optional_input, optional_str_input, required_array
 from omni_triton.contracts import chat as ch
@@ -311,7 +311,7 @@ def _step_increments(out: dict) -> dict:
     return kw
 
 
-class Qwen3OmniCode2WavStage(CsmCode2WavStage):
+class Qwen3OmniCode2WavStage(CodecDecoderStage):
     """``qwen3_omni_code2wav``: the Qwen3-Omni code2wav, ragged dynamic batches of chunks."""
 
     def load(self, params):

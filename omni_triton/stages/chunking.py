@@ -262,3 +262,18 @@ def emit_frames(params: dict[str, str]) -> int:
     if size < 1:
         raise ValueError(f"emit_frames must be >= 1, got {size}")
     return size
+
+
+def validate_chunk(codes: np.ndarray, left_context, num_codebooks: int, codebook_size: int) -> tuple[np.ndarray, int]:
+    """Check one code2wav request: ``codes`` [..., T, K] int -> int64 [T, K]; ``left_context`` (any
+    array holding one int) in [0, T]; codes in [0, codebook_size). Raises ValueError (INVALID_ARG)."""
+    c = np.asarray(codes)
+    c = c.reshape(-1, c.shape[-1]).astype(np.int64, copy=False)
+    left = int(np.asarray(left_context).reshape(-1)[0])
+    if c.shape[1] != num_codebooks:
+        raise ValueError(f"CODES has {c.shape[1]} codebooks, the codec expects {num_codebooks}")
+    if c.size and (c.min() < 0 or c.max() >= codebook_size):
+        raise ValueError(f"CODES must lie in [0, {codebook_size})")
+    if not 0 <= left <= c.shape[0]:
+        raise ValueError(f"LEFT_CONTEXT={left} outside [0, {c.shape[0]}]")
+    return c, left

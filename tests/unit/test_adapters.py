@@ -210,7 +210,7 @@ def test_chunked_decoder_matches_a_one_shot_decode():
 def test_tts_talker_cap_follows_the_input_length(tmp_path, monkeypatch):
     """issue 9: ``csm`` cut all speech at the talker's fixed 100 frames (8 s). Without MAX_FRAMES
     the BLS now asks for a cap that grows with the text; a client's MAX_FRAMES still wins."""
-    from omni_triton.adapters.speech import CsmPipeline
+    from omni_triton.adapters.csm import CsmPipeline
     from omni_triton.contracts import speech
 
     monkeypatch.setenv("OMNI_TRITON_CACHE", str(tmp_path))
@@ -332,7 +332,7 @@ def test_every_stage_that_reads_bls_streams_runs_on_one_thread_per_instance():
 
     from omni_triton.adapters.llm import LlmTtsPipeline
     from omni_triton.adapters.qwen3_omni import Qwen3OmniPipeline
-    from omni_triton.adapters.speech import CsmPipeline
+    from omni_triton.adapters.csm import CsmPipeline
     from omni_triton.adapters.wan import WanT2VPipeline
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]

@@ -33,3 +33,44 @@ def test_every_model_folder_is_named_after_its_family():
     strays = [m for m in models if not any(m == f or m.startswith(f + "_") for f in FAMILIES)]
     assert models and not strays
 
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_has_its_stage_package_and_adapter(family):
+    pkg = ROOT / "omni_triton"
+    assert (pkg / "stages" / family / "__init__.py").is_file()
+    assert (pkg / "adapters" / f"{family}.py").is_file()
+
+
+def _imports(path: Path) -> set[str]:
+    """The ``omni_triton`` modules a file imports (module level and inside functions)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("omni_triton"):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("omni_triton"))
+    return out
+
+
+@pytest.mark.parametrize("layer", ["runtime", "checkpoints", "contracts", "media"])
+def test_lower_layers_do_not_import_stages_or_adapters(layer):
+    bad = {str(p.relative_to(ROOT)): sorted(m for m in _imports(p)
+                                            if m.startswith(("omni_triton.stages", "omni_triton.adapters")))
+           for p in (ROOT / "omni_triton" / layer).rglob("*.py")}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_family_adapters_do_not_import_each_other():
+    """Shared pieces live in role-named modules (api_inputs, codec, bls, stream, batched, ...)."""
+    adapters = ROOT / "omni_triton" / "adapters"
+    family_modules = {f"omni_triton.adapters.{f}" for f in FAMILIES}
+    bad = {}
+    for f in FAMILIES:
+        hits = sorted(m for m in _imports(adapters / f"{f}.py") if m in family_modules - {f"omni_triton.adapters.{f}"})
+        if hits:
+            bad[f] = hits
+    assert not bad

@@ -481,7 +481,7 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
     """csm_talker with emit_frames 5: the held frames are steps without a response (None), so the
     scheduler still interleaves open requests frame by frame; without them one step would run a
     whole group (5 frames of talker compute) while the other streams wait."""
-    from omni_triton.adapters.speech import CsmTalkerStage
+    from omni_triton.adapters.csm import CsmTalkerStage
     from omni_triton.contracts.speech import CODES
 
     class FakeTalker:

@@ -15,7 +15,7 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
-from omni_triton.adapters import llm as chat, qwen3_omni as omni, qwen3_tts, speech, wan as video  # noqa: E402
+from omni_triton.adapters import llm as chat, qwen3_omni as omni, qwen3_tts, piper, csm, wan as video  # noqa: E402
 from omni_triton.adapters import qwen_image as diffusion  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
 from omni_triton.contracts import image as im  # noqa: E402
@@ -73,8 +73,8 @@ def _chat_setup(self, args, params):
 
 
 SPEECH = [
-    ("piper", speech.PiperStage, _piper_setup, sp.TEXT),
-    ("csm", speech.CsmPipeline, _tts_setup, sp.TEXT),
+    ("piper", piper.PiperStage, _piper_setup, sp.TEXT),
+    ("csm", csm.CsmPipeline, _tts_setup, sp.TEXT),
     ("qwen3_tts", qwen3_tts.Qwen3TtsPipeline, _qwen3_setup, sp.TEXT),
     ("qwen3_tts INSTRUCTIONS", qwen3_tts.Qwen3TtsPipeline, _qwen3_setup, q.INSTRUCTIONS),
     ("qwen3_tts REF_TEXT", qwen3_tts.Qwen3TtsPipeline, _qwen3_setup, q.REF_TEXT),
@@ -94,7 +94,7 @@ def test_speech_text_over_max_input_chars_is_refused_before_work(label, cls, set
 
 def test_piper_reads_max_input_chars_from_its_config():
     """``model_repository/piper/config.pbtxt`` sets 4096; at the cap the text is accepted."""
-    stage = _caged(speech.PiperStage, _piper_setup)()
+    stage = _caged(piper.PiperStage, _piper_setup)()
     stage.initialize(_args({"max_input_chars": "4096"}))
     assert stage.max_input_chars == 4096
     assert stage.parse(pb.FakeRequest({sp.TEXT: np.array([b"a" * 4096], dtype=object)}))[0] == "a" * 4096

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from omni_triton.checkpoints.csm import CODEC_SUBDIR
+from omni_triton.stages.chunking import validate_chunk  # noqa: F401 (re-exported: shared by the codec families)
 
 # ------------------------------------------------------------------------------------- code2wav
 
@@ -115,18 +116,3 @@ def keep_new_samples(audio: np.ndarray, n_frames: int, left_context: int, sample
     lo = left_context * samples_per_frame - (trailing_loss if left_context > 0 else 0)
     hi = n_frames * samples_per_frame - trailing_loss
     return np.ascontiguousarray(audio[max(lo, 0):max(hi, 0)], dtype=np.float32)
-
-
-def validate_chunk(codes: np.ndarray, left_context, num_codebooks: int, codebook_size: int) -> tuple[np.ndarray, int]:
-    """Check one code2wav request: ``codes`` [..., T, K] int -> int64 [T, K]; ``left_context`` (any
-    array holding one int) in [0, T]; codes in [0, codebook_size). Raises ValueError (INVALID_ARG)."""
-    c = np.asarray(codes)
-    c = c.reshape(-1, c.shape[-1]).astype(np.int64, copy=False)
-    left = int(np.asarray(left_context).reshape(-1)[0])
-    if c.shape[1] != num_codebooks:
-        raise ValueError(f"CODES has {c.shape[1]} codebooks, the codec expects {num_codebooks}")
-    if c.size and (c.min() < 0 or c.max() >= codebook_size):
-        raise ValueError(f"CODES must lie in [0, {codebook_size})")
-    if not 0 <= left <= c.shape[0]:
-        raise ValueError(f"LEFT_CONTEXT={left} outside [0, {c.shape[0]}]")
-    return c, left

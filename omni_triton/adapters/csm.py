@@ -1,6 +1,6 @@
-"""``TritonPythonModel`` classes of the speech pipelines (contract: ``omni_triton.contracts.speech``):
-``piper``, and the codec TTS ``csm`` (BLS) -> ``csm_talker`` -> ``csm_code2wav``.
-Stub-only imports; the logic lives in ``omni_triton.stages`` (``piper``, ``csm``)."""
+"""``TritonPythonModel`` classes of the ``csm`` family (contract: ``omni_triton.contracts.speech``,
+OpenAI name ``tts``): ``csm`` (BLS) -> ``csm_talker`` (codec frames) -> ``csm_code2wav`` (PCM, chunked
+with left context). Stub-only imports; the logic lives in ``omni_triton.stages.csm``."""
 from __future__ import annotations
 
 import uuid
@@ -8,57 +8,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omni_triton.adapters.batched import BatchedStage, set_torch_threads
+from omni_triton.adapters.api_inputs import request_text
+from omni_triton.adapters.batched import set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
+from omni_triton.adapters.codec import CodecDecoderStage
 from omni_triton.adapters.stream import DecoupledStage, Final
-from omni_triton.adapters.triton_io import optional_input, optional_str_input, required_array
-
-
-def request_text(request, name: str, max_input_chars: int) -> str | None:
-    """A speech text input, refused (``SpeechInputError``) over the model's ``max_input_chars``."""
-    return optional_str_input(request, name, max_input_chars, sp.SpeechInputError, "max_input_chars")
+from omni_triton.adapters.triton_io import optional_input, optional_str_input
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import scalar_array, utf8_array
 from omni_triton.stages.chunking import FrameGroups
-
-
-class PiperStage(DecoupledStage):
-    """``piper``: TEXT (+ VOICE, SPEED) -> one AUDIO/SAMPLE_RATE response per sentence."""
-
-    stage = "piper"
-    input_error = sp.SpeechInputError
-    workers = 2
-    metric_specs = dict(
-        requests=("omni_tts_requests_total", "Speech requests received", "counter"),
-        cancelled=("omni_tts_cancelled_total", "Speech requests stopped by cancellation", "counter"),
-        active=("omni_tts_active_requests", "Speech requests being synthesised now", "gauge"),
-        seconds=("omni_tts_audio_seconds_total", "Seconds of audio synthesised", "counter"),
-    )
-
-    def setup(self, args, params):
-        from omni_triton.paths import model_dir
-        from omni_triton.stages.piper import PiperSpeaker, discover_voices
-
-        self.read_params(params)
-        voices = discover_voices(model_dir("piper-voices"))
-        if not voices:
-            raise RuntimeError(f"no Piper voices under {model_dir('piper-voices')}; run `omni-triton prepare`")
-        self.speaker = PiperSpeaker(voices)
-
-    def read_params(self, params):
-        """Parameters read without loading voices (``setup`` calls it first)."""
-        self.max_input_chars = sp.max_input_chars(params, "4096")
-
-    def parse(self, request):
-        speed = optional_input(request, sp.SPEED)
-        text = request_text(request, sp.TEXT, self.max_input_chars) or ""
-        return (text, optional_str_input(request, sp.VOICE) or None, 1.0 if speed is None else float(speed))
-
-    def generate(self, job, stream):
-        text, voice, speed = job
-        for sentence in self.speaker.synthesize(text, voice=voice, speed=speed, is_cancelled=stream.cancelled):
-            self.metrics.count("seconds", sentence.audio.size / sentence.sample_rate)
-            yield {sp.AUDIO: sentence.audio, sp.SAMPLE_RATE: scalar_array(sentence.sample_rate, "INT32")}
 
 
 class CsmTalkerStage(DecoupledStage):
@@ -110,33 +68,14 @@ class CsmTalkerStage(DecoupledStage):
             yield Final({sp.CODES: rest})
 
 
-class CsmCode2WavStage(BatchedStage):
-    """A codec decoder (``csm_code2wav``: Mimi; ``qwen3_omni_code2wav``: Qwen3-Omni code2wav), ragged
-    dynamic batches: CODES [1, T_i, K] + LEFT_CONTEXT [1, 1] -> AUDIO [1, samples] of the new
-    frames, one forward pass per batch."""
-
-    def setup(self, args, params):
-        set_torch_threads()
-        self.decoder = self.load(params)
-        self.num_codebooks = int(getattr(self.decoder, "num_codebooks", None) or self.decoder.num_code_groups)
+class CsmCode2WavStage(CodecDecoderStage):
+    """``csm_code2wav``: CSM's Mimi codec decoder (see :class:`CodecDecoderStage`)."""
 
     def load(self, params):
         from omni_triton.checkpoints.csm import checkpoint_dir
         from omni_triton.stages.csm import CodecDecoder
 
         return CodecDecoder.from_pretrained(checkpoint_dir(params.get("model_name", "csm-tiny")))
-
-    def parse(self, request):
-        from omni_triton.stages.csm import validate_chunk
-
-        return validate_chunk(required_array(request, sp.CODES), required_array(request, sp.LEFT_CONTEXT),
-                              self.num_codebooks, self.decoder.codebook_size)
-
-    def run(self, items):
-        return self.decoder.decode([c for c, _ in items], [left for _, left in items])
-
-    def outputs(self, pcm):
-        return {sp.AUDIO: pcm[None, :]}
 
 
 @dataclass
