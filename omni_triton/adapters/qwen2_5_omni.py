@@ -1,9 +1,10 @@
 """``TritonPythonModel`` classes of the Qwen2.5-Omni pipeline (contracts:
 ``omni_triton.contracts.qwen2_5_omni``): ``qwen2_5_omni`` (BLS) -> ``qwen2_5_omni_thinker`` (text
 deltas + the talker's inputs) -> ``qwen2_5_omni_talker`` (codec ids) -> ``qwen2_5_omni_token2wav``
-(DiT + BigVGAN, whole utterance). The thinker, talker and BLS reuse the Qwen3-Omni adapters
-(``omni_triton.adapters.qwen3_omni``: request parsing, response layout, streaming) with the Qwen2.5-Omni
-stages of ``omni_triton.stages.qwen2_5_omni``. Stub-only imports."""
+(DiT + BigVGAN, whole utterance). The thinker, talker and BLS are the shared omni bases
+(``omni_triton.adapters.omni_stages``: request parsing, hand-off, response layout) on the Qwen2.5-Omni
+stages of ``omni_triton.stages.qwen2_5_omni``: text only, no speaking while thinking, no scheduling,
+one token2wav call per utterance. Stub-only imports."""
 from __future__ import annotations
 
 import secrets
@@ -15,7 +16,7 @@ import numpy as np
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.api_inputs import read_chat_request
-from omni_triton.adapters.qwen3_omni import Qwen3OmniPipeline, Qwen3OmniTalkerStage, Qwen3OmniThinkerStage, _Qwen3OmniJob
+from omni_triton.adapters.omni_stages import OmniJob, OmniPipelineBase, OmniTalkerBase, OmniThinkerBase
 from omni_triton.adapters.triton_io import optional_str_input, required_array
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import qwen2_5_omni as q25
@@ -37,7 +38,7 @@ def _metrics(stage: str, counted: str, what: str) -> dict:
             "active": (f"{stage}_active", f"{stage} requests being generated (per instance)", "gauge")}
 
 
-class Qwen25OmniThinkerStage(Qwen3OmniThinkerStage):
+class Qwen25OmniThinkerStage(OmniThinkerBase):
     """``qwen2_5_omni_thinker``: as ``qwen3_omni_thinker`` (same tensors), on the Qwen2.5-Omni thinker."""
 
     stage = "qwen2_5_omni_thinker"
@@ -48,12 +49,12 @@ class Qwen25OmniThinkerStage(Qwen3OmniThinkerStage):
 
         set_torch_threads()
         self.thinker = Qwen25Thinker.from_pretrained(_checkpoint(params))
-        self.processor = None  # text-only: Qwen3OmniThinkerStage.parse refuses media parts without one
+        self.processor = None  # text only: OmniThinkerBase.parse refuses media parts without one
         self.default_max_tokens = int(params.get("default_max_tokens", "32"))
         self.max_model_len = int(params.get("max_model_len", "1024"))
 
 
-class Qwen25OmniTalkerStage(Qwen3OmniTalkerStage):
+class Qwen25OmniTalkerStage(OmniTalkerBase):
     """``qwen2_5_omni_talker``: the thinker's outputs (+ VOICE, MIN/MAX_FRAMES, REQUEST_ID) -> CODES
     [n, 1] responses as the talker generates them; one request at a time per instance."""
 
@@ -100,12 +101,12 @@ class Qwen25OmniToken2WavStage(BatchedStage):
 
 
 @dataclass
-class _Qwen25Job(_Qwen3OmniJob):
+class _Qwen25Job(OmniJob):
     seed: int = 0  #: the DiT's noise seed
 
 
-class Qwen25OmniPipeline(Qwen3OmniPipeline):
-    """``qwen2_5_omni`` BLS: request validation and response layout of ``qwen3_omni``; thinker text deltas
+class Qwen25OmniPipeline(OmniPipelineBase):
+    """``qwen2_5_omni`` BLS: request validation and response layout of the omni bases; thinker text deltas
     streamed as they come; with audio the talker's codes are collected and decoded once on
     ``qwen2_5_omni_token2wav`` (DiT noise seed: the request's ``seed``, else a random one), and the
     PCM is sent as one AUDIO response (``docs/qwen2_5_omni.md``: why not chunked)."""
@@ -121,11 +122,10 @@ class Qwen25OmniPipeline(Qwen3OmniPipeline):
         self.voices = [v.strip() for v in params.get("voices", "Chelsie").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
-        self.async_chunk = False  # read by Qwen3OmniPipeline.parse where omni speaks while thinking; not here
         self.stage_flags = CancelFlags.for_server()
         # validated here too (a stage's INVALID_ARG reaches a 2.51 BLS model as INTERNAL)
         self.chat = chat_tokenizer(_checkpoint(params))
-        self.processor = None  # text-only here: Qwen3OmniPipeline.parse refuses media parts without one
+        self.processor = None  # text only: OmniPipelineBase.parse refuses media parts without one
         self.default_max_tokens = int(params.get("default_max_tokens", "32"))
         self.max_model_len = int(params.get("max_model_len", "1024"))
 

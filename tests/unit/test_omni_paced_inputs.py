@@ -13,7 +13,7 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
-from omni_triton.adapters import qwen3_omni as omni, qwen2_5_omni  # noqa: E402
+from omni_triton.adapters import omni_stages, qwen3_omni as omni, qwen2_5_omni  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
 from omni_triton.contracts.tensors import PACED, utf8_array  # noqa: E402
 
@@ -51,7 +51,7 @@ def _bls(cls):
 @pytest.mark.parametrize("paced", [True, False])
 def test_omni_passes_paced_on_to_its_talker(sent, monkeypatch, async_chunk, paced):
     bls = _bls(omni.Qwen3OmniPipeline)
-    job = omni._Qwen3OmniJob(inputs=[(ch.PROMPT, utf8_array("Hello"))], audio=True, voice="Ethan", max_frames=None,
+    job = omni_stages.OmniJob(inputs=[(ch.PROMPT, utf8_array("Hello"))], audio=True, voice="Ethan", max_frames=None,
                         async_chunk=async_chunk, paced=paced)
     if not async_chunk:  # the thinker's finished outputs, as _think returns them
         monkeypatch.setattr(omni.Qwen3OmniPipeline, "_think", lambda self, job, stream, prefix: _talker_in())
@@ -71,7 +71,7 @@ def test_omni_talker_passes_paced_on_to_the_thinker_it_streams(sent, paced):
     talker.thinker_model, talker.flags, talker.step_scheduler = "qwen3_omni_thinker", None, None
     talker.talker = SimpleNamespace(stream_while_thinking=lambda steps, *a, **k: iter(list(steps)))
     talker.metrics = SimpleNamespace(count=lambda *a: None)
-    job = omni._AsyncTalkerJob([(ch.PROMPT, utf8_array("Hello"))], "Ethan", None)
+    job = omni.AsyncTalkerJob([(ch.PROMPT, utf8_array("Hello"))], "Ethan", None)
     list(talker.generate(job, _stream(paced)))
     (thinker_inputs,) = sent["qwen3_omni_thinker"]
     assert (PACED in thinker_inputs) == paced

@@ -508,7 +508,7 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
 
 
 def test_omni_talker_groups_frames_and_sends_the_rest_unless_cancelled():
-    from omni_triton.adapters.qwen3_omni import _FrameGroups
+    from omni_triton.adapters.omni_stages import FrameGroupResponses as _FrameGroups
     from omni_triton.contracts.speech import CODES
 
     class Stream:

@@ -1,0 +1,290 @@
+"""Bases of the thinker -> talker omni families (``qwen3_omni``, ``qwen2_5_omni``): the thinker
+stage, the talker stage and the BLS pipeline share their request parsing, the thinker-to-talker
+hand-off and the response layout (contract: ``omni_triton.contracts.chat``). Each family subclasses
+them with its own ``setup`` (checkpoint, stages, voices), stage and callee names, metric names and
+``pass_paced`` (whether its callees declare PACED), and adds what only it has as explicit methods
+(Qwen3-Omni: media inputs, speaking while thinking, chunked code2wav; Qwen2.5-Omni: one
+whole-utterance token2wav). Stub-only imports; the logic lives in ``omni_triton.stages``."""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from omni_triton.adapters.api_inputs import chat_request_pairs, read_chat_request
+from omni_triton.adapters.bls import stream_stage
+from omni_triton.adapters.stream import DecoupledStage, Final
+from omni_triton.adapters.triton_io import optional_array, optional_input, optional_str_input, required_array
+from omni_triton.contracts import chat as ch
+from omni_triton.contracts import speech as sp
+from omni_triton.contracts.tensors import first_str, media_messages_chars, scalar_array, utf8_array
+from omni_triton.media.inputs import MediaLimits
+from omni_triton.stages.chunking import FrameGroups
+
+
+def _messages_chars(params) -> int:
+    """MESSAGES cap with the media parts the config allows inline (``max_media_parts`` x
+    ``max_media_part_bytes``)."""
+    d = MediaLimits()
+    return media_messages_chars(int(params.get("max_media_parts", d.max_parts)),
+                                int(params.get("max_media_part_bytes", d.max_part_bytes)))
+
+
+#: before ``setup`` reads the config: the ``MediaLimits`` defaults
+_DEFAULT_MESSAGES_CHARS = media_messages_chars(MediaLimits.max_parts, MediaLimits.max_part_bytes)
+
+
+def _paced(stage) -> dict:
+    """``{"paced": True}`` under the deadline scheduler (one token / frame per step), else no
+    keyword at all: the Qwen2.5 stages inherit these ``generate`` methods, and their thinker and
+    talker have no paced mode (their configs do not opt into scheduling)."""
+    return {"paced": True} if stage.step_scheduler is not None else {}
+
+
+def _read_media(request, names: dict):
+    """The optional media tensors of ``request`` (``names``: field -> tensor name) as a dict of
+    numpy arrays (absent ones left out)."""
+    out = {}
+    for field, name in names.items():
+        array = optional_array(request, name)
+        if array is not None:
+            out[field] = array
+    return out
+
+
+def _media_pairs(arrays: dict, names: dict) -> list:
+    """``(tensor name, array)`` inputs of a stage for the present fields of ``arrays``."""
+    return [(names[k], np.ascontiguousarray(v)) for k, v in arrays.items() if v is not None and k in names]
+
+
+class FrameGroupResponses(FrameGroups):
+    """``qwen3_omni_talker``'s CODES responses of ``emit_frames`` frames: ``outputs`` is a step's
+    response (None while a group fills, so the scheduler still steps one frame at a time),
+    ``tail`` the last frames at the stream's end (None when none, or when it was cancelled)."""
+
+    def outputs(self, frames: np.ndarray):
+        codes = self.push(frames)
+        return None if codes is None else {sp.CODES: codes}
+
+    def tail(self, stream):
+        rest = self.flush()
+        return None if rest is None or stream.cancel_seen else {sp.CODES: rest}
+
+
+@dataclass
+class AsyncTalkerJob:
+    inputs: list
+    voice: str
+    settings: object
+
+
+def _talker_increments(step) -> dict:
+    """The talker tensors of one streamed thinker step (ThinkerStep increments -> tensors)."""
+    out = {ch.SEQUENCE: np.asarray(step.ids if step.ids is not None else (), np.int64)}
+    if step.embeds is not None:
+        out.update({ch.THINKER_EMBEDS: step.embeds, ch.THINKER_HIDDEN: step.hidden})
+    if step.prompt_len is not None:
+        out.update({ch.PROMPT_LEN: scalar_array(step.prompt_len, "INT32"), ch.TTS_EMBEDS: step.tts_embeds})
+    return out
+
+
+def _step_increments(out: dict) -> dict:
+    """The inverse of :func:`_talker_increments`: ThinkerStep keyword arguments from tensors."""
+    kw = {"ids": out.get(ch.SEQUENCE), "embeds": out.get(ch.THINKER_EMBEDS), "hidden": out.get(ch.THINKER_HIDDEN),
+          "tts_embeds": out.get(ch.TTS_EMBEDS)}
+    if ch.PROMPT_LEN in out:
+        kw["prompt_len"] = int(out[ch.PROMPT_LEN].reshape(-1)[0])
+    return kw
+
+
+@dataclass
+class OmniJob:
+    """One omni BLS request: the thinker's inputs, whether to speak, in which voice, the frame cap."""
+
+    inputs: list
+    audio: bool
+    voice: str
+    max_frames: int | None
+    async_chunk: bool = False
+    talker_media: list = None  # (name, array) media inputs of the talker (multimodal prompts)
+    paced: bool = False  # PACED: played as it arrives, so the low-water chunks apply
+
+
+
+class OmniThinkerBase(DecoupledStage):
+    """A thinker stage: chat inputs (+ TALKER_INPUTS, ASYNC_CHUNK, media tensors, REQUEST_ID) ->
+    text deltas; the last response (FINAL) also carries the talker's inputs when asked (or every
+    step's increments with ASYNC_CHUNK). A family's ``setup`` sets ``thinker`` (its
+    ``OmniThinker``), ``processor`` (None: text only, media parts refused), ``default_max_tokens``
+    and ``max_model_len``."""
+
+    input_error = ch.ChatInputError
+    cancel_flags = True
+    per_instance_metrics = True
+    processor = None
+    messages_chars = _DEFAULT_MESSAGES_CHARS  # MESSAGES cap (inline media parts included)
+
+    def parse(self, request):
+        from omni_triton.stages.qwen3_omni import MultimodalInputs, prepare_multimodal_request
+
+        talker_inputs = bool(optional_input(request, ch.TALKER_INPUTS) or False)
+        streamed = talker_inputs and bool(optional_input(request, ch.ASYNC_CHUNK) or False)
+        given = MultimodalInputs(**_read_media(request, ch.MEDIA_TENSORS))
+        ids, sampling, media = prepare_multimodal_request(
+            self.thinker, *read_chat_request(request, self.messages_chars), self.default_max_tokens,
+            self.max_model_len, talker_inputs,
+            self.processor, given)
+        return ids, sampling, talker_inputs, streamed, media
+
+    def generate(self, job, stream):
+        ids, sampling, talker_inputs, streamed, media = job
+        counted = 0
+        for step in self.thinker.stream(ids, sampling, talker_inputs and not streamed, stream.cancelled,
+                                        stream_talker_inputs=streamed, media=media, **_paced(self)):
+            if step is None:
+                yield None  # a token whose text is held back: nothing to send
+                continue
+            self.metrics.count("tokens", step.completion_tokens - counted)
+            counted = step.completion_tokens
+            out = {ch.TEXT_DELTA: step.text, ch.FINISH_REASON: step.finish_reason or "",
+                   ch.PROMPT_TOKENS: scalar_array(len(ids), "INT32"),
+                   ch.COMPLETION_TOKENS: scalar_array(step.completion_tokens, "INT32")}
+            if streamed:  # increments (ch.ASYNC_CHUNK): what this step appended to the talker tensors
+                out.update(_talker_increments(step))
+            elif step.output is not None:
+                o = step.output
+                out.update({ch.SEQUENCE: o.sequence, ch.PROMPT_LEN: scalar_array(o.prompt_len, "INT32"),
+                            ch.THINKER_EMBEDS: o.embeds, ch.THINKER_HIDDEN: o.hidden, ch.TTS_EMBEDS: o.tts_embeds})
+            yield Final(out) if step.finish_reason else out
+
+
+
+class OmniTalkerBase(DecoupledStage):
+    """A talker stage: the thinker's outputs (+ VOICE, MIN/MAX_FRAMES, REQUEST_ID) -> CODES
+    responses of ``emit_frames`` codec frames (the last may hold fewer); one request at a time
+    per instance. A family's ``setup`` sets ``talker``, ``default_voice`` and ``settings``."""
+
+    emit_frames = 1  # frames per CODES response
+    input_error = ch.ChatInputError
+    cancel_flags = True
+    per_instance_metrics = True
+    messages_chars = _DEFAULT_MESSAGES_CHARS  # MESSAGES cap (inline media parts included)
+
+    def parse(self, request):
+        settings = self._settings(request)
+        voice = optional_str_input(request, ch.VOICE) or self.default_voice
+        return self._thinker_output(request), voice, settings
+
+    @staticmethod
+    def _thinker_output(request):
+        """The thinker's hand-off (SEQUENCE, PROMPT_LEN, THINKER_EMBEDS/HIDDEN, TTS_EMBEDS, talker
+        media) as a ``ThinkerOutput``; a missing tensor is an input error."""
+        from omni_triton.stages.qwen3_omni import ThinkerOutput
+
+        return ThinkerOutput(
+            sequence=required_array(request, ch.SEQUENCE).reshape(-1).astype(np.int64),
+            prompt_len=int(required_array(request, ch.PROMPT_LEN).reshape(-1)[0]),
+            embeds=required_array(request, ch.THINKER_EMBEDS).astype(np.float32),
+            hidden=required_array(request, ch.THINKER_HIDDEN).astype(np.float32),
+            tts_embeds=required_array(request, ch.TTS_EMBEDS).astype(np.float32),
+            talker_media=_read_media(request, ch.TALKER_MEDIA_TENSORS) or None)
+
+    def _settings(self, request):
+        settings = self.settings
+        max_frames, min_frames = optional_input(request, sp.MAX_FRAMES), optional_input(request, sp.MIN_FRAMES)
+        if max_frames is not None:
+            settings = replace(settings, max_frames=int(max_frames))
+        if min_frames is not None:
+            settings = replace(settings, min_frames=int(min_frames))
+        return settings
+
+    def generate(self, job, stream):
+        out, voice, settings = job
+        groups = FrameGroupResponses(self.emit_frames)
+        for frames in self.talker.stream(out, voice, settings, stream.cancelled, **_paced(self)):
+            if frames is None:
+                yield None  # a talker step without a frame (its last)
+                continue
+            self.metrics.count("frames", len(frames))
+            yield groups.outputs(frames)
+        yield groups.tail(stream)
+
+
+class OmniPipelineBase(DecoupledStage):
+    """An omni BLS: validates the chat request (the stages' INVALID_ARG would reach a 2.51 BLS as
+    INTERNAL), streams the thinker's text deltas as they come and hands its outputs to the talker
+    (:meth:`_think`); what becomes of the talker's codes is the family's ``generate``. A family's
+    ``setup`` sets ``voices``, ``default_voice``, ``sample_rate``, ``stage_flags``, ``chat`` (its
+    chat tokenizer), ``processor`` (None: text only), ``default_max_tokens``, ``max_model_len``;
+    its class names ``thinker`` and ``talker``."""
+
+    input_error = ch.ChatInputError
+    reads_bls_streams = True
+    per_instance_metrics = True  # several instances (stub processes)
+    processor = None
+    messages_chars = _DEFAULT_MESSAGES_CHARS  # MESSAGES cap (inline media parts included)
+
+    def parse(self, request):
+        from omni_triton.stages.qwen3_omni import prepare_multimodal_request
+
+        modalities = ch.parse_modalities(optional_str_input(request, ch.MODALITIES), default=("text", "audio"))
+        voice = ch.match_voice(optional_str_input(request, ch.VOICE), self.voices, self.default_voice,
+                               case_sensitive=False)
+        audio = "audio" in modalities
+        prompt, messages, sampling = read_chat_request(request, self.messages_chars)
+        media = None
+        if messages is not None:
+            # media parts are decoded and processed here, once: the thinker gets placeholders + tensors
+            from omni_triton.stages.qwen3_omni import prepare_media
+            from omni_triton.stages.qwen3_omni.inputs import MEDIA_ACCEPT
+
+            parsed, media = prepare_media(ch.parse_messages(messages, accept=MEDIA_ACCEPT), self.processor, None)
+            if media is not None:
+                messages = json.dumps(parsed, ensure_ascii=False)
+        prepare_multimodal_request(self.chat, prompt, messages, sampling, self.default_max_tokens, self.max_model_len,
+                                   audio, self.processor, media)
+        max_frames = optional_input(request, ch.MAX_AUDIO_FRAMES)
+        if max_frames is not None and int(max_frames) < 1:
+            raise ch.ChatInputError(f"MAX_AUDIO_FRAMES must be >= 1, got {int(max_frames)}")
+        inputs = chat_request_pairs((prompt, messages, sampling))
+        talker_media = []
+        if media is not None:
+            inputs += _media_pairs(media.__dict__, ch.MEDIA_TENSORS)
+            talker_media = _media_pairs(media.talker_arrays(), ch.TALKER_MEDIA_TENSORS)
+        return OmniJob(inputs, audio, voice, None if max_frames is None else int(max_frames), False,
+                       talker_media, self.paced(request))
+
+    def _response(self, text="", finish="", counts=(0, 0), audio=None):
+        return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish,
+                ch.PROMPT_TOKENS: scalar_array(counts[0], "INT32"), ch.COMPLETION_TOKENS: scalar_array(counts[1], "INT32"),
+                ch.AUDIO: np.zeros(0, np.float32) if audio is None else audio.astype(np.float32),
+                ch.SAMPLE_RATE: scalar_array(self.sample_rate, "INT32")}
+
+    def _think(self, job, stream, request_prefix: str):
+        """Stream the thinker (``self.thinker``), yielding a text response per delta; returns
+        ``(talker_in, counts)``: the talker's inputs (the thinker's talker tensors, VOICE, the
+        prompt's media positions, MAX_FRAMES) or None when nothing is to be spoken (text only,
+        cancelled, aborted, or under two generated tokens: the reference needs the first
+        generated token's states), and the (prompt, completion) token counts. Used as
+        ``talker_in, counts = yield from self._think(...)`` (also by the Qwen2.5-Omni BLS)."""
+        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
+        outputs = ch.TEXT_OUTPUTS + (ch.TALKER_TENSORS if job.audio else ())
+        talker_in, counts, finish = None, (0, 0), ""
+        for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
+                                f"{request_prefix}-{uuid.uuid4().hex}", parent=stream):
+            finish = first_str(out[ch.FINISH_REASON])
+            counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
+            yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
+            if job.audio and ch.SEQUENCE in out:
+                talker_in = [(n, out[n]) for n in ch.TALKER_TENSORS]
+        if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:
+            return None, counts
+        if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:
+            return None, counts
+        talker_in += [(ch.VOICE, utf8_array(job.voice))] + list(job.talker_media or [])
+        if job.max_frames is not None:
+            talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
+        return talker_in, counts
+
