@@ -19,21 +19,16 @@ import threading
 import time
 
 from omni_triton import triton_admin
-from omni_triton.launcher import (
-    Frontend,
-    RestartBackoff,
-    ServerStartError,
-    ServeStatus,
-    TritonServer,
-    crash_reason,
+from omni_triton.serve.process import ServerStartError, check_ports_free, kill_process_group
+from omni_triton.serve.repository import (
+    available_models,
+    dependencies,
     dependents,
     frontend_models,
-    kill_process_group,
     stream_callees,
-    available_models,
-    check_ports_free,
-    dependencies,
 )
+from omni_triton.serve.server import Frontend, TritonServer
+from omni_triton.serve.supervisor import RestartBackoff, ServeStatus, crash_reason
 
 #: seconds a server that wrote a fatal ``Signal (N) received.`` line may take to exit on its own
 WEDGED_GRACE_S = 10.0
@@ -136,7 +131,7 @@ def _supervise(server: TritonServer, frontend: Frontend | None, args, stop: thre
     (the frontend then ends its in-flight requests), has its orphaned children (vLLM engine
     processes) and their /dev/shm files removed, and its model is reloaded (also when only some
     of its instances' stubs died); when it was a BLS model's, the decoupled stages it reads are restarted too
-    (:func:`~omni_triton.launcher.stream_callees`). A tritonserver that died is restarted
+    (:func:`~omni_triton.serve.repository.stream_callees`). A tritonserver that died is restarted
     after a backoff (1 s doubling to 30 s; ``--max-restarts`` bounds the count, -1: never give
     up), its log kept as ``<log>.crash-<n>``; a restart that fails is retried the same way. A
     server that wrote a fatal ``Signal (N) received.`` line but is still running

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import psutil
 
+from omni_triton.serve.process import free_port
+from omni_triton.serve.server import TritonServer
 from omni_triton.cli import _supervise
-from omni_triton.launcher import RestartBackoff, ServeStatus, TritonServer, crash_reason, free_port
+from omni_triton.serve.supervisor import RestartBackoff, ServeStatus, crash_reason
 
 SPAWNER = textwrap.dedent('''\
     import json, os, subprocess

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from omni_triton.launcher import ServeStatus
+from omni_triton.serve.supervisor import ServeStatus
 from openai_frontend.stage_watch import ServeStatusWatch
 
 
