@@ -40,7 +40,7 @@ are keyed ``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON comp
 
 Every path gets ``--warmup`` untimed requests per model before its first level.
 Unless ``--frontend-url``/``--triton-grpc-url`` are given, the benchmark starts its own
-tritonserver (``piper_tts``, ``tts``) and frontend on free ports (``omni_triton.launcher``) after
+tritonserver (``piper_tts``, ``tts``) and frontend on free ports (``omni_triton.serve.server``) after
 the in-process phase, and always stops them (``try``/``finally``).
 
 Fairness: this process sets torch's intra-op threads to 1 (and ``OMP/MKL/OPENBLAS_NUM_THREADS=1``)
