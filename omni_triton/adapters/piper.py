@@ -1,6 +1,6 @@
-"""``TritonPythonModel`` of the ``piper`` family (contract: ``omni_triton.contracts.speech``, OpenAI
-name ``piper_tts``): TEXT -> one AUDIO response per sentence. Stub-only imports; the logic lives in
-``omni_triton.stages.piper``."""
+"""``TritonPythonModel`` of the ``piper`` family (contract: ``omni_triton.contracts.speech``;
+OpenAI name ``piper_tts``): TEXT -> one AUDIO response per sentence. Stub-only imports; the logic
+lives in ``omni_triton.stages.piper``."""
 from __future__ import annotations
 
 from omni_triton.adapters.api_inputs import request_text
