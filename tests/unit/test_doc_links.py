@@ -1,0 +1,86 @@
+"""The docs do not drift from the tree (issue 24 item 6): every relative link in ``README.md`` and
+``docs/**/*.md`` points at a file or folder that exists, and every repository path the reference
+docs (``README.md``, ``docs/*.md``; not the dated lab notes under ``docs/notes/``) spell in
+backticks or name in prose (``omni_triton/...py``, ``scripts/...``, ``model_repository/<m>``) and
+every ``python -m <module>`` they show resolves to a file of this checkout.
+
+Placeholders (``<model>``, ``*``, ``{...}``, ``...``) are not paths and are skipped; so are paths
+outside the repository (``~/.cache/...``, ``/dev/shm``) and build outputs (``.venv``)."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Top-level entries a repository path in the docs starts with.
+TOP = ("omni_triton/", "openai_frontend/", "clients/", "scripts/", "tests/", "docs/", "docker/",
+       "deploy/", "kernels/", "model_repository/", "ensembles/", "perf_analyzer_configs/", ".ci/")
+TOP_FILES = ("README.md", "pyproject.toml")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_BACKTICK = re.compile(r"`([^`\n]+)`")
+_BARE = re.compile(r"(?<![\w/.-])((?:" + "|".join(re.escape(t) for t in TOP) + r")[\w./-]*\.(?:py|sh|md|json|pbtxt|yaml|yml|txt))")
+_MODULE = re.compile(r"python3? -m ((?:omni_triton|openai_frontend|clients)(?:\.\w+)*)")
+_PLACEHOLDER = re.compile(r"[<>*{}$]|\.\.\.")
+
+
+def reference_docs() -> list[Path]:
+    """README.md and docs/*.md: the docs whose code paths must exist."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def all_docs() -> list[Path]:
+    """Every Markdown file whose relative links must resolve (lab notes included)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def broken_links(doc: Path, text: str) -> list[str]:
+    """Relative link targets of ``text`` (a Markdown file at ``doc``) that do not exist."""
+    out = []
+    for target in _LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # http(s):, mailto:, in-page anchors
+        path = target.split("#", 1)[0]
+        if not (doc.parent / path).exists():
+            out.append(target)
+    return out
+
+
+def _candidate(token: str) -> str | None:
+    """The repository path ``token`` names, or None when it names none (a command, a placeholder)."""
+    token = token.strip().split()[0] if token.strip() else ""
+    token = token.split("::", 1)[0].rstrip(".,;:)")
+    token = re.sub(r":\d+(-\d+)?$", "", token)  # file.py:12 line references
+    if not (token.startswith(TOP) or token in TOP_FILES) or _PLACEHOLDER.search(token):
+        return None
+    return token
+
+
+def missing_paths(text: str) -> list[str]:
+    """Repository paths and ``python -m`` modules named in ``text`` that do not exist under ROOT."""
+    names = {c for c in map(_candidate, _BACKTICK.findall(text)) if c}
+    names |= {c for c in map(_candidate, _BARE.findall(text)) if c}
+    out = sorted(n for n in names if not (ROOT / n).exists())
+    for module in sorted(set(_MODULE.findall(text))):
+        base = ROOT / module.replace(".", "/")
+        if not (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()):
+            out.append(f"python -m {module}")
+    return out
+
+
+def test_the_checks_find_a_broken_link_and_a_moved_path(tmp_path):
+    doc = tmp_path / "x.md"
+    text = ("[ok](README.md) [gone](nowhere.md) [web](https://example.com) [here](#top) "
+            "`omni_triton/triton_io.py` `omni_triton/adapters/triton_io.py` `model_repository/<model>/` "
+            "see omni_triton/no_such_module.py; `python -m clients.no_such_client`")
+    (tmp_path / "README.md").write_text("")
+    assert broken_links(doc, text) == ["nowhere.md"]
+    assert missing_paths(text) == ["omni_triton/no_such_module.py", "omni_triton/triton_io.py",
+                                   "python -m clients.no_such_client"]
+
+
+def test_every_relative_link_resolves():
+    found = {str(d.relative_to(ROOT)): broken_links(d, d.read_text()) for d in all_docs()}
+    assert not {k: v for k, v in found.items() if v}
+
+
+def test_every_code_path_the_docs_name_exists():
+    found = {str(d.relative_to(ROOT)): missing_paths(d.read_text()) for d in reference_docs()}
+    assert not {k: v for k, v in found.items() if v}
