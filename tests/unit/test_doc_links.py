@@ -84,3 +84,19 @@ def test_every_relative_link_resolves():
 def test_every_code_path_the_docs_name_exists():
     found = {str(d.relative_to(ROOT)): missing_paths(d.read_text()) for d in reference_docs()}
     assert not {k: v for k, v in found.items() if v}
+
+
+#: Where a citation of a document outside the repository would send a reader nowhere.
+CITING = ("omni_triton", "openai_frontend", "clients", "scripts", "model_repository", "ensembles", "docs", "docker")
+_OUTSIDE_DOC = re.compile(r"DESIGN(?:\.md)? section \d")
+
+
+def test_nothing_cites_the_design_brief_outside_the_repository():
+    """The design brief (DESIGN.md) is not in the repository: comments cite
+    ``docs/architecture.md "Environment facts"`` for its environment facts instead."""
+    found = [f"{path.relative_to(ROOT)}:{n}" for top in CITING for path in sorted((ROOT / top).rglob("*"))
+             if path.is_file() and path.suffix in (".py", ".md", ".pbtxt", ".sh")
+             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if _OUTSIDE_DOC.search(line)]
+    found += [f"README.md:{n}" for n, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
+              if _OUTSIDE_DOC.search(line)]
+    assert not found
