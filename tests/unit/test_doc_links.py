@@ -2,7 +2,8 @@
 ``docs/**/*.md`` points at a file or folder that exists, and every repository path the reference
 docs (``README.md``, ``docs/*.md``; not the dated lab notes under ``docs/notes/``) spell in
 backticks or name in prose (``omni_triton/...py``, ``scripts/...``, ``model_repository/<m>``) and
-every ``python -m <module>`` they show resolves to a file of this checkout.
+every ``python -m <module>`` they show resolves to a file of this checkout; and every
+``doc.md "Section"`` citation (docs and code comments) names a heading or bold lead of that doc.
 
 Placeholders (``<model>``, ``*``, ``{...}``, ``...``) are not paths and are skipped; so are paths
 outside the repository (``~/.cache/...``, ``/dev/shm``) and build outputs (``.venv``)."""
@@ -100,3 +101,43 @@ def test_nothing_cites_the_design_brief_outside_the_repository():
     found += [f"README.md:{n}" for n, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
               if _OUTSIDE_DOC.search(line)]
     assert not found
+
+
+_SECTION_REF = re.compile(r'((?:[\w.-]+/)*[\w.-]+\.md)\)?,? "([^"\n]{3,80})"')
+CODE = ("omni_triton", "openai_frontend", "clients", "scripts", "model_repository", "ensembles")
+
+
+def _sections(doc: Path) -> list[str]:
+    """Lower-cased headings and bold paragraph leads (``**Name**``/``- **Name**``) of ``doc``."""
+    heads = []
+    for line in doc.read_text().splitlines():
+        if line.startswith("#"):
+            heads.append(line.lstrip("#").strip().lower())
+        elif (m := re.match(r"\s*(?:[-\d.]+\s+)?\*\*([^*]+)\*\*", line)):
+            heads.append(m.group(1).lower())
+    return heads
+
+
+def missing_sections(where: Path, text: str) -> list[str]:
+    """``doc.md "Section"`` references in ``text`` (a file at ``where``) whose doc has no heading
+    or bold lead containing that name (case-insensitive). References to docs that cannot be
+    found (another project's README) are left to the link check."""
+    out = []
+    for name, section in _SECTION_REF.findall(text):
+        target = next((c for c in (where.parent / name, ROOT / name, ROOT / "docs" / name) if c.is_file()), None)
+        if target is not None and not any(section.lower() in h for h in _sections(target)):
+            out.append(f'{name} "{section}"')
+    return out
+
+
+def test_the_section_check_finds_a_renamed_section(tmp_path):
+    (tmp_path / "a.md").write_text("# A\n## The knobs\n- **Pacing.** text\n")
+    text = 'see a.md "The knobs", [a.md](a.md) "pacing" and a.md, "Old name"'
+    assert missing_sections(tmp_path / "x.md", text) == ['a.md "Old name"']
+
+
+def test_every_cited_doc_section_exists():
+    files = reference_docs() + [p for top in CODE for p in sorted((ROOT / top).rglob("*"))
+                                if p.is_file() and p.suffix in (".py", ".pbtxt", ".sh", ".md")]
+    found = {str(f.relative_to(ROOT)): missing_sections(f, f.read_text(errors="replace")) for f in files}
+    assert not {k: v for k, v in found.items() if v}
