@@ -141,3 +141,12 @@ def test_every_cited_doc_section_exists():
                                 if p.is_file() and p.suffix in (".py", ".pbtxt", ".sh", ".md")]
     found = {str(f.relative_to(ROOT)): missing_sections(f, f.read_text(errors="replace")) for f in files}
     assert not {k: v for k, v in found.items() if v}
+
+
+def test_the_readme_is_a_front_door():
+    """At most 12 KB, and the two set-up commands come before any example (issue 24 item 6)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 12 * 1024
+    first_example = text.index("## Use it")
+    assert 0 < text.index("bash scripts/serve.sh\n") < first_example
+    assert 0 < text.index("bash scripts/test.sh\n") < first_example
