@@ -18,8 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from omni_triton.deploy import read_config
-from omni_triton.launcher import available_models, dependencies
+from omni_triton.serve.repository import available_models, dependencies, read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The doc that holds the generated model table.

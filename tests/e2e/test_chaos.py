@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from conftest import wait_for_stub_death_report
-from omni_triton.launcher import free_port
+from omni_triton.serve.process import free_port
 
 LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(60))
 
