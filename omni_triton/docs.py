@@ -7,8 +7,8 @@ omni_triton.docs check`` exits 1 when the committed table differs from what the 
 
 Kinds: an ``ensemble`` is a config with ``platform: "ensemble"``; a ``BLS`` model is a Python
 model that calls other models (its ``depends_on`` parameter) and that no other model calls (the
-request's entry point: ``tts``, ``omni``, ``llm_tts``, ...); every other model is a ``stage``
-(a stage may call another one too: ``omni_talker`` streams ``omni_thinker``).
+request's entry point: ``csm``, ``qwen3_omni``, ``llm_tts``, ...); every other model is a ``stage``
+(a stage may call another one too: ``qwen3_omni_talker`` streams ``qwen3_omni_thinker``).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class ModelRow:
 
     Attributes:
         name: the Triton model name (its folder).
-        folder: ``<repository folder>/<name>``, e.g. ``model_repository/tts``.
+        folder: ``<repository folder>/<name>``, e.g. ``model_repository/csm``.
         served_name: the OpenAI-facing name (the ``served_model_name`` parameter, else ``name``).
         kind: ``"ensemble"``, ``"BLS"`` or ``"stage"`` (see the module docstring).
         decoupled: whether the model answers a request with a stream of responses.
