@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m clients.omni_grpc_stream --model omni --text "What is the capital of France?" --out answer.wav
+    python -m clients.omni_grpc_stream --model qwen3_omni --text "What is the capital of France?" --out answer.wav
 
 Prints the text as it arrives, then one line per audio chunk (arrival in ms since the request,
 samples), TTFT (first non-empty text delta) and TTFP (first audio chunk), and writes the

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m clients.tts_grpc_stream --model tts --text "Hello there." --out hello.wav
+    python -m clients.tts_grpc_stream --model csm --text "Hello there." --out hello.wav
     python -m clients.tts_grpc_stream --model piper --url 127.0.0.1:8001 --text "Hi." --out hi.wav
 
 Prints one line per audio chunk as it arrives (arrival time in ms since the request, samples),
