@@ -474,12 +474,15 @@ class TritonEngine:
                 denoise_seconds=float(seconds.reshape(-1)[0]) if seconds is not None else 0.0,
             )
 
+        # All n in flight; the first failure cancels the rest and is raised as it is. (Not
+        # asyncio.TaskGroup/except*: the GPU image's tritonserver Python is 3.10, which has neither.)
+        tasks = [asyncio.ensure_future(one(i)) for i in range(job.n)]
         try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(one(i)) for i in range(job.n)]
-        except* EngineError as eg:
-            raise eg.exceptions[0] from None
-        return [t.result() for t in tasks]
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
     async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
