@@ -163,7 +163,7 @@ def _template(paths: list[str], url_path: str) -> str:
     parts = url_path.rstrip("/").split("/")
     for template in sorted(paths, key=lambda p: p.count("{")):
         t = template.split("/")
-        if len(t) == len(parts) and all(a == b or a.startswith("{") for a, b in zip(t, parts)):
+        if len(t) == len(parts) and all(a == b or a.startswith("{") for a, b in zip(t, parts, strict=True)):
             return template
     return url_path
 

@@ -58,9 +58,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from clients.bench_common import (
     closed_loop,
@@ -119,7 +119,7 @@ class ChatResult:
     @property
     def itl_s(self) -> list[float]:
         t = self.content_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
 
     @property
     def tpot_s(self) -> float | None:

@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from clients.omni_grpc_stream import build_chat_inputs, stream_chat
-    from omni_triton.launcher import available_models, model_parameters
     from omni_triton.checkpoints import qwen3_omni as ckpt
+    from omni_triton.launcher import available_models, model_parameters
     from omni_triton.stages import qwen3_omni as qo
 
     torch.set_num_threads(1)
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                                "lengths": lengths, "length_requests": args.length_requests,
                                "talker_max_frames": int(tp["default_max_frames"]),
                                "talker_min_frames": int(tp["default_min_frames"]),
-                               "chunks": [int(bls[k]) for k in ("first_chunk_frames", "chunk_frames", "left_context_frames")],
+                               "chunks": [int(bls[k]) for k in ("first_chunk_frames", "chunk_frames",
+                                                                "left_context_frames")],
                                "cpus": os.cpu_count()}, "results": {}}
 
     # 1) in-process, one stage object per served instance
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} c={c}: {json.dumps(report['results'][name][str(c)])}", flush=True)
         for n in lengths:  # TTFP vs answer length, async_chunk on and off side by side
             for mode in ("on", "off"):
-                results, wall = run_level(lambda i: fn(i, max_tokens=n, min_tokens=n, async_chunk=mode == "on"), 1,
+                results, wall = run_level(lambda i, n=n, mode=mode: fn(i, max_tokens=n, min_tokens=n, async_chunk=mode == "on"), 1,
                                           args.length_requests)
                 row = summarize(results, wall)
                 row["audio_before_last_text"] = sum(bool(r.get("audio_before_last_text")) for r in results)
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"audio_before_last_text {row['audio_before_last_text']}/{row['ok']}", flush=True)
 
     run_path("inprocess", inprocess)
-    del thinker, talker, decoder
+    thinker = talker = decoder = None  # the stage objects go before the Triton part (inprocess is done)
 
     # 2) Triton gRPC
     server = None

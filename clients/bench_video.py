@@ -52,11 +52,21 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
 
-from clients.bench_common import (InstancePool, Result, closed_loop, git_commit, machine_info,  # noqa: E402
-                                  measure_level, metric_sum, parse_concurrency, ratio, stop_all_on_sigterm)
+from clients.bench_common import (  # noqa: E402
+    InstancePool,
+    Result,
+    closed_loop,
+    git_commit,
+    machine_info,
+    measure_level,
+    metric_sum,
+    parse_concurrency,
+    ratio,
+    stop_all_on_sigterm,
+)
 
 MODEL = "wan_t2v"
 DENOISER = "wan_t2v_denoiser"
@@ -182,7 +192,8 @@ def _ratios(inproc: dict, front: dict) -> dict:
     levels = sorted(front, key=int)
     if "1" in inproc and "1" in front:
         out["serving_overhead_latency_p50"] = ratio(front["1"]["latency_ms"]["p50"], inproc["1"]["latency_ms"]["p50"])
-        out["serving_overhead_latency_mean"] = ratio(front["1"]["latency_ms"]["mean"], inproc["1"]["latency_ms"]["mean"])
+        out["serving_overhead_latency_mean"] = ratio(front["1"]["latency_ms"]["mean"],
+                                                     inproc["1"]["latency_ms"]["mean"])
     if "1" in front and levels:
         out["batching_gain_throughput"] = ratio(front[levels[-1]]["requests_per_s"], front["1"]["requests_per_s"])
         out["batching_gain_at_concurrency"] = int(levels[-1])

@@ -431,7 +431,8 @@ def semantic_cases(endpoint: str, models: Models = Models()) -> list[Case]:
                 v("input_reference as text", input_reference="x"),
                 v("input_reference[image_url] not a data URL", **{"input_reference[image_url]": "http://x/a.png"}),
                 Case(endpoint, "prompt twice", form=fields, form_bytes={"prompt": b"again"}),
-                Case(endpoint, "JSON input_reference not an object", json={**base, "input_reference": 5}, has_json=True),
+                Case(endpoint, "JSON input_reference not an object", json={**base, "input_reference": 5},
+                     has_json=True),
                 Case(endpoint, "JSON input_reference without image_url", json={**base, "input_reference": {}},
                      has_json=True),
                 Case(endpoint, "JSON input_reference bad base64",
@@ -540,7 +541,8 @@ def _multipart_cases(endpoint: str, models: Models) -> list[Case]:
     out = [Case(endpoint, f"content type {ctype!r}", content=junk, content_type=ctype)
            for ctype in BOGUS_MULTIPART_TYPES]
     upload = ("clip.wav", b"RIFF0000WAVE", "audio/wav") if endpoint in ("speech", "voices") else valid_files()[0][1]
-    name = {"speech": "ref_audio", "images_edits": "image", "videos": "input_reference", "voices": "audio_sample"}[endpoint]
+    name = {"speech": "ref_audio", "images_edits": "image", "videos": "input_reference",
+            "voices": "audio_sample"}[endpoint]
     text = "input" if endpoint == "speech" else "name" if endpoint == "voices" else "prompt"
     out += [Case(endpoint, "9 files", form=fields, files=[(name, upload)] * 9),
             Case(endpoint, "text part over 1 MiB", form={**fields, text: "x" * ((1 << 20) + 1)}, files=[(name, upload)])]
@@ -609,7 +611,8 @@ def run(url: str, endpoints=ALL_ENDPOINTS, models: Models = Models(), timeout_s:
             r = send_valid(client, endpoint, models)
             report.valid[endpoint] = r.status_code
             if r.status_code != 200:
-                report.failures.append((endpoint, "valid request afterwards", f"status {r.status_code}: {r.text[:200]}"))
+                report.failures.append((endpoint, "valid request afterwards",
+                                        f"status {r.status_code}: {r.text[:200]}"))
             report.statuses[endpoint] = counts
     return report
 

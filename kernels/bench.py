@@ -32,7 +32,7 @@ def main() -> None:
     rows, reference = [], None
     for cache in kernels.STEP_CACHES:
         pipe = load_pipeline(checkpoint_dir("qwen-image-tiny"))
-        opts = {"current_timestep_callback": lambda: pipe.current_timestep} if cache == "pab" else {}
+        opts = {"current_timestep_callback": lambda pipe=pipe: pipe.current_timestep} if cache == "pab" else {}
         line = kernels.apply(pipe.transformer, "auto", cache, **opts)
         run(pipe, a.steps, a.size)  # warm-up
         times, image = [], None

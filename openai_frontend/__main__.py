@@ -6,10 +6,9 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 import uvicorn
-
-from pathlib import Path
 
 from omni_triton import triton_admin
 from omni_triton.media.fetch import UrlFetchPolicy
@@ -17,10 +16,10 @@ from omni_triton.paths import cache_dir
 
 from .app import Settings, create_app
 from .auth import install_log_redaction
+from .engine import TritonEngine
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
-from .engine import TritonEngine
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -14,20 +14,28 @@ from fastapi import FastAPI
 from omni_triton.media.fetch import UrlFetchPolicy
 
 from .admission import AdmissionController
+from .auth import ApiKeyCheck
 from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
-from .auth import ApiKeyCheck
+from .middleware import (
+    ApiKey,
+    BodySizeLimit,
+    BrowserGuard,
+    IgnoredFieldsHeader,
+    JsonValueLimit,
+    SingleHeaders,
+    SpeechFormToJson,
+    UnexpectedErrors,
+)
 from .openapi import install_openapi
-from .middleware import (ApiKey, BodySizeLimit, BrowserGuard, IgnoredFieldsHeader, JsonValueLimit,
-                         SingleHeaders, SpeechFormToJson, UnexpectedErrors)
 from .routers import audio, chat, images, models, observability, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
+from .stage_watch import ServeStatusWatch
 from .storage_lock import lock_unless_shared
 from .video_jobs import JobSettings, JobStore, VideoJobs
 from .voice_store import VoiceSettings, VoiceStore
-from .stage_watch import ServeStatusWatch
 
 logger = logging.getLogger(__name__)
 

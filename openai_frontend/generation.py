@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
 
 import numpy as np
 
@@ -52,7 +52,8 @@ def part_json(part) -> dict:
     if part.type == "text":
         return {"type": "text", "text": part.text}
     if part.type == "input_audio":
-        return {"type": "input_audio", "input_audio": {"data": part.input_audio.data, "format": part.input_audio.format}}
+        return {"type": "input_audio",
+                "input_audio": {"data": part.input_audio.data, "format": part.input_audio.format}}
     return {"type": part.type, part.type: {"url": getattr(part, part.type).url}}
 
 
@@ -116,7 +117,7 @@ def usage_of(states: Sequence[ChoiceState], prompts_per_choice: Sequence[int] | 
     """
     groups = prompts_per_choice if prompts_per_choice is not None else [0] * len(states)
     prompt_tokens: dict[int, int] = {}
-    for group, state in zip(groups, states):
+    for group, state in zip(groups, states, strict=True):
         if state.prompt_tokens is not None:
             prompt_tokens[group] = state.prompt_tokens
     p = sum(prompt_tokens.values())
@@ -145,7 +146,7 @@ async def merge(streams: Sequence[AsyncIterator[GenerationChunk]]) -> AsyncItera
             await queue.put((i, END, None))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+        except Exception as exc:
             await queue.put((i, END, exc))
         finally:
             await stream.aclose()

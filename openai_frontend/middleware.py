@@ -11,8 +11,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 
-from .auth import (KEY_SUBPROTOCOL_PREFIX, ApiKeyCheck, header, is_loopback, offered_subprotocols,
-                   url_credentials)
+from .auth import KEY_SUBPROTOCOL_PREFIX, ApiKeyCheck, header, is_loopback, offered_subprotocols, url_credentials
 from .errors import ErrorDetail, error_json
 
 logger = logging.getLogger(__name__)
@@ -445,7 +444,7 @@ class SpeechFormToJson:
             await form.close()
         except HTTPException:  # the body cap (413), answered by BodySizeLimit
             raise
-        except Exception as exc:  # noqa: BLE001 - a malformed multipart body
+        except Exception as exc:
             detail = ErrorDetail(message=f"Malformed multipart body: {exc}", type="invalid_request_error",
                                  code="invalid_multipart")
             return await error_json(400, detail)(scope, receive, send)

@@ -14,8 +14,8 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class ServeStatusWatch:
         self._task: asyncio.Task | None = None
 
     @classmethod
-    def from_env(cls, on_stub_death=None) -> "ServeStatusWatch":
+    def from_env(cls, on_stub_death=None) -> ServeStatusWatch:
         """A watcher on ``$OMNI_TRITON_SERVE_STATUS`` (unset: a watcher with no file)."""
         return cls(os.environ.get("OMNI_TRITON_SERVE_STATUS"), on_stub_death)
 

@@ -47,9 +47,10 @@ import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omni_triton.media.video import encode_mp4, write_atomic
 
@@ -145,7 +146,7 @@ class VideoRequest:
                            "keep_frames": self.keep_frames})
 
     @classmethod
-    def from_json(cls, text: str) -> "VideoRequest":
+    def from_json(cls, text: str) -> VideoRequest:
         data = json.loads(text)
         return cls(data["model"], VideoJob(**data["job"]), int(data["fps"]), int(data["keep_frames"]))
 
@@ -319,7 +320,8 @@ class JobStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                row = self._db.execute("SELECT id FROM jobs WHERE status = ? ORDER BY seq LIMIT 1", (QUEUED,)).fetchone()
+                row = self._db.execute("SELECT id FROM jobs WHERE status = ? ORDER BY seq LIMIT 1",
+                                       (QUEUED,)).fetchone()
                 if row is None:
                     self._db.execute("COMMIT")
                     return None
@@ -713,7 +715,7 @@ class VideoJobs:
                 await asyncio.to_thread(self.sweep)
             except (sqlite3.Error, OSError) as exc:  # the next sweep tries again
                 self._store_failed("sweep", exc, None)
-            except Exception:  # noqa: BLE001 - the sweep must keep running
+            except Exception:
                 logger.exception("video retention sweep failed")
 
     async def _dispatch(self) -> None:
@@ -741,7 +743,7 @@ class VideoJobs:
                         break
                     task = asyncio.create_task(self._run(rec), name=f"video-{rec.id}")
                     self._running[rec.id] = _Running(task)
-            except Exception as exc:  # noqa: BLE001 - database errors, a damaged row: never the end of it
+            except Exception as exc:
                 delay = self._store_failed("dispatch", exc, delay)
             else:
                 delay = None
@@ -798,7 +800,7 @@ class VideoJobs:
                     logger.warning("video job %s failed: %s", rec.id, exc)  # the raw error, for operators
                     await self._fail(rec.id, "stage_died", f"stage {stage} died while this job ran (attempt "
                                      f"{rec.attempts} of {self.settings.max_attempts}); retry the job")
-        except Exception as exc:  # noqa: BLE001 - a job fails with its reason, never vanishes
+        except Exception as exc:
             logger.exception("video job %s failed", rec.id)
             await self._fail(rec.id, "internal_error", f"{type(exc).__name__}: {exc}")
         finally:

@@ -7,11 +7,27 @@
 * ``triton``: ``TritonEngine``, the protocol over ``tritonclient.grpc.aio``.
 """
 
-from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
-                     ModelNotReadyError, TritonUnavailableError)
+from .errors import (
+                     EngineError,
+                     InferenceError,
+                     InvalidRequestError,
+                     ModelNotFoundError,
+                     ModelNotReadyError,
+                     TritonUnavailableError,
+)
 from .model_info import ModelInfo, model_info_from_config, parse_size, unready_dependencies
-from .protocol import (AudioChunk, Engine, GeneratedImage, GenerationChunk, GenerationRequest,
-                       ImageJob, SpeechOptions, StageStatistics, VideoEvent, VideoJob)
+from .protocol import (
+                     AudioChunk,
+                     Engine,
+                     GeneratedImage,
+                     GenerationChunk,
+                     GenerationRequest,
+                     ImageJob,
+                     SpeechOptions,
+                     StageStatistics,
+                     VideoEvent,
+                     VideoJob,
+)
 from .triton import TritonEngine, chat_inputs, chunk_from_result
 
 __all__ = [

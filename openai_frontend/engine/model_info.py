@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
-from omni_triton.contracts import video as video_contract
 from omni_triton.contracts import speech as speech_contract
+from omni_triton.contracts import video as video_contract
 
 logger = logging.getLogger(__name__)
 

@@ -21,29 +21,45 @@ import asyncio
 import functools
 import logging
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.grpc import InferInput
+from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import InferenceServerException
 
 from omni_triton import triton_admin
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
+from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.contracts import speech as speech_contract
 from omni_triton.contracts import video as video_contract
-from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, scalar_array, utf8_array, wrap_inputs
 from omni_triton.media.image import pixels_from_png_base64
 
-from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
-                     ModelNotReadyError, StageRestartedError, TritonUnavailableError)
+from .errors import (
+    EngineError,
+    InferenceError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    StageRestartedError,
+    TritonUnavailableError,
+)
 from .model_info import ModelInfo, model_info_from_config, unready_dependencies
-from .protocol import (AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob,
-                       SpeechOptions, StageStatistics, VideoEvent, VideoJob)
+from .protocol import (
+    AudioChunk,
+    GeneratedImage,
+    GenerationChunk,
+    GenerationRequest,
+    ImageJob,
+    SpeechOptions,
+    StageStatistics,
+    VideoEvent,
+    VideoJob,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +178,7 @@ class TritonEngine:
     async def is_live(self) -> bool:
         try:
             return bool(await self._client.is_server_live(client_timeout=self._timeout))
-        except Exception:  # noqa: BLE001 - any failure means "not live"
+        except Exception:
             return False
 
     async def _index(self) -> dict[str, tuple[str, str]]:
@@ -170,7 +186,7 @@ class TritonEngine:
         try:
             index = await self._client.get_model_repository_index(headers=self._admin_headers,
                                                                   client_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc, "repository index") from exc
         states: dict[str, tuple[str, str]] = {}
         for m in index.models:
@@ -187,7 +203,7 @@ class TritonEngine:
         try:
             resp = await self._client.get_model_config(name, headers=self._admin_headers,
                                                        client_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc, f"config of {name}") from exc
         info = model_info_from_config(resp.config, state, reason)
         self._config_cache[name] = info
@@ -214,7 +230,7 @@ class TritonEngine:
             raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
         try:
             ready = await self._client.is_model_ready(name, client_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc, f"readiness of {name}") from exc
         if not ready:
             self._config_cache.pop(name, None)
@@ -247,7 +263,7 @@ class TritonEngine:
                 if (exc.status() or "").endswith(tuple(c.name for c in _UNAVAILABLE_CODES)):
                     raise _translate(exc, f"statistics of {name}") from exc
                 continue  # unloaded or unknown: no statistics
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise _translate(exc, f"statistics of {name}") from exc
             success = executions = queue = compute = 0
             for m in resp.model_stats:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
-                       TokenizeRequest, TokenizeResponse)
+from ..schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from ..serving import chat, tokenize
 
 router = APIRouter(tags=["chat"])

@@ -32,15 +32,15 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
 from omni_triton.contracts.chat import MODALITIES, part_modality
-from omni_triton.media.fetch import UrlFetchError, UrlFetchPolicy, fetch_url
 from omni_triton.media.audio import UnsupportedFormatError, get_format
+from omni_triton.media.fetch import UrlFetchError, UrlFetchPolicy, fetch_url
 
 from ..engine import EngineError, GenerationRequest, ModelInfo
 from ..errors import OpenAIError, bad_request, engine_error_detail, error_json
@@ -57,6 +57,7 @@ from ..generation import (
     sampling_parameters,
     usage_of,
 )
+from ..offload import off_loop
 from ..schemas import (
     ChatCompletion,
     ChatCompletionAudio,
@@ -75,11 +76,18 @@ from ..schemas import (
     ImageGenerationRequest,
     Usage,
 )
-from ..offload import off_loop
 from . import images
+from .common import (
+    AdmittedRequest,
+    check_fields,
+    check_prompt_chars,
+    messages_chars,
+    resolve_model,
+    retry_after_stage_restart,
+    sse_response,
+    until_disconnect,
+)
 from .stage_metrics import StageClock
-from .common import (AdmittedRequest, check_fields, check_prompt_chars, messages_chars, resolve_model,
-                     retry_after_stage_restart, sse_response, until_disconnect)
 
 logger = logging.getLogger(__name__)
 
@@ -260,11 +268,16 @@ async def fetch_media_urls(messages: list[dict], policy: UrlFetchPolicy) -> list
                     raise OpenAIError(exc.status, exc.message, param=f"messages.{i}.content.{j}.{kind}.url",
                                       code=exc.code) from None
                 mime = mime or ("image/*" if kind == "image_url" else "video/*")
-                url = await off_loop(lambda: f"data:{mime};base64," + base64.b64encode(data).decode("ascii"))
+                url = await off_loop(_data_url, mime, data)
                 part = {"type": kind, kind: {"url": url}}
             parts.append(part)
         out.append({**m, "content": parts})
     return out
+
+
+def _data_url(mime: str, data: bytes) -> str:
+    """A ``data:`` URL of ``data`` (base64) with media type ``mime``."""
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
 
 
 def output_modalities(body: ChatCompletionRequest, info: ModelInfo) -> tuple[str, ...]:

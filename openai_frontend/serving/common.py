@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
 
 from python_multipart.multipart import parse_options_header
 from sse_starlette import EventSourceResponse
@@ -151,7 +151,7 @@ async def read_form(request, *, max_files: int, max_fields: int, max_part_size: 
         if exc.status_code == 413:
             raise
         reason = str(exc.detail)
-    except Exception as exc:  # noqa: BLE001 - whatever else a hostile body or header makes the parser raise
+    except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"
     raise bad_request(f"Malformed multipart body: {reason}", code="invalid_multipart")
 
@@ -272,7 +272,7 @@ class AdmittedRequest:
         self.outcome: str | None = None
         self.t0 = 0.0
 
-    async def __aenter__(self) -> "AdmittedRequest":
+    async def __aenter__(self) -> AdmittedRequest:
         try:
             self._slot = self._admission.acquire(self._cost)
         except OpenAIError:

@@ -24,19 +24,31 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, UnsupportedImageFormatError, decode_image,
-                                     encode_image, normalise_format)
+from omni_triton.contracts.image import MIN_INFERENCE_STEPS
+from omni_triton.media.image import (
+    ImageTooLargeError,
+    InvalidImageError,
+    UnsupportedImageFormatError,
+    decode_image,
+    encode_image,
+    normalise_format,
+)
 
 from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
 from ..errors import OpenAIError, bad_request
 from ..offload import off_loop
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
+from .common import (
+    IMAGE_EDIT,
+    TEXT_TO_IMAGE,
+    AdmittedRequest,
+    check_fields,
+    read_form,
+    resolve_model,
+    retry_after_stage_restart,
+)
 from .stage_metrics import StageClock
-from .common import (IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, check_fields, read_form, resolve_model,
-                     retry_after_stage_restart)
-
-from omni_triton.contracts.image import MIN_INFERENCE_STEPS  # noqa: E402 - the stages' floor
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +215,7 @@ async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
     body = ImagesResponse(
         created=int(time.time()),
         data=[ImageData(b64_json=base64.b64encode(e.data).decode("ascii"), revised_prompt=job.prompt,
-                        seed=im.seed) for e, im in zip(result.encoded, result.images)],
+                        seed=im.seed) for e, im in zip(result.encoded, result.images, strict=True)],
         output_format=fmt,
         size=f"{job.width}x{job.height}",
         usage=ImageUsage(input_tokens=n_chars, total_tokens=n_chars, num_inference_steps=result.steps,

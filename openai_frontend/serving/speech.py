@@ -29,8 +29,8 @@ from starlette.background import BackgroundTask
 from omni_triton.media.audio import (
     RESAMPLE_RATES,
     STREAMING_FORMATS,
-    StreamResampler,
     SUPPORTED_FORMATS,
+    StreamResampler,
     UnsupportedFormatError,
     encode_audio,
     float_to_pcm16,
@@ -40,8 +40,8 @@ from omni_triton.media.audio import (
 )
 
 from ..engine import EngineError, ModelInfo
-from ..offload import off_loop
 from ..errors import ErrorDetail, OpenAIError, bad_request, engine_error_detail, error_json
+from ..offload import off_loop
 from ..schemas import (
     SpeechAudioDelta,
     SpeechAudioDone,
@@ -49,8 +49,17 @@ from ..schemas import (
     SpeechRequest,
     SpeechUsage,
 )
+from .common import (
+    SPEECH,
+    AdmittedRequest,
+    check_fields,
+    ignore_fields,
+    resolve_model,
+    retry_after_stage_restart,
+    sse_response,
+    until_disconnect,
+)
 from .voices import drop_unsupported_extras, resolve_speech
-from .common import SPEECH, AdmittedRequest, ignore_fields, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
 

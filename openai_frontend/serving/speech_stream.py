@@ -61,9 +61,9 @@ from omni_triton.media.audio import StreamResampler, encode_audio, float_to_pcm1
 
 from ..engine import EngineError, ModelInfo
 from ..errors import OpenAIError, bad_request, engine_error_detail, public_message, validation_detail
+from ..offload import off_loop
 from ..schemas import SpeechBatchRequest, SpeechRequest, is_text
 from .common import SPEECH, AdmittedRequest, resolve_model, until_disconnect
-from ..offload import off_loop
 from .speech import check_input, plan, synthesize
 from .voices import drop_unsupported_extras
 
@@ -508,7 +508,7 @@ async def _serve(ws: WebSocket) -> None:
             await worker
         except (asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
             pass
-        except Exception:  # noqa: BLE001 - the socket is gone; nothing to report to
+        except Exception:
             logger.debug("speech stream worker ended with an error", exc_info=True)
         if ws.client_state == WebSocketState.CONNECTED and ws.application_state == WebSocketState.CONNECTED:
             try:

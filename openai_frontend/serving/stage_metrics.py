@@ -61,7 +61,7 @@ class StageClock:
     enabled: bool = True
 
     @classmethod
-    async def start(cls, engine, info: ModelInfo, enabled: bool = True) -> "StageClock":
+    async def start(cls, engine, info: ModelInfo, enabled: bool = True) -> StageClock:
         stages = info.stage_models
         before = await engine.stage_statistics(list(stages)) if enabled else {}
         return cls(engine, stages, before, enabled)

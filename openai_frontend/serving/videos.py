@@ -35,15 +35,21 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omni_triton.contracts import video as vc
-from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, decode_image, fit_image, png_base64,
-                                     size_for_aspect)
+from omni_triton.media.image import (
+    ImageTooLargeError,
+    InvalidImageError,
+    decode_image,
+    fit_image,
+    png_base64,
+    size_for_aspect,
+)
 from omni_triton.media.video import MIME_TYPE, encode_mp4
 
 from ..engine import ModelInfo, VideoJob, parse_size
 from ..errors import OpenAIError, bad_request
+from ..offload import off_loop
 from ..schemas import Text
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, JobQuotaError, VideoJobs, VideoRequest
-from ..offload import off_loop
 from .common import AdmittedRequest, ModelKind, read_form, read_json_object, resolve_model, until_disconnect
 
 VIDEO = ModelKind("video", lambda m: m.is_video)

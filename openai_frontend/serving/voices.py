@@ -26,8 +26,15 @@ from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
 from ..offload import off_loop
 from ..schemas import MAX_REF_TEXT_CHARS, ModelVoices, SpeechRequest, VoiceList, is_text
-from ..voice_store import (AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, QuotaExceededError, StoredVoice,
-                           VoiceCorruptError, VoiceStore)
+from ..voice_store import (
+    AUDIO_SAMPLE,
+    PROMPT,
+    DuplicateVoiceName,
+    QuotaExceededError,
+    StoredVoice,
+    VoiceCorruptError,
+    VoiceStore,
+)
 from .common import read_form, read_json_object
 
 logger = logging.getLogger(__name__)

@@ -116,7 +116,7 @@ def _crash_logs(triton_log: Path) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in triton_log.parent.glob(triton_log.name + ".crash-*")}
 
 
-def crash_evidence(stack: "Stack", serve_log_from: int = 0, allow_stub_reload: bool = False,
+def crash_evidence(stack: Stack, serve_log_from: int = 0, allow_stub_reload: bool = False,
                    old_crash_logs: dict[str, int] | None = None) -> list[str]:
     """Traces of a tritonserver crash (or a stub death) since the session started.
 

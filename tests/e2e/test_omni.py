@@ -20,9 +20,9 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from clients.omni_grpc_stream import build_chat_inputs, stream_chat
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 from omni_triton.launcher import available_models, model_parameters
 from omni_triton.paths import model_dir
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 
 pytestmark = pytest.mark.e2e
 
@@ -109,7 +109,7 @@ def test_concurrent_chats_each_get_their_own_answer(stack, reference):
     jobs = [("Tell me a story.", "Chelsie"), ("Hello, how are you?", "Aiden")]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda qv: _chat(stack, qv[0], voice=qv[1]), jobs))
-    for (question, voice), r in zip(jobs, results):
+    for (question, voice), r in zip(jobs, results, strict=True):
         ref_text, ref_wav = reference(question, voice)
         assert r.text == ref_text
         assert r.audio.shape == ref_wav.shape and np.abs(r.audio - ref_wav).max() <= WAVE_TOL
@@ -132,7 +132,7 @@ def test_concurrent_requests_interleave_at_the_talker_with_the_same_answers(stac
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(one, jobs))
-    for (question, voice), (_, r) in zip(jobs, results):
+    for (question, voice), (_, r) in zip(jobs, results, strict=True):
         ref_text, ref_wav = reference(question, voice)
         assert r.completed and r.text == ref_text
         assert r.audio.shape == ref_wav.shape and np.abs(r.audio - ref_wav).max() <= WAVE_TOL
@@ -211,7 +211,8 @@ def test_code2wav_batches_concurrent_chunks(stack):
 
     def batch_sizes():
         s = httpx.get(f"{stack.triton_http_url}/v2/models/omni_code2wav/stats").json()
-        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s["model_stats"][0].get("batch_stats", [])}
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s["model_stats"][0].get("batch_stats",
+                                                                                                        [])}
 
     before = batch_sizes()
     client = grpcclient.InferenceServerClient(stack.triton_grpc_url)

@@ -16,7 +16,6 @@ import io
 import threading
 
 import httpx
-import numpy as np
 import openai
 import pytest
 import soundfile as sf

@@ -23,7 +23,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import E2E_MODELS
 
 from omni_triton.launcher import resolve_models

@@ -46,7 +46,7 @@ class Frontend:
         self.log = log
         self.proc = None
 
-    def start(self) -> "Frontend":
+    def start(self) -> Frontend:
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, env=self.env)
         deadline = time.monotonic() + 120
@@ -207,7 +207,8 @@ def test_voice_consents_with_the_sdk(frontend):
 
 BAD = [
     # (what, request, status, code)
-    ("no consent", dict(data={"name": "x"}, files={"audio_sample": ("a.wav", wav(2), "audio/wav")}), 400, "consent_required"),
+    ("no consent", dict(data={"name": "x"}, files={"audio_sample": ("a.wav", wav(2), "audio/wav")}), 400,
+     "consent_required"),
     ("unknown consent", dict(data={"name": "x", "consent": "cons_nope"},
                              files={"audio_sample": ("a.wav", wav(2), "audio/wav")}), 400, "invalid_consent"),
     ("no name", dict(data={"type": "prompt", "prompt": "p"}), 400, "missing_required_parameter"),

@@ -23,8 +23,14 @@ import json
 
 import numpy as np
 
-from openai_frontend.engine import (GeneratedImage, GenerationChunk, InvalidRequestError, ModelInfo,
-                                    ModelNotFoundError, VideoEvent)
+from openai_frontend.engine import (
+    GeneratedImage,
+    GenerationChunk,
+    InvalidRequestError,
+    ModelInfo,
+    ModelNotFoundError,
+    VideoEvent,
+)
 
 CHAT_INPUTS = frozenset({"PROMPT", "MESSAGES", "SAMPLING_PARAMETERS"})
 TEXT_OUTPUTS = frozenset({"TEXT_DELTA", "FINISH_REASON", "PROMPT_TOKENS", "COMPLETION_TOKENS"})

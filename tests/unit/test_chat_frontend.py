@@ -123,7 +123,7 @@ class ChatFakeEngine:
                                           completion_tokens=i + 1)
             done = True
             self.completed += 1
-            from test_images_frontend import count_stage  # noqa: PLC0415 - shared fake statistics
+            from test_images_frontend import count_stage
 
             for name in self.models[model].stage_models:  # every stage: 3 ms queued, 20 ms computing
                 count_stage(self.stats, name, 1, 3.0, 20.0)

@@ -33,7 +33,7 @@ class FakeStub:
     def __init__(self):
         self.calls = []
 
-    def ModelStreamInfer(self, requests, metadata=()):  # noqa: N802 - the gRPC method's name
+    def ModelStreamInfer(self, requests, metadata=()):
         call = HangingCall()
         self.calls.append(call)
         return call

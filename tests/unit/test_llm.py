@@ -134,7 +134,8 @@ def test_messages_text_parts_and_developer_role():
     ('[{"content": "x"}]', "role None"),
     ('[{"role": "user", "content": 3}]', "string or a list"),
     ('[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]', "does not accept image_url parts"),
-    ('[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]', "does not accept input_audio parts"),
+    ('[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]',
+     "does not accept input_audio parts"),
     ('[{"role": "user", "content": [{"type": "file", "file": {}}]}]', "only text parts"),
     ('["hello"]', "must be an object"),
 ])

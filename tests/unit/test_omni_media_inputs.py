@@ -69,7 +69,8 @@ b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
 # ----------------------------------------------------------------------------- parsing
 def test_parse_media_parts_and_placeholders():
     msgs = json.dumps([{"role": "system", "content": "be brief"}, {"role": "user", "content": [
-        {"type": "text", "text": "hear "}, {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav", "x": 1}},
+        {"type": "text", "text": "hear "}, {"type": "input_audio",
+                                            "input_audio": {"data": "AAAA", "format": "wav", "x": 1}},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
         {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}]}])
     parsed = chat.parse_messages(msgs, accept=("text", "audio", "image", "video"))
@@ -84,7 +85,8 @@ def test_parse_media_parts_and_placeholders():
 
 
 @pytest.mark.parametrize("content, accept, match", [
-    ([{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}], ("text",), "does not accept input_audio parts"),
+    ([{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}], ("text",),
+     "does not accept input_audio parts"),
     ([{"type": "image_url", "image_url": {"url": "data:,"}}], ("text", "audio"), "does not accept image_url parts"),
     ([{"type": "video_url", "video_url": {"url": "x"}}], ("text", "audio", "image"), "does not accept video_url parts"),
     ([{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aiff"}}], ("text", "audio"), "format 'aiff'"),
@@ -163,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         port = self.server.server_address[1]
         routes = {
             "/redirect-ok": f"http://127.0.0.1:{port}/ok",
@@ -279,9 +281,8 @@ AUDIO = {"type": "input_audio", "input_audio": {"data": b64(wav_bytes()), "forma
 
 
 async def test_text_model_names_the_part_it_cannot_take(monkeypatch):
-    from test_chat_frontend import sdk
-
     import openai
+    from test_chat_frontend import sdk
 
     engine = _engine(monkeypatch)
     client = sdk(engine)

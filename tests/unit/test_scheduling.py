@@ -296,7 +296,7 @@ def test_a_stage_with_scheduling_deadline_runs_its_jobs_on_the_scheduler(monkeyp
     stage.execute(requests)
     _wait_finals(requests)
     stage.finalize()
-    for req, n in zip(requests, (3, 2)):
+    for req, n in zip(requests, (3, 2), strict=True):
         assert [int(o[AUDIO][0]) for o in req.sender.outputs()] == list(range(n))
         assert req.sender.finals == 1
     assert all(locked for _, locked in pb.CALLS)  # every Triton call under the stub's one lock
@@ -637,7 +637,7 @@ def test_a_deadline_batched_stage_answers_the_most_urgent_pass_first_each_as_soo
     stage.finalize()
     assert passes == [[50, 50], [5, 5], [30]]  # the overdue 50 leads and takes the other 50 along
     assert answered_before == [1, 3, 5]  # each pass answered before the next ran
-    for r, want in zip(reqs, (500, 300, 50, 50, None, 500)):
+    for r, want in zip(reqs, (500, 300, 50, 50, None, 500), strict=True):
         assert r.sender.finals == 1
         if want is not None:
             assert r.sender.outputs()[0]["Y"].tolist() == [want]

@@ -15,8 +15,14 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
-from omni_triton.adapters import chat, omni, qwen3_tts, speech, video  # noqa: E402
-from omni_triton.adapters import diffusion  # noqa: E402
+from omni_triton.adapters import (  # noqa: E402
+    chat,
+    diffusion,
+    omni,
+    qwen3_tts,
+    speech,
+    video,
+)
 from omni_triton.contracts import chat as ch  # noqa: E402
 from omni_triton.contracts import image as im  # noqa: E402
 from omni_triton.contracts import qwen3_tts as q  # noqa: E402

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import io
 import json
-import os
 import time
 
 import httpx
@@ -17,10 +16,9 @@ import soundfile as sf
 from starlette.testclient import TestClient
 
 from openai_frontend.app import Settings, create_app
-from openai_frontend.engine import InvalidRequestError, ModelInfo
+from openai_frontend.engine import InvalidRequestError, ModelInfo, SpeechOptions
 from openai_frontend.engine.model_info import OPENAI_VOICES, _voice_aliases
 from openai_frontend.engine.triton import qwen3_speech_inputs
-from openai_frontend.engine import SpeechOptions
 from openai_frontend.serving.speech_stream import split_sentences
 from openai_frontend.voice_store import DuplicateVoiceName, VoiceCorruptError, VoiceSettings, VoiceStore
 
@@ -409,7 +407,8 @@ async def test_consents_api(engine, settings):
         r = await c.post("/v1/audio/voice_consents", data={"name": "x", "language": "en"},
                          files={"recording": ("c.wav", b"nope" * 100, "audio/wav")})
         err(r, 400, "invalid_audio")
-        for seconds, channels, code in [(5.5, 1, "audio_too_long"), (0.5, 1, "audio_too_short"), (1.5, 9, "invalid_audio")]:
+        for seconds, channels, code in [(5.5, 1, "audio_too_long"), (0.5, 1, "audio_too_short"),
+                                        (1.5, 9, "invalid_audio")]:
             r = await c.post("/v1/audio/voice_consents", data={"name": "x", "language": "en"},
                              files={"recording": ("c.wav", wav_bytes(seconds, channels=channels), "audio/wav")})
             assert err(r, 400, code)["param"] == "recording"  # a consent has a voice clip's limits
@@ -420,7 +419,8 @@ async def test_consents_api(engine, settings):
 
 async def test_voices_disabled_without_store(engine):
     async with client(engine, Settings()) as c:
-        err(await c.post("/v1/audio/voices", data={"name": "x", "type": "prompt", "prompt": "p"}), 404, "voices_disabled")
+        err(await c.post("/v1/audio/voices", data={"name": "x", "type": "prompt", "prompt": "p"}), 404,
+            "voices_disabled")
         assert (await c.get("/v1/audio/voices")).json()["uploaded_voices"] == []
 
 
@@ -677,7 +677,8 @@ async def test_damaged_row_and_damaged_database_are_reported_not_a_crash(engine,
     async with client(engine, settings) as c:
         (listed,) = (await c.get("/v1/audio/voices")).json()["uploaded_voices"]
         assert listed["id"] == vid and "unreadable" in listed["error"]
-        err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "voice": vid}), 409, "voice_corrupt")
+        err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "voice": vid}), 409,
+            "voice_corrupt")
     for suffix in ("", "-wal", "-shm"):
         p = db.with_name(db.name + suffix)
         if p.exists():
@@ -743,6 +744,7 @@ async def test_speech_as_multipart_with_an_uploaded_ref_audio(engine, settings):
         r = await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi", "voice": '{"id": "joe"}'})
         assert r.status_code == 200 and engine.calls[-1]["voice"] == "joe", r.text
         err(await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi", "speed": "fast"}), 400)
-        err(await c.post("/v1/audio/speech", content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data; boundary=x"}), 400)
+        err(await c.post("/v1/audio/speech", content=b"--x\r\nbroken",
+                         headers={"content-type": "multipart/form-data; boundary=x"}), 400)
         err(await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi"},
                          files={"ref_audio": ("ref.wav", b"not audio at all" * 10, "audio/wav")}), 400, "unsupported_ref_audio")
