@@ -482,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                 s = summarize(res, wall)
                 s["per_request"] = [r.to_json() for r in res]
                 omni["levels"]["1"] = s
-                log(f"  omni c=1 ok={s['ok']} text TTFT {s['ttft_ms']['mean']} ms  audio TTFP {s['ttfp_ms']['mean']} ms")
+                log(f"  omni c=1 ok={s['ok']} text TTFT {s['ttft_ms']['mean']} ms  "
+                    f"audio TTFP {s['ttfp_ms']['mean']} ms")
             for proc in reversed(started):
                 proc.stop()
             started.clear()

@@ -215,7 +215,8 @@ def format_table(results: dict, rat: dict) -> str:
             lines.append(f"{path:<14} {c:>2} {s['requests']:>4} {s['ok']:>4} {f(s['requests_per_s'], 2):>7} "
                          f"{f(lat['p50']):>8} {f(lat['p90']):>8} {f(lat['p99']):>8} {f(lat['mean']):>8} "
                          f"{f(s['slo_attainment'], 2):>6} {f(s.get('denoiser_mean_batch'), 2):>9}")
-    lines.append(f"(SLO: fraction of requests within {next(iter(next(iter(results.values())).values()))['slo_ms']:.0f} ms; "
+    slo_ms = next(iter(next(iter(results.values())).values()))["slo_ms"] if results else 0.0
+    lines.append(f"(SLO: fraction of requests within {slo_ms:.0f} ms; "
                  "DiT batch: images per denoiser execution)" if results else "")
     lines.append("")
     lines.append(f"serving overhead (frontend C=1 p50 / in-process p50): {rat.get('serving_overhead_latency_p50')}")

@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     talker = _TalkerPool([qo.OmniTalker.from_pretrained(path) for _ in range(counts["omni_talker"])])
     decoder = _LockedDecoder([qo.OmniCode2Wav.from_pretrained(path) for _ in range(counts["omni_code2wav"])])
     settings = qo.TalkerSettings(max_frames=int(tp["default_max_frames"]), min_frames=int(tp["default_min_frames"]),
-                                 do_sample=tp["do_sample"] == "true", repetition_penalty=float(tp["repetition_penalty"]))
+                                 do_sample=tp["do_sample"] == "true",
+                                 repetition_penalty=float(tp["repetition_penalty"]))
 
     default_async = bls.get("async_chunk", "false").lower() == "true"
 
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         ids = thinker.encode(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
         t = time.perf_counter()
         # waiting for a busy stage object counts in TTFT/TTFP/E2E, as queueing in Triton does
-        r = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=max_tokens, min_tokens=min_tokens),
+        r = qo.run_pipeline(thinker, talker, decoder, ids,
+                            qo.SamplingSettings(max_tokens=max_tokens, min_tokens=min_tokens),
                             "Ethan", settings, first_chunk_frames=int(bls["first_chunk_frames"]),
                             chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]),
                             async_chunk=async_chunk)
@@ -185,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} c={c}: {json.dumps(report['results'][name][str(c)])}", flush=True)
         for n in lengths:  # TTFP vs answer length, async_chunk on and off side by side
             for mode in ("on", "off"):
-                results, wall = run_level(lambda i, n=n, mode=mode: fn(i, max_tokens=n, min_tokens=n, async_chunk=mode == "on"), 1,
+                def at_length(i, n=n, mode=mode):
+                    return fn(i, max_tokens=n, min_tokens=n, async_chunk=mode == "on")
+
+                results, wall = run_level(at_length, 1,
                                           args.length_requests)
                 row = summarize(results, wall)
                 row["audio_before_last_text"] = sum(bool(r.get("audio_before_last_text")) for r in results)
@@ -205,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             from omni_triton.launcher import TritonServer, free_port
             from omni_triton.paths import cache_dir
 
-            server = TritonServer(["omni", "qwen25_omni"], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+            server = TritonServer(["omni", "qwen25_omni"], http_port=free_port(), grpc_port=free_port(),
+                                  metrics_port=free_port(),
                                   log_path=cache_dir() / "logs" / f"bench-omni-{os.getpid()}.log")
             server.start()
             server.wait_ready(timeout=args.ready_timeout)

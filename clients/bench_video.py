@@ -25,7 +25,8 @@ Two paths, one after the other (they share the CPU cores, never overlapping):
     ``input_reference`` (a PNG upload of the video's size; job ``i`` gets image ``i``).
 
 Unless ``--frontend-url`` is given, the benchmark starts its own tritonserver (``wan_t2v``,
-``wan_i2v`` when an I2V path runs, and their stages) and frontend (video store in a temporary folder) on free ports after the in-process
+``wan_i2v`` when an I2V path runs, and their stages) and frontend (video store in a temporary
+folder) on free ports after the in-process
 phase and always stops them. Job ``i`` uses prompt ``PROMPTS[i % len]`` and seed ``i``; all jobs
 have the same size, frames, steps and guidance (batch-compatible).
 
@@ -321,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "command": " ".join([Path(sys.executable).name, "-m", "clients.bench_video",
                                  *(argv if argv is not None else sys.argv[1:])]),
-            "model": MODEL, "asset": ASSET, "i2v_model": I2V_MODEL, "i2v_asset": I2V_ASSET, "size": f"{width}x{height}", "frames": args.frames, "fps": FPS,
+            "model": MODEL, "asset": ASSET, "i2v_model": I2V_MODEL, "i2v_asset": I2V_ASSET,
+            "size": f"{width}x{height}", "frames": args.frames, "fps": FPS,
             "steps": args.steps, "guidance_scale": args.guidance_scale, "concurrency": levels,
             "requests_per_level": args.requests, "warmup": args.warmup, "slo_ms": args.slo_ms,
             "prompts": list(PROMPTS), "seed": "job index",

@@ -447,7 +447,8 @@ def semantic_cases(endpoint: str, models: Models = Models()) -> list[Case]:
                 f("clone with an unknown consent", files=clip, type="audio_sample", consent="cons_nope"),
                 f("clone without a clip", type="audio_sample", consent="cons_nope"),
                 f("clip as a text field", type="audio_sample", audio_sample="x"),
-                f("type unknown", type="design"), f("prompt as a file", files=[("prompt", ("p.txt", b"x", "text/plain"))],
+                f("type unknown", type="design"),
+                f("prompt as a file", files=[("prompt", ("p.txt", b"x", "text/plain"))],
                                                     prompt=None),
                 Case(endpoint, "name twice", form=base, form_bytes={"name": b"again"}),
                 Case(endpoint, "33 fields", form={**base, **{f"f{i}": "x" for i in range(33)}}),
@@ -511,7 +512,8 @@ def body_cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 1
     out += _multipart_cases(endpoint, models)
     if endpoint in FORM_ENDPOINTS:
         out += [Case(endpoint, "JSON nested 100000 deep", content=b"[" * 100000 + b"]" * 100000),
-                Case(endpoint, "multipart without boundary", content=b"--x\r\n\r\n", content_type="multipart/form-data")]
+                Case(endpoint, "multipart without boundary", content=b"--x\r\n\r\n",
+                     content_type="multipart/form-data")]
     if endpoint == "images_edits":
         out = [c for c in out if c.name != "oversized body"] + [
             Case(endpoint, "JSON instead of multipart", content=base),
@@ -545,7 +547,8 @@ def _multipart_cases(endpoint: str, models: Models) -> list[Case]:
             "voices": "audio_sample"}[endpoint]
     text = "input" if endpoint == "speech" else "name" if endpoint == "voices" else "prompt"
     out += [Case(endpoint, "9 files", form=fields, files=[(name, upload)] * 9),
-            Case(endpoint, "text part over 1 MiB", form={**fields, text: "x" * ((1 << 20) + 1)}, files=[(name, upload)])]
+            Case(endpoint, "text part over 1 MiB", form={**fields, text: "x" * ((1 << 20) + 1)},
+                 files=[(name, upload)])]
     if endpoint == "speech":
         out.append(Case(endpoint, "3 files", form=fields, files=[(name, upload)] * 3))
     return out

@@ -75,7 +75,8 @@ def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None
     ``max_audio_chunks`` / ``max_text_deltas`` / ``stop_after_text`` (after the response carrying
     FINISH_REASON): stop early and cancel the request
     (``stop_stream(cancel_requests=True)``). ``on_audio(chunk index, float32 PCM)`` runs as each
-    audio chunk arrives, while the stream is still open (e.g. to read a stage's metrics). Raises ``InferenceServerException`` on an error
+    audio chunk arrives, while the stream is still open (e.g. to read a stage's metrics). Raises
+    ``InferenceServerException`` on an error
     response (in-band: its message, no gRPC status), ``TimeoutError`` after ``timeout_s`` without a
     response.
     """

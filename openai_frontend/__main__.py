@@ -144,7 +144,8 @@ def main(argv=None) -> None:
             max_bytes=args.media_url_max_bytes, timeout_s=args.media_url_timeout,
             trusted_networks=tuple(n.strip() for n in args.media_url_trusted_networks.split(",") if n.strip())),
         video=JobSettings(
-            storage_dir=Path(args.video_storage_dir) if args.video_storage_dir else cache_dir() / "videos" / str(args.port),
+            storage_dir=(Path(args.video_storage_dir) if args.video_storage_dir
+                         else cache_dir() / "videos" / str(args.port)),
             max_queued=args.video_max_queued, max_running=args.video_max_running,
             retention_s=args.video_retention_s if args.video_retention_s > 0 else None,
             max_attempts=args.video_max_attempts,
@@ -153,7 +154,8 @@ def main(argv=None) -> None:
             max_stored_jobs=args.video_max_stored_jobs, max_stored_bytes=args.video_max_stored_bytes,
             max_reference_bytes=args.video_max_reference_bytes),
         voices=VoiceSettings(
-            storage_dir=Path(args.voice_storage_dir) if args.voice_storage_dir else cache_dir() / "voices" / str(args.port),
+            storage_dir=(Path(args.voice_storage_dir) if args.voice_storage_dir
+                         else cache_dir() / "voices" / str(args.port)),
             min_seconds=args.voice_min_seconds, max_seconds=args.voice_max_seconds,
             max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required",
             max_voices=args.voice_max_voices, max_consents=args.voice_max_consents,

@@ -434,7 +434,8 @@ class SpeechFormToJson:
             for key, value in form.multi_items():
                 if isinstance(value, UploadFile):
                     data = await value.read()
-                    value = f"data:{value.content_type or 'application/octet-stream'};base64," + base64.b64encode(data).decode()
+                    mime = value.content_type or "application/octet-stream"
+                    value = f"data:{mime};base64," + base64.b64encode(data).decode()
                 elif key in self.json_fields or (key == "voice" and value.lstrip().startswith("{")):
                     try:
                         value = json.loads(value)

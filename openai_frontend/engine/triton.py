@@ -510,7 +510,8 @@ class TritonEngine:
         was not cancelled", server#7368): on BLS error responses in ~200 tries, and on single-stage
         ``llm`` errors while BLS streams ran (newcomer trial, 3 of 3 servers). So a stage's
         ``INVALID_ARG`` is recognised by its message prefix (``INVALID_INPUT_PREFIX``) and becomes
-        ``InvalidRequestError`` (HTTP 400); other errors are 500s. Cancellation as in ``synthesize``: closing the generator (or cancelling its task)
+        ``InvalidRequestError`` (HTTP 400); other errors are 500s. Cancellation as in ``synthesize``:
+        closing the generator (or cancelling its task)
         cancels the gRPC call, which Triton turns into ``request.is_cancelled()`` in the stage.
         """
         info = self._config_cache.get(model)

@@ -31,7 +31,9 @@ from omni_triton import triton_admin
 from omni_triton.launcher import free_port
 from omni_triton.paths import cache_dir
 
-E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen25_omni")  # dev knob: fewer models
+E2E_MODELS = os.environ.get(  # dev knob: fewer models
+    "OMNI_TRITON_E2E_MODELS",
+    "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen25_omni")
 READY_TIMEOUT_S = 600
 
 

@@ -56,7 +56,8 @@ def reference(tmp_path_factory):
     np.save(tmp / "ref.npy", REF)
     reqs = [dict(c, ref_audio_npy=str(tmp / "ref.npy"), ref_sr=REF_SR) for c in CASES.values()]
     (tmp / "in.json").write_text(json.dumps(reqs))
-    subprocess.run([str(REPO_ROOT / ".venv-qwen3-tts/bin/python"), str(Path(__file__).with_name("qwen3_tts_reference.py")),
+    subprocess.run([str(REPO_ROOT / ".venv-qwen3-tts/bin/python"),
+                    str(Path(__file__).with_name("qwen3_tts_reference.py")),
                     str(model_dir("qwen3-tts-tiny")), str(tmp / "in.json"), str(tmp / "out.npz")],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     z = np.load(tmp / "out.npz")

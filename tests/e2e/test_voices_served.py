@@ -229,7 +229,8 @@ def test_bad_audio_and_ids(frontend, served):
     cid = consent_id(sdk)
     clip = {"name": "x", "consent": cid}
     cases = [("not audio", b"hello" * 100, 400, "invalid_audio"), ("too short", wav(0.3), 400, "audio_too_short"),
-             ("too long", wav(10.5, 8000), 400, "audio_too_long"), ("too big", b"\0" * (3 << 20), 413, "file_too_large")]
+             ("too long", wav(10.5, 8000), 400, "audio_too_long"),
+             ("too big", b"\0" * (3 << 20), 413, "file_too_large")]
     for what, data, status, code in cases:
         r = httpx.post(f"{frontend.url}/v1/audio/voices", data=clip, timeout=60,
                        files={"audio_sample": ("a.wav", data, "audio/wav")})

@@ -504,7 +504,8 @@ async def test_chat_audio_errors(engine, payload, status, param, code):
         ({"model": "llm", "messages": [{"role": "robot", "content": "hi"}]}, "messages"),
         ({"model": "llm", "messages": [{"role": "tool", "content": "hi"}]}, "messages"),
         ({"model": "llm", "messages": [{"role": "user"}]}, "messages.0.content"),
-        ({"model": "llm", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        ({"model": "llm",
+          "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "messages.0.content.0"),  # a text-only model names the part it cannot take
         ({"model": "llm", "messages": USER, "max_tokens": 0}, "max_tokens"),
         ({"model": "llm", "messages": USER, "max_tokens": -5}, "max_tokens"),
@@ -682,7 +683,8 @@ async def test_metrics_count_chat_requests(engine):
         await c.post("/v1/completions", json={"model": "llm", "prompt": "x"})
         text = (await c.get("/metrics")).text
     assert 'omni_frontend_generation_requests_total{endpoint="chat",mode="stream",model="llm",outcome="ok"} 1.0' in text
-    assert 'omni_frontend_generation_requests_total{endpoint="completions",mode="whole",model="llm",outcome="ok"} 1.0' in text
+    assert ('omni_frontend_generation_requests_total{endpoint="completions",mode="whole",model="llm",outcome="ok"} 1.0'
+            in text)
     assert 'omni_frontend_completion_tokens_total{model="llm"} 14.0' in text
 
 

@@ -591,7 +591,8 @@ async def test_chunked_multipart_over_the_cap_is_413():
     boundary = "b0undary"
     body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n"
             f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n"
-            f"Content-Type: image/png\r\n\r\n").encode() + png(64, 64) + b"\0" * 6000 + f"\r\n--{boundary}--\r\n".encode()
+            f"Content-Type: image/png\r\n\r\n").encode() + png(64,
+                                                               64) + b"\0" * 6000 + f"\r\n--{boundary}--\r\n".encode()
     async with client(AllFake(), max_body_bytes=4000) as c:
         r = await c.post("/v1/images/edits", content=chunks(body),
                          headers={"content-type": f"multipart/form-data; boundary={boundary}"})

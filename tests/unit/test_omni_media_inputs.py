@@ -80,8 +80,8 @@ def test_parse_media_parts_and_placeholders():
     assert chat.placeholder_messages(parsed)[1]["content"] == [
         {"type": "text", "text": "hear "}, {"type": "audio"}, {"type": "image"}, {"type": "video"}]
     # text parts only: joined into a string, as before
-    assert chat.parse_messages('[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]',
-                               accept=("text", "audio")) == [{"role": "user", "content": "ab"}]
+    two_texts = '[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]'
+    assert chat.parse_messages(two_texts, accept=("text", "audio")) == [{"role": "user", "content": "ab"}]
 
 
 @pytest.mark.parametrize("content, accept, match", [
@@ -264,7 +264,8 @@ def _omni_model():
 
     from openai_frontend.engine import ModelInfo
 
-    return ModelInfo(name="omni", inputs=CHAT_INPUTS | {"MODALITIES", "VOICE"}, outputs=TEXT_OUTPUTS | {"AUDIO", "SAMPLE_RATE"},
+    return ModelInfo(name="omni", inputs=CHAT_INPUTS | {"MODALITIES", "VOICE"},
+                     outputs=TEXT_OUTPUTS | {"AUDIO", "SAMPLE_RATE"},
                      decoupled=True, modalities=("text", "audio"), voices=("Ethan",), default_voice="Ethan",
                      sample_rate=24000, max_model_len=1024, parameters={"input_modalities": "text,audio,image,video"})
 
@@ -286,7 +287,8 @@ async def test_text_model_names_the_part_it_cannot_take(monkeypatch):
 
     engine = _engine(monkeypatch)
     client = sdk(engine)
-    for model, part, name in [("llm", AUDIO, "input_audio"), ("llm", {"type": "image_url", "image_url": {"url": "data:,"}}, "image_url"),
+    for model, part, name in [("llm", AUDIO, "input_audio"),
+                              ("llm", {"type": "image_url", "image_url": {"url": "data:,"}}, "image_url"),
                               ("llm", {"type": "video_url", "video_url": {"url": "data:,"}}, "video_url")]:
         with pytest.raises(openai.BadRequestError) as info:
             await client.chat.completions.create(model=model, messages=[{"role": "user", "content": [part]}])
@@ -306,7 +308,8 @@ async def test_omni_gets_the_parts_and_fetched_urls_as_data(server, monkeypatch)
     engine = _engine(monkeypatch)
     content = [{"type": "text", "text": "look"}, AUDIO,
                {"type": "image_url", "image_url": {"url": f"{server}/ok", "detail": "low"}}]
-    r = await post(engine, {"model": "omni", "modalities": ["text"], "messages": [{"role": "user", "content": content}]},
+    r = await post(engine,
+                   {"model": "omni", "modalities": ["text"], "messages": [{"role": "user", "content": content}]},
                    media_urls=LOCAL)
     assert r.status_code == 200, r.text
     sent = engine.requests[-1][1].messages[0]["content"]

@@ -120,7 +120,8 @@ def test_talker_stops_at_eos_and_when_asked(stages):
 
 def test_text_only_and_errors(stages):
     thinker, talker, token2wav = stages
-    res = q25.run_pipeline(thinker, talker, token2wav, _ids(thinker, "Hello"), SamplingSettings(temperature=0, max_tokens=8),
+    res = q25.run_pipeline(thinker, talker, token2wav, _ids(thinker, "Hello"),
+                           SamplingSettings(temperature=0, max_tokens=8),
                            audio=False)
     assert res.text and res.codes is None and not res.audio_chunks
     with pytest.raises(chat.ChatInputError, match="unknown voice"):

@@ -201,8 +201,10 @@ def test_parse_requests(stages):
                 '[{"role": "user", "content": [{"type": "image_url"}]}]']:
         with pytest.raises(chat.ChatInputError):
             chat.parse_messages(bad)
-    assert chat.parse_messages('[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]') == [{"role": "user", "content": "ab"}]
-    assert chat.parse_modalities(None, default=("text", "audio")) == ["text", "audio"] and chat.parse_modalities('["text"]') == ["text"]
+    two_texts = '[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]'
+    assert chat.parse_messages(two_texts) == [{"role": "user", "content": "ab"}]
+    assert chat.parse_modalities(None, default=("text", "audio")) == ["text", "audio"]
+    assert chat.parse_modalities('["text"]') == ["text"]
     for bad in ['["video"]', "[]", "text"]:
         with pytest.raises(chat.ChatInputError):
             chat.parse_modalities(bad)

@@ -105,7 +105,8 @@ def test_multimodal_pipeline_matches_reference_generate(stages, reference, part)
     ids, sampling, media = _prepare(stages, messages(part))
     kind = chat.part_modality(part)
     assert media.counts == {k: int(k == kind) for k in ("audio", "image", "video")}
-    token = {"audio": thinker.config.thinker_config.audio_token_id, "image": thinker.config.thinker_config.image_token_id,
+    token = {"audio": thinker.config.thinker_config.audio_token_id,
+             "image": thinker.config.thinker_config.image_token_id,
              "video": thinker.config.thinker_config.video_token_id}[kind]
     assert ids.count(token) > 1  # the placeholder expanded to the encoder's token count
     res = qo.run_pipeline(thinker, talker, decoder, ids, sampling, "Ethan", TALKER, media=media)

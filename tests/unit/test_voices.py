@@ -307,7 +307,8 @@ async def test_per_request_ref_audio(engine, settings):
         assert opts.ref_text == "ref words" and opts.voice_prompt is None
         err(await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "hi", "ref_audio": url}),
             400, "unsupported_ref_audio")
-        err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "ref_audio": "data:audio/wav;base64,@@"}),
+        err(await c.post("/v1/audio/speech",
+                         json={"model": "qwen3_tts", "input": "hi", "ref_audio": "data:audio/wav;base64,@@"}),
             400, "invalid_audio")
         err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "ref_audio": "https://x/y.wav"}),
             400, "invalid_audio")
@@ -735,7 +736,8 @@ async def test_speech_as_multipart_with_an_uploaded_ref_audio(engine, settings):
     """Per-request cloning with an uploaded clip: the form becomes the same JSON request."""
     async with client(engine, settings) as c:
         r = await c.post("/v1/audio/speech", data={"model": "qwen3_tts", "input": "hi", "ref_text": "ref words",
-                                                   "response_format": "wav", "speed": "1.0", "x_vector_only_mode": "false"},
+                                                   "response_format": "wav", "speed": "1.0",
+                                                   "x_vector_only_mode": "false"},
                          files={"ref_audio": ("ref.wav", wav_bytes(1.0, 16000), "audio/wav")})
         assert r.status_code == 200, r.text
         opts = engine.calls[-1]["options"]
@@ -747,4 +749,5 @@ async def test_speech_as_multipart_with_an_uploaded_ref_audio(engine, settings):
         err(await c.post("/v1/audio/speech", content=b"--x\r\nbroken",
                          headers={"content-type": "multipart/form-data; boundary=x"}), 400)
         err(await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi"},
-                         files={"ref_audio": ("ref.wav", b"not audio at all" * 10, "audio/wav")}), 400, "unsupported_ref_audio")
+                         files={"ref_audio": ("ref.wav", b"not audio at all" * 10, "audio/wav")}), 400,
+                         "unsupported_ref_audio")
