@@ -129,7 +129,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
 
     # serve's status file (omni_triton.launcher.ServeStatus): restarts and stub deaths for
     # /health; a stage that died has the in-flight requests it would leave hanging ended.
-    watch = ServeStatusWatch.from_env(getattr(engine, "abort_inflight", None))
+    watch = ServeStatusWatch.from_env(engine.abort_inflight)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):

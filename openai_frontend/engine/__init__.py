@@ -8,25 +8,25 @@
 """
 
 from .errors import (
-                     EngineError,
-                     InferenceError,
-                     InvalidRequestError,
-                     ModelNotFoundError,
-                     ModelNotReadyError,
-                     TritonUnavailableError,
+    EngineError,
+    InferenceError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    TritonUnavailableError,
 )
 from .model_info import ModelInfo, model_info_from_config, parse_size, unready_dependencies
 from .protocol import (
-                     AudioChunk,
-                     Engine,
-                     GeneratedImage,
-                     GenerationChunk,
-                     GenerationRequest,
-                     ImageJob,
-                     SpeechOptions,
-                     StageStatistics,
-                     VideoEvent,
-                     VideoJob,
+    AudioChunk,
+    Engine,
+    GeneratedImage,
+    GenerationChunk,
+    GenerationRequest,
+    ImageJob,
+    SpeechOptions,
+    StageStatistics,
+    VideoEvent,
+    VideoJob,
 )
 from .triton import TritonEngine, chat_inputs, chunk_from_result
 

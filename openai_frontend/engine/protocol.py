@@ -168,18 +168,11 @@ class VideoEvent:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the routers need from a backend.
+    """What the routers need from a backend (``TritonEngine``; the unit tests' fakes).
 
-    Optional (looked up with ``getattr``; without it voice cloning answers 400
-    ``voice_cloning_unavailable``)::
-
-        async def voice_prompt(self, model, audio, sample_rate, ref_text, x_vector_only)
-            -> tuple[bytes, float]
-
-    computes a clone prompt once on ``model`` (``qwen3_tts_voice_prompt``): ``audio`` float32
-    mono [T] at ``sample_rate`` Hz (+ its transcript ``ref_text``, or ``x_vector_only``) ->
-    (``VOICE_PROMPT`` bytes, clip seconds); raises ``InvalidRequestError`` (the stage rejected
-    the clip), ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError``.
+    Every method is required: mypy checks each implementation against this class. A backend
+    without a feature still has the method; the serving layer decides from the served models
+    (``ModelInfo``) whether a feature is there, never from the engine's attributes.
     """
 
     async def is_live(self) -> bool:
@@ -221,6 +214,31 @@ class Engine(Protocol):
         it in its engine). Raises ``InvalidRequestError`` (the model rejected the input),
         ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
         """
+
+    def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncIterator[VideoEvent]:
+        """Stream the events of one video request on the video model ``model``: a
+        :class:`VideoEvent` per finished denoising step, then one with the frames
+        (``uint8 [F, H, W, 3]``). ``request_id`` is Triton's request id (the job id).
+
+        Closing the iterator early must cancel the request in the server (the denoiser stops at
+        its next step). Raises ``InvalidRequestError``, ``InferenceError`` (also: the stream
+        ended without frames), ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
+        """
+
+    async def voice_prompt(self, model: str, audio: np.ndarray, sample_rate: int, ref_text: str | None,
+                           x_vector_only: bool) -> tuple[bytes, float]:
+        """Compute a voice-clone prompt once on ``model`` (``qwen3_tts_voice_prompt``).
+
+        ``audio``: float32 mono [T] in [-1, 1] at ``sample_rate`` Hz, with its transcript
+        ``ref_text`` (or ``x_vector_only``: speaker embedding only). Returns (``VOICE_PROMPT``
+        bytes, clip seconds). Raises ``InvalidRequestError`` (the stage rejected the clip),
+        ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError``.
+        """
+
+    def abort_inflight(self, models: list[str], dead_stage: str) -> int:
+        """End every in-flight call on ``models`` because the stage ``dead_stage`` died (its
+        callers then raise a 503 ``StageRestartedError``); returns how many were ended. Called by
+        ``stage_watch.ServeStatusWatch``; an engine with nothing in flight returns 0."""
 
     async def stage_statistics(self, models: list[str]) -> dict[str, StageStatistics]:
         """Triton's cumulative statistics of each of ``models`` (missing names are left out).

@@ -22,7 +22,7 @@ from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.media import audio as media_audio
 from omni_triton.media.audio import AudioDecodeError, AudioLimits
 
-from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
+from ..engine import Engine, ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
 from ..offload import off_loop
 from ..schemas import MAX_REF_TEXT_CHARS, ModelVoices, SpeechRequest, VoiceList, is_text
@@ -105,13 +105,9 @@ def usable_on(voice: StoredVoice, info: ModelInfo) -> bool:
     return can_clone(info) if voice.type == AUDIO_SAMPLE else can_design(info)
 
 
-async def _prompt_model(engine) -> ModelInfo:
+async def _prompt_model(engine: Engine) -> ModelInfo:
     """The READY model computing clone prompts (``VOICE_PROMPT`` out, ``REF_AUDIO`` in)."""
-    if getattr(engine, "voice_prompt", None) is None:
-        models = []
-    else:
-        models = await engine.list_models()
-    for m in models:
+    for m in await engine.list_models():
         if m.ready and qwen3_contract.VOICE_PROMPT in m.outputs and qwen3_contract.REF_AUDIO in m.inputs:
             return m
     raise OpenAIError(400, "Voice cloning is not available: no served model computes voice prompts "

@@ -22,6 +22,7 @@ import asyncio
 import json
 
 import numpy as np
+from engine_stub import EngineStub
 
 from openai_frontend.engine import (
     GeneratedImage,
@@ -91,7 +92,7 @@ def _noise(seed: int, n: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-0.5, 0.5, n).astype(np.float32)
 
 
-class FakeEngine:
+class FakeEngine(EngineStub):
     """Every model kind, answering at once with tiny deterministic outputs; counts its calls."""
 
     def __init__(self, models=MODELS):

@@ -16,6 +16,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from engine_stub import EngineStub
 
 from omni_triton.media.audio import float_to_pcm16
 from openai_frontend.app import Settings, create_app
@@ -56,7 +57,7 @@ def pcm(i: int, n: int = 300) -> np.ndarray:
     return np.random.default_rng(i).uniform(-0.5, 0.5, n).astype(np.float32)
 
 
-class ChatFakeEngine:
+class ChatFakeEngine(EngineStub):
     """Scriptable chat-contract ``Engine``: one token of ``ANSWER`` per response; speech
     models add one PCM chunk per two tokens. Records every request and how each stream ended."""
 

@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("av")
 
+from engine_stub import EngineStub
+
 from omni_triton.media.video import decode_video
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import (
@@ -43,7 +45,7 @@ def frames_for(seed, n, h, w):
     return np.random.default_rng(seed).integers(0, 256, (n, h, w, 3), dtype=np.uint8)
 
 
-class FakeVideoEngine:
+class FakeVideoEngine(EngineStub):
     def __init__(self, step_s=0.01, fail: Exception | None = None):
         self.step_s = step_s
         self.fail = fail

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
+from engine_stub import EngineStub
 from starlette.testclient import TestClient
 
 from openai_frontend.app import Settings, create_app
@@ -38,7 +39,7 @@ OMNI = ModelInfo(name="omni", inputs=frozenset({"MESSAGES", "MODALITIES", "VOICE
                  voices=("Ethan", "Chelsie"), default_voice="Ethan", sample_rate=24000, modalities=("text", "audio"))
 
 
-class FakeEngine:
+class FakeEngine(EngineStub):
     """Speech models that answer ``chunks`` (0.1 s of noise each); records every call."""
 
     def __init__(self, models=(PIPER, QWEN, PROMPTER, OMNI)):
