@@ -122,7 +122,7 @@ async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clien
     ``clients`` concurrent loops."""
     import tritonclient.grpc.aio as aio
 
-    from openai_frontend.engine.triton import open_stream
+    from openai_frontend.engine.triton_private import open_stream
 
     client = aio.InferenceServerClient(url)
 

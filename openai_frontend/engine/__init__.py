@@ -1,10 +1,11 @@
-"""The frontend's view of Triton, in four modules:
+"""The frontend's view of Triton, in five modules:
 
 * ``protocol``: the ``Engine`` protocol the serving layer uses and the data it exchanges
   (``GenerationRequest``/``GenerationChunk``, ``ImageJob``/``GeneratedImage``, audio chunks);
 * ``errors``: typed ``EngineError`` subclasses carrying their HTTP mapping;
 * ``model_info``: ``ModelInfo``, built from a Triton model config's ``parameters``;
 * ``triton``: ``TritonEngine``, the protocol over ``tritonclient.grpc.aio``.
+* ``triton_private``: every use of tritonclient's private API (its docstring says which and why).
 """
 
 from .errors import (

@@ -27,7 +27,6 @@ import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferInput
-from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import InferenceServerException
 
 from omni_triton import triton_admin
@@ -60,6 +59,7 @@ from .protocol import (
     VideoEvent,
     VideoJob,
 )
+from .triton_private import infer_result, open_stream
 
 logger = logging.getLogger(__name__)
 
@@ -353,7 +353,7 @@ class TritonEngine:
                     final.set()  # half-close now; the RPC ends right after
                     if not response.infer_response.outputs:
                         continue  # the empty final response
-                yield grpcclient.InferResult(response.infer_response)
+                yield infer_result(response)
             finished = True
             if error_message is not None:
                 raise _stream_error(model, error_message, None)
@@ -519,28 +519,6 @@ class TritonEngine:
         inputs = chat_inputs(request, declared)
         async for result in self._stream(model, inputs, request.request_id or uuid.uuid4().hex):
             yield chunk_from_result(result, info.sample_rate if info else None)
-
-
-def open_stream(client: grpcclient.InferenceServerClient, model: str, inputs: list[InferInput],
-                 request_id: str, final: asyncio.Event) -> grpc.aio.StreamStreamCall:
-    """Open a ``ModelStreamInfer`` RPC that sends one request and half-closes only once
-    ``final`` is set (see ``TritonEngine._stream``); returns the gRPC call, whose responses are
-    ``ModelStreamInferResponse`` messages.
-
-    tritonclient's ``stream_infer`` cannot do this: it refuses the reserved request parameter
-    ``triton_enable_empty_final_response`` (only its sync ``async_stream_infer`` sets it), so the
-    request is built with the same ``_get_inference_request`` and sent on the client's own stub.
-    """
-    request = _get_inference_request(
-        model_name=model, inputs=inputs, model_version="", request_id=request_id, outputs=None,
-        sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
-
-    async def requests():
-        yield request
-        await final.wait()
-
-    return client._client_stub.ModelStreamInfer(requests(), metadata=client._get_metadata(None))
 
 
 def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
