@@ -22,7 +22,7 @@ from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openai_frontend", description=__doc__)
     p.add_argument("--triton-url", default="localhost:8001",
                    help="Triton gRPC host:port. Its restricted admin APIs (repository index, model "
@@ -119,7 +119,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -132,7 +133,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     watch = ServeStatusWatch.from_env(engine.abort_inflight)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI):
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         watch.start()
         if settings.video is not None:
             metrics = _app.state.metrics

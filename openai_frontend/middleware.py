@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.datastructures import MutableHeaders
@@ -116,7 +117,7 @@ def _answer_key_subprotocol(scope, send):
     return send_with_subprotocol
 
 
-async def _refuse(status: int, detail: ErrorDetail, scope, receive, send, headers: dict | None = None):
+async def _refuse(status: int, detail: ErrorDetail, scope, receive, send, headers: dict[str, Any] | None = None):
     """Answers ``status`` with the OpenAI error body on HTTP; on a WebSocket handshake the same
     response through ``websocket.http.response`` when the server has it, else a 1008 close."""
     if scope["type"] == "websocket" and "websocket.http.response" not in (scope.get("extensions") or {}):
@@ -430,7 +431,7 @@ class SpeechFormToJson:
         except OpenAIError as exc:  # answered here: this middleware runs outside the app's handlers
             return await error_json(exc.status_code, exc.detail)(scope, receive, send)
         try:
-            fields: dict = {}
+            fields: dict[str, Any] = {}
             for key, value in form.multi_items():
                 if isinstance(value, UploadFile):
                     data = await value.read()

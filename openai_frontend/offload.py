@@ -20,7 +20,7 @@ import functools
 import os
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -45,7 +45,7 @@ def _limiter() -> anyio.CapacityLimiter:
     return limiter
 
 
-async def off_loop(fn: Callable[..., T], /, *args, **kwargs) -> T:
+async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` in a worker thread, at most :data:`MAX_WORKERS` at once.
 
     Exceptions propagate unchanged (an ``OpenAIError`` raised by a validator in the thread

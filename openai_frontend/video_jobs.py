@@ -178,7 +178,7 @@ class JobRecord:
     started_at: int | None = None
     completed_at: int | None = None
     expires_at: int | None = None
-    error: dict | None = None
+    error: dict[str, Any] | None = None
     attempts: int = 0
     file: str | None = None
     seq: int = 0
@@ -220,11 +220,11 @@ class JobStore:
         with self._lock:
             self._db.close()
 
-    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    def _write(self, sql: str, args: tuple = ()) -> int:
+    def _write(self, sql: str, args: tuple[Any, ...] = ()) -> int:
         with self._lock:
             return self._db.execute(sql, args).rowcount
 
@@ -448,7 +448,7 @@ class JobSettings:
 
 @dataclass
 class _Running:
-    task: asyncio.Task
+    task: asyncio.Task[Any]
     deleted: bool = False
 
 
@@ -482,13 +482,13 @@ class VideoJobs:
             raise
         self._running: dict[str, _Running] = {}
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self._on_event = on_event or (lambda job_id, what: None)
         self._on_store_error = on_store_error or (lambda operation: None)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._claim: asyncio.Future | None = None  # the dispatcher's claim in flight (a worker thread)
+        self._claim: asyncio.Future[Any] | None = None  # the dispatcher's claim in flight (a worker thread)
         #: the database error the runner is retrying, or None: ``{"operation", "message", "since"}``
-        self.store_error: dict | None = None
+        self.store_error: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def recover(self) -> dict[str, int]:

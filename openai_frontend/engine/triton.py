@@ -21,11 +21,13 @@ import asyncio
 import functools
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
+from numpy.typing import NDArray
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
@@ -279,7 +281,7 @@ class TritonEngine:
     async def synthesize(
         self, model: str, text: str, voice: str | None = None, speed: float | None = None,
         options: SpeechOptions | None = None, paced: bool = False,
-    ) -> AsyncIterator[AudioChunk]:
+    ) -> AsyncGenerator[AudioChunk, None]:
         """One ``ModelStreamInfer`` RPC: send one request, yield each ``AUDIO`` response.
 
         The stream half-closes once that request's final response is in (``_stream``), and
@@ -380,7 +382,7 @@ class TritonEngine:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
 
-    async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncIterator[VideoEvent]:
+    async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncGenerator[VideoEvent, None]:
         """One ``ModelStreamInfer`` RPC on the video BLS ``model``: a :class:`VideoEvent` per
         finished denoising step, then one with the frames. Closing the iterator (or cancelling
         the task) cancels the RPC, which stops the denoiser at its next step boundary.
@@ -448,7 +450,7 @@ class TritonEngine:
             self._inflight.pop(request_id, None)
             self._aborted.pop(request_id, None)
 
-    async def voice_prompt(self, model: str, audio: np.ndarray, sample_rate: int, ref_text: str | None,
+    async def voice_prompt(self, model: str, audio: NDArray[Any], sample_rate: int, ref_text: str | None,
                            x_vector_only: bool) -> tuple[bytes, float]:
         """One unary ``ModelInfer`` on ``qwen3_tts_voice_prompt`` (``Engine.voice_prompt``)."""
         pairs = [(qwen3_contract.REF_AUDIO, np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)),
@@ -501,7 +503,7 @@ class TritonEngine:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-    async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, model: str, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         """One ``ModelStreamInfer`` RPC carrying one chat-contract request; yields every response.
 
         Errors arrive in-band (an ``error_message`` without a code). The header
@@ -533,11 +535,11 @@ def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
     ))
 
 
-def qwen3_speech_inputs(options: SpeechOptions, declared: frozenset[str]) -> list[tuple[str, np.ndarray]]:
+def qwen3_speech_inputs(options: SpeechOptions, declared: frozenset[str]) -> list[tuple[str, NDArray[Any]]]:
     """The Qwen3-TTS inputs of ``options`` (``omni_triton.contracts.qwen3_tts``) as ``(name,
     array)`` pairs, only those the model declares (the serving layer has refused the others)."""
     c = qwen3_contract
-    pairs: list[tuple[str, np.ndarray]] = []
+    pairs: list[tuple[str, NDArray[Any]]] = []
     for name, value in ((c.TASK, options.task), (c.INSTRUCTIONS, options.instructions),
                         (c.LANGUAGE, options.language), (c.REF_TEXT, options.ref_text)):
         if value is not None:

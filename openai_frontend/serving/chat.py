@@ -34,8 +34,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from omni_triton.contracts.chat import MODALITIES, part_modality
@@ -173,7 +175,7 @@ def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, st
     return fmt, voice
 
 
-async def create_chat_completion(body: ChatCompletionRequest, request):
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     """Serve ``POST /v1/chat/completions`` (``request``: the Starlette request). Returns the
     completion (a dict), an SSE response, or an image chat's ``JSONResponse``."""
     check_fields(body, request)
@@ -230,7 +232,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     return await _run(plan, request)
 
 
-def check_media_parts(messages: list[dict], target: ModelInfo, model_name: str) -> None:
+def check_media_parts(messages: list[dict[str, Any]], target: ModelInfo, model_name: str) -> None:
     """400 naming the first content part type ``target`` cannot take (its ``input_modalities``),
     e.g. "The model 'llm' does not accept input_audio parts"."""
     accepted = set(target.input_modalities)
@@ -248,7 +250,7 @@ def check_media_parts(messages: list[dict], target: ModelInfo, model_name: str) 
                                   param=f"messages.{i}.content.{j}", code="invalid_value")
 
 
-async def fetch_media_urls(messages: list[dict], policy: UrlFetchPolicy) -> list[dict]:
+async def fetch_media_urls(messages: list[dict[str, Any]], policy: UrlFetchPolicy) -> list[dict]:
     """``messages`` with every http(s) ``image_url`` / ``video_url`` fetched under ``policy``
     and replaced by a base64 data URL (the model only sees data). Each refusal is its 4xx
     (``omni_triton.media.fetch.fetch_url``); other URL schemes but ``data:`` are a 400."""
@@ -357,7 +359,7 @@ async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> 
     return JSONResponse(response, headers=images.denoise_headers(result))
 
 
-async def create_completion(body: CompletionRequest, request):
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
     """Serve ``POST /v1/completions``: each prompt gets ``n`` choices (indexed
     ``prompt_index * n + i``). Returns the completion (a dict) or an SSE response."""
     check_fields(body, request)
@@ -392,7 +394,7 @@ async def create_completion(body: CompletionRequest, request):
 
 
 # --------------------------------------------------------------------------- execution
-def _observe_tpot(metrics, plan: _Plan, states, seen: dict) -> None:
+def _observe_tpot(metrics, plan: _Plan, states, seen: dict[str, Any]) -> None:
     """TPOT of a single-choice request: (last text - first text) / (completion tokens - 1)."""
     if len(plan.requests) != 1 or "first_at" not in seen:
         return
@@ -487,7 +489,7 @@ async def _close_all(body, req: AdmittedRequest) -> None:
     await req.close()
 
 
-def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict:
+def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
     """The ``pipeline`` entry of a chat request's ``stage_metrics`` (vLLM-Omni's names): what it
     produced, from the stage's own token counts."""
     usage = usage_of(states, plan.prompt_of_choice)
@@ -496,7 +498,7 @@ def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict:
 
 
 async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, observe,
-                  req: AdmittedRequest, clock: StageClock) -> AsyncIterator[dict]:
+                  req: AdmittedRequest, clock: StageClock) -> AsyncIterator[dict[str, Any]]:
     """The SSE events of a streamed answer: the buffered first responses, then the rest as they
     arrive; a failure after the status line is a ``data: {"error": ...}`` event. With
     ``return_stage_metrics``, a chunk without choices carrying ``metrics`` precedes the usage
@@ -540,7 +542,7 @@ async def _collect(merged, states: list[ChoiceState], observe) -> None:
 
 
 # --------------------------------------------------------------------------- framing
-def _whole_response(plan: _Plan, states: list[ChoiceState]) -> dict:
+def _whole_response(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
     """The non-streamed body (runs in a thread: audio encoding is CPU work)."""
     usage = usage_of(states, plan.prompt_of_choice)
     if plan.endpoint == "completions":
@@ -643,7 +645,7 @@ class _StreamFramer:
             out.append(self._chat(i, ChoiceDelta(audio=audio), modality="audio"))
         return out
 
-    def metrics_chunk(self, metrics: dict) -> str:
+    def metrics_chunk(self, metrics: dict[str, Any]) -> str:
         """A chunk without choices carrying vLLM-Omni's ``metrics`` object."""
         cls = ChatCompletionChunk if self.plan.endpoint == "chat" else Completion
         chunk = cls(id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,

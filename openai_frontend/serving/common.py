@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from python_multipart.multipart import parse_options_header
 from sse_starlette import EventSourceResponse
@@ -156,7 +157,7 @@ async def read_form(request, *, max_files: int, max_fields: int, max_part_size: 
     raise bad_request(f"Malformed multipart body: {reason}", code="invalid_multipart")
 
 
-async def read_json_object(request) -> dict:
+async def read_json_object(request) -> dict[str, Any]:
     """The request's JSON body, which must be an object (for the routes that read their body
     themselves: ``/v1/videos``, ``/v1/audio/voices``...; the others get FastAPI's parsing).
 

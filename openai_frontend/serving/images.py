@@ -18,6 +18,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -151,13 +152,13 @@ class ImageResult:
     vLLM-Omni's ``metrics`` object when ``return_stage_metrics`` asked for it, else None."""
 
     images: list[GeneratedImage]
-    encoded: list
+    encoded: list[Any]
     steps: int
     seconds: float
-    metrics: dict | None = None
+    metrics: dict[str, Any] | None = None
 
 
-def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict) -> dict:
+def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict[str, Any]) -> dict:
     """The ``pipeline`` entry of an image request's ``stage_metrics``, in vLLM-Omni's terms:
     ``final_output_type``/``output_unit_type`` ``image``, ``output_unit_count`` (images),
     ``image_pixels`` (summed), ``stage_gen_time_ms`` (the stages' mean compute times summed:

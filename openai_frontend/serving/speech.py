@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import base64
 import logging
+from typing import Any
 
 import numpy as np
 from fastapi.responses import Response, StreamingResponse
+from numpy.typing import NDArray
 from starlette.background import BackgroundTask
 
 from omni_triton.media.audio import (
@@ -179,7 +181,7 @@ async def create_speech(body: SpeechRequest, request):
 
     async with AdmittedRequest(state, record) as req:
         if not body.streaming:
-            chunks: list[np.ndarray] = []
+            chunks: list[NDArray[Any]] = []
 
             async def attempt():  # speech has no side effects: retried once if a stage dies
                 chunks.clear()
@@ -215,7 +217,7 @@ async def create_speech(body: SpeechRequest, request):
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
         gen = synthesize(engine, info, body.input, voice, speed, options, paced=True)
-        first_chunk: list = []
+        first_chunk: list[Any] = []
 
         async def first_response():
             try:
@@ -241,7 +243,7 @@ async def create_speech(body: SpeechRequest, request):
         counted["rate"] = rate
         resampler = StreamResampler(model_rate, rate)
 
-        def pcm(samples: np.ndarray) -> bytes:
+        def pcm(samples: NDArray[Any]) -> bytes:
             counted["samples"] += len(samples)
             return float_to_pcm16(samples)
 

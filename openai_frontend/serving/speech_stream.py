@@ -52,8 +52,10 @@ import json
 import logging
 import re
 import secrets
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -107,7 +109,7 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
     return out, buffer[start:]
 
 
-async def collect_clip(engine, info: ModelInfo, text: str, voice, speed, options) -> tuple[np.ndarray, int]:
+async def collect_clip(engine, info: ModelInfo, text: str, voice, speed, options) -> tuple[NDArray[Any], int]:
     """Synthesise ``text`` whole: float32 [T] and its sample rate (empty when nothing was spoken)."""
     chunks, rate = [], info.sample_rate or 0
     gen = synthesize(engine, info, text, voice, speed, options)
@@ -120,7 +122,7 @@ async def collect_clip(engine, info: ModelInfo, text: str, voice, speed, options
     return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), rate
 
 
-def _error_fields(exc: Exception) -> dict:
+def _error_fields(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, OpenAIError):
         d = exc.detail
         return {"error": public_message(d.message), "code": d.code, "param": d.param, "status_code": exc.status_code}
@@ -134,7 +136,7 @@ def _error_fields(exc: Exception) -> dict:
 
 
 # --------------------------------------------------------------------------- batch
-async def create_batch(body: SpeechBatchRequest, request) -> dict:
+async def create_batch(body: SpeechBatchRequest, request) -> dict[str, Any]:
     """``POST /v1/audio/speech/batch``: ``{"id", "object", "results": [...], "total", "succeeded",
     "failed"}``; a result is ``{"index", "status": "success", "audio_data" (base64), "media_type",
     "sample_rate", "usage"}`` or ``{"index", "status": "error", "error", "code", "param",
@@ -146,7 +148,7 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
     defaults.setdefault("response_format", "wav")
     sem = asyncio.Semaphore(max(1, state.settings.batch_concurrency))
 
-    async def one(index: int, item) -> dict:
+    async def one(index: int, item) -> dict[str, Any]:
         try:
             payload = {**defaults, **{k: v for k, v in item.model_dump().items() if v is not None}}
             req = SpeechRequest.model_validate(payload)
@@ -179,7 +181,7 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
         except (OpenAIError, EngineError, ValidationError) as exc:
             return {"index": index, "status": "error", **_error_fields(exc)}
 
-    results: list[dict] = []
+    results: list[dict[str, Any]] = []
 
     async def run_all():
         results.extend(await asyncio.gather(*(one(i, it) for i, it in enumerate(body.items))))
@@ -202,14 +204,14 @@ class _Session:
         self.info: ModelInfo | None = None
         #: ``speech.plan``'s (format, voice, speed, options) of the current config: made once per
         #: ``session.config`` (a ``ref_audio`` clip is decoded once, not once per sentence)
-        self.planned: tuple | None = None
+        self.planned: tuple[Any, ...] | None = None
         self.stream_audio = False
         self.buffer = ""
         #: characters of the queued sentences not yet spoken
         self.queued_chars = 0
         self.utterance = 0
         self.sentences = 0  # queued in the current utterance
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.send_lock = asyncio.Lock()
         #: the worker holds an item (a sentence being synthesised or sent)
         self.working = False
@@ -221,7 +223,7 @@ class _Session:
         """Nothing of the session is queued or being spoken."""
         return not self.working and self.queue.empty()
 
-    async def send_json(self, data: dict) -> None:
+    async def send_json(self, data: dict[str, Any]) -> None:
         async with self.send_lock:
             await self.ws.send_text(json.dumps(data))
 
@@ -245,7 +247,7 @@ class _Session:
         async with self.send_lock:
             await self.ws.close(code=close_code, reason=code)
 
-    async def configure(self, msg: dict) -> None:
+    async def configure(self, msg: dict[str, Any]) -> None:
         if self.buffer.strip():
             raise bad_request("session.config while text is buffered; send input.done first", code="text_pending")
         fields = {k: v for k, v in msg.items() if k not in ("type", "stream_audio")}
@@ -317,7 +319,7 @@ class _Session:
                 self.last_activity = asyncio.get_running_loop().time()
 
     async def speak(self, utterance: int, index: int, text: str, body: SpeechRequest, info: ModelInfo,
-                    planned: tuple, stream_audio: bool) -> None:
+                    planned: tuple[Any, ...], stream_audio: bool) -> None:
         state = self.state
         started, total, failed = False, 0, False
         head = {"utterance_index": utterance, "sentence_index": index}
@@ -402,8 +404,8 @@ async def speech_stream(ws: WebSocket) -> None:
         state.speech_stream_sessions -= 1
 
 
-async def _receive_or_idle(session: _Session, receiver: asyncio.Future, worker: asyncio.Task,
-                           config_deadline: float) -> set:
+async def _receive_or_idle(session: _Session, receiver: asyncio.Future[Any], worker: asyncio.Task[Any],
+                           config_deadline: float) -> set[Any]:
     """Wait for the next message or the worker's end: the finished ones; empty when the session
     has been idle too long (``Settings.speech_stream_idle_timeout_s``). Never empty while the
     worker holds an item or has one queued."""

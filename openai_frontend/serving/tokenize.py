@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 from fastapi.responses import Response
 from jinja2 import TemplateError
@@ -67,7 +68,7 @@ class ChatTokenizer:
         value = self.config.get(name)
         return value.get("content") if isinstance(value, dict) else value
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages`` (text). Raises ``ValueError`` without one, or
         when the template fails on them (client messages the template does not expect, e.g. a
         ``null`` content, raise ``TypeError`` or a Jinja error inside it)."""

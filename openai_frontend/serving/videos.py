@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -420,7 +421,7 @@ async def create_video_sync(request: Request) -> Response:
     req = await _parse(request)
     engine = request.app.state.engine
     metrics = request.app.state.metrics
-    result: dict = {}
+    result: dict[str, Any] = {}
 
     async def work():
         frames = None

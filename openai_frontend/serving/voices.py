@@ -13,9 +13,10 @@ import base64
 import binascii
 import logging
 import re
+from typing import Any
 
-import numpy as np
 from fastapi import Request
+from numpy.typing import NDArray
 from starlette.datastructures import UploadFile
 
 from omni_triton.contracts import qwen3_tts as qwen3_contract
@@ -57,7 +58,7 @@ _CONSENT_EXTS = {"audio/mpeg": "mp3", "audio/wav": "wav", "audio/x-wav": "wav", 
 
 # --------------------------------------------------------------------------- audio input
 def decode_audio(data: bytes, target_rate: int, param: str, min_seconds: float | None = None,
-                 max_seconds: float | None = None) -> tuple[np.ndarray, float]:
+                 max_seconds: float | None = None) -> tuple[NDArray[Any], float]:
     """Uploaded audio bytes (WAV, FLAC, OGG, MP3, M4A...) -> float32 mono [T] in [-1, 1] at
     ``target_rate`` Hz, and its length in seconds: ``omni_triton.media.audio.decode_audio``
     (header checked first, decoding stopped at ``max_seconds``; at most
@@ -167,7 +168,7 @@ def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | Non
             409 ``voice_corrupt`` (the stored voice's files are damaged).
     """
     c = qwen3_contract
-    opts: dict = {}
+    opts: dict[str, Any] = {}
     voice = body.voice_id
     if voice is not None:
         mapped = info.resolve_voice(voice)
@@ -258,7 +259,7 @@ async def _form(request: Request, max_part: int):
     return out
 
 
-def _text_field(fields: dict, key: str, required: bool = False) -> str | None:
+def _text_field(fields: dict[str, Any], key: str, required: bool = False) -> str | None:
     value = fields.get(key)
     if value is None or (isinstance(value, str) and not value.strip()):
         if required:
@@ -281,7 +282,7 @@ async def _file_bytes(value, param: str, limit: int) -> bytes:
     return data
 
 
-async def create_voice(request: Request) -> dict:
+async def create_voice(request: Request) -> dict[str, Any]:
     """``POST /v1/audio/voices``: a clone (``audio_sample`` / ``ref_audio`` + ``consent`` [+
     ``ref_text``]) or a designed voice (``type=prompt`` + ``prompt``). Returns ``audio.voice``."""
     state = request.app.state
@@ -341,7 +342,7 @@ async def create_voice(request: Request) -> dict:
     return voice.to_openai()
 
 
-async def delete_voice(request: Request, voice_id: str) -> dict:
+async def delete_voice(request: Request, voice_id: str) -> dict[str, Any]:
     """``DELETE /v1/audio/voices/{id}`` (id or name): ``audio.voice.deleted``; 404 if unknown."""
     voice = await off_loop(store_of(request.app.state).delete, voice_id)  # files removed, row committed
     if voice is None:
@@ -374,7 +375,7 @@ async def list_voices(state, model: str | None) -> VoiceList:
 
 
 # --------------------------------------------------------------------------- consents
-async def create_consent(request: Request) -> dict:
+async def create_consent(request: Request) -> dict[str, Any]:
     """``POST /v1/audio/voice_consents`` (multipart ``name``, ``language``, ``recording``)."""
     store = store_of(request.app.state)
     fields = await _form(request, store.settings.max_upload_bytes + 1)
@@ -406,11 +407,11 @@ def _consent_or_404(store: VoiceStore, consent_id: str):
     return consent
 
 
-async def get_consent(request: Request, consent_id: str) -> dict:
+async def get_consent(request: Request, consent_id: str) -> dict[str, Any]:
     return _consent_or_404(store_of(request.app.state), consent_id).to_openai()
 
 
-async def update_consent(request: Request, consent_id: str) -> dict:
+async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
     store = store_of(request.app.state)
     _consent_or_404(store, consent_id)
     fields = await _form(request, 1 << 16)
@@ -418,7 +419,7 @@ async def update_consent(request: Request, consent_id: str) -> dict:
     return (await off_loop(store.rename_consent, consent_id, name)).to_openai()  # a committed row
 
 
-async def list_consents(request: Request, after: str | None, limit: int) -> dict:
+async def list_consents(request: Request, after: str | None, limit: int) -> dict[str, Any]:
     if not 1 <= limit <= 100:
         raise bad_request("'limit' must be between 1 and 100", param="limit", code="invalid_value")
     page, more = store_of(request.app.state).list_consents(after, limit)
@@ -427,7 +428,7 @@ async def list_consents(request: Request, after: str | None, limit: int) -> dict
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
 
-async def delete_consent(request: Request, consent_id: str) -> dict:
+async def delete_consent(request: Request, consent_id: str) -> dict[str, Any]:
     if not await off_loop(store_of(request.app.state).delete_consent, consent_id):
         raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
                           code="consent_not_found")

@@ -8,7 +8,7 @@ methods a fake does not override answer as a server without that model would.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import numpy as np
 
@@ -45,18 +45,18 @@ class EngineStub:
         raise _missing(name)
 
     async def synthesize(self, model: str, text: str, voice: str | None = None, speed: float | None = None,
-                         options: SpeechOptions | None = None, paced: bool = False) -> AsyncIterator[AudioChunk]:
+                         options: SpeechOptions | None = None, paced: bool = False) -> AsyncGenerator[AudioChunk, None]:
         raise _missing(model)
         yield  # an async generator, as the protocol's callers iterate it
 
     async def generate_images(self, model: str, job: ImageJob) -> list[GeneratedImage]:
         raise _missing(model)
 
-    async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, model: str, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         raise _missing(model)
         yield
 
-    async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncIterator[VideoEvent]:
+    async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncGenerator[VideoEvent, None]:
         raise _missing(model)
         yield
 
