@@ -146,14 +146,14 @@ class VoiceConsentRename(BaseModel):
     name: str = Field(min_length=1)
 
 
-def _inline(model: type[BaseModel], components: dict[str, Any]) -> dict:
+def _inline(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
     """``model``'s JSON schema with its nested models moved to ``components``."""
     schema = model.model_json_schema(ref_template=REF)
     components.update(schema.pop("$defs", {}))
     return schema
 
 
-def _form(model: type[BaseModel], components: dict[str, Any], files: dict[str, dict] | None = None,
+def _form(model: type[BaseModel], components: dict[str, Any], files: dict[str, dict[str, Any]] | None = None,
           required_files: tuple[str, ...] = ()) -> dict[str, Any]:
     """A ``multipart/form-data`` schema: ``model``'s fields (objects sent as their JSON text)
     plus ``files`` (``format: binary`` parts)."""
@@ -169,7 +169,7 @@ def _form(model: type[BaseModel], components: dict[str, Any], files: dict[str, d
     return out
 
 
-def _form_field(prop: dict[str, Any], components: dict) -> dict:
+def _form_field(prop: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
     """A form field's schema: scalars as they are (sent as text), anything else as a string."""
     options = prop.get("anyOf", [prop])
     scalars = [o for o in options if o.get("type") in ("string", "integer", "number", "boolean")
@@ -180,7 +180,7 @@ def _form_field(prop: dict[str, Any], components: dict) -> dict:
     return {**keep, "type": "string"}
 
 
-def _json(schema: dict[str, Any]) -> dict:
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
@@ -287,4 +287,4 @@ def install_openapi(app: FastAPI) -> None:
             app.openapi_schema = build_openapi(app)
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to replace the schema

@@ -296,7 +296,7 @@ IMAGE_FIELDS = ("size", "negative_prompt", "num_inference_steps", "guidance_scal
                 "true_cfg_scale", "output_format")
 
 
-async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> JSONResponse:
+async def _image_chat(body: ChatCompletionRequest, request: Request, info: ModelInfo) -> JSONResponse:
     """A chat completion on a text-to-image model, as vLLM-Omni answers it: the last user
     message is the prompt and ``message.content`` is a list of ``image_url`` parts, one data URL
     (``data:image/png;base64,...``) per image (``n`` images, image ``i`` with ``seed + i``).
@@ -403,7 +403,7 @@ def _observe_tpot(metrics, plan: _Plan, states, seen: dict[str, Any]) -> None:
         metrics.tpot.labels(plan.target.name).observe((seen["last_at"] - seen["first_at"]) / (tokens - 1))
 
 
-async def _run(plan: _Plan, request):
+async def _run(plan: _Plan, request: Request):
     """Admit the plan's Triton requests (one unit each), run them concurrently and answer."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
@@ -478,7 +478,7 @@ async def _run(plan: _Plan, request):
         return sse_response(body, background=BackgroundTask(_close_all, body, req))
 
 
-def _deterministic(request) -> bool:
+def _deterministic(request: Request) -> bool:
     """Whether running ``request`` again gives the same answer: greedy (temperature 0) or seeded."""
     sampling = request.sampling or {}
     return sampling.get("temperature") == 0 or sampling.get("seed") is not None

@@ -20,8 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from numpy.typing import NDArray
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
@@ -135,7 +137,7 @@ def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
 MAX_CONDITION_ASPECT_RATIO = 100
 
 
-def check_aspect_ratio(pixels) -> None:
+def check_aspect_ratio(pixels: NDArray[Any]) -> None:
     """400 ``invalid_image`` when the ``uint8 [H, W, 3]`` upload is more elongated than
     :data:`MAX_CONDITION_ASPECT_RATIO`."""
     h, w = pixels.shape[:2]
@@ -158,7 +160,7 @@ class ImageResult:
     metrics: dict[str, Any] | None = None
 
 
-def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict[str, Any]) -> dict:
+def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict[str, Any]) -> dict[str, Any]:
     """The ``pipeline`` entry of an image request's ``stage_metrics``, in vLLM-Omni's terms:
     ``final_output_type``/``output_unit_type`` ``image``, ``output_unit_count`` (images),
     ``image_pixels`` (summed), ``stage_gen_time_ms`` (the stages' mean compute times summed:
@@ -175,7 +177,7 @@ def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict[str
     }
 
 
-async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
+async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
                    api: str, stage_metrics: bool = False) -> ImageResult:
     """Run ``job`` on the image model ``info`` under admission control (``job.n`` units) and
     encode the images in ``fmt``. ``api`` labels the request metric (``generations``, ``edits``,
@@ -209,7 +211,7 @@ def denoise_headers(result: ImageResult) -> dict[str, str]:
     return {"X-Denoise-Steps": str(result.steps), "X-Denoise-Seconds": f"{result.seconds:.6f}"}
 
 
-async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
+async def _respond(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
                    api: str, stage_metrics: bool = False) -> JSONResponse:
     result = await generate(request, info, job, fmt, compression, api, stage_metrics)
     n_chars = len(job.prompt)
@@ -229,7 +231,7 @@ async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
     return JSONResponse(content, headers=denoise_headers(result))
 
 
-async def create_image(body: ImageGenerationRequest, request) -> JSONResponse:
+async def create_image(body: ImageGenerationRequest, request: Request) -> JSONResponse:
     """``POST /v1/images/generations``."""
     check_fields(body, request)
     info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_IMAGE)
@@ -247,7 +249,7 @@ MAX_FIELD_BYTES = 256 << 10
 _IMAGE_FIELDS = ("image", "image[]")
 
 
-async def edit_image(request) -> JSONResponse:
+async def edit_image(request: Request) -> JSONResponse:
     """``POST /v1/images/edits`` (``multipart/form-data``: ``image`` file part(s), optional
     ``mask``, the generation fields as form fields)."""
     content_type = request.headers.get("content-type", "")

@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 import numpy as np
+from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from numpy.typing import NDArray
 from starlette.background import BackgroundTask
@@ -155,7 +156,7 @@ def _audio_headers(fmt_name: str, sample_rate: int) -> dict[str, str]:
     return headers
 
 
-async def create_speech(body: SpeechRequest, request):
+async def create_speech(body: SpeechRequest, request: Request):
     """Serve one ``/v1/audio/speech`` request (``request``: anything with ``app.state``).
 
     Returns a ``Response`` (whole clip), ``StreamingResponse`` (raw stream) or

@@ -55,6 +55,7 @@ import secrets
 from typing import Any
 
 import numpy as np
+from fastapi import Request
 from numpy.typing import NDArray
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -136,7 +137,7 @@ def _error_fields(exc: Exception) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- batch
-async def create_batch(body: SpeechBatchRequest, request) -> dict[str, Any]:
+async def create_batch(body: SpeechBatchRequest, request: Request) -> dict[str, Any]:
     """``POST /v1/audio/speech/batch``: ``{"id", "object", "results": [...], "total", "succeeded",
     "failed"}``; a result is ``{"index", "status": "success", "audio_data" (base64), "media_type",
     "sample_rate", "usage"}`` or ``{"index", "status": "error", "error", "code", "param",

@@ -25,8 +25,9 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from fastapi import Request
 from fastapi.responses import Response
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
@@ -35,7 +36,7 @@ from tokenizers import Tokenizer
 
 from omni_triton.paths import model_dir
 
-from ..engine import ModelInfo
+from ..engine import Engine, ModelInfo
 from ..errors import OpenAIError, bad_request
 from ..generation import message_json
 from ..offload import off_loop
@@ -57,7 +58,7 @@ class ChatTokenizer:
         if source:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
 
-            def raise_exception(message):
+            def raise_exception(message: str) -> NoReturn:
                 raise ValueError(message)
 
             env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
@@ -98,7 +99,7 @@ def load_tokenizer(folder: str) -> ChatTokenizer:
     return ChatTokenizer(Path(folder))
 
 
-async def tokenizer_folder(engine, info: ModelInfo) -> Path:
+async def tokenizer_folder(engine: Engine, info: ModelInfo) -> Path:
     """The folder holding ``info``'s tokenizer: its first asset with a ``tokenizer.json``, else that
     of the first ``depends_on`` stage that has one. 400 ``tokenizer_unavailable`` when none."""
     for asset in info.assets:
@@ -116,7 +117,7 @@ async def tokenizer_folder(engine, info: ModelInfo) -> Path:
                       param="model", code="tokenizer_unavailable")
 
 
-async def _chat_model(body, request) -> tuple[ModelInfo, ChatTokenizer]:
+async def _chat_model(body: TokenizeRequest | DetokenizeRequest, request: Request) -> tuple[ModelInfo, ChatTokenizer]:
     check_fields(body, request)
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
@@ -126,7 +127,7 @@ async def _chat_model(body, request) -> tuple[ModelInfo, ChatTokenizer]:
     return info, await off_loop(load_tokenizer, str(await tokenizer_folder(engine, info)))
 
 
-async def tokenize(body: TokenizeRequest, request) -> Response:
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     """``POST /tokenize``: a ``prompt`` (special tokens added unless ``add_special_tokens`` is
     false) or chat ``messages`` (the chat template applied; no special tokens added by default,
     the template holds them). Answers a ``TokenizeResponse`` JSON."""
@@ -135,7 +136,7 @@ async def tokenize(body: TokenizeRequest, request) -> Response:
     if body.messages is not None:
         check_prompt_chars(messages_chars(body.messages), request, "messages")
     else:
-        check_prompt_chars(len(body.prompt), request, "prompt")
+        check_prompt_chars(len(body.prompt or ""), request, "prompt")
     info, tok = await _chat_model(body, request)
     return Response(await off_loop(_tokenize, body, info, tok), media_type="application/json")
 
@@ -152,14 +153,14 @@ def _tokenize(body: TokenizeRequest, info: ModelInfo, tok: ChatTokenizer) -> byt
                               param="messages", code="invalid_value") from None
         special = bool(body.add_special_tokens)
     else:
-        text = body.prompt
+        text = body.prompt or ""  # set: tokenize() checked that exactly one of prompt and messages is
         special = True if body.add_special_tokens is None else body.add_special_tokens
     ids, strs = tok.encode(text, special)
     return TokenizeResponse(count=len(ids), max_model_len=info.max_model_len, tokens=ids,
                             token_strs=strs if body.return_token_strs else None).model_dump_json().encode()
 
 
-async def detokenize(body: DetokenizeRequest, request) -> DetokenizeResponse:
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     """``POST /detokenize``: the text of ``tokens`` (400 for an id outside the vocabulary)."""
     _, tok = await _chat_model(body, request)
     return await off_loop(_detokenize, body.tokens, tok)

@@ -368,7 +368,7 @@ async def delete_video(request: Request, video_id: str) -> JSONResponse:
     return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
 
 
-async def video_content(request: Request, video_id: str, variant: str = "video"):
+async def video_content(request: Request, video_id: str, variant: str = "video") -> Response:
     """``GET /v1/videos/{id}/content``: the MP4 of a completed job; 409 while it is queued or
     running, 410 once expired, 404 unknown, 400 for variants other than ``video``."""
     if variant != "video":
