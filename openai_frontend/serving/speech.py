@@ -156,7 +156,7 @@ def _audio_headers(fmt_name: str, sample_rate: int) -> dict[str, str]:
     return headers
 
 
-async def create_speech(body: SpeechRequest, request: Request):
+async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """Serve one ``/v1/audio/speech`` request (``request``: anything with ``app.state``).
 
     Returns a ``Response`` (whole clip), ``StreamingResponse`` (raw stream) or
