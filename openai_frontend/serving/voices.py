@@ -13,7 +13,7 @@ import base64
 import binascii
 import logging
 import re
-from typing import Any
+from typing import Any, Literal, overload
 
 from fastapi import Request
 from numpy.typing import NDArray
@@ -32,6 +32,7 @@ from ..voice_store import (
     PROMPT,
     DuplicateVoiceName,
     QuotaExceededError,
+    StoredConsent,
     StoredVoice,
     VoiceCorruptError,
     VoiceStore,
@@ -124,8 +125,8 @@ def quota_error(exc: QuotaExceededError) -> OpenAIError:
     return bad_request(str(exc), code="quota_exceeded")
 
 
-def store_of(state) -> VoiceStore:
-    store = getattr(state, "voice_store", None)
+def store_of(state: Any) -> VoiceStore:
+    store: VoiceStore | None = getattr(state, "voice_store", None)
     if store is None and getattr(state, "voice_store_error", None):
         raise OpenAIError(503, f"The voice store cannot be opened: {state.voice_store_error}", type="server_error",
                           code="voice_store_unavailable")
@@ -186,6 +187,7 @@ def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | Non
                                   code="voice_corrupt")
             if stored.type == AUDIO_SAMPLE:
                 try:
+                    assert store is not None  # stored came from it
                     opts.update(voice_prompt=store.voice_prompt(stored), task="base")
                 except VoiceCorruptError as exc:
                     raise OpenAIError(409, f"The voice '{voice}' is unusable: {exc}", param="voice",
@@ -245,7 +247,7 @@ def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | Non
 
 
 # --------------------------------------------------------------------------- /v1/audio/voices
-async def _form(request: Request, max_part: int):
+async def _form(request: Request, max_part: int) -> dict[str, Any]:
     """The request's form fields (multipart or urlencoded) or JSON object, as a dict."""
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("application/json"):
@@ -259,6 +261,10 @@ async def _form(request: Request, max_part: int):
     return out
 
 
+@overload
+def _text_field(fields: dict[str, Any], key: str, required: Literal[True]) -> str: ...
+@overload
+def _text_field(fields: dict[str, Any], key: str, required: bool = False) -> str | None: ...
 def _text_field(fields: dict[str, Any], key: str, required: bool = False) -> str | None:
     value = fields.get(key)
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -273,7 +279,7 @@ def _text_field(fields: dict[str, Any], key: str, required: bool = False) -> str
     return value.strip()
 
 
-async def _file_bytes(value, param: str, limit: int) -> bytes:
+async def _file_bytes(value: Any, param: str, limit: int) -> bytes:
     if not isinstance(value, UploadFile):
         raise bad_request(f"'{param}' must be a file part", param=param, code="invalid_audio")
     data = await value.read(limit + 1)
@@ -350,7 +356,7 @@ async def delete_voice(request: Request, voice_id: str) -> dict[str, Any]:
     return {"id": voice.id, "object": "audio.voice.deleted", "deleted": True}
 
 
-async def list_voices(state, model: str | None) -> VoiceList:
+async def list_voices(state: Any, model: str | None) -> VoiceList:
     """``GET /v1/audio/voices[?model=]``: the READY speech models' voices (and those of chat models
     that speak: omni, llm_tts), their OpenAI name table, and every stored voice (404 for an
     unknown ``model``)."""
@@ -399,7 +405,7 @@ async def create_consent(request: Request) -> dict[str, Any]:
         raise quota_error(exc) from None
 
 
-def _consent_or_404(store: VoiceStore, consent_id: str):
+def _consent_or_404(store: VoiceStore, consent_id: str) -> StoredConsent:
     consent = store.get_consent(consent_id)
     if consent is None:
         raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
@@ -416,7 +422,10 @@ async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
     _consent_or_404(store, consent_id)
     fields = await _form(request, 1 << 16)
     name = _text_field(fields, "name", required=True)
-    return (await off_loop(store.rename_consent, consent_id, name)).to_openai()  # a committed row
+    renamed = await off_loop(store.rename_consent, consent_id, name)
+    if renamed is None:  # deleted since _consent_or_404 looked (was an AttributeError: a 500)
+        raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id", code="consent_not_found")
+    return renamed.to_openai()
 
 
 async def list_consents(request: Request, after: str | None, limit: int) -> dict[str, Any]:

@@ -419,6 +419,23 @@ async def test_consents_api(engine, settings):
         err(await c.get(f"/v1/audio/voice_consents/{cid}"), 404, "consent_not_found")
 
 
+
+async def test_consent_deleted_while_renamed_is_a_404_not_a_500(engine, settings, monkeypatch):
+    """update_consent checks the consent, then renames it: a delete in between (another request)
+    made rename_consent return None, and ``.to_openai()`` on it was an AttributeError (500)."""
+    from openai_frontend.voice_store import VoiceStore
+
+    rename = VoiceStore.rename_consent
+
+    def deleted_first(self, cid, name):
+        self.delete_consent(cid)
+        return rename(self, cid, name)
+
+    async with client(engine, settings) as c:
+        cid = await consent(c)
+        monkeypatch.setattr(VoiceStore, "rename_consent", deleted_first)
+        err(await c.post(f"/v1/audio/voice_consents/{cid}", json={"name": "renamed"}), 404, "consent_not_found")
+
 async def test_voices_disabled_without_store(engine):
     async with client(engine, Settings()) as c:
         err(await c.post("/v1/audio/voices", data={"name": "x", "type": "prompt", "prompt": "p"}), 404,
