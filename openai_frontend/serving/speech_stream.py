@@ -62,7 +62,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omni_triton.media.audio import StreamResampler, encode_audio, float_to_pcm16, resample
 
-from ..engine import EngineError, ModelInfo
+from ..engine import Engine, EngineError, ModelInfo, SpeechOptions
 from ..errors import OpenAIError, bad_request, engine_error_detail, public_message, validation_detail
 from ..offload import off_loop
 from ..schemas import SpeechBatchRequest, SpeechRequest, is_text
@@ -106,11 +106,13 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
         piece = buffer[start:cut].strip()
         if piece:
             out.append(piece)
-        start = _SPACE.match(buffer, cut).end()
+        space = _SPACE.match(buffer, cut)  # always matches (possibly empty)
+        start = space.end() if space else cut
     return out, buffer[start:]
 
 
-async def collect_clip(engine, info: ModelInfo, text: str, voice, speed, options) -> tuple[NDArray[Any], int]:
+async def collect_clip(engine: Engine, info: ModelInfo, text: str, voice: str | None, speed: float | None,
+                       options: SpeechOptions | None) -> tuple[NDArray[Any], int]:
     """Synthesise ``text`` whole: float32 [T] and its sample rate (empty when nothing was spoken)."""
     chunks, rate = [], info.sample_rate or 0
     gen = synthesize(engine, info, text, voice, speed, options)
@@ -149,7 +151,7 @@ async def create_batch(body: SpeechBatchRequest, request: Request) -> dict[str, 
     defaults.setdefault("response_format", "wav")
     sem = asyncio.Semaphore(max(1, state.settings.batch_concurrency))
 
-    async def one(index: int, item) -> dict[str, Any]:
+    async def one(index: int, item: Any) -> dict[str, Any]:
         try:
             payload = {**defaults, **{k: v for k, v in item.model_dump().items() if v is not None}}
             req = SpeechRequest.model_validate(payload)
@@ -160,7 +162,7 @@ async def create_batch(body: SpeechBatchRequest, request: Request) -> dict[str, 
             fmt, voice, speed, options = await off_loop(plan, req, info, state.settings.default_max_input_chars,
                                                         store)
 
-            def record(outcome: str, name=info.name) -> None:
+            def record(outcome: str, name: str = info.name) -> None:
                 state.metrics.requests.labels(name, "batch", outcome).inc()
 
             async with sem:
@@ -184,7 +186,7 @@ async def create_batch(body: SpeechBatchRequest, request: Request) -> dict[str, 
 
     results: list[dict[str, Any]] = []
 
-    async def run_all():
+    async def run_all() -> None:
         results.extend(await asyncio.gather(*(one(i, it) for i, it in enumerate(body.items))))
 
     if not await until_disconnect(request, run_all()):
@@ -273,7 +275,7 @@ class _Session:
     def accepts(self, text: str) -> bool:
         """Whether ``text`` fits in the session's unspoken-text budget
         (``Settings.speech_stream_max_pending_chars``)."""
-        return self.pending_chars + len(text) <= self.state.settings.speech_stream_max_pending_chars
+        return bool(self.pending_chars + len(text) <= self.state.settings.speech_stream_max_pending_chars)
 
     @property
     def pending_chars(self) -> int:
@@ -424,7 +426,7 @@ async def _receive_or_idle(session: _Session, receiver: asyncio.Future[Any], wor
             return set()
         done, _ = await asyncio.wait({receiver, worker}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if done:
-            return done
+            return set(done)
 
 
 async def _serve(ws: WebSocket) -> None:
