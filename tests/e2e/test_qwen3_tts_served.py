@@ -26,8 +26,8 @@ from tritonclient.utils import InferenceServerException
 
 from clients.qwen3_tts_grpc import stream_qwen3_tts, voice_prompt
 from omni_triton.contracts.qwen3_tts import qwen3_tts_inputs as inputs
-from omni_triton.launcher import resolve_models
 from omni_triton.paths import REPO_ROOT, model_dir
+from omni_triton.serve.repository import resolve_models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     "qwen3_tts" not in set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()])),
