@@ -474,8 +474,8 @@ class TritonEngine:
         dimension of ``n``: each image is then scheduled on its own by Triton's dynamic batchers
         (mixed with other clients' images up to ``max_batch_size``), an ``n`` above a stage's
         ``max_batch_size`` still works, and every image equals the single-image request with its
-        seed. A ``TaskGroup`` cancels the others when one fails or the caller is cancelled (client
-        disconnect), which cancels their gRPC calls.
+        seed. The first failure is raised and the others are cancelled (so are all when the caller
+        is cancelled: client disconnect), which cancels their gRPC calls.
         """
 
         async def one(i: int) -> GeneratedImage:
