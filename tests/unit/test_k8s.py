@@ -191,7 +191,8 @@ def test_selectors_claims_and_config_refer_to_existing_objects():
                 for env in c.get("env", []):
                     ref = env.get("valueFrom", {})
                     if "configMapKeyRef" in ref:
-                        assert ref["configMapKeyRef"]["key"] in _find("ConfigMap", ref["configMapKeyRef"]["name"])["data"]
+                        assert ref["configMapKeyRef"]["key"] in _find("ConfigMap",
+                                                                      ref["configMapKeyRef"]["name"])["data"]
                     if "secretKeyRef" in ref:  # created by the operator (docs/scaling.md)
                         name = ref["secretKeyRef"]["name"]
                         assert f"kubectl create secret generic {name} " in SCALING_DOC, name
@@ -238,7 +239,8 @@ def test_hpa_scales_triton_on_queue_metrics_the_adapter_serves_and_the_code_expo
     source = "".join(p.read_text() for p in (ROOT / "omni_triton").glob("**/*.py"))
     for name in names:
         rule = served[name]
-        assert rule["seriesQuery"].startswith(name + "{") and {"namespace", "pod"} <= set(rule["resources"]["overrides"])
+        assert rule["seriesQuery"].startswith(name + "{") and {"namespace",
+                                                               "pod"} <= set(rule["resources"]["overrides"])
         assert name.startswith("nv_") or f'"{name}"' in source, name  # nv_*: Triton's own
         assert name in (ROOT / "docs" / "metrics.md").read_text(), name
     # the scrape config gives the series the namespace and pod labels the rules map
