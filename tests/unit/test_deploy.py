@@ -3,7 +3,6 @@ served model, each config still matches its contract (the test_contracts.py chec
 stages run as KIND_GPU with the real checkpoints, nothing else changes, and profile mistakes are
 refused."""
 import json
-from pathlib import Path
 
 import pytest
 from test_contracts import test_config_matches_contract  # the same check the CPU configs pass

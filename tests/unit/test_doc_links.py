@@ -17,7 +17,8 @@ TOP = ("omni_triton/", "openai_frontend/", "clients/", "scripts/", "tests/", "do
 TOP_FILES = ("README.md", "pyproject.toml")
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _BACKTICK = re.compile(r"`([^`\n]+)`")
-_BARE = re.compile(r"(?<![\w/.-])((?:" + "|".join(re.escape(t) for t in TOP) + r")[\w./-]*\.(?:py|sh|md|json|pbtxt|yaml|yml|txt))")
+_TOP = "|".join(re.escape(t) for t in TOP)
+_BARE = re.compile(r"(?<![\w/.-])((?:" + _TOP + r")[\w./-]*\.(?:py|sh|md|json|pbtxt|yaml|yml|txt))")
 _MODULE = re.compile(r"python3? -m ((?:omni_triton|openai_frontend|clients)(?:\.\w+)*)")
 _PLACEHOLDER = re.compile(r"[<>*{}$]|\.\.\.")
 

@@ -17,7 +17,8 @@ def test_committed_model_table_is_generated():
 
 def test_the_table_covers_every_model_and_reads_kinds():
     rows = {r.name: r for r in docs.model_rows()}
-    folders = {p.parent.name for p in [*ROOT.glob("model_repository/*/config.pbtxt"), *ROOT.glob("ensembles/*/config.pbtxt")]}
+    configs = [*ROOT.glob("model_repository/*/config.pbtxt"), *ROOT.glob("ensembles/*/config.pbtxt")]
+    folders = {p.parent.name for p in configs}
     assert set(rows) == folders
     assert {r.kind for r in rows.values()} == {"ensemble", "BLS", "stage"}
     for row in rows.values():
