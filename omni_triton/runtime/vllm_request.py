@@ -8,7 +8,7 @@ from typing import Any
 from omni_triton.contracts.chat import ChatInputError
 
 
-def make_sampling_params(kwargs: dict[str, Any]):
+def make_sampling_params(kwargs: dict[str, Any]) -> Any:
     """vLLM ``SamplingParams`` streaming deltas (``RequestOutputKind.DELTA``).
 
     Raises:

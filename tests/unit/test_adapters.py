@@ -330,9 +330,9 @@ def test_every_stage_that_reads_bls_streams_runs_on_one_thread_per_instance():
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
+    from omni_triton.adapters.csm import CsmPipeline
     from omni_triton.adapters.llm import LlmTtsPipeline
     from omni_triton.adapters.qwen3_omni import Qwen3OmniPipeline
-    from omni_triton.adapters.csm import CsmPipeline
     from omni_triton.adapters.wan import WanT2VPipeline
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
