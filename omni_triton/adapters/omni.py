@@ -164,6 +164,7 @@ class OmniTalkerStage(DecoupledStage):
     ``omni_thinker`` itself and interleaves the thinker's text responses with CODES."""
 
     stage = "omni_talker"
+    frames_output = sp.CODES  # deadline_unit frames
     emit_frames = 1  # frames per CODES response (config ``emit_frames``; Qwen2.5's talker keeps 1)
     input_error = ch.ChatInputError
     cancel_flags = True

@@ -66,6 +66,7 @@ class CodecTalkerStage(DecoupledStage):
     ``emit_frames`` frames; one request at a time per instance, inside ``execute``."""
 
     stage = "tts_talker"
+    frames_output = sp.CODES  # deadline_unit frames
     input_error = sp.SpeechInputError
     cancel_flags = True
     per_instance_metrics = True

@@ -262,6 +262,7 @@ class Speaker(DecoupledStage):
 
     stage = "speaker"
     workers = 2
+    frames_output = "CODES"  # a family's hook (deadline_unit frames)
 
     def parse(self, request):
         return int(request.inputs["N"].as_numpy()[0])
@@ -601,6 +602,8 @@ def test_a_deadline_batched_stage_answers_the_most_urgent_pass_first_each_as_soo
     gate, passes, answered_before = threading.Event(), [], []
 
     class Decoder(BatchedStage):
+        due_input = DUE_MS  # the family's hook
+
         def parse(self, request):
             n = int(request.inputs["N"].as_numpy().reshape(-1)[0])
             if n <= 0:
