@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from typing import Any, Mapping
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.telemetry import Telemetry
-from omni_triton.contracts.speech import DUE_MS
 from omni_triton.adapters.triton_io import (
     InputError, batch_responses, batched_execute, model_parameters, optional_input, send,
 )
+from omni_triton.runtime.scheduling import DueBatchQueue, Policy, scheduling_policy
+from omni_triton.runtime.stage_policy import due_in_s
 
 
 class BatchedStage:
@@ -32,16 +32,18 @@ class BatchedStage:
     ``scheduling: "deadline"`` (config parameter; ``OMNI_TRITON_SCHEDULING=fifo`` turns it off):
     ``execute`` parses and queues its requests and returns ``None``; one worker thread takes
     batches from a :class:`~omni_triton.runtime.scheduling.DueBatchQueue` (the most urgent item,
-    by the request's optional ``DUE_MS`` input, and the queued items of the same
+    by the request's optional :attr:`due_input`, e.g. ``DUE_MS``, and the queued items of the same
     :meth:`batch_key`, at most ``max_batch_size``), runs them and answers each request through
     its response sender (one response, FINAL: python_backend's response sender in the default
     mode). So a batch is answered when *its* work is done, not when every other length's pass of
     Triton's batch is, and urgent work (a first chunk) waits for at most the batch that is running.
     """
 
-    def initialize(self, args):
-        from omni_triton.runtime.scheduling import DueBatchQueue, Policy, scheduling_policy
+    #: The optional input (FP32 ms until due) that orders the deadline queue, named by the family
+    #: adapter (``qwen3_tts_code2wav``: DUE_MS); ``None``: every request is due on arrival.
+    due_input: str | None = None
 
+    def initialize(self, args):
         self.name = args["model_name"]
         self.params = model_parameters(args)
         self.setup(args, self.params)
@@ -60,19 +62,16 @@ class BatchedStage:
         return None
 
     def due_in_s(self, request) -> float:
-        """Seconds from now until ``request``'s result is due: its optional ``DUE_MS`` input (FP32,
-        ms; negative: overdue), else 0 (now: arrival order among such requests).
+        """Seconds from now until ``request``'s result is due: its optional :attr:`due_input`
+        (FP32, ms; negative: overdue), else 0 (now: arrival order among such requests; also
+        when the family names no due input).
 
         Raises:
-            ValueError: DUE_MS is not finite.
+            ValueError: the due input is not finite.
         """
-        due = optional_input(request, DUE_MS)
-        if due is None:
+        if self.due_input is None:
             return 0.0
-        due = float(due) / 1000.0
-        if not math.isfinite(due):
-            raise ValueError("DUE_MS must be finite")
-        return due
+        return due_in_s(optional_input(request, self.due_input), self.due_input)
 
     def setup(self, args: dict, params: dict[str, str]) -> None:
         """Load the model; ``params`` are the config.pbtxt parameters."""
