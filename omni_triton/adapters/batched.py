@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omni_triton.adapters import bls
@@ -18,6 +19,16 @@ from omni_triton.adapters.triton_io import (
 )
 from omni_triton.runtime.scheduling import DueBatchQueue, Policy, scheduling_policy
 from omni_triton.runtime.stage_policy import due_in_s
+
+
+@dataclass(frozen=True)
+class QueuedItem:
+    """A parsed request waiting in the deadline queue: the stage's ``item``, the request's
+    response ``sender`` and when it ``arrived`` in ``execute`` (``time.monotonic()`` s)."""
+
+    item: Any
+    sender: Any
+    arrived: float
 
 
 class BatchedStage:
@@ -120,7 +131,7 @@ class BatchedStage:
                 self._answer(sender, pb.InferenceResponse(error=pb.TritonError(f"{self.name} failed: {exc}")))
                 continue
             try:
-                self._queue.put((item, sender, now), due, self.batch_key(item))
+                self._queue.put(QueuedItem(item, sender, now), due, self.batch_key(item))
             except RuntimeError as exc:  # the queue is closed: the model is unloading
                 self._answer(sender, pb.InferenceResponse(
                     error=pb.TritonError(f"{self.name}: {exc}", pb.TritonError.UNAVAILABLE)))
@@ -143,13 +154,13 @@ class BatchedStage:
                 if self._queue.closed:
                     return
                 continue
-            responses = batch_responses([item for item, _, _ in batch], self.name, self.run, self.outputs)
+            responses = batch_responses([queued.item for queued in batch], self.name, self.run, self.outputs)
             end = time.monotonic()
-            for (_, sender, _), response in zip(batch, responses):
-                self._answer(sender, response)
+            for queued, response in zip(batch, responses):
+                self._answer(queued.sender, response)
             self.telemetry.add("omni_stage_requests_running", -len(batch))
             try:
-                self._report(responses, [end - t0 for _, _, t0 in batch])
+                self._report(responses, [end - queued.arrived for queued in batch])
             except Exception:  # noqa: BLE001 - metrics never fail a request
                 logging.getLogger(self.name).exception("%s metrics", self.name)
 
@@ -174,8 +185,8 @@ class BatchedStage:
             left = self._queue.close()
             self._worker.join(timeout=10.0)
             pb = _pb()
-            for _, sender, _ in left:  # queued when the model unloads: answered, not dropped
-                self._answer(sender, pb.InferenceResponse(
+            for queued in left:  # queued when the model unloads: answered, not dropped
+                self._answer(queued.sender, pb.InferenceResponse(
                     error=pb.TritonError(f"{self.name}: stage unloading", pb.TritonError.UNAVAILABLE)))
         bls.report_to(None)
         self.telemetry.close()

@@ -121,7 +121,7 @@ class OmniThinkerStage(DecoupledStage):
             self.thinker, *read_chat_request(request, self.messages_chars), self.default_max_tokens,
             self.max_model_len, talker_inputs,
             self.processor, given)
-        return ids, sampling, talker_inputs, streamed, media
+        return _ThinkerJob(ids, sampling, talker_inputs, streamed, media)
 
     def playback_deadline(self, arrival, job=None, paced=False):
         """``deadline_unit: tokens`` (docs/scheduling.md): a stream to a talker that speaks while
@@ -130,12 +130,13 @@ class OmniThinkerStage(DecoupledStage):
         ASYNC_CHUNK: the multimodal path) needs every token for its first audio, so all of them
         are due at its arrival (``lead_tokens`` = its max_tokens)."""
         deadline = super().playback_deadline(arrival, job, paced)
-        if job is not None and job[2] and not job[3] and hasattr(deadline, "lead_tokens"):
-            deadline = replace(deadline, lead_tokens=int(job[1].max_tokens) + 1)
+        if job is not None and job.waits_for_whole_answer and hasattr(deadline, "lead_tokens"):
+            deadline = replace(deadline, lead_tokens=int(job.sampling.max_tokens) + 1)
         return deadline
 
     def generate(self, job, stream):
-        ids, sampling, talker_inputs, streamed, media = job
+        ids, sampling, talker_inputs, streamed, media = (job.ids, job.sampling, job.talker_inputs, job.streamed,
+                                                         job.media)
         counted = 0
         for step in self.thinker.stream(ids, sampling, talker_inputs and not streamed, stream.cancelled,
                                         stream_talker_inputs=streamed, media=media, **_paced(self)):
@@ -211,7 +212,7 @@ class OmniTalkerStage(DecoupledStage):
             hidden=required_array(request, ch.THINKER_HIDDEN).astype(np.float32),
             tts_embeds=required_array(request, ch.TTS_EMBEDS).astype(np.float32),
             talker_media=_read_media(request, ch.TALKER_MEDIA_TENSORS) or None)
-        return out, voice, settings
+        return _TalkerJob(out, voice, settings)
 
     def _settings(self, request):
         settings = self.settings
@@ -226,7 +227,7 @@ class OmniTalkerStage(DecoupledStage):
         if isinstance(job, _AsyncTalkerJob):
             yield from self._speak_while_thinking(job, stream)
             return
-        out, voice, settings = job
+        out, voice, settings = job.thinker_output, job.voice, job.settings
         groups = _FrameGroups(self.emit_frames)
         for frames in self.talker.stream(out, voice, settings, stream.cancelled, **_paced(self)):
             if frames is None:
@@ -284,6 +285,34 @@ class _FrameGroups(FrameGroups):
     def tail(self, stream):
         rest = self.flush()
         return None if rest is None or stream.cancel_seen else {sp.CODES: rest}
+
+
+@dataclass
+class _ThinkerJob:
+    """One ``omni_thinker`` request: prompt ``ids`` (int64 [T]), ``sampling``
+    (``SamplingSettings``), whether the last response carries the talker's inputs
+    (``talker_inputs``), streamed as increments (``streamed``: ASYNC_CHUNK), and the ``media``
+    (``MultimodalInputs``) of a multimodal prompt."""
+
+    ids: np.ndarray
+    sampling: object
+    talker_inputs: bool
+    streamed: bool
+    media: object
+
+    @property
+    def waits_for_whole_answer(self) -> bool:
+        """Its talker starts only after the whole answer (TALKER_INPUTS without ASYNC_CHUNK)."""
+        return self.talker_inputs and not self.streamed
+
+
+@dataclass
+class _TalkerJob:
+    """One ``omni_talker`` request fed a finished thinker's outputs (``ThinkerOutput``)."""
+
+    thinker_output: object
+    voice: str
+    settings: object
 
 
 @dataclass

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -231,6 +232,18 @@ class VaeDecoder(BatchedStage):
         return {vc.VIDEO: video[None]}
 
 
+@dataclass
+class VideoJob:
+    """One ``wan_t2v``/``wan_i2v`` request: ``prompt``, ``negative`` prompt ("" when absent), the
+    checked ``scalars`` of :func:`parse_request_scalars`, and for image-to-video the reference
+    ``image`` (uint8 [HEIGHT, WIDTH, 3])."""
+
+    prompt: str
+    negative: str
+    scalars: dict
+    image: np.ndarray | None = None
+
+
 class WanT2VPipeline(DecoupledStage):
     """``wan_t2v`` BLS: text encoder -> denoiser (STEP responses forwarded as progress; the
     client's cancel becomes the denoiser's) -> VAE decoder -> one final VIDEO response."""
@@ -259,14 +272,14 @@ class WanT2VPipeline(DecoupledStage):
             raise vc.VideoInputError("PROMPT is empty")
         negative = optional_str_input(request, vc.NEGATIVE_PROMPT, MAX_DIFFUSION_PROMPT_CHARS,
                                       vc.VideoInputError) or ""
-        return prompt, negative, parse_request_scalars(request, self.limits)
+        return VideoJob(prompt, negative, parse_request_scalars(request, self.limits))
 
     def condition_inputs(self, job) -> list:
         """Extra denoiser inputs of one parsed request (none for text-to-video)."""
         return []
 
     def generate(self, job, stream):
-        prompt, negative, s = job[:3]
+        prompt, negative, s = job.prompt, job.negative, job.scalars
         cfg = s["guidance_scale"] > 1.0
         text_in = [(vc.PROMPT, utf8_array(prompt)[None])]
         if cfg:
@@ -352,13 +365,13 @@ class WanI2VPipeline(WanT2VPipeline):
     vae_encoder, denoiser = "wan_i2v_vae_encoder", "wan_i2v_denoiser"
 
     def parse(self, request):
-        prompt, negative, s = super().parse(request)
-        image = input_array(request, vc.INPUT_IMAGE)
-        vc.check_input_image(image, s["height"], s["width"])
-        return prompt, negative, s, image
+        job = super().parse(request)
+        job.image = input_array(request, vc.INPUT_IMAGE)
+        vc.check_input_image(job.image, job.scalars["height"], job.scalars["width"])
+        return job
 
     def condition_inputs(self, job) -> list:
-        image, frames = job[3], job[2]["num_frames"]
+        image, frames = job.image, job.scalars["num_frames"]
         out = call_stage(self.vae_encoder, [(vc.INPUT_IMAGE, image[None]),
                                             (vc.NUM_FRAMES, scalar_array(frames, "INT32")[None])],
                          [vc.CONDITION_LATENTS])
