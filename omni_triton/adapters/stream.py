@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping
 
@@ -137,6 +138,14 @@ class ResponseStream:
         """End with an INTERNAL error for an unexpected exception (logged)."""
         logging.getLogger(self.stage).error("%s failed", self.stage, exc_info=exc)
         return self._send(error_response(f"{self.stage} failed: {exc}", invalid=False), True)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A parsed request: the stage's ``job`` and the request's ``stream``."""
+
+    job: Any
+    stream: ResponseStream
 
 
 class DecoupledStage:
@@ -262,40 +271,53 @@ class DecoupledStage:
 
     def execute(self, requests):
         for request in requests:
-            try:
-                request_id = optional_str_input(request, REQUEST_ID) if self.cancel_flags else None
-            except UnicodeDecodeError:
-                request_id = None
-            stream = ResponseStream(request, self.stage, self.flags, request_id,
-                                    on_cancel=lambda: self.metrics.count("cancelled"))
-            stream.telemetry = RequestTelemetry(self.telemetry)
-            try:
-                job = self.parse(request)
-            except (self.input_error, InputError, UnicodeDecodeError) as exc:
-                self.metrics.count("invalid")
-                stream.invalid(str(exc))
-                self._discard_flag(stream)
-                stream.telemetry.finish("invalid")
-                continue
-            except Exception as exc:  # a stage reports failures as error responses, never raises
-                stream.fail(exc)
-                self._discard_flag(stream)
-                stream.telemetry.finish("error")
-                continue
-            self.metrics.count("requests")
-            self.metrics.add("active", 1)
-            queued = self.policy.queued and not self._own_dispatch()
-            self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
-            stream.paced = self.step_scheduler is not None and self.paced(request)
-            if self.balance is not None:
-                self.balance.opened()
-                stream.balanced = True
-            self.dispatch(job, stream)
+            accepted = self.accept(request)
+            if accepted is not None:
+                self.dispatch(accepted.job, accepted.stream)
         if self.balance is not None:
             # the next request goes to a less loaded sibling meanwhile; at most this long (a
             # stream that never ends must not hold this instance's execute for good)
             self.balance.wait_turn(timeout_s=self.balance_max_wait_s)
         return None
+
+    def accept(self, request) -> "Accepted | None":
+        """Open ``request``'s :class:`ResponseStream` and parse it (on ``execute``'s thread).
+
+        Returns:
+            the job and its stream, counted as started (requests counter, the running or waiting
+            gauge, the instance balance); ``None`` when the request was answered already: an
+            INVALID_ARG for the input error (or ``UnicodeDecodeError``), an INTERNAL error for
+            any other failure of ``parse``.
+        """
+        try:
+            request_id = optional_str_input(request, REQUEST_ID) if self.cancel_flags else None
+        except UnicodeDecodeError:
+            request_id = None
+        stream = ResponseStream(request, self.stage, self.flags, request_id,
+                                on_cancel=lambda: self.metrics.count("cancelled"))
+        stream.telemetry = RequestTelemetry(self.telemetry)
+        try:
+            job = self.parse(request)
+        except (self.input_error, InputError, UnicodeDecodeError) as exc:
+            self.metrics.count("invalid")
+            stream.invalid(str(exc))
+            self._discard_flag(stream)
+            stream.telemetry.finish("invalid")
+            return None
+        except Exception as exc:  # a stage reports failures as error responses, never raises
+            stream.fail(exc)
+            self._discard_flag(stream)
+            stream.telemetry.finish("error")
+            return None
+        self.metrics.count("requests")
+        self.metrics.add("active", 1)
+        queued = self.policy.queued and not self._own_dispatch()
+        self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
+        stream.paced = self.step_scheduler is not None and self.paced(request)
+        if self.balance is not None:
+            self.balance.opened()
+            stream.balanced = True
+        return Accepted(job, stream)
 
     def dispatch(self, job, stream: ResponseStream) -> None:
         """Run ``job`` in execute, on the pool, or on the deadline scheduler."""
