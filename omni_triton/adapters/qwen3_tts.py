@@ -43,7 +43,6 @@ class Qwen3TtsTalkerStage(DecoupledStage):
         frames=("omni_qwen3_tts_talker_frames_total", "Codec frames generated", "counter"),
         requests=("omni_qwen3_tts_talker_requests_total", "Talker requests started", "counter"),
         cancelled=("omni_qwen3_tts_talker_cancelled_total", "Talker requests cancelled", "counter"),
-        active=("omni_qwen3_tts_talker_active", "Talker requests queued or decoding", "gauge"),
         steps=("omni_qwen3_tts_talker_steps_total", "Batched decode steps (one forward pass for all rows)", "counter"),
         rows=("omni_qwen3_tts_talker_step_rows_total", "Requests decoded by those steps (rows / steps = mean batch)",
               "counter"),

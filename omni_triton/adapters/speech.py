@@ -31,7 +31,6 @@ class PiperTts(DecoupledStage):
     metric_specs = dict(
         requests=("omni_tts_requests_total", "Speech requests received", "counter"),
         cancelled=("omni_tts_cancelled_total", "Speech requests stopped by cancellation", "counter"),
-        active=("omni_tts_active_requests", "Speech requests being synthesised now", "gauge"),
         seconds=("omni_tts_audio_seconds_total", "Seconds of audio synthesised", "counter"),
     )
 
@@ -74,7 +73,6 @@ class CodecTalkerStage(DecoupledStage):
         frames=("omni_tts_talker_frames_total", "Codec frames generated", "counter"),
         requests=("omni_tts_talker_requests_total", "Talker requests started", "counter"),
         cancelled=("omni_tts_talker_cancelled_total", "Talker requests cancelled", "counter"),
-        active=("omni_tts_talker_active", "Talker requests being generated (per instance)", "gauge"),
     )
 
     def setup(self, args, params):

@@ -7,7 +7,7 @@ A stage subclass says what it is (``stage``, ``input_error``, ``metric_specs``),
 does the rest, the same way for every stage: INVALID_ARG for the pipeline's input error, a
 failure response for anything else, FINAL exactly once (never a send after it), cancellation
 through ``ResponseStream.cancelled()`` (Triton's flag, and the cancel flag of a ``REQUEST_ID`` on
-2.51 where a BLS caller cannot cancel), the requests/invalid/cancelled/active metrics, an optional
+2.51 where a BLS caller cannot cancel), the requests/invalid/cancelled counters and the ``omni_stage_*`` telemetry, an optional
 worker pool, ``finalize``. Every call into Triton goes through ``omni_triton.adapters.triton_io``.
 """
 from __future__ import annotations
@@ -153,7 +153,8 @@ class DecoupledStage:
 
     Subclasses set ``stage`` (name in messages), ``input_error`` (the pipeline's input-error
     class), ``metric_specs`` (``StageMetrics`` specs; ``requests``, ``invalid``, ``cancelled``
-    and ``active`` are kept by the base when present), ``cancel_flags`` (listen to the
+    are counted by the base when present; requests in progress are the ``omni_stage_requests_running``
+    and ``_waiting`` gauges of every stage), ``cancel_flags`` (listen to the
     REQUEST_ID cancel flag), ``per_instance_metrics`` (label ``instance`` too), and implement:
 
     - ``setup(args, params)``: load the model (``params``: config.pbtxt parameters);
@@ -310,7 +311,6 @@ class DecoupledStage:
             stream.telemetry.finish("error")
             return None
         self.metrics.count("requests")
-        self.metrics.add("active", 1)
         queued = self.policy.queued and not self._own_dispatch()
         self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
         stream.paced = self.step_scheduler is not None and self.paced(request)
@@ -380,7 +380,7 @@ class DecoupledStage:
         self.finish(job, stream, error)
 
     def finish(self, job, stream: ResponseStream, error: BaseException | None = None) -> None:
-        """End a job: the error response or FINAL (exactly once), the active gauge, the cancel
+        """End a job: the error response or FINAL (exactly once), the running gauge, the cancel
         flag lowered."""
         reason = "abort" if stream.cancel_seen else "stop"
         try:
@@ -396,7 +396,6 @@ class DecoupledStage:
         except Exception:  # the client is gone: nothing left to tell it
             logging.getLogger(self.stage).exception("%s could not end its response stream", self.stage)
         finally:
-            self.metrics.add("active", -1)
             self._discard_flag(stream)
             if self.balance is not None and getattr(stream, "balanced", False):
                 self.balance.closed()

@@ -108,8 +108,7 @@ class Denoiser(BatchedDecoupledStage):
         requests=("omni_video_denoise_requests_total", "Videos denoised (requests started)", "counter"),
         cancelled=("omni_video_denoise_cancelled_total", "Denoiser requests cancelled", "counter"),
         interrupted=("omni_video_denoise_interrupted_total",
-                     "Pipeline calls stopped at a step boundary (every request cancelled)", "counter"),
-        active=("omni_video_denoise_active", "Videos being denoised now", "gauge"))
+                     "Pipeline calls stopped at a step boundary (every request cancelled)", "counter"))
 
     def setup(self, args, params):
         from omni_triton import kernels  # attention backend and step cache from config.pbtxt
@@ -220,7 +219,6 @@ class WanT2VPipeline(DecoupledStage):
         requests=("omni_video_requests_total", "Video requests received", "counter"),
         invalid=("omni_video_invalid_total", "Video requests refused as invalid", "counter"),
         cancelled=("omni_video_cancelled_total", "Video requests cancelled by their client", "counter"),
-        active=("omni_video_active_requests", "Video requests in progress", "gauge"),
     )
 
     def setup(self, args, params):
