@@ -205,7 +205,7 @@ class PlaybackPolicy:
         return float(np.asarray(audio).size) / rate if rate > 0 else 0.0
 
 
-def due_in_s(value: Any, name: str = "DUE_MS") -> float:
+def due_in_s(value: Any, name: str) -> float:
     """Seconds until a batched request's result is due, from its optional due input ``name``
     (FP32 milliseconds, ``value`` its first element or ``None`` when absent; negative: overdue);
     0 when absent (now: arrival order among such requests).

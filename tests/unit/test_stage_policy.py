@@ -92,6 +92,6 @@ def test_the_playback_model_by_unit_and_the_familys_frames_output():
 
 
 def test_due_input_in_seconds():
-    assert due_in_s(None) == 0.0 and due_in_s(np.float32(-250.0)) == -0.25
+    assert due_in_s(None, "DUE_MS") == 0.0 and due_in_s(np.float32(-250.0), "DUE_MS") == -0.25
     with pytest.raises(ValueError, match="DUE_MS must be finite"):
-        due_in_s(np.float32("nan"))
+        due_in_s(np.float32("nan"), "DUE_MS")
