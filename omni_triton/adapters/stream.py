@@ -7,16 +7,17 @@ A stage subclass says what it is (``stage``, ``input_error``, ``metric_specs``),
 does the rest, the same way for every stage: INVALID_ARG for the pipeline's input error, a
 failure response for anything else, FINAL exactly once (never a send after it), cancellation
 through ``ResponseStream.cancelled()`` (Triton's flag, and the cancel flag of a ``REQUEST_ID`` on
-2.51 where a BLS caller cannot cancel), the requests/invalid/cancelled counters and the ``omni_stage_*`` telemetry, an optional
-worker pool, ``finalize``. Every call into Triton goes through ``omni_triton.adapters.triton_io``.
+2.51 where a BLS caller cannot cancel), the requests/invalid/cancelled counters and the
+``omni_stage_*`` telemetry, the execution policies of ``omni_triton.runtime.stage_policy`` (worker
+pool, deadline scheduler, instance balance), ``finalize``. Every call into Triton goes through ``omni_triton.adapters.triton_io``.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from omni_triton.adapters import bls
@@ -153,9 +154,11 @@ class DecoupledStage:
 
     Subclasses set ``stage`` (name in messages), ``input_error`` (the pipeline's input-error
     class), ``metric_specs`` (``StageMetrics`` specs; ``requests``, ``invalid``, ``cancelled``
-    are counted by the base when present; requests in progress are the ``omni_stage_requests_running``
-    and ``_waiting`` gauges of every stage), ``cancel_flags`` (listen to the
-    REQUEST_ID cancel flag), ``per_instance_metrics`` (label ``instance`` too), and implement:
+    are counted by the base when present; requests in progress are the
+    ``omni_stage_requests_running`` and ``_waiting`` gauges of every stage), ``cancel_flags``
+    (listen to the REQUEST_ID cancel flag), ``per_instance_metrics`` (label ``instance`` too),
+    ``frames_output`` (the family's codec-frame output, for ``deadline_unit: frames``), and
+    implement:
 
     - ``setup(args, params)``: load the model (``params``: config.pbtxt parameters);
     - ``parse(request) -> job``: read and validate the inputs (main thread; raise the input error);
