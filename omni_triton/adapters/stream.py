@@ -9,7 +9,8 @@ failure response for anything else, FINAL exactly once (never a send after it), 
 through ``ResponseStream.cancelled()`` (Triton's flag, and the cancel flag of a ``REQUEST_ID`` on
 2.51 where a BLS caller cannot cancel), the requests/invalid/cancelled counters and the
 ``omni_stage_*`` telemetry, the execution policies of ``omni_triton.runtime.stage_policy`` (worker
-pool, deadline scheduler, instance balance), ``finalize``. Every call into Triton goes through ``omni_triton.adapters.triton_io``.
+pool, deadline scheduler, instance balance), ``finalize``. Every call into Triton goes through
+``omni_triton.adapters.triton_io``.
 """
 from __future__ import annotations
 
