@@ -171,7 +171,7 @@ class DecoupledStage:
     (piper). ``dispatch`` may be overridden by stages with their own engine loop (``llm``), which
     then call ``finish`` when the job ends.
 
-    ``reads_bls_streams``: the stage reads decoupled BLS streams (``llm_tts``, ``tts``, ``omni``).
+    ``reads_bls_streams``: the stage reads decoupled BLS streams (``llm_tts``, ``csm``, ``qwen3_omni``).
     Such a stage runs every request inside ``execute``, on the stub's one main thread, and gets
     its concurrency from its instance count (one stub process each): two threads of one stub
     reading decoupled BLS streams deadlock python_backend (``omni_triton/adapters/bls.py``, "One
@@ -207,7 +207,7 @@ class DecoupledStage:
     :class:`~omni_triton.runtime.instance_balance.InstanceBalance`), so Triton hands the next
     request to a sibling instead of stacking streams on whichever instance's execute thread
     happened to be free. A negative or non-numeric ``balance_max_wait_ms`` is a load error, and so
-    is ``balance_instances`` on a stage that ``reads_bls_streams`` (measured slower on omni_talker).
+    is ``balance_instances`` on a stage that ``reads_bls_streams`` (measured slower on qwen3_omni_talker).
     """
 
     stage = "stage"

@@ -92,7 +92,7 @@ class ExecutionPolicy:
             if reads_bls_streams:
                 raise RuntimeError(
                     f"{model}: balance_instances holds execute's thread, which a stage that "
-                    "reads decoupled BLS streams needs: on omni_talker it made first audio slower even "
+                    "reads decoupled BLS streams needs: on qwen3_omni_talker it made first audio slower even "
                     "at concurrency 1 (docs/scheduling.md, \"Instance balance\")")
             wait = float(params.get("balance_max_wait_ms", "30000")) / 1000.0
             if wait < 0:

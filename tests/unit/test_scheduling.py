@@ -348,7 +348,7 @@ def test_a_paced_request_to_a_low_water_consumer_is_due_in_groups_of_the_first_c
 
 
 class StreamReader(Speaker):
-    """A stage that reads decoupled BLS streams (``omni_talker``), scheduled."""
+    """A stage that reads decoupled BLS streams (``qwen3_omni_talker``), scheduled."""
 
     reads_bls_streams = True
     workers = 0
@@ -384,10 +384,10 @@ def _params(config):
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-@pytest.mark.parametrize("talker,bls,gets_paced", [("tts_talker", "tts", True), ("omni_talker", "omni", True)])
+@pytest.mark.parametrize("talker,bls,gets_paced", [("csm_talker", "csm", True), ("qwen3_omni_talker", "qwen3_omni", True)])
 def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls, gets_paced):
     """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames, its
-    low water included where the BLS passes PACED on (``tts`` and ``omni``); the BLS admits more
+    low water included where the BLS passes PACED on (``csm`` and ``qwen3_omni``); the BLS admits more
     requests at once than the talker has instances (else they queue whole)."""
     t, b = _params(_config(talker)), _params(_config(bls))
     assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "frames"
@@ -400,23 +400,23 @@ def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls, gets_pa
 
 
 def test_the_omni_thinker_schedules_tokens_by_the_omni_chunk_schedule():
-    """``omni_thinker``'s token deadlines are the frames' of the talker it feeds (TokenDeadline),
+    """``qwen3_omni_thinker``'s token deadlines are the frames' of the talker it feeds (TokenDeadline),
     with omni's chunk schedule; one worker (one request's tokens at a time)."""
-    t, b = _params(_config("omni_thinker")), _params(_config("omni"))
+    t, b = _params(_config("qwen3_omni_thinker")), _params(_config("qwen3_omni"))
     assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "tokens"
     assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
     assert float(t["frame_rate_hz"]) == 12.5 and t.get("scheduler_workers", "1") == "1"
-    assert _params(_config("omni_talker")).get("scheduler_workers") == "1"  # it reads omni_thinker's streams
-    # omni_talker passes omni's PACED on: the tokens of a paced answer are due in low-water groups
-    assert t["low_water_ms"] == b["low_water_ms"] and "PACED" in {i.name for i in _config("omni_thinker").input}
+    assert _params(_config("qwen3_omni_talker")).get("scheduler_workers") == "1"  # it reads qwen3_omni_thinker's streams
+    # qwen3_omni_talker passes omni's PACED on: the tokens of a paced answer are due in low-water groups
+    assert t["low_water_ms"] == b["low_water_ms"] and "PACED" in {i.name for i in _config("qwen3_omni_thinker").input}
 
 
 def test_piper_schedules_by_audio():
-    p = _params(_config("piper_tts"))
+    p = _params(_config("piper"))
     assert scheduling_policy(p, env={}) is Policy.DEADLINE and p.get("deadline_unit", "audio") == "audio"
 
 
-@pytest.mark.parametrize("name", ["piper_tts", "tts_talker"])
+@pytest.mark.parametrize("name", ["piper", "csm_talker"])
 def test_scheduled_speech_stages_pace_paced_requests(name):
     """The stages the frontend streams declare PACED and keep a lead (max_lead_ms) of at least
     one second, so pacing is on and cannot starve a stream of its next chunk."""
@@ -449,8 +449,8 @@ def test_qwen3_tts_admits_as_many_requests_as_its_talker_batches():
     assert bls >= int(_params(_config("qwen3_tts_talker"))["max_num_seqs"])
 
 
-@pytest.mark.parametrize("talker, bls", [("qwen3_tts_talker", "qwen3_tts"), ("tts_talker", "tts"),
-                                         ("omni_talker", "omni")])
+@pytest.mark.parametrize("talker, bls", [("qwen3_tts_talker", "qwen3_tts"), ("csm_talker", "csm"),
+                                         ("qwen3_omni_talker", "qwen3_omni")])
 def test_talker_groups_divide_every_chunk_of_its_bls(talker, bls):
     """A talker sends emit_frames frames at a time; a group that does not divide the BLS's first
     and later chunk sizes would hold a chunk's last frames back until the group fills (first
@@ -479,10 +479,10 @@ def test_frame_groups_hold_frames_until_full_and_lose_none():
 
 
 def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
-    """tts_talker with emit_frames 5: the held frames are steps without a response (None), so the
+    """csm_talker with emit_frames 5: the held frames are steps without a response (None), so the
     scheduler still interleaves open requests frame by frame; without them one step would run a
     whole group (5 frames of talker compute) while the other streams wait."""
-    from omni_triton.adapters.speech import CodecTalkerStage
+    from omni_triton.adapters.speech import CsmTalkerStage
     from omni_triton.contracts.speech import CODES
 
     class FakeTalker:
@@ -500,7 +500,7 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
         def cancelled(self):
             return False
 
-    stage = CodecTalkerStage.__new__(CodecTalkerStage)
+    stage = CsmTalkerStage.__new__(CsmTalkerStage)
     stage.talker, stage.emit_frames, stage.metrics, stage.step_scheduler = FakeTalker(), 3, Counter(), object()
     steps = list(stage.generate(("Hi.", 0, 0, 7), Stream()))
     assert [None if s is None else len(s[CODES]) for s in steps] == [None, None, 3, None, None, 3, None, 1]
@@ -509,7 +509,7 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
 
 
 def test_omni_talker_groups_frames_and_sends_the_rest_unless_cancelled():
-    from omni_triton.adapters.omni import _FrameGroups
+    from omni_triton.adapters.qwen3_omni import _FrameGroups
     from omni_triton.contracts.speech import CODES
 
     class Stream:
@@ -709,17 +709,17 @@ def test_the_qwen3_tts_decoder_takes_the_most_urgent_chunk_first_and_its_bls_say
     assert float(bls["deadline_guard_ms"]) > 0 and float(bls["low_water_ms"]) > float(bls["deadline_guard_ms"])
 
 
-def test_the_omni_thinker_dues_every_token_at_arrival_only_for_a_talker_that_waits_for_the_whole_answer():
+def test_the_qwen3_omni_thinker_dues_every_token_at_arrival_only_for_a_talker_that_waits_for_the_whole_answer():
     """A typed thinker job: TALKER_INPUTS without ASYNC_CHUNK (the multimodal path: the talker
     starts after the whole answer) makes all ``max_tokens`` due at arrival; a streamed talker or a
     text reader keeps ``lead_tokens`` 1."""
     from types import SimpleNamespace
 
-    from omni_triton.adapters.omni import OmniThinkerStage, _ThinkerJob
+    from omni_triton.adapters.qwen3_omni import Qwen3OmniThinkerStage, _ThinkerJob
     from omni_triton.runtime.stage_policy import PlaybackPolicy
 
-    stage = OmniThinkerStage()
-    stage.playback = PlaybackPolicy("omni_thinker", {"deadline_unit": "tokens"})
+    stage = Qwen3OmniThinkerStage()
+    stage.playback = PlaybackPolicy("qwen3_omni_thinker", {"deadline_unit": "tokens"})
     sampling = SimpleNamespace(max_tokens=32)
     whole = _ThinkerJob(np.zeros(3, np.int64), sampling, talker_inputs=True, streamed=False, media=None)
     streamed = _ThinkerJob(np.zeros(3, np.int64), sampling, talker_inputs=True, streamed=True, media=None)
