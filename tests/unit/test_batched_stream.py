@@ -39,10 +39,10 @@ class Steps(BatchedDecoupledStage):
         for step in range(max(jobs)):
             if self.fail and step == 1:
                 raise RuntimeError("pipeline broke")
-            for n, stream in zip(jobs, streams):
+            for n, stream in zip(jobs, streams, strict=True):
                 if step < n and not stream.final_sent and not stream.cancelled():
                     stream.send({"STEP": np.array([step], np.int32)})
-        for n, stream in zip(jobs, streams):
+        for n, stream in zip(jobs, streams, strict=True):
             if not stream.cancel_seen:
                 stream.send({"OUT": np.array([n], np.int32)}, final=True)
 
