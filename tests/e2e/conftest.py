@@ -83,6 +83,12 @@ class Stack:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
+    def in_progress(self, model: str) -> float:
+        """Requests a stage has accepted and not yet finished, over all its instances: the stage
+        gauges ``omni_stage_requests_running`` + ``omni_stage_requests_waiting`` (docs/metrics.md)."""
+        return self.metric("omni_stage_requests_running", model=model) + \
+            self.metric("omni_stage_requests_waiting", model=model)
+
 
 #: ``serve`` log lines that mean tritonserver died (and was restarted) or a stub process died
 SERVER_CRASH_LINES = ("tritonserver exited", "restarting tritonserver", "Triton READY again")

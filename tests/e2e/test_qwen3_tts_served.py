@@ -155,7 +155,7 @@ def test_cancel_mid_stream_frees_the_talker(stack):
     assert len(got.chunks) == 1
     stack.wait_until(lambda: stack.metric("omni_qwen3_tts_talker_cancelled_total") > cancelled,
                      "the talker never saw the cancellation", timeout_s=120)
-    stack.wait_until(lambda: stack.metric("omni_qwen3_tts_talker_active") == 0, "a talker row stayed active",
+    stack.wait_until(lambda: stack.in_progress("qwen3_tts_talker") == 0, "a talker row stayed active",
                      timeout_s=120)
     assert _served(url, "vivian").audio.size > 0
 

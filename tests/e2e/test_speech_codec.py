@@ -249,7 +249,7 @@ def test_grpc_cancel_stops_the_talker(stack):
     assert len(result.chunks) == 1
     stack.wait_until(lambda: stack.metric("omni_tts_talker_cancelled_total", model="csm_talker") > cancelled_before,
                      "talker never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_tts_talker_active", model="csm_talker") == 0,
+    stack.wait_until(lambda: stack.in_progress("csm_talker") == 0,
                      "talker still generating for a gone client")
     generated = stack.metric("omni_tts_talker_frames_total", model="csm_talker") - frames_before
     assert generated < 3000 // 4, f"talker generated {generated} of 3000 frames after cancel"

@@ -90,7 +90,7 @@ def test_sse_stream_arrives_while_synthesis_runs(stack):
             event = json.loads(line[5:])
             if event["type"] == "speech.audio.delta":
                 if not deltas:
-                    active_at_first_delta = stack.metric("omni_tts_active_requests", model="piper")
+                    active_at_first_delta = stack.in_progress("piper")
                 deltas.append(base64.b64decode(event["audio"]))
             elif event["type"] == "speech.audio.done":
                 done = event
@@ -251,7 +251,7 @@ def test_client_disconnect_stops_piper(stack):
         next(r.iter_bytes())
     stack.wait_until(lambda: stack.metric("omni_tts_cancelled_total", model="piper") > cancelled_before,
                      "piper_tts never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_tts_active_requests", model="piper") == 0,
+    stack.wait_until(lambda: stack.in_progress("piper") == 0,
                      "piper_tts still synthesising for a gone client")
     produced = stack.metric("omni_tts_audio_seconds_total", model="piper") - seconds_before
     assert produced < full_seconds / 4, f"piper_tts synthesised {produced:.1f} s of {full_seconds:.1f} s after a cancel"
