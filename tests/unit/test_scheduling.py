@@ -717,7 +717,8 @@ def test_the_qwen3_omni_thinker_dues_every_token_at_arrival_only_for_a_talker_th
     text reader keeps ``lead_tokens`` 1."""
     from types import SimpleNamespace
 
-    from omni_triton.adapters.qwen3_omni import Qwen3OmniThinkerStage, _ThinkerJob
+    from omni_triton.adapters.omni_stages import ThinkerJob as _ThinkerJob
+    from omni_triton.adapters.qwen3_omni import Qwen3OmniThinkerStage
     from omni_triton.runtime.stage_policy import PlaybackPolicy
 
     stage = Qwen3OmniThinkerStage()
