@@ -23,6 +23,8 @@ import pytest
 from conftest import wait_for_stub_death_report
 from omni_triton.launcher import free_port
 
+pytestmark = pytest.mark.e2e
+
 LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(60))
 
 

@@ -15,8 +15,12 @@ import json
 import os
 from urllib.parse import urlparse
 
+import pytest
+
 from clients.soak import soak
 from omni_triton.paths import cache_dir
+
+pytestmark = pytest.mark.e2e
 
 SOAK_S = float(os.environ.get("OMNI_TRITON_SOAK_S", "60"))
 

@@ -22,6 +22,8 @@ from tritonclient.utils import InferenceServerException
 from omni_triton import triton_admin
 from omni_triton.paths import cache_dir
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "piper_tts"
 WRONG = "not-the-key-0123456789"
 
