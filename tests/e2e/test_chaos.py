@@ -2,7 +2,7 @@
 flight. Only the killed stage's requests may fail, each must end promptly (no hang, no admission
 slot kept), and the stage / server must serve again. Recovery times are printed for the notes.
 
-The stub test uses the session stack (``kills_stub``: serve reloading piper_tts is expected).
+The stub test uses the session stack (``kills_stub("piper_tts")``: serve reloading piper_tts is expected).
 The tritonserver test starts its own ``omni-triton serve`` (piper_tts only, restarts in seconds),
 so the session server's no-crash checks stay meaningful.
 """
@@ -62,7 +62,7 @@ def _sse_speech(url: str, events: list | None = None) -> list[str]:
     return events
 
 
-@pytest.mark.kills_stub
+@pytest.mark.kills_stub("piper_tts")
 def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
     url = stack.frontend_url
     chat_body = {"model": "llm", "messages": [{"role": "user", "content": "What is the capital of Japan?"}],

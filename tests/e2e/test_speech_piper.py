@@ -261,7 +261,7 @@ def test_client_disconnect_stops_piper(stack):
 
 
 
-@pytest.mark.kills_stub
+@pytest.mark.kills_stub("piper_tts")
 def test_killed_stub_is_restarted_by_the_launcher(stack):
     """Triton 2.51 keeps a model READY after its stub process dies and fails every request;
     ``omni-triton serve`` notices the missing stub and loads the model again."""
