@@ -29,6 +29,7 @@ import httpx
 import psutil
 import pytest
 
+from clients.bench_common import metric_total
 from omni_triton import triton_admin
 from omni_triton.launcher import free_port
 from omni_triton.paths import cache_dir
@@ -74,15 +75,7 @@ class Stack:
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of one metric on Triton's metrics endpoint whose labels include
         ``labels`` (e.g. over all instances of a model); 0 if absent."""
-        text = httpx.get(self.metrics_url, timeout=10).text
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
-            if all(found.get(k) == v for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_total(httpx.get(self.metrics_url, timeout=10).text, name, **labels)
 
 
 def wait_for_stub_death_report(stack, model: str, since: int, timeout_s: float = 120.0) -> None:

@@ -19,6 +19,7 @@ import time
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from clients.soak import refusal_problem
 from conftest import wait_for_stub_death_report
@@ -110,8 +111,9 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
                                     "serving_again_s": round(time.monotonic() - killed_at, 1)}}))
     # no admission slot leaked: every request above released its slot
     metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    inflight = [ln for ln in metrics.splitlines() if ln.startswith("omni_frontend_inflight")]
-    assert all(float(ln.rsplit(" ", 1)[1]) == 0 for ln in inflight), inflight
+    inflight = [s for f in text_string_to_metric_families(metrics) for s in f.samples
+                if s.name.startswith("omni_frontend_inflight")]
+    assert inflight and all(s.value == 0 for s in inflight), inflight
 
 
 def test_killing_tritonserver_ends_requests_with_503_and_serve_brings_it_back(tmp_path):

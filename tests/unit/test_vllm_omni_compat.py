@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from clients.bench_common import metric_total
+
 from openai_frontend.app import Settings, create_app
 from test_chat_frontend import ANSWER, SR, USER, assert_error
 from test_frontend_bad_input import AllFake
@@ -479,5 +481,5 @@ async def test_chat_audio_seconds_counted_in_metrics(engine):
             assert r.status_code == 200
             _ = r.content
         text = (await c.get("/metrics")).text
-    line = next(ln for ln in text.splitlines() if ln.startswith('omni_frontend_audio_seconds_total{model="llm_tts"}'))
-    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(2 * len(engine.expected_audio()) / SR)
+    assert metric_total(text, "omni_frontend_audio_seconds_total", model="llm_tts") == pytest.approx(
+        2 * len(engine.expected_audio()) / SR)
