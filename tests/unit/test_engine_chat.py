@@ -17,6 +17,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from tests.helpers.fake_triton import fake_triton
+
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 from openai_frontend.engine import (
     GenerationRequest,
@@ -143,14 +145,8 @@ class FakeChatTriton(pbg.GRPCInferenceServiceServicer):
 
 @pytest.fixture
 async def triton():
-    server = grpc.aio.server()
-    fake = FakeChatTriton()
-    pbg.add_GRPCInferenceServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    fake.url = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(None)
+    async with fake_triton(FakeChatTriton()) as fake:
+        yield fake
 
 
 MESSAGES = [{"role": "user", "content": "Capital of France? Réponds."}]

@@ -14,6 +14,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from tests.helpers.fake_triton import fake_triton
+
 from omni_triton import triton_admin
 from omni_triton.launcher import Frontend, TritonServer, free_port
 from openai_frontend.engine import TritonEngine, TritonUnavailableError
@@ -125,12 +127,8 @@ class RestrictedTriton(pbg.GRPCInferenceServiceServicer):
 
 @pytest.fixture
 async def restricted():
-    server = grpc.aio.server()
-    pbg.add_GRPCInferenceServiceServicer_to_server(RestrictedTriton(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    yield f"127.0.0.1:{port}"
-    await server.stop(None)
+    async with fake_triton(RestrictedTriton()) as fake:
+        yield fake.url
 
 
 @pytest.mark.anyio
