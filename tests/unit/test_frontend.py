@@ -19,6 +19,7 @@ import soundfile as sf
 
 from omni_triton.media.audio import float_to_pcm16, streaming_wav_header
 from openai_frontend.app import Settings, create_app
+from tests.helpers.frontend import frontend_client
 from openai_frontend.engine import (
     Engine,
     InferenceError,
@@ -133,9 +134,7 @@ def engine():
     return FakeEngine()
 
 
-def make_client(engine, **settings):
-    app = create_app(engine, Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+make_client = frontend_client
 
 
 async def post(engine, payload, **settings):

@@ -11,13 +11,12 @@ import asyncio
 import base64
 import io
 
-import httpx
 import numpy as np
 import pytest
 from PIL import Image
 
 from omni_triton.media.image import decode_image, encode_image, normalise_format
-from openai_frontend.app import Settings, create_app
+from tests.helpers.frontend import frontend_client
 from openai_frontend.engine import (
     Engine,
     GeneratedImage,
@@ -117,9 +116,7 @@ def engine():
     return FakeImageEngine()
 
 
-def client(engine, **settings):
-    app = create_app(engine, Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+client = frontend_client
 
 
 def png_bytes(w=40, h=30, color=(200, 10, 10)) -> bytes:

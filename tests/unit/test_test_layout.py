@@ -2,6 +2,7 @@
 two files of one name (``tests/unit/test_voices.py`` and ``tests/e2e/test_voices.py``) stop the
 whole run at collection ("import file mismatch"), which a run of one folder never shows."""
 import ast
+import re
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -36,3 +37,34 @@ def test_every_e2e_test_module_carries_the_e2e_marker():
         if not any(_marks_e2e(value) for value in marks):
             unmarked.append(path.name)
     assert not unmarked, f"add `pytestmark = pytest.mark.e2e` to: {unmarked}"
+
+
+ROOT = TESTS.parent
+HELPERS = TESTS / "helpers"
+
+
+def _sources(*folders: Path):
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            if HELPERS not in path.parents and path != Path(__file__).resolve():
+                yield path, path.read_text()
+
+
+def test_shared_fixtures_and_parsers_live_in_one_place():
+    """The fake Triton gRPC server (tests/helpers/fake_triton.py), the in-process frontend client
+    (tests/helpers/frontend.py) and the Prometheus text reader (clients.bench_common.metric_total,
+    prometheus_client's parser) each have one home; a copy elsewhere drifts from it (issue 24:
+    the gRPC fake x3, the frontend set-up x5, the metrics readers x4)."""
+    copies = []
+    for path, text in _sources(TESTS, ROOT / "clients"):
+        name = path.relative_to(ROOT)
+        if "grpc.aio.server(" in text:
+            copies.append(f"{name}: starts its own gRPC server (use tests.helpers.fake_triton)")
+        if re.search(r"float\([^)]*\.rsplit\([\"'] [\"'], 1\)", text):
+            copies.append(f"{name}: reads Prometheus text by hand (use clients.bench_common.metric_total)")
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("test_"):
+                body = ast.unparse(node)
+                if "create_app(" in body and "ASGITransport(" in body:
+                    copies.append(f"{name}: {node.name}() builds a frontend client (use tests.helpers.frontend)")
+    assert not copies, "\n".join(copies)

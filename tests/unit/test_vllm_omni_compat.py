@@ -18,7 +18,7 @@ import soundfile as sf
 
 from clients.bench_common import metric_total
 
-from openai_frontend.app import Settings, create_app
+from tests.helpers.frontend import frontend_client
 from test_chat_frontend import ANSWER, SR, USER, assert_error
 from test_frontend_bad_input import AllFake
 
@@ -35,9 +35,7 @@ def engine():
     return AllFake()
 
 
-def client(engine, **settings) -> httpx.AsyncClient:
-    app = create_app(engine, Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+client = frontend_client
 
 
 async def post(engine, path, payload, **settings) -> httpx.Response:

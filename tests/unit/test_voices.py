@@ -17,6 +17,7 @@ import soundfile as sf
 from starlette.testclient import TestClient
 
 from openai_frontend.app import Settings, create_app
+from tests.helpers.frontend import frontend_client
 from openai_frontend.engine import InvalidRequestError, ModelInfo
 from openai_frontend.engine.model_info import OPENAI_VOICES, _voice_aliases
 from openai_frontend.engine.triton import qwen3_speech_inputs
@@ -132,9 +133,7 @@ def settings(tmp_path):
                                          max_upload_bytes=600_000))
 
 
-def client(engine, settings):
-    app = create_app(engine, settings)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+client = frontend_client
 
 
 async def consent(c) -> str:
