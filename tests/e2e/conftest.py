@@ -17,7 +17,6 @@ those deaths are excused (a tritonserver restart never is).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
