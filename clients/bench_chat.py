@@ -318,12 +318,12 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        from omni_triton.launcher import _child_setup
+        from omni_triton.serve.process import child_setup
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+                                     stdin=subprocess.DEVNULL, preexec_fn=child_setup)
 
     def wait_ready(self, timeout: float) -> None:
         import httpx
@@ -342,7 +342,7 @@ class VllmServer:
         raise TimeoutError(f"vLLM server not ready in {timeout} s; log: {self.log_path}")
 
     def stop(self) -> None:
-        from omni_triton.launcher import stop_process_group
+        from omni_triton.serve.process import stop_process_group
 
         if self.proc is not None:
             stop_process_group(self.proc, timeout=30)
@@ -353,7 +353,7 @@ class VllmServer:
 def llm_engine_config() -> tuple[dict, dict[str, str]]:
     """Engine arguments and environment of the ``llm`` stage, read from its ``config.pbtxt`` the
     way the stage reads them (``omni_triton.stages.llm.parse_engine_config``)."""
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.paths import cache_dir
     from omni_triton.stages.llm import parse_engine_config
 
@@ -394,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    from omni_triton.launcher import Frontend, TritonServer, available_models, free_port
+    from omni_triton.serve.process import free_port
+    from omni_triton.serve.repository import available_models
+    from omni_triton.serve.server import Frontend, TritonServer
     from omni_triton.paths import cache_dir
 
     started = stop_all_on_sigterm()  # what this run starts, stopped in `finally` and on SIGTERM

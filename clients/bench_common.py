@@ -263,7 +263,7 @@ def instance_count(model: str) -> int:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from omni_triton.launcher import available_models
+    from omni_triton.serve.repository import available_models
 
     config = text_format.Parse((available_models()[model] / "config.pbtxt").read_text(),
                                model_config_pb2.ModelConfig())

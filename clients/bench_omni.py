@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from clients.omni_grpc_stream import build_chat_inputs, stream_chat
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.checkpoints import qwen3_omni as ckpt
     from omni_triton.stages import qwen3_omni as qo
 
@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = args.triton_grpc_url
         if not url:
-            from omni_triton.launcher import TritonServer, free_port
+            from omni_triton.serve.process import free_port
+            from omni_triton.serve.server import TritonServer
             from omni_triton.paths import cache_dir
 
             server = TritonServer(["omni", "qwen25_omni"], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),

@@ -40,7 +40,7 @@ are keyed ``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON comp
 
 Every path gets ``--warmup`` untimed requests per model before its first level.
 Unless ``--frontend-url``/``--triton-grpc-url`` are given, the benchmark starts its own
-tritonserver (``piper_tts``, ``tts``) and frontend on free ports (``omni_triton.launcher``) after
+tritonserver (``piper_tts``, ``tts``) and frontend on free ports (``omni_triton.serve.server``) after
 the in-process phase, and always stops them (``try``/``finally``).
 
 Fairness: this process sets torch's intra-op threads to 1 (and ``OMP/MKL/OPENBLAS_NUM_THREADS=1``)
@@ -411,8 +411,8 @@ def model_parameters(name: str, grpc_url: str | None, admin_key: str | None = No
             return {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         except Exception:
             pass
-    from omni_triton.launcher import available_models
-    from omni_triton.launcher import model_parameters as local_params
+    from omni_triton.serve.repository import available_models
+    from omni_triton.serve.repository import model_parameters as local_params
 
     return local_params(available_models()[name])
 
@@ -520,7 +520,8 @@ def run_served(bench: "Bench", args, served: list[str], mode: str | None, starte
     try:
         frontend_url, grpc_url = args.frontend_url, args.triton_grpc_url
         if not external:
-            from omni_triton.launcher import Frontend, TritonServer, free_port
+            from omni_triton.serve.process import free_port
+            from omni_triton.serve.server import Frontend, TritonServer
             from omni_triton.paths import cache_dir
 
             if mode == "fifo":

@@ -42,7 +42,8 @@ import tritonclient.grpc as grpcclient
 from omni_triton.contracts import chat, probe, speech
 from omni_triton.contracts.tensors import infer_input, wrap_inputs
 from omni_triton.contracts.tensors import scalar_array
-from omni_triton.launcher import TritonServer, free_port
+from omni_triton.serve.process import free_port
+from omni_triton.serve.server import TritonServer
 from omni_triton.paths import model_repositories
 
 #: Seconds after which a request that has not ended counts as a hang ("timeout").

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from omni_triton.launcher import available_models, model_parameters, resolve_models
+from omni_triton.serve.repository import available_models, model_parameters, resolve_models
 from omni_triton.paths import model_dir
 
 

@@ -30,7 +30,7 @@ import pytest
 
 from clients.bench_common import metric_total
 from omni_triton import triton_admin
-from omni_triton.launcher import free_port
+from omni_triton.serve.process import free_port
 from omni_triton.paths import cache_dir
 from tests.helpers.crash_watch import CrashWatch, crash_logs
 
@@ -80,7 +80,7 @@ class Stack:
 def wait_for_stub_death_report(stack, model: str, since: int, timeout_s: float = 120.0) -> None:
     """Wait until serve has logged the death of ``model``'s stub after byte ``since`` of its log
     (the size before the kill): a ``kills_stub`` test's own effect. serve reports a death before
-    it reloads the model (``cli._StubWatch``, since stop 19; before, a death could be reported a
+    it reloads the model (``serve.supervisor.StubWatch``, since stop 19; before, a death could be reported a
     tick after the reload); the wait keeps the report in this test, never the next one, which
     would fail on it (CI11 and CI16: test_videos after test_speech_piper's kill)."""
     deadline = time.monotonic() + timeout_s

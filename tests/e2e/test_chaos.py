@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clients.soak import refusal_problem
 from conftest import wait_for_stub_death_report
-from omni_triton.launcher import free_port
+from omni_triton.serve.process import free_port
 
 pytestmark = pytest.mark.e2e
 

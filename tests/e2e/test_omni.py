@@ -20,7 +20,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from clients.omni_grpc_stream import build_chat_inputs, stream_chat
-from omni_triton.launcher import available_models, model_parameters
+from omni_triton.serve.repository import available_models, model_parameters
 from omni_triton.paths import model_dir
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 

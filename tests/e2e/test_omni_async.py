@@ -46,7 +46,7 @@ def reference():
     from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
     from omni_triton.checkpoints.qwen3_omni import read_manifest
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.paths import model_dir
 
     torch.set_num_threads(1)

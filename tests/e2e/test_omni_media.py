@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 
-from omni_triton.launcher import available_models, model_parameters
+from omni_triton.serve.repository import available_models, model_parameters
 from omni_triton.paths import model_dir
 
 pytestmark = pytest.mark.e2e

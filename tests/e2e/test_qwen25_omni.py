@@ -22,7 +22,7 @@ import pytest
 import soundfile as sf
 from conftest import E2E_MODELS
 
-from omni_triton.launcher import available_models, model_parameters, resolve_models
+from omni_triton.serve.repository import available_models, model_parameters, resolve_models
 from omni_triton.media.audio import float_to_pcm16
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(

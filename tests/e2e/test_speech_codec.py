@@ -30,7 +30,7 @@ import pytest
 import soundfile as sf
 
 from clients.tts_grpc_stream import stream_tts
-from omni_triton.launcher import available_models, model_parameters
+from omni_triton.serve.repository import available_models, model_parameters
 from omni_triton.paths import model_dir
 
 pytestmark = pytest.mark.e2e

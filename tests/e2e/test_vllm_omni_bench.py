@@ -26,7 +26,7 @@ import pytest
 
 from conftest import E2E_MODELS
 
-from omni_triton.launcher import resolve_models
+from omni_triton.serve.repository import resolve_models
 from omni_triton.paths import cache_dir, model_dir
 
 BENCH = cache_dir() / "bench-venv" / "bin" / "vllm-omni"

@@ -25,7 +25,7 @@ import pytest
 import soundfile as sf
 from websockets.sync.client import connect as ws_connect
 
-from omni_triton.launcher import free_port
+from omni_triton.serve.process import free_port
 
 pytestmark = pytest.mark.e2e
 

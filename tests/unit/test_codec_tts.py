@@ -316,7 +316,7 @@ def test_bls_chunk_parameters_and_low_water_only_when_paced():
     """The BLS configs' chunk keywords (schedule_params) turn low water off for a request that is
     not PACED (fixed_if_unpaced): a whole clip keeps the fixed chunks and so its exact bytes.
     Every codec BLS ships a low water and the codec's 12.5 Hz."""
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
 
     for name in ("tts", "omni", "qwen3_tts"):
         kw = chunking.schedule_params(model_parameters(available_models()[name]))

@@ -1,21 +1,12 @@
-"""Start and stop a real ``tritonserver`` (plus the OpenAI frontend) for Omni-Triton.
+"""The two children ``serve`` runs: :class:`TritonServer` and the OpenAI :class:`Frontend`.
 
-What the launcher does, in order (each step is a function, usable from tests):
-
-1. :func:`find_tritonserver` locates a server: ``$OMNI_TRITON_SERVER``, ``tritonserver`` on PATH,
-   ``/opt/tritonserver`` (NGC container), or the binary inside the ``nvidia-pytriton`` wheel.
-2. :func:`assemble_backend_dir` builds a ``backends/python`` folder for the *running* interpreter
-   (``libtriton_python.so``, ``triton_python_backend_utils.py`` and the stub built for this Python
-   version) when the server comes from the wheel.
-3. :func:`server_env` makes the stubs use this virtualenv: ``VIRTUAL_ENV``/``PATH``, and
-   ``LD_LIBRARY_PATH`` starting with the LIBDIR of the interpreter that made the venv (the 3.11
-   stub embeds Debian's libpython while a pyenv venv's stdlib needs its own: ``ssl`` fails with
-   ``undefined symbol: _PyModule_Add`` otherwise, DESIGN.md section 4), then the wheel's libs.
-4. :class:`TritonServer` starts the server in its own process group on the model repositories
-   with ``--model-control-mode=explicit`` and only the requested models (plus the models they
-   depend on), waits for READY, and on failure raises :class:`ServerStartError` naming the
-   failing model with its error lines. :meth:`TritonServer.stop` terminates the whole process
-   group (stubs and any engine children), so nothing is left behind.
+:class:`TritonServer` starts tritonserver (found by :mod:`omni_triton.serve.install`) in its own
+process group on the model repositories with ``--model-control-mode=explicit`` and only the
+requested models (plus the models they depend on, :func:`~omni_triton.serve.repository.resolve_models`),
+waits for READY, and on failure raises :class:`ServerStartError` naming the failing model with its
+error lines. :meth:`TritonServer.stop` terminates the whole process group (stubs and any engine
+children), so nothing is left behind. It also watches its Python-backend stub processes (which
+died, what they left behind) for :mod:`omni_triton.serve.supervisor`.
 
 Triton's administrative APIs (model repository: load/unload; model config; shared memory; trace;
 logging) are restricted to a key (:mod:`omni_triton.triton_admin`): :class:`TritonServer` holds
@@ -27,347 +18,32 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import sysconfig
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from omni_triton import triton_admin
 from omni_triton.paths import cache_dir, model_repositories, server_run_dir
+from omni_triton.serve.install import find_tritonserver, server_env
+from omni_triton.serve.process import (
+    ServerStartError,
+    check_ports_free,
+    child_setup,
+    shm_files,
+    stop_process_group,
+)
+from omni_triton.serve.repository import available_models, read_config, resolve_models
 
-_PR_SET_PDEATHSIG = 1
-
-
-class ServerStartError(RuntimeError):
-    """tritonserver (or the frontend) did not become ready; the message names the failing model."""
-
-
-@dataclass
-class TritonInstall:
-    """A located Triton server.
-
-    Attributes:
-        server: path of the ``tritonserver`` binary.
-        backend_dir: folder passed as ``--backend-directory`` (holds ``python/``).
-        lib_dirs: extra folders for ``LD_LIBRARY_PATH`` (the wheel's bundled libraries).
-    """
-
-    server: Path
-    backend_dir: Path
-    lib_dirs: list[Path] = field(default_factory=list)
-
-
-def _python_tag() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def _pytriton_root() -> Path | None:
-    """``<site-packages>/pytriton`` of the nvidia-pytriton wheel, found without importing it
-    (importing pytriton needs dependencies we install without; we only want its server files)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]).resolve()
-
-
-def assemble_backend_dir(wheel_triton: Path, dest: Path | None = None) -> Path:
-    """Create ``<dest>/python`` with the wheel's Python backend and the stub for this interpreter.
-
-    Args:
-        wheel_triton: ``<site-packages>/pytriton/tritonserver``.
-        dest: where to build it (default ``<cache>/backends``). Idempotent: links are refreshed.
-
-    Returns:
-        The backend directory to pass as ``--backend-directory``.
-
-    Raises:
-        FileNotFoundError: the wheel has no stub for this Python version.
-    """
-    dest = dest or cache_dir() / "backends"
-    python_dir = dest / "python"
-    python_dir.mkdir(parents=True, exist_ok=True)
-    stub = wheel_triton / "python_backend_stubs" / _python_tag() / "triton_python_backend_stub"
-    if not stub.exists():
-        raise FileNotFoundError(f"nvidia-pytriton has no Python backend stub for Python {_python_tag()}")
-    sources = {
-        "libtriton_python.so": wheel_triton / "backends" / "python" / "libtriton_python.so",
-        "triton_python_backend_utils.py": wheel_triton / "backends" / "python" / "triton_python_backend_utils.py",
-        "triton_python_backend_stub": stub,
-    }
-    for name, src in sources.items():
-        link = python_dir / name
-        if link.is_symlink() or link.exists():
-            if link.is_symlink() and Path(os.readlink(link)) == src:
-                continue
-            link.unlink()
-        link.symlink_to(src)
-    return dest
-
-
-def find_tritonserver() -> TritonInstall:
-    """Locate a tritonserver and the backend directory to use with it.
-
-    Search order: ``$OMNI_TRITON_SERVER`` (path of the binary), ``tritonserver`` on PATH,
-    ``/opt/tritonserver/bin/tritonserver``, then the ``nvidia-pytriton`` wheel.
-
-    Raises:
-        FileNotFoundError: no server found.
-    """
-    candidates = [os.environ.get("OMNI_TRITON_SERVER"), shutil.which("tritonserver"),
-                  "/opt/tritonserver/bin/tritonserver"]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            server = Path(candidate).resolve()
-            return TritonInstall(server=server, backend_dir=server.parent.parent / "backends")
-    root = _pytriton_root()
-    if root is not None and (root / "tritonserver" / "bin" / "tritonserver").exists():
-        wheel_triton = root / "tritonserver"
-        libs = root.parent / "nvidia_pytriton.libs"
-        return TritonInstall(
-            server=wheel_triton / "bin" / "tritonserver",
-            backend_dir=assemble_backend_dir(wheel_triton),
-            lib_dirs=[libs] if libs.exists() else [],
-        )
-    raise FileNotFoundError(
-        "no tritonserver found: install the project (it pulls nvidia-pytriton), put tritonserver "
-        "on PATH, or set OMNI_TRITON_SERVER"
-    )
-
-
-def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for tritonserver so its Python stubs run inside this virtualenv.
-
-    Sets ``VIRTUAL_ENV``/``PATH`` to the running interpreter's environment, puts the interpreter's
-    LIBDIR and the wheel's libraries first on ``LD_LIBRARY_PATH``, passes ``OMNI_TRITON_CACHE``
-    and limits BLAS/OpenMP threads to one per process (2-core machines, DESIGN.md section 4).
-    """
-    env = dict(os.environ if base is None else base)
-    venv = Path(sys.prefix)
-    env["VIRTUAL_ENV"] = str(venv)
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    lib_dirs = [sysconfig.get_config_var("LIBDIR")] + [str(p) for p in install.lib_dirs]
-    if env.get("LD_LIBRARY_PATH"):
-        lib_dirs.append(env["LD_LIBRARY_PATH"])
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in lib_dirs if d)
-    env["OMNI_TRITON_CACHE"] = str(cache_dir())
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env.setdefault(var, "1")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    return env
-
-
-# ---------------------------------------------------------------------------- model selection
-
-
-def _read_config(config_path: Path):
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    return text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
-
-
-def available_models(repositories: list[Path] | None = None) -> dict[str, Path]:
-    """Model name -> model folder for every ``<repo>/<name>/config.pbtxt``."""
-    found: dict[str, Path] = {}
-    for repo in repositories or model_repositories():
-        if not repo.is_dir():
-            continue
-        for config in sorted(repo.glob("*/config.pbtxt")):
-            found[config.parent.name] = config.parent
-    return found
-
-
-def model_parameters(model_path: Path) -> dict[str, str]:
-    """The ``parameters`` map of a model's ``config.pbtxt`` as plain strings."""
-    config = _read_config(model_path / "config.pbtxt")
-    return {k: v.string_value for k, v in config.parameters.items()}
-
-
-def dependencies(model_path: Path) -> list[str]:
-    """Models a model needs loaded: ensemble steps, plus a BLS model's ``depends_on`` parameter."""
-    config = _read_config(model_path / "config.pbtxt")
-    deps = [step.model_name for step in config.ensemble_scheduling.step]
-    extra = config.parameters["depends_on"].string_value if "depends_on" in config.parameters else ""
-    deps += [d.strip() for d in extra.split(",") if d.strip()]
-    return deps
-
-
-def frontend_models(models: list[str], repositories: list[Path] | None = None) -> list[str]:
-    """``models`` plus the models their configs name in the ``frontend_companions`` parameter:
-    models the OpenAI frontend calls itself although the user did not name them (``qwen3_tts``
-    names ``qwen3_tts_voice_prompt``, which computes a clone prompt at voice upload). Without
-    them, ``serve --models qwen3_tts`` loaded the companion (a dependency) but the frontend,
-    told only the named models, answered voice uploads with ``voice_cloning_unavailable``."""
-    paths = available_models(repositories)
-    out = list(dict.fromkeys(models))
-    for model in list(out):
-        if model not in paths:
-            continue
-        config = _read_config(paths[model] / "config.pbtxt")
-        extra = config.parameters["frontend_companions"].string_value if "frontend_companions" in config.parameters else ""
-        out += [c.strip() for c in extra.split(",") if c.strip() and c.strip() not in out]
-    return out
-
-
-def stream_callees(model: str, loaded: list[str], repositories: list[Path] | None = None) -> list[str]:
-    """The loaded decoupled models that BLS model ``model`` calls (its ``depends_on``).
-
-    When ``model``'s stub dies while one of them streams to it, python_backend 2.51 blocks that
-    callee's next response forever (the server waits for the dead stub to take it), and with it
-    every other request of the callee: ``serve`` restarts these too.
-    """
-    paths = available_models(repositories)
-    if model not in paths:
-        return []
-    config = _read_config(paths[model] / "config.pbtxt")
-    if config.backend != "python" or "depends_on" not in config.parameters:
-        return []
-    callees = [d.strip() for d in config.parameters["depends_on"].string_value.split(",") if d.strip()]
-    return [c for c in callees if c in loaded and c in paths
-            and _read_config(paths[c] / "config.pbtxt").model_transaction_policy.decoupled]
+__all__ = ["Frontend", "ServerStartError", "TritonServer", "missing_instances"]
 
 
 def missing_instances(expected: dict[str, int], alive: dict[str, int]) -> list[str]:
     """Models with fewer live stub processes than instances (a model of 4 instances that lost one
     stub is as broken for the requests routed to it as one that lost all)."""
     return [m for m, n in expected.items() if alive.get(m, 0) < n]
-
-
-def dependents(model: str, loaded: list[str], repositories: list[Path] | None = None) -> list[str]:
-    """``model`` and every model of ``loaded`` that needs it, directly or through others
-    (ensembles and BLS models whose requests hang when ``model``'s stub dies)."""
-    paths = available_models(repositories)
-    needs = {m: set(dependencies(paths[m])) for m in loaded if m in paths}
-    hit, changed = {model}, True
-    while changed:
-        changed = False
-        for m, deps in needs.items():
-            if m not in hit and deps & hit:
-                hit.add(m)
-                changed = True
-    return [m for m in loaded if m in hit] or [model]
-
-
-def resolve_models(names: list[str], repositories: list[Path] | None = None) -> list[str]:
-    """Requested models plus their dependencies, dependencies first.
-
-    Raises:
-        KeyError: a name (or a dependency) is not in any model repository.
-    """
-    models = available_models(repositories)
-    order: list[str] = []
-
-    def visit(name: str, chain: tuple[str, ...]) -> None:
-        if name in order:
-            return
-        if name not in models:
-            known = ", ".join(sorted(models))
-            raise KeyError(f"unknown model {name!r}" + (f" (needed by {chain[-1]})" if chain else "")
-                           + f"; known models: {known}")
-        for dep in dependencies(models[name]):
-            if dep not in chain:
-                visit(dep, chain + (name,))
-        order.append(name)
-
-    for name in names:
-        visit(name, ())
-    return order
-
-
-# ---------------------------------------------------------------------------- processes
-
-
-def _child_setup() -> None:
-    """In the child: new process group, and SIGTERM when the launcher dies (Linux prctl)."""
-    os.setsid()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    """SIGTERM a child started with :func:`_child_setup`, wait, then SIGKILL its whole group.
-
-    The group holds everything the child started (Triton stubs, engine workers), so the final
-    SIGKILL leaves no orphan even when the child exits before its children do.
-    """
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = proc.pid
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def kill_process_group(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc``'s whole process group now, without the SIGTERM and wait of
-    :func:`stop_process_group` (for a server that is wedged after a fatal signal); the caller
-    sees the exit at its next ``poll()``."""
-    try:
-        os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def check_ports_free(ports: dict[str, int]) -> None:
-    """Raise :class:`ServerStartError` naming every port (by role) that something already uses.
-
-    Without this check a second server would fail to bind while the launcher's readiness probe
-    talked to whatever already listens there.
-    """
-    import socket
-
-    busy = []
-    for role, port in ports.items():
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                busy.append(f"{role} port {port}")
-    if busy:
-        raise ServerStartError(f"already in use: {', '.join(busy)} (another server running? "
-                               "pick other ports with the --*-port options)")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _shm_files(pid: int) -> set[str]:
-    """Files under /dev/shm that process ``pid`` maps (from /proc/<pid>/maps); empty if gone."""
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            return {line.split(None, 5)[5].strip() for line in maps
-                    if " /dev/shm/" in line and len(line.split(None, 5)) == 6}
-    except OSError:
-        return set()
-
 
 # Lines a CPU-only tritonserver always logs; they never explain a failure.
 _CPU_NOISE = ("CudaDriverHelper has not been initialized", "Failed to initialize NVML")
@@ -478,7 +154,7 @@ class TritonServer:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=server_env(self.install), preexec_fn=_child_setup,
+            env=server_env(self.install), preexec_fn=child_setup,
         )
         log.close()
         self._log_offset, self._fatal_signal = 0, None
@@ -579,7 +255,7 @@ class TritonServer:
         if self._python_models is None:
             paths = available_models(self.repositories)
             self._python_models = [m for m in self.models
-                                   if _read_config(paths[m] / "config.pbtxt").backend == "python"]
+                                   if read_config(paths[m] / "config.pbtxt").backend == "python"]
         return self._python_models
 
     def models_without_stub(self) -> list[str]:
@@ -600,7 +276,7 @@ class TritonServer:
     def _instances(self, model: str) -> int:
         """Stub processes ``model`` runs: the sum of its instance_group counts (1 if none)."""
         if model not in self._instance_counts:
-            config = _read_config(available_models(self.repositories)[model] / "config.pbtxt")
+            config = read_config(available_models(self.repositories)[model] / "config.pbtxt")
             self._instance_counts[model] = sum(g.count or 1 for g in config.instance_group) or 1
         return self._instance_counts[model]
 
@@ -660,13 +336,13 @@ class TritonServer:
                 descendants = stub.children(recursive=True)
             except psutil.Error:
                 continue
-            family["shm"].update(_shm_files(stub.pid))  # e.g. vLLM's psm_* message queues
+            family["shm"].update(shm_files(stub.pid))  # e.g. vLLM's psm_* message queues
             for d in descendants:
                 try:
                     family["children"].add((d.pid, d.create_time()))
                 except psutil.Error:
                     continue
-                family["shm"].update(_shm_files(d.pid))
+                family["shm"].update(shm_files(d.pid))
         reports = []
         for key in [k for k in families if k not in live]:
             family = families.pop(key)
@@ -820,7 +496,7 @@ class Frontend:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup,
+                                     stdin=subprocess.DEVNULL, preexec_fn=child_setup,
                                      env={**os.environ, **self.env})
         if out:
             out.close()
@@ -852,76 +528,3 @@ class Frontend:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process_group(self.proc, timeout=10)
-
-
-class RestartBackoff:
-    """Delay before the next tritonserver restart: ``initial_s`` doubling per consecutive crash up
-    to ``max_s``; back to ``initial_s`` once a server has run ``reset_after_s`` without dying.
-
-    ``serve`` never gives up while the user has not stopped it: the delay keeps a server that
-    crashes at start-up from spinning the CPU, nothing more.
-    """
-
-    def __init__(self, initial_s: float = 1.0, max_s: float = 30.0, reset_after_s: float = 300.0):
-        self.initial_s, self.max_s, self.reset_after_s = initial_s, max_s, reset_after_s
-        self._next = initial_s
-
-    def delay(self, ran_for_s: float) -> float:
-        """Seconds to wait before restarting a server that ran ``ran_for_s`` seconds."""
-        if ran_for_s >= self.reset_after_s:
-            self._next = self.initial_s
-        delay, self._next = self._next, min(self._next * 2, self.max_s)
-        return delay
-
-
-@dataclass
-class ServeStatus:
-    """What ``serve`` knows about its tritonserver, written as JSON to :attr:`path` after every
-    change (atomically: a temporary file renamed) so the OpenAI frontend's ``/health`` can show it
-    (the frontend gets the path in ``OMNI_TRITON_SERVE_STATUS``).
-
-    Attributes:
-        state: ``starting``, ``ready`` or ``restarting``.
-        restarts: tritonserver restarts since ``serve`` started.
-        last_crash: ``{"at": unix seconds, "exit_code": int, "reason": str, "log": path}`` of the
-            last tritonserver death, or ``None``.
-        stub_reloads: model -> times its stub process died and the model was reloaded.
-        last_stub_death: ``{"at", "model", "affected": [models whose in-flight requests hang on
-            it], "killed_children": [pid], "shm_removed": n}`` or ``None``. The frontend fails
-            the in-flight requests of the ``affected`` models when this changes (Triton 2.51
-            never completes the requests of a dead stub).
-    """
-
-    path: Path
-    state: str = "starting"
-    restarts: int = 0
-    last_crash: dict | None = None
-    stub_reloads: dict = field(default_factory=dict)
-    last_stub_death: dict | None = None
-
-    def write(self, **changes) -> None:
-        import json
-
-        for key, value in changes.items():
-            setattr(self, key, value)
-        data = {k: getattr(self, k) for k in ("state", "restarts", "last_crash", "stub_reloads",
-                                               "last_stub_death")}
-        data["updated_at"] = time.time()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.path)
-
-
-def crash_reason(log_text: str, exit_code: int | None) -> str:
-    """A one-line reason for a tritonserver death: its ``Signal (N) received.`` line, else the
-    signal name of a negative exit code, else the exit code."""
-    for line in log_text.splitlines():
-        if re.search(r"Signal \(\d+\) received", line):
-            return line.strip()
-    if exit_code is not None and exit_code < 0:
-        try:
-            return f"killed by {signal.Signals(-exit_code).name}"
-        except ValueError:
-            pass
-    return f"exited with code {exit_code}"
