@@ -24,14 +24,14 @@ from pathlib import Path
 
 import psutil
 
-#: ``serve`` log lines (omni_triton/cli.py) that mean tritonserver died and was restarted
+#: ``serve`` log lines (omni_triton/serve/supervisor.py) that mean tritonserver died and was restarted
 SERVER_CRASH_LINES = ("tritonserver exited", "restarting tritonserver", "Triton READY again")
-#: ``serve``'s report of a stub death (``_StubWatch``): "the stub process of <model> died; ..." and
+#: ``serve``'s report of a stub death (``StubWatch``): "the stub process of <model> died; ..." and
 #: "the stub process of <model> died before serve saw it; ..."
 STUB_DEATH = re.compile(r"the stub process of (?P<model>\S+) died")
 #: ``serve`` killing a decoupled callee's stubs because the BLS model streaming from it died
 CALLEE_RESTART = re.compile(r"restarting (?P<callee>\S+) too \(it streamed to (?P<model>[^)\s]+)\)")
-#: tritonserver's own SIGSEGV/SIGABRT handler line (the one ``launcher.crash_reason`` reports)
+#: tritonserver's own SIGSEGV/SIGABRT handler line (the one ``serve.supervisor.crash_reason`` reports)
 FATAL_SIGNAL = re.compile(r"Signal \(\d+\) received")
 
 

@@ -1,5 +1,5 @@
 """The e2e crash detection (tests/helpers/crash_watch.py) against the lines ``omni-triton serve``
-really writes: each test makes serve's own supervision code (omni_triton/cli.py) log a stub death,
+really writes: each test makes serve's own supervision code (omni_triton/serve/supervisor.py) log a stub death,
 a callee restart or a tritonserver restart through a fake server, and feeds that log to the
 detector. A change of serve's wording fails here, not silently in every e2e run."""
 from __future__ import annotations
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from omni_triton import cli
-from omni_triton.launcher import ServerStartError, ServeStatus, crash_reason
+from omni_triton.serve import supervisor as sv
+from omni_triton.serve.process import ServerStartError
+from omni_triton.serve.supervisor import ServeStatus, crash_reason
 from tests.helpers.crash_watch import (
     CrashWatch,
     process_evidence,
@@ -21,7 +22,7 @@ from tests.helpers.crash_watch import (
     triton_log_evidence,
 )
 
-#: tritonserver's fatal-signal handler line, as it writes it (and as launcher.crash_reason reads it)
+#: tritonserver's fatal-signal handler line, as it writes it (and as serve.supervisor.crash_reason reads it)
 TRITON_SIGNAL_LINE = "Signal (11) received."
 
 
@@ -37,7 +38,7 @@ class _Proc:
 
 
 class _FakeServer:
-    """What cli._StubWatch, cli._restart_server and cli._supervise call on a TritonServer."""
+    """What sv.StubWatch, sv.restart_server and sv.supervise call on a TritonServer."""
 
     def __init__(self, tmp_path: Path, dead: list[str] = (), missing: list[str] = (), exit_code=None):
         self.models, self.repositories = ["piper_tts", "llm", "llm_tts"], []
@@ -84,8 +85,8 @@ def status(tmp_path):
 
 
 def test_serve_stub_death_reports_are_found_and_excused_only_for_the_named_model(tmp_path, status, capsys):
-    cli._StubWatch(_FakeServer(tmp_path, dead=["piper_tts"]), status).scan()
-    cli._StubWatch(_FakeServer(tmp_path, missing=["llm"]), status).tick()  # "died before serve saw it"
+    sv.StubWatch(_FakeServer(tmp_path, dead=["piper_tts"]), status).scan()
+    sv.StubWatch(_FakeServer(tmp_path, missing=["llm"]), status).tick()  # "died before serve saw it"
     log = capsys.readouterr().err
     assert [ln for ln in log.splitlines() if "died" in ln], log
     assert len(serve_log_evidence(log)) == 2, log
@@ -97,10 +98,10 @@ def test_serve_stub_death_reports_are_found_and_excused_only_for_the_named_model
 
 
 def test_a_callee_restart_is_excused_only_with_the_bls_model_that_caused_it(tmp_path, status, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "stream_callees", lambda model, *a: ["piper_tts"] if model == "llm_tts" else [])
-    monkeypatch.setattr(cli, "dependents", lambda model, *a: [model])
-    cli._StubWatch(_FakeServer(tmp_path, dead=["llm_tts"]), status).scan()
-    cli._StubWatch(_FakeServer(tmp_path, dead=["piper_tts"]), status).scan()  # serve's kill, seen
+    monkeypatch.setattr(sv, "stream_callees", lambda model, *a: ["piper_tts"] if model == "llm_tts" else [])
+    monkeypatch.setattr(sv, "dependents", lambda model, *a: [model])
+    sv.StubWatch(_FakeServer(tmp_path, dead=["llm_tts"]), status).scan()
+    sv.StubWatch(_FakeServer(tmp_path, dead=["piper_tts"]), status).scan()  # serve's kill, seen
     log = capsys.readouterr().err
     assert "restarting piper_tts too (it streamed to llm_tts)" in log, log
     assert serve_log_evidence(log, excused_stubs=["llm_tts"]) == []
@@ -109,10 +110,10 @@ def test_a_callee_restart_is_excused_only_with_the_bls_model_that_caused_it(tmp_
 
 def test_serve_tritonserver_restart_lines_are_found_even_with_stubs_excused(tmp_path, capsys):
     server = _FakeServer(tmp_path)
-    cli._restart_server(server, 1.0, 1, tmp_path / "tritonserver-1.log.crash-1", threading.Event())
+    sv.restart_server(server, 1.0, 1, tmp_path / "tritonserver-1.log.crash-1", threading.Event())
     args = argparse.Namespace(max_restarts=0)
     with pytest.raises(ServerStartError):
-        cli._supervise(_FakeServer(tmp_path, exit_code=-11), None, args, threading.Event(),
+        sv.supervise(_FakeServer(tmp_path, exit_code=-11), None, args, threading.Event(),
                        ServeStatus(tmp_path / "status.json"))
     log = capsys.readouterr().err
     evidence = serve_log_evidence(log, excused_stubs=["piper_tts", "llm"], check_stubs=False)
