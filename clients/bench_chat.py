@@ -43,7 +43,7 @@ Aggregates per server and level (successful requests): ``ttft_ms`` / ``itl_ms`` 
 ``ttft_p50``, ``itl_mean``, ``tpot_mean``, ``e2e_mean`` (> 1: Triton slower) and
 ``output_tokens_per_s`` (< 1: Triton generates fewer tokens per second).
 
-Omni (model ``omni``, when the model repository has it and it loads): streamed chat requests
+Omni (model ``qwen3_omni``, when the model repository has it and it loads): streamed chat requests
 with ``modalities: ["text", "audio"]`` (``pcm16``) through the frontend at concurrency 1:
 ``ttft`` (first text) and ``ttfp`` (time to first audio packet: first non-empty
 ``delta.audio.data``). Skipped with a note in ``omni.skipped`` otherwise.
@@ -76,7 +76,7 @@ SERVERS = ("triton", "vllm")
 MODEL = "llm"
 #: packages whose versions go into the report
 CHAT_PACKAGES = ("torch", "transformers", "tritonclient", "httpx", "numpy", "nvidia-pytriton", "fastapi", "uvicorn")
-OMNI_MODEL = "omni"
+OMNI_MODEL = "qwen3_omni"
 
 #: Fixed chat prompts; request ``i`` uses ``PROMPTS[i % len(PROMPTS)]``.
 PROMPTS = (
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             "notes": ["the two servers run one after the other on the same cores, never together",
                       "TTFT/ITL are measured at the HTTP client (httpx), same client code for both"],
         },
-        "results": results, "ratios": ratios, "omni": omni, "stack": stack,
+        "results": results, "ratios": ratios, "qwen3_omni": omni, "stack": stack,
         "wall_s": round(time.perf_counter() - t_start, 2), "errors": errors,
     }
     Path(args.out).write_text(json.dumps(report, indent=1))

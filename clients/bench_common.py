@@ -225,7 +225,7 @@ class InstancePool(Generic[T]):
     copy for as long as it runs on it, and waits when all are busy.
 
     Baselines must get the parallelism the served stage has (e.g. 2 talker objects where
-    ``tts_talker`` has ``instance_group count: 2``), or the served/in-process ratios are not
+    ``csm_talker`` has ``instance_group count: 2``), or the served/in-process ratios are not
     comparable.
 
     Args:

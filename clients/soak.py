@@ -36,7 +36,8 @@ from pathlib import Path
 
 import httpx
 
-#: kind -> weight in the mix (a kind whose model is not served is skipped).
+#: kind -> weight in the mix (a kind whose model is not served is skipped). Models go by their
+#: OpenAI names (``served_model_name``: piper_tts, tts), what /v1/models lists.
 MIX = {
     "speech_stream": 4, "speech_wav": 3, "codec_speech": 1, "chat_stream": 3, "chat": 2,
     "chat_audio": 1, "completion": 1, "image": 1, "disconnect": 2, "hostile": 3,

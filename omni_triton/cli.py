@@ -1,8 +1,8 @@
 """``omni-triton``: prepare the embedded default models and serve them on tritonserver.
 
 Commands:
-    omni-triton prepare [--models piper_tts,tts]
-    omni-triton serve   [--models piper_tts,tts] [--port 9000] [--triton-http-port 8000] ...
+    omni-triton prepare [--models piper,csm]
+    omni-triton serve   [--models piper,csm] [--port 9000] [--triton-http-port 8000] ...
     omni-triton models  (lists the models of the repositories and what they depend on)
 
 ``serve`` prepares what the models need, starts tritonserver with only those models, waits for
@@ -16,7 +16,7 @@ import sys
 
 from omni_triton.serve.repository import available_models, dependencies
 
-DEFAULT_MODELS = "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts"
+DEFAULT_MODELS = "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts"
 
 
 def _model_list(text: str) -> list[str]:

@@ -259,7 +259,7 @@ class StubWatch:
 
     A stub is known from :meth:`TritonServer.track_stub_families` scans (every tick, at start and
     right after each reload). One that dies before any scan saw it (CI: test_chaos killed
-    piper_tts ~2 s after READY, before the first tick) has no family to report; its model is
+    piper ~2 s after READY, before the first tick) has no family to report; its model is
     still reported, as ``"unseen": True`` with no children killed, when
     :meth:`TritonServer.models_without_stub` finds it missing. Missing stubs are listed *before*
     the scan, so a stub seen once is always reported by the scan, never twice.

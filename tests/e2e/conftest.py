@@ -11,7 +11,7 @@ leaves since the previous check (module-scoped fixtures included): serve's trito
 not the one the session started (or is missing), serve's restart lines or stub death reports in
 its log, tritonserver's own ``Signal (N) received`` line, and a new
 ``tritonserver-<http port>.log.crash-<n>`` file in the cache's ``logs/`` folder. A test that kills
-or unloads stubs on purpose names their models, ``@pytest.mark.kills_stub("piper_tts")``: only
+or unloads stubs on purpose names their models, ``@pytest.mark.kills_stub("piper")``: only
 those deaths are excused (a tritonserver restart never is).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from omni_triton.serve.process import free_port
 from omni_triton.paths import cache_dir
 from tests.helpers.crash_watch import CrashWatch, crash_logs
 
-E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen25_omni")  # dev knob: fewer models
+E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni")  # dev knob: fewer models
 READY_TIMEOUT_S = 600
 
 

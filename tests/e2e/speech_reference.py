@@ -18,7 +18,7 @@ from omni_triton.speech_similarity import speech_mismatches
 @functools.lru_cache(maxsize=1)
 def _speaker():
     from omni_triton.paths import model_dir
-    from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
+    from omni_triton.stages.piper import PiperSpeaker, discover_voices
 
     return PiperSpeaker(discover_voices(model_dir("piper-voices")))
 

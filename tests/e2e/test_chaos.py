@@ -2,7 +2,7 @@
 flight. Only the killed stage's requests may fail, each must end promptly (no hang, no admission
 slot kept), and the stage / server must serve again. Recovery times are printed for the notes.
 
-The stub test uses the session stack (``kills_stub("piper_tts")``: serve reloading piper_tts is expected).
+The stub test uses the session stack (``kills_stub("piper")``: serve reloading the piper stage is expected).
 The tritonserver test starts its own ``omni-triton serve`` (piper_tts only, restarts in seconds),
 so the session server's no-crash checks stay meaningful.
 """
@@ -64,7 +64,7 @@ def _sse_speech(url: str, events: list | None = None) -> list[str]:
     return events
 
 
-@pytest.mark.kills_stub("piper_tts")
+@pytest.mark.kills_stub("piper")
 def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
     url = stack.frontend_url
     chat_body = {"model": "llm", "messages": [{"role": "user", "content": "What is the capital of Japan?"}],
@@ -81,7 +81,7 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
     while "speech.audio.delta" not in live_events and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    (stub,) = _stubs("piper_tts", stack.triton_pid)
+    (stub,) = _stubs("piper", stack.triton_pid)
     log_from = os.path.getsize(stack.log_path)
     killed_at = time.monotonic()
     os.kill(stub.pid, signal.SIGKILL)
@@ -103,8 +103,8 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
         assert time.monotonic() - back < 120, "piper_tts did not come back"
         time.sleep(0.5)
     health = httpx.get(f"{url}/health", timeout=10).json()
-    assert health["serve"]["stub_reloads"].get("piper_tts", 0) >= 1, health
-    wait_for_stub_death_report(stack, "piper_tts", log_from)  # this test's report, not the next one's
+    assert health["serve"]["stub_reloads"].get("piper", 0) >= 1, health
+    wait_for_stub_death_report(stack, "piper", log_from)  # this test's report, not the next one's
     print(json.dumps({"stub_kill": {"requests_ended_s": round(ended, 1),
                                     "stream_ended_s": round(streamed_out["ended_s"], 1),
                                     "whole": whole_r.status_code,
@@ -120,7 +120,7 @@ def test_killing_tritonserver_ends_requests_with_503_and_serve_brings_it_back(tm
     ports = {k: free_port() for k in ("http", "grpc", "metrics", "frontend")}
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper_tts", "--skip-prepare",
+        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper", "--skip-prepare",
          "--port", str(ports["frontend"]), "--triton-http-port", str(ports["http"]),
          "--triton-grpc-port", str(ports["grpc"]), "--triton-metrics-port", str(ports["metrics"])],
         stdout=log, stderr=subprocess.STDOUT)

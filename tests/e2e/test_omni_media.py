@@ -1,13 +1,13 @@
-"""End-to-end: multimodal input of ``omni`` (audio, image and video content parts) through the
-official OpenAI SDK -> frontend -> Triton (the ``omni`` BLS decodes the parts and runs the
-processor, ``omni_thinker`` encodes them with its own audio/vision towers, ``omni_talker`` gets the
+"""End-to-end: multimodal input of ``qwen3_omni`` (audio, image and video content parts) through the
+official OpenAI SDK -> frontend -> Triton (the ``qwen3_omni`` BLS decodes the parts and runs the
+processor, ``qwen3_omni_thinker`` encodes them with its own audio/vision towers, ``qwen3_omni_talker`` gets the
 grids the reference gives it).
 
 Reference: ``Qwen3OmniMoeForConditionalGeneration.generate`` in this test process on the same
 prepared checkpoint, given the processor tensors of the same parts
 (``omni_triton.stages.qwen3_omni.OmniProcessor``: the served model's own processor code, so the
 reference sees the same pixels/features), greedy thinker and talker with the talker settings of
-``model_repository/omni_talker/config.pbtxt``. Text: equal. Audio: the WAV the frontend returns
+``model_repository/qwen3_omni_talker/config.pbtxt``. Text: equal. Audio: the WAV the frontend returns
 (16-bit PCM: <= 2^-15 rounding) within WAVE_TOL = 2e-4 of the reference waveform (the chunked
 decode's tolerance, tests/unit/test_qwen3_omni.py), for the audio part and the image part.
 """
@@ -84,7 +84,7 @@ def reference():
     chat = qo.ChatTokenizer.from_pretrained(path)
     proc = qo.OmniProcessor.from_pretrained(path)
     eos = model.config.im_end_token_id
-    talker = model_parameters(available_models()["omni_talker"])
+    talker = model_parameters(available_models()["qwen3_omni_talker"])
     lock = threading.Lock()
 
     def run(messages):
@@ -129,7 +129,7 @@ def _wav(msg):
 
 def test_image_part_text_and_speech_equal_reference_generate(sdk, reference):
     """Speech too: an image prompt's talker needs the image grid the reference passes it (the
-    omni BLS forwards it to omni_talker; without it the codes differ)."""
+    omni BLS forwards it to qwen3_omni_talker; without it the codes differ)."""
     ref_text, ref_wav = reference(_messages(IMAGE_PART))
     r = _ask(sdk, _messages(IMAGE_PART))
     assert r.choices[0].message.content == ref_text

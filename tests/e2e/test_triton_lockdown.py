@@ -24,7 +24,7 @@ from omni_triton.paths import cache_dir
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "piper_tts"
+MODEL = "piper"
 WRONG = "not-the-key-0123456789"
 
 #: (method, path, JSON body) of every restricted HTTP API family (none of them changes the stack

@@ -41,7 +41,7 @@ class _FakeServer:
     """What sv.StubWatch, sv.restart_server and sv.supervise call on a TritonServer."""
 
     def __init__(self, tmp_path: Path, dead: list[str] = (), missing: list[str] = (), exit_code=None):
-        self.models, self.repositories = ["piper_tts", "llm", "llm_tts"], []
+        self.models, self.repositories = ["piper", "llm", "llm_tts"], []
         self.log_path = tmp_path / "tritonserver-1.log"
         self.proc = _Proc(exit_code)
         self._dead, self._missing = list(dead), list(missing)
@@ -85,27 +85,27 @@ def status(tmp_path):
 
 
 def test_serve_stub_death_reports_are_found_and_excused_only_for_the_named_model(tmp_path, status, capsys):
-    sv.StubWatch(_FakeServer(tmp_path, dead=["piper_tts"]), status).scan()
+    sv.StubWatch(_FakeServer(tmp_path, dead=["piper"]), status).scan()
     sv.StubWatch(_FakeServer(tmp_path, missing=["llm"]), status).tick()  # "died before serve saw it"
     log = capsys.readouterr().err
     assert [ln for ln in log.splitlines() if "died" in ln], log
     assert len(serve_log_evidence(log)) == 2, log
-    # a test that kills piper_tts excuses piper_tts's death, never llm's
-    assert serve_log_evidence(log, excused_stubs=["piper_tts"]) == [
+    # a test that kills piper excuses piper's death, never llm's
+    assert serve_log_evidence(log, excused_stubs=["piper"]) == [
         f"serve log: {ln.strip()}" for ln in log.splitlines() if "stub process of llm died" in ln]
-    assert serve_log_evidence(log, excused_stubs=["piper_tts", "llm"]) == []
+    assert serve_log_evidence(log, excused_stubs=["piper", "llm"]) == []
     assert serve_log_evidence(log, check_stubs=False) == []
 
 
 def test_a_callee_restart_is_excused_only_with_the_bls_model_that_caused_it(tmp_path, status, capsys, monkeypatch):
-    monkeypatch.setattr(sv, "stream_callees", lambda model, *a: ["piper_tts"] if model == "llm_tts" else [])
+    monkeypatch.setattr(sv, "stream_callees", lambda model, *a: ["piper"] if model == "llm_tts" else [])
     monkeypatch.setattr(sv, "dependents", lambda model, *a: [model])
     sv.StubWatch(_FakeServer(tmp_path, dead=["llm_tts"]), status).scan()
-    sv.StubWatch(_FakeServer(tmp_path, dead=["piper_tts"]), status).scan()  # serve's kill, seen
+    sv.StubWatch(_FakeServer(tmp_path, dead=["piper"]), status).scan()  # serve's kill, seen
     log = capsys.readouterr().err
-    assert "restarting piper_tts too (it streamed to llm_tts)" in log, log
+    assert "restarting piper too (it streamed to llm_tts)" in log, log
     assert serve_log_evidence(log, excused_stubs=["llm_tts"]) == []
-    assert len(serve_log_evidence(log, excused_stubs=["piper_tts"])) == 2  # llm_tts's death + the restart
+    assert len(serve_log_evidence(log, excused_stubs=["piper"])) == 2  # llm_tts's death + the restart
 
 
 def test_serve_tritonserver_restart_lines_are_found_even_with_stubs_excused(tmp_path, capsys):
@@ -116,7 +116,7 @@ def test_serve_tritonserver_restart_lines_are_found_even_with_stubs_excused(tmp_
         sv.supervise(_FakeServer(tmp_path, exit_code=-11), None, args, threading.Event(),
                        ServeStatus(tmp_path / "status.json"))
     log = capsys.readouterr().err
-    evidence = serve_log_evidence(log, excused_stubs=["piper_tts", "llm"], check_stubs=False)
+    evidence = serve_log_evidence(log, excused_stubs=["piper", "llm"], check_stubs=False)
     assert any("restarting tritonserver" in e for e in evidence), log
     assert any("Triton READY again" in e for e in evidence), log
     assert any("tritonserver exited" in e for e in evidence), log

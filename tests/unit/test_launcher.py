@@ -66,8 +66,8 @@ def test_resolve_models_unknown_names_the_chain(tmp_path):
 
 
 def test_repository_models_resolve():
-    assert resolve_models(["tts"]) == ["tts_talker", "tts_code2wav", "tts"]
-    assert resolve_models(["piper_tts"]) == ["piper_tts"]
+    assert resolve_models(["csm"]) == ["csm_talker", "csm_code2wav", "csm"]
+    assert resolve_models(["piper"]) == ["piper"]
 
 
 def test_check_ports_free_names_the_busy_port():
@@ -103,13 +103,13 @@ def test_prepare_is_idempotent(tmp_path, monkeypatch):
     from omni_triton.prepare import assets_for, prepare
 
     monkeypatch.setenv("OMNI_TRITON_CACHE", str(tmp_path))
-    assert assets_for(["piper_tts", "tts"]) == ["piper-voices", "csm-tiny"]
+    assert assets_for(["piper", "csm"]) == ["piper-voices", "csm-tiny"]
     lines: list[str] = []
-    prepare(["piper_tts"], log=lines.append)
+    prepare(["piper"], log=lines.append)
     voice = tmp_path / "models" / "piper-voices" / "joe" / "en_US-joe-medium.onnx"
     assert voice.exists() and any("linked" in ln for ln in lines)
     lines.clear()
-    prepare(["piper_tts"], log=lines.append)
+    prepare(["piper"], log=lines.append)
     assert not any("linked" in ln for ln in lines)  # nothing redone
 
 
@@ -156,10 +156,10 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
     started_at = time.time()
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper_tts", "--no-frontend",
+        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper", "--no-frontend",
          "--triton-http-port", str(http), "--triton-grpc-port", str(grpc_port),
          "--triton-metrics-port", str(metrics)], stdout=log, stderr=subprocess.STDOUT)
-    ready = f"http://127.0.0.1:{http}/v2/models/piper_tts/ready"
+    ready = f"http://127.0.0.1:{http}/v2/models/piper/ready"
 
     def wait_for(text: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -194,9 +194,9 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
 
 
 def test_the_frontend_is_told_about_the_models_it_calls_itself():
-    """``serve --models piper_tts,qwen3_tts``: the frontend also gets qwen3_tts_voice_prompt (voice
+    """``serve --models piper,qwen3_tts``: the frontend also gets qwen3_tts_voice_prompt (voice
     uploads call it), which Triton loads as a dependency; nothing else of qwen3_tts's stages."""
     from omni_triton.serve.repository import frontend_models
 
-    assert frontend_models(["piper_tts", "qwen3_tts"]) == ["piper_tts", "qwen3_tts", "qwen3_tts_voice_prompt"]
-    assert frontend_models(["piper_tts"]) == ["piper_tts"]
+    assert frontend_models(["piper", "qwen3_tts"]) == ["piper", "qwen3_tts", "qwen3_tts_voice_prompt"]
+    assert frontend_models(["piper"]) == ["piper"]

@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from omni_triton.checkpoints.smollm2 import build_smollm2
+from omni_triton.checkpoints.llm import build_smollm2
 from omni_triton.contracts.chat import ChatInputError, parse_messages, parse_modalities, parse_sampling
 from omni_triton.paths import model_dir
 from omni_triton.runtime.reaper import ChildReaper
