@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -131,7 +130,8 @@ class Soak:
         self.kinds, self.weights = list(kinds), list(kinds.values())
 
     def _served(self, kind: str) -> bool:
-        need = {"speech_stream": "piper_tts", "speech_sse": "piper_tts", "speech_wav": "piper_tts", "codec_speech": "tts",
+        need = {"speech_stream": "piper_tts", "speech_sse": "piper_tts", "speech_wav": "piper_tts",
+                "codec_speech": "tts",
                 "chat_stream": "llm", "chat": "llm", "chat_audio": "llm_tts", "completion": "llm",
                 "image": "qwen_image", "disconnect": "piper_tts", "hostile": "piper_tts",
                 "over_context": "llm"}[kind]

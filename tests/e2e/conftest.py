@@ -30,11 +30,13 @@ import pytest
 
 from clients.bench_common import metric_total
 from omni_triton import triton_admin
-from omni_triton.serve.process import free_port
 from omni_triton.paths import cache_dir
+from omni_triton.serve.process import free_port
 from tests.helpers.crash_watch import CrashWatch, crash_logs
 
-E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni")  # dev knob: fewer models
+E2E_MODELS = os.environ.get(  # dev knob: fewer models
+    "OMNI_TRITON_E2E_MODELS",
+    "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni")
 READY_TIMEOUT_S = 600
 
 

@@ -19,10 +19,10 @@ import time
 import httpx
 import psutil
 import pytest
+from conftest import wait_for_stub_death_report
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.soak import refusal_problem
-from conftest import wait_for_stub_death_report
 from omni_triton.serve.process import free_port
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +43,7 @@ def _in_thread(fn) -> tuple[threading.Thread, dict]:
         t0 = time.monotonic()
         try:
             out["result"] = fn()
-        except Exception as exc:  # noqa: BLE001 - the outcome is what the test reads
+        except Exception as exc:
             out["error"] = repr(exc)
         out["ended_s"] = time.monotonic() - t0
 

@@ -6,8 +6,8 @@ Every case, sent one after another over loopback, must be a 4xx with the OpenAI 
 model is not served (``OMNI_TRITON_E2E_MODELS``) are skipped. Then 4x the admission limit
 (``--max-inflight`` 16) of concurrent speech requests: each ends with 200 or 429 + ``Retry-After``
 and the OpenAI error body; a 503 (Triton or a stage unavailable, which overload alone never
-causes: Triton has no queue limit here) is counted apart and bounded by ``MAX_503``. Also edits of good and bad (4096x4) images sent together: only the bad ones fail,
-and none stays in flight.
+causes: Triton has no queue limit here) is counted apart and bounded by ``MAX_503``. Also edits
+of good and bad (4096x4) images sent together: only the bad ones fail, and none stays in flight.
 """
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from conftest import E2E_MODELS
 
 from clients import malformed_payloads as mp
 from clients.soak import refusal_problem
-
-from conftest import E2E_MODELS
 
 pytestmark = pytest.mark.e2e
 
@@ -98,7 +97,7 @@ def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
         try:
             client.infer("qwen_image_edit", inputs)
             return "ok"
-        except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+        except Exception as exc:
             return str(exc)
         finally:
             client.close()
@@ -108,7 +107,7 @@ def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
     jobs = [good, good, bad, good, good, bad]
     with ThreadPoolExecutor(len(jobs)) as pool:
         outcomes = list(pool.map(infer, jobs))
-    for pixels, outcome in zip(jobs, outcomes):
+    for pixels, outcome in zip(jobs, outcomes, strict=True):
         if pixels is bad:
             assert outcome != "ok" and "aspect ratio" in outcome, outcome
         else:

@@ -8,7 +8,6 @@ import httpx
 import pytest
 
 from clients.bench_common import metric_total
-
 from omni_triton.adapters.telemetry import METRICS
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from tests.helpers.fake_triton import fake_triton
-
 from openai_frontend.engine import (
     InferenceError,
     InvalidRequestError,
@@ -26,6 +24,7 @@ from openai_frontend.engine import (
     TritonEngine,
     TritonUnavailableError,
 )
+from tests.helpers.fake_triton import fake_triton
 
 pytestmark = pytest.mark.anyio
 
@@ -180,7 +179,7 @@ async def test_synthesize_streams_all_chunks_and_sends_inputs(triton):
         await engine.get_model("piper_tts")
         got = [c async for c in engine.synthesize("piper_tts", "Hello there.", "amy", 1.5)]
         assert [sr for _, sr in got] == [22050] * 3
-        for (a, _), b in zip(got, triton.chunks):
+        for (a, _), b in zip(got, triton.chunks, strict=True):
             assert a.dtype == np.float32 and np.array_equal(a, b)
         req = triton.requests[0]
         names = [i.name for i in req.inputs]

@@ -17,8 +17,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from tests.helpers.fake_triton import fake_triton
-
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 from openai_frontend.engine import (
     GenerationRequest,
@@ -27,6 +25,7 @@ from openai_frontend.engine import (
     ModelNotReadyError,
     TritonEngine,
 )
+from tests.helpers.fake_triton import fake_triton
 
 pytestmark = pytest.mark.anyio
 

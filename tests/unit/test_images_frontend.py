@@ -13,10 +13,10 @@ import io
 
 import numpy as np
 import pytest
+from engine_stub import EngineStub
 from PIL import Image
 
 from omni_triton.media.image import decode_image, encode_image, normalise_format
-from tests.helpers.frontend import frontend_client
 from openai_frontend.engine import (
     Engine,
     GeneratedImage,
@@ -26,6 +26,7 @@ from openai_frontend.engine import (
     StageStatistics,
     model_info_from_config,
 )
+from tests.helpers.frontend import frontend_client
 
 #: per image, what the fake's stages report to the statistics API: (queue ms, compute ms)
 FAKE_STAGE_MS = {"qwen_image_text_encoder": (1.0, 10.0), "qwen_image_denoiser": (2.0, 40.0),
@@ -58,7 +59,7 @@ def pixels_for(seed: int, w: int, h: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-class FakeImageEngine:
+class FakeImageEngine(EngineStub):
     def __init__(self, models=(T2I, EDIT, SPEECH)):
         self.models = {m.name: m for m in models}
         self.jobs = []

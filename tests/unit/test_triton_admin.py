@@ -14,12 +14,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from tests.helpers.fake_triton import fake_triton
-
 from omni_triton import triton_admin
 from omni_triton.serve.process import free_port
 from omni_triton.serve.server import Frontend, TritonServer
 from openai_frontend.engine import TritonEngine, TritonUnavailableError
+from tests.helpers.fake_triton import fake_triton
 
 KEY = triton_admin.new_key()
 

@@ -15,12 +15,11 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-
-from clients.bench_common import metric_total
-
-from tests.helpers.frontend import frontend_client
 from test_chat_frontend import ANSWER, SR, USER, assert_error
 from test_frontend_bad_input import AllFake
+
+from clients.bench_common import metric_total
+from tests.helpers.frontend import frontend_client
 
 pytestmark = pytest.mark.anyio
 
