@@ -289,7 +289,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
             break
         time.sleep(1)
     assert [p.pid for p in piper_stubs()] != [stub.pid]
-    assert "reloading piper_tts" in open(stack.log_path).read()
+    assert "reloading piper" in open(stack.log_path).read()
     wait_for_stub_death_report(stack, "piper", log_from)  # this test's report, not the next one's
 
 
