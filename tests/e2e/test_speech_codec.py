@@ -268,7 +268,7 @@ def test_bad_codec_requests(stack):
     assert ok.chunks
 
 
-@pytest.mark.kills_stub  # csm_talker's stubs go away on purpose: serve may see them gone and reload it
+@pytest.mark.kills_stub("csm_talker")  # csm_talker's stubs go away on purpose: serve may see them gone and reload it
 def test_health_is_not_ok_while_a_stage_is_down(stack):
     """Triton keeps the BLS model ``csm`` READY when its talker is unloaded; the frontend's
     /health and /v1/audio/speech still see that the pipeline cannot serve (503), and recover

@@ -261,7 +261,7 @@ def test_client_disconnect_stops_piper(stack):
 
 
 
-@pytest.mark.kills_stub
+@pytest.mark.kills_stub("piper")
 def test_killed_stub_is_restarted_by_the_launcher(stack):
     """Triton 2.51 keeps a model READY after its stub process dies and fails every request;
     ``omni-triton serve`` notices the missing stub and loads the model again."""
@@ -273,7 +273,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
     def piper_stubs():
         return [p for p in psutil.process_iter(["cmdline"])
                 if p.info["cmdline"] and p.info["cmdline"][0].endswith("triton_python_backend_stub")
-                and "/piper_tts/" in p.info["cmdline"][1]
+                and "/piper/" in p.info["cmdline"][1]
                 and p.info["cmdline"][5] == str(stack.triton_pid)]
 
     (stub,) = piper_stubs()
@@ -289,7 +289,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
             break
         time.sleep(1)
     assert [p.pid for p in piper_stubs()] != [stub.pid]
-    assert "reloading piper_tts" in open(stack.log_path).read()
+    assert "reloading piper" in open(stack.log_path).read()
     wait_for_stub_death_report(stack, "piper", log_from)  # this test's report, not the next one's
 
 

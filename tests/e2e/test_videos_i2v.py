@@ -25,7 +25,8 @@ import pytest
 
 from tests.e2e.conftest import E2E_MODELS
 
-pytestmark = [pytest.mark.skipif("wan_i2v" not in E2E_MODELS.split(","), reason="wan_i2v not served"),
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif("wan_i2v" not in E2E_MODELS.split(","), reason="wan_i2v not served"),
               pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
 openai = pytest.importorskip("openai")
 pytest.importorskip("av")
