@@ -43,7 +43,7 @@ Aggregates per server and level (successful requests): ``ttft_ms`` / ``itl_ms`` 
 ``ttft_p50``, ``itl_mean``, ``tpot_mean``, ``e2e_mean`` (> 1: Triton slower) and
 ``output_tokens_per_s`` (< 1: Triton generates fewer tokens per second).
 
-Omni (model ``omni``, when the model repository has it and it loads): streamed chat requests
+Omni (model ``qwen3_omni``, when the model repository has it and it loads): streamed chat requests
 with ``modalities: ["text", "audio"]`` (``pcm16``) through the frontend at concurrency 1:
 ``ttft`` (first text) and ``ttfp`` (time to first audio packet: first non-empty
 ``delta.audio.data``). Skipped with a note in ``omni.skipped`` otherwise.
@@ -76,7 +76,7 @@ SERVERS = ("triton", "vllm")
 MODEL = "llm"
 #: packages whose versions go into the report
 CHAT_PACKAGES = ("torch", "transformers", "tritonclient", "httpx", "numpy", "nvidia-pytriton", "fastapi", "uvicorn")
-OMNI_MODEL = "omni"
+OMNI_MODEL = "qwen3_omni"
 
 #: Fixed chat prompts; request ``i`` uses ``PROMPTS[i % len(PROMPTS)]``.
 PROMPTS = (
@@ -318,12 +318,12 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        from omni_triton.launcher import _child_setup
+        from omni_triton.serve.process import child_setup
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+                                     stdin=subprocess.DEVNULL, preexec_fn=child_setup)
 
     def wait_ready(self, timeout: float) -> None:
         import httpx
@@ -342,7 +342,7 @@ class VllmServer:
         raise TimeoutError(f"vLLM server not ready in {timeout} s; log: {self.log_path}")
 
     def stop(self) -> None:
-        from omni_triton.launcher import stop_process_group
+        from omni_triton.serve.process import stop_process_group
 
         if self.proc is not None:
             stop_process_group(self.proc, timeout=30)
@@ -353,7 +353,7 @@ class VllmServer:
 def llm_engine_config() -> tuple[dict, dict[str, str]]:
     """Engine arguments and environment of the ``llm`` stage, read from its ``config.pbtxt`` the
     way the stage reads them (``omni_triton.stages.llm.parse_engine_config``)."""
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.paths import cache_dir
     from omni_triton.stages.llm import parse_engine_config
 
@@ -394,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    from omni_triton.launcher import Frontend, TritonServer, available_models, free_port
+    from omni_triton.serve.process import free_port
+    from omni_triton.serve.repository import available_models
+    from omni_triton.serve.server import Frontend, TritonServer
     from omni_triton.paths import cache_dir
 
     started = stop_all_on_sigterm()  # what this run starts, stopped in `finally` and on SIGTERM
@@ -528,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             "notes": ["the two servers run one after the other on the same cores, never together",
                       "TTFT/ITL are measured at the HTTP client (httpx), same client code for both"],
         },
-        "results": results, "ratios": ratios, "omni": omni, "stack": stack,
+        "results": results, "ratios": ratios, "qwen3_omni": omni, "stack": stack,
         "wall_s": round(time.perf_counter() - t_start, 2), "errors": errors,
     }
     Path(args.out).write_text(json.dumps(report, indent=1))

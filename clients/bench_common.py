@@ -215,7 +215,7 @@ class InstancePool(Generic[T]):
     copy for as long as it runs on it, and waits when all are busy.
 
     Baselines must get the parallelism the served stage has (e.g. 2 talker objects where
-    ``tts_talker`` has ``instance_group count: 2``), or the served/in-process ratios are not
+    ``csm_talker`` has ``instance_group count: 2``), or the served/in-process ratios are not
     comparable.
 
     Args:
@@ -253,7 +253,7 @@ def instance_count(model: str) -> int:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from omni_triton.launcher import available_models
+    from omni_triton.serve.repository import available_models
 
     config = text_format.Parse((available_models()[model] / "config.pbtxt").read_text(),
                                model_config_pb2.ModelConfig())

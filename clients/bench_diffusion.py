@@ -11,11 +11,11 @@ share the CPU cores, never overlapping):
 
 ``inprocess_call``
     the plain diffusers ``QwenImagePipeline.__call__`` in this process on the same prepared
-    weights (``omni_triton.stages.diffusion.reference_images``), called sequentially (``C=1``):
+    weights (``omni_triton.stages.qwen_image.reference_images``), called sequentially (``C=1``):
     the baseline without Triton, without the stage split and without batching.
 ``inprocess``
     the served stage split in this process (text encoder -> denoiser -> VAE decoder functions
-    of ``omni_triton.stages.diffusion``) at every ``--concurrency`` level, with one lock per
+    of ``omni_triton.stages.qwen_image``) at every ``--concurrency`` level, with one lock per
     stage: one instance per stage, as the ensemble's stages have, so requests overlap in
     different stages as in Triton; what it lacks is only Triton (IPC, scheduling) and dynamic
     batching. Ratios at equal concurrency compare equal parallelism.
@@ -126,7 +126,7 @@ def _load_pipeline():
     import torch
 
     from omni_triton.paths import model_dir
-    from omni_triton.stages.diffusion import load_pipeline
+    from omni_triton.stages.qwen_image import load_pipeline
 
     torch.set_num_threads(1)
     return load_pipeline(model_dir(ASSET))
@@ -135,7 +135,7 @@ def _load_pipeline():
 def call_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
     """The plain diffusers ``__call__`` + PNG encode, one request at a time (path ``inprocess_call``)."""
     from omni_triton.media.image import encode_image
-    from omni_triton.stages.diffusion import reference_images
+    from omni_triton.stages.qwen_image import reference_images
 
     pipe = _load_pipeline()
     lock = threading.Lock()
@@ -156,11 +156,11 @@ def call_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]
 
 def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
     """The served stage split in this process (path ``inprocess``): text encoder -> denoiser ->
-    VAE decoder of ``omni_triton.stages.diffusion`` on one pipeline, with one lock per stage, i.e.
+    VAE decoder of ``omni_triton.stages.qwen_image`` on one pipeline, with one lock per stage, i.e.
     one instance per stage as ``qwen_image``'s stages have: concurrent requests overlap in
     different stages as they do in Triton, without dynamic batching and without Triton."""
     from omni_triton.media.image import encode_image
-    from omni_triton.stages.diffusion import DenoiseItem, denoise, encode_prompts, vae_decode
+    from omni_triton.stages.qwen_image import DenoiseItem, denoise, encode_prompts, vae_decode
 
     pipe = _load_pipeline()
     text_lock, denoise_lock, vae_lock = threading.Lock(), threading.Lock(), threading.Lock()
@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         if "frontend" in paths:
             url = args.frontend_url
             if not url:
-                from omni_triton.launcher import Frontend, TritonServer, free_port
+                from omni_triton.serve.process import free_port
+                from omni_triton.serve.server import Frontend, TritonServer
                 from omni_triton.paths import cache_dir
 
                 logs = cache_dir() / "logs"

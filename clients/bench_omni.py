@@ -12,25 +12,25 @@ paths, one after the other (they share the CPU cores):
 ``inprocess``
     ``omni_triton.stages.qwen3_omni.run_pipeline`` in this process (thinker -> talker ->
     ChunkSchedule -> code2wav, the chunk and talker settings of the served configs) with the
-    served parallelism: one stage object per Triton instance of that stage (``omni_thinker`` 1,
-    ``omni_talker`` 2, ``omni_code2wav`` 1; ``clients.bench_common.InstancePool``), each held by
+    served parallelism: one stage object per Triton instance of that stage (``qwen3_omni_thinker`` 1,
+    ``qwen3_omni_talker`` 2, ``qwen3_omni_code2wav`` 1; ``clients.bench_common.InstancePool``), each held by
     one request at a time and only while that stage works for it, so one request's talker runs
     while another's thinker does, as in Triton. Also gives the per-stage cost (thinker, talker,
     code2wav seconds).
 ``triton``
-    Triton gRPC streaming to the BLS model ``omni`` (``clients.omni_grpc_stream.stream_chat``).
-``qwen25_omni``
-    the same requests to the Qwen2.5-Omni BLS model ``qwen25_omni`` (voice Chelsie; token2wav
+    Triton gRPC streaming to the BLS model ``qwen3_omni`` (``clients.omni_grpc_stream.stream_chat``).
+``qwen2_5_omni``
+    the same requests to the Qwen2.5-Omni BLS model ``qwen2_5_omni`` (voice Chelsie; token2wav
     decodes the whole utterance, so its TTFP is its E2E; ``docs/qwen2_5_omni.md``).
 
-Unless ``--triton-grpc-url`` is given it starts its own tritonserver with ``omni`` on free ports
+Unless ``--triton-grpc-url`` is given it starts its own tritonserver with ``qwen3_omni`` on free ports
 after the in-process phase and always stops it. torch uses one thread here, as in the stubs.
 
 TTFP vs answer length (issue 13 item 3), in the same run: for each ``--lengths`` value ``L``
 (default 16, 64, 256 text tokens, forced with ``min_tokens = max_tokens = L``) and each talker
 start, ``async_chunk`` on (the talker speaks while the thinker thinks) and off (it starts when the
 thinker has finished), ``--length-requests`` requests one at a time through both paths (Triton:
-the ``ASYNC_CHUNK`` input of ``omni``). Reported under ``ttfp_vs_length[path][on|off][L]``:
+the ``ASYNC_CHUNK`` input of ``qwen3_omni``). Reported under ``ttfp_vs_length[path][on|off][L]``:
 the summary below plus ``audio_before_last_text`` (requests whose first audio chunk came before
 the last text delta). ``--lengths ""`` skips it; ``--concurrency ""`` skips the levels.
 
@@ -129,13 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from clients.omni_grpc_stream import build_chat_inputs, stream_chat
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.checkpoints import qwen3_omni as ckpt
     from omni_triton.stages import qwen3_omni as qo
 
     torch.set_num_threads(1)
     models = available_models()
-    bls, tp = model_parameters(models["omni"]), model_parameters(models["omni_talker"])
+    bls, tp = model_parameters(models["qwen3_omni"]), model_parameters(models["qwen3_omni_talker"])
     path = ckpt.checkpoint_dir(bls.get("model_name", "qwen3-omni-tiny"))
     sampling = {"temperature": 0, "max_tokens": args.max_tokens}
     report: dict = {"config": {"max_tokens": args.max_tokens, "levels": levels, "requests": args.requests,
@@ -146,14 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                                "cpus": os.cpu_count()}, "results": {}}
 
     # 1) in-process, one stage object per served instance
-    counts = {stage: instance_count(stage) for stage in ("omni_thinker", "omni_talker", "omni_code2wav")}
+    counts = {stage: instance_count(stage) for stage in ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav")}
     report["config"]["instances"] = counts
-    if counts["omni_thinker"] != 1:
-        raise SystemExit("bench_omni: run_pipeline takes one thinker object; omni_thinker has "
-                         f"{counts['omni_thinker']} instances")
+    if counts["qwen3_omni_thinker"] != 1:
+        raise SystemExit("bench_omni: run_pipeline takes one thinker object; qwen3_omni_thinker has "
+                         f"{counts['qwen3_omni_thinker']} instances")
     thinker = qo.OmniThinker.from_pretrained(path)  # generates one request at a time (its own lock)
-    talker = _TalkerPool([qo.OmniTalker.from_pretrained(path) for _ in range(counts["omni_talker"])])
-    decoder = _LockedDecoder([qo.OmniCode2Wav.from_pretrained(path) for _ in range(counts["omni_code2wav"])])
+    talker = _TalkerPool([qo.OmniTalker.from_pretrained(path) for _ in range(counts["qwen3_omni_talker"])])
+    decoder = _LockedDecoder([qo.OmniCode2Wav.from_pretrained(path) for _ in range(counts["qwen3_omni_code2wav"])])
     settings = qo.TalkerSettings(max_frames=int(tp["default_max_frames"]), min_frames=int(tp["default_min_frames"]),
                                  do_sample=tp["do_sample"] == "true", repetition_penalty=float(tp["repetition_penalty"]))
 
@@ -201,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = args.triton_grpc_url
         if not url:
-            from omni_triton.launcher import TritonServer, free_port
+            from omni_triton.serve.process import free_port
+            from omni_triton.serve.server import TritonServer
             from omni_triton.paths import cache_dir
 
-            server = TritonServer(["omni", "qwen25_omni"], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+            server = TritonServer(["qwen3_omni", "qwen2_5_omni"], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                                   log_path=cache_dir() / "logs" / f"bench-omni-{os.getpid()}.log")
             server.start()
             server.wait_ready(timeout=args.ready_timeout)
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 flag = grpcclient.InferInput(ASYNC_CHUNK, [1], "BOOL")
                 flag.set_data_from_numpy(np.array([async_chunk], dtype=bool))
                 inputs.append(flag)
-            r = stream_chat(url, "omni", inputs)
+            r = stream_chat(url, "qwen3_omni", inputs)
             return {"ttft_s": r.ttft_s, "ttfp_s": r.ttfp_s, "e2e_s": r.total_s,
                     "audio_s": r.audio.size / max(r.sample_rate, 1),
                     "audio_before_last_text": bool(r.audio_arrival_s and r.text_arrival_s
@@ -234,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         def qwen25(i):
             inputs = build_chat_inputs([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], sampling=sampling,
                                        voice="Chelsie")
-            r = stream_chat(url, "qwen25_omni", inputs)
+            r = stream_chat(url, "qwen2_5_omni", inputs)
             return {"ttft_s": r.ttft_s, "ttfp_s": r.ttfp_s, "e2e_s": r.total_s,
                     "audio_s": r.audio.size / max(r.sample_rate, 1)}
 
-        run_path("qwen25_omni", qwen25)
+        run_path("qwen2_5_omni", qwen25)
     finally:
         if server is not None:
             server.stop()

@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         if "triton" in paths:
             grpc_url = args.triton_grpc_url
             if not grpc_url:
-                from omni_triton.launcher import TritonServer, free_port
+                from omni_triton.serve.process import free_port
+                from omni_triton.serve.server import TritonServer
 
                 server = TritonServer(["qwen3_tts"], http_port=free_port(), grpc_port=free_port(),
                                       metrics_port=free_port())

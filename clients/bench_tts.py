@@ -3,25 +3,25 @@
 Run::
 
     python -m clients.bench_tts --out bench_tts.json
-    python -m clients.bench_tts --models piper_tts --concurrency 1,4 --requests 8
+    python -m clients.bench_tts --models piper --concurrency 1,4 --requests 8
     python -m clients.bench_tts --frontend-url http://127.0.0.1:9000 --triton-grpc-url 127.0.0.1:8001
     python -m clients.bench_tts --paths frontend --concurrency 1,8 --out ttfp.json   # issue 13 item 4
     python -m clients.bench_tts --qwen3-tts   # the Qwen3-TTS forms (clients/bench_qwen3_tts.py)
 
 In the spirit of vLLM-Omni's TTS serving benchmarks and CosyVoice's Triton client (which report
-RTF). For each model (``piper_tts``, ``tts``, ``omni``: ``MODEL_PATHS``) and each concurrency level ``C`` it sends
+RTF). For each model (``piper``, ``csm``, ``qwen3_omni``: ``MODEL_PATHS``) and each concurrency level ``C`` it sends
 ``N = max(--requests, C)`` streaming requests from a closed loop of ``C`` worker threads (each
 worker sends its next request as soon as its previous one finished) through three paths, one
 after another, never overlapping (they share the same CPU cores):
 
 ``inprocess``
     the same pipeline called in this process without Triton: ``PiperSpeaker.synthesize``
-    (sentence streaming) for ``piper_tts``; for ``tts`` the streamed in-process variant of
-    ``omni_triton.stages.codec_tts`` (``CodecTalker.stream`` -> ``ChunkSchedule`` with the chunk
-    parameters of the ``tts`` config -> ``CodecDecoder.decode`` per chunk, i.e. the streamed part of
+    (sentence streaming) for ``piper``; for ``csm`` the streamed in-process variant of
+    ``omni_triton.stages.csm`` (``CodecTalker.stream`` -> ``ChunkSchedule`` with the chunk
+    parameters of the ``csm`` config -> ``CodecDecoder.decode`` per chunk, i.e. the streamed part of
     ``synthesize_reference`` without its extra one-shot full decode, which the served path does
     not do either). The same parallelism as the served models: one talker object per
-    ``tts_talker`` instance (2), one decoder per ``tts_code2wav`` instance, at most ``workers`` x
+    ``csm_talker`` instance (2), one decoder per ``csm_code2wav`` instance, at most ``workers`` x
     instances Piper syntheses at once (``clients.bench_common.InstancePool``, ``instance_count``).
 ``triton``
     Triton gRPC streaming straight to the model (``clients.tts_grpc_stream``: its
@@ -29,7 +29,7 @@ after another, never overlapping (they share the same CPU cores):
 ``frontend``
     the user path: ``POST /v1/audio/speech`` on the OpenAI frontend with ``stream: true``,
     ``response_format: "pcm"`` (16-bit mono; samples = bytes / 2, rate from ``X-Sample-Rate``),
-    read with httpx streaming. ``omni``: ``POST /v1/chat/completions`` with ``modalities: ["text",
+    read with httpx streaming. ``qwen3_omni``: ``POST /v1/chat/completions`` with ``modalities: ["text",
     "audio"]``, ``audio.format: "pcm16"``, streamed (SSE ``delta.audio.data``); its only path.
 
 Scheduling (issue 13 item 4, docs/scheduling.md): with its own stack the served paths run once
@@ -40,12 +40,12 @@ are keyed ``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON comp
 
 Every path gets ``--warmup`` untimed requests per model before its first level.
 Unless ``--frontend-url``/``--triton-grpc-url`` are given, the benchmark starts its own
-tritonserver (``piper_tts``, ``tts``) and frontend on free ports (``omni_triton.launcher``) after
+tritonserver (``piper``, ``csm``) and frontend on free ports (``omni_triton.serve.server``) after
 the in-process phase, and always stops them (``try``/``finally``).
 
 Fairness: this process sets torch's intra-op threads to 1 (and ``OMP/MKL/OPENBLAS_NUM_THREADS=1``)
 as the Triton stubs do, and Piper's onnxruntime sessions use one intra-op thread as in the
-``piper_tts`` model. Differences that remain are listed under ``config.notes`` in the JSON.
+``piper`` model. Differences that remain are listed under ``config.notes`` in the JSON.
 
 Metrics (per request):
 
@@ -130,11 +130,11 @@ from omni_triton.runtime.scheduling import SCHEDULING_ENV
 
 #: The served pipelines and the paths each can be measured on. To add a pipeline (e.g. a
 #: Qwen3-TTS BLS): a row here, its texts (``TEXTS`` is shared) and voices in ``VOICES``, and for a
-#: non-speech frontend API a ``frontend_run_one`` branch (``omni`` uses chat completions).
+#: non-speech frontend API a ``frontend_run_one`` branch (``qwen3_omni`` uses chat completions).
 MODEL_PATHS = {
-    "piper_tts": ("inprocess", "triton", "frontend"),
-    "tts": ("inprocess", "triton", "frontend"),
-    "omni": ("frontend",),  # POST /v1/chat/completions, text + streamed pcm16 audio
+    "piper": ("inprocess", "triton", "frontend"),
+    "csm": ("inprocess", "triton", "frontend"),
+    "qwen3_omni": ("frontend",),  # POST /v1/chat/completions, text + streamed pcm16 audio
 }
 MODELS = tuple(MODEL_PATHS)
 #: ``--scheduling`` modes: ``deadline`` = the configs as shipped (``scheduling: "deadline"``),
@@ -159,7 +159,7 @@ TEXTS = (
 )
 
 #: Voices cycled per request: ``VOICES[model][i % len]``.
-VOICES = {"piper_tts": ("joe",), "tts": ("0", "1", "2", "3"), "omni": ("Ethan", "Chelsie", "Aiden")}
+VOICES = {"piper": ("joe",), "csm": ("0", "1", "2", "3"), "qwen3_omni": ("Ethan", "Chelsie", "Aiden")}
 #: Text tokens the omni thinker may generate per request (its spoken answer follows them).
 OMNI_MAX_TOKENS = 32
 #: PCM rate of omni's streamed pcm16 chat audio (Hz; the model's ``sample_rate`` parameter).
@@ -214,13 +214,13 @@ def _set_torch_threads() -> dict:
 
 
 class InProcessPiper:
-    """``PiperSpeaker`` loaded as the ``piper_tts`` model loads it (one intra-op thread), running
+    """``PiperSpeaker`` loaded as the ``piper`` model loads it (one intra-op thread), running
     at most as many syntheses at once as the served model does (``workers`` threads per instance
     times its instances), so concurrency levels compare equal parallelism."""
 
     def __init__(self, parallel: int):
         from omni_triton.paths import model_dir
-        from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
+        from omni_triton.stages.piper import PiperSpeaker, discover_voices
 
         self.speaker = PiperSpeaker(discover_voices(model_dir("piper-voices")), intra_op_threads=1)
         self.parallel = parallel
@@ -233,18 +233,18 @@ class InProcessPiper:
 
 
 class InProcessCodec:
-    """The ``tts`` pipeline in-process: talker stream -> ChunkedDecoder (the BLS model's chunk
+    """The ``csm`` pipeline in-process: talker stream -> ChunkedDecoder (the BLS model's chunk
     loop) -> Mimi decode per chunk, with the chunk parameters and frame limits the served models
     use (``budget``: the talker's cap for a text, ``omni_triton.contracts.speech.FrameBudget``),
-    and the served parallelism: one ``CodecTalker`` object per ``tts_talker`` instance (a request
+    and the served parallelism: one ``CodecTalker`` object per ``csm_talker`` instance (a request
     holds one for its whole generation, as a decoupled talker instance does) and one
-    ``CodecDecoder`` per ``tts_code2wav`` instance (a chunk holds one while it decodes)."""
+    ``CodecDecoder`` per ``csm_code2wav`` instance (a chunk holds one while it decodes)."""
 
     def __init__(self, first_chunk: int, chunk: int, left_context: int,
                  min_frames: int, budget, talker_instances: int, code2wav_instances: int,
                  low_water_s: float = 0.0):
         from omni_triton.paths import model_dir
-        from omni_triton.stages.codec_tts import CodecDecoder, CodecTalker
+        from omni_triton.stages.csm import CodecDecoder, CodecTalker
 
         path = model_dir("csm-tiny")
         self.talkers = InstancePool([CodecTalker.from_pretrained(path) for _ in range(talker_instances)])
@@ -331,9 +331,9 @@ def grpc_run_one(url: str, model: str, timeout_s: float) -> RunOne:
 
 
 def frontend_run_one(client, base_url: str, model: str) -> RunOne:
-    """The user path of ``model``: ``/v1/audio/speech`` (pcm, streamed) or, for ``omni``,
+    """The user path of ``model``: ``/v1/audio/speech`` (pcm, streamed) or, for ``qwen3_omni``,
     :func:`chat_run_one`. Each HTTP read feeds the stream's real-time player."""
-    if model == "omni":
+    if model == "qwen3_omni":
         return chat_run_one(client, base_url, model)
 
     def run_one(index: int, text: str, voice: str) -> RequestResult:
@@ -411,20 +411,20 @@ def model_parameters(name: str, grpc_url: str | None, admin_key: str | None = No
             return {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         except Exception:
             pass
-    from omni_triton.launcher import available_models
-    from omni_triton.launcher import model_parameters as local_params
+    from omni_triton.serve.repository import available_models
+    from omni_triton.serve.repository import model_parameters as local_params
 
     return local_params(available_models()[name])
 
 
 def piper_parallelism() -> int:
-    """Syntheses ``piper_tts`` runs at once: its ``workers`` threads times its instances."""
-    return int(model_parameters("piper_tts", None).get("workers", 2)) * instance_count("piper_tts")
+    """Syntheses ``piper`` runs at once: its ``workers`` threads times its instances."""
+    return int(model_parameters("piper", None).get("workers", 2)) * instance_count("piper")
 
 
 def codec_settings(grpc_url: str | None, admin_key: str | None = None) -> dict:
-    tts = model_parameters("tts", grpc_url, admin_key)
-    talker = model_parameters("tts_talker", grpc_url, admin_key)
+    tts = model_parameters("csm", grpc_url, admin_key)
+    talker = model_parameters("csm_talker", grpc_url, admin_key)
     return {
         "first_chunk_frames": int(tts.get("first_chunk_frames", 5)),
         "chunk_frames": int(tts.get("chunk_frames", 25)),
@@ -520,7 +520,8 @@ def run_served(bench: "Bench", args, served: list[str], mode: str | None, starte
     try:
         frontend_url, grpc_url = args.frontend_url, args.triton_grpc_url
         if not external:
-            from omni_triton.launcher import Frontend, TritonServer, free_port
+            from omni_triton.serve.process import free_port
+            from omni_triton.serve.server import Frontend, TritonServer
             from omni_triton.paths import cache_dir
 
             if mode == "fifo":
@@ -550,7 +551,7 @@ def run_served(bench: "Bench", args, served: list[str], mode: str | None, starte
             info.update(stack_ready_s=round(time.perf_counter() - t, 2), triton_log=str(server.log_path),
                         frontend_log=str(frontend.log_path) if frontend else None)
             log(f"stack ready in {info['stack_ready_s']} s (frontend {frontend_url})")
-        if "tts" in args.models:
+        if "csm" in args.models:
             codec = codec_settings(grpc_url, server.admin_key if server else None)  # what the server runs
         info.update(frontend_url=frontend_url, triton_grpc_url=grpc_url)
         if grpc_url:
@@ -642,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     log = bench.log
     threads = _set_torch_threads()
     machine = machine_info()
-    codec = codec_settings(args.triton_grpc_url) if "tts" in args.models else None
+    codec = codec_settings(args.triton_grpc_url) if "csm" in args.models else None
     stack_info: dict = {"own_stack": not external}
     stack_error = None
 
@@ -651,13 +652,13 @@ def main(argv: list[str] | None = None) -> int:
         log("in-process (no Triton)")
         for model in [m for m in args.models if "inprocess" in MODEL_PATHS[m]]:
             t = time.perf_counter()
-            if model == "piper_tts":
+            if model == "piper":
                 engine = InProcessPiper(piper_parallelism())
             else:
                 engine = InProcessCodec(codec["first_chunk_frames"], codec["chunk_frames"],
                                         codec["left_context_frames"], codec["min_frames"],
                                         FrameBudget(codec["max_frames_per_char"], codec["min_max_frames"]),
-                                        instance_count("tts_talker"), instance_count("tts_code2wav"),
+                                        instance_count("csm_talker"), instance_count("csm_code2wav"),
                                         codec["low_water_ms"] / 1000.0)
             log(f"  {model}: loaded in {time.perf_counter() - t:.1f} s")
             bench.run_path(model, "inprocess", engine.run_one)
@@ -716,9 +717,9 @@ def main(argv: list[str] | None = None) -> int:
             "in-process and served runs use the same CPU cores and run one after another",
             "tts: frame counts are the talker defaults (MAX_FRAMES is not sent: the OpenAI "
             "frontend cannot send it), so every path generates the same frames",
-            "same parallelism in-process as served: tts uses one talker object per tts_talker "
-            "instance (each generates one request at a time) and one decoder per tts_code2wav "
-            "instance; piper_tts runs at most `workers` x instances syntheses at once on one "
+            "same parallelism in-process as served: tts uses one talker object per csm_talker "
+            "instance (each generates one request at a time) and one decoder per csm_code2wav "
+            "instance; piper runs at most `workers` x instances syntheses at once on one "
             "onnxruntime session, as the served model does",
             "tts served: code2wav chunks of concurrent streams are dynamically batched; "
             "in-process decodes each chunk alone (the batching is what serving adds)",

@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             models = [m for m, want in ((MODEL, "frontend" in paths), (I2V_MODEL, "frontend_i2v" in paths)) if want]
             url = args.frontend_url
             if not url:
-                from omni_triton.launcher import Frontend, TritonServer, free_port
+                from omni_triton.serve.process import free_port
+                from omni_triton.serve.server import Frontend, TritonServer
                 from omni_triton.paths import cache_dir
 
                 logs = cache_dir() / "logs"

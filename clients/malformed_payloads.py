@@ -80,7 +80,7 @@ class Models:
     chat: str = "llm"
     image: str = "qwen_image"
     image_edit: str = "qwen_image_edit"
-    speech: str = "piper_tts"
+    speech: str = "piper"
     video: str = "wan_t2v"
 
 

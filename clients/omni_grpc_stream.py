@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC host:port")
-    parser.add_argument("--model", default="omni")
+    parser.add_argument("--model", default="qwen3_omni")
     parser.add_argument("--text", default="What is the capital of France?")
     parser.add_argument("--voice")
     parser.add_argument("--max-tokens", type=int)

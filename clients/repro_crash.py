@@ -1,6 +1,6 @@
 """Reproduce (or rule out) the tritonserver 2.51 Python-backend crash under ordinary load.
 
-Starts a tritonserver with only the named models (default ``piper_tts``), then N client threads
+Starts a tritonserver with only the named models (default ``piper``), then N client threads
 send the same request back to back over gRPC streams for ``--seconds``; stops early when the
 server dies. Prints one JSON line: requests completed, errors, whether the server crashed (its
 exit code and the signal line of its log).
@@ -42,7 +42,8 @@ import tritonclient.grpc as grpcclient
 from omni_triton.contracts import chat, probe, speech
 from omni_triton.contracts.tensors import infer_input, wrap_inputs
 from omni_triton.contracts.tensors import scalar_array
-from omni_triton.launcher import TritonServer, free_port
+from omni_triton.serve.process import free_port
+from omni_triton.serve.server import TritonServer
 from omni_triton.paths import model_repositories
 
 #: Seconds after which a request that has not ended counts as a hang ("timeout").
@@ -175,8 +176,8 @@ def drive(grpc_url: str, model: str, clients: int = 8, seconds: float = 30.0,
 
     Args:
         grpc_url: Triton gRPC ``host:port`` (loopback).
-        model: a speech model (``piper_tts``, ``tts``: TEXT) or a chat model (``llm_tts``,
-            ``omni``: MESSAGES; ``over_context`` makes every prompt longer than the context, so
+        model: a speech model (``piper``, ``csm``: TEXT) or a chat model (``llm_tts``,
+            ``qwen3_omni``: MESSAGES; ``over_context`` makes every prompt longer than the context, so
             every request is answered with INVALID_ARG).
         one_stream: each client keeps one gRPC stream for all its requests (default: one stream
             per request, as the OpenAI frontend does; that pattern reproduced the crash fastest).
@@ -190,7 +191,7 @@ def drive(grpc_url: str, model: str, clients: int = 8, seconds: float = 30.0,
     """
     counts: dict = {}
     lock = threading.Lock()
-    if model in ("llm_tts", "omni", "llm"):
+    if model in ("llm_tts", "qwen3_omni", "llm"):
         make = lambda: chat_inputs(text, over_context)  # noqa: E731
     elif model == "probe_bls":
         make = probe_inputs
@@ -259,7 +260,7 @@ def one_run(args, run: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="piper_tts", help="model(s) to load; the first is driven")
+    p.add_argument("--model", default="piper", help="model(s) to load; the first is driven")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--max-requests", type=int, default=100_000, help="per client")

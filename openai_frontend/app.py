@@ -119,7 +119,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     video_lock = (lock_unless_shared(settings.video.storage_dir, JobStore.shared)
                   if settings.video is not None else None)
 
-    # serve's status file (omni_triton.launcher.ServeStatus): restarts and stub deaths for
+    # serve's status file (omni_triton.serve.supervisor.ServeStatus): restarts and stub deaths for
     # /health; a stage that died has the in-flight requests it would leave hanging ended.
     watch = ServeStatusWatch.from_env(getattr(engine, "abort_inflight", None))
 

@@ -4,7 +4,7 @@ for ending the requests a dead stage would leave hanging.
 Triton 2.51 never completes the in-flight requests of a Python stub that died (killed, OOM): their
 gRPC streams stay open with nothing coming, and the model's unload (the launcher's reload) waits
 for them. ``serve`` writes ``last_stub_death = {"at", "model", "affected", ...}`` to its status
-file (``omni_triton.launcher.ServeStatus``; path in ``OMNI_TRITON_SERVE_STATUS``); this watcher
+file (``omni_triton.serve.supervisor.ServeStatus``; path in ``OMNI_TRITON_SERVE_STATUS``); this watcher
 sees the change and calls back with the affected models, and the engine fails their in-flight
 requests with a 503 (retried once where the request has no side effects).
 """

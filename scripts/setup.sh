@@ -57,4 +57,4 @@ if ! "$VENV/bin/python" -m pip install --no-deps --no-build-isolation -e "$ROOT"
 fi
 bash "$ROOT/scripts/setup_qwen3_tts.sh"  # the Qwen3-TTS environment (second venv, cached)
 bash "$ROOT/scripts/setup_bench.sh"  # vLLM-Omni's benchmark client (second venv, cached)
-"$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,tts,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen25_omni}"
+"$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,csm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni}"

@@ -35,7 +35,7 @@ which needs the iterator's mutex; and ``ResponseIterator::Next`` re-takes the GI
 that mutex when it wakes up. One thread opening a stream while another wakes on a response
 that is followed by a second one deadlocks all three (gdb on a hung ``probe_bls`` stub showed
 exactly these frames); every later response for that stub then blocks in the server, and the
-callee stage (``piper_tts``) stops answering anyone. So a stub reads all its decoupled BLS
+callee stage (``piper``) stops answering anyone. So a stub reads all its decoupled BLS
 streams on one thread: :func:`stream_stage` raises ``RuntimeError`` when a second thread of the
 process calls it (``OMNI_TRITON_BLS_THREADS=any`` lifts this for the reproduction), and the
 stages that read streams run their requests in ``execute`` and scale by instance count

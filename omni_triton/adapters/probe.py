@@ -2,7 +2,7 @@
 default; contract: ``omni_triton.contracts.probe``).
 
 ``probe_bls`` reads ``COUNT`` decoupled BLS streams of ``probe_source`` per request, one after
-the other, on a pool of threads, the way ``llm_tts`` reads its llm and piper_tts streams: the
+the other, on a pool of threads, the way ``llm_tts`` reads its llm and piper streams: the
 smallest load that reproduces the 2.51 response-iterator defects described in
 ``omni_triton.adapters.bls`` (``clients/repro_crash.py --model probe_bls --probe-workers 8``).
 """

@@ -1,8 +1,8 @@
 """``TritonPythonModel`` classes of the Qwen2.5-Omni pipeline (contracts:
-``omni_triton.contracts.qwen2_5_omni``): ``qwen25_omni`` (BLS) -> ``qwen25_omni_thinker`` (text
-deltas + the talker's inputs) -> ``qwen25_omni_talker`` (codec ids) -> ``qwen25_omni_token2wav``
+``omni_triton.contracts.qwen2_5_omni``): ``qwen2_5_omni`` (BLS) -> ``qwen2_5_omni_thinker`` (text
+deltas + the talker's inputs) -> ``qwen2_5_omni_talker`` (codec ids) -> ``qwen2_5_omni_token2wav``
 (DiT + BigVGAN, whole utterance). The thinker, talker and BLS reuse the Qwen3-Omni adapters
-(``omni_triton.adapters.omni``: request parsing, response layout, streaming) with the Qwen2.5-Omni
+(``omni_triton.adapters.qwen3_omni``: request parsing, response layout, streaming) with the Qwen2.5-Omni
 stages of ``omni_triton.stages.qwen2_5_omni``. Stub-only imports."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
-from omni_triton.adapters.chat import read_chat_request
-from omni_triton.adapters.omni import OmniPipeline, OmniTalkerStage, OmniThinkerStage, _OmniJob
+from omni_triton.adapters.llm import read_chat_request
+from omni_triton.adapters.qwen3_omni import Qwen3OmniPipeline, Qwen3OmniTalkerStage, Qwen3OmniThinkerStage, _Qwen3OmniJob
 from omni_triton.adapters.triton_io import optional_str_input, required_array
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import qwen2_5_omni as q25
@@ -37,10 +37,10 @@ def _metrics(stage: str, counted: str, what: str) -> dict:
             "active": (f"{stage}_active", f"{stage} requests being generated (per instance)", "gauge")}
 
 
-class Qwen25ThinkerStage(OmniThinkerStage):
-    """``qwen25_omni_thinker``: as ``omni_thinker`` (same tensors), on the Qwen2.5-Omni thinker."""
+class Qwen25OmniThinkerStage(Qwen3OmniThinkerStage):
+    """``qwen2_5_omni_thinker``: as ``qwen3_omni_thinker`` (same tensors), on the Qwen2.5-Omni thinker."""
 
-    stage = "qwen25_omni_thinker"
+    stage = "qwen2_5_omni_thinker"
     metric_specs = _metrics("qwen25_omni_thinker", "tokens", "Tokens")
 
     def setup(self, args, params):
@@ -48,17 +48,17 @@ class Qwen25ThinkerStage(OmniThinkerStage):
 
         set_torch_threads()
         self.thinker = Qwen25Thinker.from_pretrained(_checkpoint(params))
-        self.processor = None  # text-only: OmniThinkerStage.parse refuses media parts without one
+        self.processor = None  # text-only: Qwen3OmniThinkerStage.parse refuses media parts without one
         self.default_max_tokens = int(params.get("default_max_tokens", "32"))
         self.max_model_len = int(params.get("max_model_len", "1024"))
 
 
-class Qwen25TalkerStage(OmniTalkerStage):
-    """``qwen25_omni_talker``: the thinker's outputs (+ VOICE, MIN/MAX_FRAMES, REQUEST_ID) -> CODES
+class Qwen25OmniTalkerStage(Qwen3OmniTalkerStage):
+    """``qwen2_5_omni_talker``: the thinker's outputs (+ VOICE, MIN/MAX_FRAMES, REQUEST_ID) -> CODES
     [n, 1] responses as the talker generates them; one request at a time per instance."""
 
-    stage = "qwen25_omni_talker"
-    pass_paced = False  # qwen25_omni_thinker has no PACED (unscheduled)
+    stage = "qwen2_5_omni_talker"
+    pass_paced = False  # qwen2_5_omni_thinker has no PACED (unscheduled)
     metric_specs = _metrics("qwen25_omni_talker", "frames", "Codec tokens")
 
     def setup(self, args, params):
@@ -74,8 +74,8 @@ class Qwen25TalkerStage(OmniTalkerStage):
             repetition_penalty=float(params.get("repetition_penalty", "1.05")))
 
 
-class Qwen25Token2WavStage(BatchedStage):
-    """``qwen25_omni_token2wav``: CODES [1, T] + VOICE + SEED -> AUDIO [1, 480 T]; each item of a
+class Qwen25OmniToken2WavStage(BatchedStage):
+    """``qwen2_5_omni_token2wav``: CODES [1, T] + VOICE + SEED -> AUDIO [1, 480 T]; each item of a
     dynamic batch is its own whole-utterance DiT solve (as the reference decodes per sample: the
     noise and the non-causal DiT make a padded batch differ)."""
 
@@ -100,19 +100,19 @@ class Qwen25Token2WavStage(BatchedStage):
 
 
 @dataclass
-class _Qwen25Job(_OmniJob):
+class _Qwen25Job(_Qwen3OmniJob):
     seed: int = 0  #: the DiT's noise seed
 
 
-class Qwen25OmniPipeline(OmniPipeline):
-    """``qwen25_omni`` BLS: request validation and response layout of ``omni``; thinker text deltas
+class Qwen25OmniPipeline(Qwen3OmniPipeline):
+    """``qwen2_5_omni`` BLS: request validation and response layout of ``qwen3_omni``; thinker text deltas
     streamed as they come; with audio the talker's codes are collected and decoded once on
-    ``qwen25_omni_token2wav`` (DiT noise seed: the request's ``seed``, else a random one), and the
+    ``qwen2_5_omni_token2wav`` (DiT noise seed: the request's ``seed``, else a random one), and the
     PCM is sent as one AUDIO response (``docs/qwen2_5_omni.md``: why not chunked)."""
 
-    stage = "qwen25_omni"
-    pass_paced = False  # qwen25_omni_talker has no PACED (unscheduled)
-    thinker, talker, token2wav = "qwen25_omni_thinker", "qwen25_omni_talker", "qwen25_omni_token2wav"
+    stage = "qwen2_5_omni"
+    pass_paced = False  # qwen2_5_omni_talker has no PACED (unscheduled)
+    thinker, talker, token2wav = "qwen2_5_omni_thinker", "qwen2_5_omni_talker", "qwen2_5_omni_token2wav"
 
     def setup(self, args, params):
         from omni_triton.runtime.cancel_flags import CancelFlags
@@ -121,11 +121,11 @@ class Qwen25OmniPipeline(OmniPipeline):
         self.voices = [v.strip() for v in params.get("voices", "Chelsie").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
-        self.async_chunk = False  # read by OmniPipeline.parse where omni speaks while thinking; not here
+        self.async_chunk = False  # read by Qwen3OmniPipeline.parse where omni speaks while thinking; not here
         self.stage_flags = CancelFlags.for_server()
         # validated here too (a stage's INVALID_ARG reaches a 2.51 BLS model as INTERNAL)
         self.chat = chat_tokenizer(_checkpoint(params))
-        self.processor = None  # text-only here: OmniPipeline.parse refuses media parts without one
+        self.processor = None  # text-only here: Qwen3OmniPipeline.parse refuses media parts without one
         self.default_max_tokens = int(params.get("default_max_tokens", "32"))
         self.max_model_len = int(params.get("max_model_len", "1024"))
 

@@ -1,6 +1,6 @@
 """``TritonPythonModel`` classes of the speech pipelines (contract: ``omni_triton.contracts.speech``):
-``piper_tts``, and the codec TTS ``tts`` (BLS) -> ``tts_talker`` -> ``tts_code2wav``.
-Stub-only imports; the logic lives in ``omni_triton.stages`` (``piper_tts``, ``codec_tts``)."""
+``piper``, and the codec TTS ``csm`` (BLS) -> ``csm_talker`` -> ``csm_code2wav``.
+Stub-only imports; the logic lives in ``omni_triton.stages`` (``piper``, ``csm``)."""
 from __future__ import annotations
 
 import uuid
@@ -22,10 +22,10 @@ from omni_triton.contracts.tensors import scalar_array, utf8_array
 from omni_triton.stages.chunking import FrameGroups
 
 
-class PiperTts(DecoupledStage):
-    """``piper_tts``: TEXT (+ VOICE, SPEED) -> one AUDIO/SAMPLE_RATE response per sentence."""
+class PiperStage(DecoupledStage):
+    """``piper``: TEXT (+ VOICE, SPEED) -> one AUDIO/SAMPLE_RATE response per sentence."""
 
-    stage = "piper_tts"
+    stage = "piper"
     input_error = sp.SpeechInputError
     workers = 2
     metric_specs = dict(
@@ -37,7 +37,7 @@ class PiperTts(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.paths import model_dir
-        from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
+        from omni_triton.stages.piper import PiperSpeaker, discover_voices
 
         self.read_params(params)
         voices = discover_voices(model_dir("piper-voices"))
@@ -61,11 +61,11 @@ class PiperTts(DecoupledStage):
             yield {sp.AUDIO: sentence.audio, sp.SAMPLE_RATE: scalar_array(sentence.sample_rate, "INT32")}
 
 
-class CodecTalkerStage(DecoupledStage):
-    """``tts_talker`` (CSM): TEXT (+ SPEAKER, MIN/MAX_FRAMES, REQUEST_ID) -> CODES responses of
+class CsmTalkerStage(DecoupledStage):
+    """``csm_talker`` (CSM): TEXT (+ SPEAKER, MIN/MAX_FRAMES, REQUEST_ID) -> CODES responses of
     ``emit_frames`` frames; one request at a time per instance, inside ``execute``."""
 
-    stage = "tts_talker"
+    stage = "csm_talker"
     input_error = sp.SpeechInputError
     cancel_flags = True
     per_instance_metrics = True
@@ -78,7 +78,7 @@ class CodecTalkerStage(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.checkpoints.csm import checkpoint_dir
-        from omni_triton.stages.codec_tts import CodecTalker
+        from omni_triton.stages.csm import CodecTalker
 
         set_torch_threads()
         self.talker = CodecTalker.from_pretrained(checkpoint_dir(params.get("model_name", "csm-tiny")))
@@ -89,7 +89,7 @@ class CodecTalkerStage(DecoupledStage):
     def parse(self, request):
         text = optional_str_input(request, sp.TEXT)
         if not text:
-            raise sp.SpeechInputError("tts_talker: TEXT is required")
+            raise sp.SpeechInputError("csm_talker: TEXT is required")
         speaker, lo, hi = (optional_input(request, n) for n in (sp.SPEAKER, sp.MIN_FRAMES, sp.MAX_FRAMES))
         return (text, 0 if speaker is None else int(speaker), self.default_min if lo is None else int(lo),
                 self.default_max if hi is None else int(hi))
@@ -110,8 +110,8 @@ class CodecTalkerStage(DecoupledStage):
             yield Final({sp.CODES: rest})
 
 
-class Code2WavStage(BatchedStage):
-    """A codec decoder (``tts_code2wav``: Mimi; ``omni_code2wav``: Qwen3-Omni code2wav), ragged
+class CsmCode2WavStage(BatchedStage):
+    """A codec decoder (``csm_code2wav``: Mimi; ``qwen3_omni_code2wav``: Qwen3-Omni code2wav), ragged
     dynamic batches: CODES [1, T_i, K] + LEFT_CONTEXT [1, 1] -> AUDIO [1, samples] of the new
     frames, one forward pass per batch."""
 
@@ -122,12 +122,12 @@ class Code2WavStage(BatchedStage):
 
     def load(self, params):
         from omni_triton.checkpoints.csm import checkpoint_dir
-        from omni_triton.stages.codec_tts import CodecDecoder
+        from omni_triton.stages.csm import CodecDecoder
 
         return CodecDecoder.from_pretrained(checkpoint_dir(params.get("model_name", "csm-tiny")))
 
     def parse(self, request):
-        from omni_triton.stages.codec_tts import validate_chunk
+        from omni_triton.stages.csm import validate_chunk
 
         return validate_chunk(required_array(request, sp.CODES), required_array(request, sp.LEFT_CONTEXT),
                               self.num_codebooks, self.decoder.codebook_size)
@@ -140,24 +140,24 @@ class Code2WavStage(BatchedStage):
 
 
 @dataclass
-class _TtsJob:
+class _CsmJob:
     text: str
     speaker: int
     max_frames: int
     paced: bool = False  # PACED: passed on to the talker (its scheduler paces the frames)
 
 
-class TtsPipeline(DecoupledStage):
-    """``tts`` BLS: validate, stream ``tts_talker``'s frames, decode them chunk by chunk with left
-    context on ``tts_code2wav``, stream PCM. Without MAX_FRAMES the talker's cap follows the
+class CsmPipeline(DecoupledStage):
+    """``csm`` BLS: validate, stream ``csm_talker``'s frames, decode them chunk by chunk with left
+    context on ``csm_code2wav``, stream PCM. Without MAX_FRAMES the talker's cap follows the
     input length (:class:`~omni_triton.contracts.speech.FrameBudget`), so long text is not cut
     at a fixed length."""
 
-    stage = "tts"
+    stage = "csm"
     input_error = sp.SpeechInputError
     reads_bls_streams = True
     per_instance_metrics = True  # several instances (stub processes)
-    talker, code2wav = "tts_talker", "tts_code2wav"
+    talker, code2wav = "csm_talker", "csm_code2wav"
 
     def setup(self, args, params):
         from omni_triton.runtime.cancel_flags import CancelFlags
@@ -177,7 +177,7 @@ class TtsPipeline(DecoupledStage):
             request_text(request, sp.TEXT, self.max_input_chars), optional_str_input(request, sp.VOICE),
             optional_input(request, sp.SPEED), self.voices, self.default_voice, self.max_input_chars)
         max_frames = optional_input(request, sp.MAX_FRAMES)
-        return _TtsJob(text, speaker, self.budget.for_text(text) if max_frames is None else int(max_frames),
+        return _CsmJob(text, speaker, self.budget.for_text(text) if max_frames is None else int(max_frames),
                        self.paced(request))
 
     def _decode(self, codes, left):

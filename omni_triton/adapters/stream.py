@@ -156,7 +156,7 @@ class DecoupledStage:
     (piper). ``dispatch`` may be overridden by stages with their own engine loop (``llm``), which
     then call ``finish`` when the job ends.
 
-    ``reads_bls_streams``: the stage reads decoupled BLS streams (``llm_tts``, ``tts``, ``omni``).
+    ``reads_bls_streams``: the stage reads decoupled BLS streams (``llm_tts``, ``csm``, ``qwen3_omni``).
     Such a stage runs every request inside ``execute``, on the stub's one main thread, and gets
     its concurrency from its instance count (one stub process each): two threads of one stub
     reading decoupled BLS streams deadlock python_backend (``omni_triton/adapters/bls.py``, "One
@@ -191,7 +191,7 @@ class DecoupledStage:
     :class:`~omni_triton.runtime.instance_balance.InstanceBalance`), so Triton hands the next
     request to a sibling instead of stacking streams on whichever instance's execute thread
     happened to be free. A negative or non-numeric ``balance_max_wait_ms`` is a load error, and so
-    is ``balance_instances`` on a stage that ``reads_bls_streams`` (measured slower on omni_talker).
+    is ``balance_instances`` on a stage that ``reads_bls_streams`` (measured slower on qwen3_omni_talker).
     """
 
     stage = "stage"
@@ -247,7 +247,7 @@ class DecoupledStage:
             if self.reads_bls_streams:
                 raise RuntimeError(
                     f"{self.model_name}: balance_instances holds execute's thread, which a stage that "
-                    "reads decoupled BLS streams needs: on omni_talker it made first audio slower even "
+                    "reads decoupled BLS streams needs: on qwen3_omni_talker it made first audio slower even "
                     "at concurrency 1 (docs/scheduling.md, \"Instance balance\")")
             self.balance_max_wait_s = float(self.params.get("balance_max_wait_ms", "30000")) / 1000.0
             if self.balance_max_wait_s < 0:

@@ -14,7 +14,7 @@ Root cause of the 2.51 SIGSEGVs in libtriton_python.so (``scripts/repro_crash.py
 (python_backend src/metric.cc) stores the value in the Metric object and calls
 ``SaveToSharedMemory``, which replaces (frees) the object's previous shared-memory block before
 sending the new handle; two threads updating one Metric free the block the server is still
-reading. Measured (piper_tts, 8 clients, 3 x 60 s): metrics + send locked: 0 crashes; send +
+reading. Measured (piper, 8 clients, 3 x 60 s): metrics + send locked: 0 crashes; send +
 is_cancelled locked, metrics not: 2 crashes. Responses, ``is_cancelled()`` and logging are IPC
 round trips of the same kind and share the lock (each call is a short shared-memory exchange).
 
@@ -110,7 +110,7 @@ class StageMetrics:
     'MetricFamily' has been deleted"). Every metric is a :class:`LockedMetric`.
 
     Args:
-        labels: labels of every metric, e.g. ``{"model": "piper_tts"}``.
+        labels: labels of every metric, e.g. ``{"model": "piper"}``.
         specs: attribute name -> (metric name, description, ``"counter"`` or ``"gauge"``);
             each becomes an attribute holding the metric.
     """

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from omni_triton.checkpoints.common import MANIFEST, build_once
-from omni_triton.stages.diffusion.loading import image_only_processor_class
+from omni_triton.stages.qwen_image.loading import image_only_processor_class
 
 BUILDER_VERSION = 1
 KIND_T2I = "t2i"

@@ -1,7 +1,7 @@
 """Torch-free contracts of every pipeline: tensor names and dtypes, request parsing and
 validation, one input-error class per pipeline, the UTF-8 BYTES helpers and input builders.
 
-``chat`` (llm, llm_tts, omni and its stages), ``speech`` (piper_tts, tts and its stages),
+``chat`` (llm, llm_tts, omni and its stages), ``speech`` (piper, tts and its stages),
 ``image`` (the Qwen-Image ensembles and stages), ``video`` (the Wan2.2 BLS pipeline and stages).
 Importable by the OpenAI frontend (which never imports torch), the clients, the BLS models and
 the stages; ``tests/unit/test_contracts.py`` checks every ``config.pbtxt`` against

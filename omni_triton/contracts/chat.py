@@ -1,5 +1,5 @@
 """The chat contract (``docs/chat_contracts.md``): ``llm``, ``llm_tts`` and the Qwen3-Omni
-pipeline (``omni`` and its stages ``omni_thinker`` -> ``omni_talker`` -> ``omni_code2wav``).
+pipeline (``qwen3_omni`` and its stages ``qwen3_omni_thinker`` -> ``qwen3_omni_talker`` -> ``qwen3_omni_code2wav``).
 
 Inputs of a chat model (BYTES [1], UTF-8): ``PROMPT`` or ``MESSAGES`` (JSON array of OpenAI chat
 messages), optional ``SAMPLING_PARAMETERS`` (JSON object, vLLM ``SamplingParams`` names),
@@ -32,18 +32,18 @@ TEXT_DELTA = "TEXT_DELTA"
 FINISH_REASON = "FINISH_REASON"
 PROMPT_TOKENS = "PROMPT_TOKENS"
 COMPLETION_TOKENS = "COMPLETION_TOKENS"
-# omni_thinker -> omni_talker (the thinker's outputs are the talker's inputs, same names)
+# qwen3_omni_thinker -> qwen3_omni_talker (the thinker's outputs are the talker's inputs, same names)
 TALKER_INPUTS = "TALKER_INPUTS"  #: BOOL [1]: ask the thinker for the talker's inputs
 SEQUENCE = "SEQUENCE"  #: INT64 [L]: prompt + generated ids
 PROMPT_LEN = "PROMPT_LEN"  #: INT32 [1]
 THINKER_EMBEDS = "THINKER_EMBEDS"  #: FP32 [L-1, H]: input embedding of every token fed to the thinker
 THINKER_HIDDEN = "THINKER_HIDDEN"  #: FP32 [L-1, H]: hidden state at the talker's accept layer
 TTS_EMBEDS = "TTS_EMBEDS"  #: FP32 [3, H]: embeddings of tts_bos, tts_eos, tts_pad
-#: BOOL [1]: speak while thinking. omni: override of its ``async_chunk`` parameter; omni_thinker (with
+#: BOOL [1]: speak while thinking. omni: override of its ``async_chunk`` parameter; qwen3_omni_thinker (with
 #: TALKER_INPUTS): the talker tensors as increments on every response (docs/omni_pipeline.md)
 ASYNC_CHUNK = "ASYNC_CHUNK"
 
-# omni -> omni_thinker: the multimodal processor's tensors (omni_triton/stages/qwen3_omni/inputs.py;
+# omni -> qwen3_omni_thinker: the multimodal processor's tensors (omni_triton/stages/qwen3_omni/inputs.py;
 # A audio clips, I images, V videos in message order; all optional, sent only when present)
 INPUT_FEATURES = "INPUT_FEATURES"  #: FP32 [A, M, F]: log-mel features (M mel bins, 100 frames/s)
 FEATURE_ATTENTION_MASK = "FEATURE_ATTENTION_MASK"  #: INT32 [A, F]: 1 on each clip's frames
@@ -52,7 +52,7 @@ IMAGE_GRID_THW = "IMAGE_GRID_THW"  #: INT64 [I, 3]: patches per image (t, h, w)
 PIXEL_VALUES_VIDEOS = "PIXEL_VALUES_VIDEOS"  #: FP32 [Pv, C*T*p*p]: all videos' patches
 VIDEO_GRID_THW = "VIDEO_GRID_THW"  #: INT64 [V, 3]
 VIDEO_SECOND_PER_GRID = "VIDEO_SECOND_PER_GRID"  #: FP32 [V]: seconds per temporal patch
-# omni -> omni_talker (multimodal prompts): the reference also passes these to talker.generate
+# omni -> qwen3_omni_talker (multimodal prompts): the reference also passes these to talker.generate
 AUDIO_FEATURE_LENGTHS = "AUDIO_FEATURE_LENGTHS"  #: INT64 [A]: feature frames per clip
 
 #: ``MultimodalInputs`` field -> thinker input tensor
@@ -110,7 +110,7 @@ def _json(text: str, name: str):
 
 #: OpenAI content part types carrying media -> the modality the model must accept; the
 #: placeholders ``{"type": "audio"|"image"|"video"}`` (data already turned into tensors, what the
-#: ``omni`` BLS forwards to ``omni_thinker``) are accepted for the same modalities.
+#: ``qwen3_omni`` BLS forwards to ``qwen3_omni_thinker``) are accepted for the same modalities.
 MEDIA_PART_TYPES = {"input_audio": "audio", "image_url": "image", "video_url": "video"}
 PLACEHOLDER_PART_TYPES = ("audio", "image", "video")
 #: ``input_audio.format`` values (OpenAI: wav, mp3; decoded by soundfile or PyAV)
@@ -148,7 +148,7 @@ def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict]:
     """Validate MESSAGES (JSON array of OpenAI chat messages) into ``[{"role", "content"}]``.
 
     ``content`` may be a string or a list of parts: ``{"type": "text", "text": ...}`` and, for
-    the modalities in ``accept`` (e.g. ``("text", "audio", "image", "video")`` for ``omni``),
+    the modalities in ``accept`` (e.g. ``("text", "audio", "image", "video")`` for ``qwen3_omni``),
     ``input_audio`` (``{"data": base64, "format": "wav"|"mp3"|...}``), ``image_url`` /
     ``video_url`` (``{"url": ...}``) or their placeholders ``{"type": "audio"|"image"|"video"}``.
     A message with text parts only gets them joined into one string (as before); a message with
@@ -210,7 +210,7 @@ def media_parts(messages: list[dict]) -> list[dict]:
 
 def placeholder_messages(messages: list[dict]) -> list[dict]:
     """``messages`` with every media part replaced by its placeholder (``{"type": "audio"}`` ...):
-    what the chat template renders and what ``omni`` forwards once the media are tensors."""
+    what the chat template renders and what ``qwen3_omni`` forwards once the media are tensors."""
     def part(p):
         return p if p["type"] == "text" else {"type": part_modality(p)}
 
@@ -371,8 +371,8 @@ OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optio
                                          TensorSpec(PACED, "BOOL", optional=True))
                              + _MEDIA_IN,
                              _TEXT_OUT + _TALKER_IN, decoupled=True)
-# omni_talker takes either the thinker's finished outputs (_TALKER_IN, with _TALKER_MEDIA_IN for
-# multimodal prompts) or, speaking while thinking, the chat inputs, which it sends to omni_thinker
+# qwen3_omni_talker takes either the thinker's finished outputs (_TALKER_IN, with _TALKER_MEDIA_IN for
+# multimodal prompts) or, speaking while thinking, the chat inputs, which it sends to qwen3_omni_thinker
 # itself (it then streams the thinker's text too; text-only prompts: the omni BLS speaks while
 # thinking only for those).
 OMNI_TALKER = StageContract(tuple(TensorSpec(t.name, t.datatype, t.dims, True) for t in _TALKER_IN) + _CHAT_IN
@@ -385,5 +385,5 @@ OMNI_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(
                               (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
 
 #: model name -> contract, for the models of this pipeline in ``model_repository/``.
-CONTRACTS = {"llm": LLM, "llm_tts": LLM_TTS, "omni": OMNI, "omni_thinker": OMNI_THINKER,
-             "omni_talker": OMNI_TALKER, "omni_code2wav": OMNI_CODE2WAV}
+CONTRACTS = {"llm": LLM, "llm_tts": LLM_TTS, "qwen3_omni": OMNI, "qwen3_omni_thinker": OMNI_THINKER,
+             "qwen3_omni_talker": OMNI_TALKER, "qwen3_omni_code2wav": OMNI_CODE2WAV}

@@ -1,7 +1,7 @@
-"""The Qwen2.5-Omni pipeline's contracts (``docs/qwen2_5_omni.md``): ``qwen25_omni`` (BLS) ->
-``qwen25_omni_thinker`` -> ``qwen25_omni_talker`` -> ``qwen25_omni_token2wav``.
+"""The Qwen2.5-Omni pipeline's contracts (``docs/qwen2_5_omni.md``): ``qwen2_5_omni`` (BLS) ->
+``qwen2_5_omni_thinker`` -> ``qwen2_5_omni_talker`` -> ``qwen2_5_omni_token2wav``.
 
-The client contract is the chat contract (``omni_triton.contracts.chat``, as ``omni``); the
+The client contract is the chat contract (``omni_triton.contracts.chat``, as ``qwen3_omni``); the
 thinker and talker stages have the tensors of the Qwen3-Omni stages before speaking-while-thinking (the thinker's last
 response carries ``SEQUENCE``, ``PROMPT_LEN``, ``THINKER_EMBEDS``, ``THINKER_HIDDEN`` =
 last-layer hidden states, ``TTS_EMBEDS``; the talker streams ``CODES`` INT64 [n, 1], one
@@ -45,5 +45,5 @@ QWEN25_OMNI_TOKEN2WAV = StageContract(
     (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
 
 #: model name -> contract, for the models of this pipeline in ``model_repository/``.
-CONTRACTS = {"qwen25_omni": QWEN25_OMNI, "qwen25_omni_thinker": QWEN25_OMNI_THINKER,
-             "qwen25_omni_talker": QWEN25_OMNI_TALKER, "qwen25_omni_token2wav": QWEN25_OMNI_TOKEN2WAV}
+CONTRACTS = {"qwen2_5_omni": QWEN25_OMNI, "qwen2_5_omni_thinker": QWEN25_OMNI_THINKER,
+             "qwen2_5_omni_talker": QWEN25_OMNI_TALKER, "qwen2_5_omni_token2wav": QWEN25_OMNI_TOKEN2WAV}

@@ -1,10 +1,10 @@
-"""The speech contract (``docs/speech_contracts.md``): ``piper_tts`` and the codec-token TTS
-pipeline ``tts`` (BLS) -> ``tts_talker`` (codec frames) -> ``tts_code2wav`` (PCM).
+"""The speech contract (``docs/speech_contracts.md``): ``piper`` and the codec-token TTS
+pipeline ``csm`` (BLS) -> ``csm_talker`` (codec frames) -> ``csm_code2wav`` (PCM).
 
 A speech model takes ``TEXT`` (BYTES [1]), optional ``VOICE`` (BYTES [1]), ``SPEED`` (FP32 [1]);
-``tts`` also ``MAX_FRAMES`` (INT32 [1], cap on codec frames, 12.5 per second); all of them
+``csm`` also ``MAX_FRAMES`` (INT32 [1], cap on codec frames, 12.5 per second); all of them
 ``PACED`` (BOOL [1], optional: the client plays the stream in real time, so the stage may compute
-it just ahead of playback, docs/scheduling.md "Pacing"; ``tts`` passes it to ``tts_talker``). Every streamed
+it just ahead of playback, docs/scheduling.md "Pacing"; ``csm`` passes it to ``csm_talker``). Every streamed
 response carries ``AUDIO`` (FP32 [-1], mono PCM in [-1, 1]) and ``SAMPLE_RATE`` (INT32 [1], Hz).
 Every input problem is a :class:`SpeechInputError`.
 """
@@ -41,7 +41,7 @@ class SpeechInputError(InputError):
 
 @dataclass(frozen=True)
 class FrameBudget:
-    """How many codec frames a ``tts`` request may generate when the client sets no MAX_FRAMES.
+    """How many codec frames a ``csm`` request may generate when the client sets no MAX_FRAMES.
 
     A fixed cap cut every long input at the same length (100 frames = 8 s, whatever the text);
     the budget follows the input instead: ``max(floor, ceil(len(text) * frames_per_char))``.
@@ -79,7 +79,7 @@ def max_input_chars(params, default: str) -> int:
 
 def parse_tts_request(text: str | None, voice: str | None, speed, voices: Sequence[str], default_voice: str,
                       max_input_chars: int) -> tuple[str, int]:
-    """Validate a ``tts`` request; return ``(text, speaker_id)``.
+    """Validate a ``csm`` request; return ``(text, speaker_id)``.
 
     ``voice`` is a speaker id as a string ("0".."N", one of ``voices``; None/"" -> default);
     ``speed`` must be None or 1.0 (CSM has no speaking-rate control, ``supports_speed=false``).
@@ -155,4 +155,4 @@ TTS_TALKER = StageContract(
 TTS_CODE2WAV = _CODE2WAV
 
 #: model name -> contract, for the models of this pipeline in ``model_repository/``.
-CONTRACTS = {"piper_tts": PIPER_TTS, "tts": TTS, "tts_talker": TTS_TALKER, "tts_code2wav": TTS_CODE2WAV}
+CONTRACTS = {"piper": PIPER_TTS, "csm": TTS, "csm_talker": TTS_TALKER, "csm_code2wav": TTS_CODE2WAV}

@@ -125,7 +125,7 @@ MAX_MESSAGES_CHARS = 2 * MAX_PROMPT_CHARS
 
 
 def media_messages_chars(max_parts: int, max_part_bytes: int) -> int:
-    """The MESSAGES cap of a model that takes media parts inline (``omni``): the text's cap plus
+    """The MESSAGES cap of a model that takes media parts inline (``qwen3_omni``): the text's cap plus
     ``max_parts`` base64 data URLs of ``max_part_bytes`` decoded bytes each (and their framing)."""
     return MAX_MESSAGES_CHARS + max_parts * (4 * -(-max_part_bytes // 3) + 4096)
 

@@ -1,7 +1,7 @@
 """Decoding of chat *input* media (OpenAI content parts ``input_audio``, ``image_url``,
 ``video_url``): base64 / data URLs -> bytes -> PCM, RGB images and sampled video frames.
 
-Torch-free (soundfile, PyAV, Pillow, soxr, numpy): used by the ``omni`` BLS model before the
+Torch-free (soundfile, PyAV, Pillow, soxr, numpy): used by the ``qwen3_omni`` BLS model before the
 Qwen3-Omni processor runs, and by the frontend's checks. Every refusal is a
 :class:`MediaInputError` (a :class:`~omni_triton.contracts.tensors.InputError`: HTTP 400 /
 Triton INVALID_ARG) whose message names the part.

@@ -11,8 +11,8 @@ from pathlib import Path
 class CancelFlags:
     """Cancellation flags for talker streams, shared by every process of one tritonserver.
 
-    Why: Triton 2.51's BLS response iterator has no ``cancel()``, so the ``tts`` BLS model cannot
-    cancel the ``tts_talker`` request it started. It passes a ``REQUEST_ID`` instead and, when its
+    Why: Triton 2.51's BLS response iterator has no ``cancel()``, so the ``csm`` BLS model cannot
+    cancel the ``csm_talker`` request it started. It passes a ``REQUEST_ID`` instead and, when its
     own client goes away, raises the flag for that id; the talker checks the flag after every
     frame. The talker runs several instances (separate stub processes) that execute one request
     each, so the flags live in files, one per cancelled id, in a folder named after the server's

@@ -2,8 +2,8 @@
 
 A decoupled stage under the deadline scheduler returns from ``execute`` at once, so Triton hands
 it every request that arrives while its execute thread is free: which instance (stub process) a
-stream lands on is decided at its arrival, and it stays there. A burst of 8 ``tts`` streams on
-``tts_talker``'s 2 instances went 5/3 (frames 3,756 against 2,618 over a bench run): the busier
+stream lands on is decided at its arrival, and it stays there. A burst of 8 ``csm`` streams on
+``csm_talker``'s 2 instances went 5/3 (frames 3,756 against 2,618 over a bench run): the busier
 instance set the run's length, and the pipeline made 6.6 audio-s/s where FIFO, which takes one
 request per instance at a time, made 8.3.
 

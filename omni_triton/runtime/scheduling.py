@@ -1,6 +1,6 @@
 """Playback-deadline scheduling of streamed synthesis work (issue 13 item 4).
 
-Why: a stage that synthesises whole requests one after another (``piper_tts``'s two workers, a
+Why: a stage that synthesises whole requests one after another (``piper``'s two workers, a
 talker instance generating one request inside ``execute``) makes a new request's *first* chunk
 wait behind every later chunk of the requests already running, although those streams are
 far ahead of real time: time to first audio (TTFP) grows with the load while the running
@@ -91,7 +91,7 @@ class Deadline(Protocol):
 
 @dataclass
 class AudioDeadline:
-    """Deadline of a stream of PCM chunks (``piper_tts``): a real-time player with no buffer.
+    """Deadline of a stream of PCM chunks (``piper``): a real-time player with no buffer.
 
     Args:
         arrival: when the request arrived (seconds, the scheduler's clock).
@@ -381,7 +381,7 @@ class StepScheduler:
 @dataclass
 class TokenDeadline:
     """Deadline of a thinker's token stream whose consumer speaks one token per codec frame
-    (``omni_thinker`` -> ``omni_talker``, speaking while thinking).
+    (``qwen3_omni_thinker`` -> ``qwen3_omni_talker``, speaking while thinking).
 
     Why frames: after its prefill the Qwen3-Omni talker adds one thinker text embedding per codec
     frame (transformers 5.19 ``modeling_qwen3_omni_moe.py``,

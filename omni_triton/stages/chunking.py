@@ -158,7 +158,7 @@ class ChunkedDecoder:
     """Streamed decoding with left context: frames in, PCM chunks out, as the schedule allows.
 
     The one frames -> :class:`ChunkSchedule` -> decode loop of every streaming codec path (the
-    ``tts`` and ``omni`` BLS models, :func:`~omni_triton.stages.codec_tts.synthesize_reference`,
+    ``csm`` and ``qwen3_omni`` BLS models, :func:`~omni_triton.stages.csm.synthesize_reference`,
     :func:`~omni_triton.stages.qwen3_omni.run_pipeline`, the TTS benchmark's in-process codec);
     only the decode call differs, so it is injected.
 

@@ -385,7 +385,7 @@ def _observe_tpot(metrics, plan: _Plan, states, seen: dict) -> None:
         return
     tokens = states[0].completion_tokens
     if tokens > 1:
-        metrics.tpot.labels(plan.target.name).observe((seen["last_at"] - seen["first_at"]) / (tokens - 1))
+        metrics.tpot.labels(plan.target.public_name).observe((seen["last_at"] - seen["first_at"]) / (tokens - 1))
 
 
 async def _run(plan: _Plan, request):
@@ -396,13 +396,13 @@ async def _run(plan: _Plan, request):
     seen = {"first_text": False}
 
     def record(outcome: str) -> None:
-        metrics.generation_requests.labels(plan.target.name, plan.endpoint, plan.mode, outcome).inc()
-        metrics.completion_tokens.labels(plan.target.name).inc(sum(s.completion_tokens for s in states))
+        metrics.generation_requests.labels(plan.target.public_name, plan.endpoint, plan.mode, outcome).inc()
+        metrics.completion_tokens.labels(plan.target.public_name).inc(sum(s.completion_tokens for s in states))
         _observe_tpot(metrics, plan, states, seen)
         audio = sum(sum(len(a) for a in s.audio) / (s.sample_rate or plan.target.sample_rate or 24000)
                     for s in states if s.audio)
         if audio:  # seconds of speech sent in chat answers (as /v1/audio/speech counts its own)
-            metrics.audio_seconds.labels(plan.target.name).inc(audio)
+            metrics.audio_seconds.labels(plan.target.public_name).inc(audio)
 
     async with AdmittedRequest(state, record, cost=len(plan.requests)) as req:
         clock = await StageClock.start(engine, plan.target, enabled=plan.stage_metrics)
@@ -414,9 +414,9 @@ async def _run(plan: _Plan, request):
             if not seen["first_text"]:
                 seen["first_text"] = True
                 seen["first_at"] = now
-                metrics.ttft.labels(plan.target.name).observe(now)
+                metrics.ttft.labels(plan.target.public_name).observe(now)
             elif len(plan.requests) == 1:  # ITL between one choice's chunks
-                metrics.itl.labels(plan.target.name).observe(now - seen["last_at"])
+                metrics.itl.labels(plan.target.public_name).observe(now - seen["last_at"])
             seen["last_at"] = now
 
         if not plan.stream:

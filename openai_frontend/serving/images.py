@@ -63,7 +63,7 @@ def size(body: ImageGenerationRequest, info: ModelInfo) -> tuple[int, int]:
     for v in (width, height):
         if v < m or v > top or v % m:
             raise bad_request(f"Invalid size '{body.size}': width and height must be multiples of {m} "
-                              f"in [{m}, {top}] for the model '{info.name}'", param="size",
+                              f"in [{m}, {top}] for the model '{info.public_name}'", param="size",
                               code="invalid_size")
     return width, height
 
@@ -84,7 +84,7 @@ def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
                           param="prompt", code="prompt_too_long")
     max_n = info.max_images or 1
     if not 1 <= body.n <= max_n:
-        raise bad_request(f"'n' must be between 1 and {max_n} for the model '{info.name}'",
+        raise bad_request(f"'n' must be between 1 and {max_n} for the model '{info.public_name}'",
                           param="n", code="invalid_n")
     if body.response_format not in (None, "b64_json"):
         raise bad_request(f"Unsupported response_format '{body.response_format}': only 'b64_json' "
@@ -118,7 +118,7 @@ def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
 #: resizes it to ~1 MP at the same ratio (``calculate_dimensions``) and Qwen2.5-VL's image
 #: processor refuses ratios above 200 (``smart_resize``); 4096x4 and 2x4096 uploads were 500s.
 #: 100 keeps the resized ratio under 200 after rounding to multiples of 32 (the stage checks the
-#: resized image itself: omni_triton.stages.diffusion.check_condition_image).
+#: resized image itself: omni_triton.stages.qwen_image.check_condition_image).
 MAX_CONDITION_ASPECT_RATIO = 100
 
 
@@ -172,7 +172,7 @@ async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
     metrics = state.metrics
 
     def record(outcome: str) -> None:
-        metrics.image_requests.labels(info.name, api, outcome).inc()
+        metrics.image_requests.labels(info.public_name, api, outcome).inc()
 
     async with AdmittedRequest(state, record, cost=job.n):
         clock = await StageClock.start(state.engine, info, enabled=stage_metrics)
@@ -187,7 +187,7 @@ async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
         if result.metrics is not None:
             stages = result.metrics["stage_metrics"]
             stages["pipeline"] = pipeline_summary(result, job, dict(stages))
-    metrics.images.labels(info.name).inc(len(images))
+    metrics.images.labels(info.public_name).inc(len(images))
     return result
 
 
@@ -272,11 +272,11 @@ async def edit_image(request) -> JSONResponse:
             raise bad_request("Missing required parameter: 'image'", param="image", code="invalid_value")
         info = await resolve_model(request.app.state.engine, body.model, IMAGE_EDIT)
         if mask is not None and not info.supports_mask:
-            raise bad_request(f"The model '{info.name}' does not support 'mask' (its pipeline has "
+            raise bad_request(f"The model '{info.public_name}' does not support 'mask' (its pipeline has "
                               "no inpainting)", param="mask", code="unsupported_mask")
         max_inputs = info.max_input_images or 1
         if len(images) > max_inputs:
-            raise bad_request(f"The model '{info.name}' takes at most {max_inputs} input image(s); "
+            raise bad_request(f"The model '{info.public_name}' takes at most {max_inputs} input image(s); "
                               f"got {len(images)}", param="image", code="too_many_images")
         job, fmt = plan(body, info)
         for upload in images:

@@ -72,7 +72,7 @@ def check_input(text: str, info: ModelInfo, default_max_chars: int) -> None:
     limit = info.max_input_chars or default_max_chars
     if len(text) > limit:
         raise bad_request(
-            f"'input' is {len(text)} characters; the model '{info.name}' accepts at most {limit}",
+            f"'input' is {len(text)} characters; the model '{info.public_name}' accepts at most {limit}",
             param="input",
             code="input_too_long",
         )
@@ -93,7 +93,7 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store=Non
     voice, options = resolve_speech(body, info, store)
     if body.speed != 1.0 and not info.supports_speed:
         raise bad_request(
-            f"The model '{info.name}' does not support 'speed' (only 1.0)", param="speed",
+            f"The model '{info.public_name}' does not support 'speed' (only 1.0)", param="speed",
             code="unsupported_speed",
         )
     if body.sample_rate is not None and body.sample_rate not in (*RESAMPLE_RATES, info.sample_rate):
@@ -164,9 +164,9 @@ async def create_speech(body: SpeechRequest, request):
     counted = {"samples": 0, "rate": info.sample_rate or 0}
 
     def record(outcome: str) -> None:
-        metrics.requests.labels(info.name, mode, outcome).inc()
+        metrics.requests.labels(info.public_name, mode, outcome).inc()
         if counted["rate"]:
-            metrics.audio_seconds.labels(info.name).inc(counted["samples"] / counted["rate"])
+            metrics.audio_seconds.labels(info.public_name).inc(counted["samples"] / counted["rate"])
 
     async with AdmittedRequest(state, record) as req:
         if not body.streaming:
@@ -179,7 +179,7 @@ async def create_speech(body: SpeechRequest, request):
                 try:
                     async for chunk, sr in gen:
                         if not chunks:
-                            metrics.ttfa.labels(info.name).observe(req.elapsed())
+                            metrics.ttfa.labels(info.public_name).observe(req.elapsed())
                         chunks.append(chunk)
                         counted["samples"] += len(chunk)
                         counted["rate"] = sr or counted["rate"]
@@ -192,7 +192,7 @@ async def create_speech(body: SpeechRequest, request):
                 req.outcome = "cancelled"
                 return _client_gone()
             if not chunks:
-                raise _nothing_to_speak(info.name)
+                raise _nothing_to_speak(info.public_name)
             clip, rate = np.concatenate(chunks), counted["rate"]
             if body.sample_rate and body.sample_rate != rate:  # vLLM-Omni's sample_rate (soxr)
                 clip = await off_loop(resample, clip, rate, body.sample_rate)
@@ -225,8 +225,8 @@ async def create_speech(body: SpeechRequest, request):
         first = first_chunk[0]
         if first is None:
             await gen.aclose()
-            raise _nothing_to_speak(info.name)
-        metrics.ttfa.labels(info.name).observe(req.elapsed())
+            raise _nothing_to_speak(info.public_name)
+        metrics.ttfa.labels(info.public_name).observe(req.elapsed())
         model_rate = first[1] or info.sample_rate or 24000
         rate = body.sample_rate or model_rate  # what the client gets (sample_rate: resampled)
         counted["rate"] = rate

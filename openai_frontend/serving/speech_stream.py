@@ -157,14 +157,14 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
             fmt, voice, speed, options = await off_loop(plan, req, info, state.settings.default_max_input_chars,
                                                         store)
 
-            def record(outcome: str, name=info.name) -> None:
+            def record(outcome: str, name=info.public_name) -> None:
                 state.metrics.requests.labels(name, "batch", outcome).inc()
 
             async with sem:
                 async with AdmittedRequest(state, record):
                     clip, rate = await collect_clip(engine, info, req.input, voice, speed, options)
             if not clip.size:
-                raise bad_request(f"The model '{info.name}' found nothing to speak in 'input'", param="input",
+                raise bad_request(f"The model '{info.public_name}' found nothing to speak in 'input'", param="input",
                                   code="no_speech")
             if req.sample_rate and req.sample_rate != rate:
                 clip = await off_loop(resample, clip, rate, req.sample_rate)
@@ -323,7 +323,7 @@ class _Session:
         head = {"utterance_index": utterance, "sentence_index": index}
 
         def record(outcome: str) -> None:
-            state.metrics.requests.labels(info.name, "websocket", outcome).inc()
+            state.metrics.requests.labels(info.public_name, "websocket", outcome).inc()
 
         try:
             check_input(text, info, state.settings.default_max_input_chars)

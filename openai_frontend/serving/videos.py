@@ -106,7 +106,7 @@ def _size(body: VideoCreateForm, info: ModelInfo, image=None) -> tuple[int, int]
     max_size = _param(info, "max_size", 1280)
     for name, v in (("width", width), ("height", height)):
         if v < multiple or v > max_size or v % multiple:
-            raise bad_request(f"{name}={v}: the model '{info.name}' needs a multiple of {multiple} in "
+            raise bad_request(f"{name}={v}: the model '{info.public_name}' needs a multiple of {multiple} in "
                               f"[{multiple}, {max_size}]", param="size" if body.size and getattr(body, name) is None
                               else name, code="invalid_size")
     return width, height
@@ -119,7 +119,7 @@ def _frames(body: VideoCreateForm, info: ModelInfo, fps: int) -> tuple[int, int]
     if body.num_frames is not None:
         n = body.num_frames
         if (n - 1) % multiple or n > max_frames:
-            raise bad_request(f"num_frames={n}: the model '{info.name}' needs {multiple}k+1 frames, at most "
+            raise bad_request(f"num_frames={n}: the model '{info.public_name}' needs {multiple}k+1 frames, at most "
                               f"{max_frames}", param="num_frames", code="invalid_num_frames")
         if body.seconds is not None and round(body.seconds * fps) != n:
             given = "" if body.fps is not None else " (the model's default; none was given)"
@@ -135,7 +135,7 @@ def _frames(body: VideoCreateForm, info: ModelInfo, fps: int) -> tuple[int, int]
                               code="invalid_seconds")
         n = multiple * math.ceil((keep - 1) / multiple) + 1
         if n > max_frames:
-            raise bad_request(f"seconds={body.seconds} at {fps} fps needs {n} frames; the model '{info.name}' "
+            raise bad_request(f"seconds={body.seconds} at {fps} fps needs {n} frames; the model '{info.public_name}' "
                               f"makes at most {max_frames} ({(max_frames / fps):g} s at {fps} fps)",
                               param="seconds", code="invalid_seconds")
         return n, keep
@@ -234,7 +234,7 @@ def decode_reference(data: bytes, info: ModelInfo):
     """
     max_bytes = _param(info, "max_input_image_bytes", MAX_INPUT_IMAGE_BYTES)
     if len(data) > max_bytes:
-        raise bad_request(f"input_reference is {len(data)} bytes; the model '{info.name}' takes at most {max_bytes}",
+        raise bad_request(f"input_reference is {len(data)} bytes; the model '{info.public_name}' takes at most {max_bytes}",
                           param="input_reference", code="input_reference_too_large")
     try:
         return decode_image(data, _param(info, "max_input_image_pixels", MAX_INPUT_IMAGE_PIXELS), exif_transpose=True)
@@ -283,11 +283,11 @@ async def _parse(request: Request) -> VideoRequest:
     info = await resolve_model(engine, body.model, kind)
     if reference is not None and not info.is_image_to_video:
         others = [m.name for m in await engine.list_models() if m.ready and IMAGE_TO_VIDEO.accepts(m)]
-        raise bad_request(f"The model '{info.name}' is text-to-video and takes no 'input_reference' ("
+        raise bad_request(f"The model '{info.public_name}' is text-to-video and takes no 'input_reference' ("
                           + (f"image-to-video: {', '.join(others)}" if others else "no image-to-video model is served")
                           + ")", param="input_reference", code="unsupported_input_reference")
     if reference is None and info.is_image_to_video:
-        raise bad_request(f"The model '{info.name}' is image-to-video and needs an 'input_reference' image "
+        raise bad_request(f"The model '{info.public_name}' is image-to-video and needs an 'input_reference' image "
                           "(multipart file part)", param="input_reference", code="missing_input_reference")
     if reference is None:
         return plan(body, info)

@@ -133,7 +133,7 @@ def store_of(state) -> VoiceStore:
 
 # --------------------------------------------------------------------------- speech requests
 def _unsupported(info: ModelInfo, field: str) -> OpenAIError:
-    return bad_request(f"The model '{info.name}' does not support '{field}'", param=field,
+    return bad_request(f"The model '{info.public_name}' does not support '{field}'", param=field,
                        code=f"unsupported_{field}")
 
 

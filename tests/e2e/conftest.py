@@ -28,10 +28,10 @@ import psutil
 import pytest
 
 from omni_triton import triton_admin
-from omni_triton.launcher import free_port
+from omni_triton.serve.process import free_port
 from omni_triton.paths import cache_dir
 
-E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper_tts,tts,llm,llm_tts,omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen25_omni")  # dev knob: fewer models
+E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni")  # dev knob: fewer models
 READY_TIMEOUT_S = 600
 
 
@@ -90,7 +90,7 @@ STUB_DEATH_LINES = ("died; reloading", "the stub process of")
 def wait_for_stub_death_report(stack, model: str, since: int, timeout_s: float = 120.0) -> None:
     """Wait until serve has logged the death of ``model``'s stub after byte ``since`` of its log
     (the size before the kill): a ``kills_stub`` test's own effect. serve reports a death before
-    it reloads the model (``cli._StubWatch``, since stop 19; before, a death could be reported a
+    it reloads the model (``serve.supervisor.StubWatch``, since stop 19; before, a death could be reported a
     tick after the reload); the wait keeps the report in this test, never the next one, which
     would fail on it (CI11 and CI16: test_videos after test_speech_piper's kill)."""
     deadline = time.monotonic() + timeout_s

@@ -17,7 +17,7 @@ SPEECH = {"model": "piper_tts", "input": "Hi.", "response_format": "pcm"}
 
 def test_health_detail_for_loopback(stack):
     body = httpx.get(f"{stack.frontend_url}/health", timeout=30).json()
-    assert body["status"] == "ok" and "piper_tts" in body["models"]
+    assert body["status"] == "ok" and "piper" in body["models"]
 
 
 def test_cross_origin_write_and_rebinding_refused(stack):

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from conftest import wait_for_stub_death_report
-from omni_triton.launcher import free_port
+from omni_triton.serve.process import free_port
 
 LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(60))
 
@@ -77,7 +77,7 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
     while "speech.audio.delta" not in live_events and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    (stub,) = _stubs("piper_tts", stack.triton_pid)
+    (stub,) = _stubs("piper", stack.triton_pid)
     log_from = os.path.getsize(stack.log_path)
     killed_at = time.monotonic()
     os.kill(stub.pid, signal.SIGKILL)
@@ -97,8 +97,8 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
         assert time.monotonic() - back < 120, "piper_tts did not come back"
         time.sleep(0.5)
     health = httpx.get(f"{url}/health", timeout=10).json()
-    assert health["serve"]["stub_reloads"].get("piper_tts", 0) >= 1, health
-    wait_for_stub_death_report(stack, "piper_tts", log_from)  # this test's report, not the next one's
+    assert health["serve"]["stub_reloads"].get("piper", 0) >= 1, health
+    wait_for_stub_death_report(stack, "piper", log_from)  # this test's report, not the next one's
     print(json.dumps({"stub_kill": {"requests_ended_s": round(ended, 1),
                                     "stream_ended_s": round(streamed_out["ended_s"], 1),
                                     "whole": whole_out.get("result"),
@@ -113,7 +113,7 @@ def test_killing_tritonserver_ends_requests_with_503_and_serve_brings_it_back(tm
     ports = {k: free_port() for k in ("http", "grpc", "metrics", "frontend")}
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper_tts", "--skip-prepare",
+        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper", "--skip-prepare",
          "--port", str(ports["frontend"]), "--triton-http-port", str(ports["http"]),
          "--triton-grpc-port", str(ports["grpc"]), "--triton-metrics-port", str(ports["metrics"])],
         stdout=log, stderr=subprocess.STDOUT)

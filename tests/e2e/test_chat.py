@@ -15,7 +15,7 @@ import soundfile as sf
 from conftest import E2E_MODELS
 from speech_reference import assert_speech_like
 
-from omni_triton.launcher import resolve_models
+from omni_triton.serve.repository import resolve_models
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ frontend, not a busy model.
 * ``ref_audio``: WebSocket ``session.config`` with a 60 s ``ref_audio`` for ``qwen3_tts`` (decoded
   once per config), then closed; only when the stack serves ``qwen3_tts``.
 
-Models: ``piper_tts`` is required; the floods of ``llm``, ``qwen_image_edit``, ``wan_i2v`` and
+Models: ``piper`` is required; the floods of ``llm``, ``qwen_image_edit``, ``wan_i2v`` and
 ``qwen3_tts`` run when the stack serves them (CI serves all). The figures are printed (``-s``)
 and saved to ``<tmp>/floods.json``. /health itself calls Triton (``is_live``, ``list_models``):
 its p99 at rest is the baseline the table starts with.
@@ -133,9 +133,9 @@ OPTIONAL = ("llm", "qwen_image_edit", "wan_i2v", "qwen3_tts")
 def frontend(stack, served, tmp_path_factory):
     """A frontend of this test's own on the stack's Triton (default limits, its own voice store,
     no voice-prompt model, so a voice upload is refused after its decode)."""
-    if "piper_tts" not in served:
+    if "piper" not in served:
         pytest.skip("needs piper_tts served")
-    models = ["piper_tts"] + [m for m in OPTIONAL if m in served]
+    models = ["piper"] + [m for m in OPTIONAL if m in served]
     store = tmp_path_factory.mktemp("floods")
     fe = Frontend(stack.triton_grpc_url, store, store / "frontend.log", models, stack.admin_key)
     fe.cmd = [sys.executable, "-m", "openai_frontend", "--triton-url", stack.triton_grpc_url, "--port", str(fe.port),

@@ -1,7 +1,7 @@
 """End-to-end: Qwen-Image / Qwen-Image-Edit ensembles on Triton, ``/v1/images/*`` through the frontend.
 
 Parity reference: the same prepared tiny pipelines run in this test process with the plain
-diffusers ``__call__`` (``omni_triton.stages.diffusion.reference_images``). Tolerances:
+diffusers ``__call__`` (``omni_triton.stages.qwen_image.reference_images``). Tolerances:
 - a request alone in its batches: bit-exact (the stages call the pipeline's own code on the same
   float32 weights; PNG is lossless);
 - a request batched with others (concurrency tests): at most ``IMAGE_ATOL`` uint8 levels, since
@@ -42,7 +42,7 @@ def reference():
     """``reference(kind, prompt, **kwargs)`` -> uint8 image from diffusers ``__call__`` in-process."""
     import torch
 
-    from omni_triton.stages.diffusion import load_pipeline, reference_images
+    from omni_triton.stages.qwen_image import load_pipeline, reference_images
 
     torch.set_num_threads(1)
     pipes = {}

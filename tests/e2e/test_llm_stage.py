@@ -67,7 +67,7 @@ def transformers_greedy():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.paths import model_dir
 
     engine = json.loads(model_parameters(available_models()["llm"])["engine_args"])

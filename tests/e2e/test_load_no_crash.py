@@ -1,5 +1,5 @@
 """The two crash reproductions of issue 9, bounded, against the session's real tritonserver:
-8 clients sending a two-sentence text to ``piper_tts`` back to back (one gRPC stream per request,
+8 clients sending a two-sentence text to ``piper`` back to back (one gRPC stream per request,
 as the frontend does), and 5 concurrent over-context chats through the ``llm_tts`` BLS (every one
 an INVALID_ARG answered from the BLS workers). Before the stub-call lock (omni_triton.adapters.triton_io)
 tritonserver 2.51 died with SIGSEGV within 0.4-53 s of these loads (clients/repro_crash.py).
@@ -21,7 +21,7 @@ def _same_server(stack) -> bool:
 def test_piper_back_to_back_load_does_not_crash(stack):
     import psutil
 
-    counts = drive(stack.triton_grpc_url, "piper_tts", clients=8, seconds=15.0)
+    counts = drive(stack.triton_grpc_url, "piper", clients=8, seconds=15.0)
     assert psutil.pid_exists(stack.triton_pid), "tritonserver died under piper_tts load"
     assert counts.get("ok", 0) > 8 and not counts.get("error") and not counts.get("timeout"), counts
     assert _same_server(stack)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 SERVED = set(E2E_MODELS.split(","))
 NEEDS = {"chat": "llm", "completions": "llm", "images_generations": "qwen_image",
-         "images_edits": "qwen_image_edit", "speech": "piper_tts", "videos": "wan_t2v", "voices": None}
+         "images_edits": "qwen_image_edit", "speech": "piper", "videos": "wan_t2v", "voices": None}
 MAX_INFLIGHT = 16  # the frontend's default --max-inflight
 
 
@@ -42,7 +42,7 @@ def test_malformed_payloads_are_4xx_and_the_server_keeps_serving(stack, endpoint
 
 
 def test_overload_burst_is_200_or_429_with_retry_after(stack):
-    if "piper_tts" not in SERVED:
+    if "piper" not in SERVED:
         pytest.skip("piper_tts is not served")
     body = {"model": "piper_tts", "input": "Hello there. How are you?", "response_format": "wav"}
 
@@ -133,7 +133,7 @@ def test_issue23_single_request_probes_are_4xx(stack):
         assert 400 <= r.status_code < 500 and mp.check(r.status_code, r.content) is None, r.text
         r = c.post("/v1/audio/speech", content=b"x", headers={"content-type": "multipart/form-data; boundary="})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_multipart", r.text
-        if "piper_tts" in SERVED:
+        if "piper" in SERVED:
             r = c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "Hi.", "€": 1})
             assert r.status_code == 200 and r.headers["x-ignored-fields"] == "%E2%82%AC", r.headers
 

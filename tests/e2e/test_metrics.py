@@ -32,10 +32,10 @@ def _series(stack, name):
 
 
 def test_stage_audio_and_bls_metrics_after_requests(stack):
-    streams = stack.metric("omni_audio_streams_total", model="piper_tts")
-    finished = stack.metric("omni_stage_requests_finished_total", model="piper_tts", reason="stop")
-    calls = stack.metric("omni_bls_calls_total", model="tts", target="tts_talker")
-    batches = stack.metric("omni_stage_batch_size_count", model="tts_code2wav")
+    streams = stack.metric("omni_audio_streams_total", model="piper")
+    finished = stack.metric("omni_stage_requests_finished_total", model="piper", reason="stop")
+    calls = stack.metric("omni_bls_calls_total", model="csm", target="csm_talker")
+    batches = stack.metric("omni_stage_batch_size_count", model="csm_code2wav")
     _speech(stack, "piper_tts", "One sentence here. And a second one.", stream=True)
     _speech(stack, "tts", "Hi there.", stream=False)
     served = {m["id"] for m in httpx.get(f"{stack.frontend_url}/v1/models", timeout=30).json()["data"]}
@@ -49,26 +49,26 @@ def test_stage_audio_and_bls_metrics_after_requests(stack):
         assert stack.metric("omni_diffusion_step_seconds_count", model="qwen_image_denoiser") >= 1
     else:
         expected -= {"omni_diffusion_steps_total", "omni_diffusion_step_seconds"}
-    assert _eventually(lambda: stack.metric("omni_audio_streams_total", model="piper_tts") == streams + 1)
-    assert _eventually(lambda: stack.metric("omni_stage_requests_finished_total", model="tts", reason="stop") >= 1)
-    assert stack.metric("omni_stage_requests_finished_total", model="piper_tts", reason="stop") == finished + 1
+    assert _eventually(lambda: stack.metric("omni_audio_streams_total", model="piper") == streams + 1)
+    assert _eventually(lambda: stack.metric("omni_stage_requests_finished_total", model="csm", reason="stop") >= 1)
+    assert stack.metric("omni_stage_requests_finished_total", model="piper", reason="stop") == finished + 1
     for name in ("omni_audio_ttfp_seconds", "omni_audio_rtf", "omni_audio_duration_seconds",
                  "omni_stage_request_duration_seconds"):
-        assert stack.metric(_series(stack, name), model="piper_tts") >= 1, name
-        assert stack.metric(_series(stack, name), model="tts") >= 1, name
+        assert stack.metric(_series(stack, name), model="piper") >= 1, name
+        assert stack.metric(_series(stack, name), model="csm") >= 1, name
     text = httpx.get(stack.metrics_url, timeout=10).text
     missing = [n for n in sorted(expected) if f"{_series(stack, n)}{{" not in text]
     assert not missing, f"not on Triton's metrics endpoint: {missing}"
-    rtf_sum = stack.metric("omni_audio_rtf_sum", model="piper_tts")
+    rtf_sum = stack.metric("omni_audio_rtf_sum", model="piper")
     assert rtf_sum > 0
     # the tts BLS: one talker stream and its code2wav calls, bytes both ways, time waited
-    assert stack.metric("omni_bls_calls_total", model="tts", target="tts_talker") == calls + 1
-    assert stack.metric("omni_bls_calls_total", model="tts", target="tts_code2wav") >= 1
-    assert stack.metric("omni_bls_transfer_bytes_total", model="tts", target="tts_code2wav", direction="received") > 0
-    assert stack.metric("omni_bls_transfer_bytes_total", model="tts", target="tts_talker", direction="sent") > 0
-    assert stack.metric("omni_bls_transfer_seconds_total", model="tts", target="tts_talker") > 0
-    assert stack.metric("omni_stage_batch_size_count", model="tts_code2wav") > batches
-    assert _eventually(lambda: stack.metric("omni_stage_requests_running", model="piper_tts") == 0)
+    assert stack.metric("omni_bls_calls_total", model="csm", target="csm_talker") == calls + 1
+    assert stack.metric("omni_bls_calls_total", model="csm", target="csm_code2wav") >= 1
+    assert stack.metric("omni_bls_transfer_bytes_total", model="csm", target="csm_code2wav", direction="received") > 0
+    assert stack.metric("omni_bls_transfer_bytes_total", model="csm", target="csm_talker", direction="sent") > 0
+    assert stack.metric("omni_bls_transfer_seconds_total", model="csm", target="csm_talker") > 0
+    assert stack.metric("omni_stage_batch_size_count", model="csm_code2wav") > batches
+    assert _eventually(lambda: stack.metric("omni_stage_requests_running", model="piper") == 0)
 
 
 def test_frontend_itl_and_tpot_after_a_chat(stack):

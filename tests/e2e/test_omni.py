@@ -1,9 +1,9 @@
-"""End-to-end: the Qwen3-Omni pipeline (omni_thinker -> omni_talker -> omni_code2wav, BLS ``omni``)
+"""End-to-end: the Qwen3-Omni pipeline (qwen3_omni_thinker -> qwen3_omni_talker -> qwen3_omni_code2wav, BLS ``qwen3_omni``)
 on the real tritonserver, through tritonclient gRPC streaming.
 
 Parity reference: ``Qwen3OmniMoeForConditionalGeneration.generate(..., return_audio=True)`` on the
 same prepared checkpoint in this test process, greedy thinker and talker, with the talker settings
-of ``model_repository/omni_talker/config.pbtxt``. Text must be equal; the waveform within
+of ``model_repository/qwen3_omni_talker/config.pbtxt``. Text must be equal; the waveform within
 WAVE_TOL = 2e-4: the pipeline decodes chunks with 25 frames of left context while the reference
 decodes all frames at once, and code2wav's 72-frame attention window is cut to the context
 (measured 2.7e-5 / 4.0e-5 in process, tests/unit/test_qwen3_omni.py; dynamic batching of chunks
@@ -20,7 +20,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from clients.omni_grpc_stream import build_chat_inputs, stream_chat
-from omni_triton.launcher import available_models, model_parameters
+from omni_triton.serve.repository import available_models, model_parameters
 from omni_triton.paths import model_dir
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
 
@@ -47,7 +47,7 @@ def reference():
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)
     eos = read_manifest(path)["thinker_eos_token_id"]
-    talker = model_parameters(available_models()["omni_talker"])
+    talker = model_parameters(available_models()["qwen3_omni_talker"])
     lock = threading.Lock()
 
     def run(question: str, voice: str = "Ethan", max_tokens: int = 16):
@@ -67,21 +67,21 @@ def reference():
 
 def _chat(stack, question=QUESTION, max_tokens=16, on_audio=None, **kw):
     sampling = {"temperature": 0, "max_tokens": max_tokens}
-    return stream_chat(stack.triton_grpc_url, "omni", build_chat_inputs(_msgs(question), sampling=sampling, **kw),
+    return stream_chat(stack.triton_grpc_url, "qwen3_omni", build_chat_inputs(_msgs(question), sampling=sampling, **kw),
                        on_audio=on_audio)
 
 
 def test_streamed_text_and_audio_match_reference_generate(stack, reference):
     ref_text, ref_wav = reference(QUESTION, "Ethan")
-    frames_before = stack.metric("omni_talker_frames_total", model="omni_talker")
+    frames_before = stack.metric("omni_talker_frames_total", model="qwen3_omni_talker")
     frames_at_first_audio = []
 
     def on_audio(index, _pcm):  # read while the stream is open
         if index == 0:
-            frames_at_first_audio.append(stack.metric("omni_talker_frames_total", model="omni_talker") - frames_before)
+            frames_at_first_audio.append(stack.metric("omni_talker_frames_total", model="qwen3_omni_talker") - frames_before)
 
     r = _chat(stack, voice="Ethan", on_audio=on_audio)
-    talker_frames = stack.metric("omni_talker_frames_total", model="omni_talker") - frames_before
+    talker_frames = stack.metric("omni_talker_frames_total", model="qwen3_omni_talker") - frames_before
     assert r.completed and r.finish_reason in ("stop", "length")
     assert r.text == ref_text
     assert r.prompt_tokens > 0 and r.completion_tokens == 16
@@ -98,11 +98,11 @@ def test_streamed_text_and_audio_match_reference_generate(stack, reference):
 
 
 def test_text_only_skips_the_talker(stack, reference):
-    before = stack.metric("omni_talker_requests_total", model="omni_talker")
+    before = stack.metric("omni_talker_requests_total", model="qwen3_omni_talker")
     r = _chat(stack, modalities=["text"])
     assert r.completed and r.text == reference(QUESTION)[0]
     assert not r.audio_chunks
-    assert stack.metric("omni_talker_requests_total", model="omni_talker") == before
+    assert stack.metric("omni_talker_requests_total", model="qwen3_omni_talker") == before
 
 
 def test_concurrent_chats_each_get_their_own_answer(stack, reference):
@@ -116,7 +116,7 @@ def test_concurrent_chats_each_get_their_own_answer(stack, reference):
 
 
 def test_concurrent_requests_interleave_at_the_talker_with_the_same_answers(stack, reference):
-    """Four requests at once on two omni_talker instances and one omni_thinker, all scheduled
+    """Four requests at once on two qwen3_omni_talker instances and one qwen3_omni_thinker, all scheduled
     (docs/scheduling.md "The omni talker"): every request's first audio arrives before any
     request's last audio (with the old dispatch, one whole request per talker instance, requests
     3 and 4 got their first audio only after request 1 or 2 had sent its last), and each answer
@@ -145,33 +145,33 @@ def test_concurrent_requests_interleave_at_the_talker_with_the_same_answers(stac
 def test_cancel_mid_audio_stops_the_talker(stack):
     """Cancelling after the first audio chunk of a 3000-frame request stops the talker (the BLS
     raises its cancel flag, omni_triton.runtime.cancel_flags.CancelFlags)."""
-    frames_before = stack.metric("omni_talker_frames_total", model="omni_talker")
-    cancelled_before = stack.metric("omni_talker_cancelled_total", model="omni_talker")
+    frames_before = stack.metric("omni_talker_frames_total", model="qwen3_omni_talker")
+    cancelled_before = stack.metric("omni_talker_cancelled_total", model="qwen3_omni_talker")
     inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, "max_tokens": 8})
     import tritonclient.grpc as grpcclient
 
     cap = grpcclient.InferInput("MAX_AUDIO_FRAMES", [1], "INT32")
     cap.set_data_from_numpy(np.array([3000], np.int32))
-    r = stream_chat(stack.triton_grpc_url, "omni", inputs + [cap], max_audio_chunks=1)
+    r = stream_chat(stack.triton_grpc_url, "qwen3_omni", inputs + [cap], max_audio_chunks=1)
     assert len(r.audio_chunks) == 1 and not r.completed
-    stack.wait_until(lambda: stack.metric("omni_talker_cancelled_total", model="omni_talker") > cancelled_before,
+    stack.wait_until(lambda: stack.metric("omni_talker_cancelled_total", model="qwen3_omni_talker") > cancelled_before,
                      "talker never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_talker_active", model="omni_talker") == 0,
+    stack.wait_until(lambda: stack.metric("omni_talker_active", model="qwen3_omni_talker") == 0,
                      "talker still generating for a gone client")
-    generated = stack.metric("omni_talker_frames_total", model="omni_talker") - frames_before
+    generated = stack.metric("omni_talker_frames_total", model="qwen3_omni_talker") - frames_before
     assert generated < 3000 // 4, f"talker generated {generated} of 3000 frames after cancel"
 
 
 def test_cancel_mid_text_stops_the_thinker(stack):
-    tokens_before = stack.metric("omni_thinker_tokens_total", model="omni_thinker")
-    cancelled_before = stack.metric("omni_thinker_cancelled_total", model="omni_thinker")
+    tokens_before = stack.metric("omni_thinker_tokens_total", model="qwen3_omni_thinker")
+    cancelled_before = stack.metric("omni_thinker_cancelled_total", model="qwen3_omni_thinker")
     inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, "max_tokens": 1000, "ignore_eos": True})
-    r = stream_chat(stack.triton_grpc_url, "omni", inputs, max_text_deltas=1)
+    r = stream_chat(stack.triton_grpc_url, "qwen3_omni", inputs, max_text_deltas=1)
     assert r.text_deltas and not r.completed
-    stack.wait_until(lambda: stack.metric("omni_thinker_cancelled_total", model="omni_thinker") > cancelled_before,
+    stack.wait_until(lambda: stack.metric("omni_thinker_cancelled_total", model="qwen3_omni_thinker") > cancelled_before,
                      "thinker never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_thinker_active", model="omni_thinker") == 0, "thinker still busy")
-    generated = stack.metric("omni_thinker_tokens_total", model="omni_thinker") - tokens_before
+    stack.wait_until(lambda: stack.metric("omni_thinker_active", model="qwen3_omni_thinker") == 0, "thinker still busy")
+    generated = stack.metric("omni_thinker_tokens_total", model="qwen3_omni_thinker") - tokens_before
     assert generated < 1000, f"thinker generated {generated} of 1000 tokens after cancel"
 
 
@@ -187,7 +187,7 @@ def test_cancel_mid_text_stops_the_thinker(stack):
 ])
 def test_bad_input_is_invalid_arg_and_server_keeps_serving(stack, kwargs, needle):
     with pytest.raises(InferenceServerException) as exc:
-        stream_chat(stack.triton_grpc_url, "omni", build_chat_inputs(**kwargs), timeout_s=60)
+        stream_chat(stack.triton_grpc_url, "qwen3_omni", build_chat_inputs(**kwargs), timeout_s=60)
     # in-band error (no triton_grpc_error header: it crashed 2.51): INVALID_ARG is the message prefix
     assert INVALID_INPUT_PREFIX in exc.value.message(), exc.value.message()  # as the frontend reads it
     assert needle in exc.value.message(), exc.value.message()
@@ -198,7 +198,7 @@ def test_bad_input_is_invalid_arg_and_server_keeps_serving(stack, kwargs, needle
 def test_raw_prompt_text_only(stack):
     """``PROMPT`` (``/v1/completions``) is tokenized as is; text-only, since the talker's prompt
     needs a chat turn."""
-    r = stream_chat(stack.triton_grpc_url, "omni", build_chat_inputs(
+    r = stream_chat(stack.triton_grpc_url, "qwen3_omni", build_chat_inputs(
         prompt="The capital of France is", sampling={"temperature": 0, "max_tokens": 6}, modalities=["text"]))
     assert r.completed and r.completion_tokens == 6 and r.text and not r.audio_chunks
 
@@ -210,7 +210,7 @@ def test_code2wav_batches_concurrent_chunks(stack):
     import tritonclient.grpc as grpcclient
 
     def batch_sizes():
-        s = httpx.get(f"{stack.triton_http_url}/v2/models/omni_code2wav/stats").json()
+        s = httpx.get(f"{stack.triton_http_url}/v2/models/qwen3_omni_code2wav/stats").json()
         return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s["model_stats"][0].get("batch_stats", [])}
 
     before = batch_sizes()
@@ -229,7 +229,7 @@ def test_code2wav_batches_concurrent_chunks(stack):
         codes.set_data_from_numpy(rng.integers(0, 64, size=(1, frames, 4), dtype=np.int64))
         left = grpcclient.InferInput("LEFT_CONTEXT", [1, 1], "INT32")
         left.set_data_from_numpy(np.array([[2]], np.int32))
-        client.async_infer("omni_code2wav", [codes, left], callback)
+        client.async_infer("qwen3_omni_code2wav", [codes, left], callback)
     assert event.wait(120)
     client.close()
     assert all(err is None for _, err in done), [str(e) for _, e in done if e]

@@ -1,7 +1,7 @@
-"""End-to-end: speak while thinking (``omni``'s ``async_chunk``) on the real tritonserver.
+"""End-to-end: speak while thinking (``qwen3_omni``'s ``async_chunk``) on the real tritonserver.
 
-With ``ASYNC_CHUNK`` true, ``omni`` streams one stage, ``omni_talker``, which streams
-``omni_thinker`` itself and feeds the talker the thinker's per-token rows as they come; with false,
+With ``ASYNC_CHUNK`` true, ``qwen3_omni`` streams one stage, ``qwen3_omni_talker``, which streams
+``qwen3_omni_thinker`` itself and feeds the talker the thinker's per-token rows as they come; with false,
 the talker starts when the thinker has finished (the old order). Parity: both give the reference
 ``generate``'s text and, within WAVE_TOL (chunked decoding, see tests/e2e/test_omni.py), its
 waveform; the two modes decode the same codes (they differ by code2wav's dynamic-batching
@@ -37,7 +37,7 @@ def _chat(stack, async_chunk, sampling, max_frames=None, **kw):
     inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, **sampling}) + [_flag("ASYNC_CHUNK", async_chunk)]
     if max_frames is not None:
         inputs.append(_flag("MAX_AUDIO_FRAMES", max_frames, "INT32"))
-    return stream_chat(stack.triton_grpc_url, "omni", inputs, **kw)
+    return stream_chat(stack.triton_grpc_url, "qwen3_omni", inputs, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +46,14 @@ def reference():
     from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
     from omni_triton.checkpoints.qwen3_omni import read_manifest
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.paths import model_dir
 
     torch.set_num_threads(1)
     path = model_dir("qwen3-omni-tiny")
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)
-    talker = model_parameters(available_models()["omni_talker"])
+    talker = model_parameters(available_models()["qwen3_omni_talker"])
     ids = tok.apply_chat_template(_msgs(QUESTION), tokenize=True, add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     with torch.inference_mode():
@@ -68,10 +68,10 @@ def reference():
 
 def test_async_chunk_parity_with_reference_and_sync(stack, reference):
     ref_text, ref_wav = reference
-    talker_requests = stack.metric("omni_talker_requests_total", model="omni_talker")
+    talker_requests = stack.metric("omni_talker_requests_total", model="qwen3_omni_talker")
     on = _chat(stack, True, {"max_tokens": 24})
     off = _chat(stack, False, {"max_tokens": 24})
-    assert stack.metric("omni_talker_requests_total", model="omni_talker") == talker_requests + 2
+    assert stack.metric("omni_talker_requests_total", model="qwen3_omni_talker") == talker_requests + 2
     for r in (on, off):
         assert r.completed and r.text == ref_text and r.completion_tokens == 24
         assert r.audio.shape == ref_wav.shape and np.abs(r.audio - ref_wav).max() <= WAVE_TOL
@@ -99,18 +99,18 @@ def test_cancel_mid_answer_stops_thinker_and_talker(stack):
     def metric(name, model):
         return stack.metric(name, model=model)
 
-    tokens = metric("omni_thinker_tokens_total", "omni_thinker")
-    frames = metric("omni_talker_frames_total", "omni_talker")
-    cancelled = (metric("omni_thinker_cancelled_total", "omni_thinker"), metric("omni_talker_cancelled_total", "omni_talker"))
+    tokens = metric("omni_thinker_tokens_total", "qwen3_omni_thinker")
+    frames = metric("omni_talker_frames_total", "qwen3_omni_talker")
+    cancelled = (metric("omni_thinker_cancelled_total", "qwen3_omni_thinker"), metric("omni_talker_cancelled_total", "qwen3_omni_talker"))
     r = _chat(stack, True, {"max_tokens": 1000, "ignore_eos": True}, max_frames=3000, max_audio_chunks=1)
     assert len(r.audio_chunks) == 1 and not r.completed
-    stack.wait_until(lambda: metric("omni_thinker_cancelled_total", "omni_thinker") > cancelled[0],
+    stack.wait_until(lambda: metric("omni_thinker_cancelled_total", "qwen3_omni_thinker") > cancelled[0],
                      "thinker never saw the cancellation")
-    stack.wait_until(lambda: metric("omni_talker_cancelled_total", "omni_talker") > cancelled[1],
+    stack.wait_until(lambda: metric("omni_talker_cancelled_total", "qwen3_omni_talker") > cancelled[1],
                      "talker never saw the cancellation")
-    stack.wait_until(lambda: metric("omni_thinker_active", "omni_thinker") == 0, "thinker still busy")
-    stack.wait_until(lambda: metric("omni_talker_active", "omni_talker") == 0, "talker still busy")
-    assert metric("omni_thinker_tokens_total", "omni_thinker") - tokens < 1000
-    assert metric("omni_talker_frames_total", "omni_talker") - frames < 3000 // 4
+    stack.wait_until(lambda: metric("omni_thinker_active", "qwen3_omni_thinker") == 0, "thinker still busy")
+    stack.wait_until(lambda: metric("omni_talker_active", "qwen3_omni_talker") == 0, "talker still busy")
+    assert metric("omni_thinker_tokens_total", "qwen3_omni_thinker") - tokens < 1000
+    assert metric("omni_talker_frames_total", "qwen3_omni_talker") - frames < 3000 // 4
     ok = _chat(stack, True, {"max_tokens": 4})  # and the pipeline keeps serving
     assert ok.completed and ok.completion_tokens == 4

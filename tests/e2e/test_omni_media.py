@@ -1,6 +1,6 @@
-"""End-to-end: multimodal input of ``omni`` (audio, image and video content parts) through the
-official OpenAI SDK -> frontend -> Triton (the ``omni`` BLS decodes the parts and runs the
-processor, ``omni_thinker`` encodes them with its own audio/vision towers, ``omni_talker`` gets the
+"""End-to-end: multimodal input of ``qwen3_omni`` (audio, image and video content parts) through the
+official OpenAI SDK -> frontend -> Triton (the ``qwen3_omni`` BLS decodes the parts and runs the
+processor, ``qwen3_omni_thinker`` encodes them with its own audio/vision towers, ``qwen3_omni_talker`` gets the
 grids the reference gives it).
 
 Reference: transformers alone, in this test process on the same prepared checkpoint. The inputs
@@ -8,7 +8,7 @@ come from transformers' ``Qwen3OmniMoeProcessor`` (its chat template, placeholde
 ``WhisperFeatureExtractor`` and ``Qwen2VLImageProcessorPil``), none of the project's processor or
 tokenizer code; the media bytes are decoded with soundfile + soxr (audio, to 16 kHz) and Pillow
 (image). Then ``Qwen3OmniMoeForConditionalGeneration.generate``: greedy thinker and talker with the
-talker settings of ``model_repository/omni_talker/config.pbtxt``. Text: equal. Audio: the WAV the
+talker settings of ``model_repository/qwen3_omni_talker/config.pbtxt``. Text: equal. Audio: the WAV the
 frontend returns (16-bit PCM: <= 2^-15 rounding) within WAVE_TOL = 2e-4 of the reference waveform
 (the chunked decode's tolerance, tests/unit/test_qwen3_omni.py), for the audio part and the image
 part.
@@ -24,7 +24,7 @@ import numpy as np
 import openai
 import pytest
 
-from omni_triton.launcher import available_models, model_parameters
+from omni_triton.serve.repository import available_models, model_parameters
 from omni_triton.paths import model_dir
 
 pytestmark = pytest.mark.e2e
@@ -128,7 +128,7 @@ def reference():
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
     proc = transformers_processor(path)
     eos = model.config.im_end_token_id
-    talker = model_parameters(available_models()["omni_talker"])
+    talker = model_parameters(available_models()["qwen3_omni_talker"])
     lock = threading.Lock()
 
     def run(messages):
@@ -185,7 +185,7 @@ def _wav(msg):
 
 def test_image_part_text_and_speech_equal_reference_generate(sdk, reference):
     """Speech too: an image prompt's talker needs the image grid the reference passes it (the
-    omni BLS forwards it to omni_talker; without it the codes differ)."""
+    omni BLS forwards it to qwen3_omni_talker; without it the codes differ)."""
     ref_text, ref_wav = reference(_messages(IMAGE_PART))
     r = _ask(sdk, _messages(IMAGE_PART))
     assert r.choices[0].message.content == ref_text

@@ -25,7 +25,7 @@ def perf_analyzer() -> str:
     return str(Path(out.stdout.strip()) / "bin" / "perf_analyzer")
 
 
-@pytest.mark.parametrize("model", ["piper_tts", "qwen_image_text_encoder"])
+@pytest.mark.parametrize("model", ["piper", "qwen_image_text_encoder"])
 def test_perf_analyzer_reports_throughput_and_latency(stack, perf_analyzer, tmp_path, model):
     csv_path = tmp_path / f"{model}.csv"
     argv = perf_command(model, CONFIGS / model / "input_data.json", stack.triton_grpc_url,

@@ -1,10 +1,10 @@
-"""End-to-end: the Qwen2.5-Omni pipeline (qwen25_omni_thinker -> qwen25_omni_talker ->
-qwen25_omni_token2wav, BLS ``qwen25_omni``) on the real tritonserver, through the OpenAI frontend
+"""End-to-end: the Qwen2.5-Omni pipeline (qwen2_5_omni_thinker -> qwen2_5_omni_talker ->
+qwen2_5_omni_token2wav, BLS ``qwen2_5_omni``) on the real tritonserver, through the OpenAI frontend
 with the official ``openai`` SDK (chat completions with ``modalities: ["text", "audio"]``).
 
 Parity reference: ``Qwen2_5OmniForConditionalGeneration.generate(..., return_audio=True)`` on the
 same prepared checkpoint in this test process, greedy thinker and talker with the talker settings
-of ``model_repository/qwen25_omni_talker/config.pbtxt``, ``torch.manual_seed(seed)`` just before
+of ``model_repository/qwen2_5_omni_talker/config.pbtxt``, ``torch.manual_seed(seed)`` just before
 ``generate`` (the request sends the same ``seed``; it seeds the DiT's noise). Text must be equal
 and the audio equal sample for sample after the frontend's int16 conversion (bit-exact in float:
 tests/unit/test_qwen2_5_omni.py).
@@ -22,14 +22,14 @@ import pytest
 import soundfile as sf
 from conftest import E2E_MODELS
 
-from omni_triton.launcher import available_models, model_parameters, resolve_models
+from omni_triton.serve.repository import available_models, model_parameters, resolve_models
 from omni_triton.media.audio import float_to_pcm16
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
-    "qwen25_omni" not in set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()])),
+    "qwen2_5_omni" not in set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()])),
     reason="qwen25_omni not in OMNI_TRITON_E2E_MODELS")]
 
-MODEL = "qwen25_omni"
+MODEL = "qwen2_5_omni"
 QUESTION = "What is the capital of France?"
 
 
@@ -54,7 +54,7 @@ def reference():
     path = model_dir("qwen2.5-omni-tiny")
     model, tok = load_model(path), chat_tokenizer(path).tokenizer
     man = read_manifest(path)
-    talker = model_parameters(available_models()["qwen25_omni_talker"])
+    talker = model_parameters(available_models()["qwen2_5_omni_talker"])
     lock = threading.Lock()
 
     def run(question: str, voice: str, seed: int, max_tokens: int = 16):
@@ -145,6 +145,6 @@ def test_cancel_mid_stream_stops_the_thinker(stack):
                 if seen >= 5:
                     break  # leaving the block closes the connection mid-text
     stack.wait_until(lambda: stack.metric(metric) > before,
-                     "qwen25_omni_thinker did not stop after the client went away", timeout_s=60)
+                     "qwen2_5_omni_thinker did not stop after the client went away", timeout_s=60)
     ok = _sdk(stack).chat.completions.create(model=MODEL, messages=_msgs("Hi"), temperature=0, max_tokens=4)
     assert ok.choices[0].message.content is not None

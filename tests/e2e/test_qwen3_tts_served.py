@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 from clients.qwen3_tts_grpc import stream_qwen3_tts, voice_prompt
 from conftest import E2E_MODELS
 from omni_triton.contracts.qwen3_tts import qwen3_tts_inputs as inputs
-from omni_triton.launcher import resolve_models
+from omni_triton.serve.repository import resolve_models
 from omni_triton.paths import REPO_ROOT, model_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""End-to-end: the codec-token TTS pipeline (tts_talker -> tts_code2wav, BLS ``tts``) on Triton.
+"""End-to-end: the codec-token TTS pipeline (csm_talker -> csm_code2wav, BLS ``csm``) on Triton.
 
 Parity reference: plain transformers on the same prepared tiny CSM checkpoint in this test process,
 none of the project's generation code: ``CsmProcessor.apply_chat_template`` (the speaker id as the
@@ -30,7 +30,7 @@ import pytest
 import soundfile as sf
 
 from clients.tts_grpc_stream import stream_tts
-from omni_triton.launcher import available_models, model_parameters
+from omni_triton.serve.repository import available_models, model_parameters
 from omni_triton.paths import model_dir
 
 pytestmark = pytest.mark.e2e
@@ -54,8 +54,8 @@ def reference():
     torch.set_num_threads(1)
     path = model_dir("csm-tiny")
     models = available_models()
-    talker_params = model_parameters(models["tts_talker"])
-    tts_params = model_parameters(models["tts"])
+    talker_params = model_parameters(models["csm_talker"])
+    tts_params = model_parameters(models["csm"])
     model = CsmForConditionalGeneration.from_pretrained(path).eval()
     processor = AutoProcessor.from_pretrained(path)
     saved = json.loads((path / "generation_config.json").read_text())
@@ -64,7 +64,7 @@ def reference():
     min_frames = int(talker_params["default_min_frames"])
 
     def frame_cap(text: str) -> int:
-        """The talker's cap tts sets without MAX_FRAMES (model_repository/tts/config.pbtxt:
+        """The talker's cap tts sets without MAX_FRAMES (model_repository/csm/config.pbtxt:
         max(min_max_frames, ceil(len(text) * max_frames_per_char))), written out here."""
         return max(int(tts_params["min_max_frames"]),
                    math.ceil(len(text) * float(tts_params["max_frames_per_char"])))
@@ -117,7 +117,7 @@ def _assert_chunk_rule(sizes: list[int], total: int, first: int, chunk: int) -> 
 
 def test_grpc_stream_matches_in_process_reference(stack, reference):
     ref = reference(TEXT, 1)
-    result = stream_tts(stack.triton_grpc_url, "tts", TEXT, voice="1")
+    result = stream_tts(stack.triton_grpc_url, "csm", TEXT, voice="1")
     assert result.sample_rate == 24000
     assert len(result.chunks) >= 3, "expected a small first chunk and further chunks"
     assert result.chunks[0].size == reference.first_chunk_frames * reference.samples_per_frame  # low TTFP
@@ -134,16 +134,16 @@ def test_grpc_stream_matches_in_process_reference(stack, reference):
 def test_first_audio_arrives_before_the_talker_finishes(stack, reference):
     """Streaming, not buffering: when the first chunk reaches the client the talker has generated
     only part of the frames (its frames counter, read while the stream is open)."""
-    before = stack.metric("omni_tts_talker_frames_total", model="tts_talker")
+    before = stack.metric("omni_tts_talker_frames_total", model="csm_talker")
     at_first = []
 
     def on_chunk(index, _pcm):
         if index == 0:
-            at_first.append(stack.metric("omni_tts_talker_frames_total", model="tts_talker") - before)
+            at_first.append(stack.metric("omni_tts_talker_frames_total", model="csm_talker") - before)
 
-    result = stream_tts(stack.triton_grpc_url, "tts", TEXT, voice="1", on_chunk=on_chunk)
+    result = stream_tts(stack.triton_grpc_url, "csm", TEXT, voice="1", on_chunk=on_chunk)
     total = result.audio.size // reference.samples_per_frame
-    assert stack.metric("omni_tts_talker_frames_total", model="tts_talker") - before == total
+    assert stack.metric("omni_tts_talker_frames_total", model="csm_talker") - before == total
     assert at_first and at_first[0] < total, f"{at_first} of {total} frames generated at the first audio"
 
 
@@ -183,7 +183,7 @@ def test_concurrent_requests_each_get_their_own_audio(stack, reference):
     texts = [(f"Concurrent request number {i}, with its own words.", i % 4) for i in range(4)]
     before = _talker_requests_by_instance(stack)
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda tv: stream_tts(stack.triton_grpc_url, "tts", tv[0], voice=str(tv[1])), texts))
+        results = list(pool.map(lambda tv: stream_tts(stack.triton_grpc_url, "csm", tv[0], voice=str(tv[1])), texts))
     after = _talker_requests_by_instance(stack)
     busy = [i for i in after if after[i] > before.get(i, 0)]
     assert len(busy) == 2, f"talker instances that served requests: {busy}"
@@ -205,7 +205,7 @@ def test_code2wav_batches_concurrent_chunks(stack, reference):
     """Chunks of different lengths sent together run in one execution (ragged dynamic batching)."""
     import tritonclient.grpc as grpcclient
 
-    stats_before = httpx.get(f"{stack.triton_http_url}/v2/models/tts_code2wav/stats").json()
+    stats_before = httpx.get(f"{stack.triton_http_url}/v2/models/csm_code2wav/stats").json()
     client = grpcclient.InferenceServerClient(stack.triton_grpc_url)
     rng = np.random.default_rng(0)
     done = []
@@ -222,12 +222,12 @@ def test_code2wav_batches_concurrent_chunks(stack, reference):
         codes.set_data_from_numpy(rng.integers(0, 64, size=(1, frames, 8), dtype=np.int64))
         left = grpcclient.InferInput("LEFT_CONTEXT", [1, 1], "INT32")
         left.set_data_from_numpy(np.array([[0]], np.int32))
-        client.async_infer("tts_code2wav", [codes, left], callback)
+        client.async_infer("csm_code2wav", [codes, left], callback)
     assert event.wait(120)
     assert all(err is None for _, err in done), [str(e) for _, e in done if e]
     sizes = sorted(res.as_numpy("AUDIO").size for res, _ in done)
     assert sizes == [(5 + 3 * i) * reference.samples_per_frame for i in range(8)]
-    stats = httpx.get(f"{stack.triton_http_url}/v2/models/tts_code2wav/stats").json()
+    stats = httpx.get(f"{stack.triton_http_url}/v2/models/csm_code2wav/stats").json()
 
     def batch_sizes(s):
         return {int(b["batch_size"]): int(b["compute_infer"]["count"])
@@ -240,21 +240,21 @@ def test_code2wav_batches_concurrent_chunks(stack, reference):
 
 
 def test_grpc_cancel_stops_the_talker(stack):
-    """Cancelling the ``tts`` stream after one chunk stops the talker within a few frames (the
+    """Cancelling the ``csm`` stream after one chunk stops the talker within a few frames (the
     BLS raises the talker's shared cancel flag: omni_triton.runtime.cancel_flags.CancelFlags)."""
-    frames_before = stack.metric("omni_tts_talker_frames_total", model="tts_talker")
-    cancelled_before = stack.metric("omni_tts_talker_cancelled_total", model="tts_talker")
-    result = stream_tts(stack.triton_grpc_url, "tts", "A very long request that should be stopped.",
+    frames_before = stack.metric("omni_tts_talker_frames_total", model="csm_talker")
+    cancelled_before = stack.metric("omni_tts_talker_cancelled_total", model="csm_talker")
+    result = stream_tts(stack.triton_grpc_url, "csm", "A very long request that should be stopped.",
                         voice="3", max_frames=3000, max_chunks=1)
     assert len(result.chunks) == 1
-    stack.wait_until(lambda: stack.metric("omni_tts_talker_cancelled_total", model="tts_talker") > cancelled_before,
+    stack.wait_until(lambda: stack.metric("omni_tts_talker_cancelled_total", model="csm_talker") > cancelled_before,
                      "talker never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_tts_talker_active", model="tts_talker") == 0,
+    stack.wait_until(lambda: stack.metric("omni_tts_talker_active", model="csm_talker") == 0,
                      "talker still generating for a gone client")
-    generated = stack.metric("omni_tts_talker_frames_total", model="tts_talker") - frames_before
+    generated = stack.metric("omni_tts_talker_frames_total", model="csm_talker") - frames_before
     assert generated < 3000 // 4, f"talker generated {generated} of 3000 frames after cancel"
     time.sleep(0.5)
-    assert stack.metric("omni_tts_talker_frames_total", model="tts_talker") - frames_before == generated
+    assert stack.metric("omni_tts_talker_frames_total", model="csm_talker") - frames_before == generated
 
 
 def test_bad_codec_requests(stack):
@@ -264,32 +264,32 @@ def test_bad_codec_requests(stack):
     r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=60,
                    json={"model": "tts", "voice": "0", "input": "x" * 2001})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
-    ok = stream_tts(stack.triton_grpc_url, "tts", "Still serving.", voice="0")
+    ok = stream_tts(stack.triton_grpc_url, "csm", "Still serving.", voice="0")
     assert ok.chunks
 
 
-@pytest.mark.kills_stub  # tts_talker's stubs go away on purpose: serve may see them gone and reload it
+@pytest.mark.kills_stub  # csm_talker's stubs go away on purpose: serve may see them gone and reload it
 def test_health_is_not_ok_while_a_stage_is_down(stack):
-    """Triton keeps the BLS model ``tts`` READY when its talker is unloaded; the frontend's
+    """Triton keeps the BLS model ``csm`` READY when its talker is unloaded; the frontend's
     /health and /v1/audio/speech still see that the pipeline cannot serve (503), and recover
     once the stage is loaded again."""
-    repo = f"{stack.triton_http_url}/v2/repository/models/tts_talker"
+    repo = f"{stack.triton_http_url}/v2/repository/models/csm_talker"
     assert httpx.post(f"{repo}/unload", timeout=60, headers=stack.admin_headers).status_code == 200
     try:
         deadline = time.monotonic() + 60
-        while httpx.get(f"{stack.triton_http_url}/v2/models/tts_talker/ready").status_code == 200:
+        while httpx.get(f"{stack.triton_http_url}/v2/models/csm_talker/ready").status_code == 200:
             assert time.monotonic() < deadline
             time.sleep(0.2)
         health = httpx.get(f"{stack.frontend_url}/health", timeout=30)
         assert health.status_code == 503
-        assert "tts_talker" in health.json()["message"]
+        assert "csm_talker" in health.json()["message"]
         r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=60,
                        json={"model": "tts", "voice": "0", "input": "hello"})
-        assert r.status_code == 503 and "tts_talker" in r.json()["error"]["message"]
+        assert r.status_code == 503 and "csm_talker" in r.json()["error"]["message"]
         ok = httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=120,
                         json={"model": "piper_tts", "voice": "joe", "input": "Piper still works."})
         assert ok.status_code == 200
     finally:
         assert httpx.post(f"{repo}/load", timeout=300, headers=stack.admin_headers).status_code == 200
     assert httpx.get(f"{stack.frontend_url}/health", timeout=30).status_code == 200
-    assert stream_tts(stack.triton_grpc_url, "tts", "Back again.", voice="0").chunks
+    assert stream_tts(stack.triton_grpc_url, "csm", "Back again.", voice="0").chunks

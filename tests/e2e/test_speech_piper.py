@@ -90,7 +90,7 @@ def test_sse_stream_arrives_while_synthesis_runs(stack):
             event = json.loads(line[5:])
             if event["type"] == "speech.audio.delta":
                 if not deltas:
-                    active_at_first_delta = stack.metric("omni_tts_active_requests", model="piper_tts")
+                    active_at_first_delta = stack.metric("omni_tts_active_requests", model="piper")
                 deltas.append(base64.b64decode(event["audio"]))
             elif event["type"] == "speech.audio.done":
                 done = event
@@ -108,7 +108,7 @@ def test_streamed_speech_is_paced_to_its_listener(stack):
     Unpaced the whole answer arrives within a second or two (red: remove PACED in the frontend or
     set max_lead_ms 0). A lower bound only: a slow machine makes it later, never earlier."""
     text = " ".join(f"This is sentence number {n} of a paced answer, spoken by the Piper voice." for n in (1, 2, 3))
-    lead_s = 2.0  # model_repository/piper_tts/config.pbtxt max_lead_ms
+    lead_s = 2.0  # model_repository/piper/config.pbtxt max_lead_ms
     arrivals: list[tuple[float, float]] = []  # (arrival s, audio s) per delta
     with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", timeout=300,
                       json={"model": "piper_tts", "voice": "joe", "input": text,
@@ -152,7 +152,7 @@ def test_raw_stream_with_sdk(stack):
 
 def test_grpc_stream_direct_to_piper(stack):
     text = "One sentence. Another sentence. A third."
-    result = stream_tts(stack.triton_grpc_url, "piper_tts", text)
+    result = stream_tts(stack.triton_grpc_url, "piper", text)
     assert len(result.chunks) == 3 and result.sample_rate == 22050
     assert_speech_like(result.audio, 22050, text)
     assert_piper_sentences(result.chunks, result.sample_rate, text)
@@ -168,8 +168,8 @@ SENTENCES = ("Yes. The capital of France is Paris, a city of bridges, museums an
 def test_each_streamed_sentence_is_piper_voice_s_sentence(stack, speed):
     """Per-sentence parity with ``piper.PiperVoice`` itself (tests/e2e/speech_reference.py): one
     response per sentence of ``PiperVoice.phonemize``, each the package's rendering of that
-    sentence (length within 30% of its noise-free rendering, spectral envelope). Red: piper_tts dropping a sentence."""
-    result = stream_tts(stack.triton_grpc_url, "piper_tts", SENTENCES, speed=speed)
+    sentence (length within 30% of its noise-free rendering, spectral envelope). Red: the piper stage dropping a sentence."""
+    result = stream_tts(stack.triton_grpc_url, "piper", SENTENCES, speed=speed)
     assert_piper_sentences(result.chunks, result.sample_rate, SENTENCES, speed=speed)
 
 
@@ -177,13 +177,13 @@ def test_grpc_first_audio_arrives_before_the_last_sentence_is_synthesised(stack)
     """Streaming, not buffering: when the first chunk reaches the client, piper_tts has produced
     only part of the answer's audio (its audio-seconds counter, read while the stream is open, is
     below the whole answer's seconds)."""
-    before = stack.metric("omni_tts_audio_seconds_total", model="piper_tts")
+    before = stack.metric("omni_tts_audio_seconds_total", model="piper")
     at_first = []
-    result = stream_tts(stack.triton_grpc_url, "piper_tts", LONG_TEXT, on_chunk=lambda i, _: i == 0 and at_first.append(
-        stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - before))
+    result = stream_tts(stack.triton_grpc_url, "piper", LONG_TEXT, on_chunk=lambda i, _: i == 0 and at_first.append(
+        stack.metric("omni_tts_audio_seconds_total", model="piper") - before))
     total = result.audio.size / result.sample_rate
     assert len(result.chunks) >= 12 and at_first
-    assert stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - before == pytest.approx(total, rel=1e-3)
+    assert stack.metric("omni_tts_audio_seconds_total", model="piper") - before == pytest.approx(total, rel=1e-3)
     assert at_first[0] < total / 2, f"{at_first[0]:.1f} s of {total:.1f} s synthesised at the first chunk"
 
 
@@ -258,22 +258,22 @@ def test_client_disconnect_stops_piper(stack):
     (36 sentences)."""
     cancel_text = " ".join([LONG_TEXT] * 3)
     full_seconds = 3 * piper_reference(LONG_TEXT)[0].size / 22050  # the in-process voice, ~2 min
-    cancelled_before = stack.metric("omni_tts_cancelled_total", model="piper_tts")
-    seconds_before = stack.metric("omni_tts_audio_seconds_total", model="piper_tts")
+    cancelled_before = stack.metric("omni_tts_cancelled_total", model="piper")
+    seconds_before = stack.metric("omni_tts_audio_seconds_total", model="piper")
     with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", timeout=300,
                       json={"model": "piper_tts", "voice": "joe", "input": cancel_text,
                             "response_format": "pcm", "stream": True}) as r:
         assert r.status_code == 200
         next(r.iter_bytes())
-    stack.wait_until(lambda: stack.metric("omni_tts_cancelled_total", model="piper_tts") > cancelled_before,
+    stack.wait_until(lambda: stack.metric("omni_tts_cancelled_total", model="piper") > cancelled_before,
                      "piper_tts never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_tts_active_requests", model="piper_tts") == 0,
+    stack.wait_until(lambda: stack.metric("omni_tts_active_requests", model="piper") == 0,
                      "piper_tts still synthesising for a gone client")
-    produced = stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - seconds_before
+    produced = stack.metric("omni_tts_audio_seconds_total", model="piper") - seconds_before
     assert produced < full_seconds / 4, f"piper_tts synthesised {produced:.1f} s of {full_seconds:.1f} s after a cancel"
     time.sleep(1.0)
-    assert stack.metric("omni_tts_audio_seconds_total", model="piper_tts") - seconds_before == produced
-    assert stack.metric("omni_tts_cancelled_total", model="piper_tts") == cancelled_before + 1
+    assert stack.metric("omni_tts_audio_seconds_total", model="piper") - seconds_before == produced
+    assert stack.metric("omni_tts_cancelled_total", model="piper") == cancelled_before + 1
 
 
 
@@ -306,7 +306,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
         time.sleep(1)
     assert [p.pid for p in piper_stubs()] != [stub.pid]
     assert "reloading piper_tts" in open(stack.log_path).read()
-    wait_for_stub_death_report(stack, "piper_tts", log_from)  # this test's report, not the next one's
+    wait_for_stub_death_report(stack, "piper", log_from)  # this test's report, not the next one's
 
 
 def test_nothing_to_speak_counts_as_a_client_error(stack):

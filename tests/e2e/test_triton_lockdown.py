@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from omni_triton import triton_admin
 from omni_triton.paths import cache_dir
 
-MODEL = "piper_tts"
+MODEL = "piper"
 WRONG = "not-the-key-0123456789"
 
 #: (method, path, JSON body) of every restricted HTTP API family (none of them changes the stack

@@ -1,6 +1,6 @@
 """vLLM-Omni's own benchmark client (``vllm-omni bench serve --omni`` from the PyPI package
 ``vllm-omni`` 0.30.0, unmodified, in its own venv: scripts/setup_bench.sh) against the session
-server: text chat (``llm``), omni chat with audio (``omni``, modalities left to the server),
+server: text chat (``llm``), omni chat with audio (``qwen3_omni``, modalities left to the server),
 ``/v1/audio/speech`` with the random dataset and a local one (``piper_tts``), and images
 (``qwen_image``); a few requests each at concurrency 1 and 2.
 
@@ -26,7 +26,7 @@ import pytest
 
 from conftest import E2E_MODELS
 
-from omni_triton.launcher import resolve_models
+from omni_triton.serve.repository import resolve_models
 from omni_triton.paths import cache_dir, model_dir
 
 BENCH = cache_dir() / "bench-venv" / "bin" / "vllm-omni"
@@ -64,7 +64,7 @@ def _workloads(url: str, tmp) -> dict[str, list[str]]:
                    "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "1",
                    "--extra-body", json.dumps({"size": "64x64", "num_inference_steps": 2})],
     }
-    model_of = {"llm": "llm", "omni": "omni", "speech_random": "piper_tts", "speech_local": "piper_tts",
+    model_of = {"llm": "llm", "omni": "qwen3_omni", "speech_random": "piper", "speech_local": "piper",
                 "images": "qwen_image"}
     return {k: v for k, v in w.items() if model_of[k] in SERVED}
 

@@ -25,7 +25,7 @@ import pytest
 import soundfile as sf
 from websockets.sync.client import connect as ws_connect
 
-from omni_triton.launcher import free_port
+from omni_triton.serve.process import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -93,7 +93,7 @@ def served(stack) -> set[str]:
 
 @pytest.fixture(scope="module")
 def frontend(stack, served, tmp_path_factory):
-    models = ["piper_tts"] + [m for m in QWEN3 if m in served]
+    models = ["piper"] + [m for m in QWEN3 if m in served]
     fe = Frontend(stack.triton_grpc_url, tmp_path_factory.mktemp("voices"),
                   tmp_path_factory.mktemp("fe") / "frontend.log", models, stack.admin_key).start()
     yield fe

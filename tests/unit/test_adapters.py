@@ -208,14 +208,14 @@ def test_chunked_decoder_matches_a_one_shot_decode():
 
 
 def test_tts_talker_cap_follows_the_input_length(tmp_path, monkeypatch):
-    """issue 9: ``tts`` cut all speech at the talker's fixed 100 frames (8 s). Without MAX_FRAMES
+    """issue 9: ``csm`` cut all speech at the talker's fixed 100 frames (8 s). Without MAX_FRAMES
     the BLS now asks for a cap that grows with the text; a client's MAX_FRAMES still wins."""
-    from omni_triton.adapters.speech import TtsPipeline
+    from omni_triton.adapters.speech import CsmPipeline
     from omni_triton.contracts import speech
 
     monkeypatch.setenv("OMNI_TRITON_CACHE", str(tmp_path))
     params = {"voices": "0,1", "max_input_chars": "4000", "max_frames_per_char": "2.5", "min_max_frames": "100"}
-    stage = TtsPipeline()
+    stage = CsmPipeline()
     stage.initialize({**ARGS, "model_config": json.dumps(
         {"parameters": {k: {"string_value": v} for k, v in params.items()}})})
     long_text = "This sentence is about three seconds of speech. " * 20  # ~1 minute, 960 characters
@@ -330,13 +330,13 @@ def test_every_stage_that_reads_bls_streams_runs_on_one_thread_per_instance():
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from omni_triton.adapters.chat import LlmTtsPipeline
-    from omni_triton.adapters.omni import OmniPipeline
-    from omni_triton.adapters.speech import TtsPipeline
-    from omni_triton.adapters.video import WanT2VPipeline
+    from omni_triton.adapters.llm import LlmTtsPipeline
+    from omni_triton.adapters.qwen3_omni import Qwen3OmniPipeline
+    from omni_triton.adapters.speech import CsmPipeline
+    from omni_triton.adapters.wan import WanT2VPipeline
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
-    for name, cls in [("llm_tts", LlmTtsPipeline), ("tts", TtsPipeline), ("omni", OmniPipeline),
+    for name, cls in [("llm_tts", LlmTtsPipeline), ("csm", CsmPipeline), ("qwen3_omni", Qwen3OmniPipeline),
                       ("wan_t2v", WanT2VPipeline)]:
         assert cls.reads_bls_streams and cls.workers == 0, name
         config = text_format.Parse((root / "model_repository" / name / "config.pbtxt").read_text(),

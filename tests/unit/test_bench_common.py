@@ -93,9 +93,9 @@ def test_instance_pool_runs_as_many_at_once_as_it_has_instances():
 
 
 def test_instance_count_reads_instance_groups():
-    assert bc.instance_count("tts_talker") == 2
-    assert bc.instance_count("omni_talker") == 2
-    assert bc.instance_count("piper_tts") == 1
+    assert bc.instance_count("csm_talker") == 2
+    assert bc.instance_count("qwen3_omni_talker") == 2
+    assert bc.instance_count("piper") == 1
     with pytest.raises(KeyError):
         bc.instance_count("no-such-model")
 

@@ -43,10 +43,10 @@ def test_summarize_all_failed():
 def test_ratios_and_table():
     base = b.summarize([_r(0, 0.1, 1.0, 4000)], wall_s=1.0)
     served = b.summarize([_r(0, 0.2, 1.5, 4000)], wall_s=2.0)
-    results = {"tts": {"inprocess": {"1": base}, "triton": {"1": served}}}
+    results = {"csm": {"inprocess": {"1": base}, "triton": {"1": served}}}
     ratios = b.all_ratios(results)
-    assert list(ratios["tts"]["1"]) == ["triton_vs_inprocess"]  # no frontend run: no such pair
-    r = ratios["tts"]["1"]["triton_vs_inprocess"]
+    assert list(ratios["csm"]["1"]) == ["triton_vs_inprocess"]  # no frontend run: no such pair
+    r = ratios["csm"]["1"]["triton_vs_inprocess"]
     assert r["ttfp_mean"] == 2.0 and r["e2e_mean"] == 1.5 and r["throughput"] == 0.5
     table = b.format_table(results, ratios)
     assert "triton_vs_inprocess" in table and "inprocess" in table
@@ -58,18 +58,18 @@ def test_run_level_closed_loop_records_errors():
             raise RuntimeError("bad")
         return _r(i, 0.0, 0.0, 10)
 
-    res, wall = b.run_level(run_one, "tts", concurrency=3, n=5)
+    res, wall = b.run_level(run_one, "csm", concurrency=3, n=5)
     assert [r.index for r in res] == list(range(5)) and wall >= 0
     assert [r.ok for r in res] == [True, True, False, True, True]
     assert "RuntimeError: bad" in res[2].error
 
 
 def test_inprocess_baselines_get_the_served_parallelism():
-    """Two talker objects where tts_talker has two instances; Piper syntheses capped at the served
+    """Two talker objects where csm_talker has two instances; Piper syntheses capped at the served
     model's workers x instances (the JSON notes say so too)."""
     from clients.bench_common import instance_count
 
-    assert instance_count("tts_talker") == 2 and instance_count("tts_code2wav") == 1
+    assert instance_count("csm_talker") == 2 and instance_count("csm_code2wav") == 1
     assert b.piper_parallelism() == 2  # piper_tts: workers 2, one instance
 
 
@@ -103,19 +103,19 @@ def test_scheduling_summary_compares_modes_against_the_target():
             rs.append(x)
         return b.summarize(rs, wall_s=3.0)
 
-    results = {"tts": {
+    results = {"csm": {
         "inprocess": {"1": level([0.1])},
         b.path_label("frontend", "deadline"): {"1": level([0.1]), "8": level([0.15, 0.19])},
         b.path_label("frontend", "fifo"): {"1": level([0.1]), "8": level([0.5, 0.9], stall=0.2)},
     }}
-    sched = b.scheduling_summary(results)["tts"]
+    sched = b.scheduling_summary(results)["csm"]
     assert set(sched) == {"frontend:deadline", "frontend:fifo"}  # in-process is no served mode
     good, bad = sched["frontend:deadline"], sched["frontend:fifo"]
     assert good["ttfp_p50_growth"] == pytest.approx(1.7) and good["target_met"]
     assert bad["ttfp_p50_growth"] == pytest.approx(7.0) and not bad["target_met"]
     assert bad["underrun_s_total"]["8"] == pytest.approx(0.4) and bad["continuity_rate"]["8"] == 0.0
     ratios = b.all_ratios(results)
-    assert "frontend_vs_inprocess:fifo" in ratios["tts"]["1"]
+    assert "frontend_vs_inprocess:fifo" in ratios["csm"]["1"]
     assert b.split_label("frontend:fifo") == ("frontend", "fifo") and b.path_label("inprocess", "fifo") == "inprocess"
     assert "frontend:deadline" in b.format_scheduling(b.scheduling_summary(results))
     assert "frontend:fifo" in b.format_table(results, ratios)
@@ -136,17 +136,17 @@ def test_capacity_comes_from_the_fifo_run_so_a_paced_run_cannot_dodge_the_underr
             out.append(x)
         return b.summarize(out, wall_s=wall)
 
-    results = {"piper_tts": {
+    results = {"piper": {
         b.path_label("frontend", "deadline"): {"1": level(1, 0.1, 2.4, 2.4), "8": level(8, 0.15, 2.4, 2.6, stall=0.3)},
         b.path_label("frontend", "fifo"): {"1": level(1, 0.1, 1.0, 1.0), "8": level(8, 0.5, 1.0, 1.6)},
     }}
-    sched = b.scheduling_summary(results)["piper_tts"]
+    sched = b.scheduling_summary(results)["piper"]
     paced = sched["frontend:deadline"]
     assert paced["capacity_audio_s_per_s"] == pytest.approx(10.0) and paced["faster_than_real_time"]
     assert paced["ttfp_p50_growth"] == pytest.approx(1.5) and not paced["target_met"]  # the underrun
-    alone = b.scheduling_summary({"piper_tts": {b.path_label("frontend", "deadline"):
-                                                results["piper_tts"][b.path_label("frontend", "deadline")]}})
-    assert not alone["piper_tts"]["frontend:deadline"]["faster_than_real_time"]  # no fifo run: its own 6.2 audio-s/s
+    alone = b.scheduling_summary({"piper": {b.path_label("frontend", "deadline"):
+                                                results["piper"][b.path_label("frontend", "deadline")]}})
+    assert not alone["piper"]["frontend:deadline"]["faster_than_real_time"]  # no fifo run: its own 6.2 audio-s/s
 
 
 def test_a_fifo_run_whose_streams_queue_whole_is_not_capacity_for_all_listeners():
@@ -165,8 +165,8 @@ def test_a_fifo_run_whose_streams_queue_whole_is_not_capacity_for_all_listeners(
         return b.summarize(out, wall_s=wall)
 
     fifo = {"1": level(1, 0.6, 0.6), "8": level(8, 5.0, 2.8)}  # RTF 0.7, but 6.4 audio-s/s for 8
-    sched = b.scheduling_summary({"omni": {b.path_label("frontend", "fifo"): fifo,
-                                           b.path_label("frontend", "deadline"): fifo}})["omni"]
+    sched = b.scheduling_summary({"qwen3_omni": {b.path_label("frontend", "fifo"): fifo,
+                                           b.path_label("frontend", "deadline"): fifo}})["qwen3_omni"]
     assert sched["frontend:fifo"]["rtf_mean"]["8"] == pytest.approx(0.7)
     assert sched["frontend:deadline"]["capacity_audio_s_per_s"] == pytest.approx(6.4)
     assert not sched["frontend:deadline"]["faster_than_real_time"]
@@ -189,10 +189,10 @@ def test_listening_clients_in_bench_tts_wait_for_playback_and_the_top_level_meas
         return r
 
     args = argparse.Namespace(concurrency="1,2", requests=2, quiet=True, warmup=0, arrivals="burst", listen=True,
-                              models=["piper_tts"])
+                              models=["piper"])
     bench = bt.Bench(args)
-    bench.run_path("piper_tts", "frontend", run_one)
-    levels = bench.results["piper_tts"]["frontend"]
+    bench.run_path("piper", "frontend", run_one)
+    levels = bench.results["piper"]["frontend"]
     assert len(calls) == 2 + 2 + 2  # c=1, c=2 listening, c=2 again for the capacity
     assert len(slept) == 4 and all(0.9 < s <= 1.0 for s in slept)
     assert levels["2"]["listen"] and levels["2"]["capacity_audio_s_per_s"] is not None
@@ -208,7 +208,7 @@ def test_a_listening_level_is_judged_by_the_fifo_runs_listen_free_capacity():
         return {"ttfp_ms": {"p50": p50, "p90": p50}, "underrun_s_total": underrun, "continuity_rate": 1.0,
                 "rtf_mean": 1.0, "throughput_audio_s_per_s": 7.5, "capacity_audio_s_per_s": capacity}
 
-    results = {"tts": {"frontend:deadline": {"1": level(100, None), "8": level(150, 7.9, underrun=1.0)},
+    results = {"csm": {"frontend:deadline": {"1": level(100, None), "8": level(150, 7.9, underrun=1.0)},
                        "frontend:fifo": {"1": level(100, None), "8": level(900, 12.0)}}}
-    got = scheduling_summary(results)["tts"]["frontend:deadline"]
+    got = scheduling_summary(results)["csm"]["frontend:deadline"]
     assert got["capacity_audio_s_per_s"] == 12.0 and got["faster_than_real_time"] and not got["target_met"]

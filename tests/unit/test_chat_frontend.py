@@ -46,7 +46,7 @@ MUTE = ModelInfo(name="mute", inputs=CHAT_INPUTS, outputs=TEXT_OUTPUTS, decouple
 PIPER = ModelInfo(name="piper_tts", inputs=frozenset({"TEXT", "VOICE"}),
                   outputs=frozenset({"AUDIO", "SAMPLE_RATE"}), decoupled=True, voices=("joe",),
                   default_voice="joe", sample_rate=SR)
-TALKER = ModelInfo(name="tts_talker", inputs=frozenset({"TEXT"}), outputs=frozenset({"CODES"}))
+TALKER = ModelInfo(name="csm_talker", inputs=frozenset({"TEXT"}), outputs=frozenset({"CODES"}))
 
 ANSWER = ["The", " capital", " of", " France", " is", " Paris", "."]
 MAX_PROMPT_CHARS = 500  # the fake's "context": longer input -> INVALID_ARG, as the stage does
@@ -611,7 +611,7 @@ async def test_models_list_modalities(engine):
     assert cards["llm_tts"]["modalities"] == ["text", "audio"]
     assert cards["piper_tts"]["modalities"] == ["audio"]
     assert "mute-1" in cards and "mute" not in cards and cards["mute-1"]["modalities"] == ["text"]
-    assert "modalities" not in cards["tts_talker"]  # internal stage: no answer modality
+    assert "modalities" not in cards["csm_talker"]  # internal stage: no answer modality
     assert one["id"] == "mute-1"
 
 

@@ -14,7 +14,7 @@ from omni_triton.checkpoints import common, csm  # noqa: E402
 from omni_triton.contracts import speech  # noqa: E402
 from omni_triton.runtime import cancel_flags  # noqa: E402
 from omni_triton.stages import chunking  # noqa: E402
-from omni_triton.stages import codec_tts as ct  # noqa: E402
+from omni_triton.stages import csm as ct  # noqa: E402
 
 TEXT = "Hello world, this is a test of the talker."
 
@@ -316,9 +316,9 @@ def test_bls_chunk_parameters_and_low_water_only_when_paced():
     """The BLS configs' chunk keywords (schedule_params) turn low water off for a request that is
     not PACED (fixed_if_unpaced): a whole clip keeps the fixed chunks and so its exact bytes.
     Every codec BLS ships a low water and the codec's 12.5 Hz."""
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
 
-    for name in ("tts", "omni", "qwen3_tts"):
+    for name in ("csm", "qwen3_omni", "qwen3_tts"):
         kw = chunking.schedule_params(model_parameters(available_models()[name]))
         assert kw["low_water_s"] > 0 and kw["frame_rate_hz"] == 12.5, name
         assert chunking.fixed_if_unpaced(kw, paced=True) == kw

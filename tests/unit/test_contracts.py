@@ -51,8 +51,8 @@ def test_config_matches_contract(path):
 
 def test_the_check_fails_on_a_drifted_config(tmp_path):
     """The comparison above notices a renamed tensor, a wrong dtype and a lost optional flag."""
-    text = (ROOT / "model_repository/tts/config.pbtxt").read_text()
-    contract = CONTRACTS["tts"]
+    text = (ROOT / "model_repository/csm/config.pbtxt").read_text()
+    contract = CONTRACTS["csm"]
     for old, new in [('name: "AUDIO"', 'name: "PCM"'), ("TYPE_FP32 dims: [ -1 ]", "TYPE_INT16 dims: [ -1 ]"),
                      ("TYPE_INT32 dims: [ 1 ] optional: true", "TYPE_INT32 dims: [ 1 ]")]:
         assert old in text

@@ -21,7 +21,7 @@ from PIL import Image  # noqa: E402
 
 from omni_triton.checkpoints import qwen_image as qi  # noqa: E402
 from omni_triton.contracts.image import Limits  # noqa: E402
-from omni_triton.stages import diffusion as d  # noqa: E402
+from omni_triton.stages import qwen_image as d  # noqa: E402
 
 LATENT_ATOL = 1e-5  # batched vs single GEMM summation order
 IMAGE_ATOL = 2  # uint8 levels, same reason

@@ -51,7 +51,7 @@ CSM = ModelInfo(
     sample_rate=24000,
     supports_speed=False,
 )
-TALKER = ModelInfo(name="tts_talker", inputs=frozenset({"TEXT"}), outputs=frozenset({"CODES"}))
+TALKER = ModelInfo(name="csm_talker", inputs=frozenset({"TEXT"}), outputs=frozenset({"CODES"}))
 
 
 def chunk(i: int, n: int = 441) -> np.ndarray:
@@ -279,7 +279,7 @@ async def test_unknown_model_404(engine):
 
 
 async def test_non_speech_model_400(engine):
-    r = await post(engine, {"model": "tts_talker", "input": "x"})
+    r = await post(engine, {"model": "csm_talker", "input": "x"})
     assert_error(r, 400, param="model")
 
 
@@ -592,7 +592,7 @@ async def test_models_lists_only_ready(engine):
         assert r.status_code == 200
         body = r.json()
         assert body["object"] == "list"
-        assert {m["id"] for m in body["data"]} == {"piper_tts", "tts_talker"}
+        assert {m["id"] for m in body["data"]} == {"piper_tts", "csm_talker"}
         assert all(m["object"] == "model" and "created" in m and "owned_by" in m for m in body["data"])
         assert (await c.get("/v1/models/piper_tts")).json()["id"] == "piper_tts"
         assert_error(await c.get("/v1/models/tts"), 404, code="model_not_found")

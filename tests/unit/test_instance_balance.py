@@ -1,7 +1,7 @@
 """Instance balance (omni_triton.runtime.instance_balance): a scheduled stage's ``execute``
 returns only once its instance has no more open streams than its least loaded sibling, so
 Triton hands the next request to the sibling (a burst of 8 ``tts`` streams went 5/3 on
-``tts_talker``'s two instances, and the busier one set the run's length). Siblings are other
+``csm_talker``'s two instances, and the busier one set the run's length). Siblings are other
 instances of the same server whose process lives; two objects in one process stand for two
 stub processes here (same parent pid)."""
 from __future__ import annotations
@@ -124,7 +124,7 @@ class BlsReader(Talker):
 
 
 def test_balance_on_a_stage_that_reads_bls_streams_is_a_load_error(monkeypatch, tmp_path):
-    """Holding execute slowed omni_talker, which reads omni_thinker's BLS stream (docs/scheduling.md)."""
+    """Holding execute slowed qwen3_omni_talker, which reads qwen3_omni_thinker's BLS stream (docs/scheduling.md)."""
     monkeypatch.delenv(SCHEDULING_ENV, raising=False)
     monkeypatch.setattr("omni_triton.paths.server_run_dir", lambda pid: tmp_path)
     stage = BlsReader()

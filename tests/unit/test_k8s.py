@@ -77,7 +77,7 @@ def test_triton_args_parse_and_match_the_ports_and_probes():
                         ("readinessProbe", "/v2/health/ready")]:
         assert container[probe]["httpGet"] == {"path": path, "port": "http"}, probe
     # the launcher waits on the same readiness endpoint; /v2/health/live is its KServe v2 twin
-    assert "/v2/health/ready" in (ROOT / "omni_triton" / "launcher.py").read_text()
+    assert "/v2/health/ready" in (ROOT / "omni_triton" / "serve" / "server.py").read_text()
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     annotations = _find("Deployment", "omni-triton")["spec"]["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == TRITON_PORTS["metrics"]

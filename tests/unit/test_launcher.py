@@ -12,15 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from omni_triton import launcher
-from omni_triton.launcher import (
-    ServerStartError,
-    TritonServer,
-    check_ports_free,
-    dependencies,
-    free_port,
-    resolve_models,
-)
+from omni_triton.serve import install as serve_install
+from omni_triton.paths import cache_dir
+from omni_triton.serve.process import ServerStartError, check_ports_free, free_port
+from omni_triton.serve.repository import dependencies, resolve_models
+from omni_triton.serve.server import TritonServer
 
 
 def _model(repo: Path, name: str, extra: str = "", body: str | None = None) -> Path:
@@ -70,8 +66,8 @@ def test_resolve_models_unknown_names_the_chain(tmp_path):
 
 
 def test_repository_models_resolve():
-    assert resolve_models(["tts"]) == ["tts_talker", "tts_code2wav", "tts"]
-    assert resolve_models(["piper_tts"]) == ["piper_tts"]
+    assert resolve_models(["csm"]) == ["csm_talker", "csm_code2wav", "csm"]
+    assert resolve_models(["piper"]) == ["piper"]
 
 
 def test_check_ports_free_names_the_busy_port():
@@ -84,17 +80,17 @@ def test_check_ports_free_names_the_busy_port():
 
 
 def test_assemble_backend_dir_links_stub_for_this_python(tmp_path):
-    install = launcher.find_tritonserver()
+    install = serve_install.find_tritonserver()
     stub = install.backend_dir / "python" / "triton_python_backend_stub"
     assert stub.exists() and (install.backend_dir / "python" / "libtriton_python.so").exists()
-    wheel = launcher._pytriton_root() / "tritonserver"
-    out = launcher.assemble_backend_dir(wheel, tmp_path)
-    again = launcher.assemble_backend_dir(wheel, tmp_path)  # idempotent
+    wheel = serve_install._pytriton_root() / "tritonserver"
+    out = serve_install.assemble_backend_dir(wheel, tmp_path)
+    again = serve_install.assemble_backend_dir(wheel, tmp_path)  # idempotent
     assert out == again and len(list((out / "python").iterdir())) == 3
 
 
 def test_server_env_uses_this_venv():
-    env = launcher.server_env(launcher.find_tritonserver(), base={"PATH": "/usr/bin"})
+    env = serve_install.server_env(serve_install.find_tritonserver(), base={"PATH": "/usr/bin"})
     import sys
     import sysconfig
 
@@ -107,13 +103,13 @@ def test_prepare_is_idempotent(tmp_path, monkeypatch):
     from omni_triton.prepare import assets_for, prepare
 
     monkeypatch.setenv("OMNI_TRITON_CACHE", str(tmp_path))
-    assert assets_for(["piper_tts", "tts"]) == ["piper-voices", "csm-tiny"]
+    assert assets_for(["piper", "csm"]) == ["piper-voices", "csm-tiny"]
     lines: list[str] = []
-    prepare(["piper_tts"], log=lines.append)
+    prepare(["piper"], log=lines.append)
     voice = tmp_path / "models" / "piper-voices" / "joe" / "en_US-joe-medium.onnx"
     assert voice.exists() and any("linked" in ln for ln in lines)
     lines.clear()
-    prepare(["piper_tts"], log=lines.append)
+    prepare(["piper"], log=lines.append)
     assert not any("linked" in ln for ln in lines)  # nothing redone
 
 
@@ -152,18 +148,18 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
     import httpx
     import psutil
 
-    from omni_triton.launcher import free_port
+    from omni_triton.serve.process import free_port
 
     http, grpc_port, metrics = free_port(), free_port(), free_port()
-    stale = Path(launcher.cache_dir(), "logs", f"tritonserver-{http}.log.crash-1")
+    stale = Path(cache_dir(), "logs", f"tritonserver-{http}.log.crash-1")
     stale.unlink(missing_ok=True)  # left by an old run that got the same free port: not this run's
     started_at = time.time()
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper_tts", "--no-frontend",
+        [sys.executable, "-m", "omni_triton", "serve", "--models", "piper", "--no-frontend",
          "--triton-http-port", str(http), "--triton-grpc-port", str(grpc_port),
          "--triton-metrics-port", str(metrics)], stdout=log, stderr=subprocess.STDOUT)
-    ready = f"http://127.0.0.1:{http}/v2/models/piper_tts/ready"
+    ready = f"http://127.0.0.1:{http}/v2/models/piper/ready"
 
     def wait_for(text: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -182,7 +178,7 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
         # the crashed server's own log, kept by this run (any old *.crash-1 in the shared folder
         # would not do): named after this server's HTTP port, written after this test started,
         # named in serve's output, and the log of the first server (its pid, its gRPC port)
-        crash_log = Path(launcher.cache_dir(), "logs", f"tritonserver-{http}.log.crash-1")
+        crash_log = Path(cache_dir(), "logs", f"tritonserver-{http}.log.crash-1")
         assert crash_log.is_file(), sorted(p.name for p in crash_log.parent.iterdir())
         assert crash_log.stat().st_mtime >= started_at
         assert str(crash_log) in (tmp_path / "serve.log").read_text()
@@ -198,9 +194,9 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
 
 
 def test_the_frontend_is_told_about_the_models_it_calls_itself():
-    """``serve --models piper_tts,qwen3_tts``: the frontend also gets qwen3_tts_voice_prompt (voice
+    """``serve --models piper,qwen3_tts``: the frontend also gets qwen3_tts_voice_prompt (voice
     uploads call it), which Triton loads as a dependency; nothing else of qwen3_tts's stages."""
-    from omni_triton.launcher import frontend_models
+    from omni_triton.serve.repository import frontend_models
 
-    assert frontend_models(["piper_tts", "qwen3_tts"]) == ["piper_tts", "qwen3_tts", "qwen3_tts_voice_prompt"]
-    assert frontend_models(["piper_tts"]) == ["piper_tts"]
+    assert frontend_models(["piper", "qwen3_tts"]) == ["piper", "qwen3_tts", "qwen3_tts_voice_prompt"]
+    assert frontend_models(["piper"]) == ["piper"]

@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from omni_triton.checkpoints.smollm2 import build_smollm2
+from omni_triton.checkpoints.llm import build_smollm2
 from omni_triton.contracts.chat import ChatInputError, parse_messages, parse_modalities, parse_sampling
 from omni_triton.paths import model_dir
 from omni_triton.runtime.reaper import ChildReaper
@@ -90,7 +90,7 @@ def test_engine_config_real_model_config_parses():
     """The shipped model_repository/llm/config.pbtxt parameters are valid engine arguments."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from omni_triton.launcher import available_models, model_parameters
+    from omni_triton.serve.repository import available_models, model_parameters
 
     config = parse_engine_config(model_parameters(available_models()["llm"]), Path("/models"))
     args = AsyncEngineArgs(**config.engine_args)

@@ -1,6 +1,6 @@
-"""What the ``omni`` stages send downstream for a PACED answer (one played as it arrives): the
-omni BLS passes PACED on to omni_talker on both of its paths (speaking while thinking, and after
-the thinker), and omni_talker passes it on to omni_thinker, so their frame / token deadlines come
+"""What the ``qwen3_omni`` stages send downstream for a PACED answer (one played as it arrives): the
+omni BLS passes PACED on to qwen3_omni_talker on both of its paths (speaking while thinking, and after
+the thinker), and qwen3_omni_talker passes it on to qwen3_omni_thinker, so their frame / token deadlines come
 in low-water groups (docs/scheduling.md, "Chunks that keep the listener fed"). Qwen2.5-Omni's
 stages declare no PACED and never send it. No Triton: ``stream_stage`` is replaced by a recorder."""
 import sys
@@ -13,7 +13,7 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
-from omni_triton.adapters import omni, qwen2_5_omni  # noqa: E402
+from omni_triton.adapters import qwen3_omni as omni, qwen2_5_omni  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
 from omni_triton.contracts.tensors import PACED, utf8_array  # noqa: E402
 
@@ -50,13 +50,13 @@ def _bls(cls):
 @pytest.mark.parametrize("async_chunk", [True, False], ids=["speak-while-thinking", "after-the-thinker"])
 @pytest.mark.parametrize("paced", [True, False])
 def test_omni_passes_paced_on_to_its_talker(sent, monkeypatch, async_chunk, paced):
-    bls = _bls(omni.OmniPipeline)
-    job = omni._OmniJob(inputs=[(ch.PROMPT, utf8_array("Hello"))], audio=True, voice="Ethan", max_frames=None,
+    bls = _bls(omni.Qwen3OmniPipeline)
+    job = omni._Qwen3OmniJob(inputs=[(ch.PROMPT, utf8_array("Hello"))], audio=True, voice="Ethan", max_frames=None,
                         async_chunk=async_chunk, paced=paced)
     if not async_chunk:  # the thinker's finished outputs, as _think returns them
-        monkeypatch.setattr(omni.OmniPipeline, "_think", lambda self, job, stream, prefix: _talker_in())
+        monkeypatch.setattr(omni.Qwen3OmniPipeline, "_think", lambda self, job, stream, prefix: _talker_in())
     list(bls.generate(job, _stream(paced)))
-    (talker_inputs,) = sent["omni_talker"]
+    (talker_inputs,) = sent["qwen3_omni_talker"]
     assert (PACED in talker_inputs) == paced
 
 
@@ -67,13 +67,13 @@ def _talker_in():
 
 @pytest.mark.parametrize("paced", [True, False])
 def test_omni_talker_passes_paced_on_to_the_thinker_it_streams(sent, paced):
-    talker = object.__new__(omni.OmniTalkerStage)
-    talker.thinker_model, talker.flags, talker.step_scheduler = "omni_thinker", None, None
+    talker = object.__new__(omni.Qwen3OmniTalkerStage)
+    talker.thinker_model, talker.flags, talker.step_scheduler = "qwen3_omni_thinker", None, None
     talker.talker = SimpleNamespace(stream_while_thinking=lambda steps, *a, **k: iter(list(steps)))
     talker.metrics = SimpleNamespace(count=lambda *a: None)
     job = omni._AsyncTalkerJob([(ch.PROMPT, utf8_array("Hello"))], "Ethan", None)
     list(talker.generate(job, _stream(paced)))
-    (thinker_inputs,) = sent["omni_thinker"]
+    (thinker_inputs,) = sent["qwen3_omni_thinker"]
     assert (PACED in thinker_inputs) == paced
 
 
@@ -83,8 +83,8 @@ def test_qwen25_omni_stages_never_send_paced():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "model_repository"
-    for cls, callee in [(qwen2_5_omni.Qwen25OmniPipeline, "qwen25_omni_talker"),
-                        (qwen2_5_omni.Qwen25TalkerStage, "qwen25_omni_thinker"),
-                        (omni.OmniPipeline, "omni_talker"), (omni.OmniTalkerStage, "omni_thinker")]:
+    for cls, callee in [(qwen2_5_omni.Qwen25OmniPipeline, "qwen2_5_omni_talker"),
+                        (qwen2_5_omni.Qwen25OmniTalkerStage, "qwen2_5_omni_thinker"),
+                        (omni.Qwen3OmniPipeline, "qwen3_omni_talker"), (omni.Qwen3OmniTalkerStage, "qwen3_omni_thinker")]:
         declares = '"PACED"' in (root / callee / "config.pbtxt").read_text()
         assert cls.pass_paced == declares, (cls.__name__, callee)

@@ -22,7 +22,7 @@ torch.set_num_threads(1)
 from omni_triton.checkpoints import qwen3_omni as ckpt  # noqa: E402
 from omni_triton.contracts import chat  # noqa: E402
 from omni_triton.stages import chunking  # noqa: E402
-from omni_triton.stages import codec_tts as ct  # noqa: E402
+from omni_triton.stages import csm as ct  # noqa: E402
 from omni_triton.stages import qwen3_omni as qo  # noqa: E402
 
 WAVE_TOL = 2e-4
@@ -266,7 +266,7 @@ def test_keep_new_samples_tiles_chunks_with_a_trimmed_tail():
 
 
 def test_validate_chunk():
-    from omni_triton.stages.codec_tts import validate_chunk
+    from omni_triton.stages.csm import validate_chunk
 
     c, left = validate_chunk(np.zeros((1, 6, 4), np.int32), np.array([[2]]), 4, 64)
     assert c.shape == (6, 4) and c.dtype == np.int64 and left == 2

@@ -221,9 +221,9 @@ def test_text_feed_waits_and_wakes():
 
 
 def test_triton_increments_round_trip_gives_the_same_speech(stages):
-    """What omni_thinker sends (ASYNC_CHUNK increments as tensors) and omni_talker rebuilds
-    (``adapters.omni._talker_increments`` / ``_step_increments``) feeds the talker the same."""
-    from omni_triton.adapters import omni as adapter
+    """What qwen3_omni_thinker sends (ASYNC_CHUNK increments as tensors) and qwen3_omni_talker rebuilds
+    (``adapters.qwen3_omni._talker_increments`` / ``_step_increments``) feeds the talker the same."""
+    from omni_triton.adapters import qwen3_omni as adapter
 
     thinker, talker, _ = stages
     ids = _ids(thinker, "What is the capital of France?")

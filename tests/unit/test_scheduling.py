@@ -347,7 +347,7 @@ def test_a_paced_request_to_a_low_water_consumer_is_due_in_groups_of_the_first_c
 
 
 class StreamReader(Speaker):
-    """A stage that reads decoupled BLS streams (``omni_talker``), scheduled."""
+    """A stage that reads decoupled BLS streams (``qwen3_omni_talker``), scheduled."""
 
     reads_bls_streams = True
     workers = 0
@@ -383,10 +383,10 @@ def _params(config):
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-@pytest.mark.parametrize("talker,bls,gets_paced", [("tts_talker", "tts", True), ("omni_talker", "omni", True)])
+@pytest.mark.parametrize("talker,bls,gets_paced", [("csm_talker", "csm", True), ("qwen3_omni_talker", "qwen3_omni", True)])
 def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls, gets_paced):
     """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames, its
-    low water included where the BLS passes PACED on (``tts`` and ``omni``); the BLS admits more
+    low water included where the BLS passes PACED on (``csm`` and ``qwen3_omni``); the BLS admits more
     requests at once than the talker has instances (else they queue whole)."""
     t, b = _params(_config(talker)), _params(_config(bls))
     assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "frames"
@@ -399,23 +399,23 @@ def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls, gets_pa
 
 
 def test_the_omni_thinker_schedules_tokens_by_the_omni_chunk_schedule():
-    """``omni_thinker``'s token deadlines are the frames' of the talker it feeds (TokenDeadline),
+    """``qwen3_omni_thinker``'s token deadlines are the frames' of the talker it feeds (TokenDeadline),
     with omni's chunk schedule; one worker (one request's tokens at a time)."""
-    t, b = _params(_config("omni_thinker")), _params(_config("omni"))
+    t, b = _params(_config("qwen3_omni_thinker")), _params(_config("qwen3_omni"))
     assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "tokens"
     assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
     assert float(t["frame_rate_hz"]) == 12.5 and t.get("scheduler_workers", "1") == "1"
-    assert _params(_config("omni_talker")).get("scheduler_workers") == "1"  # it reads omni_thinker's streams
-    # omni_talker passes omni's PACED on: the tokens of a paced answer are due in low-water groups
-    assert t["low_water_ms"] == b["low_water_ms"] and "PACED" in {i.name for i in _config("omni_thinker").input}
+    assert _params(_config("qwen3_omni_talker")).get("scheduler_workers") == "1"  # it reads qwen3_omni_thinker's streams
+    # qwen3_omni_talker passes omni's PACED on: the tokens of a paced answer are due in low-water groups
+    assert t["low_water_ms"] == b["low_water_ms"] and "PACED" in {i.name for i in _config("qwen3_omni_thinker").input}
 
 
 def test_piper_schedules_by_audio():
-    p = _params(_config("piper_tts"))
+    p = _params(_config("piper"))
     assert scheduling_policy(p, env={}) is Policy.DEADLINE and p.get("deadline_unit", "audio") == "audio"
 
 
-@pytest.mark.parametrize("name", ["piper_tts", "tts_talker"])
+@pytest.mark.parametrize("name", ["piper", "csm_talker"])
 def test_scheduled_speech_stages_pace_paced_requests(name):
     """The stages the frontend streams declare PACED and keep a lead (max_lead_ms) of at least
     one second, so pacing is on and cannot starve a stream of its next chunk."""
@@ -448,8 +448,8 @@ def test_qwen3_tts_admits_as_many_requests_as_its_talker_batches():
     assert bls >= int(_params(_config("qwen3_tts_talker"))["max_num_seqs"])
 
 
-@pytest.mark.parametrize("talker, bls", [("qwen3_tts_talker", "qwen3_tts"), ("tts_talker", "tts"),
-                                         ("omni_talker", "omni")])
+@pytest.mark.parametrize("talker, bls", [("qwen3_tts_talker", "qwen3_tts"), ("csm_talker", "csm"),
+                                         ("qwen3_omni_talker", "qwen3_omni")])
 def test_talker_groups_divide_every_chunk_of_its_bls(talker, bls):
     """A talker sends emit_frames frames at a time; a group that does not divide the BLS's first
     and later chunk sizes would hold a chunk's last frames back until the group fills (first
@@ -478,10 +478,10 @@ def test_frame_groups_hold_frames_until_full_and_lose_none():
 
 
 def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
-    """tts_talker with emit_frames 5: the held frames are steps without a response (None), so the
+    """csm_talker with emit_frames 5: the held frames are steps without a response (None), so the
     scheduler still interleaves open requests frame by frame; without them one step would run a
     whole group (5 frames of talker compute) while the other streams wait."""
-    from omni_triton.adapters.speech import CodecTalkerStage
+    from omni_triton.adapters.speech import CsmTalkerStage
     from omni_triton.contracts.speech import CODES
 
     class FakeTalker:
@@ -499,7 +499,7 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
         def cancelled(self):
             return False
 
-    stage = CodecTalkerStage.__new__(CodecTalkerStage)
+    stage = CsmTalkerStage.__new__(CsmTalkerStage)
     stage.talker, stage.emit_frames, stage.metrics, stage.step_scheduler = FakeTalker(), 3, Counter(), object()
     steps = list(stage.generate(("Hi.", 0, 0, 7), Stream()))
     assert [None if s is None else len(s[CODES]) for s in steps] == [None, None, 3, None, None, 3, None, 1]
@@ -508,7 +508,7 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
 
 
 def test_omni_talker_groups_frames_and_sends_the_rest_unless_cancelled():
-    from omni_triton.adapters.omni import _FrameGroups
+    from omni_triton.adapters.qwen3_omni import _FrameGroups
     from omni_triton.contracts.speech import CODES
 
     class Stream:

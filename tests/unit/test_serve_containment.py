@@ -1,5 +1,5 @@
-"""``serve``'s supervision (omni_triton.cli._supervise) against a real tritonserver on a throw-away
-repository: a stub killed with SIGKILL has its orphaned child process and that child's /dev/shm
+"""``serve``'s supervision (omni_triton.serve.supervisor.supervise) against a real tritonserver on a
+throw-away repository: a stub killed with SIGKILL has its orphaned child process and that child's /dev/shm
 file removed and its model reloaded; a tritonserver that dies with SIGSEGV is restarted after the
 backoff, and the status file (``/health``'s source) records the restart and the crash reason."""
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import psutil
 
-from omni_triton.cli import _supervise
-from omni_triton.launcher import RestartBackoff, ServeStatus, TritonServer, crash_reason, free_port
+from omni_triton.serve.process import free_port
+from omni_triton.serve.server import TritonServer
+from omni_triton.serve.supervisor import RestartBackoff, ServeStatus, crash_reason, supervise
 
 SPAWNER = textwrap.dedent('''\
     import json, os, subprocess
@@ -101,7 +102,7 @@ def test_dead_stub_children_are_reaped_and_a_crashed_server_restarts(tmp_path):
         server.wait_ready(timeout=120)
         first = spawned()[0]
         _wait(lambda: os.path.exists(first["shm"]), "the child's shm file")
-        supervisor = threading.Thread(target=_supervise, args=(server, None, args, stop, status))
+        supervisor = threading.Thread(target=supervise, args=(server, None, args, stop, status))
         supervisor.start()
         time.sleep(2.5)  # a few supervision ticks: the stub's family is remembered
 
@@ -160,7 +161,7 @@ def test_a_stub_that_died_before_serve_saw_it_is_reported_before_its_reload(tmp_
         region = stub.cmdline()[2]
         stub.kill()  # before any scan: serve never saw this stub
         _wait(lambda: not stub.is_running() or stub.status() == psutil.STATUS_ZOMBIE, "the stub's death")
-        supervisor = threading.Thread(target=_supervise, args=(server, None, args, stop, status))
+        supervisor = threading.Thread(target=supervise, args=(server, None, args, stop, status))
         supervisor.start()
         _wait(lambda: status.stub_reloads.get("spawner") == 1, "the model reload")
         death = status.last_stub_death
@@ -185,7 +186,7 @@ def test_a_stub_seen_once_is_reported_once():
     calls is reported by the scan alone. Scanning first would miss it, report it ``unseen`` and
     reload, then report its family again on the next tick: a second report would end requests
     already running on the reloaded model."""
-    from omni_triton.cli import _StubWatch
+    from omni_triton.serve.supervisor import StubWatch
 
     class FakeServer:
         models, repositories = ["m"], []
@@ -225,7 +226,7 @@ def test_a_stub_seen_once_is_reported_once():
             self.stub_reloads = kw.get("stub_reloads", self.stub_reloads)
 
     server, status = FakeServer(), Status()
-    watch = _StubWatch(server, status)
+    watch = StubWatch(server, status)
     server.die_after_next_call = True  # it dies between the tick's two calls
     for _ in range(3):
         watch.tick()

@@ -14,7 +14,7 @@ LONG = " ".join(f"This is sentence number {n} of a long answer." for n in range(
 @pytest.fixture(scope="module")
 def piper():
     from omni_triton.paths import model_dir
-    from omni_triton.stages.piper_tts import PiperSpeaker, discover_voices
+    from omni_triton.stages.piper import PiperSpeaker, discover_voices
 
     voices = discover_voices(model_dir("piper-voices"))
     if not voices:

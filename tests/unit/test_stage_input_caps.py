@@ -1,7 +1,7 @@
 """Stage-side caps on client text: Triton's inference port is reachable without the frontend
 (loopback, no key), so every stage that takes client text refuses an oversize input in its own
 request parsing, before any work, with the ``invalid input: ...`` error (HTTP 400). Before the
-fix, a 2 MB ``TEXT`` sent straight to ``piper_tts`` grew its stub from 508 MB to 2 GB.
+fix, a 2 MB ``TEXT`` sent straight to ``piper`` grew its stub from 508 MB to 2 GB.
 No Triton: ``fake_pb_utils`` stands in for the stub's module; each stage's heavy ``setup`` is
 replaced by the attributes its ``parse`` reads, and its work (``generate``/``dispatch``) fails the
 test if it is ever called."""
@@ -15,8 +15,8 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
-from omni_triton.adapters import chat, omni, qwen3_tts, speech, video  # noqa: E402
-from omni_triton.adapters import diffusion  # noqa: E402
+from omni_triton.adapters import llm as chat, qwen3_omni as omni, qwen3_tts, speech, wan as video  # noqa: E402
+from omni_triton.adapters import qwen_image as diffusion  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
 from omni_triton.contracts import image as im  # noqa: E402
 from omni_triton.contracts import qwen3_tts as q  # noqa: E402
@@ -68,13 +68,13 @@ def _qwen3_setup(self, args, params):
 
 def _chat_setup(self, args, params):
     self.voices, self.default_voice, self.tokenizer = ["joe"], "joe", None
-    if isinstance(self, omni.OmniPipeline):  # what its setup reads for MESSAGES (inline media parts)
+    if isinstance(self, omni.Qwen3OmniPipeline):  # what its setup reads for MESSAGES (inline media parts)
         self.messages_chars = omni._messages_chars(params)
 
 
 SPEECH = [
-    ("piper_tts", speech.PiperTts, _piper_setup, sp.TEXT),
-    ("tts", speech.TtsPipeline, _tts_setup, sp.TEXT),
+    ("piper", speech.PiperStage, _piper_setup, sp.TEXT),
+    ("csm", speech.CsmPipeline, _tts_setup, sp.TEXT),
     ("qwen3_tts", qwen3_tts.Qwen3TtsPipeline, _qwen3_setup, sp.TEXT),
     ("qwen3_tts INSTRUCTIONS", qwen3_tts.Qwen3TtsPipeline, _qwen3_setup, q.INSTRUCTIONS),
     ("qwen3_tts REF_TEXT", qwen3_tts.Qwen3TtsPipeline, _qwen3_setup, q.REF_TEXT),
@@ -93,21 +93,21 @@ def test_speech_text_over_max_input_chars_is_refused_before_work(label, cls, set
 
 
 def test_piper_reads_max_input_chars_from_its_config():
-    """``model_repository/piper_tts/config.pbtxt`` sets 4096; at the cap the text is accepted."""
-    stage = _caged(speech.PiperTts, _piper_setup)()
+    """``model_repository/piper/config.pbtxt`` sets 4096; at the cap the text is accepted."""
+    stage = _caged(speech.PiperStage, _piper_setup)()
     stage.initialize(_args({"max_input_chars": "4096"}))
     assert stage.max_input_chars == 4096
     assert stage.parse(pb.FakeRequest({sp.TEXT: np.array([b"a" * 4096], dtype=object)}))[0] == "a" * 4096
 
 
-CHAT = [("llm", chat.LlmStage), ("llm_tts", chat.LlmTtsPipeline), ("omni", omni.OmniPipeline)]
+CHAT = [("llm", chat.LlmStage), ("llm_tts", chat.LlmTtsPipeline), ("qwen3_omni", omni.Qwen3OmniPipeline)]
 
 
 @pytest.mark.parametrize("stage_cls", [c for _, c in CHAT], ids=[n for n, _ in CHAT])
 @pytest.mark.parametrize("name", [ch.PROMPT, ch.MESSAGES])
 def test_chat_prompt_over_the_cap_is_refused_before_work(stage_cls, name):
     # omni takes media parts inline in MESSAGES: none allowed here, so its cap is the text's
-    params = {"max_media_parts": "0"} if stage_cls is omni.OmniPipeline else {}
+    params = {"max_media_parts": "0"} if stage_cls is omni.Qwen3OmniPipeline else {}
     msg = _refused(stage_cls, _chat_setup, params, {name: b"x" * (8 * tensors.MAX_PROMPT_CHARS + 1)})
     assert msg.startswith("invalid input: ") and f"{name} has " in msg and "bytes" in msg, msg
     cap = tensors.MAX_PROMPT_CHARS if name == ch.PROMPT else tensors.MAX_MESSAGES_CHARS
@@ -119,7 +119,7 @@ def test_omni_messages_cap_admits_its_media_parts():
     from omni_triton.media.inputs import MediaLimits
 
     d = MediaLimits()
-    assert omni.OmniPipeline.messages_chars == omni._messages_chars({})
+    assert omni.Qwen3OmniPipeline.messages_chars == omni._messages_chars({})
     assert omni._messages_chars({}) > tensors.MAX_MESSAGES_CHARS + d.max_parts * 4 * d.max_part_bytes // 3
 
 

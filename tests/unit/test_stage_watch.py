@@ -1,4 +1,4 @@
-"""ServeStatusWatch reads serve's status file (written by omni_triton.launcher.ServeStatus) and
+"""ServeStatusWatch reads serve's status file (written by omni_triton.serve.supervisor.ServeStatus) and
 fires once per new stub death with the affected models; a death already in the file when the
 frontend starts is not re-fired."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from omni_triton.launcher import ServeStatus
+from omni_triton.serve.supervisor import ServeStatus
 from openai_frontend.stage_watch import ServeStatusWatch
 
 

@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from omni_triton.launcher import Frontend, free_port
+from omni_triton.serve.process import free_port
+from omni_triton.serve.server import Frontend
 from openai_frontend.storage_lock import LOCK_FILE, StorageLock, StorageLockedError
 from openai_frontend.video_jobs import JobSettings, VideoJobs
 from openai_frontend.voice_store import VoiceSettings, VoiceStore

@@ -15,7 +15,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from omni_triton import triton_admin
-from omni_triton.launcher import Frontend, TritonServer, free_port
+from omni_triton.serve.process import free_port
+from omni_triton.serve.server import Frontend, TritonServer
 from openai_frontend.engine import TritonEngine, TritonUnavailableError
 
 KEY = triton_admin.new_key()

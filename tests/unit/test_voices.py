@@ -646,9 +646,9 @@ def test_ws_speaking_session_is_not_idle():
     assert engine.completed == 1 and engine.cancelled == 0
 
 
-@pytest.mark.parametrize("model, expect", [("piper_tts", {"nova": "joe"}), ("llm_tts", {"alloy": "joe"}),
-                                           ("tts", {"nova": "3", "alloy": "0"}),
-                                           ("omni", {"nova": "Chelsie", "onyx": "Aiden"})])
+@pytest.mark.parametrize("model, expect", [("piper", {"nova": "joe"}), ("llm_tts", {"alloy": "joe"}),
+                                           ("csm", {"nova": "3", "alloy": "0"}),
+                                           ("qwen3_omni", {"nova": "Chelsie", "onyx": "Aiden"})])
 def test_every_speech_config_maps_every_openai_name(model, expect):
     """The table is read from each model's config.pbtxt (parameter openai_voices) through ModelInfo."""
     from pathlib import Path

@@ -1,7 +1,7 @@
 """Triton adapter: Qwen-Image text encoder (Qwen2.5-VL) -> prompt (+ negative) embeddings.
-Dynamic batching; logic in omni_triton.stages.diffusion.encode_prompts (edit: also the image)."""
+Dynamic batching; logic in omni_triton.stages.qwen_image.encode_prompts (edit: also the image)."""
 import locale
 
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
-from omni_triton.adapters.diffusion import TextEncoder as TritonPythonModel  # noqa: E402,F401
+from omni_triton.adapters.qwen_image import TextEncoder as TritonPythonModel  # noqa: E402,F401

@@ -25,11 +25,11 @@ Pieces (each usable and tested without Triton):
 - :class:`ChildReaper`: kills the engine's child processes (EngineCore) when the model is
   finalized or when the server process disappears (they outlive tritonserver otherwise,
   DESIGN.md section 4).
-- :class:`SentenceSegmenter`: cuts growing text into speakable sentences for ``piper_tts``.
+- :class:`SentenceSegmenter`: cuts growing text into speakable sentences for ``piper``.
 
 Layout: ``config`` (engine configuration), ``request`` (validation, templating), ``sentences``
 (``llm_tts`` segmentation); the engine runner and the reaper live in ``omni_triton.runtime``, the
-SmolLM2 builder in ``omni_triton.checkpoints.smollm2``.
+SmolLM2 builder in ``omni_triton.checkpoints.llm``.
 """
 from omni_triton.stages.llm.config import (  # noqa: F401
     EngineConfig,

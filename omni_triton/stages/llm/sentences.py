@@ -109,7 +109,7 @@ class SentenceSpeaker:
     two threads deadlocks python_backend (``omni_triton/adapters/bls.py``, "One thread").
 
     Args:
-        synthesize: ``sentence -> iterable of float32 PCM arrays [T]`` (e.g. a ``piper_tts`` BLS
+        synthesize: ``sentence -> iterable of float32 PCM arrays [T]`` (e.g. a ``piper`` BLS
             stream); closing the iteration early (the caller stops) closes it.
         segmenter: how text is cut (default :class:`SentenceSegmenter()`).
     """

@@ -16,7 +16,7 @@ from omni_triton.stages.qwen3_omni import OmniResult, SamplingSettings
 def run_pipeline(thinker: Qwen25Thinker, talker: Qwen25Talker | None, token2wav: Qwen25Token2Wav | None,
                  prompt_ids: Sequence[int], sampling: SamplingSettings, voice: str = "Chelsie",
                  talker_settings: TalkerSettings | None = None, audio: bool = True, seed: int = 0) -> OmniResult:
-    """What the ``qwen25_omni`` BLS model does through Triton, in one process: thinker text deltas
+    """What the ``qwen2_5_omni`` BLS model does through Triton, in one process: thinker text deltas
     -> (audio) talker codes -> one token2wav call on the whole utterance (DiT noise seeded with
     ``seed``). Returns an :class:`~omni_triton.stages.qwen3_omni.OmniResult` (``codes`` int64
     [T, 1], one audio chunk); ``timings`` in seconds: ``ttft_s``, ``thinker_s``, ``talker_s``,

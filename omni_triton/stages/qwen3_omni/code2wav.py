@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from omni_triton.checkpoints.common import read_manifest
-from omni_triton.stages.codec_tts.code2wav import decode_ragged
+from omni_triton.stages.csm.code2wav import decode_ragged
 
 # ---------------------------------------------------------------------------------- code2wav
 

@@ -45,7 +45,7 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
                  talker_settings: TalkerSettings | None = None, audio: bool = True,
                  first_chunk_frames: int = 5, chunk_frames: int = 25, left_context_frames: int = 25,
                  async_chunk: bool = False, thinker_steps=None, feed=None, media=None) -> OmniResult:
-    """The whole pipeline in-process, doing what the ``omni`` BLS model does through Triton:
+    """The whole pipeline in-process, doing what the ``qwen3_omni`` BLS model does through Triton:
     thinker text deltas -> (audio) talker frames -> :class:`ChunkSchedule` -> code2wav chunks.
     The no-Triton baseline of the benchmark and the unit parity test's subject. ``media``: the
     prompt's :class:`~omni_triton.stages.qwen3_omni.inputs.MultimodalInputs` (multimodal prompts).

@@ -86,7 +86,7 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 class ChatTokenizer:
     """The checkpoint's tokenizer and the ChatML ids the pipeline needs; no weights. Used by the
-    thinker and by the ``omni`` BLS model (which validates requests before calling the stages)."""
+    thinker and by the ``qwen3_omni`` BLS model (which validates requests before calling the stages)."""
 
     def __init__(self, tokenizer, im_start_token_id: int, assistant_token_id: int):
         self.tokenizer = tokenizer

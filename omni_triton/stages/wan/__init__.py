@@ -1,7 +1,7 @@
 """Wan2.2 video stages (diffusers ``WanPipeline``, two-expert form) split for Triton.
 
 The pipeline is cut where diffusers allows it (``prompt_embeds`` in, ``output_type="latent"``
-out), exactly as the Qwen-Image stages (``omni_triton.stages.diffusion``):
+out), exactly as the Qwen-Image stages (``omni_triton.stages.qwen_image``):
 
     text encoder (UMT5)  -> prompt / negative prompt embeddings
     denoiser (two WanTransformer3DModel experts switched at ``boundary_ratio`` + UniPC flow

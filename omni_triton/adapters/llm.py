@@ -1,0 +1,253 @@
+"""``TritonPythonModel`` classes of the chat pipelines (contract: ``omni_triton.contracts.chat``):
+``llm`` (vLLM AsyncLLM on its own event-loop thread) and ``llm_tts`` (BLS: llm -> sentences ->
+piper). Stub-only imports; logic in ``omni_triton.stages.llm`` and ``omni_triton.runtime``."""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from omni_triton.adapters.bls import stream_stage
+from omni_triton.adapters.stream import DecoupledStage, Final
+from omni_triton.adapters.triton_io import log, optional_str_input
+from omni_triton.contracts import chat as ch
+from omni_triton.contracts import speech as sp
+from omni_triton.contracts.tensors import MAX_MESSAGES_CHARS, MAX_PROMPT_CHARS, scalar_array, utf8_array
+
+LOGGER = logging.getLogger("llm")
+
+
+def _text_outputs(text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish, ch.PROMPT_TOKENS: scalar_array(prompt_tokens, "INT32"),
+            ch.COMPLETION_TOKENS: scalar_array(completion_tokens, "INT32")}
+
+
+#: chat text inputs and their stage-side caps in characters (bytes bounded before decoding)
+_CHAT_TEXT = ((ch.PROMPT, MAX_PROMPT_CHARS), (ch.MESSAGES, MAX_MESSAGES_CHARS),
+              (ch.SAMPLING_PARAMETERS, MAX_PROMPT_CHARS))
+
+
+def read_chat_request(request, messages_chars: int = MAX_MESSAGES_CHARS) -> tuple[str | None, str | None, str | None]:
+    """PROMPT, MESSAGES, SAMPLING_PARAMETERS of a chat request (``None`` where absent).
+
+    Each is refused (``ChatInputError``) over its cap: ``MAX_PROMPT_CHARS`` (the frontend's
+    ``--max-prompt-chars`` default; MESSAGES ``messages_chars``: twice that, for its JSON framing,
+    plus the inline media parts of a model that takes them, ``media_messages_chars``).
+
+    Raises:
+        UnicodeDecodeError: not UTF-8 (answered as INVALID_ARG).
+        ChatInputError: over a cap.
+    """
+    return tuple(optional_str_input(request, n, messages_chars if n == ch.MESSAGES else cap, ch.ChatInputError)
+                 for n, cap in _CHAT_TEXT)
+
+
+def chat_request_pairs(values: tuple[str | None, str | None, str | None]) -> list:
+    """The given ones of :func:`read_chat_request`'s values as ``(name, array)`` inputs of a stage."""
+    return [(n, utf8_array(v)) for n, v in zip((n for n, _ in _CHAT_TEXT), values) if v is not None]
+
+
+class LlmStage(DecoupledStage):
+    """``llm``: chat inputs (+ REQUEST_ID) -> text deltas from vLLM's AsyncLLM. The engine runs
+    on its own loop thread; its callbacks send through the base's :class:`ResponseStream`."""
+
+    stage = "llm"
+    input_error = ch.ChatInputError
+    cancel_flags = True
+    metric_specs = dict(
+        requests=("omni_llm_requests_total", "LLM requests started in the engine", "counter"),
+        invalid=("omni_llm_invalid_requests_total", "LLM requests rejected as invalid input", "counter"),
+        aborted=("omni_llm_aborted_total", "LLM requests aborted in the engine (cancelled)", "counter"),
+        prompt_tokens=("omni_llm_prompt_tokens_total", "Prompt tokens processed", "counter"),
+        generation_tokens=("omni_llm_generation_tokens_total", "Tokens generated", "counter"),
+        active=("omni_llm_active_requests", "LLM requests being generated now", "gauge"),
+    )
+
+    def setup(self, args, params):
+        from omni_triton.paths import cache_dir
+        from omni_triton.runtime.reaper import ChildReaper
+        from omni_triton.stages.llm import parse_engine_config
+
+        config = parse_engine_config(params, cache_dir() / "models")
+        os.environ.update(config.env)  # before vLLM is imported
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
+        import torch
+        from transformers import AutoTokenizer
+
+        from omni_triton.runtime.vllm_runner import AsyncEngineRunner
+
+        torch.set_num_threads(1)
+        self.config = config
+        model_path = config.engine_args["model"]
+        if not os.path.isdir(model_path):
+            raise RuntimeError(f"{model_path} does not exist; run `omni-triton prepare --models llm`")
+        self.tokenizer = AutoTokenizer.from_pretrained(config.engine_args.get("tokenizer", model_path))
+        self.reaper = ChildReaper()
+        try:
+            self.runner = AsyncEngineRunner(config.engine_args)
+        except BaseException:
+            self.reaper.reap(timeout=1.0)  # a half-started engine leaves no process behind
+            raise
+        self.reaper.snapshot()
+        import atexit
+
+        atexit.register(self.reaper.reap)
+        # If tritonserver dies, the EngineCore would outlive it: reap it and leave.
+        self.reaper.watch(os.getppid(), on_gone=lambda: os._exit(0))
+        # If the engine dies (EngineCore killed, OOM), leave too: serve reloads the model with a
+        # new engine. The 2 s let the in-flight requests' error responses go out first.
+        self.runner.watch_engine(self._engine_died)
+        log("info", f"llm ready: {model_path} (engine processes {self.reaper.snapshot()})")
+
+    def _engine_died(self) -> None:
+        log("error", "llm: the vLLM engine died; exiting the stub so the model is reloaded")
+        time.sleep(2.0)
+        self.reaper.reap(timeout=1.0)
+        os._exit(1)
+
+    def parse(self, request):
+        from omni_triton.stages.llm import build_generation_job
+
+        return build_generation_job(f"llm-{uuid.uuid4().hex}", self.tokenizer, *read_chat_request(request),
+                                    self.config.max_model_len, self.config.default_max_tokens)
+
+    def dispatch(self, job, stream):
+        self.metrics.count("prompt_tokens", len(job.prompt_ids))
+
+        def on_delta(delta):  # on the engine's loop thread
+            self.metrics.count("generation_tokens", delta.new_tokens)
+            if delta.final and delta.finish_reason == "abort":
+                self.metrics.count("aborted")
+            stream.send(_text_outputs(delta.text, delta.finish_reason or "", delta.prompt_tokens,
+                                      delta.completion_tokens), final=delta.final)
+
+        def done(future):
+            exc = future.exception() if not future.cancelled() else RuntimeError("cancelled")
+            self.finish(job, stream, exc if not stream.final_sent else None)
+
+        self.runner.submit(job, on_delta, stream.cancelled).add_done_callback(done)
+
+    def finalize(self):
+        start = time.monotonic()
+        try:
+            clean = self.runner.shutdown(timeout=1.0, reaper=self.reaper)
+        except Exception:
+            LOGGER.exception("llm: engine shutdown failed")
+            clean = False
+        reaped = self.reaper.reap(timeout=0.5)  # whatever is left
+        log("info", f"llm finalized in {time.monotonic() - start:.1f} s (engine shutdown "
+                    f"{'clean' if clean else 'timed out'}; reaped {reaped})")
+        # Drop the metric families now: destroyed later, at interpreter exit (the engine's threads
+        # and closures keep this object alive until then), they segfault the 2.51 stub
+        # (Metric::Clear after its shared memory is gone).
+        self.metrics = None
+        self.telemetry.close()
+        gc.collect()
+
+
+@dataclass
+class _SpokenJob:
+    inputs: list
+    audio: bool
+    voice: str
+
+
+class LlmTtsPipeline(DecoupledStage):
+    """``llm_tts`` BLS: the llm's text deltas streamed as they come; with audio, each completed
+    sentence is spoken by ``piper`` as soon as it is complete (the llm keeps generating)."""
+
+    stage = "llm_tts"
+    input_error = ch.ChatInputError
+    reads_bls_streams = True
+    per_instance_metrics = True  # several instances (stub processes)
+    llm, tts = "llm", "piper"
+    metric_specs = dict(
+        received=("omni_llm_tts_requests_total", "Spoken-answer requests received", "counter"),
+        invalid=("omni_llm_tts_invalid_requests_total", "Requests rejected as invalid input", "counter"),
+        cancelled=("omni_llm_tts_cancelled_total", "Requests cancelled by the client", "counter"),
+        sentences=("omni_llm_tts_sentences_total", "Sentences sent to the TTS stage", "counter"),
+        seconds=("omni_llm_tts_audio_seconds_total", "Seconds of audio streamed", "counter"),
+    )
+
+    def setup(self, args, params):
+        from transformers import AutoTokenizer
+
+        from omni_triton.paths import model_dir
+        from omni_triton.runtime.cancel_flags import CancelFlags
+
+        self.voices = [v.strip() for v in params.get("voices", "joe").split(",") if v.strip()]
+        self.default_voice = params.get("default_voice", self.voices[0])
+        self.sample_rate = int(params.get("sample_rate", "22050"))
+        self.min_chars = int(params.get("min_sentence_chars", "12"))
+        self.max_chars = int(params.get("max_sentence_chars", "300"))
+        self.stage_flags = CancelFlags.for_server()
+        # The llm's tokenizer, to reject bad input with INVALID_ARG before calling the llm: 2.51
+        # turns a BLS response's error code into INTERNAL, so the llm's INVALID_ARG would be lost.
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir(params.get("tokenizer", "smollm2")))
+        self.max_model_len = int(params.get("max_model_len", "2048"))
+
+    def parse(self, request):
+        from omni_triton.stages.llm import build_generation_job
+
+        self.metrics.count("received")  # every request, the invalid ones included
+        modalities = ch.parse_modalities(optional_str_input(request, ch.MODALITIES))
+        voice = ch.match_voice(optional_str_input(request, ch.VOICE), self.voices, self.default_voice)
+        text_inputs = read_chat_request(request)
+        build_generation_job("validation", self.tokenizer, *text_inputs, self.max_model_len, 1,
+                             check_with_vllm=False)  # validation only; the llm tokenizes again
+        return _SpokenJob(chat_request_pairs(text_inputs), "audio" in modalities, voice)
+
+    def _response(self, text, finish, counts, audio=None):
+        return {**_text_outputs(text, finish, *counts),
+                ch.AUDIO: np.zeros(0, np.float32) if audio is None else np.ascontiguousarray(audio, dtype=np.float32),
+                ch.SAMPLE_RATE: scalar_array(self.sample_rate, "INT32")}
+
+    def _synthesize(self, voice, stream):
+        def run(sentence):
+            inputs = [(sp.TEXT, utf8_array(sentence)), (sp.VOICE, utf8_array(voice))]
+            for out in stream_stage(self.tts, inputs, [sp.AUDIO], stream.cancelled, parent=stream):
+                pcm = out.get(sp.AUDIO)
+                if pcm is not None and pcm.size:
+                    yield pcm.reshape(-1)
+        return run
+
+    def generate(self, job, stream):
+        """Text deltas as the llm streams them; with audio, each completed sentence is spoken
+        (piper) before the next deltas are read, all on this one thread (the llm keeps
+        generating meanwhile; see :class:`~omni_triton.stages.llm.SentenceSpeaker`)."""
+        from omni_triton.stages.llm import SentenceSegmenter, SentenceSpeaker
+
+        counts, finish = [0, 0], ""
+        speaker = SentenceSpeaker(self._synthesize(job.voice, stream),
+                                  SentenceSegmenter(min_chars=self.min_chars, max_chars=self.max_chars)) \
+            if job.audio else None
+
+        def audio(chunks):
+            for pcm in chunks:
+                self.metrics.count("seconds", pcm.size / self.sample_rate)
+                yield self._response("", "", tuple(counts), pcm)
+
+        for out in stream_stage(self.llm, job.inputs, ch.TEXT_OUTPUTS, stream.cancelled, self.stage_flags,
+                                f"llm_tts-{uuid.uuid4().hex}", parent=stream):
+            text = out[ch.TEXT_DELTA].reshape(-1)[0].decode("utf-8")
+            finish = out[ch.FINISH_REASON].reshape(-1)[0].decode("utf-8") or finish
+            counts[:] = [int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0])]
+            if stream.cancel_seen:
+                break
+            if text:
+                yield self._response(text, "", tuple(counts))
+            if speaker is not None:
+                yield from audio(speaker.push_text(text))
+                if stream.cancel_seen:
+                    break  # cancelled while a sentence was spoken
+        if stream.cancel_seen or stream.cancelled():
+            finish = "abort"
+        elif speaker is not None:
+            yield from audio(speaker.finish())
+            self.metrics.count("sentences", len(speaker.sentences))
+        yield Final(self._response("", finish or "stop", tuple(counts)))

@@ -1,0 +1,101 @@
+"""Process plumbing shared by the server and the frontend child: process groups, ports, /dev/shm.
+
+Children start in their own process group (:func:`child_setup`) and get SIGTERM when ``serve``
+dies; :func:`stop_process_group` ends the whole group, so stubs and engine workers never outlive
+the child that started them.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerStartError(RuntimeError):
+    """tritonserver (or the frontend) did not become ready; the message names the failing model."""
+
+
+def child_setup() -> None:
+    """In the child: new process group, and SIGTERM when the launcher dies (Linux prctl)."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM a child started with :func:`child_setup`, wait, then SIGKILL its whole group.
+
+    The group holds everything the child started (Triton stubs, engine workers), so the final
+    SIGKILL leaves no orphan even when the child exits before its children do.
+    """
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s whole process group now, without the SIGTERM and wait of
+    :func:`stop_process_group` (for a server that is wedged after a fatal signal); the caller
+    sees the exit at its next ``poll()``."""
+    try:
+        os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def check_ports_free(ports: dict[str, int]) -> None:
+    """Raise :class:`ServerStartError` naming every port (by role) that something already uses.
+
+    Without this check a second server would fail to bind while the launcher's readiness probe
+    talked to whatever already listens there.
+    """
+    import socket
+
+    busy = []
+    for role, port in ports.items():
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                busy.append(f"{role} port {port}")
+    if busy:
+        raise ServerStartError(f"already in use: {', '.join(busy)} (another server running? "
+                               "pick other ports with the --*-port options)")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_files(pid: int) -> set[str]:
+    """Files under /dev/shm that process ``pid`` maps (from /proc/<pid>/maps); empty if gone."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {line.split(None, 5)[5].strip() for line in maps
+                    if " /dev/shm/" in line and len(line.split(None, 5)) == 6}
+    except OSError:
+        return set()

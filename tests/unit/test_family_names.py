@@ -1,0 +1,35 @@
+"""One family, one name (issue 24 item 1): every Triton model, stage package and adapter module is
+named after its model family, and the family rename did not change a name OpenAI clients use."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from openai_frontend.engine.model_info import model_info_from_config
+
+ROOT = Path(__file__).resolve().parents[2]
+FAMILIES = ("llm", "piper", "csm", "qwen3_omni", "qwen2_5_omni", "qwen3_tts", "qwen_image", "wan")
+# Triton name -> the OpenAI name it had before the rename (config parameter served_model_name)
+RENAMED = {"csm": "tts", "qwen3_omni": "omni", "qwen2_5_omni": "qwen25_omni", "piper": "piper_tts"}
+
+
+def _config(name: str):
+    return text_format.Parse((ROOT / "model_repository" / name / "config.pbtxt").read_text(),
+                             model_config_pb2.ModelConfig())
+
+
+@pytest.mark.parametrize("triton, api", sorted(RENAMED.items()))
+def test_renamed_pipelines_keep_their_openai_name(triton, api):
+    info = model_info_from_config(_config(triton))
+    assert info.name == triton
+    assert info.public_name == api  # what /v1/models lists and clients send as "model"
+
+
+def test_every_model_folder_is_named_after_its_family():
+    models = sorted(p.parent.name for p in (ROOT / "model_repository").glob("*/config.pbtxt"))
+    strays = [m for m in models if not any(m == f or m.startswith(f + "_") for f in FAMILIES)]
+    assert models and not strays
+

@@ -1,0 +1,62 @@
+"""The model graph of omni_triton.serve.repository that serve's stub watch acts on (and on-demand
+loading will reuse): who hangs when a stub dies (``dependents``), which decoupled callees of a BLS
+model are restarted with it (``stream_callees``), and which models lack a stub
+(``server.missing_instances``). Throw-away repositories, no tritonserver."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from omni_triton.serve.repository import dependents, stream_callees
+from omni_triton.serve.server import missing_instances
+
+
+def _model(repo: Path, name: str, extra: str = "", backend: str = "python") -> Path:
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
+        name: "{name}"
+        backend: "{backend}"
+        max_batch_size: 0
+        input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+        output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+        """) + extra + "\n")
+    return folder
+
+
+def _depends_on(*names: str) -> str:
+    return f'parameters {{ key: "depends_on" value {{ string_value: "{", ".join(names)}" }} }}'
+
+
+DECOUPLED = "model_transaction_policy { decoupled: true }"
+
+
+def test_dependents_follow_the_graph_transitively_and_only_among_loaded(tmp_path):
+    _model(tmp_path, "stage")
+    _model(tmp_path, "bls", _depends_on("stage"))
+    _model(tmp_path, "outer", _depends_on("bls"))  # needs stage only through bls
+    _model(tmp_path, "other")
+    loaded = ["outer", "bls", "stage", "other"]  # a dependent listed before what it needs
+    assert dependents("stage", loaded, [tmp_path]) == ["outer", "bls", "stage"]
+    assert dependents("bls", loaded, [tmp_path]) == ["outer", "bls"]
+    assert dependents("stage", ["stage", "outer"], [tmp_path]) == ["stage"]  # bls not loaded
+    assert dependents("ghost", loaded, [tmp_path]) == ["ghost"]
+
+
+def test_stream_callees_are_the_loaded_decoupled_models_a_bls_reads(tmp_path):
+    _model(tmp_path, "talker", DECOUPLED)
+    _model(tmp_path, "code2wav", DECOUPLED)
+    _model(tmp_path, "plain")  # not decoupled: a dead caller does not wedge it
+    _model(tmp_path, "bls", _depends_on("talker", "plain", "code2wav"))
+    _model(tmp_path, "notbls", _depends_on("talker"), backend="onnxruntime")
+    loaded = ["talker", "code2wav", "plain", "bls", "notbls"]
+    assert stream_callees("bls", loaded, [tmp_path]) == ["talker", "code2wav"]
+    assert stream_callees("bls", ["talker", "bls"], [tmp_path]) == ["talker"]
+    assert stream_callees("notbls", loaded, [tmp_path]) == []
+    assert stream_callees("talker", loaded, [tmp_path]) == []  # no depends_on
+    assert stream_callees("ghost", loaded, [tmp_path]) == []
+
+
+def test_missing_instances_counts_each_instance():
+    assert missing_instances({"a": 2, "b": 1, "c": 1}, {"a": 1, "b": 1}) == ["a", "c"]
+    assert missing_instances({"a": 2}, {"a": 2}) == []
