@@ -149,7 +149,8 @@ class FuzzReport:
 
     def summary(self) -> str:
         per_op = sorted(self.requests.values())
-        selected = "" if self.operations_selected == self.operations_total else f" ({self.operations_selected} selected)"
+        selected = ("" if self.operations_selected == self.operations_total
+                    else f" ({self.operations_selected} selected)")
         return (f"operations {self.operations}/{self.operations_total}{selected}, --max-examples {self.max_examples}, "
                 f"{self.cases} cases: {sum(per_op)} requests to {len(per_op)} operations (per operation min "
                 f"{per_op[0] if per_op else 0}, median {per_op[len(per_op) // 2] if per_op else 0}, max "
@@ -163,7 +164,7 @@ def _template(paths: list[str], url_path: str) -> str:
     parts = url_path.rstrip("/").split("/")
     for template in sorted(paths, key=lambda p: p.count("{")):
         t = template.split("/")
-        if len(t) == len(parts) and all(a == b or a.startswith("{") for a, b in zip(t, parts)):
+        if len(t) == len(parts) and all(a == b or a.startswith("{") for a, b in zip(t, parts, strict=True)):
             return template
     return url_path
 

@@ -8,8 +8,8 @@ summaries. The definitions of each figure are in ``clients/bench_tts.py``'s modu
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from clients.bench_common import describe, ratio
 from omni_triton.runtime.playback import CONTINUITY_STALL_S, PlaybackClock
@@ -200,7 +200,6 @@ def listen_to_end(r: RequestResult, t0: float, waits: list | None = None) -> Non
     ``time.perf_counter()`` at its send); the wait (s) is appended to ``waits``. A benchmark's
     ``--listen`` client: it asks for its next answer once it has heard this one, so C clients
     are C listeners instead of C clients that keep a faster-than-real-time server saturated."""
-    import time
 
     if r.player is None or r.player.play_end is None:
         return

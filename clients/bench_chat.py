@@ -58,9 +58,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from clients.bench_common import (
     closed_loop,
@@ -119,7 +119,7 @@ class ChatResult:
     @property
     def itl_s(self) -> list[float]:
         t = self.content_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
 
     @property
     def tpot_s(self) -> float | None:
@@ -353,8 +353,8 @@ class VllmServer:
 def llm_engine_config() -> tuple[dict, dict[str, str]]:
     """Engine arguments and environment of the ``llm`` stage, read from its ``config.pbtxt`` the
     way the stage reads them (``omni_triton.stages.llm.parse_engine_config``)."""
-    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.paths import cache_dir
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.stages.llm import parse_engine_config
 
     params = model_parameters(available_models()[MODEL])
@@ -394,10 +394,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
+    from omni_triton.paths import cache_dir
     from omni_triton.serve.process import free_port
     from omni_triton.serve.repository import available_models
     from omni_triton.serve.server import Frontend, TritonServer
-    from omni_triton.paths import cache_dir
 
     started = stop_all_on_sigterm()  # what this run starts, stopped in `finally` and on SIGTERM
     t_start = time.perf_counter()
@@ -484,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                 s = summarize(res, wall)
                 s["per_request"] = [r.to_json() for r in res]
                 omni["levels"]["1"] = s
-                log(f"  omni c=1 ok={s['ok']} text TTFT {s['ttft_ms']['mean']} ms  audio TTFP {s['ttfp_ms']['mean']} ms")
+                log(f"  omni c=1 ok={s['ok']} text TTFT {s['ttft_ms']['mean']} ms  "
+                    f"audio TTFP {s['ttfp_ms']['mean']} ms")
             for proc in reversed(started):
                 proc.stop()
             started.clear()

@@ -13,9 +13,10 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Generic, Iterator, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -226,7 +227,7 @@ class InstancePool(Generic[T]):
         if not instances:
             raise ValueError("an InstancePool needs at least one instance")
         self.instances = list(instances)
-        self._free: "queue.Queue[T]" = queue.Queue()
+        self._free: queue.Queue[T] = queue.Queue()
         for obj in self.instances:
             self._free.put(obj)
 

@@ -58,6 +58,7 @@ Ratios (``ratios``):
 
 No timing is asserted anywhere: this is a benchmark, not a test.
 """
+# ruff: noqa: E402 - the thread-count variables are set before any import that starts a pool
 from __future__ import annotations
 
 import os
@@ -71,20 +72,20 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Sequence
 
 from clients.bench_common import (  # noqa: F401 - Result/summarize/metric_sum re-exported
     Result,
     closed_loop,
-    measure_level,
-    metric_sum,
-    summarize,
     git_commit,
     machine_info,
+    measure_level,
+    metric_sum,
     parse_concurrency,
     ratio,
     stop_all_on_sigterm,
+    summarize,
 )
 
 MODEL = "qwen_image"
@@ -148,7 +149,7 @@ def call_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]
                                           steps=steps, seed=i)
             encode_image(pixels, "png")
             return Result(i, time.perf_counter() - t)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return Result(i, error=f"{type(exc).__name__}: {exc}")
 
     return run_one
@@ -177,7 +178,7 @@ def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Re
                 pixels = vae_decode(pipe, [latents], [(height, width)])[0]
             encode_image(pixels, "png")
             return Result(i, time.perf_counter() - t)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return Result(i, error=f"{type(exc).__name__}: {exc}")
 
     return run_one
@@ -196,7 +197,7 @@ def frontend_run_one(http, url: str, width: int, height: int, steps: int) -> Cal
             body = r.json()
             base64.b64decode(body["data"][0]["b64_json"])
             return Result(i, elapsed, denoise_s=body["usage"].get("denoise_seconds"))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return Result(i, error=f"{type(exc).__name__}: {exc}")
 
     return run_one
@@ -214,7 +215,8 @@ def format_table(results: dict, rat: dict) -> str:
             lines.append(f"{path:<14} {c:>2} {s['requests']:>4} {s['ok']:>4} {f(s['requests_per_s'], 2):>7} "
                          f"{f(lat['p50']):>8} {f(lat['p90']):>8} {f(lat['p99']):>8} {f(lat['mean']):>8} "
                          f"{f(s['slo_attainment'], 2):>6} {f(s.get('denoiser_mean_batch'), 2):>9}")
-    lines.append(f"(SLO: fraction of requests within {next(iter(next(iter(results.values())).values()))['slo_ms']:.0f} ms; "
+    slo_ms = next(iter(next(iter(results.values())).values()))["slo_ms"] if results else 0.0
+    lines.append(f"(SLO: fraction of requests within {slo_ms:.0f} ms; "
                  "DiT batch: images per denoiser execution)" if results else "")
     lines.append("")
     lines.append(f"serving overhead (frontend C=1 p50 / in-process p50): {rat.get('serving_overhead_latency_p50')}")
@@ -282,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         if "frontend" in paths:
             url = args.frontend_url
             if not url:
+                from omni_triton.paths import cache_dir
                 from omni_triton.serve.process import free_port
                 from omni_triton.serve.server import Frontend, TritonServer
-                from omni_triton.paths import cache_dir
 
                 logs = cache_dir() / "logs"
                 tag = f"bench-diffusion-{os.getpid()}"

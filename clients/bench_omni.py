@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from clients.omni_grpc_stream import build_chat_inputs, stream_chat
-    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.checkpoints import qwen3_omni as ckpt
+    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.stages import qwen3_omni as qo
 
     torch.set_num_threads(1)
@@ -142,11 +142,13 @@ def main(argv: list[str] | None = None) -> int:
                                "lengths": lengths, "length_requests": args.length_requests,
                                "talker_max_frames": int(tp["default_max_frames"]),
                                "talker_min_frames": int(tp["default_min_frames"]),
-                               "chunks": [int(bls[k]) for k in ("first_chunk_frames", "chunk_frames", "left_context_frames")],
+                               "chunks": [int(bls[k]) for k in ("first_chunk_frames", "chunk_frames",
+                                                                "left_context_frames")],
                                "cpus": os.cpu_count()}, "results": {}}
 
     # 1) in-process, one stage object per served instance
-    counts = {stage: instance_count(stage) for stage in ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav")}
+    counts = {stage: instance_count(stage) for stage in ("qwen3_omni_thinker", "qwen3_omni_talker",
+                                                         "qwen3_omni_code2wav")}
     report["config"]["instances"] = counts
     if counts["qwen3_omni_thinker"] != 1:
         raise SystemExit("bench_omni: run_pipeline takes one thinker object; qwen3_omni_thinker has "
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     talker = _TalkerPool([qo.OmniTalker.from_pretrained(path) for _ in range(counts["qwen3_omni_talker"])])
     decoder = _LockedDecoder([qo.OmniCode2Wav.from_pretrained(path) for _ in range(counts["qwen3_omni_code2wav"])])
     settings = qo.TalkerSettings(max_frames=int(tp["default_max_frames"]), min_frames=int(tp["default_min_frames"]),
-                                 do_sample=tp["do_sample"] == "true", repetition_penalty=float(tp["repetition_penalty"]))
+                                 do_sample=tp["do_sample"] == "true",
+                                 repetition_penalty=float(tp["repetition_penalty"]))
 
     default_async = bls.get("async_chunk", "false").lower() == "true"
 
@@ -163,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         ids = thinker.encode(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
         t = time.perf_counter()
         # waiting for a busy stage object counts in TTFT/TTFP/E2E, as queueing in Triton does
-        r = qo.run_pipeline(thinker, talker, decoder, ids, qo.SamplingSettings(max_tokens=max_tokens, min_tokens=min_tokens),
+        r = qo.run_pipeline(thinker, talker, decoder, ids,
+                            qo.SamplingSettings(max_tokens=max_tokens, min_tokens=min_tokens),
                             "Ethan", settings, first_chunk_frames=int(bls["first_chunk_frames"]),
                             chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]),
                             async_chunk=async_chunk)
@@ -184,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} c={c}: {json.dumps(report['results'][name][str(c)])}", flush=True)
         for n in lengths:  # TTFP vs answer length, async_chunk on and off side by side
             for mode in ("on", "off"):
-                results, wall = run_level(lambda i: fn(i, max_tokens=n, min_tokens=n, async_chunk=mode == "on"), 1,
+                def at_length(i, n=n, mode=mode):
+                    return fn(i, max_tokens=n, min_tokens=n, async_chunk=mode == "on")
+
+                results, wall = run_level(at_length, 1,
                                           args.length_requests)
                 row = summarize(results, wall)
                 row["audio_before_last_text"] = sum(bool(r.get("audio_before_last_text")) for r in results)
@@ -194,18 +201,19 @@ def main(argv: list[str] | None = None) -> int:
                       f"audio_before_last_text {row['audio_before_last_text']}/{row['ok']}", flush=True)
 
     run_path("inprocess", inprocess)
-    del thinker, talker, decoder
+    thinker = talker = decoder = None  # the stage objects go before the Triton part (inprocess is done)
 
     # 2) Triton gRPC
     server = None
     try:
         url = args.triton_grpc_url
         if not url:
+            from omni_triton.paths import cache_dir
             from omni_triton.serve.process import free_port
             from omni_triton.serve.server import TritonServer
-            from omni_triton.paths import cache_dir
 
-            server = TritonServer(["qwen3_omni", "qwen2_5_omni"], http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+            server = TritonServer(["qwen3_omni", "qwen2_5_omni"], http_port=free_port(), grpc_port=free_port(),
+                                  metrics_port=free_port(),
                                   log_path=cache_dir() / "logs" / f"bench-omni-{os.getpid()}.log")
             server.start()
             server.wait_ready(timeout=args.ready_timeout)

@@ -40,9 +40,18 @@ from pathlib import Path
 
 import numpy as np
 
+from clients.audio_bench_results import (
+    RequestResult,
+    add_load_args,
+    all_ratios,
+    format_scheduling,
+    format_table,
+    level_requests,
+    listen_to_end,
+    scheduling_summary,
+    summarize,
+)
 from clients.bench_common import closed_loop, git_commit, machine_info, parse_concurrency
-from clients.audio_bench_results import (RequestResult, add_load_args, all_ratios, format_scheduling, format_table,
-                                         level_requests, listen_to_end, scheduling_summary, summarize)
 
 FORMS = ("custom_voice", "voice_design", "base")
 LABEL = {"custom_voice": "q3-custom", "voice_design": "q3-design", "base": "q3-clone"}
@@ -104,7 +113,7 @@ def _run_levels(run_one, levels, n_requests, warmup, log, arrivals: str = "burst
             if first and first["e2e_ms"]["mean"] else 0.0
         stagger = cycle if arrivals == "staggered" and c > 1 else 0.0
         waits: list[float] = []
-        one = (lambda i: run_one(i, listen=True, waits=waits)) if listen else run_one
+        one = (lambda i, waits=waits: run_one(i, listen=True, waits=waits)) if listen else run_one
         results, wall = closed_loop(one, c, n, stagger_s=stagger, on_error=fail)
         out[str(c)] = summarize(results, wall)
         out[str(c)]["arrivals"], out[str(c)]["stagger_s"] = arrivals, round(stagger, 3)
@@ -144,7 +153,7 @@ def inprocess(args) -> dict:
     from omni_triton.paths import REPO_ROOT, model_dir
     from omni_triton.stages.chunking import ChunkedDecoder
     from omni_triton.stages.qwen3_tts.engine import Qwen3TtsCodec, Qwen3TtsForm
-    from omni_triton.stages.qwen3_tts.request import Qwen3TtsRequest, VoicePrompt
+    from omni_triton.stages.qwen3_tts.request import Qwen3TtsRequest
     from omni_triton.stages.qwen3_tts.scheduler import TalkerScheduler
     from omni_triton.stages.qwen3_tts.streaming import ContextSchedule
 
@@ -232,7 +241,7 @@ def served(args, grpc_url: str) -> dict:
             res = stream_qwen3_tts(grpc_url, qwen3_tts_inputs(kw.pop("text"), **kw, paced=args.paced),
                                    timeout_s=args.timeout)
             r = RequestResult(index=i, e2e_s=time.perf_counter() - t0)
-            for chunk, t in zip(res.chunks, res.arrival_s):  # the real-time player, from the arrival times
+            for chunk, t in zip(res.chunks, res.arrival_s, strict=True):  # the real-time player, from the arrival times
                 r.on_audio(t, chunk.size, res.sample_rate)
             r.sample_rate = res.sample_rate or r.sample_rate
             _listen(r, t0, listen, waits)

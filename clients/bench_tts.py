@@ -90,6 +90,7 @@ generates less audio per second).
 
 No timing is asserted anywhere: this is a benchmark, not a test.
 """
+# ruff: noqa: E402 - the thread-count variables are set before any import that starts a pool
 from __future__ import annotations
 
 import os
@@ -102,30 +103,40 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
+from clients.audio_bench_results import (  # noqa: F401 - re-exported for the tests and callers
+    RATIO_PAIRS,
+    TTFP_GROWTH_TARGET,
+    RequestResult,
+    _fmt,  # number formats (progress lines, JSON)
+    _round,
+    add_load_args,
+    all_ratios,
+    compare,
+    format_scheduling,
+    format_table,
+    level_requests,
+    listen_to_end,
+    path_label,
+    scheduling_summary,
+    split_label,
+    summarize,
+)
 from clients.bench_common import (
     InstancePool,
     closed_loop,
-    describe,
     git_commit,
     instance_count,
     machine_info,
     package_versions,
     parse_concurrency,
-    ratio,
     stop_all_on_sigterm,
 )
-from clients.audio_bench_results import (  # noqa: F401 - re-exported for the tests and callers
-    RATIO_PAIRS, TTFP_GROWTH_TARGET, RequestResult, all_ratios, compare, format_scheduling, format_table,
-    add_load_args, level_requests, listen_to_end, path_label, scheduling_summary, split_label, summarize,
-)
-from clients.audio_bench_results import _fmt, _round  # number formats (progress lines, JSON)
 from omni_triton.contracts import speech
 from omni_triton.contracts.speech import FrameBudget
-from omni_triton.runtime.playback import CONTINUITY_STALL_S, PlaybackClock
+from omni_triton.runtime.playback import CONTINUITY_STALL_S
 from omni_triton.runtime.scheduling import SCHEDULING_ENV
 
 #: The served pipelines and the paths each can be measured on. To add a pipeline (e.g. a
@@ -289,7 +300,7 @@ def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: fl
 
     from clients.tts_grpc_stream import build_inputs
 
-    responses: "queue.Queue" = queue.Queue()
+    responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     r = RequestResult(index=0)
     finished = False
@@ -505,7 +516,7 @@ class Bench:
                      f"{_fmt(s['throughput_audio_s_per_s'], 2)} audio s/s  ({wall:.1f} s)")
 
 
-def run_served(bench: "Bench", args, served: list[str], mode: str | None, started: list,
+def run_served(bench: Bench, args, served: list[str], mode: str | None, started: list,
                external: bool) -> tuple[dict, dict | None]:
     """Run the served ``paths`` of every model under one scheduling ``mode`` (``deadline``: the
     configs as shipped; ``fifo``: ``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment;
@@ -520,9 +531,9 @@ def run_served(bench: "Bench", args, served: list[str], mode: str | None, starte
     try:
         frontend_url, grpc_url = args.frontend_url, args.triton_grpc_url
         if not external:
+            from omni_triton.paths import cache_dir
             from omni_triton.serve.process import free_port
             from omni_triton.serve.server import Frontend, TritonServer
-            from omni_triton.paths import cache_dir
 
             if mode == "fifo":
                 os.environ[SCHEDULING_ENV] = "fifo"  # tritonserver's stubs inherit it

@@ -25,7 +25,8 @@ Two paths, one after the other (they share the CPU cores, never overlapping):
     ``input_reference`` (a PNG upload of the video's size; job ``i`` gets image ``i``).
 
 Unless ``--frontend-url`` is given, the benchmark starts its own tritonserver (``wan_t2v``,
-``wan_i2v`` when an I2V path runs, and their stages) and frontend (video store in a temporary folder) on free ports after the in-process
+``wan_i2v`` when an I2V path runs, and their stages) and frontend (video store in a temporary
+folder) on free ports after the in-process
 phase and always stops them. Job ``i`` uses prompt ``PROMPTS[i % len]`` and seed ``i``; all jobs
 have the same size, frames, steps and guidance (batch-compatible).
 
@@ -52,11 +53,21 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
 
-from clients.bench_common import (InstancePool, Result, closed_loop, git_commit, machine_info,  # noqa: E402
-                                  measure_level, metric_sum, parse_concurrency, ratio, stop_all_on_sigterm)
+from clients.bench_common import (  # noqa: E402
+    InstancePool,
+    Result,
+    closed_loop,
+    git_commit,
+    machine_info,
+    measure_level,
+    metric_sum,
+    parse_concurrency,
+    ratio,
+    stop_all_on_sigterm,
+)
 
 MODEL = "wan_t2v"
 DENOISER = "wan_t2v_denoiser"
@@ -182,7 +193,8 @@ def _ratios(inproc: dict, front: dict) -> dict:
     levels = sorted(front, key=int)
     if "1" in inproc and "1" in front:
         out["serving_overhead_latency_p50"] = ratio(front["1"]["latency_ms"]["p50"], inproc["1"]["latency_ms"]["p50"])
-        out["serving_overhead_latency_mean"] = ratio(front["1"]["latency_ms"]["mean"], inproc["1"]["latency_ms"]["mean"])
+        out["serving_overhead_latency_mean"] = ratio(front["1"]["latency_ms"]["mean"],
+                                                     inproc["1"]["latency_ms"]["mean"])
     if "1" in front and levels:
         out["batching_gain_throughput"] = ratio(front[levels[-1]]["requests_per_s"], front["1"]["requests_per_s"])
         out["batching_gain_at_concurrency"] = int(levels[-1])
@@ -266,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             models = [m for m, want in ((MODEL, "frontend" in paths), (I2V_MODEL, "frontend_i2v" in paths)) if want]
             url = args.frontend_url
             if not url:
+                from omni_triton.paths import cache_dir
                 from omni_triton.serve.process import free_port
                 from omni_triton.serve.server import Frontend, TritonServer
-                from omni_triton.paths import cache_dir
 
                 logs = cache_dir() / "logs"
                 tag = f"bench-video-{os.getpid()}"
@@ -311,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "command": " ".join([Path(sys.executable).name, "-m", "clients.bench_video",
                                  *(argv if argv is not None else sys.argv[1:])]),
-            "model": MODEL, "asset": ASSET, "i2v_model": I2V_MODEL, "i2v_asset": I2V_ASSET, "size": f"{width}x{height}", "frames": args.frames, "fps": FPS,
+            "model": MODEL, "asset": ASSET, "i2v_model": I2V_MODEL, "i2v_asset": I2V_ASSET,
+            "size": f"{width}x{height}", "frames": args.frames, "fps": FPS,
             "steps": args.steps, "guidance_scale": args.guidance_scale, "concurrency": levels,
             "requests_per_level": args.requests, "warmup": args.warmup, "slo_ms": args.slo_ms,
             "prompts": list(PROMPTS), "seed": "job index",

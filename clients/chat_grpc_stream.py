@@ -197,7 +197,7 @@ def main() -> None:
         if r.error:
             print(f"[{i}] error: {r.error}")
             continue
-        ttft = next((t for t, d in zip(r.arrival_s, r.deltas) if d), float("nan"))
+        ttft = next((t for t, d in zip(r.arrival_s, r.deltas, strict=True) if d), float("nan"))
         print(f"[{i}] {r.text!r} finish={r.finish_reason} prompt={r.prompt_tokens} "
               f"completion={r.completion_tokens} responses={len(r.deltas)} ttft={ttft:.3f}s "
               f"audio={r.audio.size / r.sample_rate if r.sample_rate else 0:.2f}s")

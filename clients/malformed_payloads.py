@@ -431,7 +431,8 @@ def semantic_cases(endpoint: str, models: Models = Models()) -> list[Case]:
                 v("input_reference as text", input_reference="x"),
                 v("input_reference[image_url] not a data URL", **{"input_reference[image_url]": "http://x/a.png"}),
                 Case(endpoint, "prompt twice", form=fields, form_bytes={"prompt": b"again"}),
-                Case(endpoint, "JSON input_reference not an object", json={**base, "input_reference": 5}, has_json=True),
+                Case(endpoint, "JSON input_reference not an object", json={**base, "input_reference": 5},
+                     has_json=True),
                 Case(endpoint, "JSON input_reference without image_url", json={**base, "input_reference": {}},
                      has_json=True),
                 Case(endpoint, "JSON input_reference bad base64",
@@ -446,7 +447,8 @@ def semantic_cases(endpoint: str, models: Models = Models()) -> list[Case]:
                 f("clone with an unknown consent", files=clip, type="audio_sample", consent="cons_nope"),
                 f("clone without a clip", type="audio_sample", consent="cons_nope"),
                 f("clip as a text field", type="audio_sample", audio_sample="x"),
-                f("type unknown", type="design"), f("prompt as a file", files=[("prompt", ("p.txt", b"x", "text/plain"))],
+                f("type unknown", type="design"),
+                f("prompt as a file", files=[("prompt", ("p.txt", b"x", "text/plain"))],
                                                     prompt=None),
                 Case(endpoint, "name twice", form=base, form_bytes={"name": b"again"}),
                 Case(endpoint, "33 fields", form={**base, **{f"f{i}": "x" for i in range(33)}}),
@@ -510,7 +512,8 @@ def body_cases(endpoint: str, models: Models = Models(), max_body_bytes: int = 1
     out += _multipart_cases(endpoint, models)
     if endpoint in FORM_ENDPOINTS:
         out += [Case(endpoint, "JSON nested 100000 deep", content=b"[" * 100000 + b"]" * 100000),
-                Case(endpoint, "multipart without boundary", content=b"--x\r\n\r\n", content_type="multipart/form-data")]
+                Case(endpoint, "multipart without boundary", content=b"--x\r\n\r\n",
+                     content_type="multipart/form-data")]
     if endpoint == "images_edits":
         out = [c for c in out if c.name != "oversized body"] + [
             Case(endpoint, "JSON instead of multipart", content=base),
@@ -540,10 +543,12 @@ def _multipart_cases(endpoint: str, models: Models) -> list[Case]:
     out = [Case(endpoint, f"content type {ctype!r}", content=junk, content_type=ctype)
            for ctype in BOGUS_MULTIPART_TYPES]
     upload = ("clip.wav", b"RIFF0000WAVE", "audio/wav") if endpoint in ("speech", "voices") else valid_files()[0][1]
-    name = {"speech": "ref_audio", "images_edits": "image", "videos": "input_reference", "voices": "audio_sample"}[endpoint]
+    name = {"speech": "ref_audio", "images_edits": "image", "videos": "input_reference",
+            "voices": "audio_sample"}[endpoint]
     text = "input" if endpoint == "speech" else "name" if endpoint == "voices" else "prompt"
     out += [Case(endpoint, "9 files", form=fields, files=[(name, upload)] * 9),
-            Case(endpoint, "text part over 1 MiB", form={**fields, text: "x" * ((1 << 20) + 1)}, files=[(name, upload)])]
+            Case(endpoint, "text part over 1 MiB", form={**fields, text: "x" * ((1 << 20) + 1)},
+                 files=[(name, upload)])]
     if endpoint == "speech":
         out.append(Case(endpoint, "3 files", form=fields, files=[(name, upload)] * 3))
     return out
@@ -609,7 +614,8 @@ def run(url: str, endpoints=ALL_ENDPOINTS, models: Models = Models(), timeout_s:
             r = send_valid(client, endpoint, models)
             report.valid[endpoint] = r.status_code
             if r.status_code != 200:
-                report.failures.append((endpoint, "valid request afterwards", f"status {r.status_code}: {r.text[:200]}"))
+                report.failures.append((endpoint, "valid request afterwards",
+                                        f"status {r.status_code}: {r.text[:200]}"))
             report.statuses[endpoint] = counts
     return report
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m clients.omni_grpc_stream --model omni --text "What is the capital of France?" --out answer.wav
+    python -m clients.omni_grpc_stream --model qwen3_omni --text "What is the capital of France?" --out answer.wav
 
 Prints the text as it arrives, then one line per audio chunk (arrival in ms since the request,
 samples), TTFT (first non-empty text delta) and TTFP (first audio chunk), and writes the
@@ -14,14 +14,14 @@ import argparse
 import queue
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from clients.chat_grpc_stream import build_chat_inputs  # noqa: F401 - this module's API too
+from clients.chat_grpc_stream import build_chat_inputs
 from omni_triton.contracts import chat
 
 
@@ -75,11 +75,12 @@ def stream_chat(url: str, model: str, inputs: list, max_audio_chunks: int | None
     ``max_audio_chunks`` / ``max_text_deltas`` / ``stop_after_text`` (after the response carrying
     FINISH_REASON): stop early and cancel the request
     (``stop_stream(cancel_requests=True)``). ``on_audio(chunk index, float32 PCM)`` runs as each
-    audio chunk arrives, while the stream is still open (e.g. to read a stage's metrics). Raises ``InferenceServerException`` on an error
+    audio chunk arrives, while the stream is still open (e.g. to read a stage's metrics). Raises
+    ``InferenceServerException`` on an error
     response (in-band: its message, no gRPC status), ``TimeoutError`` after ``timeout_s`` without a
     response.
     """
-    responses: "queue.Queue" = queue.Queue()
+    responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     result = ChatStreamResult()
     try:
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"text: {result.text!r} (finish_reason={result.finish_reason}, "
           f"{result.prompt_tokens} prompt + {result.completion_tokens} completion tokens)")
-    for i, (chunk, t) in enumerate(zip(result.audio_chunks, result.audio_arrival_s)):
+    for i, (chunk, t) in enumerate(zip(result.audio_chunks, result.audio_arrival_s, strict=True)):
         print(f"audio chunk {i}: {t * 1000:8.1f} ms  {chunk.size} samples")
     ttfp = f"{result.ttfp_s * 1000:.1f} ms" if result.ttfp_s is not None else "-"
     print(f"TTFT {result.ttft_s * 1000 if result.ttft_s else float('nan'):.1f} ms, TTFP {ttfp}, "

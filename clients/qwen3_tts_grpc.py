@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     r = stream_qwen3_tts(a.url, q.qwen3_tts_inputs(a.text, a.task, a.voice, a.instructions, a.language,
                                                    max_frames=a.max_frames))
-    for i, (chunk, t) in enumerate(zip(r.chunks, r.arrival_s)):
+    for i, (chunk, t) in enumerate(zip(r.chunks, r.arrival_s, strict=True)):
         print(f"chunk {i}: {t * 1000:8.1f} ms  {chunk.size} samples")
     sf.write(a.out, r.audio, r.sample_rate)
     print(f"wrote {a.out}: {r.audio.size / max(r.sample_rate, 1):.2f} s")

@@ -40,11 +40,10 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 from omni_triton.contracts import chat, probe, speech
-from omni_triton.contracts.tensors import infer_input, wrap_inputs
-from omni_triton.contracts.tensors import scalar_array
+from omni_triton.contracts.tensors import infer_input, scalar_array, wrap_inputs
+from omni_triton.paths import model_repositories
 from omni_triton.serve.process import free_port
 from omni_triton.serve.server import TritonServer
-from omni_triton.paths import model_repositories
 
 #: Seconds after which a request that has not ended counts as a hang ("timeout").
 REQUEST_TIMEOUT_S = 30.0
@@ -84,7 +83,7 @@ def probe_inputs(streams: int = 4, responses: int = 8) -> list:
 def client_loop(url: str, model: str, make_inputs, deadline: float, max_requests: int,
                 counts: dict, lock: threading.Lock, alive) -> None:
     """Send one request at a time on a gRPC stream until ``deadline``; count outcomes."""
-    responses: "queue.Queue" = queue.Queue()
+    responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
@@ -113,7 +112,7 @@ def client_loop(url: str, model: str, make_inputs, deadline: float, max_requests
     finally:
         try:
             client.stop_stream(cancel_requests=True)
-        except Exception:  # noqa: BLE001 - the server may be gone
+        except Exception:
             pass
         client.close()
 
@@ -124,7 +123,7 @@ async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clien
     ``clients`` concurrent loops."""
     import tritonclient.grpc.aio as aio
 
-    from openai_frontend.engine.triton import open_stream
+    from openai_frontend.engine.triton_private import open_stream
 
     client = aio.InferenceServerClient(url)
 
@@ -134,13 +133,13 @@ async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clien
             n += 1
             inputs = make_inputs()  # tritonclient.grpc.aio uses the same InferInput
 
-            async def requests():
+            async def requests(inputs=inputs):
                 yield {"model_name": model, "inputs": inputs}
 
-            async def one() -> str:
+            async def one(inputs=inputs) -> str:
                 key = "ok"
                 if half_close == "immediately":  # the frontend's way before issue 9's last fix
-                    async for result, error in client.stream_infer(requests()):
+                    async for _result, error in client.stream_infer(requests()):
                         if error is not None:
                             key = "error"
                     return key
@@ -158,7 +157,7 @@ async def _aio_clients(url: str, model: str, make_inputs, deadline: float, clien
                 key = await asyncio.wait_for(one(), REQUEST_TIMEOUT_S)
             except asyncio.TimeoutError:
                 key = "timeout"  # a hang: the request never ended
-            except Exception:  # noqa: BLE001 - the server died or the RPC failed
+            except Exception:
                 key = "error"
             counts[key] = counts.get(key, 0) + 1
 
@@ -225,7 +224,8 @@ def probe_repository(workers: int | None) -> Path:
     shutil.copytree(PROBE_REPOSITORY, copy, ignore=shutil.ignore_patterns("__pycache__"))
     config = copy / "probe_bls" / "config.pbtxt"
     text = config.read_text().replace("count: 2 kind", "count: 1 kind")
-    config.write_text(text.replace('"workers" value { string_value: "0" }', f'"workers" value {{ string_value: "{workers}" }}'))
+    config.write_text(text.replace('"workers" value { string_value: "0" }',
+                                   f'"workers" value {{ string_value: "{workers}" }}'))
     os.environ["OMNI_TRITON_BLS_THREADS"] = "any"  # inherited by the server and its stubs
     return copy
 

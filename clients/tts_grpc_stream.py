@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m clients.tts_grpc_stream --model tts --text "Hello there." --out hello.wav
+    python -m clients.tts_grpc_stream --model csm --text "Hello there." --out hello.wav
     python -m clients.tts_grpc_stream --model piper --url 127.0.0.1:8001 --text "Hi." --out hi.wav
 
 Prints one line per audio chunk as it arrives (arrival time in ms since the request, samples),
@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -49,7 +49,8 @@ def build_inputs(text: str, voice: str | None = None, speed: float | None = None
                  max_frames: int | None = None) -> list:
     """Triton inputs for the speech contract (docs/speech_contracts.md): TEXT, VOICE?, SPEED?,
     MAX_FRAMES? (codec pipeline ``csm`` only: cap on codec frames, 12.5 frames per second)."""
-    return wrap_inputs(speech.speech_inputs(text, voice, speed, max_frames), partial(infer_input, grpcclient.InferInput))
+    return wrap_inputs(speech.speech_inputs(text, voice, speed, max_frames),
+                       partial(infer_input, grpcclient.InferInput))
 
 
 def stream_tts(url: str, model: str, text: str, voice: str | None = None,
@@ -84,7 +85,7 @@ def stream_speech(url: str, model: str, inputs: list, max_chunks: int | None = N
         InferenceServerException: the model answered with an error.
         TimeoutError: no response for ``timeout_s`` seconds.
     """
-    responses: "queue.Queue" = queue.Queue()
+    responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     result = StreamResult()
     completed = False  # the final response arrived: nothing left to cancel
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     except InferenceServerException as exc:
         print(f"error: {exc.message()}")
         return 1
-    for i, (chunk, t) in enumerate(zip(result.chunks, result.arrival_s)):
+    for i, (chunk, t) in enumerate(zip(result.chunks, result.arrival_s, strict=True)):
         print(f"chunk {i}: {t * 1000:8.1f} ms  {chunk.size} samples")
     sf.write(args.out, result.audio, result.sample_rate)
     print(f"wrote {args.out}: {result.audio.size / max(result.sample_rate, 1):.2f} s at {result.sample_rate} Hz")

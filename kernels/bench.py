@@ -32,7 +32,7 @@ def main() -> None:
     rows, reference = [], None
     for cache in kernels.STEP_CACHES:
         pipe = load_pipeline(checkpoint_dir("qwen-image-tiny"))
-        opts = {"current_timestep_callback": lambda: pipe.current_timestep} if cache == "pab" else {}
+        opts = {"current_timestep_callback": lambda pipe=pipe: pipe.current_timestep} if cache == "pab" else {}
         line = kernels.apply(pipe.transformer, "auto", cache, **opts)
         run(pipe, a.steps, a.size)  # warm-up
         times, image = [], None
@@ -51,7 +51,8 @@ def main() -> None:
     print(f"{'step_cache':12} {'s/image':>8} {'speed-up':>8} {'max|d|':>8} {'PSNR dB':>8}")
     for r in rows:
         r["speed_up"] = base / r["seconds_median"]
-        print(f"{r['step_cache']:12} {r['seconds_median']:8.3f} {r['speed_up']:8.2f} {r['max_abs_diff']:8.4f} {r['psnr_db']:8.1f}")
+        print(f"{r['step_cache']:12} {r['seconds_median']:8.3f} {r['speed_up']:8.2f} "
+              f"{r['max_abs_diff']:8.4f} {r['psnr_db']:8.1f}")
     if a.out:
         json.dump({"steps": a.steps, "size": a.size, "rows": rows}, open(a.out, "w"), indent=1)
 

@@ -6,10 +6,9 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 import uvicorn
-
-from pathlib import Path
 
 from omni_triton import triton_admin
 from omni_triton.media.fetch import UrlFetchPolicy
@@ -17,13 +16,13 @@ from omni_triton.paths import cache_dir
 
 from .app import Settings, create_app
 from .auth import install_log_redaction
+from .engine import TritonEngine
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
-from .engine import TritonEngine
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openai_frontend", description=__doc__)
     p.add_argument("--triton-url", default="localhost:8001",
                    help="Triton gRPC host:port. Its restricted admin APIs (repository index, model "
@@ -120,7 +119,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
@@ -145,7 +144,8 @@ def main(argv=None) -> None:
             max_bytes=args.media_url_max_bytes, timeout_s=args.media_url_timeout,
             trusted_networks=tuple(n.strip() for n in args.media_url_trusted_networks.split(",") if n.strip())),
         video=JobSettings(
-            storage_dir=Path(args.video_storage_dir) if args.video_storage_dir else cache_dir() / "videos" / str(args.port),
+            storage_dir=(Path(args.video_storage_dir) if args.video_storage_dir
+                         else cache_dir() / "videos" / str(args.port)),
             max_queued=args.video_max_queued, max_running=args.video_max_running,
             retention_s=args.video_retention_s if args.video_retention_s > 0 else None,
             max_attempts=args.video_max_attempts,
@@ -154,7 +154,8 @@ def main(argv=None) -> None:
             max_stored_jobs=args.video_max_stored_jobs, max_stored_bytes=args.video_max_stored_bytes,
             max_reference_bytes=args.video_max_reference_bytes),
         voices=VoiceSettings(
-            storage_dir=Path(args.voice_storage_dir) if args.voice_storage_dir else cache_dir() / "voices" / str(args.port),
+            storage_dir=(Path(args.voice_storage_dir) if args.voice_storage_dir
+                         else cache_dir() / "voices" / str(args.port)),
             min_seconds=args.voice_min_seconds, max_seconds=args.voice_max_seconds,
             max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required",
             max_voices=args.voice_max_voices, max_consents=args.voice_max_consents,

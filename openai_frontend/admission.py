@@ -20,7 +20,7 @@ class AdmissionController:
         self.retry_after_s = retry_after_s
         self.inflight = 0
 
-    def acquire(self, cost: int = 1) -> "Slot":
+    def acquire(self, cost: int = 1) -> Slot:
         """Take ``cost`` units (Triton requests) of capacity; 429 ``rate_limit_exceeded`` with
         ``Retry-After`` when fewer are free. ``cost`` must be in [1, ``max_inflight``]."""
         if not 1 <= cost <= self.max_inflight:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -14,20 +15,28 @@ from fastapi import FastAPI
 from omni_triton.media.fetch import UrlFetchPolicy
 
 from .admission import AdmissionController
+from .auth import ApiKeyCheck
 from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics
-from .auth import ApiKeyCheck
+from .middleware import (
+    ApiKey,
+    BodySizeLimit,
+    BrowserGuard,
+    IgnoredFieldsHeader,
+    JsonValueLimit,
+    SingleHeaders,
+    SpeechFormToJson,
+    UnexpectedErrors,
+)
 from .openapi import install_openapi
-from .middleware import (ApiKey, BodySizeLimit, BrowserGuard, IgnoredFieldsHeader, JsonValueLimit,
-                         SingleHeaders, SpeechFormToJson, UnexpectedErrors)
 from .routers import audio, chat, images, models, observability, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
+from .stage_watch import ServeStatusWatch
 from .storage_lock import lock_unless_shared
 from .video_jobs import JobSettings, JobStore, VideoJobs
 from .voice_store import VoiceSettings, VoiceStore
-from .stage_watch import ServeStatusWatch
 
 logger = logging.getLogger(__name__)
 
@@ -121,10 +130,10 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
 
     # serve's status file (omni_triton.serve.supervisor.ServeStatus): restarts and stub deaths for
     # /health; a stage that died has the in-flight requests it would leave hanging ended.
-    watch = ServeStatusWatch.from_env(getattr(engine, "abort_inflight", None))
+    watch = ServeStatusWatch.from_env(engine.abort_inflight)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI):
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         watch.start()
         if settings.video is not None:
             metrics = _app.state.metrics

@@ -26,6 +26,8 @@ import logging
 import re
 from urllib.parse import parse_qsl
 
+from starlette.types import Scope
+
 #: the subprotocol prefix that carries a key in a browser WebSocket handshake (OpenAI Realtime's)
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
@@ -37,15 +39,15 @@ URL_KEY_PARAMS = frozenset({"api_key", "apikey", "key", "token", "access_token",
 REDACTED = "REDACTED"
 
 
-def header(scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header ``name`` (lower-case bytes) in an ASGI ``scope``, or None."""
     for key, value in scope.get("headers") or ():
         if key == name:
-            return value
+            return bytes(value)
     return None
 
 
-def offered_subprotocols(scope) -> list[str]:
+def offered_subprotocols(scope: Scope) -> list[str]:
     """The subprotocols a WebSocket client offered (``Sec-WebSocket-Protocol``), in order."""
     if scope.get("type") == "websocket" and scope.get("subprotocols") is not None:
         return [str(p) for p in scope["subprotocols"]]
@@ -53,7 +55,7 @@ def offered_subprotocols(scope) -> list[str]:
     return [p.strip() for p in raw.decode("latin-1").split(",") if p.strip()]
 
 
-def _bearer(scope) -> bytes | None:
+def _bearer(scope: Scope) -> bytes | None:
     auth = header(scope, b"authorization")
     if auth is None:
         return None
@@ -61,7 +63,7 @@ def _bearer(scope) -> bytes | None:
     return token.strip() if scheme.lower() == b"bearer" else b""
 
 
-def _subprotocol_key(scope) -> bytes | None:
+def _subprotocol_key(scope: Scope) -> bytes | None:
     if scope.get("type") != "websocket":
         return None
     for proto in offered_subprotocols(scope):
@@ -71,7 +73,7 @@ def _subprotocol_key(scope) -> bytes | None:
     return None
 
 
-def url_credentials(scope) -> list[str]:
+def url_credentials(scope: Scope) -> list[str]:
     """Names of the query parameters of ``scope`` that look like credentials (``URL_KEY_PARAMS``)."""
     query = (scope.get("query_string") or b"").decode("latin-1")
     if not query:
@@ -97,11 +99,11 @@ class ApiKeyCheck:
         """True when a key is configured."""
         return self._key is not None
 
-    def presented(self, scope) -> bool:
+    def presented(self, scope: Scope) -> bool:
         """True when the request carries some credential (right or wrong) in a header."""
         return header(scope, b"authorization") is not None or _subprotocol_key(scope) is not None
 
-    def authorized(self, scope) -> bool:
+    def authorized(self, scope: Scope) -> bool:
         """True when no key is configured or ``scope`` carries it (see the class docstring)."""
         if self._key is None:
             return True
@@ -126,11 +128,11 @@ def is_loopback(host: str | None) -> bool:
     return addr.is_loopback or bool(mapped and mapped.is_loopback)
 
 
-def loopback_client(scope) -> bool:
+def loopback_client(scope: Scope) -> bool:
     """True when the request's peer (``scope["client"]``, after uvicorn's trusted
     ``X-Forwarded-For`` handling) is a loopback address."""
     client = scope.get("client")
-    return bool(client) and is_loopback(client[0])
+    return client is not None and bool(client) and is_loopback(client[0])
 
 
 # --------------------------------------------------------------------------- log redaction
@@ -175,7 +177,7 @@ class RedactSecrets(logging.Filter):
 REDACTED_LOGGERS = ("uvicorn.access", "uvicorn.error", "uvicorn")
 
 
-def install_log_redaction(loggers=REDACTED_LOGGERS) -> RedactSecrets:
+def install_log_redaction(loggers: tuple[str, ...] = REDACTED_LOGGERS) -> RedactSecrets:
     """Adds one :class:`RedactSecrets` to each named logger (idempotent) and returns it. A logger
     filter sees only records logged on that logger, so each URL-logging logger gets it."""
     shared = RedactSecrets()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -68,7 +69,7 @@ class _ErrorResponse(JSONResponse):
     """JSON with ASCII escapes: an error that quotes client text can never fail to encode (a lone
     surrogate would make Starlette's UTF-8 rendering raise)."""
 
-    def render(self, content) -> bytes:
+    def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
@@ -90,10 +91,10 @@ def engine_error_detail(exc: EngineError) -> ErrorDetail:
 
 
 def _validation_detail(exc: RequestValidationError) -> ErrorDetail:
-    return validation_detail(exc.errors())
+    return validation_detail(list(exc.errors()))
 
 
-def validation_detail(errors: list) -> ErrorDetail:
+def validation_detail(errors: list[Any]) -> ErrorDetail:
     """The OpenAI error detail of pydantic's ``errors()`` (a ``ValidationError`` or FastAPI's
     ``RequestValidationError``): the most telling error's field as ``param`` (union-member tags
     such as ``function-after[...]`` left out), our validators' codes (``invalid_characters``)."""
@@ -158,22 +159,22 @@ def allowed_methods(request: Request) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
-    async def _openai_error(_: Request, exc: OpenAIError):
+    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
         return error_json(exc.status_code, exc.detail, exc.headers)
 
     @app.exception_handler(EngineError)
-    async def _engine_error(_: Request, exc: EngineError):
+    async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
         if exc.status_code >= 500:
             logger.warning("engine error: %s", exc.message)
         headers = {"Retry-After": "1"} if exc.status_code == 503 else None
         return error_json(exc.status_code, engine_error_detail(exc), headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError):
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_json(400, _validation_detail(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code)
         if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:  # FastAPI's JSON body parse failure
             code = "invalid_json"  # (not JSON, invalid UTF-8, nested too deeply), as read_json_object's

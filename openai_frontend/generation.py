@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from omni_triton.media.audio import encode_audio, float_to_pcm16
 
@@ -29,11 +31,11 @@ CHAT_AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus"
 CHAT_STREAM_AUDIO_FORMATS = ("wav", "pcm16")
 
 
-def sampling_parameters(body: _SamplingFields, token_limit: int | None, index: int = 0) -> dict:
+def sampling_parameters(body: _SamplingFields, token_limit: int | None, index: int = 0) -> dict[str, Any]:
     """The ``SAMPLING_PARAMETERS`` JSON object of choice ``index`` (vLLM ``SamplingParams``
     names, only the keys the client set). With a ``seed``, choice ``i`` gets ``seed + i`` so the
     ``n`` choices differ yet the whole response is reproducible."""
-    params: dict = {}
+    params: dict[str, Any] = {}
     for key in ("temperature", "top_p", "top_k", "min_tokens", "ignore_eos"):
         value = getattr(body, key)
         if value is not None:
@@ -47,20 +49,21 @@ def sampling_parameters(body: _SamplingFields, token_limit: int | None, index: i
     return params
 
 
-def part_json(part) -> dict:
+def part_json(part: Any) -> dict[str, Any]:
     """One content part as the chat contract's MESSAGES carries it (declared fields only)."""
     if part.type == "text":
         return {"type": "text", "text": part.text}
     if part.type == "input_audio":
-        return {"type": "input_audio", "input_audio": {"data": part.input_audio.data, "format": part.input_audio.format}}
+        return {"type": "input_audio",
+                "input_audio": {"data": part.input_audio.data, "format": part.input_audio.format}}
     return {"type": part.type, part.type: {"url": getattr(part, part.type).url}}
 
 
-def message_json(message: ChatMessage) -> dict:
+def message_json(message: ChatMessage) -> dict[str, Any]:
     """One ``MESSAGES`` entry: ``developer`` becomes ``system`` (OpenAI's renaming; chat
     templates such as SmolLM2's ChatML only know ``system``); content is passed as given (media
     parts as their OpenAI JSON, ``detail`` dropped)."""
-    out: dict = {"role": "system" if message.role == "developer" else message.role}
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}
     if isinstance(message.content, list):
         out["content"] = [part_json(p) for p in message.content]
     else:
@@ -82,7 +85,7 @@ class ChoiceState:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int = 0
-    audio: list[np.ndarray] = field(default_factory=list)
+    audio: list[NDArray[Any]] = field(default_factory=list)
     sample_rate: int | None = None
 
     def add(self, chunk: GenerationChunk) -> None:
@@ -104,7 +107,7 @@ class ChoiceState:
         return "".join(self.text)
 
     @property
-    def samples(self) -> np.ndarray:
+    def samples(self) -> NDArray[Any]:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
 
 
@@ -116,7 +119,7 @@ def usage_of(states: Sequence[ChoiceState], prompts_per_choice: Sequence[int] | 
     """
     groups = prompts_per_choice if prompts_per_choice is not None else [0] * len(states)
     prompt_tokens: dict[int, int] = {}
-    for group, state in zip(groups, states):
+    for group, state in zip(groups, states, strict=True):
         if state.prompt_tokens is not None:
             prompt_tokens[group] = state.prompt_tokens
     p = sum(prompt_tokens.values())
@@ -128,7 +131,9 @@ def usage_of(states: Sequence[ChoiceState], prompts_per_choice: Sequence[int] | 
 END = None
 
 
-async def merge(streams: Sequence[AsyncIterator[GenerationChunk]]) -> AsyncIterator[tuple[int, GenerationChunk | None]]:
+async def merge(
+    streams: Sequence[AsyncGenerator[GenerationChunk, None]],
+) -> AsyncIterator[tuple[int, GenerationChunk | None]]:
     """Iterate several generation streams at once: ``(index, chunk)`` in arrival order and
     ``(index, END)`` when stream ``index`` is done.
 
@@ -136,16 +141,16 @@ async def merge(streams: Sequence[AsyncIterator[GenerationChunk]]) -> AsyncItera
     after the others are cancelled; closing this generator early (client gone) cancels every
     task, and each task then closes its stream, which cancels its Triton request.
     """
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def pump(i: int, stream: AsyncIterator[GenerationChunk]) -> None:
+    async def pump(i: int, stream: AsyncGenerator[GenerationChunk, None]) -> None:
         try:
             async for chunk in stream:
                 await queue.put((i, chunk, None))
             await queue.put((i, END, None))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+        except Exception as exc:
             await queue.put((i, END, exc))
         finally:
             await stream.aclose()
@@ -181,7 +186,7 @@ class AudioStreamEncoder:
             raise ValueError(f"format {fmt!r} cannot be streamed")
         self.fmt = fmt
 
-    def encode(self, samples: np.ndarray, sample_rate: int) -> str:
+    def encode(self, samples: NDArray[Any], sample_rate: int) -> str:
         """``samples``: float32 [T] in [-1, 1]; ``sample_rate``: Hz. Returns base64 text."""
         if self.fmt == "wav":
             data = encode_audio(samples, sample_rate, "wav")
@@ -190,7 +195,7 @@ class AudioStreamEncoder:
         return base64.b64encode(data).decode("ascii")
 
 
-def encode_clip_b64(samples: np.ndarray, sample_rate: int, fmt: str) -> str:
+def encode_clip_b64(samples: NDArray[Any], sample_rate: int, fmt: str) -> str:
     """Base64 of one whole clip in chat ``audio.format`` ``fmt`` (framed by libsndfile via
     ``omni_triton.media.audio.encode_audio``; ``pcm16`` is headerless int16 LE)."""
     return base64.b64encode(encode_audio(samples, sample_rate, CHAT_AUDIO_FORMATS[fmt])).decode("ascii")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class FrontendMetrics:
-    def __init__(self, admission=None):
+    def __init__(self, admission: Any = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "omni_frontend_speech_requests",

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 
-from .auth import (KEY_SUBPROTOCOL_PREFIX, ApiKeyCheck, header, is_loopback, offered_subprotocols,
-                   url_credentials)
+from .auth import KEY_SUBPROTOCOL_PREFIX, ApiKeyCheck, header, is_loopback, offered_subprotocols, url_credentials
 from .errors import ErrorDetail, error_json
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def _answer_key_subprotocol(scope, send):
     return send_with_subprotocol
 
 
-async def _refuse(status: int, detail: ErrorDetail, scope, receive, send, headers: dict | None = None):
+async def _refuse(status: int, detail: ErrorDetail, scope, receive, send, headers: dict[str, Any] | None = None):
     """Answers ``status`` with the OpenAI error body on HTTP; on a WebSocket handshake the same
     response through ``websocket.http.response`` when the server has it, else a 1008 close."""
     if scope["type"] == "websocket" and "websocket.http.response" not in (scope.get("extensions") or {}):
@@ -431,11 +431,12 @@ class SpeechFormToJson:
         except OpenAIError as exc:  # answered here: this middleware runs outside the app's handlers
             return await error_json(exc.status_code, exc.detail)(scope, receive, send)
         try:
-            fields: dict = {}
+            fields: dict[str, Any] = {}
             for key, value in form.multi_items():
                 if isinstance(value, UploadFile):
                     data = await value.read()
-                    value = f"data:{value.content_type or 'application/octet-stream'};base64," + base64.b64encode(data).decode()
+                    mime = value.content_type or "application/octet-stream"
+                    value = f"data:{mime};base64," + base64.b64encode(data).decode()
                 elif key in self.json_fields or (key == "voice" and value.lstrip().startswith("{")):
                     try:
                         value = json.loads(value)
@@ -445,7 +446,7 @@ class SpeechFormToJson:
             await form.close()
         except HTTPException:  # the body cap (413), answered by BodySizeLimit
             raise
-        except Exception as exc:  # noqa: BLE001 - a malformed multipart body
+        except Exception as exc:
             detail = ErrorDetail(message=f"Malformed multipart body: {exc}", type="invalid_request_error",
                                  code="invalid_multipart")
             return await error_json(400, detail)(scope, receive, send)

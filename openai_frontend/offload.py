@@ -19,7 +19,8 @@ import asyncio
 import functools
 import os
 import weakref
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -31,7 +32,7 @@ T = TypeVar("T")
 #: image-to-video upload flood; the loop competes with them for the CPU, not only the GIL)
 MAX_WORKERS = max(1, min(8, (os.cpu_count() or 2) - 1))
 
-_limiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter]" = weakref.WeakKeyDictionary()
+_limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = weakref.WeakKeyDictionary()
 
 
 def _limiter() -> anyio.CapacityLimiter:
@@ -44,7 +45,7 @@ def _limiter() -> anyio.CapacityLimiter:
     return limiter
 
 
-async def off_loop(fn: Callable[..., T], /, *args, **kwargs) -> T:
+async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` in a worker thread, at most :data:`MAX_WORKERS` at once.
 
     Exceptions propagate unchanged (an ``OpenAIError`` raised by a validator in the thread

@@ -146,15 +146,15 @@ class VoiceConsentRename(BaseModel):
     name: str = Field(min_length=1)
 
 
-def _inline(model: type[BaseModel], components: dict) -> dict:
+def _inline(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
     """``model``'s JSON schema with its nested models moved to ``components``."""
     schema = model.model_json_schema(ref_template=REF)
     components.update(schema.pop("$defs", {}))
     return schema
 
 
-def _form(model: type[BaseModel], components: dict, files: dict[str, dict] | None = None,
-          required_files: tuple[str, ...] = ()) -> dict:
+def _form(model: type[BaseModel], components: dict[str, Any], files: dict[str, dict[str, Any]] | None = None,
+          required_files: tuple[str, ...] = ()) -> dict[str, Any]:
     """A ``multipart/form-data`` schema: ``model``'s fields (objects sent as their JSON text)
     plus ``files`` (``format: binary`` parts)."""
     schema = _inline(model, components)
@@ -169,7 +169,7 @@ def _form(model: type[BaseModel], components: dict, files: dict[str, dict] | Non
     return out
 
 
-def _form_field(prop: dict, components: dict) -> dict:
+def _form_field(prop: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
     """A form field's schema: scalars as they are (sent as text), anything else as a string."""
     options = prop.get("anyOf", [prop])
     scalars = [o for o in options if o.get("type") in ("string", "integer", "number", "boolean")
@@ -180,15 +180,15 @@ def _form_field(prop: dict, components: dict) -> dict:
     return {**keep, "type": "string"}
 
 
-def _json(schema: dict) -> dict:
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
-def _content(model: type[BaseModel]) -> dict:
+def _content(model: type[BaseModel]) -> dict[str, Any]:
     return _json({"$ref": REF.format(model=model.__name__)})
 
 
-def build_openapi(app: FastAPI) -> dict:
+def build_openapi(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document of ``app`` (FastAPI's, completed as the module docstring says)."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
                       description="OpenAI-compatible API of Omni-Triton (docs/ in the repository). Not listed "
@@ -282,9 +282,9 @@ def build_openapi(app: FastAPI) -> dict:
 def install_openapi(app: FastAPI) -> None:
     """Serve :func:`build_openapi`'s document (built once, on the first request) as ``app``'s."""
 
-    def openapi() -> dict:
+    def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = build_openapi(app)
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to replace the schema

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -93,24 +93,31 @@ MAX_STOP_SEQUENCES = 64
 MAX_DETOKENIZE_TOKENS = 1 << 16  # also the JSON value cap's default (--max-json-values)
 
 
-def capped(max_chars: int):
-    """A :data:`Text` of at most ``max_chars`` characters, checked before anything else looks at
-    the text (a ``BeforeValidator``: pydantic's own ``max_length`` would first reject a lone
-    surrogate with a less helpful error than ``_text``'s)."""
+def max_chars(limit: int) -> BeforeValidator:
+    """The length check of a :data:`Text` of at most ``limit`` characters, run before anything
+    else looks at the text (a ``BeforeValidator``: pydantic's own ``max_length`` would first
+    reject a lone surrogate with a less helpful error than ``_text``'s). Use as
+    ``Annotated[str, max_chars(limit), AfterValidator(_text)]``."""
 
-    def check_length(value):
-        if isinstance(value, str) and len(value) > max_chars:
+    def check_length(value: Any) -> Any:
+        if isinstance(value, str) and len(value) > limit:
             raise PydanticCustomError("string_too_long", "String should have at most {max_length} characters",
-                                      {"max_length": max_chars})
+                                      {"max_length": limit})
         return value
 
-    return Annotated[str, BeforeValidator(check_length), AfterValidator(_text)]
+    return BeforeValidator(check_length)
 
 
 #: a :data:`Text` of at most :data:`MAX_NAME_FIELD_CHARS`
-Name = capped(MAX_NAME_FIELD_CHARS)
+Name = Annotated[str, max_chars(MAX_NAME_FIELD_CHARS), AfterValidator(_text)]
 #: one ``stop`` sequence
-Stop = capped(MAX_STOP_CHARS)
+Stop = Annotated[str, max_chars(MAX_STOP_CHARS), AfterValidator(_text)]
+#: speech ``instructions`` (style, or the voice description of ``voice_design``)
+Instructions = Annotated[str, max_chars(MAX_INSTRUCTIONS_CHARS), AfterValidator(_text)]
+#: the transcript of a voice-clone reference clip
+RefText = Annotated[str, max_chars(MAX_REF_TEXT_CHARS), AfterValidator(_text)]
+#: an image or video ``negative_prompt``
+NegativePrompt = Annotated[str, max_chars(MAX_NEGATIVE_PROMPT_CHARS), AfterValidator(_text)]
 
 
 # --------------------------------------------------------------------------- errors
@@ -177,7 +184,7 @@ class SpeechRequest(BaseModel):
     voice: Name | VoiceRef | None = None
     response_format: Name | None = None
     speed: float = Field(1.0, ge=0.25, le=4.0)
-    instructions: capped(MAX_INSTRUCTIONS_CHARS) | None = None
+    instructions: Instructions | None = None
     stream: bool = False
     stream_format: Literal["audio", "sse"] = "audio"
     #: vLLM's sampling extension (its benchmark's random dataset always sends it). Accepted and
@@ -194,7 +201,7 @@ class SpeechRequest(BaseModel):
     language: Name | None = None
     #: Reference clip for per-request cloning: a ``data:audio/...;base64,`` URL (or bare base64).
     ref_audio: Text | None = None
-    ref_text: capped(MAX_REF_TEXT_CHARS) | None = None
+    ref_text: RefText | None = None
     x_vector_only_mode: bool | None = None
 
     @property
@@ -258,7 +265,7 @@ class VoiceList(BaseModel):
     voices: list[str]
     data: list[ModelVoices]
     #: every stored voice (``audio.voice`` objects; a corrupt one carries ``error``)
-    uploaded_voices: list[dict] = Field(default_factory=list)
+    uploaded_voices: list[dict[str, Any]] = Field(default_factory=list)
     #: why the voice store could not be opened (then no uploaded voices are listed), else null
     voice_store_error: str | None = None
 
@@ -282,11 +289,11 @@ class SpeechBatchRequest(BaseModel):
     voice: Name | VoiceRef | None = None
     response_format: Name | None = None
     speed: float | None = None
-    instructions: capped(MAX_INSTRUCTIONS_CHARS) | None = None
+    instructions: Instructions | None = None
     task_type: Name | None = None
     language: Name | None = None
     ref_audio: Text | None = None
-    ref_text: capped(MAX_REF_TEXT_CHARS) | None = None
+    ref_text: RefText | None = None
     x_vector_only_mode: bool | None = None
     sample_rate: int | None = None
 
@@ -303,7 +310,7 @@ class HealthStatus(BaseModel):
     #: ``omni-triton serve``'s supervision record when the frontend runs under it: ``state``
     #: (starting/ready/restarting), ``restarts``, ``last_crash`` (``at``, ``exit_code``,
     #: ``reason``), ``stub_reloads`` (model -> count), ``last_stub_death``; ``None`` otherwise.
-    serve: dict | None = None
+    serve: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------- images
@@ -327,7 +334,7 @@ class ImageGenerationRequest(BaseModel):
     output_format: Name | None = None
     output_compression: int | None = Field(None, ge=0, le=100)
     seed: int | None = Field(None, ge=0, le=2**62)
-    negative_prompt: capped(MAX_NEGATIVE_PROMPT_CHARS) | None = None
+    negative_prompt: NegativePrompt | None = None
     num_inference_steps: int | None = None  # checked against the model's max_steps
     guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
@@ -507,7 +514,8 @@ class _SamplingFields(BaseModel):
     @property
     def continuous_usage(self) -> bool:
         """Usage on every streamed chunk (vLLM: ``continuous_usage_stats`` with ``include_usage``)."""
-        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
+        options = self.stream_options
+        return options is not None and bool(options.include_usage and options.continuous_usage_stats)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -526,12 +534,12 @@ class ChatCompletionRequest(_SamplingFields):
     modalities: list[Literal["text", "audio", "image"]] | None = Field(None, min_length=1)
     audio: AudioParam | None = None
     logprobs: Literal[False] | None = None
-    frequency_penalty: Literal[0, 0.0] | None = None
-    presence_penalty: Literal[0, 0.0] | None = None
+    frequency_penalty: Literal[0, 0.0] | None = None  # type: ignore[valid-type]  # pydantic takes the float 0.0
+    presence_penalty: Literal[0, 0.0] | None = None  # type: ignore[valid-type]  # pydantic takes the float 0.0
     #: Diffusion models only (vLLM-Omni's chat on image models; same meaning as in
     #: ``ImageGenerationRequest``): the last user message is the prompt.
     size: Text | None = None  # parse_size: invalid_size for anything but WxH (5 digits each)
-    negative_prompt: capped(MAX_NEGATIVE_PROMPT_CHARS) | None = None
+    negative_prompt: NegativePrompt | None = None
     num_inference_steps: int | None = None  # checked against the model's max_steps
     guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
@@ -647,7 +655,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatCompletionChunkChoice]
     usage: Usage | None = None
     modality: Literal["text", "audio", "image"] | None = None
-    metrics: dict | None = None
+    metrics: dict[str, Any] | None = None
 
 
 class CompletionChoice(BaseModel):

@@ -14,8 +14,9 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -30,19 +31,19 @@ class ServeStatusWatch:
         interval_s: polling period in seconds.
     """
 
-    def __init__(self, path: str | os.PathLike | None,
-                 on_stub_death: Callable[[list[str], str], None] | None = None,
+    def __init__(self, path: str | os.PathLike[str] | None,
+                 on_stub_death: Callable[[list[str], str], object] | None = None,
                  interval_s: float = 0.25):
         self.path = Path(path) if path else None
         self.on_stub_death = on_stub_death
         self.interval_s = interval_s
-        self.status: dict | None = None
+        self.status: dict[str, Any] | None = None
         self._mtime: float | None = None
         self._seen_death: float | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
 
     @classmethod
-    def from_env(cls, on_stub_death=None) -> "ServeStatusWatch":
+    def from_env(cls, on_stub_death: Callable[[list[str], str], object] | None = None) -> ServeStatusWatch:
         """A watcher on ``$OMNI_TRITON_SERVE_STATUS`` (unset: a watcher with no file)."""
         return cls(os.environ.get("OMNI_TRITON_SERVE_STATUS"), on_stub_death)
 
@@ -91,7 +92,7 @@ class ServeStatusWatch:
                 pass
             self._task = None
 
-    def health(self) -> dict | None:
+    def health(self) -> dict[str, Any] | None:
         """What ``/health`` shows of ``serve``: state, restarts, last crash, stub reloads."""
         if self.status is None:
             return None

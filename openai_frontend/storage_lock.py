@@ -26,11 +26,12 @@ import fcntl
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 LOCK_FILE = "frontend.lock"
 
 _guard = threading.Lock()
-_held: dict[str, list] = {}  # realpath of the folder -> [fd, references]
+_held: dict[str, list[Any]] = {}  # realpath of the folder -> [fd, references]
 
 
 class StorageLockedError(RuntimeError):

@@ -47,9 +47,10 @@ import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omni_triton.media.video import encode_mp4, write_atomic
 
@@ -145,7 +146,7 @@ class VideoRequest:
                            "keep_frames": self.keep_frames})
 
     @classmethod
-    def from_json(cls, text: str) -> "VideoRequest":
+    def from_json(cls, text: str) -> VideoRequest:
         data = json.loads(text)
         return cls(data["model"], VideoJob(**data["job"]), int(data["fps"]), int(data["keep_frames"]))
 
@@ -177,7 +178,7 @@ class JobRecord:
     started_at: int | None = None
     completed_at: int | None = None
     expires_at: int | None = None
-    error: dict | None = None
+    error: dict[str, Any] | None = None
     attempts: int = 0
     file: str | None = None
     seq: int = 0
@@ -219,11 +220,11 @@ class JobStore:
         with self._lock:
             self._db.close()
 
-    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    def _write(self, sql: str, args: tuple = ()) -> int:
+    def _write(self, sql: str, args: tuple[Any, ...] = ()) -> int:
         with self._lock:
             return self._db.execute(sql, args).rowcount
 
@@ -319,7 +320,8 @@ class JobStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                row = self._db.execute("SELECT id FROM jobs WHERE status = ? ORDER BY seq LIMIT 1", (QUEUED,)).fetchone()
+                row = self._db.execute("SELECT id FROM jobs WHERE status = ? ORDER BY seq LIMIT 1",
+                                       (QUEUED,)).fetchone()
                 if row is None:
                     self._db.execute("COMMIT")
                     return None
@@ -446,7 +448,7 @@ class JobSettings:
 
 @dataclass
 class _Running:
-    task: asyncio.Task
+    task: asyncio.Task[Any]
     deleted: bool = False
 
 
@@ -480,13 +482,13 @@ class VideoJobs:
             raise
         self._running: dict[str, _Running] = {}
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self._on_event = on_event or (lambda job_id, what: None)
         self._on_store_error = on_store_error or (lambda operation: None)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._claim: asyncio.Future | None = None  # the dispatcher's claim in flight (a worker thread)
+        self._claim: asyncio.Future[Any] | None = None  # the dispatcher's claim in flight (a worker thread)
         #: the database error the runner is retrying, or None: ``{"operation", "message", "since"}``
-        self.store_error: dict | None = None
+        self.store_error: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def recover(self) -> dict[str, int]:
@@ -713,7 +715,7 @@ class VideoJobs:
                 await asyncio.to_thread(self.sweep)
             except (sqlite3.Error, OSError) as exc:  # the next sweep tries again
                 self._store_failed("sweep", exc, None)
-            except Exception:  # noqa: BLE001 - the sweep must keep running
+            except Exception:
                 logger.exception("video retention sweep failed")
 
     async def _dispatch(self) -> None:
@@ -741,7 +743,7 @@ class VideoJobs:
                         break
                     task = asyncio.create_task(self._run(rec), name=f"video-{rec.id}")
                     self._running[rec.id] = _Running(task)
-            except Exception as exc:  # noqa: BLE001 - database errors, a damaged row: never the end of it
+            except Exception as exc:
                 delay = self._store_failed("dispatch", exc, delay)
             else:
                 delay = None
@@ -798,7 +800,7 @@ class VideoJobs:
                     logger.warning("video job %s failed: %s", rec.id, exc)  # the raw error, for operators
                     await self._fail(rec.id, "stage_died", f"stage {stage} died while this job ran (attempt "
                                      f"{rec.attempts} of {self.settings.max_attempts}); retry the job")
-        except Exception as exc:  # noqa: BLE001 - a job fails with its reason, never vanishes
+        except Exception as exc:
             logger.exception("video job %s failed", rec.id)
             await self._fail(rec.id, "internal_error", f"{type(exc).__name__}: {exc}")
         finally:

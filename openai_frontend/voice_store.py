@@ -35,8 +35,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .storage_lock import lock_unless_shared
 
@@ -124,7 +126,7 @@ class StoredVoice:
     seconds: float | None = None
     error: str | None = None
 
-    def to_openai(self) -> dict:
+    def to_openai(self) -> dict[str, Any]:
         """OpenAI's ``audio.voice`` object plus the extensions ``ref_text``, ``consent``,
         ``seconds`` and ``error`` (only when set)."""
         out = {"id": self.id, "object": "audio.voice", "name": self.name, "type": self.type,
@@ -143,7 +145,7 @@ class StoredConsent:
     language: str
     created_at: int
 
-    def to_openai(self) -> dict:
+    def to_openai(self) -> dict[str, Any]:
         """OpenAI's ``audio.voice_consent`` object."""
         return {"id": self.id, "object": "audio.voice_consent", "name": self.name,
                 "language": self.language, "created_at": self.created_at}
@@ -204,7 +206,7 @@ def write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def encode_clip(samples: np.ndarray, sample_rate: int) -> bytes:
+def encode_clip(samples: NDArray[Any], sample_rate: int) -> bytes:
     """float32 mono [T] -> WAV bytes (FLOAT subtype: lossless)."""
     import soundfile as sf
 
@@ -303,7 +305,7 @@ class VoiceStore:
         if error is not None:
             raise error
 
-    def _insert_within_quota(self, kind: str, new_bytes: int, sql: str, args: tuple) -> None:
+    def _insert_within_quota(self, kind: str, new_bytes: int, sql: str, args: tuple[Any, ...]) -> None:
         """Run the INSERT ``sql`` in one transaction with the quota check (concurrent uploads
         cannot pass a limit together).
 
@@ -339,7 +341,7 @@ class VoiceStore:
                 entry.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ voices
-    def _row_to_voice(self, row) -> StoredVoice:
+    def _row_to_voice(self, row: tuple[Any, ...]) -> StoredVoice:
         (vid, name, vtype, created_at, prompt, ref_text, consent, sample_rate, seconds, prompt_sha,
          clip_sha) = row
         try:
@@ -398,7 +400,7 @@ class VoiceStore:
 
     def count(self) -> int:
         with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM voices").fetchone()[0]
+            return int(self._db.execute("SELECT COUNT(*) FROM voices").fetchone()[0])
 
     def voice_prompt(self, voice: StoredVoice) -> bytes:
         """The stored clone prompt of an ``audio_sample`` voice.
@@ -418,7 +420,7 @@ class VoiceStore:
             raise VoiceCorruptError(f"{PROMPT_FILE} does not match its checksum")
         return data
 
-    def add_clip(self, name: str, clip: np.ndarray, sample_rate: int, voice_prompt: bytes,
+    def add_clip(self, name: str, clip: NDArray[Any], sample_rate: int, voice_prompt: bytes,
                  ref_text: str | None, consent: str | None, seconds: float | None = None) -> StoredVoice:
         """Store a cloned voice: ``clip`` (float32 mono [T] at ``sample_rate`` Hz) and its
         ``voice_prompt`` bytes, atomically (folder renamed into place, then the row committed).

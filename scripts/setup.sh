@@ -2,7 +2,7 @@
 # Idempotent set-up used by the README's two commands and by .ci/run:
 #   1. a dependency virtualenv shared by every checkout on this machine with the same lock, cached
 #      in $OMNI_TRITON_CACHE/venv-<lock hash> (a changed requirements.lock builds a new one); it holds the exact
-#      dependency set of requirements.lock, installed with --no-deps (see README "Pins");
+#      dependency set of requirements.lock, installed with --no-deps (see docs/running.md "Pins");
 #   2. this checkout's own virtualenv, .venv/ (seconds): it sees the shared dependencies through a
 #      .pth file and has this checkout installed editable, so two clones never run each other's code;
 #   3. the benchmark venv with vLLM-Omni's client (scripts/setup_bench.sh, cached like 1);

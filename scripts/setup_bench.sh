@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark environment (idempotent): vLLM-Omni's own benchmark client, `vllm-omni bench serve
 # --omni`, in $OMNI_TRITON_CACHE/bench-venv, for tests/e2e/test_vllm_omni_bench.py and the
-# README's benchmark command. Built from requirements-bench.lock (installed with --no-deps) on top
+# benchmark commands of docs/benchmarks.md. Built from requirements-bench.lock (installed with --no-deps) on top
 # of the main dependency venv (scripts/setup.sh builds that first), and rebuilt only when either
 # lock changes. It is ~5 GB (CUDA builds of torch/torchvision: see requirements-bench.lock);
 # OMNI_TRITON_SKIP_BENCH_ENV=1 skips it (the benchmark test then skips).

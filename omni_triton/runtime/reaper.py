@@ -16,7 +16,7 @@ class ChildReaper:
     """Kill the child processes an engine started (vLLM's EngineCore and its workers).
 
     Why: the EngineCore children of a Triton stub outlive tritonserver when the server goes away
-    while a request runs (DESIGN.md section 4). :meth:`reap` runs from the model's ``finalize``
+    while a request runs (docs/architecture.md "Environment facts"). :meth:`reap` runs from the model's ``finalize``
     and at interpreter exit; :meth:`watch` starts a daemon thread that reaps (and exits the stub)
     as soon as the server process (the stub's parent) is gone.
 

@@ -8,7 +8,7 @@
 3. :func:`server_env` makes the stubs use this virtualenv: ``VIRTUAL_ENV``/``PATH``, and
    ``LD_LIBRARY_PATH`` starting with the LIBDIR of the interpreter that made the venv (the 3.11
    stub embeds Debian's libpython while a pyenv venv's stdlib needs its own: ``ssl`` fails with
-   ``undefined symbol: _PyModule_Add`` otherwise, DESIGN.md section 4), then the wheel's libs.
+   ``undefined symbol: _PyModule_Add`` otherwise, docs/architecture.md "Environment facts"), then the wheel's libs.
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
 
     Sets ``VIRTUAL_ENV``/``PATH`` to the running interpreter's environment, puts the interpreter's
     LIBDIR and the wheel's libraries first on ``LD_LIBRARY_PATH``, passes ``OMNI_TRITON_CACHE``
-    and limits BLAS/OpenMP threads to one per process (2-core machines, DESIGN.md section 4).
+    and limits BLAS/OpenMP threads to one per process (2-core machines, docs/architecture.md "Environment facts").
     """
     env = dict(os.environ if base is None else base)
     venv = Path(sys.prefix)

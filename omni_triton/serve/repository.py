@@ -102,8 +102,22 @@ def dependents(model: str, loaded: list[str], repositories: list[Path] | None = 
     return [m for m in loaded if m in hit] or [model]
 
 
+def triton_name(name: str, repositories: list[Path] | None = None) -> str:
+    """The Triton model name for ``name``: ``name`` itself when a repository holds a model of
+    that name, else the model whose config parameter ``served_model_name`` is ``name`` (the
+    OpenAI-facing name: ``tts`` is served by ``csm``), else ``name`` unchanged."""
+    models = available_models(repositories)
+    if name in models:
+        return name
+    for model, path in models.items():
+        if model_parameters(path).get("served_model_name") == name:
+            return model
+    return name
+
+
 def resolve_models(names: list[str], repositories: list[Path] | None = None) -> list[str]:
-    """Requested models plus their dependencies, dependencies first.
+    """Requested models plus their dependencies, dependencies first. A requested name may also be
+    a model's ``served_model_name`` (``--models tts`` serves ``csm``, see :func:`triton_name`).
 
     Raises:
         KeyError: a name (or a dependency) is not in any model repository.
@@ -112,6 +126,8 @@ def resolve_models(names: list[str], repositories: list[Path] | None = None) -> 
     order: list[str] = []
 
     def visit(name: str, chain: tuple[str, ...]) -> None:
+        if name not in models and not chain:
+            name = triton_name(name, repositories)
         if name in order:
             return
         if name not in models:

@@ -34,7 +34,7 @@ class ChunkSchedule:
     chunk (at least ``first_chunk_frames`` of them). Why: after the small first chunk (5 frames:
     0.4 s of audio at 12.5 Hz) the fixed scheme waits for 25 more frames, which must be generated
     within those 0.4 s, i.e. at 5x real time; under load a talker slower than that stalls every
-    stream at its second chunk (docs/scheduling.md, "Results"). Early chunks only come when the
+    stream at its second chunk (docs/notes/scheduling-2026-12.md, "Results"). Early chunks only come when the
     listener would otherwise stall, so an unloaded stream keeps the fixed chunks; the audio is the
     same within the decoder's left-context tolerance (``tests/unit/test_codec_tts.py``).
 

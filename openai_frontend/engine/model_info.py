@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
-from omni_triton.contracts import video as video_contract
 from omni_triton.contracts import speech as speech_contract
+from omni_triton.contracts import video as video_contract
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def parse_size(text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def model_info_from_config(config, state: str = "READY", reason: str = "") -> ModelInfo:
+def model_info_from_config(config: Any, state: str = "READY", reason: str = "") -> ModelInfo:
     """Build a ``ModelInfo`` from a ``inference.ModelConfig`` protobuf."""
     params = {k: v.string_value.strip() for k, v in config.parameters.items()}
     inputs = frozenset(i.name for i in config.input)
@@ -209,7 +210,7 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
     else:
         supports_speed = False
 
-    def _number(key: str, kind=int):
+    def _number(key: str, kind: type[int] | type[float] = int) -> int | float | None:
         """Parameter ``key`` as ``kind`` (``int``/``float``); None when absent or malformed."""
         try:
             return kind(params[key]) if params.get(key) else None
@@ -219,7 +220,8 @@ def model_info_from_config(config, state: str = "READY", reason: str = "") -> Mo
             return None
 
     def _int(key: str) -> int | None:
-        return _number(key, int)
+        value = _number(key, int)
+        return None if value is None else int(value)
 
     def _float(key: str) -> float | None:
         return _number(key, float)

@@ -7,15 +7,16 @@ protocol, so unit tests plug in small fakes; the real server path is
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
+from numpy.typing import NDArray
 
 from .model_info import ModelInfo
 
 #: (float32 PCM chunk of shape [T] in [-1, 1], sample rate in Hz)
-AudioChunk = tuple[np.ndarray, int]
+AudioChunk = tuple[NDArray[Any], int]
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,7 +31,7 @@ class SpeechOptions:
     instructions: str | None = None
     language: str | None = None
     voice_prompt: bytes | None = None
-    ref_audio: np.ndarray | None = None
+    ref_audio: NDArray[Any] | None = None
     ref_sample_rate: int | None = None
     ref_text: str | None = None
     x_vector_only: bool | None = None
@@ -50,9 +51,9 @@ class GenerationRequest:
     go to speech models only (``MODALITIES`` / ``VOICE``). ``request_id`` is Triton's request id.
     """
 
-    messages: list[dict] | None = None
+    messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
-    sampling: dict = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
     modalities: tuple[str, ...] | None = None
     voice: str | None = None
     request_id: str = ""
@@ -75,7 +76,7 @@ class GenerationChunk:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    audio: np.ndarray | None = None
+    audio: NDArray[Any] | None = None
     sample_rate: int | None = None
 
 
@@ -98,7 +99,7 @@ class ImageJob:
     negative_prompt: str | None = None
     true_cfg_scale: float = 4.0
     guidance_scale: float | None = None
-    image: np.ndarray | None = None
+    image: NDArray[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class GeneratedImage:
     """One generated image: ``uint8 [H, W, 3]`` RGB pixels, its seed, the denoising steps run and
     the wall time (seconds) of the denoiser call it was part of."""
 
-    pixels: np.ndarray
+    pixels: NDArray[Any]
     seed: int
     steps: int
     denoise_seconds: float
@@ -160,25 +161,18 @@ class VideoEvent:
 
     step: int = 0
     total: int = 0
-    frames: np.ndarray | None = None
+    frames: NDArray[Any] | None = None
     num_steps: int | None = None
     denoise_seconds: float | None = None
 
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the routers need from a backend.
+    """What the routers need from a backend (``TritonEngine``; the unit tests' fakes).
 
-    Optional (looked up with ``getattr``; without it voice cloning answers 400
-    ``voice_cloning_unavailable``)::
-
-        async def voice_prompt(self, model, audio, sample_rate, ref_text, x_vector_only)
-            -> tuple[bytes, float]
-
-    computes a clone prompt once on ``model`` (``qwen3_tts_voice_prompt``): ``audio`` float32
-    mono [T] at ``sample_rate`` Hz (+ its transcript ``ref_text``, or ``x_vector_only``) ->
-    (``VOICE_PROMPT`` bytes, clip seconds); raises ``InvalidRequestError`` (the stage rejected
-    the clip), ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError``.
+    Every method is required: mypy checks each implementation against this class. A backend
+    without a feature still has the method; the serving layer decides from the served models
+    (``ModelInfo``) whether a feature is there, never from the engine's attributes.
     """
 
     async def is_live(self) -> bool:
@@ -196,7 +190,7 @@ class Engine(Protocol):
     def synthesize(
         self, model: str, text: str, voice: str | None = None, speed: float | None = None,
         options: SpeechOptions | None = None, paced: bool = False,
-    ) -> AsyncIterator[AudioChunk]:
+    ) -> AsyncGenerator[AudioChunk, None]:
         """Stream ``(float32 [T] PCM, sample_rate Hz)`` chunks as the model produces them.
         ``options``: Qwen3-TTS extras (the serving layer passes it only when non-empty).
         ``paced``: the client plays the stream as it arrives (passed only when True; the model
@@ -213,13 +207,38 @@ class Engine(Protocol):
         ``ModelNotReadyError`` or ``TritonUnavailableError``.
         """
 
-    def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    def generate(self, model: str, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         """Stream the chat-contract responses of one request as the model produces them.
 
         Closing the iterator early must cancel the request in the server (the stage then aborts
         it in its engine). Raises ``InvalidRequestError`` (the model rejected the input),
         ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
         """
+
+    def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncGenerator[VideoEvent, None]:
+        """Stream the events of one video request on the video model ``model``: a
+        :class:`VideoEvent` per finished denoising step, then one with the frames
+        (``uint8 [F, H, W, 3]``). ``request_id`` is Triton's request id (the job id).
+
+        Closing the iterator early must cancel the request in the server (the denoiser stops at
+        its next step). Raises ``InvalidRequestError``, ``InferenceError`` (also: the stream
+        ended without frames), ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
+        """
+
+    async def voice_prompt(self, model: str, audio: NDArray[Any], sample_rate: int, ref_text: str | None,
+                           x_vector_only: bool) -> tuple[bytes, float]:
+        """Compute a voice-clone prompt once on ``model`` (``qwen3_tts_voice_prompt``).
+
+        ``audio``: float32 mono [T] in [-1, 1] at ``sample_rate`` Hz, with its transcript
+        ``ref_text`` (or ``x_vector_only``: speaker embedding only). Returns (``VOICE_PROMPT``
+        bytes, clip seconds). Raises ``InvalidRequestError`` (the stage rejected the clip),
+        ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError``.
+        """
+
+    def abort_inflight(self, models: list[str], dead_stage: str) -> int:
+        """End every in-flight call on ``models`` because the stage ``dead_stage`` died (its
+        callers then raise a 503 ``StageRestartedError``); returns how many were ended. Called by
+        ``stage_watch.ServeStatusWatch``; an engine with nothing in flight returns 0."""
 
     async def stage_statistics(self, models: list[str]) -> dict[str, StageStatistics]:
         """Triton's cumulative statistics of each of ``models`` (missing names are left out).

@@ -21,29 +21,47 @@ import asyncio
 import functools
 import logging
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc._utils import _get_inference_request
+from numpy.typing import NDArray
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from omni_triton import triton_admin
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
+from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.contracts import speech as speech_contract
 from omni_triton.contracts import video as video_contract
-from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, scalar_array, utf8_array, wrap_inputs
 from omni_triton.media.image import pixels_from_png_base64
 
-from .errors import (EngineError, InferenceError, InvalidRequestError, ModelNotFoundError,
-                     ModelNotReadyError, StageRestartedError, TritonUnavailableError)
+from .errors import (
+    EngineError,
+    InferenceError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    StageRestartedError,
+    TritonUnavailableError,
+)
 from .model_info import ModelInfo, model_info_from_config, unready_dependencies
-from .protocol import (AudioChunk, GeneratedImage, GenerationChunk, GenerationRequest, ImageJob,
-                       SpeechOptions, StageStatistics, VideoEvent, VideoJob)
+from .protocol import (
+    AudioChunk,
+    GeneratedImage,
+    GenerationChunk,
+    GenerationRequest,
+    ImageJob,
+    SpeechOptions,
+    StageStatistics,
+    VideoEvent,
+    VideoJob,
+)
+from .triton_private import infer_result, open_stream
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +180,7 @@ class TritonEngine:
     async def is_live(self) -> bool:
         try:
             return bool(await self._client.is_server_live(client_timeout=self._timeout))
-        except Exception:  # noqa: BLE001 - any failure means "not live"
+        except Exception:
             return False
 
     async def _index(self) -> dict[str, tuple[str, str]]:
@@ -170,7 +188,7 @@ class TritonEngine:
         try:
             index = await self._client.get_model_repository_index(headers=self._admin_headers,
                                                                   client_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc, "repository index") from exc
         states: dict[str, tuple[str, str]] = {}
         for m in index.models:
@@ -187,7 +205,7 @@ class TritonEngine:
         try:
             resp = await self._client.get_model_config(name, headers=self._admin_headers,
                                                        client_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc, f"config of {name}") from exc
         info = model_info_from_config(resp.config, state, reason)
         self._config_cache[name] = info
@@ -214,7 +232,7 @@ class TritonEngine:
             raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
         try:
             ready = await self._client.is_model_ready(name, client_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _translate(exc, f"readiness of {name}") from exc
         if not ready:
             self._config_cache.pop(name, None)
@@ -247,7 +265,7 @@ class TritonEngine:
                 if (exc.status() or "").endswith(tuple(c.name for c in _UNAVAILABLE_CODES)):
                     raise _translate(exc, f"statistics of {name}") from exc
                 continue  # unloaded or unknown: no statistics
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise _translate(exc, f"statistics of {name}") from exc
             success = executions = queue = compute = 0
             for m in resp.model_stats:
@@ -263,7 +281,7 @@ class TritonEngine:
     async def synthesize(
         self, model: str, text: str, voice: str | None = None, speed: float | None = None,
         options: SpeechOptions | None = None, paced: bool = False,
-    ) -> AsyncIterator[AudioChunk]:
+    ) -> AsyncGenerator[AudioChunk, None]:
         """One ``ModelStreamInfer`` RPC: send one request, yield each ``AUDIO`` response.
 
         The stream half-closes once that request's final response is in (``_stream``), and
@@ -337,7 +355,7 @@ class TritonEngine:
                     final.set()  # half-close now; the RPC ends right after
                     if not response.infer_response.outputs:
                         continue  # the empty final response
-                yield grpcclient.InferResult(response.infer_response)
+                yield infer_result(response)
             finished = True
             if error_message is not None:
                 raise _stream_error(model, error_message, None)
@@ -364,7 +382,7 @@ class TritonEngine:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
 
-    async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncIterator[VideoEvent]:
+    async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncGenerator[VideoEvent, None]:
         """One ``ModelStreamInfer`` RPC on the video BLS ``model``: a :class:`VideoEvent` per
         finished denoising step, then one with the frames. Closing the iterator (or cancelling
         the task) cancels the RPC, which stops the denoiser at its next step boundary.
@@ -432,7 +450,7 @@ class TritonEngine:
             self._inflight.pop(request_id, None)
             self._aborted.pop(request_id, None)
 
-    async def voice_prompt(self, model: str, audio: np.ndarray, sample_rate: int, ref_text: str | None,
+    async def voice_prompt(self, model: str, audio: NDArray[Any], sample_rate: int, ref_text: str | None,
                            x_vector_only: bool) -> tuple[bytes, float]:
         """One unary ``ModelInfer`` on ``qwen3_tts_voice_prompt`` (``Engine.voice_prompt``)."""
         pairs = [(qwen3_contract.REF_AUDIO, np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)),
@@ -456,8 +474,8 @@ class TritonEngine:
         dimension of ``n``: each image is then scheduled on its own by Triton's dynamic batchers
         (mixed with other clients' images up to ``max_batch_size``), an ``n`` above a stage's
         ``max_batch_size`` still works, and every image equals the single-image request with its
-        seed. A ``TaskGroup`` cancels the others when one fails or the caller is cancelled (client
-        disconnect), which cancels their gRPC calls.
+        seed. The first failure is raised and the others are cancelled (so are all when the caller
+        is cancelled: client disconnect), which cancels their gRPC calls.
         """
 
         async def one(i: int) -> GeneratedImage:
@@ -474,15 +492,18 @@ class TritonEngine:
                 denoise_seconds=float(seconds.reshape(-1)[0]) if seconds is not None else 0.0,
             )
 
+        # All n in flight; the first failure cancels the rest and is raised as it is. (Not
+        # asyncio.TaskGroup/except*: the GPU image's tritonserver Python is 3.10, which has neither.)
+        tasks = [asyncio.ensure_future(one(i)) for i in range(job.n)]
         try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(one(i)) for i in range(job.n)]
-        except* EngineError as eg:
-            raise eg.exceptions[0] from None
-        return [t.result() for t in tasks]
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
-    async def generate(self, model: str, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, model: str, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         """One ``ModelStreamInfer`` RPC carrying one chat-contract request; yields every response.
 
         Errors arrive in-band (an ``error_message`` without a code). The header
@@ -491,7 +512,8 @@ class TritonEngine:
         was not cancelled", server#7368): on BLS error responses in ~200 tries, and on single-stage
         ``llm`` errors while BLS streams ran (newcomer trial, 3 of 3 servers). So a stage's
         ``INVALID_ARG`` is recognised by its message prefix (``INVALID_INPUT_PREFIX``) and becomes
-        ``InvalidRequestError`` (HTTP 400); other errors are 500s. Cancellation as in ``synthesize``: closing the generator (or cancelling its task)
+        ``InvalidRequestError`` (HTTP 400); other errors are 500s. Cancellation as in ``synthesize``:
+        closing the generator (or cancelling its task)
         cancels the gRPC call, which Triton turns into ``request.is_cancelled()`` in the stage.
         """
         info = self._config_cache.get(model)
@@ -499,28 +521,6 @@ class TritonEngine:
         inputs = chat_inputs(request, declared)
         async for result in self._stream(model, inputs, request.request_id or uuid.uuid4().hex):
             yield chunk_from_result(result, info.sample_rate if info else None)
-
-
-def open_stream(client: grpcclient.InferenceServerClient, model: str, inputs: list[InferInput],
-                 request_id: str, final: asyncio.Event) -> grpc.aio.StreamStreamCall:
-    """Open a ``ModelStreamInfer`` RPC that sends one request and half-closes only once
-    ``final`` is set (see ``TritonEngine._stream``); returns the gRPC call, whose responses are
-    ``ModelStreamInferResponse`` messages.
-
-    tritonclient's ``stream_infer`` cannot do this: it refuses the reserved request parameter
-    ``triton_enable_empty_final_response`` (only its sync ``async_stream_infer`` sets it), so the
-    request is built with the same ``_get_inference_request`` and sent on the client's own stub.
-    """
-    request = _get_inference_request(
-        model_name=model, inputs=inputs, model_version="", request_id=request_id, outputs=None,
-        sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
-
-    async def requests():
-        yield request
-        await final.wait()
-
-    return client._client_stub.ModelStreamInfer(requests(), metadata=client._get_metadata(None))
 
 
 def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
@@ -535,11 +535,11 @@ def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
     ))
 
 
-def qwen3_speech_inputs(options: SpeechOptions, declared: frozenset[str]) -> list[tuple[str, np.ndarray]]:
+def qwen3_speech_inputs(options: SpeechOptions, declared: frozenset[str]) -> list[tuple[str, NDArray[Any]]]:
     """The Qwen3-TTS inputs of ``options`` (``omni_triton.contracts.qwen3_tts``) as ``(name,
     array)`` pairs, only those the model declares (the serving layer has refused the others)."""
     c = qwen3_contract
-    pairs: list[tuple[str, np.ndarray]] = []
+    pairs: list[tuple[str, NDArray[Any]]] = []
     for name, value in ((c.TASK, options.task), (c.INSTRUCTIONS, options.instructions),
                         (c.LANGUAGE, options.language), (c.REF_TEXT, options.ref_text)):
         if value is not None:

@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Query, Request, WebSocket
+from fastapi.responses import Response
 
 from ..schemas import SpeechBatchRequest, SpeechRequest, VoiceList
 from ..serving import speech, speech_stream, voices
@@ -14,56 +17,56 @@ router = APIRouter(tags=["audio"])
 
 
 @router.post("/v1/audio/speech", response_model=None)
-async def create_speech(body: SpeechRequest, request: Request):
+async def create_speech(body: SpeechRequest, request: Request) -> Response:
     return await speech.create_speech(body, request)
 
 
-@router.post("/v1/audio/speech/batch")
-async def create_speech_batch(body: SpeechBatchRequest, request: Request):
+@router.post("/v1/audio/speech/batch", response_model=None)
+async def create_speech_batch(body: SpeechBatchRequest, request: Request) -> dict[str, Any]:
     return await speech_stream.create_batch(body, request)
 
 
 @router.websocket("/v1/audio/speech/stream")
-async def speech_stream_ws(websocket: WebSocket):
+async def speech_stream_ws(websocket: WebSocket) -> None:
     await speech_stream.speech_stream(websocket)
 
 
 @router.get("/v1/audio/voices", response_model=VoiceList)
-async def list_voices(request: Request, model: str | None = Query(default=None)):
+async def list_voices(request: Request, model: str | None = Query(default=None)) -> VoiceList:
     return await voices.list_voices(request.app.state, model)
 
 
-@router.post("/v1/audio/voices")
-async def create_voice(request: Request):
+@router.post("/v1/audio/voices", response_model=None)
+async def create_voice(request: Request) -> dict[str, Any]:
     return await voices.create_voice(request)
 
 
-@router.delete("/v1/audio/voices/{voice_id}")
-async def delete_voice(request: Request, voice_id: str):
+@router.delete("/v1/audio/voices/{voice_id}", response_model=None)
+async def delete_voice(request: Request, voice_id: str) -> dict[str, Any]:
     return await voices.delete_voice(request, voice_id)
 
 
-@router.post("/v1/audio/voice_consents")
-async def create_consent(request: Request):
+@router.post("/v1/audio/voice_consents", response_model=None)
+async def create_consent(request: Request) -> dict[str, Any]:
     return await voices.create_consent(request)
 
 
-@router.get("/v1/audio/voice_consents")
+@router.get("/v1/audio/voice_consents", response_model=None)
 async def list_consents(request: Request, after: str | None = Query(default=None),
-                        limit: int = Query(default=20, ge=1, le=100)):
+                        limit: int = Query(default=20, ge=1, le=100)) -> dict[str, Any]:
     return await voices.list_consents(request, after, limit)
 
 
-@router.get("/v1/audio/voice_consents/{consent_id}")
-async def get_consent(request: Request, consent_id: str):
+@router.get("/v1/audio/voice_consents/{consent_id}", response_model=None)
+async def get_consent(request: Request, consent_id: str) -> dict[str, Any]:
     return await voices.get_consent(request, consent_id)
 
 
-@router.post("/v1/audio/voice_consents/{consent_id}")
-async def update_consent(request: Request, consent_id: str):
+@router.post("/v1/audio/voice_consents/{consent_id}", response_model=None)
+async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
     return await voices.update_consent(request, consent_id)
 
 
-@router.delete("/v1/audio/voice_consents/{consent_id}")
-async def delete_consent(request: Request, consent_id: str):
+@router.delete("/v1/audio/voice_consents/{consent_id}", response_model=None)
+async def delete_consent(request: Request, consent_id: str) -> dict[str, Any]:
     return await voices.delete_consent(request, consent_id)

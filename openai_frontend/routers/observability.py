@@ -6,6 +6,8 @@ gets ``{"status": ...}`` with the same 200/503."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -19,7 +21,7 @@ router = APIRouter(tags=["observability"])
 
 
 @router.get("/health", response_model=HealthStatus)
-async def health(request: Request):
+async def health(request: Request) -> JSONResponse:
     engine = request.app.state.engine
     live = await engine.is_live()
     models: dict[str, str] = {}
@@ -66,7 +68,7 @@ def shows_detail(request: Request) -> bool:
     return loopback_client(request.scope)
 
 
-def _serve_status(request: Request) -> dict | None:
+def _serve_status(request: Request) -> dict[str, Any] | None:
     """``serve``'s supervision record (restarts, last crash reason, stub reloads), without the
     crash log's path (no file paths in answers)."""
     watch = getattr(request.app.state, "serve_watch", None)

@@ -32,15 +32,17 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from omni_triton.contracts.chat import MODALITIES, part_modality
-from omni_triton.media.fetch import UrlFetchError, UrlFetchPolicy, fetch_url
 from omni_triton.media.audio import UnsupportedFormatError, get_format
+from omni_triton.media.fetch import UrlFetchError, UrlFetchPolicy, fetch_url
 
 from ..engine import EngineError, GenerationRequest, ModelInfo
 from ..errors import OpenAIError, bad_request, engine_error_detail, error_json
@@ -57,6 +59,7 @@ from ..generation import (
     sampling_parameters,
     usage_of,
 )
+from ..offload import off_loop
 from ..schemas import (
     ChatCompletion,
     ChatCompletionAudio,
@@ -75,11 +78,18 @@ from ..schemas import (
     ImageGenerationRequest,
     Usage,
 )
-from ..offload import off_loop
 from . import images
+from .common import (
+    AdmittedRequest,
+    check_fields,
+    check_prompt_chars,
+    messages_chars,
+    resolve_model,
+    retry_after_stage_restart,
+    sse_response,
+    until_disconnect,
+)
 from .stage_metrics import StageClock
-from .common import (AdmittedRequest, check_fields, check_prompt_chars, messages_chars, resolve_model,
-                     retry_after_stage_restart, sse_response, until_disconnect)
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +175,7 @@ def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, st
     return fmt, voice
 
 
-async def create_chat_completion(body: ChatCompletionRequest, request):
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     """Serve ``POST /v1/chat/completions`` (``request``: the Starlette request). Returns the
     completion (a dict), an SSE response, or an image chat's ``JSONResponse``."""
     check_fields(body, request)
@@ -222,7 +232,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request):
     return await _run(plan, request)
 
 
-def check_media_parts(messages: list[dict], target: ModelInfo, model_name: str) -> None:
+def check_media_parts(messages: list[dict[str, Any]], target: ModelInfo, model_name: str) -> None:
     """400 naming the first content part type ``target`` cannot take (its ``input_modalities``),
     e.g. "The model 'llm' does not accept input_audio parts"."""
     accepted = set(target.input_modalities)
@@ -240,7 +250,7 @@ def check_media_parts(messages: list[dict], target: ModelInfo, model_name: str) 
                                   param=f"messages.{i}.content.{j}", code="invalid_value")
 
 
-async def fetch_media_urls(messages: list[dict], policy: UrlFetchPolicy) -> list[dict]:
+async def fetch_media_urls(messages: list[dict[str, Any]], policy: UrlFetchPolicy) -> list[dict]:
     """``messages`` with every http(s) ``image_url`` / ``video_url`` fetched under ``policy``
     and replaced by a base64 data URL (the model only sees data). Each refusal is its 4xx
     (``omni_triton.media.fetch.fetch_url``); other URL schemes but ``data:`` are a 400."""
@@ -260,11 +270,21 @@ async def fetch_media_urls(messages: list[dict], policy: UrlFetchPolicy) -> list
                     raise OpenAIError(exc.status, exc.message, param=f"messages.{i}.content.{j}.{kind}.url",
                                       code=exc.code) from None
                 mime = mime or ("image/*" if kind == "image_url" else "video/*")
-                url = await off_loop(lambda: f"data:{mime};base64," + base64.b64encode(data).decode("ascii"))
+                url = await off_loop(_data_url, mime, data)
                 part = {"type": kind, kind: {"url": url}}
             parts.append(part)
         out.append({**m, "content": parts})
     return out
+
+
+def _data_url(mime: str, data: bytes) -> str:
+    """A ``data:`` URL of ``data`` (base64) with media type ``mime``."""
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+
+
+def _data_url(mime: str, data: bytes) -> str:
+    """A ``data:`` URL of ``data`` (base64) with media type ``mime``."""
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
 
 
 def output_modalities(body: ChatCompletionRequest, info: ModelInfo) -> tuple[str, ...]:
@@ -281,7 +301,7 @@ IMAGE_FIELDS = ("size", "negative_prompt", "num_inference_steps", "guidance_scal
                 "true_cfg_scale", "output_format")
 
 
-async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> JSONResponse:
+async def _image_chat(body: ChatCompletionRequest, request: Request, info: ModelInfo) -> JSONResponse:
     """A chat completion on a text-to-image model, as vLLM-Omni answers it: the last user
     message is the prompt and ``message.content`` is a list of ``image_url`` parts, one data URL
     (``data:image/png;base64,...``) per image (``n`` images, image ``i`` with ``seed + i``).
@@ -344,7 +364,7 @@ async def _image_chat(body: ChatCompletionRequest, request, info: ModelInfo) -> 
     return JSONResponse(response, headers=images.denoise_headers(result))
 
 
-async def create_completion(body: CompletionRequest, request):
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
     """Serve ``POST /v1/completions``: each prompt gets ``n`` choices (indexed
     ``prompt_index * n + i``). Returns the completion (a dict) or an SSE response."""
     check_fields(body, request)
@@ -379,7 +399,7 @@ async def create_completion(body: CompletionRequest, request):
 
 
 # --------------------------------------------------------------------------- execution
-def _observe_tpot(metrics, plan: _Plan, states, seen: dict) -> None:
+def _observe_tpot(metrics, plan: _Plan, states, seen: dict[str, Any]) -> None:
     """TPOT of a single-choice request: (last text - first text) / (completion tokens - 1)."""
     if len(plan.requests) != 1 or "first_at" not in seen:
         return
@@ -388,7 +408,7 @@ def _observe_tpot(metrics, plan: _Plan, states, seen: dict) -> None:
         metrics.tpot.labels(plan.target.public_name).observe((seen["last_at"] - seen["first_at"]) / (tokens - 1))
 
 
-async def _run(plan: _Plan, request):
+async def _run(plan: _Plan, request: Request):
     """Admit the plan's Triton requests (one unit each), run them concurrently and answer."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
@@ -463,7 +483,7 @@ async def _run(plan: _Plan, request):
         return sse_response(body, background=BackgroundTask(_close_all, body, req))
 
 
-def _deterministic(request) -> bool:
+def _deterministic(request: Request) -> bool:
     """Whether running ``request`` again gives the same answer: greedy (temperature 0) or seeded."""
     sampling = request.sampling or {}
     return sampling.get("temperature") == 0 or sampling.get("seed") is not None
@@ -474,7 +494,7 @@ async def _close_all(body, req: AdmittedRequest) -> None:
     await req.close()
 
 
-def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict:
+def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
     """The ``pipeline`` entry of a chat request's ``stage_metrics`` (vLLM-Omni's names): what it
     produced, from the stage's own token counts."""
     usage = usage_of(states, plan.prompt_of_choice)
@@ -483,7 +503,7 @@ def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict:
 
 
 async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, observe,
-                  req: AdmittedRequest, clock: StageClock) -> AsyncIterator[dict]:
+                  req: AdmittedRequest, clock: StageClock) -> AsyncIterator[dict[str, Any]]:
     """The SSE events of a streamed answer: the buffered first responses, then the rest as they
     arrive; a failure after the status line is a ``data: {"error": ...}`` event. With
     ``return_stage_metrics``, a chunk without choices carrying ``metrics`` precedes the usage
@@ -527,7 +547,7 @@ async def _collect(merged, states: list[ChoiceState], observe) -> None:
 
 
 # --------------------------------------------------------------------------- framing
-def _whole_response(plan: _Plan, states: list[ChoiceState]) -> dict:
+def _whole_response(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
     """The non-streamed body (runs in a thread: audio encoding is CPU work)."""
     usage = usage_of(states, plan.prompt_of_choice)
     if plan.endpoint == "completions":
@@ -630,7 +650,7 @@ class _StreamFramer:
             out.append(self._chat(i, ChoiceDelta(audio=audio), modality="audio"))
         return out
 
-    def metrics_chunk(self, metrics: dict) -> str:
+    def metrics_chunk(self, metrics: dict[str, Any]) -> str:
         """A chunk without choices carrying vLLM-Omni's ``metrics`` object."""
         cls = ChatCompletionChunk if self.plan.endpoint == "chat" else Completion
         chunk = cls(id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any
 
+from fastapi import Request
 from python_multipart.multipart import parse_options_header
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -46,7 +48,7 @@ def sse_response(body, **kwargs) -> EventSourceResponse:
 IGNORED_FIELDS_STATE = "ignored_fields"
 
 
-def check_fields(body, request) -> list[str]:
+def check_fields(body, request: Request) -> list[str]:
     """Unknown request fields, as vLLM treats them (default) or as OpenAI does
     (``Settings.strict_params``, ``--strict-params``).
 
@@ -84,7 +86,7 @@ def messages_chars(messages) -> int:
     return total
 
 
-def check_prompt_chars(chars: int, request, param: str) -> None:
+def check_prompt_chars(chars: int, request: Request, param: str) -> None:
     """400 ``prompt_too_long`` when a request's text (``chars`` characters) is over
     ``Settings.max_prompt_chars`` (``--max-prompt-chars``); checked before the request is
     tokenized, rendered or sent anywhere."""
@@ -94,7 +96,7 @@ def check_prompt_chars(chars: int, request, param: str) -> None:
                           param=param, code="prompt_too_long")
 
 
-def ignore_fields(request, names: list[str]) -> None:
+def ignore_fields(request: Request, names: list[str]) -> None:
     """Known fields the resolved model cannot use but that are harmless to drop (the speech
     extras ``task_type``/``language`` on a model without them): treated like unknown fields,
     added to ``X-Ignored-Fields`` (a 400 ``unknown_parameter`` with ``--strict-params``)."""
@@ -123,7 +125,7 @@ class _StrictMultiPartParser(MultiPartParser):
         super().on_part_end()
 
 
-async def read_form(request, *, max_files: int, max_fields: int, max_part_size: int = 1 << 20):
+async def read_form(request: Request, *, max_files: int, max_fields: int, max_part_size: int = 1 << 20):
     """The request's ``multipart/form-data`` (or urlencoded) form, parsed by Starlette with
     bounds: at most ``max_files`` file parts, ``max_fields`` text fields and ``max_part_size``
     bytes per text field. The one way every route reads a form (``/v1/audio/speech``,
@@ -151,12 +153,12 @@ async def read_form(request, *, max_files: int, max_fields: int, max_part_size: 
         if exc.status_code == 413:
             raise
         reason = str(exc.detail)
-    except Exception as exc:  # noqa: BLE001 - whatever else a hostile body or header makes the parser raise
+    except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"
     raise bad_request(f"Malformed multipart body: {reason}", code="invalid_multipart")
 
 
-async def read_json_object(request) -> dict:
+async def read_json_object(request: Request) -> dict[str, Any]:
     """The request's JSON body, which must be an object (for the routes that read their body
     themselves: ``/v1/videos``, ``/v1/audio/voices``...; the others get FastAPI's parsing).
 
@@ -272,7 +274,7 @@ class AdmittedRequest:
         self.outcome: str | None = None
         self.t0 = 0.0
 
-    async def __aenter__(self) -> "AdmittedRequest":
+    async def __aenter__(self) -> AdmittedRequest:
         try:
             self._slot = self._admission.acquire(self._cost)
         except OpenAIError:
@@ -326,7 +328,7 @@ class AdmittedRequest:
             self.finish(asyncio.CancelledError())
 
 
-async def until_disconnect(request, work) -> bool:
+async def until_disconnect(request: Request, work) -> bool:
     """Run the coroutine ``work``; True when it finished, False when the HTTP client disconnected
     first (then ``work`` is cancelled, which cancels its Triton calls). Starlette does not cancel a
     non-streaming handler on disconnect, hence this watcher (vLLM's server does the same).

@@ -18,25 +18,40 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from numpy.typing import NDArray
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, UnsupportedImageFormatError, decode_image,
-                                     encode_image, normalise_format)
+from omni_triton.contracts.image import MIN_INFERENCE_STEPS
+from omni_triton.media.image import (
+    ImageTooLargeError,
+    InvalidImageError,
+    UnsupportedImageFormatError,
+    decode_image,
+    encode_image,
+    normalise_format,
+)
 
 from ..engine import GeneratedImage, ImageJob, ModelInfo
 from ..engine.model_info import parse_size
 from ..errors import OpenAIError, bad_request
 from ..offload import off_loop
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
+from .common import (
+    IMAGE_EDIT,
+    TEXT_TO_IMAGE,
+    AdmittedRequest,
+    check_fields,
+    read_form,
+    resolve_model,
+    retry_after_stage_restart,
+)
 from .stage_metrics import StageClock
-from .common import (IMAGE_EDIT, TEXT_TO_IMAGE, AdmittedRequest, check_fields, read_form, resolve_model,
-                     retry_after_stage_restart)
-
-from omni_triton.contracts.image import MIN_INFERENCE_STEPS  # noqa: E402 - the stages' floor
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +137,7 @@ def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
 MAX_CONDITION_ASPECT_RATIO = 100
 
 
-def check_aspect_ratio(pixels) -> None:
+def check_aspect_ratio(pixels: NDArray[Any]) -> None:
     """400 ``invalid_image`` when the ``uint8 [H, W, 3]`` upload is more elongated than
     :data:`MAX_CONDITION_ASPECT_RATIO`."""
     h, w = pixels.shape[:2]
@@ -139,13 +154,13 @@ class ImageResult:
     vLLM-Omni's ``metrics`` object when ``return_stage_metrics`` asked for it, else None."""
 
     images: list[GeneratedImage]
-    encoded: list
+    encoded: list[Any]
     steps: int
     seconds: float
-    metrics: dict | None = None
+    metrics: dict[str, Any] | None = None
 
 
-def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict) -> dict:
+def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict[str, Any]) -> dict[str, Any]:
     """The ``pipeline`` entry of an image request's ``stage_metrics``, in vLLM-Omni's terms:
     ``final_output_type``/``output_unit_type`` ``image``, ``output_unit_count`` (images),
     ``image_pixels`` (summed), ``stage_gen_time_ms`` (the stages' mean compute times summed:
@@ -162,7 +177,7 @@ def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict) ->
     }
 
 
-async def generate(request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
+async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
                    api: str, stage_metrics: bool = False) -> ImageResult:
     """Run ``job`` on the image model ``info`` under admission control (``job.n`` units) and
     encode the images in ``fmt``. ``api`` labels the request metric (``generations``, ``edits``,
@@ -196,14 +211,14 @@ def denoise_headers(result: ImageResult) -> dict[str, str]:
     return {"X-Denoise-Steps": str(result.steps), "X-Denoise-Seconds": f"{result.seconds:.6f}"}
 
 
-async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
+async def _respond(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
                    api: str, stage_metrics: bool = False) -> JSONResponse:
     result = await generate(request, info, job, fmt, compression, api, stage_metrics)
     n_chars = len(job.prompt)
     body = ImagesResponse(
         created=int(time.time()),
         data=[ImageData(b64_json=base64.b64encode(e.data).decode("ascii"), revised_prompt=job.prompt,
-                        seed=im.seed) for e, im in zip(result.encoded, result.images)],
+                        seed=im.seed) for e, im in zip(result.encoded, result.images, strict=True)],
         output_format=fmt,
         size=f"{job.width}x{job.height}",
         usage=ImageUsage(input_tokens=n_chars, total_tokens=n_chars, num_inference_steps=result.steps,
@@ -216,7 +231,7 @@ async def _respond(request, info: ModelInfo, job: ImageJob, fmt: str, compressio
     return JSONResponse(content, headers=denoise_headers(result))
 
 
-async def create_image(body: ImageGenerationRequest, request) -> JSONResponse:
+async def create_image(body: ImageGenerationRequest, request: Request) -> JSONResponse:
     """``POST /v1/images/generations``."""
     check_fields(body, request)
     info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_IMAGE)
@@ -234,7 +249,7 @@ MAX_FIELD_BYTES = 256 << 10
 _IMAGE_FIELDS = ("image", "image[]")
 
 
-async def edit_image(request) -> JSONResponse:
+async def edit_image(request: Request) -> JSONResponse:
     """``POST /v1/images/edits`` (``multipart/form-data``: ``image`` file part(s), optional
     ``mask``, the generation fields as form fields)."""
     content_type = request.headers.get("content-type", "")

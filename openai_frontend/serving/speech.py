@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import base64
 import logging
+from typing import Any
 
 import numpy as np
+from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from numpy.typing import NDArray
 from starlette.background import BackgroundTask
 
 from omni_triton.media.audio import (
     RESAMPLE_RATES,
     STREAMING_FORMATS,
-    StreamResampler,
     SUPPORTED_FORMATS,
+    StreamResampler,
     UnsupportedFormatError,
     encode_audio,
     float_to_pcm16,
@@ -40,8 +43,8 @@ from omni_triton.media.audio import (
 )
 
 from ..engine import EngineError, ModelInfo
-from ..offload import off_loop
 from ..errors import ErrorDetail, OpenAIError, bad_request, engine_error_detail, error_json
+from ..offload import off_loop
 from ..schemas import (
     SpeechAudioDelta,
     SpeechAudioDone,
@@ -49,8 +52,17 @@ from ..schemas import (
     SpeechRequest,
     SpeechUsage,
 )
+from .common import (
+    SPEECH,
+    AdmittedRequest,
+    check_fields,
+    ignore_fields,
+    resolve_model,
+    retry_after_stage_restart,
+    sse_response,
+    until_disconnect,
+)
 from .voices import drop_unsupported_extras, resolve_speech
-from .common import SPEECH, AdmittedRequest, ignore_fields, resolve_model, retry_after_stage_restart, until_disconnect, sse_response, check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +156,7 @@ def _audio_headers(fmt_name: str, sample_rate: int) -> dict[str, str]:
     return headers
 
 
-async def create_speech(body: SpeechRequest, request):
+async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """Serve one ``/v1/audio/speech`` request (``request``: anything with ``app.state``).
 
     Returns a ``Response`` (whole clip), ``StreamingResponse`` (raw stream) or
@@ -170,7 +182,7 @@ async def create_speech(body: SpeechRequest, request):
 
     async with AdmittedRequest(state, record) as req:
         if not body.streaming:
-            chunks: list[np.ndarray] = []
+            chunks: list[NDArray[Any]] = []
 
             async def attempt():  # speech has no side effects: retried once if a stage dies
                 chunks.clear()
@@ -206,7 +218,7 @@ async def create_speech(body: SpeechRequest, request):
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
         gen = synthesize(engine, info, body.input, voice, speed, options, paced=True)
-        first_chunk: list = []
+        first_chunk: list[Any] = []
 
         async def first_response():
             try:
@@ -232,7 +244,7 @@ async def create_speech(body: SpeechRequest, request):
         counted["rate"] = rate
         resampler = StreamResampler(model_rate, rate)
 
-        def pcm(samples: np.ndarray) -> bytes:
+        def pcm(samples: NDArray[Any]) -> bytes:
             counted["samples"] += len(samples)
             return float_to_pcm16(samples)
 

@@ -52,18 +52,21 @@ import json
 import logging
 import re
 import secrets
+from typing import Any
 
 import numpy as np
+from fastapi import Request
+from numpy.typing import NDArray
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omni_triton.media.audio import StreamResampler, encode_audio, float_to_pcm16, resample
 
-from ..engine import EngineError, ModelInfo
+from ..engine import Engine, EngineError, ModelInfo, SpeechOptions
 from ..errors import OpenAIError, bad_request, engine_error_detail, public_message, validation_detail
+from ..offload import off_loop
 from ..schemas import SpeechBatchRequest, SpeechRequest, is_text
 from .common import SPEECH, AdmittedRequest, resolve_model, until_disconnect
-from ..offload import off_loop
 from .speech import check_input, plan, synthesize
 from .voices import drop_unsupported_extras
 
@@ -103,11 +106,13 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
         piece = buffer[start:cut].strip()
         if piece:
             out.append(piece)
-        start = _SPACE.match(buffer, cut).end()
+        space = _SPACE.match(buffer, cut)  # always matches (possibly empty)
+        start = space.end() if space else cut
     return out, buffer[start:]
 
 
-async def collect_clip(engine, info: ModelInfo, text: str, voice, speed, options) -> tuple[np.ndarray, int]:
+async def collect_clip(engine: Engine, info: ModelInfo, text: str, voice: str | None, speed: float | None,
+                       options: SpeechOptions | None) -> tuple[NDArray[Any], int]:
     """Synthesise ``text`` whole: float32 [T] and its sample rate (empty when nothing was spoken)."""
     chunks, rate = [], info.sample_rate or 0
     gen = synthesize(engine, info, text, voice, speed, options)
@@ -120,7 +125,7 @@ async def collect_clip(engine, info: ModelInfo, text: str, voice, speed, options
     return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), rate
 
 
-def _error_fields(exc: Exception) -> dict:
+def _error_fields(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, OpenAIError):
         d = exc.detail
         return {"error": public_message(d.message), "code": d.code, "param": d.param, "status_code": exc.status_code}
@@ -134,7 +139,7 @@ def _error_fields(exc: Exception) -> dict:
 
 
 # --------------------------------------------------------------------------- batch
-async def create_batch(body: SpeechBatchRequest, request) -> dict:
+async def create_batch(body: SpeechBatchRequest, request: Request) -> dict[str, Any]:
     """``POST /v1/audio/speech/batch``: ``{"id", "object", "results": [...], "total", "succeeded",
     "failed"}``; a result is ``{"index", "status": "success", "audio_data" (base64), "media_type",
     "sample_rate", "usage"}`` or ``{"index", "status": "error", "error", "code", "param",
@@ -146,7 +151,7 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
     defaults.setdefault("response_format", "wav")
     sem = asyncio.Semaphore(max(1, state.settings.batch_concurrency))
 
-    async def one(index: int, item) -> dict:
+    async def one(index: int, item: Any) -> dict[str, Any]:
         try:
             payload = {**defaults, **{k: v for k, v in item.model_dump().items() if v is not None}}
             req = SpeechRequest.model_validate(payload)
@@ -157,7 +162,7 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
             fmt, voice, speed, options = await off_loop(plan, req, info, state.settings.default_max_input_chars,
                                                         store)
 
-            def record(outcome: str, name=info.public_name) -> None:
+            def record(outcome: str, name: str = info.public_name) -> None:
                 state.metrics.requests.labels(name, "batch", outcome).inc()
 
             async with sem:
@@ -179,9 +184,9 @@ async def create_batch(body: SpeechBatchRequest, request) -> dict:
         except (OpenAIError, EngineError, ValidationError) as exc:
             return {"index": index, "status": "error", **_error_fields(exc)}
 
-    results: list[dict] = []
+    results: list[dict[str, Any]] = []
 
-    async def run_all():
+    async def run_all() -> None:
         results.extend(await asyncio.gather(*(one(i, it) for i, it in enumerate(body.items))))
 
     if not await until_disconnect(request, run_all()):
@@ -202,14 +207,14 @@ class _Session:
         self.info: ModelInfo | None = None
         #: ``speech.plan``'s (format, voice, speed, options) of the current config: made once per
         #: ``session.config`` (a ``ref_audio`` clip is decoded once, not once per sentence)
-        self.planned: tuple | None = None
+        self.planned: tuple[Any, ...] | None = None
         self.stream_audio = False
         self.buffer = ""
         #: characters of the queued sentences not yet spoken
         self.queued_chars = 0
         self.utterance = 0
         self.sentences = 0  # queued in the current utterance
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.send_lock = asyncio.Lock()
         #: the worker holds an item (a sentence being synthesised or sent)
         self.working = False
@@ -221,7 +226,7 @@ class _Session:
         """Nothing of the session is queued or being spoken."""
         return not self.working and self.queue.empty()
 
-    async def send_json(self, data: dict) -> None:
+    async def send_json(self, data: dict[str, Any]) -> None:
         async with self.send_lock:
             await self.ws.send_text(json.dumps(data))
 
@@ -245,7 +250,7 @@ class _Session:
         async with self.send_lock:
             await self.ws.close(code=close_code, reason=code)
 
-    async def configure(self, msg: dict) -> None:
+    async def configure(self, msg: dict[str, Any]) -> None:
         if self.buffer.strip():
             raise bad_request("session.config while text is buffered; send input.done first", code="text_pending")
         fields = {k: v for k, v in msg.items() if k not in ("type", "stream_audio")}
@@ -270,7 +275,7 @@ class _Session:
     def accepts(self, text: str) -> bool:
         """Whether ``text`` fits in the session's unspoken-text budget
         (``Settings.speech_stream_max_pending_chars``)."""
-        return self.pending_chars + len(text) <= self.state.settings.speech_stream_max_pending_chars
+        return bool(self.pending_chars + len(text) <= self.state.settings.speech_stream_max_pending_chars)
 
     @property
     def pending_chars(self) -> int:
@@ -317,7 +322,7 @@ class _Session:
                 self.last_activity = asyncio.get_running_loop().time()
 
     async def speak(self, utterance: int, index: int, text: str, body: SpeechRequest, info: ModelInfo,
-                    planned: tuple, stream_audio: bool) -> None:
+                    planned: tuple[Any, ...], stream_audio: bool) -> None:
         state = self.state
         started, total, failed = False, 0, False
         head = {"utterance_index": utterance, "sentence_index": index}
@@ -402,8 +407,8 @@ async def speech_stream(ws: WebSocket) -> None:
         state.speech_stream_sessions -= 1
 
 
-async def _receive_or_idle(session: _Session, receiver: asyncio.Future, worker: asyncio.Task,
-                           config_deadline: float) -> set:
+async def _receive_or_idle(session: _Session, receiver: asyncio.Future[Any], worker: asyncio.Task[Any],
+                           config_deadline: float) -> set[Any]:
     """Wait for the next message or the worker's end: the finished ones; empty when the session
     has been idle too long (``Settings.speech_stream_idle_timeout_s``). Never empty while the
     worker holds an item or has one queued."""
@@ -421,7 +426,7 @@ async def _receive_or_idle(session: _Session, receiver: asyncio.Future, worker: 
             return set()
         done, _ = await asyncio.wait({receiver, worker}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if done:
-            return done
+            return set(done)
 
 
 async def _serve(ws: WebSocket) -> None:
@@ -508,7 +513,7 @@ async def _serve(ws: WebSocket) -> None:
             await worker
         except (asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
             pass
-        except Exception:  # noqa: BLE001 - the socket is gone; nothing to report to
+        except Exception:
             logger.debug("speech stream worker ended with an error", exc_info=True)
         if ws.client_state == WebSocketState.CONNECTED and ws.application_state == WebSocketState.CONNECTED:
             try:

@@ -20,8 +20,9 @@ Shape (``metrics``)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from ..engine import ModelInfo, StageStatistics
+from ..engine import Engine, ModelInfo, StageStatistics
 
 
 def _ms(ns: int, count: int) -> float:
@@ -29,14 +30,14 @@ def _ms(ns: int, count: int) -> float:
 
 
 def stage_deltas(stages: tuple[str, ...], before: dict[str, StageStatistics],
-                 after: dict[str, StageStatistics]) -> dict[str, dict]:
+                 after: dict[str, StageStatistics]) -> dict[str, dict[str, Any]]:
     """``stage_metrics`` entries ``{"0": {...}, "1": {...}}`` (pipeline order) from two snapshots.
 
     Each entry: ``stage`` (the Triton model), ``requests`` (completed between the snapshots),
     ``queue_time_ms`` / ``compute_time_ms`` (mean per request, milliseconds) and
     ``stage_gen_time_ms`` (= ``compute_time_ms``, vLLM-Omni's name). A stage without statistics
     after the request gets zeros."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(stages):
         # no statistics before: the stage had none yet (counted from zero)
         a, b = before.get(name) or StageStatistics(), after.get(name)
@@ -55,18 +56,18 @@ class StageClock:
     """Statistics snapshots around one request (``await StageClock.start(engine, info)``, then
     ``await clock.metrics(...)`` once it is done). ``enabled`` False: does nothing, returns None."""
 
-    engine: object
+    engine: Engine
     stages: tuple[str, ...]
     before: dict[str, StageStatistics]
     enabled: bool = True
 
     @classmethod
-    async def start(cls, engine, info: ModelInfo, enabled: bool = True) -> "StageClock":
+    async def start(cls, engine: Engine, info: ModelInfo, enabled: bool = True) -> StageClock:
         stages = info.stage_models
         before = await engine.stage_statistics(list(stages)) if enabled else {}
         return cls(engine, stages, before, enabled)
 
-    async def metrics(self, pipeline: dict | None = None) -> dict | None:
+    async def metrics(self, pipeline: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """The ``metrics`` object: ``stage_metrics`` (per stage, plus ``pipeline``, the request's
         summary, when given) and ``stage_durations`` (``stage_<i>_gen_ms`` and the Triton stage's
         name -> its mean compute milliseconds). None when disabled."""

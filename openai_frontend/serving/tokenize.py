@@ -25,20 +25,22 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any, NoReturn
 
-from jinja2 import TemplateError
+from fastapi import Request
 from fastapi.responses import Response
+from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from omni_triton.paths import model_dir
 
-from ..engine import ModelInfo
+from ..engine import Engine, ModelInfo
 from ..errors import OpenAIError, bad_request
 from ..generation import message_json
-from ..schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from ..offload import off_loop
+from ..schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from .common import check_fields, check_prompt_chars, messages_chars, resolve_model
 
 
@@ -56,7 +58,7 @@ class ChatTokenizer:
         if source:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
 
-            def raise_exception(message):
+            def raise_exception(message: str) -> NoReturn:
                 raise ValueError(message)
 
             env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
@@ -67,7 +69,7 @@ class ChatTokenizer:
         value = self.config.get(name)
         return value.get("content") if isinstance(value, dict) else value
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages`` (text). Raises ``ValueError`` without one, or
         when the template fails on them (client messages the template does not expect, e.g. a
         ``null`` content, raise ``TypeError`` or a Jinja error inside it)."""
@@ -97,7 +99,7 @@ def load_tokenizer(folder: str) -> ChatTokenizer:
     return ChatTokenizer(Path(folder))
 
 
-async def tokenizer_folder(engine, info: ModelInfo) -> Path:
+async def tokenizer_folder(engine: Engine, info: ModelInfo) -> Path:
     """The folder holding ``info``'s tokenizer: its first asset with a ``tokenizer.json``, else that
     of the first ``depends_on`` stage that has one. 400 ``tokenizer_unavailable`` when none."""
     for asset in info.assets:
@@ -106,7 +108,7 @@ async def tokenizer_folder(engine, info: ModelInfo) -> Path:
     for dep in info.depends_on:
         try:
             stage = await engine.get_model(dep)
-        except Exception:  # noqa: BLE001 - a stage that is not served has no tokenizer here
+        except Exception:
             continue
         for asset in stage.assets:
             if (model_dir(asset) / "tokenizer.json").exists():
@@ -115,7 +117,7 @@ async def tokenizer_folder(engine, info: ModelInfo) -> Path:
                       param="model", code="tokenizer_unavailable")
 
 
-async def _chat_model(body, request) -> tuple[ModelInfo, ChatTokenizer]:
+async def _chat_model(body: TokenizeRequest | DetokenizeRequest, request: Request) -> tuple[ModelInfo, ChatTokenizer]:
     check_fields(body, request)
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
@@ -125,7 +127,7 @@ async def _chat_model(body, request) -> tuple[ModelInfo, ChatTokenizer]:
     return info, await off_loop(load_tokenizer, str(await tokenizer_folder(engine, info)))
 
 
-async def tokenize(body: TokenizeRequest, request) -> Response:
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     """``POST /tokenize``: a ``prompt`` (special tokens added unless ``add_special_tokens`` is
     false) or chat ``messages`` (the chat template applied; no special tokens added by default,
     the template holds them). Answers a ``TokenizeResponse`` JSON."""
@@ -134,7 +136,7 @@ async def tokenize(body: TokenizeRequest, request) -> Response:
     if body.messages is not None:
         check_prompt_chars(messages_chars(body.messages), request, "messages")
     else:
-        check_prompt_chars(len(body.prompt), request, "prompt")
+        check_prompt_chars(len(body.prompt or ""), request, "prompt")
     info, tok = await _chat_model(body, request)
     return Response(await off_loop(_tokenize, body, info, tok), media_type="application/json")
 
@@ -146,19 +148,19 @@ def _tokenize(body: TokenizeRequest, info: ModelInfo, tok: ChatTokenizer) -> byt
             text = tok.render([message_json(m) for m in body.messages], body.add_generation_prompt)
         except ValueError as exc:
             raise bad_request(str(exc), param="messages", code="invalid_value") from None
-        except Exception as exc:  # noqa: BLE001 - a sandboxed template refusing the input (SecurityError...)
+        except Exception as exc:
             raise OpenAIError(400, f"The chat template failed on these messages ({type(exc).__name__})",
                               param="messages", code="invalid_value") from None
         special = bool(body.add_special_tokens)
     else:
-        text = body.prompt
+        text = body.prompt or ""  # set: tokenize() checked that exactly one of prompt and messages is
         special = True if body.add_special_tokens is None else body.add_special_tokens
     ids, strs = tok.encode(text, special)
     return TokenizeResponse(count=len(ids), max_model_len=info.max_model_len, tokens=ids,
                             token_strs=strs if body.return_token_strs else None).model_dump_json().encode()
 
 
-async def detokenize(body: DetokenizeRequest, request) -> DetokenizeResponse:
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     """``POST /detokenize``: the text of ``tokens`` (400 for an id outside the vocabulary)."""
     _, tok = await _chat_model(body, request)
     return await off_loop(_detokenize, body.tokens, tok)

@@ -28,22 +28,30 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omni_triton.contracts import video as vc
-from omni_triton.media.image import (ImageTooLargeError, InvalidImageError, decode_image, fit_image, png_base64,
-                                     size_for_aspect)
+from omni_triton.media.image import (
+    ImageTooLargeError,
+    InvalidImageError,
+    decode_image,
+    fit_image,
+    png_base64,
+    size_for_aspect,
+)
 from omni_triton.media.video import MIME_TYPE, encode_mp4
 
-from ..engine import ModelInfo, VideoJob, parse_size
+from ..engine import InferenceError, ModelInfo, VideoJob, parse_size
 from ..errors import OpenAIError, bad_request
+from ..offload import off_loop
 from ..schemas import Text
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, JobQuotaError, VideoJobs, VideoRequest
-from ..offload import off_loop
 from .common import AdmittedRequest, ModelKind, read_form, read_json_object, resolve_model, until_disconnect
 
 VIDEO = ModelKind("video", lambda m: m.is_video)
@@ -79,14 +87,14 @@ class VideoCreateForm(BaseModel):
     negative_prompt: Text | None = Field(default=None, max_length=20000)
 
 
-def _param(info: ModelInfo, key: str, default, kind=int):
+def _param(info: ModelInfo, key: str, default: Any, kind: type[int] | type[float] = int) -> Any:
     try:
         return kind(info.parameters[key]) if info.parameters.get(key) else default
     except ValueError:
         return default
 
 
-def _size(body: VideoCreateForm, info: ModelInfo, image=None) -> tuple[int, int]:
+def _size(body: VideoCreateForm, info: ModelInfo, image: NDArray[Any] | None = None) -> tuple[int, int]:
     """(width, height) from ``width``/``height``, else ``size``, else the model's default (for an
     image-to-video request: the image's aspect ratio at the default's area)."""
     default = info.default_size or (32, 32)
@@ -143,7 +151,7 @@ def _frames(body: VideoCreateForm, info: ModelInfo, fps: int) -> tuple[int, int]
     return n, n
 
 
-def plan(body: VideoCreateForm, info: ModelInfo, image=None) -> VideoRequest:
+def plan(body: VideoCreateForm, info: ModelInfo, image: NDArray[Any] | None = None) -> VideoRequest:
     """Validate ``body`` against the model's limits; the job to store and run. ``image``:
     the decoded ``input_reference`` (``uint8 [H, W, 3]``) of an image-to-video request; it is
     fitted to the video's size (:func:`omni_triton.media.image.fit_image`) and stored with the job.
@@ -175,7 +183,7 @@ def plan(body: VideoCreateForm, info: ModelInfo, image=None) -> VideoRequest:
     return VideoRequest(model=info.name, job=job, fps=fps, keep_frames=keep)
 
 
-async def _read_body(request: Request) -> tuple[dict[str, str], dict[str, bytes]]:
+async def _read_body(request: Request) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The request's fields (multipart form or JSON) and its file parts (name -> bytes; the
     whole body is capped by the frontend's ``--max-body-bytes``)."""
     content_type = request.headers.get("content-type", "")
@@ -204,7 +212,7 @@ async def _read_body(request: Request) -> tuple[dict[str, str], dict[str, bytes]
         await form.close()
 
 
-def _data_url_bytes(url) -> bytes:
+def _data_url_bytes(url: Any) -> bytes:
     """The bytes of a ``data:image/...;base64,...`` URL (remote URLs are not fetched).
 
     Raises:
@@ -224,7 +232,7 @@ def _data_url_bytes(url) -> bytes:
                           code="invalid_input_reference") from None
 
 
-def decode_reference(data: bytes, info: ModelInfo):
+def decode_reference(data: bytes, info: ModelInfo) -> NDArray[Any]:
     """The ``input_reference`` upload -> ``uint8 [H, W, 3]`` RGB (EXIF orientation applied).
 
     Raises:
@@ -234,7 +242,8 @@ def decode_reference(data: bytes, info: ModelInfo):
     """
     max_bytes = _param(info, "max_input_image_bytes", MAX_INPUT_IMAGE_BYTES)
     if len(data) > max_bytes:
-        raise bad_request(f"input_reference is {len(data)} bytes; the model '{info.public_name}' takes at most {max_bytes}",
+        raise bad_request(f"input_reference is {len(data)} bytes; the model '{info.public_name}' "
+                          f"takes at most {max_bytes}",
                           param="input_reference", code="input_reference_too_large")
     try:
         return decode_image(data, _param(info, "max_input_image_pixels", MAX_INPUT_IMAGE_PIXELS), exif_transpose=True)
@@ -296,7 +305,7 @@ async def _parse(request: Request) -> VideoRequest:
 
 
 def _jobs(request: Request) -> VideoJobs:
-    jobs = getattr(request.app.state, "video_jobs", None)
+    jobs: VideoJobs | None = getattr(request.app.state, "video_jobs", None)
     if jobs is None:
         raise OpenAIError(503, "video jobs are not enabled on this server", type="server_error",
                           code="videos_disabled")
@@ -347,7 +356,7 @@ async def list_videos(request: Request, limit: int = 20, after: str | None = Non
     try:
         records, more = jobs.store.list(limit, after, order)
     except KeyError:
-        raise bad_request(f"after={after[:64]!r}: no such video", param="after", code="invalid_value") from None
+        raise bad_request(f"after={(after or '')[:64]!r}: no such video", param="after", code="invalid_value") from None
     data = [jobs.to_openai(r) for r in records]
     return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                          "last_id": data[-1]["id"] if data else None, "has_more": more})
@@ -361,7 +370,7 @@ async def delete_video(request: Request, video_id: str) -> JSONResponse:
     return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
 
 
-async def video_content(request: Request, video_id: str, variant: str = "video"):
+async def video_content(request: Request, video_id: str, variant: str = "video") -> Response:
     """``GET /v1/videos/{id}/content``: the MP4 of a completed job; 409 while it is queued or
     running, 410 once expired, 404 unknown, 400 for variants other than ``video``."""
     if variant != "video":
@@ -414,13 +423,15 @@ async def create_video_sync(request: Request) -> Response:
     req = await _parse(request)
     engine = request.app.state.engine
     metrics = request.app.state.metrics
-    result: dict = {}
+    result: dict[str, Any] = {}
 
-    async def work():
+    async def work() -> None:
         frames = None
         async for event in engine.generate_video(req.model, req.job):
             if event.frames is not None:
                 frames = event.frames
+        if frames is None:  # as TritonEngine.generate_video raises it
+            raise InferenceError(f"{req.model}: the stream ended without frames")
         result["frames"] = frames[: req.keep_frames]
         result["data"] = await off_loop(encode_mp4, result["frames"], req.fps)
 

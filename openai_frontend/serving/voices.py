@@ -13,21 +13,30 @@ import base64
 import binascii
 import logging
 import re
+from typing import Any, Literal, overload
 
-import numpy as np
 from fastapi import Request
+from numpy.typing import NDArray
 from starlette.datastructures import UploadFile
 
 from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.media import audio as media_audio
 from omni_triton.media.audio import AudioDecodeError, AudioLimits
 
-from ..engine import ModelInfo, ModelNotFoundError, SpeechOptions
+from ..engine import Engine, ModelInfo, ModelNotFoundError, SpeechOptions
 from ..errors import OpenAIError, bad_request
 from ..offload import off_loop
 from ..schemas import MAX_REF_TEXT_CHARS, ModelVoices, SpeechRequest, VoiceList, is_text
-from ..voice_store import (AUDIO_SAMPLE, PROMPT, DuplicateVoiceName, QuotaExceededError, StoredVoice,
-                           VoiceCorruptError, VoiceStore)
+from ..voice_store import (
+    AUDIO_SAMPLE,
+    PROMPT,
+    DuplicateVoiceName,
+    QuotaExceededError,
+    StoredConsent,
+    StoredVoice,
+    VoiceCorruptError,
+    VoiceStore,
+)
 from .common import read_form, read_json_object
 
 logger = logging.getLogger(__name__)
@@ -50,7 +59,7 @@ _CONSENT_EXTS = {"audio/mpeg": "mp3", "audio/wav": "wav", "audio/x-wav": "wav", 
 
 # --------------------------------------------------------------------------- audio input
 def decode_audio(data: bytes, target_rate: int, param: str, min_seconds: float | None = None,
-                 max_seconds: float | None = None) -> tuple[np.ndarray, float]:
+                 max_seconds: float | None = None) -> tuple[NDArray[Any], float]:
     """Uploaded audio bytes (WAV, FLAC, OGG, MP3, M4A...) -> float32 mono [T] in [-1, 1] at
     ``target_rate`` Hz, and its length in seconds: ``omni_triton.media.audio.decode_audio``
     (header checked first, decoding stopped at ``max_seconds``; at most
@@ -98,13 +107,9 @@ def usable_on(voice: StoredVoice, info: ModelInfo) -> bool:
     return can_clone(info) if voice.type == AUDIO_SAMPLE else can_design(info)
 
 
-async def _prompt_model(engine) -> ModelInfo:
+async def _prompt_model(engine: Engine) -> ModelInfo:
     """The READY model computing clone prompts (``VOICE_PROMPT`` out, ``REF_AUDIO`` in)."""
-    if getattr(engine, "voice_prompt", None) is None:
-        models = []
-    else:
-        models = await engine.list_models()
-    for m in models:
+    for m in await engine.list_models():
         if m.ready and qwen3_contract.VOICE_PROMPT in m.outputs and qwen3_contract.REF_AUDIO in m.inputs:
             return m
     raise OpenAIError(400, "Voice cloning is not available: no served model computes voice prompts "
@@ -120,8 +125,8 @@ def quota_error(exc: QuotaExceededError) -> OpenAIError:
     return bad_request(str(exc), code="quota_exceeded")
 
 
-def store_of(state) -> VoiceStore:
-    store = getattr(state, "voice_store", None)
+def store_of(state: Any) -> VoiceStore:
+    store: VoiceStore | None = getattr(state, "voice_store", None)
     if store is None and getattr(state, "voice_store_error", None):
         raise OpenAIError(503, f"The voice store cannot be opened: {state.voice_store_error}", type="server_error",
                           code="voice_store_unavailable")
@@ -164,7 +169,7 @@ def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | Non
             409 ``voice_corrupt`` (the stored voice's files are damaged).
     """
     c = qwen3_contract
-    opts: dict = {}
+    opts: dict[str, Any] = {}
     voice = body.voice_id
     if voice is not None:
         mapped = info.resolve_voice(voice)
@@ -182,6 +187,7 @@ def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | Non
                                   code="voice_corrupt")
             if stored.type == AUDIO_SAMPLE:
                 try:
+                    assert store is not None  # stored came from it
                     opts.update(voice_prompt=store.voice_prompt(stored), task="base")
                 except VoiceCorruptError as exc:
                     raise OpenAIError(409, f"The voice '{voice}' is unusable: {exc}", param="voice",
@@ -241,7 +247,7 @@ def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | Non
 
 
 # --------------------------------------------------------------------------- /v1/audio/voices
-async def _form(request: Request, max_part: int):
+async def _form(request: Request, max_part: int) -> dict[str, Any]:
     """The request's form fields (multipart or urlencoded) or JSON object, as a dict."""
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("application/json"):
@@ -255,7 +261,11 @@ async def _form(request: Request, max_part: int):
     return out
 
 
-def _text_field(fields: dict, key: str, required: bool = False) -> str | None:
+@overload
+def _text_field(fields: dict[str, Any], key: str, required: Literal[True]) -> str: ...
+@overload
+def _text_field(fields: dict[str, Any], key: str, required: bool = False) -> str | None: ...
+def _text_field(fields: dict[str, Any], key: str, required: bool = False) -> str | None:
     value = fields.get(key)
     if value is None or (isinstance(value, str) and not value.strip()):
         if required:
@@ -269,7 +279,7 @@ def _text_field(fields: dict, key: str, required: bool = False) -> str | None:
     return value.strip()
 
 
-async def _file_bytes(value, param: str, limit: int) -> bytes:
+async def _file_bytes(value: Any, param: str, limit: int) -> bytes:
     if not isinstance(value, UploadFile):
         raise bad_request(f"'{param}' must be a file part", param=param, code="invalid_audio")
     data = await value.read(limit + 1)
@@ -278,7 +288,7 @@ async def _file_bytes(value, param: str, limit: int) -> bytes:
     return data
 
 
-async def create_voice(request: Request) -> dict:
+async def create_voice(request: Request) -> dict[str, Any]:
     """``POST /v1/audio/voices``: a clone (``audio_sample`` / ``ref_audio`` + ``consent`` [+
     ``ref_text``]) or a designed voice (``type=prompt`` + ``prompt``). Returns ``audio.voice``."""
     state = request.app.state
@@ -338,7 +348,7 @@ async def create_voice(request: Request) -> dict:
     return voice.to_openai()
 
 
-async def delete_voice(request: Request, voice_id: str) -> dict:
+async def delete_voice(request: Request, voice_id: str) -> dict[str, Any]:
     """``DELETE /v1/audio/voices/{id}`` (id or name): ``audio.voice.deleted``; 404 if unknown."""
     voice = await off_loop(store_of(request.app.state).delete, voice_id)  # files removed, row committed
     if voice is None:
@@ -346,7 +356,7 @@ async def delete_voice(request: Request, voice_id: str) -> dict:
     return {"id": voice.id, "object": "audio.voice.deleted", "deleted": True}
 
 
-async def list_voices(state, model: str | None) -> VoiceList:
+async def list_voices(state: Any, model: str | None) -> VoiceList:
     """``GET /v1/audio/voices[?model=]``: the READY speech models' voices (and those of chat models
     that speak: omni, llm_tts), their OpenAI name table, and every stored voice (404 for an
     unknown ``model``)."""
@@ -371,7 +381,7 @@ async def list_voices(state, model: str | None) -> VoiceList:
 
 
 # --------------------------------------------------------------------------- consents
-async def create_consent(request: Request) -> dict:
+async def create_consent(request: Request) -> dict[str, Any]:
     """``POST /v1/audio/voice_consents`` (multipart ``name``, ``language``, ``recording``)."""
     store = store_of(request.app.state)
     fields = await _form(request, store.settings.max_upload_bytes + 1)
@@ -395,7 +405,7 @@ async def create_consent(request: Request) -> dict:
         raise quota_error(exc) from None
 
 
-def _consent_or_404(store: VoiceStore, consent_id: str):
+def _consent_or_404(store: VoiceStore, consent_id: str) -> StoredConsent:
     consent = store.get_consent(consent_id)
     if consent is None:
         raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
@@ -403,19 +413,22 @@ def _consent_or_404(store: VoiceStore, consent_id: str):
     return consent
 
 
-async def get_consent(request: Request, consent_id: str) -> dict:
+async def get_consent(request: Request, consent_id: str) -> dict[str, Any]:
     return _consent_or_404(store_of(request.app.state), consent_id).to_openai()
 
 
-async def update_consent(request: Request, consent_id: str) -> dict:
+async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
     store = store_of(request.app.state)
     _consent_or_404(store, consent_id)
     fields = await _form(request, 1 << 16)
     name = _text_field(fields, "name", required=True)
-    return (await off_loop(store.rename_consent, consent_id, name)).to_openai()  # a committed row
+    renamed = await off_loop(store.rename_consent, consent_id, name)
+    if renamed is None:  # deleted since _consent_or_404 looked (was an AttributeError: a 500)
+        raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id", code="consent_not_found")
+    return renamed.to_openai()
 
 
-async def list_consents(request: Request, after: str | None, limit: int) -> dict:
+async def list_consents(request: Request, after: str | None, limit: int) -> dict[str, Any]:
     if not 1 <= limit <= 100:
         raise bad_request("'limit' must be between 1 and 100", param="limit", code="invalid_value")
     page, more = store_of(request.app.state).list_consents(after, limit)
@@ -424,7 +437,7 @@ async def list_consents(request: Request, after: str | None, limit: int) -> dict
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
 
-async def delete_consent(request: Request, consent_id: str) -> dict:
+async def delete_consent(request: Request, consent_id: str) -> dict[str, Any]:
     if not await off_loop(store_of(request.app.state).delete_consent, consent_id):
         raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
                           code="consent_not_found")

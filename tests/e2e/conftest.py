@@ -28,10 +28,12 @@ import psutil
 import pytest
 
 from omni_triton import triton_admin
-from omni_triton.serve.process import free_port
 from omni_triton.paths import cache_dir
+from omni_triton.serve.process import free_port
 
-E2E_MODELS = os.environ.get("OMNI_TRITON_E2E_MODELS", "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni")  # dev knob: fewer models
+E2E_MODELS = os.environ.get(  # dev knob: fewer models
+    "OMNI_TRITON_E2E_MODELS",
+    "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni")
 READY_TIMEOUT_S = 600
 
 
@@ -116,7 +118,7 @@ def _crash_logs(triton_log: Path) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in triton_log.parent.glob(triton_log.name + ".crash-*")}
 
 
-def crash_evidence(stack: "Stack", serve_log_from: int = 0, allow_stub_reload: bool = False,
+def crash_evidence(stack: Stack, serve_log_from: int = 0, allow_stub_reload: bool = False,
                    old_crash_logs: dict[str, int] | None = None) -> list[str]:
     """Traces of a tritonserver crash (or a stub death) since the session started.
 

@@ -160,11 +160,11 @@ def test_eight_concurrent_chats(stack):
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(ask, range(8)))
     assert len({a.id for a in answers}) == 8
-    for (question, word), a in zip(KNOWN_ANSWERS, answers):
+    for (question, word), a in zip(KNOWN_ANSWERS, answers, strict=True):
         assert word in a.choices[0].message.content, (question, a.choices[0].message.content)
         assert a.choices[0].finish_reason in ("stop", "length")
     capitals = [w for _, w in KNOWN_ANSWERS[:7]]  # each capital's answer names only its own
-    for (question, word), a in zip(KNOWN_ANSWERS[:7], answers):
+    for (_question, word), a in zip(KNOWN_ANSWERS[:7], answers, strict=False):
         assert [w for w in capitals if w in a.choices[0].message.content] == [word], a.choices[0].message.content
 
 

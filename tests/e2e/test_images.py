@@ -184,7 +184,7 @@ def test_concurrent_requests_each_get_their_seed(stack):
     sequential = [one(s) for s in seeds]
     with ThreadPoolExecutor(8) as pool:
         concurrent = list(pool.map(one, seeds))
-    for s, c in zip(sequential, concurrent):
+    for s, c in zip(sequential, concurrent, strict=True):
         assert np.abs(s - c).max() <= IMAGE_ATOL
     # prompts 100 and 103 are equal ("a lighthouse 1"): only the seed differs
     assert seeds_differ(concurrent[0], concurrent[3])

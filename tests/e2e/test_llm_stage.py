@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from speech_reference import assert_speech_like
 
 from clients.chat_grpc_stream import build_chat_inputs, stream_chat
-from speech_reference import assert_speech_like
 
 pytestmark = pytest.mark.e2e
 
@@ -67,8 +67,8 @@ def transformers_greedy():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.paths import model_dir
+    from omni_triton.serve.repository import available_models, model_parameters
 
     engine = json.loads(model_parameters(available_models()["llm"])["engine_args"])
     path = model_dir(engine["model"])
@@ -150,7 +150,8 @@ BAD_INPUTS = [
     pytest.param({"PROMPT": "hi", "MESSAGES": '[{"role": "user", "content": "hi"}]'}, "exactly one", id="both"),
     pytest.param({"PROMPT": "hello " * 2100}, "context", id="prompt-over-context"),
     pytest.param({"PROMPT": "hi", "SAMPLING_PARAMETERS": '{"max_tokens": -1}'}, "max_tokens", id="negative-max-tokens"),
-    pytest.param({"PROMPT": "hi", "SAMPLING_PARAMETERS": '{"temperature": -1}'}, "temperature", id="negative-temperature"),
+    pytest.param({"PROMPT": "hi", "SAMPLING_PARAMETERS": '{"temperature": -1}'}, "temperature",
+                 id="negative-temperature"),
     pytest.param({"PROMPT": "hi", "SAMPLING_PARAMETERS": '{"top_p": 2}'}, "top_p", id="top-p"),
     pytest.param({"PROMPT": "hi", "SAMPLING_PARAMETERS": '{"best_of": 2}'}, "unknown", id="unknown-sampling-key"),
     pytest.param({"PROMPT": "hi", "SAMPLING_PARAMETERS": "[1]"}, "JSON object", id="sampling-not-object"),

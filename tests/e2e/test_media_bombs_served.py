@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from media_bombs import AUDIO_BOMBS, IMAGE_BOMBS, MB, MIME, bomb  # noqa: E402
+from media_bombs import AUDIO_BOMBS, IMAGE_BOMBS, MB, MIME, bomb
 
 pytestmark = pytest.mark.e2e
 

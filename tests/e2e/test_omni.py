@@ -1,5 +1,5 @@
-"""End-to-end: the Qwen3-Omni pipeline (qwen3_omni_thinker -> qwen3_omni_talker -> qwen3_omni_code2wav, BLS ``qwen3_omni``)
-on the real tritonserver, through tritonclient gRPC streaming.
+"""End-to-end: the Qwen3-Omni pipeline (qwen3_omni_thinker -> qwen3_omni_talker -> qwen3_omni_code2wav,
+BLS ``qwen3_omni``) on the real tritonserver, through tritonclient gRPC streaming.
 
 Parity reference: ``Qwen3OmniMoeForConditionalGeneration.generate(..., return_audio=True)`` on the
 same prepared checkpoint in this test process, greedy thinker and talker, with the talker settings
@@ -20,9 +20,9 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from clients.omni_grpc_stream import build_chat_inputs, stream_chat
-from omni_triton.serve.repository import available_models, model_parameters
-from omni_triton.paths import model_dir
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
+from omni_triton.paths import model_dir
+from omni_triton.serve.repository import available_models, model_parameters
 
 pytestmark = pytest.mark.e2e
 
@@ -78,7 +78,8 @@ def test_streamed_text_and_audio_match_reference_generate(stack, reference):
 
     def on_audio(index, _pcm):  # read while the stream is open
         if index == 0:
-            frames_at_first_audio.append(stack.metric("omni_talker_frames_total", model="qwen3_omni_talker") - frames_before)
+            frames_at_first_audio.append(stack.metric("omni_talker_frames_total",
+                                                      model="qwen3_omni_talker") - frames_before)
 
     r = _chat(stack, voice="Ethan", on_audio=on_audio)
     talker_frames = stack.metric("omni_talker_frames_total", model="qwen3_omni_talker") - frames_before
@@ -109,7 +110,7 @@ def test_concurrent_chats_each_get_their_own_answer(stack, reference):
     jobs = [("Tell me a story.", "Chelsie"), ("Hello, how are you?", "Aiden")]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda qv: _chat(stack, qv[0], voice=qv[1]), jobs))
-    for (question, voice), r in zip(jobs, results):
+    for (question, voice), r in zip(jobs, results, strict=True):
         ref_text, ref_wav = reference(question, voice)
         assert r.text == ref_text
         assert r.audio.shape == ref_wav.shape and np.abs(r.audio - ref_wav).max() <= WAVE_TOL
@@ -132,7 +133,7 @@ def test_concurrent_requests_interleave_at_the_talker_with_the_same_answers(stac
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(one, jobs))
-    for (question, voice), (_, r) in zip(jobs, results):
+    for (question, voice), (_, r) in zip(jobs, results, strict=True):
         ref_text, ref_wav = reference(question, voice)
         assert r.completed and r.text == ref_text
         assert r.audio.shape == ref_wav.shape and np.abs(r.audio - ref_wav).max() <= WAVE_TOL
@@ -168,7 +169,8 @@ def test_cancel_mid_text_stops_the_thinker(stack):
     inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, "max_tokens": 1000, "ignore_eos": True})
     r = stream_chat(stack.triton_grpc_url, "qwen3_omni", inputs, max_text_deltas=1)
     assert r.text_deltas and not r.completed
-    stack.wait_until(lambda: stack.metric("omni_thinker_cancelled_total", model="qwen3_omni_thinker") > cancelled_before,
+    stack.wait_until(lambda: stack.metric("omni_thinker_cancelled_total",
+                                          model="qwen3_omni_thinker") > cancelled_before,
                      "thinker never saw the cancellation")
     stack.wait_until(lambda: stack.metric("omni_thinker_active", model="qwen3_omni_thinker") == 0, "thinker still busy")
     generated = stack.metric("omni_thinker_tokens_total", model="qwen3_omni_thinker") - tokens_before
@@ -211,7 +213,8 @@ def test_code2wav_batches_concurrent_chunks(stack):
 
     def batch_sizes():
         s = httpx.get(f"{stack.triton_http_url}/v2/models/qwen3_omni_code2wav/stats").json()
-        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s["model_stats"][0].get("batch_stats", [])}
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s["model_stats"][0].get("batch_stats",
+                                                                                                        [])}
 
     before = batch_sizes()
     client = grpcclient.InferenceServerClient(stack.triton_grpc_url)

@@ -34,7 +34,8 @@ def _flag(name, value, dtype="BOOL"):
 
 
 def _chat(stack, async_chunk, sampling, max_frames=None, **kw):
-    inputs = build_chat_inputs(_msgs(QUESTION), sampling={"temperature": 0, **sampling}) + [_flag("ASYNC_CHUNK", async_chunk)]
+    inputs = build_chat_inputs(_msgs(QUESTION),
+                               sampling={"temperature": 0, **sampling}) + [_flag("ASYNC_CHUNK", async_chunk)]
     if max_frames is not None:
         inputs.append(_flag("MAX_AUDIO_FRAMES", max_frames, "INT32"))
     return stream_chat(stack.triton_grpc_url, "qwen3_omni", inputs, **kw)
@@ -46,8 +47,8 @@ def reference():
     from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
     from omni_triton.checkpoints.qwen3_omni import read_manifest
-    from omni_triton.serve.repository import available_models, model_parameters
     from omni_triton.paths import model_dir
+    from omni_triton.serve.repository import available_models, model_parameters
 
     torch.set_num_threads(1)
     path = model_dir("qwen3-omni-tiny")
@@ -101,7 +102,8 @@ def test_cancel_mid_answer_stops_thinker_and_talker(stack):
 
     tokens = metric("omni_thinker_tokens_total", "qwen3_omni_thinker")
     frames = metric("omni_talker_frames_total", "qwen3_omni_talker")
-    cancelled = (metric("omni_thinker_cancelled_total", "qwen3_omni_thinker"), metric("omni_talker_cancelled_total", "qwen3_omni_talker"))
+    cancelled = (metric("omni_thinker_cancelled_total", "qwen3_omni_thinker"),
+                 metric("omni_talker_cancelled_total", "qwen3_omni_talker"))
     r = _chat(stack, True, {"max_tokens": 1000, "ignore_eos": True}, max_frames=3000, max_audio_chunks=1)
     assert len(r.audio_chunks) == 1 and not r.completed
     stack.wait_until(lambda: metric("omni_thinker_cancelled_total", "qwen3_omni_thinker") > cancelled[0],

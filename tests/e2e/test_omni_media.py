@@ -24,8 +24,8 @@ import numpy as np
 import openai
 import pytest
 
-from omni_triton.serve.repository import available_models, model_parameters
 from omni_triton.paths import model_dir
+from omni_triton.serve.repository import available_models, model_parameters
 
 pytestmark = pytest.mark.e2e
 

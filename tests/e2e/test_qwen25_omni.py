@@ -16,14 +16,13 @@ import io
 import threading
 
 import httpx
-import numpy as np
 import openai
 import pytest
 import soundfile as sf
 from conftest import E2E_MODELS
 
-from omni_triton.serve.repository import available_models, model_parameters, resolve_models
 from omni_triton.media.audio import float_to_pcm16
+from omni_triton.serve.repository import available_models, model_parameters, resolve_models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     "qwen2_5_omni" not in set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()])),

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import E2E_MODELS
 from tritonclient.utils import InferenceServerException
 
 from clients.qwen3_tts_grpc import stream_qwen3_tts, voice_prompt
-from conftest import E2E_MODELS
 from omni_triton.contracts.qwen3_tts import qwen3_tts_inputs as inputs
-from omni_triton.serve.repository import resolve_models
 from omni_triton.paths import REPO_ROOT, model_dir
+from omni_triton.serve.repository import resolve_models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     "qwen3_tts" not in set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()])),
@@ -57,7 +57,8 @@ def package(tmp_path_factory):
     np.save(tmp / "ref.npy", REF)
     reqs = [dict(c, ref_audio_npy=str(tmp / "ref.npy"), ref_sr=REF_SR) for c in CASES.values()]
     (tmp / "in.json").write_text(json.dumps(reqs))
-    subprocess.run([str(REPO_ROOT / ".venv-qwen3-tts/bin/python"), str(Path(__file__).with_name("qwen3_tts_reference.py")),
+    subprocess.run([str(REPO_ROOT / ".venv-qwen3-tts/bin/python"),
+                    str(Path(__file__).with_name("qwen3_tts_reference.py")),
                     str(model_dir("qwen3-tts-tiny")), str(tmp / "in.json"), str(tmp / "out.npz")],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     z = np.load(tmp / "out.npz")

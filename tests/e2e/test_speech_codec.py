@@ -30,8 +30,8 @@ import pytest
 import soundfile as sf
 
 from clients.tts_grpc_stream import stream_tts
-from omni_triton.serve.repository import available_models, model_parameters
 from omni_triton.paths import model_dir
+from omni_triton.serve.repository import available_models, model_parameters
 
 pytestmark = pytest.mark.e2e
 
@@ -187,7 +187,7 @@ def test_concurrent_requests_each_get_their_own_audio(stack, reference):
     after = _talker_requests_by_instance(stack)
     busy = [i for i in after if after[i] > before.get(i, 0)]
     assert len(busy) == 2, f"talker instances that served requests: {busy}"
-    for (text, voice), result in zip(texts, results):
+    for (text, voice), result in zip(texts, results, strict=True):
         ref = reference(text, voice)
         assert result.audio.size == ref.audio.size
         assert np.max(np.abs(result.audio - ref.audio)) <= FLOAT_TOL

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import base64
-import ipaddress
 import io
+import ipaddress
 import json
 import time
 from pathlib import Path
@@ -13,10 +13,10 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-
-from clients.tts_grpc_stream import stream_tts
 from conftest import wait_for_stub_death_report
 from speech_reference import assert_piper_sentences, assert_speech_like, piper_reference
+
+from clients.tts_grpc_stream import stream_tts
 
 pytestmark = pytest.mark.e2e
 

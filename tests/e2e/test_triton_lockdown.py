@@ -83,7 +83,7 @@ def test_http_admin_apis_accept_the_key(served, method, path, body):
 
 def test_grpc_admin_apis_refuse_without_the_key_and_accept_it(served):
     with grpcclient.InferenceServerClient(served.triton_grpc_url) as client:
-        for name, call in _grpc_calls(client).items():
+        for call in _grpc_calls(client).values():
             for headers in (None, triton_admin.headers(WRONG, grpc=True)):
                 with pytest.raises(InferenceServerException, match="is restricted, expecting header"):
                     call(headers=headers)

@@ -23,11 +23,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import E2E_MODELS
 
-from omni_triton.serve.repository import resolve_models
 from omni_triton.paths import cache_dir, model_dir
+from omni_triton.serve.repository import resolve_models
 
 BENCH = cache_dir() / "bench-venv" / "bin" / "vllm-omni"
 SERVED = set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()]))

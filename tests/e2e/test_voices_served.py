@@ -46,7 +46,7 @@ class Frontend:
         self.log = log
         self.proc = None
 
-    def start(self) -> "Frontend":
+    def start(self) -> Frontend:
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, env=self.env)
         deadline = time.monotonic() + 120
@@ -207,7 +207,8 @@ def test_voice_consents_with_the_sdk(frontend):
 
 BAD = [
     # (what, request, status, code)
-    ("no consent", dict(data={"name": "x"}, files={"audio_sample": ("a.wav", wav(2), "audio/wav")}), 400, "consent_required"),
+    ("no consent", dict(data={"name": "x"}, files={"audio_sample": ("a.wav", wav(2), "audio/wav")}), 400,
+     "consent_required"),
     ("unknown consent", dict(data={"name": "x", "consent": "cons_nope"},
                              files={"audio_sample": ("a.wav", wav(2), "audio/wav")}), 400, "invalid_consent"),
     ("no name", dict(data={"type": "prompt", "prompt": "p"}), 400, "missing_required_parameter"),
@@ -228,7 +229,8 @@ def test_bad_audio_and_ids(frontend, served):
     cid = consent_id(sdk)
     clip = {"name": "x", "consent": cid}
     cases = [("not audio", b"hello" * 100, 400, "invalid_audio"), ("too short", wav(0.3), 400, "audio_too_short"),
-             ("too long", wav(10.5, 8000), 400, "audio_too_long"), ("too big", b"\0" * (3 << 20), 413, "file_too_large")]
+             ("too long", wav(10.5, 8000), 400, "audio_too_long"),
+             ("too big", b"\0" * (3 << 20), 413, "file_too_large")]
     for what, data, status, code in cases:
         r = httpx.post(f"{frontend.url}/v1/audio/voices", data=clip, timeout=60,
                        files={"audio_sample": ("a.wav", data, "audio/wav")})

@@ -47,7 +47,7 @@ def main() -> int:
         before = counters(url)
         try:
             vllm_omni_main()
-        except BaseException:  # noqa: BLE001 - reported per run (SystemExit included)
+        except BaseException:
             errors[i] = traceback.format_exc()
             print(errors[i], file=sys.stderr, flush=True)
         after = counters(url)

@@ -22,9 +22,16 @@ import asyncio
 import json
 
 import numpy as np
+from engine_stub import EngineStub
 
-from openai_frontend.engine import (GeneratedImage, GenerationChunk, InvalidRequestError, ModelInfo,
-                                    ModelNotFoundError, VideoEvent)
+from openai_frontend.engine import (
+    GeneratedImage,
+    GenerationChunk,
+    InvalidRequestError,
+    ModelInfo,
+    ModelNotFoundError,
+    VideoEvent,
+)
 
 CHAT_INPUTS = frozenset({"PROMPT", "MESSAGES", "SAMPLING_PARAMETERS"})
 TEXT_OUTPUTS = frozenset({"TEXT_DELTA", "FINISH_REASON", "PROMPT_TOKENS", "COMPLETION_TOKENS"})
@@ -85,7 +92,7 @@ def _noise(seed: int, n: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-0.5, 0.5, n).astype(np.float32)
 
 
-class FakeEngine:
+class FakeEngine(EngineStub):
     """Every model kind, answering at once with tiny deterministic outputs; counts its calls."""
 
     def __init__(self, models=MODELS):

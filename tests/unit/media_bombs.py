@@ -156,7 +156,8 @@ AUDIO_BOMBS = {"flac": flac_bomb, "flac_unknown_length": flac_unknown_length_bom
 IMAGE_BOMBS = {"png": png_bomb, "png_81mp": png_81mp_bomb, "png_text": png_text_bomb, "gif": gif_bomb}
 BUILDERS = {**AUDIO_BOMBS, **IMAGE_BOMBS, "mp4": mp4_bomb}
 MIME = {"flac": "audio/flac", "flac_unknown_length": "audio/flac", "ogg_vorbis": "audio/ogg", "ogg_opus": "audio/ogg",
-        "mp3": "audio/mpeg", "wav_1hz": "audio/wav", "png": "image/png", "png_81mp": "image/png", "png_text": "image/png", "gif": "image/gif", "mp4": "video/mp4"}
+        "mp3": "audio/mpeg", "wav_1hz": "audio/wav", "png": "image/png", "png_81mp": "image/png",
+        "png_text": "image/png", "gif": "image/gif", "mp4": "video/mp4"}
 
 
 _CHILD = """

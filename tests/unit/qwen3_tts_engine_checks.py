@@ -11,7 +11,11 @@ torch.set_num_threads(1)
 
 from omni_triton.stages.chunking import ChunkedDecoder  # noqa: E402
 from omni_triton.stages.qwen3_tts.engine import (  # noqa: E402
-    Qwen3TtsCodec, Qwen3TtsForm, TalkerBatch, TalkerSeq, generate_frames,
+    Qwen3TtsCodec,
+    Qwen3TtsForm,
+    TalkerBatch,
+    TalkerSeq,
+    generate_frames,
 )
 from omni_triton.stages.qwen3_tts.request import Qwen3TtsRequest  # noqa: E402
 from omni_triton.stages.qwen3_tts.scheduler import TalkerScheduler  # noqa: E402
@@ -25,7 +29,8 @@ ref = (np.sin(np.arange(32000) * 2 * np.pi * 220 / 16000) * 0.3).astype(np.float
 prompt = forms["base"].voice_prompt(ref, 16000, "Some words here.", False)
 xvec = forms["base"].voice_prompt(ref, 16000, None, True)  # x-vector only: the text is fed step by step
 REQS = {
-    "custom_voice": Qwen3TtsRequest("custom_voice", "Hello there, how are you?", "English", "ryan", "Speak happily", None, 30),
+    "custom_voice": Qwen3TtsRequest("custom_voice", "Hello there, how are you?", "English", "ryan", "Speak happily",
+                                    None, 30),
     "vivian": Qwen3TtsRequest("custom_voice", "Hello there, how are you?", "English", "vivian", None, None, 30),
     "voice_design": Qwen3TtsRequest("voice_design", "A designed voice.", "Auto", None, "A deep calm voice", None, 25),
     "base": Qwen3TtsRequest("base", "Cloned words.", "Auto", None, None, prompt, 25),
@@ -50,7 +55,8 @@ def check_parity():
         frames = generate_frames(form, req)
         want = form.reference(req)
         ctx = req.voice_prompt.ref_code if req.voice_prompt is not None else None
-        one_shot = codec.decode([frames if ctx is None else np.concatenate([ctx, frames])], [0 if ctx is None else len(ctx)])[0]
+        one_shot = codec.decode([frames if ctx is None else np.concatenate([ctx, frames])],
+                                [0 if ctx is None else len(ctx)])[0]
         assert one_shot.shape == want.shape and np.array_equal(one_shot, want), (name, np.abs(one_shot - want).max())
         got = streamed(form, req, frames)
         assert got.shape == want.shape and np.abs(got - want).max() <= PCM_TOL, (name, np.abs(got - want).max())
@@ -82,7 +88,7 @@ def check_scheduler_cancel_and_forms():
     """The scheduler runs every form at once; a cancelled row stops, the others finish unchanged."""
     import threading
 
-    frames, ends, stop = {}, {}, threading.Event()
+    frames, ends = {}, {}
     finished = threading.Semaphore(0)
     sched = TalkerScheduler(forms, max_seqs=8)
     for name, req in REQS.items():
@@ -112,7 +118,7 @@ def check_ragged_decode():
     frames = generate_frames(forms["custom_voice"], REQS["custom_voice"])
     chunks, lefts = [frames[:7], frames[3:20], frames[10:17]], [0, 2, 1]
     together = codec.decode(chunks, lefts)
-    for c, left, got in zip(chunks, lefts, together):
+    for c, left, got in zip(chunks, lefts, together, strict=True):
         assert got.shape == codec.decode([c], [left])[0].shape
         assert np.abs(got - codec.decode([c], [left])[0]).max() <= PCM_TOL
     print("ok ragged_decode")

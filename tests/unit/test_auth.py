@@ -16,12 +16,12 @@ from urllib.parse import unquote
 import httpx
 import pytest
 from starlette.testclient import TestClient, WebSocketDenialResponse
+from test_chat_frontend import assert_error
+from test_frontend_bad_input import AllFake
 
 from openai_frontend import auth
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import ModelInfo
-from test_chat_frontend import assert_error
-from test_frontend_bad_input import AllFake
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,8 @@ def compare_spy(monkeypatch):
 # --------------------------------------------------------------------------- the key, in constant time
 async def test_http_key_is_compared_in_constant_time(compare_spy):
     async with client(api_key=KEY) as c:
-        assert (await c.post("/v1/audio/speech", json=SPEECH, headers={"Authorization": f"Bearer {KEY}"})).status_code == 200
+        assert (await c.post("/v1/audio/speech", json=SPEECH,
+                             headers={"Authorization": f"Bearer {KEY}"})).status_code == 200
         assert_error(await c.post("/v1/audio/speech", json=SPEECH, headers={"Authorization": "Bearer sk-test-kez"}),
                      401, code="invalid_api_key")
     assert (b"sk-test-kez", KEY.encode()) in compare_spy and (KEY.encode(), KEY.encode()) in compare_spy

@@ -16,10 +16,10 @@ def test_ttfp_scaling_is_highest_over_lowest_level():
 
 
 def test_bench_tts_hands_qwen3_tts_over(monkeypatch):
-    from clients import bench_tts
-
     import subprocess
     import sys
+
+    from clients import bench_tts
 
     seen = []
     monkeypatch.setattr(subprocess, "call", lambda cmd: seen.append(cmd) or 0)

@@ -16,6 +16,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from engine_stub import EngineStub
 
 from omni_triton.media.audio import float_to_pcm16
 from openai_frontend.app import Settings, create_app
@@ -56,7 +57,7 @@ def pcm(i: int, n: int = 300) -> np.ndarray:
     return np.random.default_rng(i).uniform(-0.5, 0.5, n).astype(np.float32)
 
 
-class ChatFakeEngine:
+class ChatFakeEngine(EngineStub):
     """Scriptable chat-contract ``Engine``: one token of ``ANSWER`` per response; speech
     models add one PCM chunk per two tokens. Records every request and how each stream ended."""
 
@@ -123,7 +124,7 @@ class ChatFakeEngine:
                                           completion_tokens=i + 1)
             done = True
             self.completed += 1
-            from test_images_frontend import count_stage  # noqa: PLC0415 - shared fake statistics
+            from test_images_frontend import count_stage
 
             for name in self.models[model].stage_models:  # every stage: 3 ms queued, 20 ms computing
                 count_stage(self.stats, name, 1, 3.0, 20.0)
@@ -504,7 +505,8 @@ async def test_chat_audio_errors(engine, payload, status, param, code):
         ({"model": "llm", "messages": [{"role": "robot", "content": "hi"}]}, "messages"),
         ({"model": "llm", "messages": [{"role": "tool", "content": "hi"}]}, "messages"),
         ({"model": "llm", "messages": [{"role": "user"}]}, "messages.0.content"),
-        ({"model": "llm", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        ({"model": "llm",
+          "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "messages.0.content.0"),  # a text-only model names the part it cannot take
         ({"model": "llm", "messages": USER, "max_tokens": 0}, "max_tokens"),
         ({"model": "llm", "messages": USER, "max_tokens": -5}, "max_tokens"),
@@ -682,7 +684,8 @@ async def test_metrics_count_chat_requests(engine):
         await c.post("/v1/completions", json={"model": "llm", "prompt": "x"})
         text = (await c.get("/metrics")).text
     assert 'omni_frontend_generation_requests_total{endpoint="chat",mode="stream",model="llm",outcome="ok"} 1.0' in text
-    assert 'omni_frontend_generation_requests_total{endpoint="completions",mode="whole",model="llm",outcome="ok"} 1.0' in text
+    assert ('omni_frontend_generation_requests_total{endpoint="completions",mode="whole",model="llm",outcome="ok"} 1.0'
+            in text)
     assert 'omni_frontend_completion_tokens_total{model="llm"} 14.0' in text
 
 

@@ -172,7 +172,7 @@ def test_batched_padded_decode_equals_one_by_one(decoder, codes):
     items = [codes[:60], codes[:33], codes[5:12], codes[10:11], codes[:0]]
     left = [0, 3, 2, 0, 0]
     batched = decoder.decode(items, left)
-    for c, lc, b in zip(items, left, batched):
+    for c, lc, b in zip(items, left, batched, strict=True):
         single = decoder.decode([c], [lc])[0]
         assert b.dtype == np.float32 and b.shape == ((len(c) - lc) * decoder.samples_per_frame,)
         np.testing.assert_allclose(b, single, rtol=0, atol=1e-6)
@@ -187,7 +187,7 @@ def test_chunk_schedule_covers_every_frame_once():
     assert chunks == [(0, 5, 0), (0, 30, 5), (5, 55, 25), (30, 72, 25)]
     new = [(start + left, end) for start, end, left in chunks]
     assert new[0][0] == 0 and new[-1][1] == 72
-    assert all(a[1] == b[0] for a, b in zip(new, new[1:]))
+    assert all(a[1] == b[0] for a, b in zip(new, new[1:], strict=False))
     assert chunking.ChunkSchedule(5, 25, 25).flush(3) == [(0, 3, 0)]
     assert chunking.ChunkSchedule(5, 25, 25).flush(0) == []
 

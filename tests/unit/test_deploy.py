@@ -3,7 +3,6 @@ served model, each config still matches its contract (the test_contracts.py chec
 stages run as KIND_GPU with the real checkpoints, nothing else changes, and profile mistakes are
 refused."""
 import json
-from pathlib import Path
 
 import pytest
 from test_contracts import test_config_matches_contract  # the same check the CPU configs pass
@@ -44,7 +43,9 @@ def test_generated_config_matches_contract(gpu_repo, model):
 def test_every_heavy_stage_is_on_the_gpu():
     """The stages that hold model weights (diffusion, Omni, the vLLM LLM) are profiled KIND_GPU."""
     heavy = [m for m in deploy.served_configs()
-             if m.startswith(("qwen_image", "omni_")) and not m in ("qwen_image", "qwen_image_edit")] + ["llm"]
+             if m.startswith(("qwen_image", "qwen3_omni_")) and m not in ("qwen_image", "qwen_image_edit")] + ["llm"]
+    # the prefixes must keep matching after a rename (they matched nothing after tts/omni became csm/qwen3_omni)
+    assert {"qwen3_omni_thinker", "qwen3_omni_talker", "qwen_image_denoiser"} <= set(heavy)
     for model in heavy:
         assert PROFILE["models"][model]["instance_group"][0]["kind"] == "KIND_GPU", model
     assert set(PROFILE["slots"]) == {"wan2_2", "qwen3_tts"}

@@ -116,7 +116,7 @@ def test_edit_depends_on_the_condition_image(edit_pipe, condition):
 def test_encode_batch_equals_single(pipe):
     prompts = ["a red fox", "a cat wearing a hat in the snow", "a blue sky", "a red cat"]
     batch = d.encode_prompts(pipe, prompts)
-    for p, e in zip(prompts, batch):
+    for p, e in zip(prompts, batch, strict=True):
         single = d.encode_prompts(pipe, [p])[0]
         assert e.dtype == np.float32 and e.ndim == 2
         np.testing.assert_array_equal(e, single)  # grouped by length: never padded
@@ -125,10 +125,10 @@ def test_encode_batch_equals_single(pipe):
 def test_seed_per_item_inside_a_batch(pipe):
     prompts = ["a red fox", "a cat wearing a hat in the snow", "a blue sky", "a red fox"]
     embeds = d.encode_prompts(pipe, prompts)
-    items = [d.DenoiseItem(e, 64, 64, 3, seed) for e, seed in zip(embeds, [1, 2, 3, 1])]
+    items = [d.DenoiseItem(e, 64, 64, 3, seed) for e, seed in zip(embeds, [1, 2, 3, 1], strict=True)]
     together = d.denoise(pipe, items)  # one pipeline call: same size/steps/CFG
     alone = [d.denoise(pipe, [it])[0] for it in items]
-    for t, a in zip(together, alone):
+    for t, a in zip(together, alone, strict=True):
         assert t.steps == 3 and t.latents.shape == a.latents.shape == (16, 16)
         np.testing.assert_allclose(t.latents, a.latents, atol=LATENT_ATOL, rtol=0)
     # items 0 and 3: same prompt and seed at different batch positions -> same latents
@@ -137,7 +137,7 @@ def test_seed_per_item_inside_a_batch(pipe):
     assert np.abs(together[0].latents - together[2].latents).mean() > 0.1
     imgs_t = d.vae_decode(pipe, [t.latents for t in together], [(64, 64)] * 4)
     imgs_a = d.vae_decode(pipe, [a.latents for a in alone], [(64, 64)] * 4)
-    for t, a in zip(imgs_t, imgs_a):
+    for t, a in zip(imgs_t, imgs_a, strict=True):
         assert np.abs(t.astype(int) - a).max() <= IMAGE_ATOL
 
 
@@ -146,9 +146,9 @@ def test_edit_batch_seed_per_item(edit_pipe, condition):
     embeds = d.encode_prompts(edit_pipe, ["make it purple", "add a rainbow please"], [resized, resized])
     latents = d.vae_encode(edit_pipe, [condition])[0]
     items = [d.DenoiseItem(e, 32, 32, 2, seed, image=condition, image_latents=latents)
-             for e, seed in zip(embeds, (1, 2))]
+             for e, seed in zip(embeds, (1, 2), strict=True)]
     together = d.denoise(edit_pipe, items)
-    for t, item in zip(together, items):
+    for t, item in zip(together, items, strict=True):
         alone = d.denoise(edit_pipe, [item])[0]
         np.testing.assert_allclose(t.latents, alone.latents, atol=LATENT_ATOL, rtol=0)
 

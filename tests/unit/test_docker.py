@@ -9,7 +9,6 @@ import shlex
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +73,8 @@ def test_prometheus_scrapes_the_ports_the_images_expose_on_the_internal_network(
         exposed = {w for k, v in _dockerfile_instructions(path) if k == "EXPOSE" for w in v.split()}
         assert {t.split(":")[1] for t in targets} <= exposed, path.name
     datasource = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())
-    assert datasource["datasources"][0]["url"].endswith(":" + COMPOSE["services"]["prometheus"]["ports"][0].split(":")[-1])
+    prometheus_port = COMPOSE["services"]["prometheus"]["ports"][0].split(":")[-1]
+    assert datasource["datasources"][0]["url"].endswith(":" + prometheus_port)
 
 
 def _published(service: dict) -> list[tuple[str, str]]:

@@ -184,7 +184,7 @@ async def test_synthesize_streams_all_chunks_and_sends_inputs(triton):
         await engine.get_model("piper_tts")
         got = [c async for c in engine.synthesize("piper_tts", "Hello there.", "amy", 1.5)]
         assert [sr for _, sr in got] == [22050] * 3
-        for (a, _), b in zip(got, triton.chunks):
+        for (a, _), b in zip(got, triton.chunks, strict=True):
             assert a.dtype == np.float32 and np.array_equal(a, b)
         req = triton.requests[0]
         names = [i.name for i in req.inputs]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from engine_stub import EngineStub
 
 from openai_frontend.engine.errors import StageRestartedError
 from openai_frontend.engine.triton import TritonEngine
@@ -33,7 +34,7 @@ class FakeStub:
     def __init__(self):
         self.calls = []
 
-    def ModelStreamInfer(self, requests, metadata=()):  # noqa: N802 - the gRPC method's name
+    def ModelStreamInfer(self, requests, metadata=()):
         call = HangingCall()
         self.calls.append(call)
         return call
@@ -93,7 +94,7 @@ def test_a_task_cancellation_is_not_taken_for_a_dead_stage():
     asyncio.run(main())
 
 
-class ReloadingEngine:
+class ReloadingEngine(EngineStub):
     """get_model fails ``not_ready`` times (the model reloading), then answers."""
 
     def __init__(self, not_ready: int):

@@ -32,13 +32,17 @@ from starlette.websockets import WebSocketDisconnect
 from omni_triton.stages.llm.sentences import SentenceSegmenter
 from openai_frontend import voice_store as voice_store_module
 from openai_frontend.app import Settings, create_app
-from openai_frontend.schemas import (MAX_INSTRUCTIONS_CHARS, MAX_NEGATIVE_PROMPT_CHARS, MAX_REF_TEXT_CHARS,
-                                     MAX_VOICE_PROMPT_CHARS)
+from openai_frontend.schemas import (
+    MAX_INSTRUCTIONS_CHARS,
+    MAX_NEGATIVE_PROMPT_CHARS,
+    MAX_REF_TEXT_CHARS,
+    MAX_VOICE_PROMPT_CHARS,
+)
 from openai_frontend.serving import voices
 from openai_frontend.serving.speech_stream import split_sentences
 from openai_frontend.voice_store import VoiceSettings, VoiceStore
-from tests.unit.test_voices import FakeEngine
 from tests.unit.test_vllm_omni_compat import AllFake
+from tests.unit.test_voices import FakeEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
+from engine_stub import EngineStub
 
 from omni_triton.media.audio import float_to_pcm16, streaming_wav_header
 from openai_frontend.app import Settings, create_app
@@ -59,7 +60,7 @@ def chunk(i: int, n: int = 441) -> np.ndarray:
     return rng.uniform(-0.9, 0.9, n).astype(np.float32)
 
 
-class FakeEngine:
+class FakeEngine(EngineStub):
     """Scriptable ``Engine``: yields ``chunks``; can fail, block, or be down."""
 
     def __init__(self, models=(PIPER, CSM, TALKER), chunks=None):

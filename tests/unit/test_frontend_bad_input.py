@@ -14,10 +14,10 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-
-from openai_frontend.app import Settings, create_app
 from test_chat_frontend import USER, ChatFakeEngine, assert_error
 from test_images_frontend import FakeImageEngine
+
+from openai_frontend.app import Settings, create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -76,7 +76,8 @@ IMAGE = {"model": "qwen_image", "prompt": "a fox"}
 # ------------------------------------------------------------------ lone surrogates
 @pytest.mark.parametrize("path, payload, param", [
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": LONE}]}, "messages"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "a" + LONE}]}]}, "messages"),
+    ("/v1/chat/completions",
+     {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "a" + LONE}]}]}, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi", "name": LONE}]}, "messages"),
     ("/v1/chat/completions", {**CHAT, "model": LONE}, "model"),
     ("/v1/chat/completions", {**CHAT, "stop": [LONE]}, "stop"),
@@ -330,9 +331,8 @@ def test_websocket_message_with_a_lone_surrogate_is_an_error_event_and_the_sessi
     """A WebSocket text frame's JSON may hold ``\\ud800`` escapes: such text never reaches the
     engine or a JSON reply (both encode UTF-8); an ``error`` event says so and the session
     still speaks."""
-    from starlette.testclient import TestClient
-
     from fake_engine import fake_app
+    from starlette.testclient import TestClient
 
     with TestClient(fake_app(tmp_path)) as tc, tc.websocket_connect("/v1/audio/speech/stream") as ws:
         ws.send_text(json.dumps({"type": "session.config", "model": "piper_tts", "response_format": "wav"}))
@@ -474,7 +474,8 @@ async def test_completions_fanout_counts_against_admission():
     engine.block_at = 1
     app = create_app(engine, Settings(max_inflight=10))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
-        first = asyncio.create_task(c.post("/v1/completions", json={"model": "llm", "prompt": ["a", "b", "c", "d"], "n": 2}))
+        first = asyncio.create_task(c.post("/v1/completions",
+                                           json={"model": "llm", "prompt": ["a", "b", "c", "d"], "n": 2}))
         await asyncio.wait_for(engine.reached_block.wait(), 5)
         assert app.state.admission.inflight == 8
         r = await c.post("/v1/completions", json={"model": "llm", "prompt": ["a", "b"], "n": 2})
@@ -590,7 +591,8 @@ async def test_chunked_multipart_over_the_cap_is_413():
     boundary = "b0undary"
     body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n"
             f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n"
-            f"Content-Type: image/png\r\n\r\n").encode() + png(64, 64) + b"\0" * 6000 + f"\r\n--{boundary}--\r\n".encode()
+            f"Content-Type: image/png\r\n\r\n").encode() + png(64,
+                                                               64) + b"\0" * 6000 + f"\r\n--{boundary}--\r\n".encode()
     async with client(AllFake(), max_body_bytes=4000) as c:
         r = await c.post("/v1/images/edits", content=chunks(body),
                          headers={"content-type": f"multipart/form-data; boundary={boundary}"})

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from test_frontend_bad_input import AllFake
 
 from clients import malformed_payloads as mp
 from openai_frontend.app import Settings, create_app
-from test_frontend_bad_input import AllFake
 
 pytestmark = pytest.mark.anyio
 

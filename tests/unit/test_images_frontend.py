@@ -14,6 +14,7 @@ import io
 import httpx
 import numpy as np
 import pytest
+from engine_stub import EngineStub
 from PIL import Image
 
 from omni_triton.media.image import decode_image, encode_image, normalise_format
@@ -59,7 +60,7 @@ def pixels_for(seed: int, w: int, h: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-class FakeImageEngine:
+class FakeImageEngine(EngineStub):
     def __init__(self, models=(T2I, EDIT, SPEECH)):
         self.models = {m.name: m for m in models}
         self.jobs = []

@@ -5,7 +5,8 @@ parsers (omni-triton serve, python -m openai_frontend) and name the ports the co
 and Services use; the probe paths are the endpoints Triton and the frontend serve; selectors,
 volumes, ConfigMaps and Secrets refer to objects that exist; the HPA's metrics are served by the
 adapter rules and exported by Triton or the stages; the served models exist in the repository;
-docs/scaling.md quotes the README's measured figures."""
+docs/scaling.md quotes the measured perf_analyzer figures (docs/notes/perf-analyzer-2026-12.md,
+moved from the README)."""
 import re
 import subprocess
 from pathlib import Path
@@ -190,7 +191,8 @@ def test_selectors_claims_and_config_refer_to_existing_objects():
                 for env in c.get("env", []):
                     ref = env.get("valueFrom", {})
                     if "configMapKeyRef" in ref:
-                        assert ref["configMapKeyRef"]["key"] in _find("ConfigMap", ref["configMapKeyRef"]["name"])["data"]
+                        assert ref["configMapKeyRef"]["key"] in _find("ConfigMap",
+                                                                      ref["configMapKeyRef"]["name"])["data"]
                     if "secretKeyRef" in ref:  # created by the operator (docs/scaling.md)
                         name = ref["secretKeyRef"]["name"]
                         assert f"kubectl create secret generic {name} " in SCALING_DOC, name
@@ -237,7 +239,8 @@ def test_hpa_scales_triton_on_queue_metrics_the_adapter_serves_and_the_code_expo
     source = "".join(p.read_text() for p in (ROOT / "omni_triton").glob("**/*.py"))
     for name in names:
         rule = served[name]
-        assert rule["seriesQuery"].startswith(name + "{") and {"namespace", "pod"} <= set(rule["resources"]["overrides"])
+        assert rule["seriesQuery"].startswith(name + "{") and {"namespace",
+                                                               "pod"} <= set(rule["resources"]["overrides"])
         assert name.startswith("nv_") or f'"{name}"' in source, name  # nv_*: Triton's own
         assert name in (ROOT / "docs" / "metrics.md").read_text(), name
     # the scrape config gives the series the namespace and pod labels the rules map
@@ -246,15 +249,18 @@ def test_hpa_scales_triton_on_queue_metrics_the_adapter_serves_and_the_code_expo
     assert {"namespace", "pod", "__address__", "__metrics_path__"} <= targets
 
 
-def _readme_rps() -> dict[str, str]:
-    rows = re.findall(r"^\| (\w+) \| [^|]+ \| ([\d.]+) \|", (ROOT / "README.md").read_text(), re.M)
+PERF_FIGURES = ROOT / "docs" / "notes" / "perf-analyzer-2026-12.md"
+
+
+def _measured_rps() -> dict[str, str]:
+    rows = re.findall(r"^\| (\w+) \| [^|]+ \| ([\d.]+) \|", PERF_FIGURES.read_text(), re.M)
     return dict(rows)
 
 
 def test_scaling_plan_is_linked_and_quotes_the_measured_figures():
     assert "docs/scaling.md" in (ROOT / "README.md").read_text()
     plan = (ROOT / "docs" / "scaling.md").read_text()
-    measured = _readme_rps()
+    measured = _measured_rps()
     quoted = re.findall(r"^\| `(\w+)` \| ([\d.]+) \|", plan, re.M)
     assert {m for m, _ in quoted} >= {"piper_tts", "llm", "llm_tts", "qwen_image"}
     for model, rps in quoted:

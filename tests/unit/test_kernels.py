@@ -13,7 +13,8 @@ def test_attention_backend_choice_and_fallbacks(monkeypatch):
     backend, reason = kernels.choose_attention_backend("flash", cuda=False)
     assert backend == "native" and "needs CUDA" in reason
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name in ("flash_attn", "sageattention") else real(name))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name in ("flash_attn", "sageattention") else real(name))
     assert kernels.choose_attention_backend("auto", cuda=True)[0] == "_native_cudnn"
     backend, reason = kernels.choose_attention_backend("sage", cuda=True)
     assert backend == "native" and "sageattention" in reason
@@ -24,7 +25,7 @@ def test_attention_backend_choice_and_fallbacks(monkeypatch):
 
 
 def test_cache_configs():
-    from diffusers.hooks import FirstBlockCacheConfig, PyramidAttentionBroadcastConfig, TaylorSeerCacheConfig
+    from diffusers.hooks import FirstBlockCacheConfig, PyramidAttentionBroadcastConfig
 
     assert kernels.cache_config("none") is None
     assert isinstance(kernels.cache_config("first_block", threshold=0.1), FirstBlockCacheConfig)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from omni_triton.serve import install as serve_install
 from omni_triton.paths import cache_dir
+from omni_triton.serve import install as serve_install
 from omni_triton.serve.process import ServerStartError, check_ports_free, free_port
 from omni_triton.serve.repository import dependencies, resolve_models
 from omni_triton.serve.server import TritonServer

@@ -134,7 +134,8 @@ def test_messages_text_parts_and_developer_role():
     ('[{"content": "x"}]', "role None"),
     ('[{"role": "user", "content": 3}]', "string or a list"),
     ('[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]', "does not accept image_url parts"),
-    ('[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]', "does not accept input_audio parts"),
+    ('[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]',
+     "does not accept input_audio parts"),
     ('[{"role": "user", "content": [{"type": "file", "file": {}}]}]', "only text parts"),
     ('["hello"]', "must be an object"),
 ])
@@ -193,7 +194,8 @@ def test_chat_template_and_token_counts(tokenizer):
     assert text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     assert text.count("<|im_start|>") == 3  # no special token added twice
     assert job.sampling == {"temperature": 0, "max_tokens": 512}
-    system = build_generation_job("r2", tokenizer, None, json.dumps([{"role": "system", "content": "Be brief."}] + QUESTION),
+    system = build_generation_job("r2", tokenizer, None,
+                                  json.dumps([{"role": "system", "content": "Be brief."}] + QUESTION),
                                   None, 2048, 512)
     assert "helpful AI assistant" not in tokenizer.decode(system.prompt_ids)
 

@@ -12,7 +12,6 @@ docs/voices.md "Decompression-safe decoding").
 from __future__ import annotations
 
 import pytest
-
 from media_bombs import AUDIO_BOMBS, IMAGE_BOMBS, MB, bomb, decode_in_subprocess
 
 RSS_BOUND = 100 * MB
@@ -81,8 +80,9 @@ def test_video_frames_are_checked_as_decoded():
     """The stream header is not the only guard: a frame bigger than the limit is refused when it
     is decoded (a stream can change size mid-way; here the header check is passed by making the
     header limit (``max_image_pixels``) loose and the frame limit strict)."""
-    from omni_triton.media.inputs import MediaInputError, MediaLimits, sample_video_frames
     from media_bombs import mp4_bomb
+
+    from omni_triton.media.inputs import MediaInputError, MediaLimits, sample_video_frames
 
     data = mp4_bomb(64, 4)
     frames, _ = sample_video_frames(data, "v", MediaLimits(max_video_pixels=64 * 64))

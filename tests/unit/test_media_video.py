@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("av")
 
-from omni_triton.media.video import InvalidVideoError, decode_video, encode_mp4, write_atomic  # noqa: E402
+from omni_triton.media.video import InvalidVideoError, decode_video, encode_mp4, write_atomic
 
 
 def _frames(n=9, h=32, w=48):

@@ -69,7 +69,8 @@ b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
 # ----------------------------------------------------------------------------- parsing
 def test_parse_media_parts_and_placeholders():
     msgs = json.dumps([{"role": "system", "content": "be brief"}, {"role": "user", "content": [
-        {"type": "text", "text": "hear "}, {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav", "x": 1}},
+        {"type": "text", "text": "hear "}, {"type": "input_audio",
+                                            "input_audio": {"data": "AAAA", "format": "wav", "x": 1}},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
         {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}]}])
     parsed = chat.parse_messages(msgs, accept=("text", "audio", "image", "video"))
@@ -79,12 +80,13 @@ def test_parse_media_parts_and_placeholders():
     assert chat.placeholder_messages(parsed)[1]["content"] == [
         {"type": "text", "text": "hear "}, {"type": "audio"}, {"type": "image"}, {"type": "video"}]
     # text parts only: joined into a string, as before
-    assert chat.parse_messages('[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]',
-                               accept=("text", "audio")) == [{"role": "user", "content": "ab"}]
+    two_texts = '[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]'
+    assert chat.parse_messages(two_texts, accept=("text", "audio")) == [{"role": "user", "content": "ab"}]
 
 
 @pytest.mark.parametrize("content, accept, match", [
-    ([{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}], ("text",), "does not accept input_audio parts"),
+    ([{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}], ("text",),
+     "does not accept input_audio parts"),
     ([{"type": "image_url", "image_url": {"url": "data:,"}}], ("text", "audio"), "does not accept image_url parts"),
     ([{"type": "video_url", "video_url": {"url": "x"}}], ("text", "audio", "image"), "does not accept video_url parts"),
     ([{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aiff"}}], ("text", "audio"), "format 'aiff'"),
@@ -163,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         port = self.server.server_address[1]
         routes = {
             "/redirect-ok": f"http://127.0.0.1:{port}/ok",
@@ -262,7 +264,8 @@ def _omni_model():
 
     from openai_frontend.engine import ModelInfo
 
-    return ModelInfo(name="omni", inputs=CHAT_INPUTS | {"MODALITIES", "VOICE"}, outputs=TEXT_OUTPUTS | {"AUDIO", "SAMPLE_RATE"},
+    return ModelInfo(name="omni", inputs=CHAT_INPUTS | {"MODALITIES", "VOICE"},
+                     outputs=TEXT_OUTPUTS | {"AUDIO", "SAMPLE_RATE"},
                      decoupled=True, modalities=("text", "audio"), voices=("Ethan",), default_voice="Ethan",
                      sample_rate=24000, max_model_len=1024, parameters={"input_modalities": "text,audio,image,video"})
 
@@ -279,13 +282,13 @@ AUDIO = {"type": "input_audio", "input_audio": {"data": b64(wav_bytes()), "forma
 
 
 async def test_text_model_names_the_part_it_cannot_take(monkeypatch):
-    from test_chat_frontend import sdk
-
     import openai
+    from test_chat_frontend import sdk
 
     engine = _engine(monkeypatch)
     client = sdk(engine)
-    for model, part, name in [("llm", AUDIO, "input_audio"), ("llm", {"type": "image_url", "image_url": {"url": "data:,"}}, "image_url"),
+    for model, part, name in [("llm", AUDIO, "input_audio"),
+                              ("llm", {"type": "image_url", "image_url": {"url": "data:,"}}, "image_url"),
                               ("llm", {"type": "video_url", "video_url": {"url": "data:,"}}, "video_url")]:
         with pytest.raises(openai.BadRequestError) as info:
             await client.chat.completions.create(model=model, messages=[{"role": "user", "content": [part]}])
@@ -305,7 +308,8 @@ async def test_omni_gets_the_parts_and_fetched_urls_as_data(server, monkeypatch)
     engine = _engine(monkeypatch)
     content = [{"type": "text", "text": "look"}, AUDIO,
                {"type": "image_url", "image_url": {"url": f"{server}/ok", "detail": "low"}}]
-    r = await post(engine, {"model": "omni", "modalities": ["text"], "messages": [{"role": "user", "content": content}]},
+    r = await post(engine,
+                   {"model": "omni", "modalities": ["text"], "messages": [{"role": "user", "content": content}]},
                    media_urls=LOCAL)
     assert r.status_code == 200, r.text
     sent = engine.requests[-1][1].messages[0]["content"]

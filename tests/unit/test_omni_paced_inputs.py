@@ -13,7 +13,8 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
-from omni_triton.adapters import qwen3_omni as omni, qwen2_5_omni  # noqa: E402
+from omni_triton.adapters import qwen2_5_omni  # noqa: E402
+from omni_triton.adapters import qwen3_omni as omni  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
 from omni_triton.contracts.tensors import PACED, utf8_array  # noqa: E402
 
@@ -85,6 +86,7 @@ def test_qwen25_omni_stages_never_send_paced():
     root = Path(__file__).resolve().parents[2] / "model_repository"
     for cls, callee in [(qwen2_5_omni.Qwen25OmniPipeline, "qwen2_5_omni_talker"),
                         (qwen2_5_omni.Qwen25OmniTalkerStage, "qwen2_5_omni_thinker"),
-                        (omni.Qwen3OmniPipeline, "qwen3_omni_talker"), (omni.Qwen3OmniTalkerStage, "qwen3_omni_thinker")]:
+                        (omni.Qwen3OmniPipeline, "qwen3_omni_talker"),
+                        (omni.Qwen3OmniTalkerStage, "qwen3_omni_thinker")]:
         declares = '"PACED"' in (root / callee / "config.pbtxt").read_text()
         assert cls.pass_paced == declares, (cls.__name__, callee)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fake_engine import fake_app
 
 from clients import api_fuzz
-from fake_engine import fake_app
 
 #: examples per operation in the fuzzing phase (the coverage and stateful phases add their own)
 MAX_EXAMPLES = 25

@@ -113,13 +113,15 @@ def test_talker_stops_at_eos_and_when_asked(stages):
     free = np.concatenate(list(talker.stream(out, "Chelsie", q25.TalkerSettings(max_frames=200, do_sample=False))))
     assert free.shape[1] == 1 and len(free) < 200 and not set(free[:, 0].tolist()) & set(talker.eos_token_ids)
     calls = []
-    stopped = np.concatenate(list(talker.stream(out, "Chelsie", TALKER, should_stop=lambda: len(calls.append(1) or calls) > 5)))
+    stopped = np.concatenate(list(talker.stream(out, "Chelsie", TALKER,
+                                                should_stop=lambda: len(calls.append(1) or calls) > 5)))
     assert len(stopped) <= 7 < TALKER.min_frames
 
 
 def test_text_only_and_errors(stages):
     thinker, talker, token2wav = stages
-    res = q25.run_pipeline(thinker, talker, token2wav, _ids(thinker, "Hello"), SamplingSettings(temperature=0, max_tokens=8),
+    res = q25.run_pipeline(thinker, talker, token2wav, _ids(thinker, "Hello"),
+                           SamplingSettings(temperature=0, max_tokens=8),
                            audio=False)
     assert res.text and res.codes is None and not res.audio_chunks
     with pytest.raises(chat.ChatInputError, match="unknown voice"):
@@ -145,14 +147,16 @@ def test_talker_inputs_layout_and_pad_after_the_first_thinker_eos(stages):
     P, gen = 5, [20, 21, 22, eos_id, 23, 24]
     seq = np.array(list(range(30, 30 + P)) + gen, np.int64)
     rng = np.random.default_rng(0)
-    embeds, hidden, tts = (rng.standard_normal(s).astype(np.float32) for s in ((len(seq) - 1, H), (len(seq) - 1, H), (3, H)))
+    embeds, hidden, tts = (rng.standard_normal(s).astype(np.float32) for s in ((len(seq) - 1, H), (len(seq) - 1, H),
+                                                                               (3, H)))
     out = ThinkerOutput(seq, P, embeds, hidden, tts)
     bos = torch.ones((1, 1, H))
     inp = q25.build_talker_inputs(talker.talker, out, 7, bos, eos_id)
     state = hidden + embeds
     assert inp["input_text_ids"][0].tolist() == seq[:P].tolist() + [7, gen[0]]
     assert inp["input_ids"].shape == inp["attention_mask"].shape == (1, P + 2)
-    np.testing.assert_array_equal(inp["inputs_embeds"][0].numpy(), np.concatenate([state[:P], bos[0].numpy(), state[P:P + 1]]))
+    np.testing.assert_array_equal(inp["inputs_embeds"][0].numpy(),
+                                  np.concatenate([state[:P], bos[0].numpy(), state[P:P + 1]]))
     reply = inp["thinker_reply_part"][0].numpy()
     assert reply.shape == (len(gen), H)
     np.testing.assert_array_equal(reply[:2], state[P + 1:P + 3])  # answer tokens 1, 2

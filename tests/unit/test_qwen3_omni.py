@@ -114,7 +114,7 @@ def test_batched_padded_decode_equals_one_by_one(stages):
     rng = np.random.default_rng(0)
     codes = rng.integers(0, decoder.codebook_size, size=(40, decoder.num_code_groups))
     items, lefts = [codes[:40], codes[:7], codes[3:30], codes[5:6], codes[:0]], [0, 2, 25, 0, 0]
-    for c, lc, b in zip(items, lefts, decoder.decode(items, lefts)):
+    for c, lc, b in zip(items, lefts, decoder.decode(items, lefts), strict=True):
         single = decoder.decode([c], [lc])[0]
         assert b.shape == single.shape == (decoder.output_samples(len(c), lc) if len(c) else 0,)
         np.testing.assert_allclose(b, single, rtol=0, atol=1e-5)
@@ -157,7 +157,8 @@ def test_thinker_streams_and_cancels(stages):
 
 def test_talker_cancel_stops_within_a_frame(stages):
     thinker, talker, _ = stages
-    out = [s for s in thinker.stream(_chat_ids(thinker, PROMPTS[0]), qo.SamplingSettings(max_tokens=8), True)][-1].output
+    out = [s for s in thinker.stream(_chat_ids(thinker, PROMPTS[0]), qo.SamplingSettings(max_tokens=8),
+                                     True)][-1].output
     calls = []
 
     def stop():
@@ -188,7 +189,8 @@ def test_sampling_seed_stop_and_min_tokens(stages):
 
 def test_parse_requests(stages):
     thinker = stages[0]
-    s = qo.sampling_settings(json.dumps({"temperature": 0.5, "top_p": 0.9, "max_tokens": 5, "stop": "x", "seed": 1}), 32)
+    s = qo.sampling_settings(json.dumps({"temperature": 0.5, "top_p": 0.9, "max_tokens": 5, "stop": "x", "seed": 1}),
+                             32)
     assert (s.temperature, s.top_p, s.max_tokens, s.stop, s.seed) == (0.5, 0.9, 5, ["x"], 1)
     assert qo.sampling_settings(None, 32).greedy and qo.sampling_settings(None, 32).max_tokens == 32
     for bad in ['{"temperature": -1}', '{"max_tokens": 0}', '{"max_tokens": -3}', '{"top_p": 0}', "[1]", "nope",
@@ -199,8 +201,10 @@ def test_parse_requests(stages):
                 '[{"role": "user", "content": [{"type": "image_url"}]}]']:
         with pytest.raises(chat.ChatInputError):
             chat.parse_messages(bad)
-    assert chat.parse_messages('[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]') == [{"role": "user", "content": "ab"}]
-    assert chat.parse_modalities(None, default=("text", "audio")) == ["text", "audio"] and chat.parse_modalities('["text"]') == ["text"]
+    two_texts = '[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]'
+    assert chat.parse_messages(two_texts) == [{"role": "user", "content": "ab"}]
+    assert chat.parse_modalities(None, default=("text", "audio")) == ["text", "audio"]
+    assert chat.parse_modalities('["text"]') == ["text"]
     for bad in ['["video"]', "[]", "text"]:
         with pytest.raises(chat.ChatInputError):
             chat.parse_modalities(bad)
@@ -208,7 +212,8 @@ def test_parse_requests(stages):
     ids, s = qo.prepare_thinker_request(thinker, None, msgs, None, 32, 1024, talker_inputs=True)
     assert ids == _chat_ids(thinker, "Hello") and s.max_tokens == 32
     with pytest.raises(chat.ChatInputError, match="max_model_len"):
-        qo.prepare_thinker_request(thinker, None, json.dumps([{"role": "user", "content": "word " * 300}]), None, 32, 64)
+        qo.prepare_thinker_request(thinker, None, json.dumps([{"role": "user", "content": "word " * 300}]), None, 32,
+                                   64)
     with pytest.raises(chat.ChatInputError, match="exceeds"):
         qo.prepare_thinker_request(thinker, None, msgs, '{"max_tokens": 2000}', 32, 1024)
     with pytest.raises(chat.ChatInputError, match="assistant"):
@@ -243,7 +248,8 @@ def test_text_only_talker_conditioning_is_the_embedding_of_the_ids(stages):
     positions of the user turns (prompt positions: a partial prefill)."""
     thinker = stages[0]
     out = list(thinker.stream(_chat_ids(thinker, PROMPTS[0]), qo.SamplingSettings(max_tokens=6), True))[-1].output
-    assert out.embeds.shape == out.hidden.shape == (len(out.sequence) - 1, thinker.config.thinker_config.text_config.hidden_size)
+    assert out.embeds.shape == out.hidden.shape == (len(out.sequence) - 1,
+                                                    thinker.config.thinker_config.text_config.hidden_size)
     with torch.inference_mode():
         emb = thinker.thinker.get_input_embeddings()(torch.from_numpy(out.sequence[:-1]))
     np.testing.assert_array_equal(out.embeds, emb.numpy())
@@ -257,7 +263,8 @@ def test_keep_new_samples_tiles_chunks_with_a_trimmed_tail():
     full = np.arange(7 * spf - loss, dtype=np.float32)  # "decode" of frames 0..6: sample k is k
 
     def decode(start, end):  # a causal decoder: the same samples for the same absolute positions
-        return full[start * spf: end * spf - loss] if end == 7 else np.arange(start * spf, end * spf - loss, dtype=np.float32)
+        return full[start * spf: end * spf - loss] if end == 7 else np.arange(start * spf, end * spf - loss,
+                                                                              dtype=np.float32)
 
     a = ct.keep_new_samples(decode(0, 2), 2, 0, spf, loss)
     b = ct.keep_new_samples(decode(0, 5), 5, 2, spf, loss)

@@ -113,7 +113,8 @@ def _entries_as_fed(talker, out, feed_steps):
 def test_fed_entries_equal_the_reference_trailing_text_hidden(stages, eos_at):
     thinker, talker, _ = stages
     ids = _ids(thinker, "Tell me a story.")
-    out = [s for s in thinker.stream(ids, qo.SamplingSettings(max_tokens=30, min_tokens=30), with_talker_inputs=True)][-1].output
+    out = [s for s in thinker.stream(ids, qo.SamplingSettings(max_tokens=30, min_tokens=30),
+                                     with_talker_inputs=True)][-1].output
     if eos_at is not None:  # an EOS inside the answer (ignore_eos): tts_eos there, tts_pad after
         out.sequence = out.sequence.copy()
         out.sequence[out.prompt_len + eos_at] = talker.thinker_eos_token_id
@@ -231,10 +232,12 @@ def test_triton_increments_round_trip_gives_the_same_speech(stages):
 
     def through_tensors(steps):
         for s in steps:
-            yield qo.ThinkerStep(s.text, s.completion_tokens, s.finish_reason, **adapter._step_increments(adapter._talker_increments(s)))
+            yield qo.ThinkerStep(s.text, s.completion_tokens, s.finish_reason,
+                                 **adapter._step_increments(adapter._talker_increments(s)))
 
     def codes(wrap):
-        items = talker.stream_while_thinking(wrap(thinker.stream(ids, sampling, stream_talker_inputs=True)), "Ethan", TALKER)
+        items = talker.stream_while_thinking(wrap(thinker.stream(ids, sampling, stream_talker_inputs=True)), "Ethan",
+                                             TALKER)
         return np.concatenate([i for i in items if not isinstance(i, qo.ThinkerStep)])
 
     np.testing.assert_array_equal(codes(through_tensors), codes(lambda s: s))

@@ -105,7 +105,8 @@ def test_multimodal_pipeline_matches_reference_generate(stages, reference, part)
     ids, sampling, media = _prepare(stages, messages(part))
     kind = chat.part_modality(part)
     assert media.counts == {k: int(k == kind) for k in ("audio", "image", "video")}
-    token = {"audio": thinker.config.thinker_config.audio_token_id, "image": thinker.config.thinker_config.image_token_id,
+    token = {"audio": thinker.config.thinker_config.audio_token_id,
+             "image": thinker.config.thinker_config.image_token_id,
              "video": thinker.config.thinker_config.video_token_id}[kind]
     assert ids.count(token) > 1  # the placeholder expanded to the encoder's token count
     res = qo.run_pipeline(thinker, talker, decoder, ids, sampling, "Ethan", TALKER, media=media)
@@ -166,7 +167,8 @@ def test_bad_parts_are_input_errors(stages):
         (messages({"type": "input_audio", "input_audio": {"data": "%%%not base64", "format": "wav"}}), proc, "base64"),
         (messages({"type": "input_audio", "input_audio": {"data": png_url().split(",", 1)[1], "format": "wav"}}),
          proc, "not (a decodable audio|an audio) file"),
-        (messages({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}), proc, "not a decodable image"),
+        (messages({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}), proc,
+         "not a decodable image"),
         (messages({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}), proc, "data URLs"),
         (messages(IMAGE_PART), small, "over the limit"),
         (messages({"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + wav_b64()}}), proc,

@@ -58,7 +58,7 @@ def _interleave(streams, limit_s=20.0):
                         got[name].append(next(live[name]))
                     except StopIteration:
                         del live[name]
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             error.append(e)
 
     worker = threading.Thread(target=consume, daemon=True)
@@ -88,7 +88,7 @@ def test_paced_thinker_streams_interleave_token_by_token_with_the_same_output(st
         return stop
 
     streams, alone, ahead = {}, {}, []
-    for name, (q, n) in zip("ab", QUESTIONS):
+    for name, (q, n) in zip("ab", QUESTIONS, strict=True):
         ids = _ids(thinker, q)
         alone[name] = list(thinker.stream(ids, _sampling(n), stream_talker_inputs=True))
         streams[name] = thinker.stream(ids, _sampling(n), should_stop=counting(name), stream_talker_inputs=True,
@@ -100,7 +100,7 @@ def test_paced_thinker_streams_interleave_token_by_token_with_the_same_output(st
             yield item
 
     got = _interleave({k: watch(k, v) for k, v in streams.items()})
-    for name, (_, n) in zip("ab", QUESTIONS):
+    for name, (_, n) in zip("ab", QUESTIONS, strict=True):
         steps = [s for s in got[name] if s is not None]
         assert len(got[name]) == n + 1  # one item per token, then the finish
         assert _text(steps) == _text(alone[name]) and steps[-1].finish_reason == alone[name][-1].finish_reason
@@ -116,7 +116,7 @@ def test_paced_talker_streams_of_finished_answers_interleave_frame_by_frame(stag
     one talker pulled alternately give each its solo frames, one frame per ``next()``."""
     thinker, talker = stages
     outs, alone, streams = {}, {}, {}
-    for name, (q, n) in zip("ab", QUESTIONS):
+    for name, (q, n) in zip("ab", QUESTIONS, strict=True):
         outs[name] = list(thinker.stream(_ids(thinker, q), _sampling(n), with_talker_inputs=True))[-1].output
         alone[name] = np.concatenate(list(talker.stream(outs[name], "Ethan" if name == "a" else "Chelsie", TALKER)))
         streams[name] = talker.stream(outs[name], "Ethan" if name == "a" else "Chelsie", TALKER, paced=True)
@@ -135,7 +135,7 @@ def test_paced_speak_while_thinking_streams_interleave_with_the_same_text_and_co
     step is taken only when its text entry is there."""
     thinker, talker = stages
     alone, streams = {}, {}
-    for name, (q, n) in zip("ab", QUESTIONS):
+    for name, (q, n) in zip("ab", QUESTIONS, strict=True):
         ids, voice = _ids(thinker, q), "Ethan" if name == "a" else "Aiden"
         items = list(talker.stream_while_thinking(thinker.stream(ids, _sampling(n), stream_talker_inputs=True),
                                                   voice, TALKER))
@@ -173,7 +173,7 @@ def test_paced_thinker_with_the_talker_inputs_at_the_end_equals_unpaced(stages):
     step's ThinkerOutput of a paced stream (interleaved with another) equals the unpaced one."""
     thinker, _ = stages
     streams, alone = {}, {}
-    for name, (q, n) in zip("ab", QUESTIONS):
+    for name, (q, n) in zip("ab", QUESTIONS, strict=True):
         ids = _ids(thinker, q)
         alone[name] = list(thinker.stream(ids, _sampling(n), with_talker_inputs=True))[-1].output
         streams[name] = thinker.stream(ids, _sampling(n), with_talker_inputs=True, paced=True)

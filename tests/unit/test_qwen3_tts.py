@@ -27,7 +27,8 @@ def test_choose_task_follows_the_contract():
 def test_validate_request():
     ok = Qwen3TtsRequest("custom_voice", "Hi.", "English", "Ryan")
     assert validate_request(ok, {"ryan"}, {"english"}) is ok
-    for bad in (Qwen3TtsRequest("custom_voice", " ", speaker="ryan"), Qwen3TtsRequest("custom_voice", "Hi", speaker="bob"),
+    for bad in (Qwen3TtsRequest("custom_voice", " ", speaker="ryan"),
+                Qwen3TtsRequest("custom_voice", "Hi", speaker="bob"),
                 Qwen3TtsRequest("voice_design", "Hi"), Qwen3TtsRequest("base", "Hi"),
                 Qwen3TtsRequest("custom_voice", "Hi", "Klingon", "ryan"),
                 Qwen3TtsRequest("custom_voice", "Hi", speaker="ryan", max_new_tokens=0)):

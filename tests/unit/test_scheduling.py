@@ -296,7 +296,7 @@ def test_a_stage_with_scheduling_deadline_runs_its_jobs_on_the_scheduler(monkeyp
     stage.execute(requests)
     _wait_finals(requests)
     stage.finalize()
-    for req, n in zip(requests, (3, 2)):
+    for req, n in zip(requests, (3, 2), strict=True):
         assert [int(o[AUDIO][0]) for o in req.sender.outputs()] == list(range(n))
         assert req.sender.finals == 1
     assert all(locked for _, locked in pb.CALLS)  # every Triton call under the stub's one lock
@@ -383,7 +383,8 @@ def _params(config):
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
-@pytest.mark.parametrize("talker,bls,gets_paced", [("csm_talker", "csm", True), ("qwen3_omni_talker", "qwen3_omni", True)])
+@pytest.mark.parametrize("talker,bls,gets_paced",
+                         [("csm_talker", "csm", True), ("qwen3_omni_talker", "qwen3_omni", True)])
 def test_talkers_schedule_by_their_consumers_chunk_schedule(talker, bls, gets_paced):
     """A talker's frame deadlines use the chunk schedule of the BLS that decodes its frames, its
     low water included where the BLS passes PACED on (``csm`` and ``qwen3_omni``); the BLS admits more
@@ -405,7 +406,8 @@ def test_the_omni_thinker_schedules_tokens_by_the_omni_chunk_schedule():
     assert scheduling_policy(t, env={}) is Policy.DEADLINE and t["deadline_unit"] == "tokens"
     assert (t["first_chunk_frames"], t["chunk_frames"]) == (b["first_chunk_frames"], b["chunk_frames"])
     assert float(t["frame_rate_hz"]) == 12.5 and t.get("scheduler_workers", "1") == "1"
-    assert _params(_config("qwen3_omni_talker")).get("scheduler_workers") == "1"  # it reads qwen3_omni_thinker's streams
+    # it reads qwen3_omni_thinker's streams
+    assert _params(_config("qwen3_omni_talker")).get("scheduler_workers") == "1"
     # qwen3_omni_talker passes omni's PACED on: the tokens of a paced answer are due in low-water groups
     assert t["low_water_ms"] == b["low_water_ms"] and "PACED" in {i.name for i in _config("qwen3_omni_thinker").input}
 
@@ -637,7 +639,7 @@ def test_a_deadline_batched_stage_answers_the_most_urgent_pass_first_each_as_soo
     stage.finalize()
     assert passes == [[50, 50], [5, 5], [30]]  # the overdue 50 leads and takes the other 50 along
     assert answered_before == [1, 3, 5]  # each pass answered before the next ran
-    for r, want in zip(reqs, (500, 300, 50, 50, None, 500)):
+    for r, want in zip(reqs, (500, 300, 50, 50, None, 500), strict=True):
         assert r.sender.finals == 1
         if want is not None:
             assert r.sender.outputs()[0]["Y"].tolist() == [want]

@@ -60,3 +60,15 @@ def test_stream_callees_are_the_loaded_decoupled_models_a_bls_reads(tmp_path):
 def test_missing_instances_counts_each_instance():
     assert missing_instances({"a": 2, "b": 1, "c": 1}, {"a": 1, "b": 1}) == ["a", "c"]
     assert missing_instances({"a": 2}, {"a": 2}) == []
+
+
+def test_a_served_model_name_selects_its_triton_model():
+    """`serve --models tts` kept working through the family rename: the OpenAI name resolves to
+    the Triton model that serves it (csm), with its stages."""
+    from omni_triton.serve.repository import resolve_models, triton_name
+
+    assert triton_name("tts") == "csm"
+    assert triton_name("piper_tts") == "piper"
+    assert triton_name("llm") == "llm"
+    assert resolve_models(["tts"]) == resolve_models(["csm"])
+    assert resolve_models(["tts"])[-1] == "csm"

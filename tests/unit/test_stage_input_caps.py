@@ -15,8 +15,11 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
-from omni_triton.adapters import llm as chat, qwen3_omni as omni, qwen3_tts, speech, wan as video  # noqa: E402
+from omni_triton.adapters import llm as chat  # noqa: E402
+from omni_triton.adapters import qwen3_omni as omni  # noqa: E402
+from omni_triton.adapters import qwen3_tts, speech  # noqa: E402
 from omni_triton.adapters import qwen_image as diffusion  # noqa: E402
+from omni_triton.adapters import wan as video  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
 from omni_triton.contracts import image as im  # noqa: E402
 from omni_triton.contracts import qwen3_tts as q  # noqa: E402

@@ -13,9 +13,10 @@ import pytest
 
 pytest.importorskip("av")
 
-from openai_frontend.engine import InvalidRequestError, VideoJob  # noqa: E402
-from openai_frontend.video_jobs import JobQuotaError, JobStore, VideoRequest  # noqa: E402
-from test_videos_frontend import FakeVideoEngine, Server, assert_error, wait_status  # noqa: E402
+from test_videos_frontend import FakeVideoEngine, Server, assert_error, wait_status
+
+from openai_frontend.engine import InvalidRequestError, VideoJob
+from openai_frontend.video_jobs import JobQuotaError, JobStore, VideoRequest
 
 pytestmark = pytest.mark.anyio
 

@@ -17,11 +17,18 @@ import pytest
 
 pytest.importorskip("av")
 
-from omni_triton.media.video import decode_video  # noqa: E402
-from openai_frontend.app import Settings, create_app  # noqa: E402
-from openai_frontend.engine import (InvalidRequestError, ModelInfo, ModelNotFoundError,  # noqa: E402
-                                    TritonUnavailableError, VideoEvent)
-from openai_frontend.video_jobs import JobSettings  # noqa: E402
+from engine_stub import EngineStub
+
+from omni_triton.media.video import decode_video
+from openai_frontend.app import Settings, create_app
+from openai_frontend.engine import (
+    InvalidRequestError,
+    ModelInfo,
+    ModelNotFoundError,
+    TritonUnavailableError,
+    VideoEvent,
+)
+from openai_frontend.video_jobs import JobSettings
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +45,7 @@ def frames_for(seed, n, h, w):
     return np.random.default_rng(seed).integers(0, 256, (n, h, w, 3), dtype=np.uint8)
 
 
-class FakeVideoEngine:
+class FakeVideoEngine(EngineStub):
     def __init__(self, step_s=0.01, fail: Exception | None = None):
         self.step_s = step_s
         self.fail = fail
@@ -362,7 +369,8 @@ async def test_other_bad_requests(tmp_path):
         assert_error(await c.post("/v1/videos", data={"prompt": "   "}), 400, "prompt")
         assert_error(await c.post("/v1/videos", content=b"prompt", headers={"content-type": "text/plain"}), 400)
         assert_error(await c.post("/v1/videos", content=b"{", headers={"content-type": "application/json"}), 400)
-        r = await c.post("/v1/videos", data={"prompt": "a cat"}, files={"input_reference": ("a.png", b"\x89PNG", "image/png")})
+        r = await c.post("/v1/videos", data={"prompt": "a cat"},
+                         files={"input_reference": ("a.png", b"\x89PNG", "image/png")})
         assert_error(r, 400, "input_reference", "unsupported_input_reference")
         assert_error(await c.get("/v1/videos/video_nope"), 404, code="video_not_found")
         assert_error(await c.get("/v1/videos/video_nope/content"), 404)

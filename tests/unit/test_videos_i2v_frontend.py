@@ -10,11 +10,10 @@ import pytest
 
 pytest.importorskip("av")
 
-from omni_triton.media.image import fit_image, pixels_from_png_base64  # noqa: E402
-from openai_frontend.engine import InferenceError, ModelInfo, ModelNotFoundError, ModelNotReadyError  # noqa: E402
-from openai_frontend.video_jobs import VideoRequest  # noqa: E402
-from tests.unit.test_videos_frontend import (PARAMS, T2V, FakeVideoEngine, Server, assert_error,  # noqa: E402
-                                             wait_status)
+from omni_triton.media.image import fit_image, pixels_from_png_base64
+from openai_frontend.engine import InferenceError, ModelInfo, ModelNotFoundError, ModelNotReadyError
+from openai_frontend.video_jobs import VideoRequest
+from tests.unit.test_videos_frontend import PARAMS, T2V, FakeVideoEngine, Server, assert_error, wait_status
 
 pytestmark = pytest.mark.anyio
 
@@ -127,7 +126,8 @@ async def test_a_data_url_is_accepted_in_a_form_and_in_json(tmp_path):
         r = await c.post("/v1/videos", content=json.dumps({"prompt": "a cat", "input_reference": {"image_url": url}}),
                          headers={"content-type": "application/json"})
         assert r.status_code == 200 and r.json()["model"] == "wan_i2v", r.text
-        for bad in ({"image_url": "https://example.com/a.png"}, {"file_id": "file_1"}, {"image_url": "data:x;base64,@@"}):
+        for bad in ({"image_url": "https://example.com/a.png"}, {"file_id": "file_1"},
+                    {"image_url": "data:x;base64,@@"}):
             r = await c.post("/v1/videos", content=json.dumps({"prompt": "a cat", "input_reference": bad}),
                              headers={"content-type": "application/json"})
             assert_error(r, 400, "input_reference", "invalid_input_reference")

@@ -15,10 +15,10 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-
-from openai_frontend.app import Settings, create_app
 from test_chat_frontend import ANSWER, SR, USER, assert_error
 from test_frontend_bad_input import AllFake
+
+from openai_frontend.app import Settings, create_app
 
 pytestmark = pytest.mark.anyio
 

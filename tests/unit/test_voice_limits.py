@@ -9,11 +9,11 @@ import threading
 
 import numpy as np
 import pytest
+from test_voices import FakeEngine, client, clone, consent, err, wav_bytes
 
 from openai_frontend import voice_store
 from openai_frontend.app import Settings
 from openai_frontend.voice_store import QuotaExceededError, VoiceSettings, VoiceStore
-from test_voices import FakeEngine, client, clone, consent, err, wav_bytes
 
 pytestmark = pytest.mark.anyio
 

@@ -7,20 +7,19 @@ import asyncio
 import base64
 import io
 import json
-import os
 import time
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
+from engine_stub import EngineStub
 from starlette.testclient import TestClient
 
 from openai_frontend.app import Settings, create_app
-from openai_frontend.engine import InvalidRequestError, ModelInfo
+from openai_frontend.engine import InvalidRequestError, ModelInfo, SpeechOptions
 from openai_frontend.engine.model_info import OPENAI_VOICES, _voice_aliases
 from openai_frontend.engine.triton import qwen3_speech_inputs
-from openai_frontend.engine import SpeechOptions
 from openai_frontend.serving.speech_stream import split_sentences
 from openai_frontend.voice_store import DuplicateVoiceName, VoiceCorruptError, VoiceSettings, VoiceStore
 
@@ -40,7 +39,7 @@ OMNI = ModelInfo(name="omni", inputs=frozenset({"MESSAGES", "MODALITIES", "VOICE
                  voices=("Ethan", "Chelsie"), default_voice="Ethan", sample_rate=24000, modalities=("text", "audio"))
 
 
-class FakeEngine:
+class FakeEngine(EngineStub):
     """Speech models that answer ``chunks`` (0.1 s of noise each); records every call."""
 
     def __init__(self, models=(PIPER, QWEN, PROMPTER, OMNI)):
@@ -309,7 +308,8 @@ async def test_per_request_ref_audio(engine, settings):
         assert opts.ref_text == "ref words" and opts.voice_prompt is None
         err(await c.post("/v1/audio/speech", json={"model": "piper_tts", "input": "hi", "ref_audio": url}),
             400, "unsupported_ref_audio")
-        err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "ref_audio": "data:audio/wav;base64,@@"}),
+        err(await c.post("/v1/audio/speech",
+                         json={"model": "qwen3_tts", "input": "hi", "ref_audio": "data:audio/wav;base64,@@"}),
             400, "invalid_audio")
         err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "ref_audio": "https://x/y.wav"}),
             400, "invalid_audio")
@@ -409,7 +409,8 @@ async def test_consents_api(engine, settings):
         r = await c.post("/v1/audio/voice_consents", data={"name": "x", "language": "en"},
                          files={"recording": ("c.wav", b"nope" * 100, "audio/wav")})
         err(r, 400, "invalid_audio")
-        for seconds, channels, code in [(5.5, 1, "audio_too_long"), (0.5, 1, "audio_too_short"), (1.5, 9, "invalid_audio")]:
+        for seconds, channels, code in [(5.5, 1, "audio_too_long"), (0.5, 1, "audio_too_short"),
+                                        (1.5, 9, "invalid_audio")]:
             r = await c.post("/v1/audio/voice_consents", data={"name": "x", "language": "en"},
                              files={"recording": ("c.wav", wav_bytes(seconds, channels=channels), "audio/wav")})
             assert err(r, 400, code)["param"] == "recording"  # a consent has a voice clip's limits
@@ -418,9 +419,27 @@ async def test_consents_api(engine, settings):
         err(await c.get(f"/v1/audio/voice_consents/{cid}"), 404, "consent_not_found")
 
 
+
+async def test_consent_deleted_while_renamed_is_a_404_not_a_500(engine, settings, monkeypatch):
+    """update_consent checks the consent, then renames it: a delete in between (another request)
+    made rename_consent return None, and ``.to_openai()`` on it was an AttributeError (500)."""
+    from openai_frontend.voice_store import VoiceStore
+
+    rename = VoiceStore.rename_consent
+
+    def deleted_first(self, cid, name):
+        self.delete_consent(cid)
+        return rename(self, cid, name)
+
+    async with client(engine, settings) as c:
+        cid = await consent(c)
+        monkeypatch.setattr(VoiceStore, "rename_consent", deleted_first)
+        err(await c.post(f"/v1/audio/voice_consents/{cid}", json={"name": "renamed"}), 404, "consent_not_found")
+
 async def test_voices_disabled_without_store(engine):
     async with client(engine, Settings()) as c:
-        err(await c.post("/v1/audio/voices", data={"name": "x", "type": "prompt", "prompt": "p"}), 404, "voices_disabled")
+        err(await c.post("/v1/audio/voices", data={"name": "x", "type": "prompt", "prompt": "p"}), 404,
+            "voices_disabled")
         assert (await c.get("/v1/audio/voices")).json()["uploaded_voices"] == []
 
 
@@ -677,7 +696,8 @@ async def test_damaged_row_and_damaged_database_are_reported_not_a_crash(engine,
     async with client(engine, settings) as c:
         (listed,) = (await c.get("/v1/audio/voices")).json()["uploaded_voices"]
         assert listed["id"] == vid and "unreadable" in listed["error"]
-        err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "voice": vid}), 409, "voice_corrupt")
+        err(await c.post("/v1/audio/speech", json={"model": "qwen3_tts", "input": "hi", "voice": vid}), 409,
+            "voice_corrupt")
     for suffix in ("", "-wal", "-shm"):
         p = db.with_name(db.name + suffix)
         if p.exists():
@@ -734,7 +754,8 @@ async def test_speech_as_multipart_with_an_uploaded_ref_audio(engine, settings):
     """Per-request cloning with an uploaded clip: the form becomes the same JSON request."""
     async with client(engine, settings) as c:
         r = await c.post("/v1/audio/speech", data={"model": "qwen3_tts", "input": "hi", "ref_text": "ref words",
-                                                   "response_format": "wav", "speed": "1.0", "x_vector_only_mode": "false"},
+                                                   "response_format": "wav", "speed": "1.0",
+                                                   "x_vector_only_mode": "false"},
                          files={"ref_audio": ("ref.wav", wav_bytes(1.0, 16000), "audio/wav")})
         assert r.status_code == 200, r.text
         opts = engine.calls[-1]["options"]
@@ -743,6 +764,8 @@ async def test_speech_as_multipart_with_an_uploaded_ref_audio(engine, settings):
         r = await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi", "voice": '{"id": "joe"}'})
         assert r.status_code == 200 and engine.calls[-1]["voice"] == "joe", r.text
         err(await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi", "speed": "fast"}), 400)
-        err(await c.post("/v1/audio/speech", content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data; boundary=x"}), 400)
+        err(await c.post("/v1/audio/speech", content=b"--x\r\nbroken",
+                         headers={"content-type": "multipart/form-data; boundary=x"}), 400)
         err(await c.post("/v1/audio/speech", data={"model": "piper_tts", "input": "hi"},
-                         files={"ref_audio": ("ref.wav", b"not audio at all" * 10, "audio/wav")}), 400, "unsupported_ref_audio")
+                         files={"ref_audio": ("ref.wav", b"not audio at all" * 10, "audio/wav")}), 400,
+                         "unsupported_ref_audio")

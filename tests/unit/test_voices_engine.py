@@ -8,11 +8,11 @@ import struct
 import grpc
 import numpy as np
 import pytest
+from test_engine import FakeTriton, speech_config
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from openai_frontend.engine import InvalidRequestError, SpeechOptions, TritonEngine
-from test_engine import FakeTriton, speech_config
 
 pytestmark = pytest.mark.anyio
 
@@ -80,7 +80,8 @@ async def test_voice_prompt_on_the_wire(triton):
         prompt, seconds = await engine.voice_prompt("qwen3_tts_voice_prompt", audio, 24000, "the words", False)
         assert (prompt, seconds) == (b"\x00npz-archive\xff", 2.5)
         sent = wire(triton.unary[0])
-        assert sent["REF_AUDIO"][:2] == ("FP32", [4800]) and np.frombuffer(sent["REF_AUDIO"][2], "<f4").tolist() == audio.tolist()
+        assert sent["REF_AUDIO"][:2] == ("FP32", [4800]) and np.frombuffer(sent["REF_AUDIO"][2],
+                                                                           "<f4").tolist() == audio.tolist()
         assert sent["REF_SAMPLE_RATE"] == ("INT32", [1], np.array([24000], "<i4").tobytes())
         assert sent["X_VECTOR_ONLY"][:2] == ("BOOL", [1]) and sent["X_VECTOR_ONLY"][2] == b"\x00"
         assert sent["REF_TEXT"] == ("BYTES", [1], struct.pack("<I", 9) + b"the words")

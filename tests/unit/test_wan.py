@@ -92,10 +92,10 @@ def test_each_seed_holds_inside_a_batch(pipe):
     items = [_item(pipe, "a cat walks", 1), _item(pipe, "a red fox runs through the snow", 2)]
     alone = [wan.denoise(pipe, [i])[0].latents for i in items]
     batch = wan.denoise(pipe, items)
-    for a, b in zip(alone, batch):
+    for a, b in zip(alone, batch, strict=True):
         np.testing.assert_allclose(b.latents, a, atol=LATENT_ATOL, rtol=0)
     fa, fb = wan.vae_decode(pipe, alone), wan.vae_decode(pipe, [b.latents for b in batch])
-    for a, b in zip(fa, fb):
+    for a, b in zip(fa, fb, strict=True):
         assert np.abs(a.astype(int) - b).max() <= FRAME_ATOL
     assert not np.allclose(batch[0].latents, batch[1].latents)
 

@@ -84,7 +84,8 @@ def test_staged_split_equals_the_pipeline_call(pipes, extra):
     # outside a denoise call the VAE encodes for real (the hook only answers inside one)
     video = torch.zeros(1, 3, 5, 32, 48)
     with torch.no_grad():
-        assert torch.equal(i2v.vae.encode(video).latent_dist.mode(), type(i2v.vae).encode(i2v.vae, video).latent_dist.mode())
+        assert torch.equal(i2v.vae.encode(video).latent_dist.mode(),
+                           type(i2v.vae).encode(i2v.vae, video).latent_dist.mode())
 
 
 def test_the_condition_drives_the_video(pipes):
@@ -116,10 +117,10 @@ def test_each_seed_and_image_holds_inside_a_batch(pipes):
     calls = []
     batch = wan.denoise(i2v, items, lambda idx, s, t: calls.append(tuple(idx)) or False)
     assert calls == [(0, 1)] * 3  # one pipeline call for both
-    for a, b in zip(alone, batch):
+    for a, b in zip(alone, batch, strict=True):
         np.testing.assert_allclose(b.latents, a, atol=LATENT_ATOL, rtol=0)
     fa, fb = wan.vae_decode(t2v, alone), wan.vae_decode(t2v, [b.latents for b in batch])
-    for a, b in zip(fa, fb):
+    for a, b in zip(fa, fb, strict=True):
         assert np.abs(a.astype(int) - b).max() <= FRAME_ATOL
     assert not np.allclose(batch[0].latents, batch[1].latents)
 
@@ -137,7 +138,7 @@ def test_concurrent_calls_keep_their_own_conditions(pipes):
     def run(k):
         try:
             got[k] = wan.denoise(i2v, [items[k]])[0].latents
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(repr(exc))
 
     threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]

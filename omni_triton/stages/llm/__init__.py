@@ -24,7 +24,7 @@ Pieces (each usable and tested without Triton):
   (the pattern of triton-inference-server/vllm_backend ``src/model.py``).
 - :class:`ChildReaper`: kills the engine's child processes (EngineCore) when the model is
   finalized or when the server process disappears (they outlive tritonserver otherwise,
-  DESIGN.md section 4).
+  docs/architecture.md "Environment facts").
 - :class:`SentenceSegmenter`: cuts growing text into speakable sentences for ``piper``.
 
 Layout: ``config`` (engine configuration), ``request`` (validation, templating), ``sentences``

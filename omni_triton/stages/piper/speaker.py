@@ -76,7 +76,7 @@ class PiperSpeaker:
     Args:
         voices: voice id -> path of the ``.onnx`` file (its config is ``<path>.json``).
         intra_op_threads: onnxruntime threads per session (1 on these 2-core machines:
-            oversubscription made runs 10-25x slower, see DESIGN.md section 4).
+            oversubscription made runs 10-25x slower, see docs/architecture.md "Environment facts").
 
     Raises:
         FileNotFoundError: a voice file is missing.

@@ -20,7 +20,7 @@ def image_only_processor_class():
     """``Qwen2VLProcessor`` without its video processor.
 
     transformers 5 builds ``Qwen2VLProcessor`` with a ``Qwen2VLVideoProcessor``, which needs
-    torchvision; torchvision wheels do not import beside torch 2.13 CPU here (README, Pins), and
+    torchvision; torchvision wheels do not import beside torch 2.13 CPU here (docs/running.md, "Pins"), and
     the edit pipeline only ever passes images. Text and image handling are the parent's.
     """
     from transformers import Qwen2VLProcessor
