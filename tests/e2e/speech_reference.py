@@ -30,7 +30,6 @@ import numpy as np
 
 from omni_triton.speech_similarity import speech_mismatches
 
-
 SENTENCE_DURATION_TOL = 0.3
 
 
@@ -82,7 +81,7 @@ def assert_piper_sentences(chunks: list[np.ndarray], sample_rate: int, text: str
     assert len(chunks) == len(reference), (
         f"{len(chunks)} sentences served, PiperVoice speaks {len(reference)}: "
         f"{[c.size for c in chunks]} vs {[r.size for r in reference]} samples")
-    for i, (got, want) in enumerate(zip(chunks, reference)):
+    for i, (got, want) in enumerate(zip(chunks, reference, strict=True)):
         s = speech_similarity(np.asarray(got, np.float32).reshape(-1), want, sample_rate)
         assert abs(s.duration_ratio - 1) <= SENTENCE_DURATION_TOL, (
             f"sentence {i}: {got.size} samples, PiperVoice's {want.size} ({s.duration_ratio:.2f}x); "

@@ -168,7 +168,8 @@ SENTENCES = ("Yes. The capital of France is Paris, a city of bridges, museums an
 def test_each_streamed_sentence_is_piper_voice_s_sentence(stack, speed):
     """Per-sentence parity with ``piper.PiperVoice`` itself (tests/e2e/speech_reference.py): one
     response per sentence of ``PiperVoice.phonemize``, each the package's rendering of that
-    sentence (length within 30% of its noise-free rendering, spectral envelope). Red: the piper stage dropping a sentence."""
+    sentence (length within 30% of its noise-free rendering, spectral envelope).
+    Red: the piper stage dropping a sentence."""
     result = stream_tts(stack.triton_grpc_url, "piper", SENTENCES, speed=speed)
     assert_piper_sentences(result.chunks, result.sample_rate, SENTENCES, speed=speed)
 
