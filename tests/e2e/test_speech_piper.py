@@ -290,7 +290,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
     def piper_stubs():
         return [p for p in psutil.process_iter(["cmdline"])
                 if p.info["cmdline"] and p.info["cmdline"][0].endswith("triton_python_backend_stub")
-                and "/piper_tts/" in p.info["cmdline"][1]
+                and "/piper/" in p.info["cmdline"][1]
                 and p.info["cmdline"][5] == str(stack.triton_pid)]
 
     (stub,) = piper_stubs()
@@ -306,7 +306,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
             break
         time.sleep(1)
     assert [p.pid for p in piper_stubs()] != [stub.pid]
-    assert "reloading piper_tts" in open(stack.log_path).read()
+    assert "reloading piper" in open(stack.log_path).read()
     wait_for_stub_death_report(stack, "piper", log_from)  # this test's report, not the next one's
 
 
