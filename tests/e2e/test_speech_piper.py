@@ -14,7 +14,7 @@ import openai
 import pytest
 import soundfile as sf
 from conftest import wait_for_stub_death_report
-from speech_reference import assert_speech_like, piper_reference
+from speech_reference import assert_piper_sentences, assert_speech_like, piper_reference
 
 from clients.tts_grpc_stream import stream_tts
 
@@ -155,6 +155,23 @@ def test_grpc_stream_direct_to_piper(stack):
     result = stream_tts(stack.triton_grpc_url, "piper", text)
     assert len(result.chunks) == 3 and result.sample_rate == 22050
     assert_speech_like(result.audio, 22050, text)
+    assert_piper_sentences(result.chunks, result.sample_rate, text)
+
+
+# neighbouring sentences differ in length by 3x or more: a dropped, repeated or swapped sentence
+# changes the count or puts a sentence of another length in a slot
+SENTENCES = ("Yes. The capital of France is Paris, a city of bridges, museums and cafes along the river. "
+             "No. This sentence has a middling length. Goodbye.")
+
+
+@pytest.mark.parametrize("speed", [1.0, 1.5])
+def test_each_streamed_sentence_is_piper_voice_s_sentence(stack, speed):
+    """Per-sentence parity with ``piper.PiperVoice`` itself (tests/e2e/speech_reference.py): one
+    response per sentence of ``PiperVoice.phonemize``, each the package's rendering of that
+    sentence (length within 30% of its noise-free rendering, spectral envelope).
+    Red: the piper stage dropping a sentence."""
+    result = stream_tts(stack.triton_grpc_url, "piper", SENTENCES, speed=speed)
+    assert_piper_sentences(result.chunks, result.sample_rate, SENTENCES, speed=speed)
 
 
 def test_grpc_first_audio_arrives_before_the_last_sentence_is_synthesised(stack):
