@@ -129,7 +129,7 @@ def test_omni_messages_cap_admits_its_media_parts():
 def test_diffusion_prompts_over_the_cap_are_refused():
     for name in (im.PROMPT, im.NEGATIVE_PROMPT):
         inputs = {im.PROMPT: b"a cat", name: HUGE}
-        stage = diffusion.TextEncoder.__new__(diffusion.TextEncoder)
+        stage = diffusion.QwenImageTextEncoder.__new__(diffusion.QwenImageTextEncoder)
         stage.edit = False
         with pytest.raises(im.ImageInputError, match=f"{name} has 2000000 bytes, more than max_chars=32000"):
             stage.parse(pb.FakeRequest({k: np.array([[v]], dtype=object) for k, v in inputs.items()}))

@@ -5,4 +5,4 @@ import locale
 
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
-from omni_triton.adapters.qwen_image import Denoiser as TritonPythonModel  # noqa: E402,F401
+from omni_triton.adapters.qwen_image import QwenImageDenoiser as TritonPythonModel  # noqa: E402,F401
