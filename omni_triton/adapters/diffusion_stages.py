@@ -12,8 +12,9 @@ in ``omni_triton.stages.<family>`` and is unit-tested without Triton.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -12,7 +12,11 @@ import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage
 from omni_triton.adapters.diffusion_stages import (
-    DiffusionDenoiser, DiffusionPipelineStage, DiffusionTextEncoder, DiffusionVaeDecoder, DiffusionVaeEncoder,
+    DiffusionDenoiser,
+    DiffusionPipelineStage,
+    DiffusionTextEncoder,
+    DiffusionVaeDecoder,
+    DiffusionVaeEncoder,
 )
 from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, is_cancelled, scalar_input
 from omni_triton.contracts import image as im

@@ -20,23 +20,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.batched_stream import BatchedDecoupledStage
 from omni_triton.adapters.bls import call_stage, stream_stage
+from omni_triton.adapters.diffusion_stages import (
+    DiffusionDenoiser,
+    DiffusionPipelineStage,
+    DiffusionTextEncoder,
+    DiffusionVaeDecoder,
+    DiffusionVaeEncoder,
+)
 from omni_triton.adapters.stream import DecoupledStage, Final
-from omni_triton.adapters.triton_io import log, input_array, optional_str_input, scalar_input
+from omni_triton.adapters.triton_io import input_array, optional_str_input, scalar_input
 from omni_triton.contracts import video as vc
 from omni_triton.contracts.tensors import MAX_DIFFUSION_PROMPT_CHARS, scalar_array, utf8_array
 
 LOGGER = logging.getLogger("omni_triton.video")
-
-
-def _load(params):
-    from omni_triton.checkpoints.wan import checkpoint_dir
-    from omni_triton.stages import wan
-
-    set_torch_threads()
-    return wan, wan.load_pipeline(checkpoint_dir(params["model_name"]))
 
 
 def _limits(params) -> vc.VideoLimits:
@@ -45,32 +43,30 @@ def _limits(params) -> vc.VideoLimits:
                           int(params.get("max_steps", 50)))
 
 
-class TextEncoder(BatchedStage):
+class WanStage(DiffusionPipelineStage):
+    """The Wan family hooks: the video contract, its checkpoint, :class:`VideoLimits` from the
+    config ``parameters``."""
+
+    contract = vc
+    input_error = vc.VideoInputError
+
+    def load_pipeline(self, params):
+        from omni_triton.checkpoints.wan import checkpoint_dir
+        from omni_triton.stages import wan
+
+        return wan, wan.load_pipeline(checkpoint_dir(params["model_name"]))
+
+    def stage_limits(self, params):
+        return _limits(params)
+
+
+class WanTextEncoder(WanStage, DiffusionTextEncoder):
     """UMT5: PROMPT (+ NEGATIVE_PROMPT) -> PROMPT_EMBEDS [1, L, D], NEGATIVE_PROMPT_EMBEDS
-    [1, L', D] (float32; L' = 0 when NEGATIVE_PROMPT is absent). Logic: ``wan.encode_prompts``."""
+    [1, L', D] (float32; L' = 0 when NEGATIVE_PROMPT is absent; an empty one is encoded). Logic:
+    ``wan.encode_prompts`` (one prompt at a time)."""
 
-    def setup(self, args, params):
-        self.wan, self.pipe = _load(params)
-
-    def parse(self, request):
-        prompt = optional_str_input(request, vc.PROMPT, MAX_DIFFUSION_PROMPT_CHARS, vc.VideoInputError)
-        if prompt is None:
-            raise vc.VideoInputError(f"missing input {vc.PROMPT}")
-        if not prompt.strip():
-            raise vc.VideoInputError("PROMPT is empty")
-        negative = optional_str_input(request, vc.NEGATIVE_PROMPT, MAX_DIFFUSION_PROMPT_CHARS, vc.VideoInputError)
-        return prompt, negative
-
-    def run(self, items):
-        texts = [p for p, _ in items] + [n for _, n in items if n is not None]
-        embeds = iter(self.wan.encode_prompts(self.pipe, texts))
-        prompts = [next(embeds) for _ in items]
-        dim = prompts[0].shape[1]
-        return [(p, next(embeds) if n is not None else np.zeros((0, dim), np.float32))
-                for p, (_, n) in zip(prompts, items)]
-
-    def outputs(self, result):
-        return {vc.PROMPT_EMBEDS: result[0][None], vc.NEGATIVE_PROMPT_EMBEDS: result[1][None]}
+    def encode(self, texts, conditions):
+        return self.d.encode_prompts(self.pipe, texts)
 
 
 def parse_request_scalars(request, limits: vc.VideoLimits) -> dict:
@@ -91,7 +87,7 @@ def parse_request_scalars(request, limits: vc.VideoLimits) -> dict:
                 seed=scalar_input(request, vc.SEED, int), **scales)
 
 
-class Denoiser(BatchedDecoupledStage):
+class WanDenoiser(WanStage, DiffusionDenoiser, BatchedDecoupledStage):
     """``wan_t2v_denoiser`` (decoupled, dynamically batched): the Wan loop for a batch of
     compatible requests, one STEP/TOTAL_STEPS response per finished step to each request, then
     LATENTS/NUM_STEPS/DENOISE_SECONDS with FINAL. A cancelled request (Triton's flag or the
@@ -111,12 +107,8 @@ class Denoiser(BatchedDecoupledStage):
                      "Pipeline calls stopped at a step boundary (every request cancelled)", "counter"))
 
     def setup(self, args, params):
-        from omni_triton import kernels  # attention backend and step cache from config.pbtxt
-
         self.name = args["model_name"]
-        self.wan, self.pipe = _load(params)
-        self.limits = _limits(params)
-        log("info", f"{self.name}: {kernels.apply_from_params(self.pipe, params)}")
+        super().setup(args, params)
 
     def parse(self, request):
         """One request -> a ``wan.VideoDenoiseItem``.
@@ -133,10 +125,7 @@ class Denoiser(BatchedDecoupledStage):
 
     def _parse(self, request):
         scalars = parse_request_scalars(request, self.limits)
-        item = self.wan.VideoDenoiseItem(
-            prompt_embeds=input_array(request, vc.PROMPT_EMBEDS),
-            negative_prompt_embeds=input_array(request, vc.NEGATIVE_PROMPT_EMBEDS, required=False),
-            **scalars)
+        item = self.d.VideoDenoiseItem(**self.embeds(request), **scalars)
         if item.cfg and (item.negative_prompt_embeds is None or item.negative_prompt_embeds.shape[0] == 0):
             raise vc.VideoInputError("guidance_scale > 1 needs NEGATIVE_PROMPT_EMBEDS")
         return item
@@ -167,19 +156,17 @@ class Denoiser(BatchedDecoupledStage):
                 return True
             return False
 
-        results = self.wan.denoise(self.pipe, items, on_step)
+        results = self.d.denoise(self.pipe, items, on_step)
         for stream, r in zip(streams, results):
             if stream.final_sent or r.interrupted or stream.cancelled():
                 continue  # the base sends its FINAL
-            stream.send({vc.LATENTS: r.latents[None], vc.NUM_STEPS: np.array([[r.steps]], np.int32),
-                         vc.DENOISE_SECONDS: np.array([[r.seconds]], np.float32)}, final=True)
+            stream.send(self.final_outputs(r.latents, r.steps, r.seconds), final=True)
 
 
-class VaeDecoder(BatchedStage):
+class WanVaeDecoder(WanStage, DiffusionVaeDecoder):
     """AutoencoderKLWan: LATENTS [z, f, h, w] -> VIDEO uint8 [F, H, W, 3]. Logic: ``wan.vae_decode``."""
 
-    def setup(self, args, params):
-        self.wan, self.pipe = _load(params)
+    output = vc.VIDEO
 
     def parse(self, request):
         latents = input_array(request, vc.LATENTS)
@@ -188,10 +175,7 @@ class VaeDecoder(BatchedStage):
         return latents
 
     def run(self, items):
-        return self.wan.vae_decode(self.pipe, items)
-
-    def outputs(self, video):
-        return {vc.VIDEO: video[None]}
+        return self.d.vae_decode(self.pipe, items)
 
 
 @dataclass
@@ -276,14 +260,10 @@ class WanT2VPipeline(DecoupledStage):
 
 
 # --------------------------------------------------------------------------- image-to-video
-class VaeEncoder(BatchedStage):
+class WanVaeEncoder(WanStage, DiffusionVaeEncoder):
     """``wan_i2v_vae_encoder``: INPUT_IMAGE uint8 [H, W, 3] + NUM_FRAMES -> CONDITION_LATENTS
     float32 [z, (F - 1) / 4 + 1, H / 8, W / 8] (the VAE posterior mode of the reference frame
     followed by F - 1 black frames). Logic: ``wan.vae_encode_condition``."""
-
-    def setup(self, args, params):
-        self.wan, self.pipe = _load(params)
-        self.limits = _limits(params)
 
     def parse(self, request):
         image = input_array(request, vc.INPUT_IMAGE)
@@ -295,14 +275,14 @@ class VaeEncoder(BatchedStage):
         return image, frames
 
     def run(self, items):
-        return [self.wan.vae_encode_condition(self.pipe, [image], frames)[0] for image, frames in items]
+        return [self.d.vae_encode_condition(self.pipe, [image], frames)[0] for image, frames in items]
 
     def outputs(self, latents):
         return {vc.CONDITION_LATENTS: latents[None]}
 
 
-class I2VDenoiser(Denoiser):
-    """``wan_i2v_denoiser``: :class:`Denoiser` (same batching, STEP progress and step-boundary
+class WanI2VDenoiser(WanDenoiser):
+    """``wan_i2v_denoiser``: :class:`WanDenoiser` (same batching, STEP progress and step-boundary
     cancel) on a ``WanImageToVideoPipeline``, each request with its CONDITION_LATENTS."""
 
     stage = "wan_i2v_denoiser"

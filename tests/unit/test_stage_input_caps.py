@@ -135,7 +135,7 @@ def test_diffusion_prompts_over_the_cap_are_refused():
             stage.parse(pb.FakeRequest({k: np.array([[v]], dtype=object) for k, v in inputs.items()}))
 
 
-@pytest.mark.parametrize("stage_cls", [video.TextEncoder, video.WanT2VPipeline], ids=["wan_text_encoder", "wan_t2v"])
+@pytest.mark.parametrize("stage_cls", [video.WanTextEncoder, video.WanT2VPipeline], ids=["wan_text_encoder", "wan_t2v"])
 def test_video_prompts_over_the_cap_are_refused(stage_cls):
     stage = stage_cls.__new__(stage_cls)
     for name in (vc.PROMPT, vc.NEGATIVE_PROMPT):

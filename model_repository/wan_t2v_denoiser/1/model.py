@@ -1,7 +1,7 @@
 """Triton binding: Wan2.2 denoiser (decoupled + dynamic batching; STEP responses, step-boundary cancel).
-Adapter: omni_triton.adapters.wan.Denoiser; contract: omni_triton.contracts.video."""
+Adapter: omni_triton.adapters.wan.WanDenoiser; contract: omni_triton.contracts.video."""
 import locale
 
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
-from omni_triton.adapters.wan import Denoiser as TritonPythonModel  # noqa: E402,F401
+from omni_triton.adapters.wan import WanDenoiser as TritonPythonModel  # noqa: E402,F401

@@ -1,7 +1,7 @@
 """Triton binding: Wan2.2 VAE decoder (dynamic batching).
-Adapter: omni_triton.adapters.wan.VaeDecoder; contract: omni_triton.contracts.video."""
+Adapter: omni_triton.adapters.wan.WanVaeDecoder; contract: omni_triton.contracts.video."""
 import locale
 
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
 
-from omni_triton.adapters.wan import VaeDecoder as TritonPythonModel  # noqa: E402,F401
+from omni_triton.adapters.wan import WanVaeDecoder as TritonPythonModel  # noqa: E402,F401
