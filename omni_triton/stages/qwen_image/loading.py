@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from omni_triton.checkpoints.qwen_image import image_only_processor_class  # noqa: F401 (re-exported)
 from omni_triton.contracts.image import ImageInputError
+from omni_triton.stages.diffusion_pipeline import load_float32_pipeline
 
 LOGGER = logging.getLogger("omni_triton.diffusion")
 
@@ -25,16 +25,12 @@ def load_pipeline(path: Path | str):
     """
     import importlib.util
 
-    from diffusers import DiffusionPipeline
-
     path = Path(path)
     kwargs = {}
     index = json.loads((path / "model_index.json").read_text())
     if "processor" in index and importlib.util.find_spec("torchvision") is None:
         kwargs["processor"] = image_only_processor_class().from_pretrained(str(path / "processor"))
-    pipe = DiffusionPipeline.from_pretrained(str(path), dtype=torch.float32, **kwargs)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return load_float32_pipeline(path, **kwargs)
 
 
 def is_edit_pipeline(pipe) -> bool:

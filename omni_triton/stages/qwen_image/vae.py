@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from omni_triton.stages.diffusion_pipeline import denormalize_latents
 from omni_triton.stages.qwen_image.loading import edit_condition_size
 
 
@@ -49,14 +50,11 @@ def vae_decode(pipe, latents: Sequence[np.ndarray], sizes: Sequence[tuple[int, i
         groups.setdefault(tuple(s), []).append(i)
     out: list[np.ndarray | None] = [None] * len(latents)
     vae = pipe.vae
-    z = vae.config.z_dim
-    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1)
     with torch.no_grad():
         for (height, width), idx in groups.items():
             x = torch.from_numpy(np.stack([latents[i] for i in idx]).astype(np.float32))
             x = pipe._unpack_latents(x, height, width, pipe.vae_scale_factor).to(vae.dtype)
-            x = x / inv_std.to(x.dtype) + mean.to(x.dtype)
+            x = denormalize_latents(vae, x)
             image = vae.decode(x, return_dict=False)[0][:, :, 0]
             arr = pipe.image_processor.postprocess(image, output_type="np")
             for j, i in enumerate(idx):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from omni_triton.stages.diffusion_pipeline import load_float32_pipeline
 
 
 def load_pipeline(path: Path | str):
@@ -14,15 +14,14 @@ def load_pipeline(path: Path | str):
     honours with ``low_cpu_mem_usage`` (it needs ``accelerate``, not installed here). Loading in
     float32 keeps every module in float32 anyway, so the declaration is lifted for the load.
     """
-    from diffusers import DiffusionPipeline, WanTransformer3DModel
+    from diffusers import WanTransformer3DModel
 
     keep = WanTransformer3DModel._keep_in_fp32_modules
     WanTransformer3DModel._keep_in_fp32_modules = None
     try:
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=torch.float32)
+        pipe = load_float32_pipeline(path)
     finally:
         WanTransformer3DModel._keep_in_fp32_modules = keep
-    pipe.set_progress_bar_config(disable=True)
     _guard_i2v_prompt_clean()
     return pipe
 

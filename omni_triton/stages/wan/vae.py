@@ -6,6 +6,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from omni_triton.stages.diffusion_pipeline import denormalize_latents
+
 
 def vae_decode(pipe, latents: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Latents ``float32 [z, f, h, w]`` -> ``uint8 [F, H, W, 3]`` frames (``F = 4 (f - 1) + 1``,
@@ -17,14 +19,11 @@ def vae_decode(pipe, latents: Sequence[np.ndarray]) -> list[np.ndarray]:
     causal cache; a batch would only change float rounding, not speed on CPU).
     """
     vae = pipe.vae
-    z = vae.config.z_dim
-    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1)
     out = []
     with torch.no_grad():
         for lat in latents:
             x = torch.from_numpy(np.ascontiguousarray(lat, dtype=np.float32))[None].to(vae.dtype)
-            x = x / inv_std.to(x.dtype) + mean.to(x.dtype)
+            x = denormalize_latents(vae, x)
             video = vae.decode(x, return_dict=False)[0]
             frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
             out.append(to_uint8(frames))
