@@ -12,6 +12,11 @@ talker settings of ``model_repository/qwen3_omni_talker/config.pbtxt``. Text: eq
 frontend returns (16-bit PCM: <= 2^-15 rounding) within WAVE_TOL = 2e-4 of the reference waveform
 (the chunked decode's tolerance, tests/unit/test_qwen3_omni.py), for the audio part and the image
 part.
+
+The reference processor lives in tests/helpers/qwen3_omni_reference.py. A content fault of the served
+audio preprocessing does not show here (the tiny checkpoint's audio tower answers any clip of one
+length alike); tests/unit/test_qwen3_omni_media.py compares the served processor's ids and tensors
+with transformers' processor directly.
 """
 from __future__ import annotations
 
