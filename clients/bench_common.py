@@ -181,9 +181,16 @@ def metric_total(metrics_text: str, name: str, **labels: str) -> float:
     """
     from prometheus_client.parser import text_string_to_metric_families
 
+    # The parser names a counter's samples ``<family>_total`` (OpenMetrics) even where the text
+    # wrote them without the suffix, as Triton does (``nv_inference_request_success 8``): such a
+    # sample is found under the name the exposition wrote as well.
+    def named(family, sample) -> bool:
+        return sample.name == name or (family.type == "counter" and not name.endswith("_total")
+                                       and sample.name == name + "_total" and family.name == name)
+
     return sum(sample.value for family in text_string_to_metric_families(metrics_text)
                for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+               if named(family, sample) and all(sample.labels.get(k) == v for k, v in labels.items()))
 
 
 def metric_sum(metrics_text: str, name: str, model: str) -> float:

@@ -164,3 +164,21 @@ def test_metric_total_parses_the_prometheus_text_format():
     assert metric_total(text, "omni_y_seconds_count", model="llm") == 3
     assert metric_total(text, "omni_y_seconds", model="llm") == 0  # a family name is no sample
     assert metric_total(text, "omni_absent_total") == 0
+
+
+def test_metric_total_finds_triton_counters_written_without_total():
+    """Triton writes its counters without ``_total`` (``nv_inference_request_success 8``), which
+    prometheus_client's parser renames ``..._total``: both names find them (a lookup by the
+    written name returned 0 and test_images' batching check failed on it)."""
+    from clients.bench_common import metric_total
+
+    text = ('# HELP nv_inference_request_success Number of successful inference requests\n'
+            '# TYPE nv_inference_request_success counter\n'
+            'nv_inference_request_success{model="qwen_image_denoiser",version="1"} 8\n'
+            'nv_inference_request_success{model="llm",version="1"} 2\n'
+            '# TYPE nv_inference_exec_count counter\n'
+            'nv_inference_exec_count{model="qwen_image_denoiser",version="1"} 3\n')
+    assert metric_total(text, "nv_inference_request_success", model="qwen_image_denoiser") == 8
+    assert metric_total(text, "nv_inference_request_success_total") == 10
+    assert metric_total(text, "nv_inference_exec_count", model="qwen_image_denoiser") == 3
+    assert metric_total(text, "nv_inference_request") == 0
