@@ -11,8 +11,12 @@ The tools come from their own pinned venv (``requirements-lint.lock``, built by
   ``omni_triton/runtime``), with this interpreter's packages (``--python-executable``). Modules
   not yet clean are listed with ``ignore_errors`` in ``pyproject.toml``: a module that is off that
   list must stay clean;
-* ``lint-imports``: the import-linter contracts of ``[tool.importlinter]`` (the frontend never
-  imports torch, vLLM or the Triton-side stages and adapters).
+* ``lint-imports``: the import-linter contracts of ``[tool.importlinter]``, one per layer rule of
+  ``docs/architecture.md``: the frontend never imports torch, vLLM or the Triton-side stages and
+  adapters; ``contracts/`` is torch-free and imports nothing else of the project; ``runtime/``,
+  ``checkpoints/`` and ``media/`` import no stages or adapters; ``stages/`` import no adapters and
+  no ``triton_python_backend_utils``; the family adapters do not import each other (directly or
+  through another module).
 """
 
 from __future__ import annotations
