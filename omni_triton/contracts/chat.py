@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from omni_triton.contracts import tensors
 from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, MIN_FRAMES
 from omni_triton.contracts.tensors import (
     AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
@@ -29,7 +30,7 @@ SAMPLING_PARAMETERS = "SAMPLING_PARAMETERS"
 MODALITIES = "MODALITIES"
 MAX_AUDIO_FRAMES = "MAX_AUDIO_FRAMES"  #: INT32 [1], omni: cap on the talker's codec frames
 TEXT_DELTA = "TEXT_DELTA"
-FINISH_REASON = "FINISH_REASON"
+FINISH_REASON = tensors.FINISH_REASON  # generic: every stage's telemetry reads it
 PROMPT_TOKENS = "PROMPT_TOKENS"
 COMPLETION_TOKENS = "COMPLETION_TOKENS"
 # qwen3_omni_thinker -> qwen3_omni_talker (the thinker's outputs are the talker's inputs, same names)

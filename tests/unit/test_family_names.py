@@ -55,3 +55,14 @@ def test_the_adapter_independence_contract_names_every_family():
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     (independent,) = [c for c in contracts if c["type"] == "independence"]
     assert sorted(independent["modules"]) == sorted(f"omni_triton.adapters.{f}" for f in FAMILIES)
+
+
+def test_a_pipeline_whose_stage_is_down_keeps_its_openai_name():
+    """`model="tts"` while csm_talker is unloaded is a 503 naming the stage, not a 404: the
+    UNAVAILABLE copy keeps served_model_name (tests/e2e/test_speech_codec.py checks it served)."""
+    from openai_frontend.engine.model_info import ModelInfo, unready_dependencies
+
+    info = ModelInfo(name="csm", served_model_name="tts", depends_on=("csm_talker", "csm_code2wav"))
+    down = unready_dependencies(info, {"csm_talker": ("UNAVAILABLE", ""), "csm_code2wav": ("READY", "")})
+    assert not down.ready and "csm_talker" in down.reason
+    assert down.served_model_name == "tts"
