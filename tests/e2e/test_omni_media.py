@@ -12,6 +12,11 @@ talker settings of ``model_repository/qwen3_omni_talker/config.pbtxt``. Text: eq
 frontend returns (16-bit PCM: <= 2^-15 rounding) within WAVE_TOL = 2e-4 of the reference waveform
 (the chunked decode's tolerance, tests/unit/test_qwen3_omni.py), for the audio part and the image
 part.
+
+The reference processor lives in tests/helpers/qwen3_omni_reference.py. A content fault of the served
+audio preprocessing does not show here (the tiny checkpoint's audio tower answers any clip of one
+length alike); tests/unit/test_qwen3_omni_media.py compares the served processor's ids and tensors
+with transformers' processor directly.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import pytest
 
 from omni_triton.paths import model_dir
 from omni_triton.serve.repository import available_models, model_parameters
+from tests.helpers.qwen3_omni_reference import transformers_inputs, transformers_processor
 
 pytestmark = pytest.mark.e2e
 
@@ -69,50 +75,6 @@ def _messages(part, text="What do you hear or see?"):
     return [{"role": "user", "content": [{"type": "text", "text": text}, part]}]
 
 
-# what the real Qwen3-Omni tokenizer_config.json names as its multimodal tokens (the tiny
-# checkpoint's tokenizer files leave them out; the vocabulary has them)
-MEDIA_TOKENS = {"image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", "video_token": "<|video_pad|>",
-                "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
-                "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
-
-
-def transformers_processor(path):
-    """transformers' ``Qwen3OmniMoeProcessor`` on the checkpoint's files. Its video processor
-    (``Qwen2VLVideoProcessor``) needs torchvision, which is not installed: the audio and image
-    cases here use none, so a stand-in holding only the ``merge_size`` / ``temporal_patch_size``
-    that the placeholder expansion reads takes its place (``from_pretrained`` would fail on it)."""
-    from types import SimpleNamespace
-
-    from transformers import AutoTokenizer, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    class WithoutVideo(Qwen3OmniMoeProcessor):
-        def check_argument_for_proper_class(self, name, arg):
-            return None if name == "video_processor" else super().check_argument_for_proper_class(name, arg)
-
-    image = Qwen2VLImageProcessorPil.from_pretrained(path)
-    return WithoutVideo(
-        image_processor=image, feature_extractor=WhisperFeatureExtractor.from_pretrained(path),
-        video_processor=SimpleNamespace(merge_size=image.merge_size, temporal_patch_size=image.temporal_patch_size,
-                                        model_input_names=["pixel_values_videos", "video_grid_thw"]),
-        tokenizer=AutoTokenizer.from_pretrained(path, extra_special_tokens=MEDIA_TOKENS),
-        chat_template=(path / "chat_template.jinja").read_text())
-
-
-def _transformers_content(part, sampling_rate):
-    """An OpenAI content part -> (transformers chat content item, processor keyword, media)."""
-    import soundfile as sf
-    import soxr
-    from PIL import Image
-
-    if part["type"] == "input_audio":
-        wav, rate = sf.read(io.BytesIO(base64.b64decode(part["input_audio"]["data"])), dtype="float32")
-        wav = soxr.resample(wav, rate, sampling_rate).astype(np.float32)
-        return {"type": "audio", "audio": wav}, "audio", wav
-    img = Image.open(io.BytesIO(base64.b64decode(part["image_url"]["url"].split(",", 1)[1]))).convert("RGB")
-    return {"type": "image", "image": img}, "images", img
-
-
 @pytest.fixture(scope="module")
 def reference():
     """messages (one user turn: text + one audio or image part) -> (text, waveform) of
@@ -132,18 +94,7 @@ def reference():
     lock = threading.Lock()
 
     def run(messages):
-        (turn,) = messages
-        content, media = [], {}
-        for part in turn["content"]:
-            if part["type"] == "text":
-                content.append(part)
-            else:
-                item, key, value = _transformers_content(part, proc.feature_extractor.sampling_rate)
-                content.append(item)
-                media.setdefault(key, []).append(value)
-        text = proc.apply_chat_template([{"role": turn["role"], "content": content}], add_generation_prompt=True,
-                                        tokenize=False)
-        inputs = proc(text=text, return_tensors="pt", **media)
+        inputs = transformers_inputs(proc, messages)
         with lock, torch.inference_mode():
             seq, wav = model.generate(
                 **inputs, speaker="Ethan", return_audio=True, thinker_max_new_tokens=MAX_TOKENS,

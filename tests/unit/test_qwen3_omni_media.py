@@ -222,3 +222,31 @@ def test_audio_and_image_in_one_prompt_speak_like_the_fixed_reference(stages, om
     text, wav = _reference(reference, thinker, ids, media)
     assert res.text == text and res.audio.size > 0
     np.testing.assert_array_equal(decoder.decode([res.codes])[0], wav)
+
+
+MONO_AUDIO_PART = {"type": "input_audio", "input_audio": {"data": wav_b64(channels=1, freq=330.0), "format": "wav"}}
+
+
+@pytest.mark.parametrize("part", [MONO_AUDIO_PART, IMAGE_PART], ids=["audio", "image"])
+def test_served_processor_inputs_equal_transformers_processor(stages, omni_dir, part):
+    """The served path's prompt ids and media tensors (the project's decoding, chat template,
+    placeholder expansion and processor parts: what ``qwen3_omni`` hands ``qwen3_omni_thinker``)
+    equal what transformers' ``Qwen3OmniMoeProcessor`` makes of the same OpenAI turn
+    (tests/helpers/qwen3_omni_reference.py). The generate parity (here and in
+    tests/e2e/test_omni_media.py) cannot see every preprocessing fault: the tiny checkpoint's audio
+    tower answers noise, silence and a sine alike (its output moves by ~5e-6), so only this
+    tensor comparison catches, e.g., shifted or dropped audio samples."""
+    from tests.helpers.qwen3_omni_reference import transformers_inputs, transformers_processor
+
+    msgs = json.loads(messages(part))
+    ids, _, media = _prepare(stages, json.dumps(msgs))
+    ref = transformers_inputs(transformers_processor(omni_dir), msgs)
+    assert ids == ref["input_ids"][0].tolist()
+    if part is MONO_AUDIO_PART:
+        np.testing.assert_array_equal(media.feature_attention_mask, ref["feature_attention_mask"].numpy())
+        np.testing.assert_allclose(media.input_features, ref["input_features"].numpy(), rtol=0, atol=1e-5)
+        assert media.pixel_values is None
+    else:
+        np.testing.assert_array_equal(media.image_grid_thw, ref["image_grid_thw"].numpy())
+        np.testing.assert_allclose(media.pixel_values, ref["pixel_values"].numpy(), rtol=0, atol=1e-5)
+        assert media.input_features is None
