@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +133,7 @@ END = None
 
 async def merge(
     streams: Sequence[AsyncGenerator[GenerationChunk, None]],
-) -> AsyncIterator[tuple[int, GenerationChunk | None]]:
+) -> AsyncGenerator[tuple[int, GenerationChunk | None], None]:
     """Iterate several generation streams at once: ``(index, chunk)`` in arrival order and
     ``(index, END)`` when stream ``index`` is done.
 

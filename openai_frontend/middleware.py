@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import KEY_SUBPROTOCOL_PREFIX, ApiKeyCheck, header, is_loopback, offered_subprotocols, url_credentials
-from .errors import ErrorDetail, error_json
+from .errors import error_json
+from .schemas import ErrorDetail
 
 logger = logging.getLogger(__name__)
 
@@ -21,11 +24,11 @@ logger = logging.getLogger(__name__)
 class _TrackingSend:
     """An ASGI ``send`` that remembers whether the response has started (status line sent)."""
 
-    def __init__(self, send):
+    def __init__(self, send: Send):
         self._send = send
         self.started = False
 
-    async def __call__(self, message):
+    async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.started = True
         await self._send(message)
@@ -38,10 +41,10 @@ class UnexpectedErrors:
     answering, and uvicorn then drops the connection without ``Connection: close``.)
     An exception after the status line was sent is re-raised: the transfer must be aborted."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp):
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         sent = _TrackingSend(send)
@@ -72,12 +75,12 @@ class ApiKey:
     handshake whose offered subprotocols got no answer), never the one holding the key.
     """
 
-    def __init__(self, app, check: ApiKeyCheck, exempt: tuple[str, ...] = ("/health", "/metrics")):
+    def __init__(self, app: ASGIApp, check: ApiKeyCheck, exempt: tuple[str, ...] = ("/health", "/metrics")):
         self.app = app
         self.check = check
         self.exempt = frozenset(exempt)
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":
@@ -101,7 +104,7 @@ class ApiKey:
         await _refuse(401, detail, scope, receive, send, {"WWW-Authenticate": "Bearer"})
 
 
-def _answer_key_subprotocol(scope, send):
+def _answer_key_subprotocol(scope: Scope, send: Send) -> Send:
     """``send`` that selects a subprotocol on ``websocket.accept`` when the client offered the
     key one and the app chose none: the first offered subprotocol not carrying a key."""
     offered = offered_subprotocols(scope)
@@ -109,7 +112,7 @@ def _answer_key_subprotocol(scope, send):
         return send
     others = [p for p in offered if not p.startswith(KEY_SUBPROTOCOL_PREFIX)]
 
-    async def send_with_subprotocol(message):
+    async def send_with_subprotocol(message: Message) -> None:
         if message["type"] == "websocket.accept" and not message.get("subprotocol") and others:
             message = {**message, "subprotocol": others[0]}
         await send(message)
@@ -117,7 +120,8 @@ def _answer_key_subprotocol(scope, send):
     return send_with_subprotocol
 
 
-async def _refuse(status: int, detail: ErrorDetail, scope, receive, send, headers: dict[str, Any] | None = None):
+async def _refuse(status: int, detail: ErrorDetail, scope: Scope, receive: Receive, send: Send,
+                  headers: dict[str, str] | None = None) -> None:
     """Answers ``status`` with the OpenAI error body on HTTP; on a WebSocket handshake the same
     response through ``websocket.http.response`` when the server has it, else a 1008 close."""
     if scope["type"] == "websocket" and "websocket.http.response" not in (scope.get("extensions") or {}):
@@ -134,10 +138,10 @@ class SingleHeaders:
 
     NAMES = (b"host", b"origin", b"authorization")
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp):
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         seen: set[bytes] = set()
@@ -211,13 +215,13 @@ class BrowserGuard:
     ``"*"`` in it switches the guard off.
     """
 
-    def __init__(self, app, allowed_origins: tuple[str, ...] = ()):
+    def __init__(self, app: ASGIApp, allowed_origins: tuple[str, ...] = ()):
         self.app = app
         self.off = "*" in allowed_origins
         self.origins = frozenset(p for p in (_origin_parts(o.strip().rstrip("/")) for o in allowed_origins) if p)
         self.hosts = frozenset(host for _, host, _ in self.origins)
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.off or scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         refusal = self._refusal(scope)
@@ -225,7 +229,7 @@ class BrowserGuard:
             return await self.app(scope, receive, send)
         await _refuse(403, refusal, scope, receive, send)
 
-    def _refusal(self, scope) -> ErrorDetail | None:
+    def _refusal(self, scope: Scope) -> ErrorDetail | None:
         host_header = (header(scope, b"host") or b"").decode("latin-1")
         host = _split_host(host_header)
         server = scope.get("server")
@@ -276,11 +280,11 @@ class BodySizeLimit:
     """413 (OpenAI error body, ``payload_too_large``) when the request body exceeds ``limit``
     bytes, judged by ``Content-Length`` or, for chunked bodies, by counting while it is read."""
 
-    def __init__(self, app, limit: int):
+    def __init__(self, app: ASGIApp, limit: int):
         self.app = app
         self.limit = limit
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
@@ -289,7 +293,7 @@ class BodySizeLimit:
             return await self._reject(scope, receive, send)
         seen = 0
 
-        async def limited_receive():
+        async def limited_receive() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -306,7 +310,7 @@ class BodySizeLimit:
                 raise
             await self._reject(scope, receive, send)
 
-    async def _reject(self, scope, receive, send):
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         detail = ErrorDetail(message=f"Request body larger than {self.limit} bytes",
                              type="invalid_request_error", code="payload_too_large")
         await error_json(413, detail, {"Connection": "close"})(scope, receive, send)
@@ -335,7 +339,7 @@ def _encode_field_name(name: str, max_chars: int) -> str:
     return encoded[:cut] + "..."
 
 
-def format_field_names(names, max_names: int = IGNORED_FIELDS_MAX_NAMES,
+def format_field_names(names: Iterable[object], max_names: int = IGNORED_FIELDS_MAX_NAMES,
                        max_name_chars: int = IGNORED_FIELDS_MAX_NAME_CHARS,
                        max_bytes: int = IGNORED_FIELDS_MAX_BYTES) -> str:
     """The ``X-Ignored-Fields`` value (also used in log lines): field names joined by ``", "``,
@@ -375,15 +379,15 @@ class IgnoredFieldsHeader:
 
     HEADER = "X-Ignored-Fields"
 
-    def __init__(self, app, state_key: str):
+    def __init__(self, app: ASGIApp, state_key: str):
         self.app = app
         self.state_key = state_key
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
-        async def send_with_header(message):
+        async def send_with_header(message: Message) -> None:
             if message["type"] == "http.response.start":
                 names = (scope.get("state") or {}).get(self.state_key)
                 if names:
@@ -407,11 +411,11 @@ class SpeechFormToJson:
     MAX_FIELDS = 64
     MAX_FIELD_BYTES = 1 << 20
 
-    def __init__(self, app, json_fields: frozenset[str] = frozenset()):
+    def __init__(self, app: ASGIApp, json_fields: frozenset[str] = frozenset()):
         self.app = app
         self.json_fields = json_fields  # fields whose text parts are parsed as JSON
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") != self.PATH
                 or not dict(scope.get("headers") or ()).get(b"content-type", b"").startswith(
                     (b"multipart/form-data", b"application/x-www-form-urlencoded"))):
@@ -455,7 +459,7 @@ class SpeechFormToJson:
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         sent = False
 
-        async def json_receive():
+        async def json_receive() -> Message:
             nonlocal sent
             if not sent:
                 sent = True
@@ -476,16 +480,16 @@ class JsonValueLimit:
     the chunks), before anything is parsed. Bodies of other content types pass unchanged.
     """
 
-    def __init__(self, app, limit: int):
+    def __init__(self, app: ASGIApp, limit: int):
         self.app = app
         self.limit = limit
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or b"json" not in dict(scope.get("headers") or ()).get(b"content-type", b""):
             return await self.app(scope, receive, send)
         seen = 0
 
-        async def counting_receive():
+        async def counting_receive() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":

@@ -332,7 +332,7 @@ class ImageGenerationRequest(BaseModel):
     size: Text | None = None  # parse_size: invalid_size for anything but WxH (5 digits each)
     response_format: Name | None = None
     output_format: Name | None = None
-    output_compression: int | None = Field(None, ge=0, le=100)
+    output_compression: int | None = Field(default=None, ge=0, le=100)
     seed: int | None = Field(None, ge=0, le=2**62)
     negative_prompt: NegativePrompt | None = None
     num_inference_steps: int | None = None  # checked against the model's max_steps

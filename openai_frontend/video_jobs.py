@@ -39,6 +39,7 @@ One process per folder: :class:`VideoJobs` holds ``<storage_dir>/frontend.lock``
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 import math
@@ -50,12 +51,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omni_triton.media.video import encode_mp4, write_atomic
 
 from .engine import EngineError, InvalidRequestError, VideoJob
 from .storage_lock import lock_unless_shared
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+T = TypeVar("T")
 
 #: A job id, exactly as ``VideoStore.insert`` makes them: ``video_`` + 24 lowercase hex digits.
 JOB_ID = re.compile(r"video_[0-9a-f]{24}")
@@ -302,6 +308,7 @@ class JobStore:
             KeyError: ``after`` is not a job id.
         """
         op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
+        args: tuple[Any, ...]
         where, args = "", ()
         if after:
             found = self._query("SELECT seq FROM jobs WHERE id = ?", (after,))
@@ -313,7 +320,8 @@ class JobStore:
         return [self._record(r) for r in rows[:limit]], len(rows) > limit
 
     def count(self, status: str) -> int:
-        return self._query("SELECT COUNT(*) FROM jobs WHERE status = ?", (status,))[0][0]
+        count: int = self._query("SELECT COUNT(*) FROM jobs WHERE status = ?", (status,))[0][0]
+        return count
 
     def next_queued(self) -> JobRecord | None:
         """Claim the oldest queued job: mark it in progress (attempts + 1) and return it."""
@@ -369,17 +377,17 @@ class JobStore:
     def delete(self, job_id: str) -> bool:
         return self._write("DELETE FROM jobs WHERE id = ?", (job_id,)) > 0
 
-    def with_status(self, *statuses: str) -> list[JobRecord]:
+    def with_status(self, *statuses: str) -> builtins.list[JobRecord]:  # builtins: list is a method here
         marks = ",".join("?" * len(statuses))
         return [self._record(r) for r in
                 self._query(f"SELECT {self._SUMMARY} FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses)]
 
-    def expired_before(self, now: int) -> list[JobRecord]:
+    def expired_before(self, now: int) -> builtins.list[JobRecord]:
         rows = self._query(f"SELECT {self._SUMMARY} FROM jobs WHERE status = ? AND expires_at IS NOT NULL "
                            "AND expires_at <= ?", (COMPLETED, now))
         return [self._record(r) for r in rows]
 
-    def purge(self, now: int, after_s: float) -> list[str]:
+    def purge(self, now: int, after_s: float) -> builtins.list[str]:
         """Delete the jobs that failed (``completed_at``) or expired (``expires_at``) at least
         ``after_s`` seconds before ``now``; returns their ids (the caller removes their files)."""
         where = ("(status = ? AND completed_at IS NOT NULL AND completed_at + ? <= ?) OR "
@@ -466,7 +474,7 @@ class VideoJobs:
         StorageLockedError: another process has ``settings.storage_dir`` open.
     """
 
-    def __init__(self, engine, settings: JobSettings, on_event: Callable[[str, str], None] | None = None,
+    def __init__(self, engine: Engine, settings: JobSettings, on_event: Callable[[str, str], None] | None = None,
                  on_store_error: Callable[[str], None] | None = None):
         self.engine = engine
         self.settings = settings
@@ -515,7 +523,7 @@ class VideoJobs:
     async def start(self) -> None:
         """Settle the previous process's jobs, sweep (expiry, purge, stray files; in a worker
         thread), then start the dispatcher and the periodic sweep."""
-        def settle():
+        def settle() -> None:
             self.recover()
             self.sweep()
             self.remove_stray_files()
@@ -688,7 +696,7 @@ class VideoJobs:
             logger.warning("video jobs: the job store answers again (it failed since %s)", self.store_error["since"])
             self.store_error = None
 
-    async def _db(self, operation: str, fn: Callable, *args, **kwargs):
+    async def _db(self, operation: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in a worker thread, retried with backoff until it succeeds
         (or the task is cancelled): a job's state change is never dropped."""
         delay = None
@@ -751,27 +759,35 @@ class VideoJobs:
 
     async def _run(self, rec: JobRecord) -> None:
         req = rec.request
+        if req is None:  # next_queued reads the stored request; a summary row cannot be run
+            raise ValueError(f"video job {rec.id}: the record has no request")
         stall = self.settings.stall_timeout_s
-        loop = asyncio.get_running_loop()
         try:
             frames, progress = None, -1
-            async with asyncio.timeout_at(None if stall is None else loop.time() + stall) as watchdog:
-                async for event in self.engine.generate_video(req.model, req.job,
-                                                              request_id=f"{rec.id}-{rec.attempts}"):
-                    if stall is not None:
-                        watchdog.reschedule(loop.time() + stall)
+            events = self.engine.generate_video(req.model, req.job, request_id=f"{rec.id}-{rec.attempts}")
+            try:
+                while True:
+                    # the stall watchdog: at most ``stall`` seconds per event (asyncio.wait_for, not
+                    # asyncio.timeout_at: that is Python 3.11+, the GPU image's Python is 3.10)
+                    try:
+                        event = await asyncio.wait_for(events.__anext__(), stall)
+                    except StopAsyncIteration:
+                        break
                     if event.frames is not None:
                         frames = event.frames
                     elif event.total and DENOISE_PROGRESS * event.step // event.total > progress:
                         # a committed (fsynced) row: off the loop, and only when the percentage rises
                         progress = DENOISE_PROGRESS * event.step // event.total
                         await self._progress(rec.id, progress)
+            finally:
+                await events.aclose()
             assert frames is not None
             frames = frames[: req.keep_frames]
             data = await asyncio.to_thread(encode_mp4, frames, req.fps)
             path = self.video_path(rec.id)
             await asyncio.to_thread(write_atomic, path, data)
-            if (self._running.get(rec.id, _Running(None)).deleted
+            running = self._running.get(rec.id)
+            if ((running is not None and running.deleted)
                     or await self._db("check", self.store.get, rec.id, with_request=False) is None):
                 path.unlink(missing_ok=True)  # deleted while its MP4 was being written
                 return
@@ -780,7 +796,9 @@ class VideoJobs:
             self._on_event(rec.id, COMPLETED)
         except asyncio.CancelledError:
             raise  # deleted (row removed by delete) or shutting down (resumed at the next start)
-        except TimeoutError:  # the watchdog: the stream (and so the stage's request) is cancelled
+        # the watchdog (asyncio.TimeoutError is TimeoutError on 3.11+, its own class on 3.10): the stream
+        # (and so the stage's request) is cancelled
+        except asyncio.TimeoutError:
             logger.warning("video job %s: no event from %s for %g s; stopped", rec.id, req.model, stall)
             await self._fail(rec.id, "stalled", f"model {req.model} sent no progress for {stall:g} s "
                              f"(a stage may be stuck); the job was stopped: retry it")

@@ -44,7 +44,9 @@ class CancelFlags:
 
     def is_cancelled(self, request_id: str | None) -> bool:
         """Whether the flag of ``request_id`` is raised (``False`` for ``None``/empty)."""
-        return bool(request_id) and self._path(request_id).exists()
+        if not request_id:
+            return False
+        return self._path(request_id).exists()
 
     def discard(self, request_id: str | None) -> None:
         """Lower the flag (when its stream ended)."""

@@ -30,7 +30,7 @@ class InstanceBalance:
         poll_s: how often :meth:`wait_turn` re-reads the siblings' counts (seconds).
     """
 
-    def __init__(self, directory: str | os.PathLike, instance: str, poll_s: float = 0.01):
+    def __init__(self, directory: str | os.PathLike[str], instance: str, poll_s: float = 0.01):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.instance = instance

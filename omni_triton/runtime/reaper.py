@@ -71,7 +71,7 @@ class ChildReaper:
         the children and call ``on_gone`` (e.g. ``os._exit``)."""
         import psutil
 
-        def run():
+        def run() -> None:
             while psutil.pid_exists(server_pid) and os.getppid() == server_pid:
                 time.sleep(interval_s)
             LOGGER.warning("server process %d is gone: stopping the engine's child processes", server_pid)

@@ -146,7 +146,7 @@ class FrameDeadline:
     frames: int = 0
     first_audio: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.first_chunk_frames < 1 or self.chunk_frames < 1 or self.frame_rate_hz <= 0:
             raise ValueError("first_chunk_frames, chunk_frames must be >= 1 and frame_rate_hz > 0")
 
@@ -197,7 +197,7 @@ class RunQueue:
         if max_lead_s is not None and max_lead_s < 0:
             raise ValueError("max_lead_s must be >= 0")
         self.max_lead_s = max_lead_s if self.policy is Policy.DEADLINE else None
-        self._heap: list[tuple[tuple, int, Ticket]] = []
+        self._heap: list[tuple[tuple[float, ...], int, Ticket]] = []
         self._seq = itertools.count()
         self._push_seq = itertools.count()
 
@@ -211,7 +211,7 @@ class RunQueue:
             return float("-inf")
         return ticket.deadline.due() - self.max_lead_s
 
-    def key(self, ticket: Ticket) -> tuple:
+    def key(self, ticket: Ticket) -> tuple[float, ...]:
         if self.policy is Policy.FIFO:
             return (ticket.seq,)
         return (ticket.deadline.due(), ticket.seq)
@@ -370,7 +370,9 @@ class StepScheduler:
         ``on_end(RuntimeError)`` (the model is being unloaded: its requests get their FINAL)."""
         with self._cond:
             self._closed = True
-            left = [self.queue.pop() for _ in range(len(self.queue))]  # parked ones too
+            left: list[Ticket] = []
+            while (ticket := self.queue.pop()) is not None:  # no clock: parked ones too
+                left.append(ticket)
             self._cond.notify_all()
         for t in self._threads:
             t.join(timeout=5.0)
@@ -411,7 +413,7 @@ class TokenDeadline:
     guard_s: float = 0.0
     tokens: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.lead_tokens < 0:
             raise ValueError("lead_tokens must be >= 0")
         self._frames = FrameDeadline(self.arrival, self.first_chunk_frames, self.chunk_frames, self.frame_rate_hz,
@@ -476,10 +478,10 @@ class DueBatchQueue:
             self._items.append((float(due), next(self._seq), key, item))
             self._cond.notify()
 
-    def _order(self, entry: tuple) -> tuple:
+    def _order(self, entry: tuple[float, int, Any, Any]) -> tuple[float, ...]:
         return (entry[1],) if self.policy is Policy.FIFO else (entry[0], entry[1])
 
-    def take(self, max_batch: int, timeout: float | None = None) -> list:
+    def take(self, max_batch: int, timeout: float | None = None) -> list[Any]:
         """The next batch (blocking): the most urgent item and the queued items of its key, most
         urgent first, at most ``max_batch``; ``[]`` after ``timeout`` s with nothing queued, or
         once closed."""
@@ -495,7 +497,7 @@ class DueBatchQueue:
             self._items = [e for e in self._items if id(e) not in taken]
             return [e[3] for e in batch]
 
-    def close(self) -> list:
+    def close(self) -> list[Any]:
         """Close the queue; returns the items still queued (their requests must be answered)."""
         with self._cond:
             self._closed = True

@@ -10,10 +10,13 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from omni_triton.runtime.reaper import ChildReaper
 from omni_triton.runtime.vllm_request import GenerationJob, make_sampling_params
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 LOGGER = logging.getLogger("omni_triton.llm")
 
@@ -68,7 +71,7 @@ class AsyncEngineRunner:
         self.loop.run_forever()
 
     @staticmethod
-    async def _create(engine_args: dict[str, Any]):
+    async def _create(engine_args: dict[str, Any]) -> AsyncLLM:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -88,7 +91,7 @@ class AsyncEngineRunner:
         responses), so ``omni-triton serve`` reloads the model with a new engine instead of every
         later request failing on a dead one while Triton reports the model READY."""
 
-        def run():
+        def run() -> None:
             while not self.engine_dead:
                 time.sleep(interval_s)
             on_dead()
@@ -103,7 +106,7 @@ class AsyncEngineRunner:
         return self._active
 
     def submit(self, job: GenerationJob, on_delta: Callable[[GenerationDelta], None],
-               is_cancelled: Callable[[], bool] = lambda: False) -> Future:
+               is_cancelled: Callable[[], bool] = lambda: False) -> Future[None]:
         """Start generating ``job``; returns a future that completes when the stream ended.
 
         ``on_delta`` is called for every engine output; its last call has a ``finish_reason``.
@@ -120,7 +123,8 @@ class AsyncEngineRunner:
         await self.engine.abort(request_id)
         return True
 
-    async def _generate(self, job: GenerationJob, on_delta, is_cancelled, poll_s: float = 0.1) -> None:
+    async def _generate(self, job: GenerationJob, on_delta: Callable[[GenerationDelta], None],
+                        is_cancelled: Callable[[], bool], poll_s: float = 0.1) -> None:
         from vllm.inputs import TokensPrompt
 
         self._active += 1
@@ -129,7 +133,10 @@ class AsyncEngineRunner:
         # output yet) is aborted too, not only between two outputs.
         watcher = asyncio.ensure_future(self._watch_cancel(job.request_id, is_cancelled, poll_s))
         try:
-            stream = self.engine.generate(TokensPrompt(prompt_token_ids=job.prompt_ids),
+            # ignore: vLLM declares TokensPrompt's optional keys with typing.NotRequired (3.11+), which
+            # mypy does not see when checking for Python 3.10, so it asks for every key
+            prompt = TokensPrompt(prompt_token_ids=job.prompt_ids)  # type: ignore[typeddict-item]
+            stream = self.engine.generate(prompt,
                                           make_sampling_params(job.sampling), request_id=job.request_id)
             async for output in stream:
                 out = output.outputs[0]
@@ -166,7 +173,7 @@ class AsyncEngineRunner:
             reaper.reap(timeout=0.5)
             done.join(timeout)
 
-        async def cancel_tasks():  # the engine's output handler tasks, so the loop stops clean
+        async def cancel_tasks() -> None:  # the engine's output handler tasks, so the loop stops clean
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()

@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import grpc
@@ -136,7 +137,7 @@ class TritonEngine:
         self._served_names: dict[str, str] = {}
         # request id -> (model, cancel()) of every Triton call in flight; abort_inflight ends the
         # calls of a stage that died, recording request id -> dead stage in _aborted.
-        self._inflight: dict[str, tuple[str, object]] = {}
+        self._inflight: dict[str, tuple[str, Callable[[], object]]] = {}
         self._aborted: dict[str, str] = {}
 
     @property
@@ -169,7 +170,7 @@ class TritonEngine:
         the caller's own cancel, e.g. an HTTP disconnect, stays a ``CancelledError``)."""
         dead = self._aborted.pop(request_id, None)
         task = asyncio.current_task()
-        if dead is None or (task is not None and task.cancelling()):
+        if dead is None or (task is not None and _cancelling(task)):
             return None
         return StageRestartedError(
             f"{model}: its stage {dead} died while this request was running and is being "
@@ -322,7 +323,8 @@ class TritonEngine:
                     sample_rate = info.sample_rate if info and info.sample_rate else 0
                 yield np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate
 
-    async def _stream(self, model: str, inputs: list[InferInput], request_id: str):
+    async def _stream(self, model: str, inputs: list[InferInput],
+                      request_id: str) -> AsyncGenerator[grpcclient.InferResult, None]:
         """One ``ModelStreamInfer`` RPC carrying one request; yields each response's
         ``InferResult`` until the request's final response.
 
@@ -422,7 +424,7 @@ class TritonEngine:
         if not got_frames:
             raise InferenceError(f"{model}: the stream ended without a video")
 
-    async def _unary(self, model: str, inputs: list[InferInput], request_id: str):
+    async def _unary(self, model: str, inputs: list[InferInput], request_id: str) -> grpcclient.InferResult:
         """One unary ``ModelInfer`` on ``model``; returns its ``InferResult``.
 
         Registered in flight (``abort_inflight`` ends it with a 503 when a stage dies); a task
@@ -595,14 +597,15 @@ def chat_inputs(request: GenerationRequest, declared: frozenset[str]) -> list[In
     ))
 
 
-def _first(result, name: str):
+def _first(result: grpcclient.InferResult, name: str) -> Any:
+    """The first element of output ``name`` (a numpy scalar: ``np.bytes_`` or a number), None when absent or empty."""
     arr = result.as_numpy(name)
     if arr is None or arr.size == 0:
         return None
     return arr.reshape(-1)[0]
 
 
-def chunk_from_result(result, default_rate: int | None = None) -> GenerationChunk:
+def chunk_from_result(result: grpcclient.InferResult, default_rate: int | None = None) -> GenerationChunk:
     """A ``GenerationChunk`` from one tritonclient ``InferResult`` of a chat-contract model."""
     text = _first(result, chat_contract.TEXT_DELTA)
     reason = _first(result, chat_contract.FINISH_REASON)
@@ -611,7 +614,7 @@ def chunk_from_result(result, default_rate: int | None = None) -> GenerationChun
     audio = result.as_numpy(chat_contract.AUDIO)
     rate = _first(result, chat_contract.SAMPLE_RATE)
 
-    def _str(v) -> str:
+    def _str(v: object) -> str:
         if v is None:
             return ""
         return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
@@ -624,6 +627,15 @@ def chunk_from_result(result, default_rate: int | None = None) -> GenerationChun
         audio=np.asarray(audio, dtype=np.float32).reshape(-1) if audio is not None and audio.size else None,
         sample_rate=int(rate) if rate is not None else default_rate,
     )
+
+
+def _cancelling(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` has a cancellation pending (``Task.cancelling()``, Python 3.11+). On 3.10
+    (the GPU image's tritonserver Python) there is no such record: False, so a call that
+    ``abort_inflight`` ended reads as a stage restart even if its task was also cancelled."""
+    if sys.version_info >= (3, 11):
+        return task.cancelling() > 0
+    return False
 
 
 #: ``tritonclient`` ``InferInput`` s from a contract builder's ``(name, array)`` pairs.

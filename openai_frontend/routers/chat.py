@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -19,12 +21,12 @@ router = APIRouter(tags=["chat"])
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response | dict[str, Any]:
     return await chat.create_chat_completion(body, request)
 
 
 @router.post("/v1/completions", response_model=None)
-async def create_completion(body: CompletionRequest, request: Request) -> Response:
+async def create_completion(body: CompletionRequest, request: Request) -> Response | dict[str, Any]:
     return await chat.create_completion(body, request)
 
 

@@ -32,9 +32,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -44,7 +44,7 @@ from omni_triton.contracts.chat import MODALITIES, part_modality
 from omni_triton.media.audio import UnsupportedFormatError, get_format
 from omni_triton.media.fetch import UrlFetchError, UrlFetchPolicy, fetch_url
 
-from ..engine import EngineError, GenerationRequest, ModelInfo
+from ..engine import Engine, EngineError, GenerationChunk, GenerationRequest, ModelInfo
 from ..errors import OpenAIError, bad_request, engine_error_detail, error_json
 from ..generation import (
     CHAT_AUDIO_FORMATS,
@@ -76,6 +76,7 @@ from ..schemas import (
     ErrorDetail,
     ErrorResponse,
     ImageGenerationRequest,
+    TextPart,
     Usage,
 )
 from . import images
@@ -91,10 +92,18 @@ from .common import (
 )
 from .stage_metrics import StageClock
 
+if TYPE_CHECKING:
+    from ..metrics import FrontendMetrics
+
+#: One item of ``generation.merge``: (choice index, chunk, or ``END`` when that choice is done).
+Item = tuple[int, GenerationChunk | None]
+#: What a chunk is sent as (``ChatCompletionChunk.modality``).
+Modality = Literal["text", "audio", "image"]
+
 logger = logging.getLogger(__name__)
 
 
-async def speaking_model(engine, info: ModelInfo) -> ModelInfo:
+async def speaking_model(engine: Engine, info: ModelInfo) -> ModelInfo:
     """The model that answers ``info``'s chat requests with audio: ``info`` itself if it can
     speak, else its served speech twin (config parameter ``speaks_for``). 400 if neither."""
     if info.can_speak:
@@ -175,7 +184,7 @@ def _plan_audio(body: ChatCompletionRequest, target: ModelInfo) -> tuple[str, st
     return fmt, voice
 
 
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response | dict[str, Any]:
     """Serve ``POST /v1/chat/completions`` (``request``: the Starlette request). Returns the
     completion (a dict), an SSE response, or an image chat's ``JSONResponse``."""
     check_fields(body, request)
@@ -250,7 +259,7 @@ def check_media_parts(messages: list[dict[str, Any]], target: ModelInfo, model_n
                                   param=f"messages.{i}.content.{j}", code="invalid_value")
 
 
-async def fetch_media_urls(messages: list[dict[str, Any]], policy: UrlFetchPolicy) -> list[dict]:
+async def fetch_media_urls(messages: list[dict[str, Any]], policy: UrlFetchPolicy) -> list[dict[str, Any]]:
     """``messages`` with every http(s) ``image_url`` / ``video_url`` fetched under ``policy``
     and replaced by a base64 data URL (the model only sees data). Each refusal is its 4xx
     (``omni_triton.media.fetch.fetch_url``); other URL schemes but ``data:`` are a 400."""
@@ -282,11 +291,6 @@ def _data_url(mime: str, data: bytes) -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
 
 
-def _data_url(mime: str, data: bytes) -> str:
-    """A ``data:`` URL of ``data`` (base64) with media type ``mime``."""
-    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
-
-
 def output_modalities(body: ChatCompletionRequest, info: ModelInfo) -> tuple[str, ...]:
     """The output modalities of a chat request: ``modalities`` when given (OpenAI), else every
     output modality of the model (vLLM-Omni's default: an omni or spoken model speaks; a text
@@ -301,7 +305,7 @@ IMAGE_FIELDS = ("size", "negative_prompt", "num_inference_steps", "guidance_scal
                 "true_cfg_scale", "output_format")
 
 
-async def _image_chat(body: ChatCompletionRequest, request: Request, info: ModelInfo) -> JSONResponse:
+async def _image_chat(body: ChatCompletionRequest, request: Request, info: ModelInfo) -> Response:
     """A chat completion on a text-to-image model, as vLLM-Omni answers it: the last user
     message is the prompt and ``message.content`` is a list of ``image_url`` parts, one data URL
     (``data:image/png;base64,...``) per image (``n`` images, image ``i`` with ``seed + i``).
@@ -325,7 +329,7 @@ async def _image_chat(body: ChatCompletionRequest, request: Request, info: Model
         raise bad_request("A user message with the image prompt is required", param="messages",
                           code="invalid_value")
     content = users[-1].content
-    prompt = content if isinstance(content, str) else " ".join(p.text for p in content or [])
+    prompt = content if isinstance(content, str) else " ".join(p.text for p in content or [] if isinstance(p, TextPart))
     image_body = ImageGenerationRequest(
         prompt=prompt, model=info.name, n=body.n, size=body.size, seed=body.seed,
         negative_prompt=body.negative_prompt, num_inference_steps=body.num_inference_steps,
@@ -350,7 +354,7 @@ async def _image_chat(body: ChatCompletionRequest, request: Request, info: Model
                                       "choices": [], "usage": usage}, separators=(",", ":")))
         events.append("[DONE]")
 
-        async def stream():
+        async def stream() -> AsyncGenerator[dict[str, str], None]:
             for data in events:
                 yield {"data": data}
 
@@ -364,7 +368,7 @@ async def _image_chat(body: ChatCompletionRequest, request: Request, info: Model
     return JSONResponse(response, headers=images.denoise_headers(result))
 
 
-async def create_completion(body: CompletionRequest, request: Request) -> Response:
+async def create_completion(body: CompletionRequest, request: Request) -> Response | dict[str, Any]:
     """Serve ``POST /v1/completions``: each prompt gets ``n`` choices (indexed
     ``prompt_index * n + i``). Returns the completion (a dict) or an SSE response."""
     check_fields(body, request)
@@ -399,7 +403,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
 
 # --------------------------------------------------------------------------- execution
-def _observe_tpot(metrics, plan: _Plan, states, seen: dict[str, Any]) -> None:
+def _observe_tpot(metrics: FrontendMetrics, plan: _Plan, states: list[ChoiceState], seen: dict[str, float]) -> None:
     """TPOT of a single-choice request: (last text - first text) / (completion tokens - 1)."""
     if len(plan.requests) != 1 or "first_at" not in seen:
         return
@@ -408,12 +412,12 @@ def _observe_tpot(metrics, plan: _Plan, states, seen: dict[str, Any]) -> None:
         metrics.tpot.labels(plan.target.public_name).observe((seen["last_at"] - seen["first_at"]) / (tokens - 1))
 
 
-async def _run(plan: _Plan, request: Request):
+async def _run(plan: _Plan, request: Request) -> Response | dict[str, Any]:
     """Admit the plan's Triton requests (one unit each), run them concurrently and answer."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
     states = [ChoiceState() for _ in plan.requests]
-    seen = {"first_text": False}
+    seen: dict[str, float] = {}  # first_at / last_at: seconds since admission of the first / last text
 
     def record(outcome: str) -> None:
         metrics.generation_requests.labels(plan.target.public_name, plan.endpoint, plan.mode, outcome).inc()
@@ -427,12 +431,11 @@ async def _run(plan: _Plan, request: Request):
     async with AdmittedRequest(state, record, cost=len(plan.requests)) as req:
         clock = await StageClock.start(engine, plan.target, enabled=plan.stage_metrics)
 
-        def observe(chunk) -> None:
+        def observe(chunk: GenerationChunk | None) -> None:
             if chunk is None or not chunk.text:
                 return
             now = req.elapsed()
-            if not seen["first_text"]:
-                seen["first_text"] = True
+            if "first_at" not in seen:
                 seen["first_at"] = now
                 metrics.ttft.labels(plan.target.public_name).observe(now)
             elif len(plan.requests) == 1:  # ITL between one choice's chunks
@@ -440,7 +443,7 @@ async def _run(plan: _Plan, request: Request):
             seen["last_at"] = now
 
         if not plan.stream:
-            async def attempt():
+            async def attempt() -> bool:
                 states[:] = [ChoiceState() for _ in plan.requests]
                 merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
                 try:
@@ -461,11 +464,11 @@ async def _run(plan: _Plan, request: Request):
             metrics_object = await clock.metrics(_chat_summary(plan, states))
             if metrics_object is not None:
                 response["metrics"] = metrics_object
-            return response
+            return response  # a dict: FastAPI encodes it (the routes declare response_model=None)
 
         # ---- stream: wait for every choice's first response so early errors keep their status
         merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
-        buffered: list[tuple[int, object]] = []
+        buffered: list[Item] = []
         try:
             started: set[int] = set()
             while len(started) < len(states):
@@ -483,13 +486,13 @@ async def _run(plan: _Plan, request: Request):
         return sse_response(body, background=BackgroundTask(_close_all, body, req))
 
 
-def _deterministic(request: Request) -> bool:
+def _deterministic(request: GenerationRequest) -> bool:
     """Whether running ``request`` again gives the same answer: greedy (temperature 0) or seeded."""
     sampling = request.sampling or {}
     return sampling.get("temperature") == 0 or sampling.get("seed") is not None
 
 
-async def _close_all(body, req: AdmittedRequest) -> None:
+async def _close_all(body: AsyncGenerator[Any, None], req: AdmittedRequest) -> None:
     await body.aclose()
     await req.close()
 
@@ -502,8 +505,9 @@ def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
             "num_tokens_in": usage.prompt_tokens, "num_tokens_out": usage.completion_tokens}
 
 
-async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, observe,
-                  req: AdmittedRequest, clock: StageClock) -> AsyncIterator[dict[str, Any]]:
+async def _events(plan: _Plan, states: list[ChoiceState], buffered: Sequence[Item],
+                  merged: AsyncGenerator[Item, None], observe: Callable[[GenerationChunk | None], None],
+                  req: AdmittedRequest, clock: StageClock) -> AsyncGenerator[dict[str, str], None]:
     """The SSE events of a streamed answer: the buffered first responses, then the rest as they
     arrive; a failure after the status line is a ``data: {"error": ...}`` event. With
     ``return_stage_metrics``, a chunk without choices carrying ``metrics`` precedes the usage
@@ -513,7 +517,7 @@ async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, obse
         for line in framer.opening():
             yield dict(data=line)
         try:
-            async def items():
+            async def items() -> AsyncGenerator[Item, None]:
                 for item in buffered:
                     yield item
                 async for item in merged:
@@ -539,10 +543,11 @@ async def _events(plan: _Plan, states: list[ChoiceState], buffered, merged, obse
         await merged.aclose()
 
 
-async def _collect(merged, states: list[ChoiceState], observe) -> None:
+async def _collect(merged: AsyncGenerator[Item, None], states: list[ChoiceState],
+                   observe: Callable[[GenerationChunk | None], None]) -> None:
     async for i, chunk in merged:
         observe(chunk)
-        if chunk is not END:
+        if chunk is not None:  # END
             states[i].add(chunk)
 
 
@@ -570,7 +575,7 @@ def _whole_response(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
                           choices=choices, usage=usage).model_dump()
 
 
-def chunk_json(chunk) -> str:
+def chunk_json(chunk: ChatCompletionChunk | Completion) -> str:
     """One SSE ``data`` payload: ``None`` fields dropped except each choice's ``finish_reason``
     (OpenAI always sends it, ``null`` until the end) and ``usage`` when the client asked for it."""
     data = chunk.model_dump(exclude_none=True)
@@ -600,7 +605,7 @@ class _StreamFramer:
                      total_tokens=prompt + state.completion_tokens)
 
     def _chat(self, index: int, delta: ChoiceDelta, finish_reason: str | None = None,
-              modality: str = "text") -> str:
+              modality: Modality = "text") -> str:
         chunk = ChatCompletionChunk(
             id=self.plan.response_id, created=self.plan.created, model=self.plan.model_name,
             choices=[ChatCompletionChunkChoice(index=index, delta=delta, finish_reason=finish_reason)],
@@ -625,7 +630,7 @@ class _StreamFramer:
                                   modality="text" if self.plan.wants_text else "audio"))
         return out
 
-    def on_item(self, i: int, chunk) -> list[str]:
+    def on_item(self, i: int, chunk: GenerationChunk | None) -> list[str]:
         state = self.states[i]
         if chunk is END:
             if self.plan.endpoint == "completions":

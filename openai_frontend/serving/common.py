@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 from python_multipart.multipart import parse_options_header
 from sse_starlette import EventSourceResponse
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 
@@ -21,7 +24,15 @@ from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
 from ..errors import OpenAIError, bad_request
 from ..middleware import format_field_names
-from ..schemas import ignored_fields, is_text
+from ..schemas import ChatMessage, ignored_fields, is_text
+
+if TYPE_CHECKING:
+    from starlette.datastructures import State
+
+    from ..admission import Slot
+    from ..engine import Engine
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +44,7 @@ logger = logging.getLogger(__name__)
 SSE_SEPARATOR = "\n"
 
 
-def sse_response(body, **kwargs) -> EventSourceResponse:
+def sse_response(body: AsyncIterable[Mapping[str, Any]], **kwargs: Any) -> EventSourceResponse:
     """An ``EventSourceResponse`` over ``body`` whose events are framed with
     :data:`SSE_SEPARATOR`; ``kwargs`` go to ``EventSourceResponse`` (``headers``, ``background``).
 
@@ -48,7 +59,7 @@ def sse_response(body, **kwargs) -> EventSourceResponse:
 IGNORED_FIELDS_STATE = "ignored_fields"
 
 
-def check_fields(body, request: Request) -> list[str]:
+def check_fields(body: BaseModel, request: Request) -> list[str]:
     """Unknown request fields, as vLLM treats them (default) or as OpenAI does
     (``Settings.strict_params``, ``--strict-params``).
 
@@ -73,7 +84,7 @@ def check_fields(body, request: Request) -> list[str]:
 
 
 # --------------------------------------------------------------------------- text caps
-def messages_chars(messages) -> int:
+def messages_chars(messages: Iterable[ChatMessage]) -> int:
     """Characters of text in chat ``messages`` (``schemas.ChatMessage``): string contents, text
     parts and names. Media parts are not text (the body cap and their decoders bound them)."""
     total = 0
@@ -125,7 +136,7 @@ class _StrictMultiPartParser(MultiPartParser):
         super().on_part_end()
 
 
-async def read_form(request: Request, *, max_files: int, max_fields: int, max_part_size: int = 1 << 20):
+async def read_form(request: Request, *, max_files: int, max_fields: int, max_part_size: int = 1 << 20) -> FormData:
     """The request's ``multipart/form-data`` (or urlencoded) form, parsed by Starlette with
     bounds: at most ``max_files`` file parts, ``max_fields`` text fields and ``max_part_size``
     bytes per text field. The one way every route reads a form (``/v1/audio/speech``,
@@ -191,7 +202,7 @@ TEXT_TO_IMAGE = ModelKind("text-to-image", lambda m: m.is_image and not m.is_ima
 IMAGE_EDIT = ModelKind("image-edit", lambda m: m.is_image_edit)
 
 
-async def resolve_model(engine, name: str | None, kind: ModelKind | None = None) -> ModelInfo:
+async def resolve_model(engine: Engine, name: str | None, kind: ModelKind | None = None) -> ModelInfo:
     """The READY model a client calls ``name``.
 
     Args:
@@ -263,12 +274,12 @@ class AdmittedRequest:
             capped at the admission limit so the largest allowed request can still run alone.
     """
 
-    def __init__(self, state, record: Callable[[str], None], cost: int = 1):
+    def __init__(self, state: State, record: Callable[[str], None], cost: int = 1):
         self._admission = state.admission
         self._metrics = state.metrics
         self._record = record
         self._cost = max(1, min(cost, self._admission.max_inflight))
-        self._slot = None
+        self._slot: Slot | None = None
         self._handed_over = False
         self._closed = False
         self.outcome: str | None = None
@@ -283,11 +294,12 @@ class AdmittedRequest:
         self.t0 = time.perf_counter()
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        # never swallows the exception (a bool return type would make every caller's block "may fall through")
         if exc is None and self._handed_over:
-            return False
+            return
         self.finish(exc)
-        return False
 
     def elapsed(self) -> float:
         """Seconds since admission."""
@@ -302,15 +314,16 @@ class AdmittedRequest:
         try:
             self._record(outcome)
         finally:
-            self._slot.release()
+            if self._slot is not None:  # None only before __aenter__ took a slot
+                self._slot.release()
 
-    def hand_over(self, body: AsyncIterator) -> AsyncIterator:
+    def hand_over(self, body: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
         """Make the streaming ``body`` own this request: the returned iterator yields ``body``'s
         items and finishes the request when it ends, fails or is closed."""
         self._handed_over = True
         return self._own(body)
 
-    async def _own(self, body: AsyncIterator) -> AsyncIterator:
+    async def _own(self, body: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
         error: BaseException | None = None
         try:
             async for item in body:
@@ -328,7 +341,7 @@ class AdmittedRequest:
             self.finish(asyncio.CancelledError())
 
 
-async def until_disconnect(request: Request, work) -> bool:
+async def until_disconnect(request: Request, work: Awaitable[object]) -> bool:
     """Run the coroutine ``work``; True when it finished, False when the HTTP client disconnected
     first (then ``work`` is cancelled, which cancels its Triton calls). Starlette does not cancel a
     non-streaming handler on disconnect, hence this watcher (vLLM's server does the same).
@@ -359,8 +372,8 @@ async def until_disconnect(request: Request, work) -> bool:
 
 
 # --------------------------------------------------------------------------- stage restarts
-async def retry_after_stage_restart(engine, model: str, attempt, wait_s: float = 180.0,
-                                    poll_s: float = 0.5):
+async def retry_after_stage_restart(engine: Engine, model: str, attempt: Callable[[], Awaitable[T]],
+                                    wait_s: float = 180.0, poll_s: float = 0.5) -> T:
     """``await attempt()``; if a stage died under it (:class:`StageRestartedError`), wait until
     ``model`` is READY again and run ``attempt()`` once more.
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import base64
 import logging
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import Request
@@ -33,6 +34,7 @@ from omni_triton.media.audio import (
     RESAMPLE_RATES,
     STREAMING_FORMATS,
     SUPPORTED_FORMATS,
+    AudioFormat,
     StreamResampler,
     UnsupportedFormatError,
     encode_audio,
@@ -42,10 +44,11 @@ from omni_triton.media.audio import (
     streaming_wav_header,
 )
 
-from ..engine import EngineError, ModelInfo
-from ..errors import ErrorDetail, OpenAIError, bad_request, engine_error_detail, error_json
+from ..engine import AudioChunk, Engine, EngineError, ModelInfo, SpeechOptions
+from ..errors import OpenAIError, bad_request, engine_error_detail, error_json
 from ..offload import off_loop
 from ..schemas import (
+    ErrorDetail,
     SpeechAudioDelta,
     SpeechAudioDone,
     SpeechAudioError,
@@ -63,6 +66,9 @@ from .common import (
     until_disconnect,
 )
 from .voices import drop_unsupported_extras, resolve_speech
+
+if TYPE_CHECKING:
+    from ..voice_store import VoiceStore
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +96,8 @@ def check_input(text: str, info: ModelInfo, default_max_chars: int) -> None:
         )
 
 
-def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store=None):
+def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store: VoiceStore | None = None
+         ) -> tuple[AudioFormat, str | None, float | None, SpeechOptions | None]:
     """Validate the request against the model (``store``: the ``VoiceStore`` of custom voices).
 
     Returns:
@@ -131,11 +138,12 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store=Non
     return fmt, voice, speed, options
 
 
-def synthesize(engine, info: ModelInfo, text: str, voice, speed, options, paced: bool = False):
+def synthesize(engine: Engine, info: ModelInfo, text: str, voice: str | None, speed: float | None,
+               options: SpeechOptions | None, paced: bool = False) -> AsyncGenerator[AudioChunk, None]:
     """``engine.synthesize`` with ``options`` passed only when there are any and ``paced`` only
     when True (engines written before those keep working). ``paced``: a streamed response, which
     the client plays as it arrives."""
-    extra = {}
+    extra: dict[str, Any] = {}
     if options:
         extra["options"] = options
     if paced:
@@ -184,7 +192,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         if not body.streaming:
             chunks: list[NDArray[Any]] = []
 
-            async def attempt():  # speech has no side effects: retried once if a stage dies
+            async def attempt() -> None:  # speech has no side effects: retried once if a stage dies
                 chunks.clear()
                 counted["samples"] = 0
                 gen = synthesize(engine, info, body.input, voice, speed, options)
@@ -218,9 +226,9 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
         gen = synthesize(engine, info, body.input, voice, speed, options, paced=True)
-        first_chunk: list[Any] = []
+        first_chunk: list[AudioChunk | None] = []
 
-        async def first_response():
+        async def first_response() -> None:
             try:
                 first_chunk.append(await gen.__anext__())
             except StopAsyncIteration:
@@ -248,7 +256,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
             counted["samples"] += len(samples)
             return float_to_pcm16(samples)
 
-        async def pcm_stream():
+        async def pcm_stream() -> AsyncGenerator[bytes, None]:
             """Bytes of the ``fmt`` stream: optional WAV header, then int16 PCM per chunk (at the
             requested ``sample_rate``: resampled as it streams, the filter's tail at the end)."""
             try:
@@ -281,24 +289,24 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
                 input_tokens=n, total_tokens=n, audio_samples=counted["samples"],
                 audio_seconds=round(counted["samples"] / rate, 6), sample_rate=rate))
 
-        body_iter = req.hand_over(_sse_events(pcm_stream(), done, req))
-        return sse_response(body_iter, headers={"X-Sample-Rate": str(rate)},
-                                   background=BackgroundTask(_close_all, body_iter, req))
+        events = req.hand_over(_sse_events(pcm_stream(), done, req))
+        return sse_response(events, headers={"X-Sample-Rate": str(rate)},
+                            background=BackgroundTask(_close_all, events, req))
 
 
-def _client_gone():
+def _client_gone() -> Response:
     """What a request whose client left before the answer gets (nobody reads it; 499 is nginx's
     "client closed request", for the access log)."""
     return error_json(499, ErrorDetail(message="Client disconnected", type="invalid_request_error",
                                        code="client_disconnected"))
 
 
-async def _close_all(body_iter, req: AdmittedRequest) -> None:
+async def _close_all(body_iter: AsyncGenerator[Any, None], req: AdmittedRequest) -> None:
     await body_iter.aclose()
     await req.close()
 
 
-async def _raw_audio(stream):
+async def _raw_audio(stream: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     """Raw audio bytes; a Triton failure after the status line aborts the transfer (the server
     closes the connection without the last chunk): the only honest signal left."""
     try:
@@ -311,7 +319,8 @@ async def _raw_audio(stream):
         await stream.aclose()
 
 
-async def _sse_events(stream, done, req: AdmittedRequest):
+async def _sse_events(stream: AsyncGenerator[bytes, None], done: Callable[[], SpeechAudioDone],
+                      req: AdmittedRequest) -> AsyncGenerator[dict[str, str], None]:
     """``speech.audio.delta`` per chunk, then ``speech.audio.done`` (or ``speech.audio.error``)."""
     try:
         async for data in stream:

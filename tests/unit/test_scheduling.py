@@ -730,3 +730,13 @@ def test_the_qwen3_omni_thinker_dues_every_token_at_arrival_only_for_a_talker_th
     assert stage.playback_deadline(0.0, whole).lead_tokens == 33
     assert stage.playback_deadline(0.0, streamed).lead_tokens == 1
     assert stage.playback_deadline(0.0, text).lead_tokens == 1 and stage.playback_deadline(0.0).lead_tokens == 1
+
+
+def test_closing_the_scheduler_ends_every_queued_stream_parked_ones_too():
+    """A model unload answers every stream still queued, also a paced one parked until its
+    playback deadline comes near (its request would otherwise never get its FINAL)."""
+    ends = []
+    sched = StepScheduler(1, Policy.DEADLINE, clock=lambda: 0.0, max_lead_s=0.0)
+    sched.submit(iter([1.0]), AudioDeadline(100.0), float, ends.append, paced=True)  # due at 100 s: parked
+    sched.close()
+    assert len(ends) == 1 and isinstance(ends[0], RuntimeError), ends
