@@ -19,7 +19,7 @@ from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_array, optional_input, optional_str_input, required_array
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import first_str, media_messages_chars, scalar_array, utf8_array
+from omni_triton.contracts.tensors import audio_outputs, media_messages_chars, scalar_array, scalar_int, utf8_array
 from omni_triton.media.inputs import MediaLimits
 from omni_triton.stages.chunking import FrameGroups
 
@@ -95,7 +95,7 @@ def _step_increments(out: dict) -> dict:
     kw = {"ids": out.get(ch.SEQUENCE), "embeds": out.get(ch.THINKER_EMBEDS), "hidden": out.get(ch.THINKER_HIDDEN),
           "tts_embeds": out.get(ch.TTS_EMBEDS)}
     if ch.PROMPT_LEN in out:
-        kw["prompt_len"] = int(out[ch.PROMPT_LEN].reshape(-1)[0])
+        kw["prompt_len"] = scalar_int(out[ch.PROMPT_LEN], ch.PROMPT_LEN, ch.ChatInputError)
     return kw
 
 
@@ -148,9 +148,7 @@ class OmniThinkerBase(DecoupledStage):
                 continue
             self.metrics.count("tokens", step.completion_tokens - counted)
             counted = step.completion_tokens
-            out = {ch.TEXT_DELTA: step.text, ch.FINISH_REASON: step.finish_reason or "",
-                   ch.PROMPT_TOKENS: scalar_array(len(ids), "INT32"),
-                   ch.COMPLETION_TOKENS: scalar_array(step.completion_tokens, "INT32")}
+            out = ch.text_response(step.text, step.finish_reason or "", len(ids), step.completion_tokens)
             if streamed:  # increments (ch.ASYNC_CHUNK): what this step appended to the talker tensors
                 out.update(_talker_increments(step))
             elif step.output is not None:
@@ -185,7 +183,7 @@ class OmniTalkerBase(DecoupledStage):
 
         return ThinkerOutput(
             sequence=required_array(request, ch.SEQUENCE).reshape(-1).astype(np.int64),
-            prompt_len=int(required_array(request, ch.PROMPT_LEN).reshape(-1)[0]),
+            prompt_len=scalar_int(required_array(request, ch.PROMPT_LEN), ch.PROMPT_LEN, ch.ChatInputError),
             embeds=required_array(request, ch.THINKER_EMBEDS).astype(np.float32),
             hidden=required_array(request, ch.THINKER_HIDDEN).astype(np.float32),
             tts_embeds=required_array(request, ch.TTS_EMBEDS).astype(np.float32),
@@ -257,10 +255,7 @@ class OmniPipelineBase(DecoupledStage):
                        talker_media, self.paced(request))
 
     def _response(self, text="", finish="", counts=(0, 0), audio=None):
-        return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish,
-                ch.PROMPT_TOKENS: scalar_array(counts[0], "INT32"), ch.COMPLETION_TOKENS: scalar_array(counts[1], "INT32"),
-                ch.AUDIO: np.zeros(0, np.float32) if audio is None else audio.astype(np.float32),
-                ch.SAMPLE_RATE: scalar_array(self.sample_rate, "INT32")}
+        return {**ch.text_response(text, finish, *counts), **audio_outputs(audio, self.sample_rate)}
 
     def _think(self, job, stream, request_prefix: str):
         """Stream the thinker (``self.thinker``), yielding a text response per delta; returns
@@ -274,9 +269,9 @@ class OmniPipelineBase(DecoupledStage):
         talker_in, counts, finish = None, (0, 0), ""
         for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
                                 f"{request_prefix}-{uuid.uuid4().hex}", parent=stream):
-            finish = first_str(out[ch.FINISH_REASON])
-            counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
-            yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
+            response = ch.TextResponse.from_tensors(out)
+            finish, counts = response.finish_reason, response.counts
+            yield self._response(response.text, finish, counts)
             if job.audio and ch.SEQUENCE in out:
                 talker_in = [(n, out[n]) for n in ch.TALKER_TENSORS]
         if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:

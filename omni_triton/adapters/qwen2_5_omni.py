@@ -21,7 +21,7 @@ from omni_triton.adapters.triton_io import optional_str_input, required_array
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import qwen2_5_omni as q25
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import utf8_array
+from omni_triton.contracts.tensors import scalar_int, utf8_array
 
 
 def _checkpoint(params):
@@ -91,7 +91,7 @@ class Qwen25OmniToken2WavStage(BatchedStage):
     def parse(self, request):
         codes = self.token2wav.validate(required_array(request, sp.CODES))
         voice = self.token2wav.voice(optional_str_input(request, ch.VOICE) or "")
-        return codes, voice, int(required_array(request, q25.SEED).reshape(-1)[0])
+        return codes, voice, scalar_int(required_array(request, q25.SEED), q25.SEED, ch.ChatInputError)
 
     def run(self, items):
         return [self.token2wav.synthesize(*item) for item in items]

@@ -28,7 +28,7 @@ from omni_triton.adapters.omni_stages import (
 from omni_triton.adapters.triton_io import optional_input, optional_str_input
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import PACED, first_str, scalar_array, utf8_array
+from omni_triton.contracts.tensors import PACED, scalar_array, utf8_array
 from omni_triton.stages.chunking import emit_frames
 
 
@@ -156,9 +156,10 @@ class Qwen3OmniTalkerStage(OmniTalkerBase):
         def steps():
             for out in stream_stage(self.thinker_model, inputs, ch.TEXT_OUTPUTS + ch.TALKER_TENSORS, stream.cancelled,
                                     self.flags, f"omni-thinker-{uuid.uuid4().hex}", parent=stream):
-                prompt_tokens[0] = int(out[ch.PROMPT_TOKENS].reshape(-1)[0])
-                yield ThinkerStep(first_str(out[ch.TEXT_DELTA]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]),
-                                  first_str(out[ch.FINISH_REASON]) or None, **_step_increments(out))
+                response = ch.TextResponse.from_tensors(out)
+                prompt_tokens[0] = response.prompt_tokens
+                yield ThinkerStep(response.text, response.completion_tokens, response.finish_reason or None,
+                                  **_step_increments(out))
 
         groups = FrameGroupResponses(self.emit_frames)
         for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled,
@@ -166,9 +167,7 @@ class Qwen3OmniTalkerStage(OmniTalkerBase):
             if item is None:
                 yield None  # a talker step without a frame
             elif isinstance(item, ThinkerStep):  # text is never held back with the frames
-                yield {ch.TEXT_DELTA: item.text, ch.FINISH_REASON: item.finish_reason or "",
-                       ch.PROMPT_TOKENS: scalar_array(prompt_tokens[0], "INT32"),
-                       ch.COMPLETION_TOKENS: scalar_array(item.completion_tokens, "INT32")}
+                yield ch.text_response(item.text, item.finish_reason or "", prompt_tokens[0], item.completion_tokens)
             else:
                 self.metrics.count("frames", len(item))
                 yield groups.outputs(item)
@@ -268,9 +267,9 @@ class Qwen3OmniPipeline(OmniPipelineBase):
             if stream.cancel_seen:
                 continue
             if ch.TEXT_DELTA in out:
-                finish = first_str(out[ch.FINISH_REASON])
-                counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
-                yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
+                response = ch.TextResponse.from_tensors(out)
+                finish, counts = response.finish_reason, response.counts
+                yield self._response(response.text, finish, counts)
             codes = out.get(sp.CODES)
             if codes is not None and codes.size:
                 for pcm in chunked.push(codes):

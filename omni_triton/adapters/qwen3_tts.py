@@ -15,7 +15,7 @@ from omni_triton.adapters.stream import DecoupledStage
 from omni_triton.adapters.triton_io import input_array, optional_input, optional_str_input
 from omni_triton.contracts import qwen3_tts as q
 from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, TEXT, code2wav_inputs, max_input_chars
-from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, scalar_array, utf8_array
+from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, first_value, scalar_array, scalar_int, utf8_array
 
 CHECKPOINT = "qwen3-tts-tiny"
 
@@ -159,7 +159,7 @@ class Qwen3TtsVoicePromptStage(BatchedStage):
     def _parse(self, request):
         audio = input_array(request, q.REF_AUDIO)
         audio = np.asarray(audio, np.float32).reshape(-1)
-        rate = int(np.asarray(input_array(request, q.REF_SAMPLE_RATE)).reshape(-1)[0])
+        rate = scalar_int(input_array(request, q.REF_SAMPLE_RATE), q.REF_SAMPLE_RATE, q.Qwen3TtsInputError)
         ref_text = optional_str_input(request, q.REF_TEXT, self.max_input_chars, q.Qwen3TtsInputError,
                                       "max_input_chars") or None
         xvec = optional_input(request, q.X_VECTOR_ONLY)
@@ -249,7 +249,7 @@ class Qwen3TtsPipeline(DecoupledStage):
         prompt = job["prompt"]
         if job.get("ref"):
             try:
-                prompt = call_stage(self.voice_prompt, job["ref"], [q.VOICE_PROMPT])[q.VOICE_PROMPT].reshape(-1)[0]
+                prompt = first_value(call_stage(self.voice_prompt, job["ref"], [q.VOICE_PROMPT])[q.VOICE_PROMPT])
             except StageError as exc:
                 raise q.Qwen3TtsInputError(str(exc)) if exc.invalid else exc
         ref_code = VoicePrompt.from_bytes(bytes(prompt)).ref_code if prompt is not None else None

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, InputError, bounded_str, first_str, utf8_array
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, InputError, bounded_str, first_str, first_value, utf8_array
 
 
 def _pb():
@@ -226,7 +226,7 @@ def scalar_input(request, name: str, kind=float, required: bool = True):
     array = input_array(request, name, required)
     if array is None:
         return None
-    value = array.reshape(-1)[0] if array.size else None
+    value = first_value(array)
     if value is None:
         raise InputError(f"input {name} is empty")
     if kind is str:

@@ -14,13 +14,15 @@ written once here for every chat model; every problem is a :class:`ChatInputErro
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, MIN_FRAMES
 from omni_triton.contracts.tensors import (
-    AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
+    AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, first_str, scalar_array,
+    scalar_int, utf8_array,
 )
 
 PROMPT = "PROMPT"
@@ -331,6 +333,50 @@ def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None
     for name, value in (raw or {}).items():
         pairs.append((name, utf8_array(value)))
     return pairs
+
+
+@dataclass(frozen=True)
+class TextResponse:
+    """One streamed response of a chat model's text (every chat model and the thinker/talker
+    stages that stream text): ``TEXT_DELTA`` (BYTES [1]: the new text, may be empty),
+    ``FINISH_REASON`` (BYTES [1]: ``""`` but on the last response: ``"stop"``, ``"length"``,
+    ``"abort"``), ``PROMPT_TOKENS`` and ``COMPLETION_TOKENS`` (INT32 [1], cumulative counts)."""
+
+    text: str = ""
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """``(prompt_tokens, completion_tokens)``."""
+        return self.prompt_tokens, self.completion_tokens
+
+    def to_tensors(self) -> dict[str, Any]:
+        """The response's outputs: the two BYTES as ``str`` (the adapters' response writer encodes
+        them as UTF-8 BYTES [1]), the counts as INT32 [1] arrays."""
+        return {TEXT_DELTA: self.text, FINISH_REASON: self.finish_reason,
+                PROMPT_TOKENS: scalar_array(int(self.prompt_tokens), "INT32"),
+                COMPLETION_TOKENS: scalar_array(int(self.completion_tokens), "INT32")}
+
+    @classmethod
+    def from_tensors(cls, out: Mapping[str, np.ndarray]) -> TextResponse:
+        """Read a streamed response of a chat stage (``out``: output name -> array).
+
+        Raises:
+            KeyError: one of the four outputs is missing.
+            ChatInputError: a count is empty.
+            UnicodeDecodeError: the text is not UTF-8.
+        """
+        return cls(first_str(out[TEXT_DELTA]) or "", first_str(out[FINISH_REASON]) or "",
+                   scalar_int(out[PROMPT_TOKENS], PROMPT_TOKENS, ChatInputError),
+                   scalar_int(out[COMPLETION_TOKENS], COMPLETION_TOKENS, ChatInputError))
+
+
+def text_response(text: str = "", finish_reason: str = "", prompt_tokens: int = 0,
+                  completion_tokens: int = 0) -> dict[str, Any]:
+    """:meth:`TextResponse.to_tensors` of one response (see :class:`TextResponse`)."""
+    return TextResponse(text, finish_reason, prompt_tokens, completion_tokens).to_tensors()
 
 
 def max_audio_frames_input(frames: int) -> tuple[str, np.ndarray]:

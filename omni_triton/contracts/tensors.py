@@ -10,9 +10,10 @@ against its contract, so the names in the code and the configs cannot drift apar
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 #: Start of every INVALID_ARG message a stage sends. Triton 2.51 delivers a streamed error without
 #: its code (in-band ``error_message``; the ``triton_grpc_error`` mode that keeps the code crashed
@@ -102,18 +103,54 @@ def first_str(array: np.ndarray | None) -> str | None:
     Raises:
         UnicodeDecodeError: the bytes are not UTF-8.
     """
-    value = _first(array)
+    value = first_value(array)
     if value is None:
         return None
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _first(array: np.ndarray | None):
-    """The first element of ``array``; ``None`` for ``None`` or an empty array."""
+def first_value(array: np.ndarray | ArrayLike | None) -> Any:
+    """The first element of ``array`` (any shape, e.g. a ``[1]`` or batched ``[1, 1]`` scalar
+    tensor), as numpy holds it; ``None`` for ``None`` or an empty array."""
     if array is None:
         return None
-    flat = array.reshape(-1)
+    flat = np.asarray(array).reshape(-1)
     return flat[0] if flat.size else None
+
+
+def first_int(array: np.ndarray | ArrayLike | None) -> int | None:
+    """The first element of a scalar tensor (``INT32``/``INT64``/``BOOL`` [1] ...) as a Python
+    ``int``; ``None`` for ``None`` or an empty array.
+
+    Raises:
+        ValueError, TypeError: the element is no number (e.g. non-numeric BYTES).
+    """
+    value = first_value(array)
+    return None if value is None else int(value)
+
+
+def first_float(array: np.ndarray | ArrayLike | None) -> float | None:
+    """The first element of a scalar tensor (``FP32`` [1] ...) as a Python ``float``; ``None``
+    for ``None`` or an empty array.
+
+    Raises:
+        ValueError, TypeError: the element is no number.
+    """
+    value = first_value(array)
+    return None if value is None else float(value)
+
+
+def scalar_int(array: np.ndarray | ArrayLike | None, name: str, error: type[Exception] = InputError) -> int:
+    """:func:`first_int` of tensor ``name`` that must be there: e.g. ``PROMPT_LEN`` or the token
+    counts of a stage's response.
+
+    Raises:
+        error: ``array`` is ``None`` or empty (``NAME is missing or empty``).
+    """
+    value = first_int(array)
+    if value is None:
+        raise error(f"{name} is missing or empty")
+    return value
 
 
 #: Stage-side caps on client text (docs/speech_contracts.md, docs/chat_contracts.md): Triton's
@@ -148,7 +185,7 @@ def bounded_str(array: np.ndarray | None, name: str, max_chars: int, error: type
         error: over the byte or the character bound (``invalid input: NAME ...``).
         UnicodeDecodeError: the bytes are not UTF-8.
     """
-    value = _first(array)
+    value = first_value(array)
     if value is None:
         return None
     if isinstance(value, (bytes, bytearray)) and len(value) > UTF8_MAX_BYTES * max_chars:
@@ -188,3 +225,10 @@ def infer_input(infer_input_cls, name: str, array: np.ndarray):
     tensor = infer_input_cls(name, list(array.shape), triton_datatype(array))
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def audio_outputs(audio: np.ndarray | None, sample_rate: int) -> dict[str, np.ndarray]:
+    """The speech part of a streamed response: ``AUDIO`` (FP32 [n] mono PCM, contiguous; an empty
+    array when ``audio`` is ``None``, a text-only response) and ``SAMPLE_RATE`` (INT32 [1], Hz)."""
+    pcm = np.zeros(0, np.float32) if audio is None else np.ascontiguousarray(audio, dtype=np.float32)
+    return {AUDIO: pcm, SAMPLE_RATE: scalar_array(int(sample_rate), "INT32")}
