@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.telemetry import Telemetry
-from omni_triton.contracts.speech import DUE_MS
+from omni_triton.contracts.codec import DUE_MS
 from omni_triton.adapters.triton_io import (
     InputError, batch_responses, batched_execute, model_parameters, optional_input, send,
 )

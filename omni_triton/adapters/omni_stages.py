@@ -18,6 +18,9 @@ from omni_triton.adapters.bls import stream_stage
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_array, optional_input, optional_str_input, required_array
 from omni_triton.contracts import chat as ch
+from omni_triton.contracts import codec as cd
+from omni_triton.contracts import omni_stages as om
+from omni_triton.contracts import qwen3_omni as q3
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import audio_outputs, media_messages_chars, scalar_array, scalar_int, utf8_array
 from omni_triton.media.inputs import MediaLimits
@@ -66,11 +69,11 @@ class FrameGroupResponses(FrameGroups):
 
     def outputs(self, frames: np.ndarray):
         codes = self.push(frames)
-        return None if codes is None else {sp.CODES: codes}
+        return None if codes is None else {cd.CODES: codes}
 
     def tail(self, stream):
         rest = self.flush()
-        return None if rest is None or stream.cancel_seen else {sp.CODES: rest}
+        return None if rest is None or stream.cancel_seen else {cd.CODES: rest}
 
 
 @dataclass
@@ -82,20 +85,20 @@ class AsyncTalkerJob:
 
 def _talker_increments(step) -> dict:
     """The talker tensors of one streamed thinker step (ThinkerStep increments -> tensors)."""
-    out = {ch.SEQUENCE: np.asarray(step.ids if step.ids is not None else (), np.int64)}
+    out = {om.SEQUENCE: np.asarray(step.ids if step.ids is not None else (), np.int64)}
     if step.embeds is not None:
-        out.update({ch.THINKER_EMBEDS: step.embeds, ch.THINKER_HIDDEN: step.hidden})
+        out.update({om.THINKER_EMBEDS: step.embeds, om.THINKER_HIDDEN: step.hidden})
     if step.prompt_len is not None:
-        out.update({ch.PROMPT_LEN: scalar_array(step.prompt_len, "INT32"), ch.TTS_EMBEDS: step.tts_embeds})
+        out.update({om.PROMPT_LEN: scalar_array(step.prompt_len, "INT32"), om.TTS_EMBEDS: step.tts_embeds})
     return out
 
 
 def _step_increments(out: dict) -> dict:
     """The inverse of :func:`_talker_increments`: ThinkerStep keyword arguments from tensors."""
-    kw = {"ids": out.get(ch.SEQUENCE), "embeds": out.get(ch.THINKER_EMBEDS), "hidden": out.get(ch.THINKER_HIDDEN),
-          "tts_embeds": out.get(ch.TTS_EMBEDS)}
-    if ch.PROMPT_LEN in out:
-        kw["prompt_len"] = scalar_int(out[ch.PROMPT_LEN], ch.PROMPT_LEN, ch.ChatInputError)
+    kw = {"ids": out.get(om.SEQUENCE), "embeds": out.get(om.THINKER_EMBEDS), "hidden": out.get(om.THINKER_HIDDEN),
+          "tts_embeds": out.get(om.TTS_EMBEDS)}
+    if om.PROMPT_LEN in out:
+        kw["prompt_len"] = scalar_int(out[om.PROMPT_LEN], om.PROMPT_LEN, ch.ChatInputError)
     return kw
 
 
@@ -129,9 +132,9 @@ class OmniThinkerBase(DecoupledStage):
     def parse(self, request):
         from omni_triton.stages.qwen3_omni import MultimodalInputs, prepare_multimodal_request
 
-        talker_inputs = bool(optional_input(request, ch.TALKER_INPUTS) or False)
-        streamed = talker_inputs and bool(optional_input(request, ch.ASYNC_CHUNK) or False)
-        given = MultimodalInputs(**_read_media(request, ch.MEDIA_TENSORS))
+        talker_inputs = bool(optional_input(request, om.TALKER_INPUTS) or False)
+        streamed = talker_inputs and bool(optional_input(request, q3.ASYNC_CHUNK) or False)
+        given = MultimodalInputs(**_read_media(request, q3.MEDIA_TENSORS))
         ids, sampling, media = prepare_multimodal_request(
             self.thinker, *read_chat_request(request, self.messages_chars), self.default_max_tokens,
             self.max_model_len, talker_inputs,
@@ -149,12 +152,12 @@ class OmniThinkerBase(DecoupledStage):
             self.metrics.count("tokens", step.completion_tokens - counted)
             counted = step.completion_tokens
             out = ch.text_response(step.text, step.finish_reason or "", len(ids), step.completion_tokens)
-            if streamed:  # increments (ch.ASYNC_CHUNK): what this step appended to the talker tensors
+            if streamed:  # increments (q3.ASYNC_CHUNK): what this step appended to the talker tensors
                 out.update(_talker_increments(step))
             elif step.output is not None:
                 o = step.output
-                out.update({ch.SEQUENCE: o.sequence, ch.PROMPT_LEN: scalar_array(o.prompt_len, "INT32"),
-                            ch.THINKER_EMBEDS: o.embeds, ch.THINKER_HIDDEN: o.hidden, ch.TTS_EMBEDS: o.tts_embeds})
+                out.update({om.SEQUENCE: o.sequence, om.PROMPT_LEN: scalar_array(o.prompt_len, "INT32"),
+                            om.THINKER_EMBEDS: o.embeds, om.THINKER_HIDDEN: o.hidden, om.TTS_EMBEDS: o.tts_embeds})
             yield Final(out) if step.finish_reason else out
 
 
@@ -182,16 +185,16 @@ class OmniTalkerBase(DecoupledStage):
         from omni_triton.stages.qwen3_omni import ThinkerOutput
 
         return ThinkerOutput(
-            sequence=required_array(request, ch.SEQUENCE).reshape(-1).astype(np.int64),
-            prompt_len=scalar_int(required_array(request, ch.PROMPT_LEN), ch.PROMPT_LEN, ch.ChatInputError),
-            embeds=required_array(request, ch.THINKER_EMBEDS).astype(np.float32),
-            hidden=required_array(request, ch.THINKER_HIDDEN).astype(np.float32),
-            tts_embeds=required_array(request, ch.TTS_EMBEDS).astype(np.float32),
-            talker_media=_read_media(request, ch.TALKER_MEDIA_TENSORS) or None)
+            sequence=required_array(request, om.SEQUENCE).reshape(-1).astype(np.int64),
+            prompt_len=scalar_int(required_array(request, om.PROMPT_LEN), om.PROMPT_LEN, ch.ChatInputError),
+            embeds=required_array(request, om.THINKER_EMBEDS).astype(np.float32),
+            hidden=required_array(request, om.THINKER_HIDDEN).astype(np.float32),
+            tts_embeds=required_array(request, om.TTS_EMBEDS).astype(np.float32),
+            talker_media=_read_media(request, q3.TALKER_MEDIA_TENSORS) or None)
 
     def _settings(self, request):
         settings = self.settings
-        max_frames, min_frames = optional_input(request, sp.MAX_FRAMES), optional_input(request, sp.MIN_FRAMES)
+        max_frames, min_frames = optional_input(request, sp.MAX_FRAMES), optional_input(request, cd.MIN_FRAMES)
         if max_frames is not None:
             settings = replace(settings, max_frames=int(max_frames))
         if min_frames is not None:
@@ -249,8 +252,8 @@ class OmniPipelineBase(DecoupledStage):
         inputs = chat_request_pairs((prompt, messages, sampling))
         talker_media = []
         if media is not None:
-            inputs += _media_pairs(media.__dict__, ch.MEDIA_TENSORS)
-            talker_media = _media_pairs(media.talker_arrays(), ch.TALKER_MEDIA_TENSORS)
+            inputs += _media_pairs(media.__dict__, q3.MEDIA_TENSORS)
+            talker_media = _media_pairs(media.talker_arrays(), q3.TALKER_MEDIA_TENSORS)
         return OmniJob(inputs, audio, voice, None if max_frames is None else int(max_frames), False,
                        talker_media, self.paced(request))
 
@@ -264,16 +267,16 @@ class OmniPipelineBase(DecoupledStage):
         cancelled, aborted, or under two generated tokens: the reference needs the first
         generated token's states), and the (prompt, completion) token counts. Used as
         ``talker_in, counts = yield from self._think(...)`` (also by the Qwen2.5-Omni BLS)."""
-        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
-        outputs = ch.TEXT_OUTPUTS + (ch.TALKER_TENSORS if job.audio else ())
+        inputs = job.inputs + [(om.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
+        outputs = ch.TEXT_OUTPUTS + (om.TALKER_TENSORS if job.audio else ())
         talker_in, counts, finish = None, (0, 0), ""
         for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
                                 f"{request_prefix}-{uuid.uuid4().hex}", parent=stream):
             response = ch.TextResponse.from_tensors(out)
             finish, counts = response.finish_reason, response.counts
             yield self._response(response.text, finish, counts)
-            if job.audio and ch.SEQUENCE in out:
-                talker_in = [(n, out[n]) for n in ch.TALKER_TENSORS]
+            if job.audio and om.SEQUENCE in out:
+                talker_in = [(n, out[n]) for n in om.TALKER_TENSORS]
         if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:
             return None, counts
         if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:

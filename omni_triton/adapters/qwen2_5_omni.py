@@ -22,6 +22,7 @@ from omni_triton.contracts import chat as ch
 from omni_triton.contracts import qwen2_5_omni as q25
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import scalar_int, utf8_array
+from omni_triton.contracts import codec as cd
 
 
 def _checkpoint(params):
@@ -89,7 +90,7 @@ class Qwen25OmniToken2WavStage(BatchedStage):
             guidance_scale=float(params.get("guidance_scale", "0.5")))
 
     def parse(self, request):
-        codes = self.token2wav.validate(required_array(request, sp.CODES))
+        codes = self.token2wav.validate(required_array(request, cd.CODES))
         voice = self.token2wav.voice(optional_str_input(request, ch.VOICE) or "")
         return codes, voice, scalar_int(required_array(request, q25.SEED), q25.SEED, ch.ChatInputError)
 
@@ -140,14 +141,14 @@ class Qwen25OmniPipeline(OmniPipelineBase):
         if talker_in is None:
             return
         codes = []
-        for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
+        for out in stream_stage(self.talker, talker_in, [cd.CODES], stream.cancelled, self.stage_flags,
                                 f"qwen25-talker-{uuid.uuid4().hex}", parent=stream):
-            c = out.get(sp.CODES)
+            c = out.get(cd.CODES)
             if c is not None and c.size and not stream.cancel_seen:
                 codes.append(c.reshape(-1))
         if not codes or stream.cancel_seen or stream.cancelled():
             return
-        pcm = call_stage(self.token2wav, [(sp.CODES, np.concatenate(codes).astype(np.int64)[None, :]),
+        pcm = call_stage(self.token2wav, [(cd.CODES, np.concatenate(codes).astype(np.int64)[None, :]),
                                           (ch.VOICE, utf8_array(job.voice)[None, :]),
                                           (q25.SEED, np.array([[job.seed]], np.int64))], [sp.AUDIO])[sp.AUDIO]
         yield self._response(counts=counts, audio=pcm.reshape(-1))

@@ -14,7 +14,8 @@ from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage
 from omni_triton.adapters.triton_io import input_array, optional_input, optional_str_input
 from omni_triton.contracts import qwen3_tts as q
-from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, TEXT, code2wav_inputs, max_input_chars
+from omni_triton.contracts.codec import CODES, LEFT_CONTEXT, code2wav_inputs
+from omni_triton.contracts.speech import MAX_FRAMES, TEXT, max_input_chars
 from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, first_value, scalar_array, scalar_int, utf8_array
 
 CHECKPOINT = "qwen3-tts-tiny"

@@ -33,7 +33,7 @@ from omni_triton.adapters.triton_io import (
     send,
     tensors,
 )
-from omni_triton.contracts.speech import CODES
+from omni_triton.contracts.codec import CODES
 from omni_triton.contracts.tensors import AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, InputError
 from omni_triton.runtime import scheduling
 

@@ -1,5 +1,7 @@
-"""The chat contract (``docs/chat_contracts.md``): ``llm``, ``llm_tts`` and the Qwen3-Omni
-pipeline (``qwen3_omni`` and its stages ``qwen3_omni_thinker`` -> ``qwen3_omni_talker`` -> ``qwen3_omni_code2wav``).
+"""The chat contract (``docs/chat_contracts.md``): what every chat model takes and streams
+(``llm``, ``llm_tts``, and the omni BLS models ``qwen3_omni`` and ``qwen2_5_omni``, whose stage
+tensors are in ``contracts/qwen3_omni.py``, ``contracts/qwen2_5_omni.py`` and, shared by both,
+``contracts/omni_stages.py``).
 
 Inputs of a chat model (BYTES [1], UTF-8): ``PROMPT`` or ``MESSAGES`` (JSON array of OpenAI chat
 messages), optional ``SAMPLING_PARAMETERS`` (JSON object, vLLM ``SamplingParams`` names),
@@ -19,7 +21,6 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, MIN_FRAMES
 from omni_triton.contracts.tensors import (
     AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, first_str, scalar_array,
     scalar_int, utf8_array,
@@ -34,41 +35,9 @@ TEXT_DELTA = "TEXT_DELTA"
 FINISH_REASON = "FINISH_REASON"
 PROMPT_TOKENS = "PROMPT_TOKENS"
 COMPLETION_TOKENS = "COMPLETION_TOKENS"
-# qwen3_omni_thinker -> qwen3_omni_talker (the thinker's outputs are the talker's inputs, same names)
-TALKER_INPUTS = "TALKER_INPUTS"  #: BOOL [1]: ask the thinker for the talker's inputs
-SEQUENCE = "SEQUENCE"  #: INT64 [L]: prompt + generated ids
-PROMPT_LEN = "PROMPT_LEN"  #: INT32 [1]
-THINKER_EMBEDS = "THINKER_EMBEDS"  #: FP32 [L-1, H]: input embedding of every token fed to the thinker
-THINKER_HIDDEN = "THINKER_HIDDEN"  #: FP32 [L-1, H]: hidden state at the talker's accept layer
-TTS_EMBEDS = "TTS_EMBEDS"  #: FP32 [3, H]: embeddings of tts_bos, tts_eos, tts_pad
-#: BOOL [1]: speak while thinking. omni: override of its ``async_chunk`` parameter; qwen3_omni_thinker (with
-#: TALKER_INPUTS): the talker tensors as increments on every response (docs/omni_pipeline.md)
-ASYNC_CHUNK = "ASYNC_CHUNK"
-
-# omni -> qwen3_omni_thinker: the multimodal processor's tensors (omni_triton/stages/qwen3_omni/inputs.py;
-# A audio clips, I images, V videos in message order; all optional, sent only when present)
-INPUT_FEATURES = "INPUT_FEATURES"  #: FP32 [A, M, F]: log-mel features (M mel bins, 100 frames/s)
-FEATURE_ATTENTION_MASK = "FEATURE_ATTENTION_MASK"  #: INT32 [A, F]: 1 on each clip's frames
-PIXEL_VALUES = "PIXEL_VALUES"  #: FP32 [P, C*T*p*p]: all images' patches
-IMAGE_GRID_THW = "IMAGE_GRID_THW"  #: INT64 [I, 3]: patches per image (t, h, w)
-PIXEL_VALUES_VIDEOS = "PIXEL_VALUES_VIDEOS"  #: FP32 [Pv, C*T*p*p]: all videos' patches
-VIDEO_GRID_THW = "VIDEO_GRID_THW"  #: INT64 [V, 3]
-VIDEO_SECOND_PER_GRID = "VIDEO_SECOND_PER_GRID"  #: FP32 [V]: seconds per temporal patch
-# omni -> qwen3_omni_talker (multimodal prompts): the reference also passes these to talker.generate
-AUDIO_FEATURE_LENGTHS = "AUDIO_FEATURE_LENGTHS"  #: INT64 [A]: feature frames per clip
-
-#: ``MultimodalInputs`` field -> thinker input tensor
-MEDIA_TENSORS = {"input_features": INPUT_FEATURES, "feature_attention_mask": FEATURE_ATTENTION_MASK,
-                 "pixel_values": PIXEL_VALUES, "image_grid_thw": IMAGE_GRID_THW,
-                 "pixel_values_videos": PIXEL_VALUES_VIDEOS, "video_grid_thw": VIDEO_GRID_THW,
-                 "video_second_per_grid": VIDEO_SECOND_PER_GRID}
-#: ``MultimodalInputs.talker_arrays`` key -> talker input tensor
-TALKER_MEDIA_TENSORS = {"audio_feature_lengths": AUDIO_FEATURE_LENGTHS, "image_grid_thw": IMAGE_GRID_THW,
-                        "video_grid_thw": VIDEO_GRID_THW, "video_second_per_grid": VIDEO_SECOND_PER_GRID}
 
 TEXT_OUTPUTS = (TEXT_DELTA, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
 SPEECH_OUTPUTS = (AUDIO, SAMPLE_RATE)
-TALKER_TENSORS = (SEQUENCE, PROMPT_LEN, THINKER_EMBEDS, THINKER_HIDDEN, TTS_EMBEDS)
 
 
 class ChatInputError(InputError):
@@ -390,46 +359,18 @@ def _s(name: str, dims=(1,), optional: bool = False) -> TensorSpec:
     return TensorSpec(name, "BYTES", tuple(dims), optional)
 
 
-_TEXT_OUT = (_s(TEXT_DELTA), _s(FINISH_REASON), TensorSpec(PROMPT_TOKENS, "INT32"),
-             TensorSpec(COMPLETION_TOKENS, "INT32"))
-_SPEECH_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))
-_CHAT_IN = (_s(PROMPT, optional=True), _s(MESSAGES, optional=True), _s(SAMPLING_PARAMETERS, optional=True))
-_TALKER_IN = (TensorSpec(SEQUENCE, "INT64", (-1,)), TensorSpec(PROMPT_LEN, "INT32"),
-              TensorSpec(THINKER_EMBEDS, "FP32", (-1, -1)), TensorSpec(THINKER_HIDDEN, "FP32", (-1, -1)),
-              TensorSpec(TTS_EMBEDS, "FP32", (3, -1)))
+#: a chat model's streamed text outputs (:class:`TextResponse`)
+TEXT_OUT = (_s(TEXT_DELTA), _s(FINISH_REASON), TensorSpec(PROMPT_TOKENS, "INT32"),
+            TensorSpec(COMPLETION_TOKENS, "INT32"))
+#: a speaking chat model's audio outputs (:func:`~omni_triton.contracts.tensors.audio_outputs`)
+SPEECH_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))
+#: the request inputs every chat model takes (PROMPT or MESSAGES, SAMPLING_PARAMETERS)
+CHAT_IN = (_s(PROMPT, optional=True), _s(MESSAGES, optional=True), _s(SAMPLING_PARAMETERS, optional=True))
 
-_MEDIA_IN = (TensorSpec(INPUT_FEATURES, "FP32", (-1, -1, -1), True), TensorSpec(FEATURE_ATTENTION_MASK, "INT32", (-1, -1), True),
-             TensorSpec(PIXEL_VALUES, "FP32", (-1, -1), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
-             TensorSpec(PIXEL_VALUES_VIDEOS, "FP32", (-1, -1), True), TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True),
-             TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
-_TALKER_MEDIA_IN = (TensorSpec(AUDIO_FEATURE_LENGTHS, "INT64", (-1,), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
-                    TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True), TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
+LLM = StageContract(CHAT_IN + (_s(REQUEST_ID, optional=True),), TEXT_OUT, decoupled=True)
+LLM_TTS = StageContract(CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
+                        TEXT_OUT + SPEECH_OUT, decoupled=True)
 
-LLM = StageContract(_CHAT_IN + (_s(REQUEST_ID, optional=True),), _TEXT_OUT, decoupled=True)
-LLM_TTS = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
-                        _TEXT_OUT + _SPEECH_OUT, decoupled=True)
-OMNI = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True),
-                                 TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True),
-                                 TensorSpec(ASYNC_CHUNK, "BOOL", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
-                     _TEXT_OUT + _SPEECH_OUT, decoupled=True)
-OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True),
-                                         _s(REQUEST_ID, optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True),
-                                         TensorSpec(PACED, "BOOL", optional=True))
-                             + _MEDIA_IN,
-                             _TEXT_OUT + _TALKER_IN, decoupled=True)
-# qwen3_omni_talker takes either the thinker's finished outputs (_TALKER_IN, with _TALKER_MEDIA_IN for
-# multimodal prompts) or, speaking while thinking, the chat inputs, which it sends to qwen3_omni_thinker
-# itself (it then streams the thinker's text too; text-only prompts: the omni BLS speaks while
-# thinking only for those).
-OMNI_TALKER = StageContract(tuple(TensorSpec(t.name, t.datatype, t.dims, True) for t in _TALKER_IN) + _CHAT_IN
-                            + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
-                               TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True),
-                               TensorSpec(PACED, "BOOL", optional=True))
-                            + _TALKER_MEDIA_IN,
-                            (TensorSpec(CODES, "INT64", (-1, -1)),) + _TEXT_OUT, decoupled=True)
-OMNI_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
-                              (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
-
-#: model name -> contract, for the models of this pipeline in ``model_repository/``.
-CONTRACTS = {"llm": LLM, "llm_tts": LLM_TTS, "qwen3_omni": OMNI, "qwen3_omni_thinker": OMNI_THINKER,
-             "qwen3_omni_talker": OMNI_TALKER, "qwen3_omni_code2wav": OMNI_CODE2WAV}
+#: model name -> contract, for the llm family's models in ``model_repository/`` (the omni families'
+#: are in ``contracts/qwen3_omni.py`` and ``contracts/qwen2_5_omni.py``).
+CONTRACTS = {"llm": LLM, "llm_tts": LLM_TTS}

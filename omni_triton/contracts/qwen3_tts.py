@@ -73,7 +73,7 @@ CLIENT_CONTRACTS = {"qwen3_tts": QWEN3_TTS, "qwen3_tts_voice_prompt": QWEN3_TTS_
 # [1, 1] (+ DUE_MS fp32 [1, 1]: ms until the chunk's decoding is due; the decoder takes the most
 # urgent chunk first) -> AUDIO fp32 [1, samples] of the frames after the left context (1920
 # samples/frame).
-from omni_triton.contracts.speech import CODES, DUE_MS, LEFT_CONTEXT  # noqa: E402
+from omni_triton.contracts.codec import CODES, DUE_MS, LEFT_CONTEXT  # noqa: E402
 from omni_triton.contracts.tensors import REQUEST_ID  # noqa: E402
 
 QWEN3_TTS_TALKER = StageContract(

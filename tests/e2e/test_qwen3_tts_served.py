@@ -212,7 +212,7 @@ def _decode_call(url, codes, left, due_ms=None):
 
     import tritonclient.grpc as grpcclient
 
-    from omni_triton.contracts.speech import code2wav_inputs
+    from omni_triton.contracts.codec import code2wav_inputs
     from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
     client = grpcclient.InferenceServerClient(url)

@@ -11,9 +11,19 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from omni_triton.contracts import CONTRACTS, chat, image, probe, speech
+from omni_triton.contracts import csm as cs
 from omni_triton.contracts.tensors import (
-    InputError, audio_outputs, first_float, first_int, first_str, first_value, infer_input, scalar_int, triton_datatype,
-    utf8_array, wrap_inputs,
+    InputError,
+    audio_outputs,
+    first_float,
+    first_int,
+    first_str,
+    first_value,
+    infer_input,
+    scalar_int,
+    triton_datatype,
+    utf8_array,
+    wrap_inputs,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,12 +152,12 @@ def test_one_sampling_parser_for_every_chat_model():
 
 
 def test_frame_budget_follows_the_input_length():
-    budget = speech.FrameBudget(frames_per_char=2.5, floor=100)
+    budget = cs.FrameBudget(frames_per_char=2.5, floor=100)
     assert budget.for_text("Hi.") == 100
     long_text = "word " * 200  # 1000 characters: far more than 8 s of speech
     assert budget.for_text(long_text) == 2500 > 100
     with pytest.raises(ValueError):
-        speech.FrameBudget(frames_per_char=0)
+        cs.FrameBudget(frames_per_char=0)
 
 
 @pytest.mark.parametrize("name", sorted(probe.CONTRACTS))

@@ -1,0 +1,56 @@
+"""The CSM pipeline's stage contracts (``docs/speech_contracts.md``): ``csm`` (BLS; the speech
+contract of ``omni_triton.contracts.speech``, API name ``tts``) -> ``csm_talker`` (codec frames) ->
+``csm_code2wav`` (PCM).
+
+``csm_talker`` takes ``TEXT``, ``SPEAKER`` (INT32 [1], CSM speaker id), ``MAX_FRAMES`` /
+``MIN_FRAMES``, ``REQUEST_ID``, ``PACED`` and streams ``CODES`` (``contracts/codec.py``);
+``csm_code2wav`` is the chunked codec decoder of ``contracts/codec.py``. Input problems are
+:class:`~omni_triton.contracts.speech.SpeechInputError`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from omni_triton.contracts.codec import CODE2WAV, CODES, MIN_FRAMES
+from omni_triton.contracts.speech import AUDIO_OUT, MAX_FRAMES, PIPER_TTS, TEXT
+from omni_triton.contracts.tensors import PACED, REQUEST_ID, StageContract, TensorSpec
+
+SPEAKER = "SPEAKER"  #: INT32 [1]: CSM speaker id
+
+
+@dataclass(frozen=True)
+class FrameBudget:
+    """How many codec frames a ``csm`` request may generate when the client sets no MAX_FRAMES.
+
+    A fixed cap cut every long input at the same length (100 frames = 8 s, whatever the text);
+    the budget follows the input instead: ``max(floor, ceil(len(text) * frames_per_char))``.
+    At 12.5 frames/s, 2.5 frames per character is 5 characters per second, slower than slow
+    speech (~12-15 characters per second), so a real talker ends on its own end-of-audio first.
+
+    Raises:
+        ValueError: non-positive parameters.
+    """
+
+    frames_per_char: float = 2.5
+    floor: int = 100
+
+    def __post_init__(self):
+        if self.frames_per_char <= 0 or self.floor < 1:
+            raise ValueError(f"frame budget needs frames_per_char > 0 and floor >= 1, got {self}")
+
+    def for_text(self, text: str) -> int:
+        """The cap on codec frames for ``text``."""
+        return max(self.floor, math.ceil(len(text) * self.frames_per_char))
+
+
+CSM = StageContract(PIPER_TTS.inputs + (TensorSpec(MAX_FRAMES, "INT32", optional=True),), AUDIO_OUT, decoupled=True)
+CSM_TALKER = StageContract(
+    (TensorSpec(TEXT, "BYTES"), TensorSpec(SPEAKER, "INT32", optional=True),
+     TensorSpec(MAX_FRAMES, "INT32", optional=True), TensorSpec(MIN_FRAMES, "INT32", optional=True),
+     TensorSpec(REQUEST_ID, "BYTES", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
+    (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
+CSM_CODE2WAV = CODE2WAV
+
+#: model name -> contract, for the models of this pipeline in ``model_repository/``.
+CONTRACTS = {"csm": CSM, "csm_talker": CSM_TALKER, "csm_code2wav": CSM_CODE2WAV}
