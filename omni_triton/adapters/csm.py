@@ -13,11 +13,11 @@ from omni_triton.adapters.batched import set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.codec import CodecDecoderStage
 from omni_triton.adapters.stream import DecoupledStage, Final
-from omni_triton.adapters.triton_io import optional_input, optional_str_input
+from omni_triton.adapters.triton_io import optional_input, optional_str_input, present_arrays
 from omni_triton.contracts import codec as cd
 from omni_triton.contracts import csm as cs
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import scalar_array, utf8_array
+from omni_triton.contracts.tensors import scalar_array
 from omni_triton.stages.chunking import FrameGroups
 
 
@@ -47,12 +47,10 @@ class CsmTalkerStage(DecoupledStage):
         self.default_max = int(params.get("default_max_frames", self.talker.default_max_frames))
 
     def parse(self, request):
-        text = optional_str_input(request, sp.TEXT)
-        if not text:
-            raise sp.SpeechInputError("csm_talker: TEXT is required")
-        speaker, lo, hi = (optional_input(request, n) for n in (cs.SPEAKER, cd.MIN_FRAMES, sp.MAX_FRAMES))
-        return (text, 0 if speaker is None else int(speaker), self.default_min if lo is None else int(lo),
-                self.default_max if hi is None else int(hi))
+        handoff = cs.CsmToTalker.from_tensors(present_arrays(request, cs.TALKER_INPUT_NAMES))
+        lo, hi = handoff.min_frames, handoff.max_frames
+        return (handoff.text, handoff.speaker, self.default_min if lo is None else lo,
+                self.default_max if hi is None else hi)
 
     def generate(self, job, stream):
         text, speaker, min_frames, max_frames = job
@@ -122,17 +120,14 @@ class CsmPipeline(DecoupledStage):
                        self.paced(request))
 
     def _decode(self, codes, left):
-        return call_stage(self.code2wav, cd.code2wav_inputs(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1).astype(np.float32)
+        return call_stage(self.code2wav, cd.talker_to_code2wav(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
 
         chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
         rate = scalar_array(self.sample_rate, "INT32")
-        inputs = [(sp.TEXT, utf8_array(job.text)), (cs.SPEAKER, scalar_array(job.speaker, "INT32")),
-                  (sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32"))]
-        if job.paced:
-            inputs.append((sp.PACED, scalar_array(True, "BOOL")))
+        inputs = cs.CsmToTalker(job.text, job.speaker, job.max_frames, paced=job.paced).to_tensors()
         for out in stream_stage(self.talker, inputs, [cd.CODES], stream.cancelled, self.talker_flags,
                                 f"tts-{uuid.uuid4().hex}", parent=stream):
             codes = out.get(cd.CODES)

@@ -22,7 +22,7 @@ from omni_triton.contracts import codec as cd
 from omni_triton.contracts import omni_stages as om
 from omni_triton.contracts import qwen3_omni as q3
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import audio_outputs, media_messages_chars, scalar_array, scalar_int, utf8_array
+from omni_triton.contracts.tensors import audio_outputs, media_messages_chars, scalar_array, scalar_int
 from omni_triton.media.inputs import MediaLimits
 from omni_triton.stages.chunking import FrameGroups
 
@@ -156,8 +156,7 @@ class OmniThinkerBase(DecoupledStage):
                 out.update(_talker_increments(step))
             elif step.output is not None:
                 o = step.output
-                out.update({om.SEQUENCE: o.sequence, om.PROMPT_LEN: scalar_array(o.prompt_len, "INT32"),
-                            om.THINKER_EMBEDS: o.embeds, om.THINKER_HIDDEN: o.hidden, om.TTS_EMBEDS: o.tts_embeds})
+                out.update(om.ThinkerToTalker(o.sequence, o.prompt_len, o.embeds, o.hidden, o.tts_embeds).thinker_outputs())
             yield Final(out) if step.finish_reason else out
 
 
@@ -184,13 +183,9 @@ class OmniTalkerBase(DecoupledStage):
         media) as a ``ThinkerOutput``; a missing tensor is an input error."""
         from omni_triton.stages.qwen3_omni import ThinkerOutput
 
-        return ThinkerOutput(
-            sequence=required_array(request, om.SEQUENCE).reshape(-1).astype(np.int64),
-            prompt_len=scalar_int(required_array(request, om.PROMPT_LEN), om.PROMPT_LEN, ch.ChatInputError),
-            embeds=required_array(request, om.THINKER_EMBEDS).astype(np.float32),
-            hidden=required_array(request, om.THINKER_HIDDEN).astype(np.float32),
-            tts_embeds=required_array(request, om.TTS_EMBEDS).astype(np.float32),
-            talker_media=_read_media(request, q3.TALKER_MEDIA_TENSORS) or None)
+        handoff = om.ThinkerToTalker.from_tensors({n: required_array(request, n) for n in om.TALKER_TENSORS})
+        return ThinkerOutput(handoff.sequence, handoff.prompt_len, handoff.embeds, handoff.hidden, handoff.tts_embeds,
+                             talker_media=_read_media(request, q3.TALKER_MEDIA_TENSORS) or None)
 
     def _settings(self, request):
         settings = self.settings
@@ -269,20 +264,18 @@ class OmniPipelineBase(DecoupledStage):
         ``talker_in, counts = yield from self._think(...)`` (also by the Qwen2.5-Omni BLS)."""
         inputs = job.inputs + [(om.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
         outputs = ch.TEXT_OUTPUTS + (om.TALKER_TENSORS if job.audio else ())
-        talker_in, counts, finish = None, (0, 0), ""
+        final, counts, finish = None, (0, 0), ""
         for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
                                 f"{request_prefix}-{uuid.uuid4().hex}", parent=stream):
             response = ch.TextResponse.from_tensors(out)
             finish, counts = response.finish_reason, response.counts
             yield self._response(response.text, finish, counts)
             if job.audio and om.SEQUENCE in out:
-                talker_in = [(n, out[n]) for n in om.TALKER_TENSORS]
-        if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:
+                final = out  # the thinker's last response: it carries the talker's tensors
+        if stream.cancel_seen or stream.cancelled() or finish == "abort" or final is None:
             return None, counts
-        if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:
+        handoff = om.thinker_to_talker(final, job.voice, job.talker_media or (), job.max_frames)
+        if handoff.generated_tokens < 2:
             return None, counts
-        talker_in += [(ch.VOICE, utf8_array(job.voice))] + list(job.talker_media or [])
-        if job.max_frames is not None:
-            talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
-        return talker_in, counts
+        return handoff.to_tensors(), counts
 

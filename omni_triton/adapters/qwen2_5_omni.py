@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omni_triton.adapters.api_inputs import read_chat_request
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
-from omni_triton.adapters.api_inputs import read_chat_request
 from omni_triton.adapters.omni_stages import OmniJob, OmniPipelineBase, OmniTalkerBase, OmniThinkerBase
 from omni_triton.adapters.triton_io import optional_str_input, required_array
 from omni_triton.contracts import chat as ch
+from omni_triton.contracts import codec as cd
 from omni_triton.contracts import qwen2_5_omni as q25
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import scalar_int, utf8_array
-from omni_triton.contracts import codec as cd
+from omni_triton.contracts.tensors import scalar_int
 
 
 def _checkpoint(params):
@@ -148,7 +148,6 @@ class Qwen25OmniPipeline(OmniPipelineBase):
                 codes.append(c.reshape(-1))
         if not codes or stream.cancel_seen or stream.cancelled():
             return
-        pcm = call_stage(self.token2wav, [(cd.CODES, np.concatenate(codes).astype(np.int64)[None, :]),
-                                          (ch.VOICE, utf8_array(job.voice)[None, :]),
-                                          (q25.SEED, np.array([[job.seed]], np.int64))], [sp.AUDIO])[sp.AUDIO]
+        handoff = q25.TalkerToToken2Wav(np.concatenate(codes), job.voice, job.seed)
+        pcm = call_stage(self.token2wav, handoff.to_tensors(), [sp.AUDIO])[sp.AUDIO]
         yield self._response(counts=counts, audio=pcm.reshape(-1))

@@ -228,7 +228,7 @@ class Qwen3OmniPipeline(OmniPipelineBase):
         return replace(job, async_chunk=async_chunk)
 
     def _decode(self, codes, left):
-        return call_stage(self.code2wav, cd.code2wav_inputs(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1)
+        return call_stage(self.code2wav, cd.talker_to_code2wav(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1)
 
     def generate(self, job, stream):
         if job.audio and job.async_chunk:

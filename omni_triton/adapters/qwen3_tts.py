@@ -14,7 +14,7 @@ from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage
 from omni_triton.adapters.triton_io import input_array, optional_input, optional_str_input
 from omni_triton.contracts import qwen3_tts as q
-from omni_triton.contracts.codec import CODES, LEFT_CONTEXT, code2wav_inputs
+from omni_triton.contracts.codec import CODES, LEFT_CONTEXT, talker_to_code2wav
 from omni_triton.contracts.speech import MAX_FRAMES, TEXT, max_input_chars
 from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, first_value, scalar_array, scalar_int, utf8_array
 
@@ -239,7 +239,7 @@ class Qwen3TtsPipeline(DecoupledStage):
         return optional_str_input(request, name, self.max_input_chars, q.Qwen3TtsInputError, "max_input_chars")
 
     def _decode(self, codes, left, due_s=None):
-        return call_stage(self.code2wav, code2wav_inputs(codes, left, due_s), [AUDIO])[AUDIO].reshape(-1).astype(np.float32)
+        return call_stage(self.code2wav, talker_to_code2wav(codes, left, due_s), [AUDIO])[AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
         from omni_triton.adapters.bls import StageError

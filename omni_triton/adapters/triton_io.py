@@ -160,8 +160,7 @@ def optional_input(request, name: str) -> Any:
     tensor = _pb().get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
-    array = tensor.as_numpy().reshape(-1)
-    return array[0] if array.size else None
+    return first_value(tensor.as_numpy())
 
 
 def optional_str_input(request, name: str, max_chars: int | None = None, error: type[Exception] = InputError,
@@ -203,6 +202,13 @@ def optional_array(request, name: str) -> np.ndarray | None:
     when the client did not send it."""
     tensor = _pb().get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
+
+
+def present_arrays(request, names) -> dict[str, np.ndarray]:
+    """The whole arrays of the inputs ``names`` the client sent (absent ones left out), e.g. for
+    a hand-off's ``from_tensors``."""
+    arrays = {name: optional_array(request, name) for name in names}
+    return {name: array for name, array in arrays.items() if array is not None}
 
 
 def required_array(request, name: str) -> np.ndarray:

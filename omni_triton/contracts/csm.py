@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
 
 from omni_triton.contracts.codec import CODE2WAV, CODES, MIN_FRAMES
-from omni_triton.contracts.speech import AUDIO_OUT, MAX_FRAMES, PIPER_TTS, TEXT
-from omni_triton.contracts.tensors import PACED, REQUEST_ID, StageContract, TensorSpec
+from omni_triton.contracts.speech import AUDIO_OUT, MAX_FRAMES, PIPER_TTS, TEXT, SpeechInputError
+from omni_triton.contracts.tensors import (
+    PACED,
+    REQUEST_ID,
+    StageContract,
+    TensorSpec,
+    first_int,
+    first_str,
+    scalar_array,
+    utf8_array,
+)
 
 SPEAKER = "SPEAKER"  #: INT32 [1]: CSM speaker id
 
@@ -43,6 +55,56 @@ class FrameBudget:
         """The cap on codec frames for ``text``."""
         return max(self.floor, math.ceil(len(text) * self.frames_per_char))
 
+
+@dataclass(frozen=True)
+class CsmToTalker:
+    """The ``csm`` BLS -> ``csm_talker`` hand-off: the validated request the talker turns into
+    codec frames.
+
+    Attributes:
+        text: ``TEXT``, the text to speak (non-empty).
+        speaker: ``SPEAKER`` (INT32 [1]), the CSM speaker id (absent: 0).
+        max_frames: ``MAX_FRAMES`` (INT32 [1]), the cap on codec frames (None: the talker's default).
+        min_frames: ``MIN_FRAMES`` (INT32 [1]), the floor (None: the talker's default).
+        paced: ``PACED`` (BOOL [1]) sent, true: the stream is played as it arrives.
+    """
+
+    text: str
+    speaker: int = 0
+    max_frames: int | None = None
+    min_frames: int | None = None
+    paced: bool = False
+
+    def to_tensors(self) -> list[tuple[str, np.ndarray]]:
+        """The talker's inputs as ``(name, array)`` pairs: TEXT, SPEAKER, then MAX_FRAMES,
+        MIN_FRAMES and PACED where given/true."""
+        pairs = [(TEXT, utf8_array(self.text)), (SPEAKER, scalar_array(int(self.speaker), "INT32"))]
+        if self.max_frames is not None:
+            pairs.append((MAX_FRAMES, scalar_array(int(self.max_frames), "INT32")))
+        if self.min_frames is not None:
+            pairs.append((MIN_FRAMES, scalar_array(int(self.min_frames), "INT32")))
+        if self.paced:
+            pairs.append((PACED, scalar_array(True, "BOOL")))
+        return pairs
+
+    @classmethod
+    def from_tensors(cls, tensors: Mapping[str, np.ndarray]) -> CsmToTalker:
+        """The hand-off from the talker's inputs (``tensors``: the present ones, name -> array).
+
+        Raises:
+            SpeechInputError: TEXT missing or empty.
+            UnicodeDecodeError: TEXT is not UTF-8.
+        """
+        text = first_str(tensors.get(TEXT))
+        if not text:
+            raise SpeechInputError("csm_talker: TEXT is required")
+        speaker = first_int(tensors.get(SPEAKER))
+        return cls(text, 0 if speaker is None else speaker, first_int(tensors.get(MAX_FRAMES)),
+                   first_int(tensors.get(MIN_FRAMES)), bool(first_int(tensors.get(PACED)) or False))
+
+
+#: csm_talker's inputs that :meth:`CsmToTalker.from_tensors` reads
+TALKER_INPUT_NAMES = (TEXT, SPEAKER, MAX_FRAMES, MIN_FRAMES, PACED)
 
 CSM = StageContract(PIPER_TTS.inputs + (TensorSpec(MAX_FRAMES, "INT32", optional=True),), AUDIO_OUT, decoupled=True)
 CSM_TALKER = StageContract(

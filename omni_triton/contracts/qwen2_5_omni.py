@@ -11,13 +11,27 @@ Input problems are :class:`~omni_triton.contracts.chat.ChatInputError`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts.chat import CHAT_IN, SPEECH_OUT, TEXT_OUT
 from omni_triton.contracts.codec import CODES, MIN_FRAMES
 from omni_triton.contracts.image import SEED
 from omni_triton.contracts.omni_stages import TALKER_IN, TALKER_INPUTS
 from omni_triton.contracts.speech import MAX_FRAMES
-from omni_triton.contracts.tensors import AUDIO, REQUEST_ID, VOICE, StageContract, TensorSpec
+from omni_triton.contracts.tensors import (
+    AUDIO,
+    REQUEST_ID,
+    VOICE,
+    StageContract,
+    TensorSpec,
+    first_str,
+    scalar_int,
+    utf8_array,
+)
 
 
 def _s(name: str, optional: bool = False) -> TensorSpec:
@@ -40,6 +54,41 @@ QWEN25_OMNI_TALKER = StageContract(
 QWEN25_OMNI_TOKEN2WAV = StageContract(
     (TensorSpec(CODES, "INT64", (-1,)), TensorSpec(VOICE, "BYTES"), TensorSpec(SEED, "INT64")),
     (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
+
+
+
+@dataclass(frozen=True)
+class TalkerToToken2Wav:
+    """The ``qwen2_5_omni_talker`` -> ``qwen2_5_omni_token2wav`` hand-off: the whole utterance.
+
+    Attributes:
+        codes: INT64 [T], the talker's codec tokens (one codebook), all of them.
+        voice: ``VOICE``, the speaker whose reference conditions the DiT.
+        seed: ``SEED`` (INT64), the DiT's noise seed.
+    """
+
+    codes: np.ndarray
+    voice: str
+    seed: int
+
+    def to_tensors(self) -> list[tuple[str, np.ndarray]]:
+        """token2wav's inputs, batch dim added (it is dynamically batched): CODES ``int64 [1, T]``,
+        VOICE ``BYTES [1, 1]``, SEED ``int64 [1, 1]``."""
+        return [(CODES, np.asarray(self.codes, np.int64).reshape(-1)[None, :]),
+                (VOICE, utf8_array(self.voice)[None, :]),
+                (SEED, np.array([[self.seed]], np.int64))]
+
+    @classmethod
+    def from_tensors(cls, tensors: Mapping[str, np.ndarray]) -> TalkerToToken2Wav:
+        """One request's hand-off from its inputs (the batch dim of 1 dropped).
+
+        Raises:
+            KeyError: CODES, VOICE or SEED missing.
+            ChatInputError: SEED empty.
+        """
+        return cls(np.asarray(tensors[CODES]).reshape(-1).astype(np.int64, copy=False),
+                   first_str(tensors[VOICE]) or "", scalar_int(tensors[SEED], SEED, ch.ChatInputError))
+
 
 #: model name -> contract, for the models of this pipeline in ``model_repository/``.
 CONTRACTS = {"qwen2_5_omni": QWEN25_OMNI, "qwen2_5_omni_thinker": QWEN25_OMNI_THINKER,
