@@ -16,14 +16,24 @@ written once here for every chat model; every problem is a :class:`ChatInputErro
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
-
-import numpy as np
+from typing import Any, cast
 
 from omni_triton.contracts.tensors import (
-    AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, first_str, scalar_array,
-    scalar_int, utf8_array,
+    AUDIO,
+    PACED,
+    REQUEST_ID,
+    SAMPLE_RATE,
+    VOICE,
+    Array,
+    InputError,
+    StageContract,
+    TensorSpec,
+    first_str,
+    scalar_array,
+    scalar_int,
+    utf8_array,
 )
 
 PROMPT = "PROMPT"
@@ -72,7 +82,7 @@ SAMPLING_RANGES: dict[str, tuple[float, float | None, bool]] = {
 }
 
 
-def _json(text: str, name: str):
+def _json(text: str, name: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -88,7 +98,7 @@ PLACEHOLDER_PART_TYPES = ("audio", "image", "video")
 INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
 
 
-def _media_part(part: dict, where: str) -> dict:
+def _media_part(part: dict[str, Any], where: str) -> dict[str, Any]:
     """A validated, normalised media part (only the known fields kept)."""
     kind = part["type"]
     if kind in PLACEHOLDER_PART_TYPES:
@@ -109,13 +119,13 @@ def _media_part(part: dict, where: str) -> dict:
     return {"type": kind, kind: {"url": url}}
 
 
-def part_modality(part: dict) -> str:
+def part_modality(part: dict[str, Any]) -> str:
     """``text``/``audio``/``image``/``video`` of a content part (any ``type`` spelling above)."""
-    kind = part.get("type")
+    kind = str(part.get("type"))
     return MEDIA_PART_TYPES.get(kind, kind)
 
 
-def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict]:
+def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict[str, Any]]:
     """Validate MESSAGES (JSON array of OpenAI chat messages) into ``[{"role", "content"}]``.
 
     ``content`` may be a string or a list of parts: ``{"type": "text", "text": ...}`` and, for
@@ -174,15 +184,15 @@ def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict]:
     return out
 
 
-def media_parts(messages: list[dict]) -> list[dict]:
+def media_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The media parts of parsed messages (:func:`parse_messages`), in message order."""
     return [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] != "text"]
 
 
-def placeholder_messages(messages: list[dict]) -> list[dict]:
+def placeholder_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` with every media part replaced by its placeholder (``{"type": "audio"}`` ...):
     what the chat template renders and what ``qwen3_omni`` forwards once the media are tensors."""
-    def part(p):
+    def part(p: dict[str, Any]) -> dict[str, Any]:
         return p if p["type"] == "text" else {"type": part_modality(p)}
 
     return [m if isinstance(m["content"], str) else {**m, "content": [part(p) for p in m["content"]]}
@@ -210,7 +220,7 @@ def parse_sampling(text: str | None, supported: Iterable[str] | None = None) -> 
     if not isinstance(params, dict):
         raise ChatInputError("SAMPLING_PARAMETERS must be a JSON object")
     allowed = set(SAMPLING_TYPES if supported is None else supported)
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in params.items():
         if value is None:
             continue
@@ -223,7 +233,7 @@ def parse_sampling(text: str | None, supported: Iterable[str] | None = None) -> 
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             raise ChatInputError(f"sampling parameter {key} has the wrong type ({type(value).__name__})")
         if key == "stop":
-            value = [value] if isinstance(value, str) else value
+            value = [value] if isinstance(value, str) else cast("list[Any]", value)
             if not all(isinstance(s, str) and s for s in value):
                 raise ChatInputError("stop must be a string or a list of strings, none of them empty")
         out[key] = value
@@ -269,10 +279,10 @@ def match_voice(voice: str | None, voices: list[str], default: str, case_sensiti
 # ------------------------------------------------------------------------------------ builders
 
 
-def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None,
-                sampling: dict | None = None, modalities: Iterable[str] | None = None,
+def chat_inputs(*, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
+                sampling: dict[str, Any] | None = None, modalities: Iterable[str] | None = None,
                 voice: str | None = None, declared: Iterable[str] | None = None,
-                raw: dict[str, str] | None = None, paced: bool = False) -> list[tuple[str, np.ndarray]]:
+                raw: dict[str, str] | None = None, paced: bool = False) -> list[tuple[str, Array]]:
     """The inputs of one chat-contract request as ``(name, array)`` pairs, for
     ``tritonclient`` ``InferInput`` or ``pb_utils.Tensor`` (:func:`~omni_triton.contracts.tensors.wrap_inputs`).
 
@@ -286,7 +296,7 @@ def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None
         UnicodeEncodeError: a string holds a lone surrogate.
     """
     known = None if declared is None else set(declared)
-    pairs: list[tuple[str, np.ndarray]] = []
+    pairs: list[tuple[str, Array]] = []
     if messages is not None:
         pairs.append((MESSAGES, utf8_array(json.dumps(messages, ensure_ascii=False))))
     if prompt is not None:
@@ -329,7 +339,7 @@ class TextResponse:
                 COMPLETION_TOKENS: scalar_array(int(self.completion_tokens), "INT32")}
 
     @classmethod
-    def from_tensors(cls, out: Mapping[str, np.ndarray]) -> TextResponse:
+    def from_tensors(cls, out: Mapping[str, Array]) -> TextResponse:
         """Read a streamed response of a chat stage (``out``: output name -> array).
 
         Raises:
@@ -348,14 +358,14 @@ def text_response(text: str = "", finish_reason: str = "", prompt_tokens: int = 
     return TextResponse(text, finish_reason, prompt_tokens, completion_tokens).to_tensors()
 
 
-def max_audio_frames_input(frames: int) -> tuple[str, np.ndarray]:
+def max_audio_frames_input(frames: int) -> tuple[str, Array]:
     """The omni model's optional ``MAX_AUDIO_FRAMES`` input."""
     return MAX_AUDIO_FRAMES, scalar_array(int(frames), "INT32")
 
 
 # ----------------------------------------------------------------------------------- contracts
 
-def _s(name: str, dims=(1,), optional: bool = False) -> TensorSpec:
+def _s(name: str, dims: Iterable[int] = (1,), optional: bool = False) -> TensorSpec:
     return TensorSpec(name, "BYTES", tuple(dims), optional)
 
 

@@ -9,12 +9,12 @@ the context).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
-from omni_triton.contracts.tensors import AUDIO, StageContract, TensorSpec, first_float, scalar_int
+from omni_triton.contracts.tensors import AUDIO, Array, StageContract, TensorSpec, first_float, scalar_int
 
 CODES = "CODES"  #: INT64 [T, K]: codec frames, frame-major
 LEFT_CONTEXT = "LEFT_CONTEXT"  #: INT32 [1]: leading frames of CODES that are context only
@@ -35,22 +35,22 @@ class TalkerToCode2Wav:
             decoders that declare it (scheduled ones), left out when ``None``.
     """
 
-    codes: np.ndarray
+    codes: Array
     left_context: int
     due_s: float | None = None
 
-    def to_tensors(self) -> list[tuple[str, np.ndarray]]:
+    def to_tensors(self) -> list[tuple[str, Array]]:
         """The decoder's inputs, batch dim added (it is dynamically batched): CODES ``int64
         [1, T, K]``, LEFT_CONTEXT ``int32 [1, 1]``, DUE_MS ``fp32 [1, 1]`` (milliseconds) when
         ``due_s`` is given."""
-        inputs = [(CODES, np.ascontiguousarray(np.asarray(self.codes)[None], dtype=np.int64)),
+        inputs: list[tuple[str, Array]] = [(CODES, np.ascontiguousarray(np.asarray(self.codes)[None], dtype=np.int64)),
                   (LEFT_CONTEXT, np.array([[self.left_context]], dtype=np.int32))]
         if self.due_s is not None:
             inputs.append((DUE_MS, np.array([[float(self.due_s) * 1000.0]], dtype=np.float32)))
         return inputs
 
     @classmethod
-    def from_tensors(cls, tensors: Mapping[str, np.ndarray]) -> TalkerToCode2Wav:
+    def from_tensors(cls, tensors: Mapping[str, Array]) -> TalkerToCode2Wav:
         """One request's hand-off from its inputs (batch dim of 1 dropped where present).
 
         Raises:
@@ -63,7 +63,7 @@ class TalkerToCode2Wav:
                    None if due_ms is None else due_ms / 1000.0)
 
 
-def talker_to_code2wav(codes: np.ndarray, left_context: int, due_s: float | None = None) -> list[tuple[str, np.ndarray]]:
+def talker_to_code2wav(codes: Array, left_context: int, due_s: float | None = None) -> list[tuple[str, Array]]:
     """:meth:`TalkerToCode2Wav.to_tensors` of one chunk: the inputs of one code2wav request."""
     return TalkerToCode2Wav(codes, left_context, due_s).to_tensors()
 

@@ -10,16 +10,15 @@ contract of ``omni_triton.contracts.speech``, API name ``tts``) -> ``csm_talker`
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
-
-import numpy as np
 
 from omni_triton.contracts.codec import CODE2WAV, CODES, MIN_FRAMES
 from omni_triton.contracts.speech import AUDIO_OUT, MAX_FRAMES, PIPER_TTS, TEXT, SpeechInputError
 from omni_triton.contracts.tensors import (
     PACED,
     REQUEST_ID,
+    Array,
     StageContract,
     TensorSpec,
     first_int,
@@ -47,7 +46,7 @@ class FrameBudget:
     frames_per_char: float = 2.5
     floor: int = 100
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.frames_per_char <= 0 or self.floor < 1:
             raise ValueError(f"frame budget needs frames_per_char > 0 and floor >= 1, got {self}")
 
@@ -75,7 +74,7 @@ class CsmToTalker:
     min_frames: int | None = None
     paced: bool = False
 
-    def to_tensors(self) -> list[tuple[str, np.ndarray]]:
+    def to_tensors(self) -> list[tuple[str, Array]]:
         """The talker's inputs as ``(name, array)`` pairs: TEXT, SPEAKER, then MAX_FRAMES,
         MIN_FRAMES and PACED where given/true."""
         pairs = [(TEXT, utf8_array(self.text)), (SPEAKER, scalar_array(int(self.speaker), "INT32"))]
@@ -88,7 +87,7 @@ class CsmToTalker:
         return pairs
 
     @classmethod
-    def from_tensors(cls, tensors: Mapping[str, np.ndarray]) -> CsmToTalker:
+    def from_tensors(cls, tensors: Mapping[str, Array]) -> CsmToTalker:
         """The hand-off from the talker's inputs (``tensors``: the present ones, name -> array).
 
         Raises:

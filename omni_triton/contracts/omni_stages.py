@@ -9,14 +9,23 @@ embeddings of tts_bos, tts_eos, tts_pad).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 import numpy as np
 
 from omni_triton.contracts.chat import ChatInputError
 from omni_triton.contracts.speech import MAX_FRAMES
-from omni_triton.contracts.tensors import VOICE, TensorSpec, first_int, first_str, scalar_array, scalar_int, utf8_array
+from omni_triton.contracts.tensors import (
+    VOICE,
+    Array,
+    TensorSpec,
+    first_int,
+    first_str,
+    scalar_array,
+    scalar_int,
+    utf8_array,
+)
 
 TALKER_INPUTS = "TALKER_INPUTS"  #: BOOL [1]: ask the thinker for the talker's inputs
 SEQUENCE = "SEQUENCE"  #: INT64 [L]: prompt + generated ids
@@ -49,14 +58,14 @@ class ThinkerToTalker:
             ``TALKER_MEDIA_TENSORS``: the media positions for the talker's rope).
     """
 
-    sequence: np.ndarray
+    sequence: Array
     prompt_len: int
-    embeds: np.ndarray
-    hidden: np.ndarray
-    tts_embeds: np.ndarray
+    embeds: Array
+    hidden: Array
+    tts_embeds: Array
     voice: str | None = None
     max_frames: int | None = None
-    media: tuple[tuple[str, np.ndarray], ...] = field(default=())
+    media: tuple[tuple[str, Array], ...] = field(default=())
 
     @property
     def generated_tokens(self) -> int:
@@ -64,7 +73,7 @@ class ThinkerToTalker:
         least two: the reference conditions on the first generated token's states."""
         return int(len(self.sequence)) - int(self.prompt_len)
 
-    def to_tensors(self) -> list[tuple[str, np.ndarray]]:
+    def to_tensors(self) -> list[tuple[str, Array]]:
         """The talker's inputs as ``(name, array)`` pairs: the five ``TALKER_TENSORS`` (dtypes as
         the contract says; no copy when they already have them), then VOICE, the media inputs and
         MAX_FRAMES where given."""
@@ -81,7 +90,7 @@ class ThinkerToTalker:
         return pairs
 
     @classmethod
-    def from_tensors(cls, tensors: Mapping[str, np.ndarray], media_names: Iterable[str] = ()) -> ThinkerToTalker:
+    def from_tensors(cls, tensors: Mapping[str, Array], media_names: Iterable[str] = ()) -> ThinkerToTalker:
         """Read the hand-off from a thinker's response or a talker's inputs (``tensors``: name ->
         array); VOICE, MAX_FRAMES and the tensors of ``media_names`` are taken when present. The
         arrays are copies (writable, whatever buffer Triton handed over), in the contract's dtypes.
@@ -98,13 +107,13 @@ class ThinkerToTalker:
                    voice=first_str(tensors.get(VOICE)), max_frames=first_int(tensors.get(MAX_FRAMES)),
                    media=tuple((n, tensors[n]) for n in media_names if n in tensors))
 
-    def thinker_outputs(self) -> dict[str, np.ndarray]:
+    def thinker_outputs(self) -> dict[str, Array]:
         """The five ``TALKER_TENSORS`` as a thinker's response carries them."""
         return dict(self.to_tensors()[:len(TALKER_TENSORS)])
 
 
-def thinker_to_talker(thinker_outputs: Mapping[str, np.ndarray], voice: str | None = None,
-                      media: Iterable[tuple[str, np.ndarray]] = (), max_frames: int | None = None) -> ThinkerToTalker:
+def thinker_to_talker(thinker_outputs: Mapping[str, Array], voice: str | None = None,
+                      media: Iterable[tuple[str, Array]] = (), max_frames: int | None = None) -> ThinkerToTalker:
     """The talker's hand-off from a thinker's final response: its ``TALKER_TENSORS`` plus the
     request's ``voice``, talker ``media`` inputs and ``max_frames``.
 

@@ -3,16 +3,17 @@
 
 The client contract is the chat contract (``omni_triton.contracts.chat``, as ``qwen3_omni``); the
 thinker and talker stages have the thinker -> talker tensors of ``contracts/omni_stages.py``,
-shared with Qwen3-Omni before speaking-while-thinking (the thinker's last response carries ``SEQUENCE``, ``PROMPT_LEN``, ``THINKER_EMBEDS``, ``THINKER_HIDDEN`` =
-last-layer hidden states, ``TTS_EMBEDS``; the talker streams ``CODES`` INT64 [n, 1], one
-codebook). Only token2wav is new: ``CODES`` INT64 [T] (the whole utterance; ragged batches),
-``VOICE`` BYTES [1], ``SEED`` INT64 [1] (the DiT's noise) -> ``AUDIO`` FP32 [480 * T] at 24 kHz.
+shared with Qwen3-Omni before speaking-while-thinking (the thinker's last response carries
+``SEQUENCE``, ``PROMPT_LEN``, ``THINKER_EMBEDS``, ``THINKER_HIDDEN`` = last-layer hidden states,
+``TTS_EMBEDS``; the talker streams ``CODES`` INT64 [n, 1], one codebook). Only token2wav is new:
+``CODES`` INT64 [T] (the whole utterance; ragged batches), ``VOICE`` BYTES [1], ``SEED`` INT64 [1]
+(the DiT's noise) -> ``AUDIO`` FP32 [480 * T] at 24 kHz.
 Input problems are :class:`~omni_triton.contracts.chat.ChatInputError`.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from omni_triton.contracts.tensors import (
     AUDIO,
     REQUEST_ID,
     VOICE,
+    Array,
     StageContract,
     TensorSpec,
     first_str,
@@ -67,11 +69,11 @@ class TalkerToToken2Wav:
         seed: ``SEED`` (INT64), the DiT's noise seed.
     """
 
-    codes: np.ndarray
+    codes: Array
     voice: str
     seed: int
 
-    def to_tensors(self) -> list[tuple[str, np.ndarray]]:
+    def to_tensors(self) -> list[tuple[str, Array]]:
         """token2wav's inputs, batch dim added (it is dynamically batched): CODES ``int64 [1, T]``,
         VOICE ``BYTES [1, 1]``, SEED ``int64 [1, 1]``."""
         return [(CODES, np.asarray(self.codes, np.int64).reshape(-1)[None, :]),
@@ -79,7 +81,7 @@ class TalkerToToken2Wav:
                 (SEED, np.array([[self.seed]], np.int64))]
 
     @classmethod
-    def from_tensors(cls, tensors: Mapping[str, np.ndarray]) -> TalkerToToken2Wav:
+    def from_tensors(cls, tensors: Mapping[str, Array]) -> TalkerToToken2Wav:
         """One request's hand-off from its inputs (the batch dim of 1 dropped).
 
         Raises:

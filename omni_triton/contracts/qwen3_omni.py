@@ -47,16 +47,21 @@ def _s(name: str, optional: bool = False) -> TensorSpec:
     return TensorSpec(name, "BYTES", (1,), optional)
 
 
-_MEDIA_IN = (TensorSpec(INPUT_FEATURES, "FP32", (-1, -1, -1), True), TensorSpec(FEATURE_ATTENTION_MASK, "INT32", (-1, -1), True),
+_MEDIA_IN = (TensorSpec(INPUT_FEATURES, "FP32", (-1, -1, -1), True),
+             TensorSpec(FEATURE_ATTENTION_MASK, "INT32", (-1, -1), True),
              TensorSpec(PIXEL_VALUES, "FP32", (-1, -1), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
-             TensorSpec(PIXEL_VALUES_VIDEOS, "FP32", (-1, -1), True), TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True),
+             TensorSpec(PIXEL_VALUES_VIDEOS, "FP32", (-1, -1), True),
+             TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True),
              TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
-_TALKER_MEDIA_IN = (TensorSpec(AUDIO_FEATURE_LENGTHS, "INT64", (-1,), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
-                    TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True), TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
+_TALKER_MEDIA_IN = (TensorSpec(AUDIO_FEATURE_LENGTHS, "INT64", (-1,), True),
+                    TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
+                    TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True),
+                    TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
 
 QWEN3_OMNI = StageContract(
-    CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True), TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True),
-               TensorSpec(ASYNC_CHUNK, "BOOL", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
+    CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True),
+               TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True),
+               TensorSpec(PACED, "BOOL", optional=True)),
     TEXT_OUT + SPEECH_OUT, decoupled=True)
 QWEN3_OMNI_THINKER = StageContract(
     CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True), _s(REQUEST_ID, optional=True),

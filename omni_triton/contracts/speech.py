@@ -11,12 +11,19 @@ Every input problem is a :class:`SpeechInputError`.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
+from collections.abc import Mapping, Sequence
 
 from omni_triton.contracts.tensors import (
-    AUDIO, PACED, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
+    AUDIO,
+    PACED,
+    SAMPLE_RATE,
+    VOICE,
+    Array,
+    InputError,
+    StageContract,
+    TensorSpec,
+    scalar_array,
+    utf8_array,
 )
 
 TEXT = "TEXT"
@@ -31,7 +38,7 @@ class SpeechInputError(InputError):
     """The request cannot be synthesised as given (empty/oversize text, unknown voice, speed)."""
 
 
-def max_input_chars(params, default: str) -> int:
+def max_input_chars(params: Mapping[str, str], default: str) -> int:
     """The model's ``max_input_chars`` parameter (``config.pbtxt``): the stage's own cap on TEXT
     (and INSTRUCTIONS/REF_TEXT), the same one the frontend applies to speech ``input``.
 
@@ -44,8 +51,8 @@ def max_input_chars(params, default: str) -> int:
     return value
 
 
-def parse_tts_request(text: str | None, voice: str | None, speed, voices: Sequence[str], default_voice: str,
-                      max_input_chars: int) -> tuple[str, int]:
+def parse_tts_request(text: str | None, voice: str | None, speed: float | None, voices: Sequence[str],
+                      default_voice: str, max_input_chars: int) -> tuple[str, int]:
     """Validate a ``csm`` request; return ``(text, speaker_id)``.
 
     ``voice`` is a speaker id as a string ("0".."N", one of ``voices``; None/"" -> default);
@@ -79,7 +86,7 @@ def check_speed(speed: float) -> float:
 
 
 def speech_inputs(text: str, voice: str | None = None, speed: float | None = None,
-                  max_frames: int | None = None, paced: bool | None = None) -> list[tuple[str, np.ndarray]]:
+                  max_frames: int | None = None, paced: bool | None = None) -> list[tuple[str, Array]]:
     """The inputs of one speech request as ``(name, array)`` pairs: TEXT, VOICE?, SPEED?,
     MAX_FRAMES?, PACED?."""
     pairs = [(TEXT, utf8_array(text))]
