@@ -172,13 +172,23 @@ def summarize(results: Sequence[Result], wall_s: float, slo_ms: float) -> dict:
     }
 
 
+def metric_total(metrics_text: str, name: str, **labels: str) -> float:
+    """Sum of the samples named ``name`` (the sample's own name: ``x_total``, ``x_count``,
+    ``x_bucket``) whose labels include ``labels``, in a Prometheus text exposition; 0.0 if none.
+
+    Parsed by ``prometheus_client.parser`` (the one parser of this project's tests and clients).
+    Raises ``ValueError`` on text that is not the Prometheus text format.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(metrics_text)
+               for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
 def metric_sum(metrics_text: str, name: str, model: str) -> float:
     """Sum of the samples of Prometheus metric ``name`` whose ``model`` label is ``model``."""
-    total = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_total(metrics_text, name, model=model)
 
 
 

@@ -7,8 +7,11 @@ client disconnects in the middle of a stream (cancellation), hostile payloads (o
 prompts, lone surrogates, wrong types, truncated JSON) and overload bursts of 4x the concurrency.
 It only talks to the addresses it is given (loopback in tests and CI).
 
-It reports, as JSON: requests per kind and outcome class (``2xx``, ``4xx``, ``429/503``, ``5xx``,
-``transport`` errors, ``hang`` = no answer within the per-request timeout), tritonserver crashes
+It reports, as JSON: requests per kind and outcome class (``2xx``, ``4xx``, ``429``, ``503``,
+``5xx``, ``transport`` errors, ``hang`` = no answer within the per-request timeout,
+``bad_refusal`` = a 429/503 without the OpenAI error body or ``Retry-After``, ``stream_error`` = a
+streamed answer that began with 200 and then failed in-band: an SSE ``error`` event or
+``data: {"error": ...}`` chunk, or a chat stream that ended without ``[DONE]``), tritonserver crashes
 (restarts counted from ``serve``'s status file, or a changed tritonserver pid), the resident
 memory of tritonserver's process tree and the bytes in /dev/shm at start and end.
 
@@ -17,7 +20,7 @@ Usage::
     python -m clients.soak --url http://127.0.0.1:9000 --seconds 600 --out soak.json \
         --serve-status ~/.cache/omni-triton/logs/serve-status-8000.json
 
-Exit code 1 when a crash, a 5xx or a hang was seen.
+Exit code 1 when a crash, a 5xx, a hang, a bad refusal or an in-band stream error was seen.
 """
 from __future__ import annotations
 
@@ -32,19 +35,20 @@ from pathlib import Path
 
 import httpx
 
-#: kind -> weight in the mix (a kind whose model is not served is skipped).
+#: kind -> weight in the mix (a kind whose model is not served is skipped). Models go by their
+#: OpenAI names (``served_model_name``: piper_tts, tts), what /v1/models lists.
 MIX = {
     "speech_stream": 4, "speech_wav": 3, "codec_speech": 1, "chat_stream": 3, "chat": 2,
     "chat_audio": 1, "completion": 1, "image": 1, "disconnect": 2, "hostile": 3,
-    "over_context": 1,
+    "over_context": 1, "speech_sse": 2,
 }
 HOSTILE_BODIES = [
-    b'{"model": "piper", "input": "\\ud800 lone surrogate", "voice": "joe"}',
+    b'{"model": "piper_tts", "input": "\\ud800 lone surrogate", "voice": "joe"}',
     b'{"model": "llm", "messages": [{"role": "user", "content": "\\ud800"}]}',
     b'{"model": "llm", "messages": "not a list"}',
     b'{"model": "llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}',
     b'{"model": "llm", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}',
-    b'{"model": "piper", "input": "truncated',
+    b'{"model": "piper_tts", "input": "truncated',
     b'{"model": "nope", "input": "x", "voice": "joe"}',
     b'{"model": "qwen_image", "prompt": "x", "size": "0x0"}',
     b"[1, 2, 3]",
@@ -52,10 +56,63 @@ HOSTILE_BODIES = [
 ]
 
 
+#: outcome classes that fail a soak (a 503 is counted apart: its bound is the caller's)
+FAILURES = ("5xx", "hang", "transport", "bad_refusal", "stream_error")
+
+
 def _outcome(status: int) -> str:
     if status in (429, 503):
-        return "429/503"
+        return str(status)
     return f"{status // 100}xx"
+
+
+def refusal_problem(status: int, headers, body: bytes) -> str | None:
+    """What is wrong with a 429/503 refusal, or None: it must carry ``Retry-After`` and the
+    OpenAI error body ``{"error": {"message": non-empty str, "type", "param", "code"}}``.
+
+    Args:
+        status: the HTTP status (429 or 503).
+        headers: the response headers (case-insensitive mapping, e.g. ``httpx.Headers``).
+        body: the response body.
+    """
+    if not headers.get("retry-after"):
+        return f"{status} without Retry-After"
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"{status} without the OpenAI error body: {body[:200]!r}"
+    if not isinstance(error, dict) or set(error) != {"message", "type", "param", "code"} \
+            or not isinstance(error["message"], str) or not error["message"]:
+        return f"{status} error body {error!r}"
+    return None
+
+
+def sse_stream_problem(lines: list[str], need_done: bool = False) -> str | None:
+    """An in-band failure of a server-sent-event stream, or None.
+
+    Args:
+        lines: the stream's lines (``event: ...``, ``data: ...``).
+        need_done: the stream must end with ``data: [DONE]`` (the chat and completions APIs).
+
+    Returns:
+        The first ``error`` event (``event: ...error``, e.g. ``speech.audio.error``) or ``data``
+        chunk with an ``error`` member, or ``"no [DONE]"`` when ``need_done`` and it is missing.
+    """
+    for line in lines:
+        if line.startswith("event:") and line.split(":", 1)[1].strip().endswith("error"):
+            return line.strip()
+        if line.startswith("data:"):
+            data = line.split(":", 1)[1].strip()
+            if data.startswith("{"):
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    return f"undecodable chunk: {data[:200]}"
+                if isinstance(chunk, dict) and "error" in chunk:
+                    return data[:300]
+    if need_done and not any(ln.startswith("data:") and ln.split(":", 1)[1].strip() == "[DONE]" for ln in lines):
+        return "no [DONE]"
+    return None
 
 
 class Soak:
@@ -73,15 +130,16 @@ class Soak:
         self.kinds, self.weights = list(kinds), list(kinds.values())
 
     def _served(self, kind: str) -> bool:
-        need = {"speech_stream": "piper", "speech_wav": "piper", "codec_speech": "csm",
+        need = {"speech_stream": "piper_tts", "speech_sse": "piper_tts", "speech_wav": "piper_tts",
+                "codec_speech": "tts",
                 "chat_stream": "llm", "chat": "llm", "chat_audio": "llm_tts", "completion": "llm",
-                "image": "qwen_image", "disconnect": "piper", "hostile": "piper",
+                "image": "qwen_image", "disconnect": "piper_tts", "hostile": "piper_tts",
                 "over_context": "llm"}[kind]
         return need in self.models
 
     def _record(self, kind: str, outcome: str, detail: str = "") -> None:
         self.counts[kind][outcome] += 1
-        if outcome in ("5xx", "hang", "transport") and len(self.samples[kind]) < 3:
+        if outcome in FAILURES + ("503",) and len(self.samples[kind]) < 3:
             self.samples[kind].append(detail[:300])
 
     async def _post(self, client: httpx.AsyncClient, kind: str, path: str, body,
@@ -91,19 +149,38 @@ class Soak:
                 if isinstance(body, bytes) else {"json": body}
             if stream:
                 async with client.stream("POST", self.url + path, **kwargs) as r:
+                    if r.status_code != 200 or disconnect_after is None:
+                        body = await r.aread()
+                        self._answer(kind, r, body, path)
+                        return
                     got = 0
                     async for _ in r.aiter_bytes():
                         got += 1
-                        if disconnect_after is not None and got >= disconnect_after:
+                        if got >= disconnect_after:
                             break  # leaving the context closes the connection mid-stream
                     self._record(kind, _outcome(r.status_code), f"{r.status_code}")
             else:
                 r = await client.post(self.url + path, **kwargs)
-                self._record(kind, _outcome(r.status_code), f"{r.status_code} {r.text}")
+                self._answer(kind, r, r.content, path)
         except httpx.TimeoutException as exc:
             self._record(kind, "hang", repr(exc))
         except httpx.HTTPError as exc:
             self._record(kind, "transport", repr(exc))
+
+    def _answer(self, kind: str, r: httpx.Response, body: bytes, path: str) -> None:
+        """Record a whole answer: its status class, unless it is a malformed refusal or a 200
+        event stream that failed in-band."""
+        outcome, detail = _outcome(r.status_code), f"{r.status_code} {body[:300]!r}"
+        if r.status_code in (429, 503):
+            problem = refusal_problem(r.status_code, r.headers, body)
+            if problem:
+                outcome, detail = "bad_refusal", problem
+        elif r.status_code == 200 and r.headers.get("content-type", "").startswith("text/event-stream"):
+            lines = body.decode(errors="replace").splitlines()
+            problem = sse_stream_problem(lines, need_done=path != "/v1/audio/speech")
+            if problem:
+                outcome, detail = "stream_error", problem
+        self._record(kind, outcome, detail)
 
     async def one(self, client: httpx.AsyncClient, kind: str) -> None:
         """Send one request of ``kind``."""
@@ -111,18 +188,22 @@ class Soak:
         words = ["One sentence here.", "The capital of France is Paris.", "Hello there. How are you?"]
         if kind == "speech_stream":
             await self._post(client, kind, "/v1/audio/speech", {
-                "model": "piper", "voice": "joe", "input": rng.choice(words),
+                "model": "piper_tts", "voice": "joe", "input": rng.choice(words),
                 "response_format": "pcm", "stream": True}, stream=True)
+        elif kind == "speech_sse":
+            await self._post(client, kind, "/v1/audio/speech", {
+                "model": "piper_tts", "voice": "joe", "input": rng.choice(words),
+                "stream_format": "sse"}, stream=True)
         elif kind == "speech_wav":
             await self._post(client, kind, "/v1/audio/speech", {
-                "model": "piper", "voice": "joe", "input": rng.choice(words),
+                "model": "piper_tts", "voice": "joe", "input": rng.choice(words),
                 "response_format": "wav"})
         elif kind == "codec_speech":
             await self._post(client, kind, "/v1/audio/speech", {
-                "model": "csm", "input": "Hi there.", "response_format": "wav"})
+                "model": "tts", "input": "Hi there.", "response_format": "wav"})
         elif kind == "disconnect":
             await self._post(client, kind, "/v1/audio/speech", {
-                "model": "piper", "voice": "joe", "input": " ".join(words * 4),
+                "model": "piper_tts", "voice": "joe", "input": " ".join(words * 4),
                 "response_format": "pcm", "stream": True}, stream=True, disconnect_after=1)
         elif kind in ("chat", "chat_stream"):
             await self._post(client, kind, "/v1/chat/completions", {
@@ -165,8 +246,9 @@ class Soak:
             loops = [asyncio.create_task(self.loop(client, deadline)) for _ in range(concurrency)]
             while time.monotonic() < deadline - burst_every_s:
                 await asyncio.sleep(burst_every_s)
-                # An overload burst: 4x the concurrency at once, every answer must be 200/429/503.
-                await asyncio.gather(*(self.one(client, "speech_wav" if "piper" in self.models
+                # An overload burst: 4x the concurrency at once, every answer must be 200 or a
+                # well-formed 429/503 (the caller bounds the 503s).
+                await asyncio.gather(*(self.one(client, "speech_wav" if "piper_tts" in self.models
                                                 else self.kinds[0]) for _ in range(concurrency * 4)))
             await asyncio.gather(*loops)
 
@@ -276,8 +358,7 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text)
-    bad = (report["crashes"] or report["stub_deaths"] or report["outcomes"].get("5xx")
-           or report["outcomes"].get("hang"))
+    bad = report["crashes"] or report["stub_deaths"] or any(report["outcomes"].get(k) for k in FAILURES)
     return 1 if bad else 0
 
 

@@ -110,15 +110,17 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
         "qwen_image_edit_vae_encoder": {image.IMAGE: rgb},
         "qwen_image_denoiser": denoise,
         "qwen_image_edit_denoiser": {**denoise, image.IMAGE: rgb,
-                                     image.IMAGE_LATENTS: np.zeros((dims["image_z_dim"], 1, dims["edit_condition_latent"],
-                                                                             dims["edit_condition_latent"]), np.float32)},
+                                     image.IMAGE_LATENTS: np.zeros(
+                                         (dims["image_z_dim"], 1, dims["edit_condition_latent"],
+                                          dims["edit_condition_latent"]), np.float32)},
         "qwen_image_vae_decoder": {image.LATENTS: np.zeros(((lat // 2) ** 2, dims["image_packed_channels"]),
                                                            np.float32),
                                    image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE)},
     }
     table["qwen_image_edit_vae_decoder"] = table["qwen_image_vae_decoder"]
     # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
-    table.update({f"qwen2_5_{k[len('qwen3_'):]}": table[k] for k in ("qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker")})
+    omni = ("qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker")
+    table.update({f"qwen2_5_{k[len('qwen3_'):]}": table[k] for k in omni})
     table["qwen2_5_omni_token2wav"] = {cd.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
                                       image.SEED: np.array([0], np.int64)}
     # video: 32x32 px, 5 frames (4k+1), 2 steps, CFG off (no negative embeddings needed)

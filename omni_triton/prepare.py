@@ -31,11 +31,11 @@ Every builder is idempotent: a finished asset is skipped, so ``prepare`` is chea
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from omni_triton.serve.repository import available_models, model_parameters, resolve_models
 from omni_triton.paths import model_dir
+from omni_triton.serve.repository import available_models, model_parameters, resolve_models
 
 
 def _prepare_piper_voices(dest: Path, log: Callable[[str], None]) -> None:

@@ -7,17 +7,28 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.telemetry import Telemetry
-from omni_triton.contracts.codec import DUE_MS
 from omni_triton.adapters.triton_io import (
     InputError, batch_responses, batched_execute, model_parameters, optional_input, send,
 )
+from omni_triton.runtime.scheduling import DueBatchQueue, Policy, scheduling_policy
+from omni_triton.runtime.stage_policy import due_in_s
+
+
+@dataclass(frozen=True)
+class QueuedItem:
+    """A parsed request waiting in the deadline queue: the stage's ``item``, the request's
+    response ``sender`` and when it ``arrived`` in ``execute`` (``time.monotonic()`` s)."""
+
+    item: Any
+    sender: Any
+    arrived: float
 
 
 class BatchedStage:
@@ -32,16 +43,18 @@ class BatchedStage:
     ``scheduling: "deadline"`` (config parameter; ``OMNI_TRITON_SCHEDULING=fifo`` turns it off):
     ``execute`` parses and queues its requests and returns ``None``; one worker thread takes
     batches from a :class:`~omni_triton.runtime.scheduling.DueBatchQueue` (the most urgent item,
-    by the request's optional ``DUE_MS`` input, and the queued items of the same
+    by the request's optional :attr:`due_input`, e.g. ``DUE_MS``, and the queued items of the same
     :meth:`batch_key`, at most ``max_batch_size``), runs them and answers each request through
     its response sender (one response, FINAL: python_backend's response sender in the default
     mode). So a batch is answered when *its* work is done, not when every other length's pass of
     Triton's batch is, and urgent work (a first chunk) waits for at most the batch that is running.
     """
 
-    def initialize(self, args):
-        from omni_triton.runtime.scheduling import DueBatchQueue, Policy, scheduling_policy
+    #: The optional input (FP32 ms until due) that orders the deadline queue, named by the family
+    #: adapter (``qwen3_tts_code2wav``: DUE_MS); ``None``: every request is due on arrival.
+    due_input: str | None = None
 
+    def initialize(self, args):
         self.name = args["model_name"]
         self.params = model_parameters(args)
         self.setup(args, self.params)
@@ -60,19 +73,16 @@ class BatchedStage:
         return None
 
     def due_in_s(self, request) -> float:
-        """Seconds from now until ``request``'s result is due: its optional ``DUE_MS`` input (FP32,
-        ms; negative: overdue), else 0 (now: arrival order among such requests).
+        """Seconds from now until ``request``'s result is due: its optional :attr:`due_input`
+        (FP32, ms; negative: overdue), else 0 (now: arrival order among such requests; also
+        when the family names no due input).
 
         Raises:
-            ValueError: DUE_MS is not finite.
+            ValueError: the due input is not finite.
         """
-        due = optional_input(request, DUE_MS)
-        if due is None:
+        if self.due_input is None:
             return 0.0
-        due = float(due) / 1000.0
-        if not math.isfinite(due):
-            raise ValueError("DUE_MS must be finite")
-        return due
+        return due_in_s(optional_input(request, self.due_input), self.due_input)
 
     def setup(self, args: dict, params: dict[str, str]) -> None:
         """Load the model; ``params`` are the config.pbtxt parameters."""
@@ -121,7 +131,7 @@ class BatchedStage:
                 self._answer(sender, pb.InferenceResponse(error=pb.TritonError(f"{self.name} failed: {exc}")))
                 continue
             try:
-                self._queue.put((item, sender, now), due, self.batch_key(item))
+                self._queue.put(QueuedItem(item, sender, now), due, self.batch_key(item))
             except RuntimeError as exc:  # the queue is closed: the model is unloading
                 self._answer(sender, pb.InferenceResponse(
                     error=pb.TritonError(f"{self.name}: {exc}", pb.TritonError.UNAVAILABLE)))
@@ -144,13 +154,13 @@ class BatchedStage:
                 if self._queue.closed:
                     return
                 continue
-            responses = batch_responses([item for item, _, _ in batch], self.name, self.run, self.outputs)
+            responses = batch_responses([queued.item for queued in batch], self.name, self.run, self.outputs)
             end = time.monotonic()
-            for (_, sender, _), response in zip(batch, responses):
-                self._answer(sender, response)
+            for queued, response in zip(batch, responses):
+                self._answer(queued.sender, response)
             self.telemetry.add("omni_stage_requests_running", -len(batch))
             try:
-                self._report(responses, [end - t0 for _, _, t0 in batch])
+                self._report(responses, [end - queued.arrived for queued in batch])
             except Exception:  # noqa: BLE001 - metrics never fail a request
                 logging.getLogger(self.name).exception("%s metrics", self.name)
 
@@ -175,8 +185,8 @@ class BatchedStage:
             left = self._queue.close()
             self._worker.join(timeout=10.0)
             pb = _pb()
-            for _, sender, _ in left:  # queued when the model unloads: answered, not dropped
-                self._answer(sender, pb.InferenceResponse(
+            for queued in left:  # queued when the model unloads: answered, not dropped
+                self._answer(queued.sender, pb.InferenceResponse(
                     error=pb.TritonError(f"{self.name}: stage unloading", pb.TritonError.UNAVAILABLE)))
         bls.report_to(None)
         self.telemetry.close()

@@ -26,6 +26,7 @@ class CsmTalkerStage(DecoupledStage):
     ``emit_frames`` frames; one request at a time per instance, inside ``execute``."""
 
     stage = "csm_talker"
+    frames_output = cd.CODES  # deadline_unit frames
     input_error = sp.SpeechInputError
     cancel_flags = True
     per_instance_metrics = True
@@ -33,7 +34,6 @@ class CsmTalkerStage(DecoupledStage):
         frames=("omni_tts_talker_frames_total", "Codec frames generated", "counter"),
         requests=("omni_tts_talker_requests_total", "Talker requests started", "counter"),
         cancelled=("omni_tts_talker_cancelled_total", "Talker requests cancelled", "counter"),
-        active=("omni_tts_talker_active", "Talker requests being generated (per instance)", "gauge"),
     )
 
     def setup(self, args, params):

@@ -35,7 +35,6 @@ class LlmStage(DecoupledStage):
         aborted=("omni_llm_aborted_total", "LLM requests aborted in the engine (cancelled)", "counter"),
         prompt_tokens=("omni_llm_prompt_tokens_total", "Prompt tokens processed", "counter"),
         generation_tokens=("omni_llm_generation_tokens_total", "Tokens generated", "counter"),
-        active=("omni_llm_active_requests", "LLM requests being generated now", "gauge"),
     )
 
     def setup(self, args, params):

@@ -103,6 +103,34 @@ def _step_increments(out: dict) -> dict:
 
 
 @dataclass
+class ThinkerJob:
+    """One thinker request: prompt ``ids`` (int64 [T]), ``sampling`` (``SamplingSettings``),
+    whether the last response carries the talker's inputs (``talker_inputs``), streamed as
+    increments (``streamed``: ASYNC_CHUNK), and the ``media`` (``MultimodalInputs``) of a
+    multimodal prompt."""
+
+    ids: np.ndarray
+    sampling: object
+    talker_inputs: bool
+    streamed: bool
+    media: object
+
+    @property
+    def waits_for_whole_answer(self) -> bool:
+        """Its talker starts only after the whole answer (TALKER_INPUTS without ASYNC_CHUNK)."""
+        return self.talker_inputs and not self.streamed
+
+
+@dataclass
+class TalkerJob:
+    """One talker request fed a finished thinker's outputs (``ThinkerOutput``)."""
+
+    thinker_output: object
+    voice: str
+    settings: object
+
+
+@dataclass
 class OmniJob:
     """One omni BLS request: the thinker's inputs, whether to speak, in which voice, the frame cap."""
 
@@ -139,10 +167,11 @@ class OmniThinkerBase(DecoupledStage):
             self.thinker, *read_chat_request(request, self.messages_chars), self.default_max_tokens,
             self.max_model_len, talker_inputs,
             self.processor, given)
-        return ids, sampling, talker_inputs, streamed, media
+        return ThinkerJob(ids, sampling, talker_inputs, streamed, media)
 
     def generate(self, job, stream):
-        ids, sampling, talker_inputs, streamed, media = job
+        ids, sampling, talker_inputs, streamed, media = (job.ids, job.sampling, job.talker_inputs, job.streamed,
+                                                         job.media)
         counted = 0
         for step in self.thinker.stream(ids, sampling, talker_inputs and not streamed, stream.cancelled,
                                         stream_talker_inputs=streamed, media=media, **_paced(self)):
@@ -167,6 +196,7 @@ class OmniTalkerBase(DecoupledStage):
     per instance. A family's ``setup`` sets ``talker``, ``default_voice`` and ``settings``."""
 
     emit_frames = 1  # frames per CODES response
+    frames_output = cd.CODES  # deadline_unit frames
     input_error = ch.ChatInputError
     cancel_flags = True
     per_instance_metrics = True
@@ -175,7 +205,7 @@ class OmniTalkerBase(DecoupledStage):
     def parse(self, request):
         settings = self._settings(request)
         voice = optional_str_input(request, ch.VOICE) or self.default_voice
-        return self._thinker_output(request), voice, settings
+        return TalkerJob(self._thinker_output(request), voice, settings)
 
     @staticmethod
     def _thinker_output(request):
@@ -197,7 +227,7 @@ class OmniTalkerBase(DecoupledStage):
         return settings
 
     def generate(self, job, stream):
-        out, voice, settings = job
+        out, voice, settings = job.thinker_output, job.voice, job.settings
         groups = FrameGroupResponses(self.emit_frames)
         for frames in self.talker.stream(out, voice, settings, stream.cancelled, **_paced(self)):
             if frames is None:

@@ -19,7 +19,6 @@ class PiperStage(DecoupledStage):
     metric_specs = dict(
         requests=("omni_tts_requests_total", "Speech requests received", "counter"),
         cancelled=("omni_tts_cancelled_total", "Speech requests stopped by cancellation", "counter"),
-        active=("omni_tts_active_requests", "Speech requests being synthesised now", "gauge"),
         seconds=("omni_tts_audio_seconds_total", "Seconds of audio synthesised", "counter"),
     )
 

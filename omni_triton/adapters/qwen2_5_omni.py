@@ -32,11 +32,11 @@ def _checkpoint(params):
 
 
 def _metrics(stage: str, counted: str, what: str) -> dict:
-    """``metric_specs`` of a decoupled stage: ``<stage>_<counted>_total`` and the request gauges."""
+    """``metric_specs`` of a decoupled stage: ``<stage>_<counted>_total`` and the request counters
+    (requests in progress: the base's ``omni_stage_requests_running``)."""
     return {counted: (f"{stage}_{counted}_total", f"{what} generated", "counter"),
             "requests": (f"{stage}_requests_total", f"{stage} requests started", "counter"),
-            "cancelled": (f"{stage}_cancelled_total", f"{stage} requests cancelled", "counter"),
-            "active": (f"{stage}_active", f"{stage} requests being generated (per instance)", "gauge")}
+            "cancelled": (f"{stage}_cancelled_total", f"{stage} requests cancelled", "counter")}
 
 
 class Qwen25OmniThinkerStage(OmniThinkerBase):

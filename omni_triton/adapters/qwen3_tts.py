@@ -14,7 +14,7 @@ from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage
 from omni_triton.adapters.triton_io import input_array, optional_input, optional_str_input
 from omni_triton.contracts import qwen3_tts as q
-from omni_triton.contracts.codec import CODES, LEFT_CONTEXT, talker_to_code2wav
+from omni_triton.contracts.codec import CODES, DUE_MS, LEFT_CONTEXT, talker_to_code2wav
 from omni_triton.contracts.speech import MAX_FRAMES, TEXT, max_input_chars
 from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, first_value, scalar_array, scalar_int, utf8_array
 
@@ -44,7 +44,6 @@ class Qwen3TtsTalkerStage(DecoupledStage):
         frames=("omni_qwen3_tts_talker_frames_total", "Codec frames generated", "counter"),
         requests=("omni_qwen3_tts_talker_requests_total", "Talker requests started", "counter"),
         cancelled=("omni_qwen3_tts_talker_cancelled_total", "Talker requests cancelled", "counter"),
-        active=("omni_qwen3_tts_talker_active", "Talker requests queued or decoding", "gauge"),
         steps=("omni_qwen3_tts_talker_steps_total", "Batched decode steps (one forward pass for all rows)", "counter"),
         rows=("omni_qwen3_tts_talker_step_rows_total", "Requests decoded by those steps (rows / steps = mean batch)",
               "counter"),
@@ -113,6 +112,8 @@ class Qwen3TtsTalkerStage(DecoupledStage):
 class Qwen3TtsCode2WavStage(BatchedStage):
     """``qwen3_tts_code2wav``: ragged dynamic batches of CODES [1, T_i, G] + LEFT_CONTEXT [1, 1] ->
     AUDIO [1, samples] of the new frames, one codec forward pass per batch."""
+
+    due_input = DUE_MS  # the BLS says when each chunk is due (the deadline queue's order)
 
     def setup(self, args, params):
         from omni_triton.stages.qwen3_tts.engine import Qwen3TtsCodec

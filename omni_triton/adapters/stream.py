@@ -7,8 +7,10 @@ A stage subclass says what it is (``stage``, ``input_error``, ``metric_specs``),
 does the rest, the same way for every stage: INVALID_ARG for the pipeline's input error, a
 failure response for anything else, FINAL exactly once (never a send after it), cancellation
 through ``ResponseStream.cancelled()`` (Triton's flag, and the cancel flag of a ``REQUEST_ID`` on
-2.51 where a BLS caller cannot cancel), the requests/invalid/cancelled/active metrics, an optional
-worker pool, ``finalize``. Every call into Triton goes through ``omni_triton.adapters.triton_io``.
+2.51 where a BLS caller cannot cancel), the requests/invalid/cancelled counters and the
+``omni_stage_*`` telemetry, the execution policies of ``omni_triton.runtime.stage_policy`` (worker
+pool, deadline scheduler, instance balance), ``finalize``. Every call into Triton goes through
+``omni_triton.adapters.triton_io``.
 """
 from __future__ import annotations
 
@@ -16,9 +18,8 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
-
-import numpy as np
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.bls import bls_threads_unchecked
@@ -33,9 +34,12 @@ from omni_triton.adapters.triton_io import (
     send,
     tensors,
 )
-from omni_triton.contracts.codec import CODES
-from omni_triton.contracts.tensors import AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, InputError
+from omni_triton.contracts.tensors import PACED, REQUEST_ID, InputError
+from omni_triton.paths import server_run_dir
 from omni_triton.runtime import scheduling
+from omni_triton.runtime.cancel_flags import CancelFlags
+from omni_triton.runtime.instance_balance import InstanceBalance
+from omni_triton.runtime.stage_policy import ExecutionPolicy, PlaybackPolicy, max_lead_s
 
 
 def _pb():
@@ -138,13 +142,24 @@ class ResponseStream:
         return self._send(error_response(f"{self.stage} failed: {exc}", invalid=False), True)
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """A parsed request: the stage's ``job`` and the request's ``stream``."""
+
+    job: Any
+    stream: ResponseStream
+
+
 class DecoupledStage:
     """Base ``TritonPythonModel`` of a decoupled (streaming) stage.
 
     Subclasses set ``stage`` (name in messages), ``input_error`` (the pipeline's input-error
     class), ``metric_specs`` (``StageMetrics`` specs; ``requests``, ``invalid``, ``cancelled``
-    and ``active`` are kept by the base when present), ``cancel_flags`` (listen to the
-    REQUEST_ID cancel flag), ``per_instance_metrics`` (label ``instance`` too), and implement:
+    are counted by the base when present; requests in progress are the
+    ``omni_stage_requests_running`` and ``_waiting`` gauges of every stage), ``cancel_flags``
+    (listen to the REQUEST_ID cancel flag), ``per_instance_metrics`` (label ``instance`` too),
+    ``frames_output`` (the family's codec-frame output, for ``deadline_unit: frames``), and
+    implement:
 
     - ``setup(args, params)``: load the model (``params``: config.pbtxt parameters);
     - ``parse(request) -> job``: read and validate the inputs (main thread; raise the input error);
@@ -169,7 +184,8 @@ class DecoupledStage:
     all open requests one output at a time, earliest playback deadline first, so a new request's
     first chunk does not wait for other requests' later chunks. The deadline model comes from
     :meth:`playback_deadline` (config ``deadline_unit``: ``audio`` for AUDIO/SAMPLE_RATE outputs,
-    ``frames`` for CODES outputs decoded in ``first_chunk_frames``/``chunk_frames`` chunks at
+    ``frames`` for codec-frame outputs (the rows of the tensor the family names in
+    ``frames_output``, e.g. CODES) decoded in ``first_chunk_frames``/``chunk_frames`` chunks at
     ``frame_rate_hz``, ``tokens`` for a thinker feeding a talker one token per frame:
     :class:`~omni_triton.runtime.scheduling.TokenDeadline`). Not for stages that have their own
     ``dispatch`` (logged, FIFO kept). A stage that reads BLS streams may be scheduled with
@@ -201,74 +217,50 @@ class DecoupledStage:
     cancel_flags = False
     workers = 0
     reads_bls_streams = False
+    frames_output: str | None = None  # the output whose rows are codec frames (deadline_unit frames)
 
     def initialize(self, args):
         self.model_name = args["model_name"]
+        instance = args.get("model_instance_name", self.model_name)
         self.params = model_parameters(args)
         self.setup(args, self.params)
         labels = {"model": self.model_name}
         if self.per_instance_metrics:
             labels["instance"] = args["model_instance_name"]
         self.metrics = StageMetrics(labels, **self.metric_specs)
-        self.telemetry = Telemetry(self.model_name, args.get("model_instance_name", self.model_name))
+        self.telemetry = Telemetry(self.model_name, instance)
         bls.report_to(self.telemetry)
-        self.flags = None
-        if self.cancel_flags:
-            from omni_triton.runtime.cancel_flags import CancelFlags
-
-            self.flags = CancelFlags.for_server()
-        n = int(self.params.get("workers", self.workers))
-        if n > 0 and self.reads_bls_streams and not bls_threads_unchecked():
-            raise RuntimeError(f"{self.model_name}: workers = {n}, but a stage that reads decoupled BLS "
-                               "streams must run them on one thread (workers 0; raise the instance count "
-                               "instead): see omni_triton/adapters/bls.py")
-        self.step_scheduler = None
-        if scheduling.scheduling_policy(self.params) is scheduling.Policy.DEADLINE:
-            if type(self).dispatch is not DecoupledStage.dispatch:
-                logging.getLogger(self.stage).warning(
-                    "%s: scheduling=deadline ignored (the stage dispatches itself)", self.model_name)
-            else:
-                self.playback_deadline(0.0)  # validates the deadline parameters at load
-                workers = int(self.params.get("scheduler_workers", n if n > 0 else 1))
-                if self.reads_bls_streams and workers != 1 and not bls_threads_unchecked():
-                    raise RuntimeError(
-                        f"{self.model_name}: scheduler_workers = {workers}, but a stage that reads decoupled BLS "
-                        "streams must read them on one thread: scheduler_workers 1 (raise the instance count "
-                        "instead); see omni_triton/adapters/bls.py")
-                self.step_scheduler = scheduling.StepScheduler(workers, scheduling.Policy.DEADLINE, name=self.stage,
-                                                               max_lead_s=self.max_lead_s())
-                n = 0
+        self.flags = CancelFlags.for_server() if self.cancel_flags else None
+        self.policy = ExecutionPolicy.from_params(
+            self.model_name, self.params, default_workers=self.workers, reads_bls_streams=self.reads_bls_streams,
+            bls_threads_unchecked=bls_threads_unchecked(), own_dispatch=self._own_dispatch(),
+            warn=logging.getLogger(self.stage).warning)
+        self.playback = PlaybackPolicy(self.model_name, self.params, self.frames_output)
+        if self.policy.scheduled:
+            self.playback_deadline(0.0)  # validates the deadline parameters at load
+        self.step_scheduler = self.policy.step_scheduler(self.stage)
+        n = self.policy.pool_workers
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=self.stage) if n > 0 else None
         self.balance = None
-        if self.step_scheduler is not None and self.params.get("balance_instances", "false").lower() == "true":
-            from omni_triton.paths import server_run_dir
-            from omni_triton.runtime.instance_balance import InstanceBalance
+        if self.policy.balance_max_wait_s is not None:
+            self.balance_max_wait_s = self.policy.balance_max_wait_s
+            self.balance = InstanceBalance(server_run_dir(os.getppid()) / "load" / self.model_name, instance)
 
-            if self.reads_bls_streams:
-                raise RuntimeError(
-                    f"{self.model_name}: balance_instances holds execute's thread, which a stage that "
-                    "reads decoupled BLS streams needs: on qwen3_omni_talker it made first audio slower even "
-                    "at concurrency 1 (docs/scheduling.md, \"Instance balance\")")
-            self.balance_max_wait_s = float(self.params.get("balance_max_wait_ms", "30000")) / 1000.0
-            if self.balance_max_wait_s < 0:
-                raise ValueError(f"{self.model_name}: balance_max_wait_ms must be >= 0")
-            self.balance = InstanceBalance(server_run_dir(os.getppid()) / "load" / self.model_name,
-                                           args.get("model_instance_name", self.model_name))
+    def _own_dispatch(self) -> bool:
+        """Whether the subclass dispatches its jobs itself (``llm``: its own engine loop)."""
+        return type(self).dispatch is not DecoupledStage.dispatch
 
     def setup(self, args: dict, params: dict[str, str]) -> None:
         """Load the model; ``params`` are the config.pbtxt parameters."""
 
     def max_lead_s(self) -> float | None:
-        """Seconds a paced request may be computed ahead of its playback deadline: the config
-        parameter ``max_lead_ms`` / 1000; ``None`` (no pacing) when absent or 0.
+        """Seconds a paced request may be computed ahead of its playback deadline
+        (:func:`~omni_triton.runtime.stage_policy.max_lead_s`).
 
         Raises:
             ValueError: a negative or non-numeric ``max_lead_ms``.
         """
-        ms = float(self.params.get("max_lead_ms", "0"))
-        if ms < 0:
-            raise ValueError(f"{self.model_name}: max_lead_ms must be >= 0, not {ms:g}")
-        return ms / 1000.0 if ms > 0 else None
+        return max_lead_s(self.model_name, self.params)
 
     @staticmethod
     def paced(request) -> bool:
@@ -284,41 +276,52 @@ class DecoupledStage:
 
     def execute(self, requests):
         for request in requests:
-            try:
-                request_id = optional_str_input(request, REQUEST_ID) if self.cancel_flags else None
-            except UnicodeDecodeError:
-                request_id = None
-            stream = ResponseStream(request, self.stage, self.flags, request_id,
-                                    on_cancel=lambda: self.metrics.count("cancelled"))
-            stream.telemetry = RequestTelemetry(self.telemetry)
-            try:
-                job = self.parse(request)
-            except (self.input_error, InputError, UnicodeDecodeError) as exc:
-                self.metrics.count("invalid")
-                stream.invalid(str(exc))
-                self._discard_flag(stream)
-                stream.telemetry.finish("invalid")
-                continue
-            except Exception as exc:  # a stage reports failures as error responses, never raises
-                stream.fail(exc)
-                self._discard_flag(stream)
-                stream.telemetry.finish("error")
-                continue
-            self.metrics.count("requests")
-            self.metrics.add("active", 1)
-            queued = (self.pool is not None or self.step_scheduler is not None) and \
-                type(self).dispatch is DecoupledStage.dispatch
-            self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
-            stream.paced = self.step_scheduler is not None and self.paced(request)
-            if self.balance is not None:
-                self.balance.opened()
-                stream.balanced = True
-            self.dispatch(job, stream)
+            accepted = self.accept(request)
+            if accepted is not None:
+                self.dispatch(accepted.job, accepted.stream)
         if self.balance is not None:
             # the next request goes to a less loaded sibling meanwhile; at most this long (a
             # stream that never ends must not hold this instance's execute for good)
             self.balance.wait_turn(timeout_s=self.balance_max_wait_s)
         return None
+
+    def accept(self, request) -> "Accepted | None":
+        """Open ``request``'s :class:`ResponseStream` and parse it (on ``execute``'s thread).
+
+        Returns:
+            the job and its stream, counted as started (requests counter, the running or waiting
+            gauge, the instance balance); ``None`` when the request was answered already: an
+            INVALID_ARG for the input error (or ``UnicodeDecodeError``), an INTERNAL error for
+            any other failure of ``parse``.
+        """
+        try:
+            request_id = optional_str_input(request, REQUEST_ID) if self.cancel_flags else None
+        except UnicodeDecodeError:
+            request_id = None
+        stream = ResponseStream(request, self.stage, self.flags, request_id,
+                                on_cancel=lambda: self.metrics.count("cancelled"))
+        stream.telemetry = RequestTelemetry(self.telemetry)
+        try:
+            job = self.parse(request)
+        except (self.input_error, InputError, UnicodeDecodeError) as exc:
+            self.metrics.count("invalid")
+            stream.invalid(str(exc))
+            self._discard_flag(stream)
+            stream.telemetry.finish("invalid")
+            return None
+        except Exception as exc:  # a stage reports failures as error responses, never raises
+            stream.fail(exc)
+            self._discard_flag(stream)
+            stream.telemetry.finish("error")
+            return None
+        self.metrics.count("requests")
+        queued = self.policy.queued and not self._own_dispatch()
+        self.telemetry.add("omni_stage_requests_waiting" if queued else "omni_stage_requests_running", 1)
+        stream.paced = self.step_scheduler is not None and self.paced(request)
+        if self.balance is not None:
+            self.balance.opened()
+            stream.balanced = True
+        return Accepted(job, stream)
 
     def dispatch(self, job, stream: ResponseStream) -> None:
         """Run ``job`` in execute, on the pool, or on the deadline scheduler."""
@@ -331,56 +334,22 @@ class DecoupledStage:
 
     def playback_deadline(self, arrival: float, job=None, paced: bool = False) -> scheduling.Deadline:
         """The deadline model of one request (``job``, None at load) arriving at ``arrival``
-        (scheduler clock, s), from the config parameters ``deadline_unit`` (``audio`` | ``frames``
-        | ``tokens``), ``first_audio_budget_ms``, ``deadline_guard_ms`` and, for frames and
-        tokens, ``first_chunk_frames``, ``chunk_frames``, ``frame_rate_hz``, ``low_water_ms``
-        (the consumer's chunk schedule), for tokens also ``lead_tokens`` (default 1).
-
-        ``paced`` (the request's ``PACED``) with ``low_water_ms`` > 0: the consumer cuts a chunk
-        of at least ``first_chunk_frames`` frames whenever its listener runs low
-        (:class:`~omni_triton.stages.chunking.ChunkSchedule`), so the frames after the first
-        chunk are due in groups of ``first_chunk_frames``, each when the audio before it ends,
-        not 25 at once: with 25, EDF may run one stream's whole next chunk (0.5 s of talker
-        compute) while the stream beside it runs dry (docs/scheduling.md, "Chunks that keep the
-        listener fed").
+        (scheduler clock, s): :meth:`PlaybackPolicy.deadline
+        <omni_triton.runtime.stage_policy.PlaybackPolicy.deadline>` of the config parameters
+        (``deadline_unit`` and the consumer's chunk schedule). A family overrides this to shape
+        one request's deadline from its job (``omni_thinker``).
 
         Raises:
-            ValueError: an unknown ``deadline_unit`` or invalid numbers.
+            ValueError: an unknown ``deadline_unit``, ``frames`` on a stage without
+                ``frames_output``, or invalid numbers.
         """
-        p = self.params
-        budget = float(p.get("first_audio_budget_ms", "0")) / 1000.0
-        guard = float(p.get("deadline_guard_ms", "0")) / 1000.0
-        unit = p.get("deadline_unit", "audio")
-        if unit in ("frames", "tokens"):
-            first = int(p.get("first_chunk_frames", "5"))
-            low_water = float(p.get("low_water_ms", "0")) > 0
-            chunks = (first, first if paced and low_water else int(p.get("chunk_frames", "25")),
-                      float(p.get("frame_rate_hz", "12.5")))
-            if unit == "tokens":
-                return scheduling.TokenDeadline(arrival, *chunks, int(p.get("lead_tokens", "1")), budget, guard)
-            return scheduling.FrameDeadline(arrival, *chunks, budget, guard)
-        if unit != "audio":
-            raise ValueError(f"{self.model_name}: deadline_unit must be audio, frames or tokens, not {unit!r}")
-        return scheduling.AudioDeadline(arrival, budget, guard)
+        return self.playback.deadline(arrival, paced)
 
     def playback_amount(self, outputs: Mapping[str, Any] | None) -> float:
-        """What one step's output adds to its stream's deadline: codec frames (rows of CODES),
-        seconds of audio (AUDIO samples / SAMPLE_RATE Hz), or for ``tokens`` one token per step
-        except the last (``Final``: a paced thinker computes one token per step and its final
-        step none); 0 for anything else (``None``: nothing sent)."""
-        unit = self.params.get("deadline_unit", "audio")
-        if unit == "tokens":
-            return 0.0 if isinstance(outputs, Final) else 1.0
-        if outputs is None:
-            return 0.0
-        if unit == "frames":
-            codes = outputs.get(CODES)
-            return float(len(codes)) if codes is not None else 0.0
-        audio, rate = outputs.get(AUDIO), outputs.get(SAMPLE_RATE)
-        if audio is None or rate is None:
-            return 0.0
-        rate = int(np.asarray(rate).reshape(-1)[0])
-        return float(np.asarray(audio).size) / rate if rate > 0 else 0.0
+        """What one step's output adds to its stream's deadline (:meth:`PlaybackPolicy.amount
+        <omni_triton.runtime.stage_policy.PlaybackPolicy.amount>`): rows of ``frames_output``,
+        seconds of AUDIO, or one token per step except the ``Final`` one."""
+        return self.playback.amount(outputs, final=isinstance(outputs, Final))
 
     def _schedule(self, job, stream: ResponseStream) -> None:
         def on_start():
@@ -415,7 +384,7 @@ class DecoupledStage:
         self.finish(job, stream, error)
 
     def finish(self, job, stream: ResponseStream, error: BaseException | None = None) -> None:
-        """End a job: the error response or FINAL (exactly once), the active gauge, the cancel
+        """End a job: the error response or FINAL (exactly once), the running gauge, the cancel
         flag lowered."""
         reason = "abort" if stream.cancel_seen else "stop"
         try:
@@ -431,7 +400,6 @@ class DecoupledStage:
         except Exception:  # the client is gone: nothing left to tell it
             logging.getLogger(self.stage).exception("%s could not end its response stream", self.stage)
         finally:
-            self.metrics.add("active", -1)
             self._discard_flag(stream)
             if self.balance is not None and getattr(stream, "balanced", False):
                 self.balance.closed()

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omni_triton.adapters.triton_io import LockedMetric, triton_lock
-from omni_triton.contracts.chat import FINISH_REASON
-from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, first_int, first_value
+from omni_triton.contracts.tensors import AUDIO, FINISH_REASON, SAMPLE_RATE, first_int, first_value
 from omni_triton.runtime.playback import PlaybackClock
 
 #: Seconds: request durations, TTFP, stage step times.

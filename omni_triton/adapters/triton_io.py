@@ -34,7 +34,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, InputError, bounded_str, first_str, first_value, utf8_array
+from omni_triton.contracts.tensors import (
+    INVALID_INPUT_PREFIX, InputError, bounded_str, first_str, first_value, utf8_array,
+)
 
 
 def _pb():

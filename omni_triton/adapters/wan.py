@@ -14,26 +14,19 @@ on 2.51, iterator ``cancel()`` on 2.57+), which stops the pipeline call at its n
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
+from omni_triton.adapters.batched_stream import BatchedDecoupledStage
 from omni_triton.adapters.bls import call_stage, stream_stage
-from omni_triton.adapters.stream import DecoupledStage, Final, ResponseStream
-from omni_triton.adapters.telemetry import Telemetry
-from omni_triton.adapters.triton_io import (
-    StageMetrics,
-    log,
-    input_array,
-    model_parameters,
-    optional_str_input,
-    scalar_input,
-)
+from omni_triton.adapters.stream import DecoupledStage, Final
+from omni_triton.adapters.triton_io import log, input_array, optional_str_input, scalar_input
 from omni_triton.contracts import video as vc
-from omni_triton.contracts.tensors import MAX_DIFFUSION_PROMPT_CHARS, REQUEST_ID, InputError, scalar_array, utf8_array
+from omni_triton.contracts.tensors import MAX_DIFFUSION_PROMPT_CHARS, scalar_array, utf8_array
 
 LOGGER = logging.getLogger("omni_triton.video")
 
@@ -98,61 +91,47 @@ def parse_request_scalars(request, limits: vc.VideoLimits) -> dict:
                 seed=scalar_input(request, vc.SEED, int), **scales)
 
 
-class Denoiser:
+class Denoiser(BatchedDecoupledStage):
     """``wan_t2v_denoiser`` (decoupled, dynamically batched): the Wan loop for a batch of
     compatible requests, one STEP/TOTAL_STEPS response per finished step to each request, then
     LATENTS/NUM_STEPS/DENOISE_SECONDS with FINAL. A cancelled request (Triton's flag or the
     REQUEST_ID cancel flag) gets its FINAL at once (no latents); when every request of a
     pipeline call is cancelled, the call stops at the next step boundary (``pipe._interrupt``).
-    Counters: steps run, requests, cancelled, interrupted calls. Logic: ``wan.denoise``."""
+    Counters: steps run, requests, cancelled, interrupted calls; the ``omni_stage_*`` and
+    ``omni_diffusion_*`` metrics. Logic: ``wan.denoise``."""
 
     stage = "wan_t2v_denoiser"
+    input_error = vc.VideoInputError
+    cancel_flags = True
+    metric_specs = dict(
+        steps=("omni_video_denoise_steps_total", "Denoising steps run (one per pipeline call step)", "counter"),
+        requests=("omni_video_denoise_requests_total", "Videos denoised (requests started)", "counter"),
+        cancelled=("omni_video_denoise_cancelled_total", "Denoiser requests cancelled", "counter"),
+        interrupted=("omni_video_denoise_interrupted_total",
+                     "Pipeline calls stopped at a step boundary (every request cancelled)", "counter"))
 
-    def initialize(self, args):
-        from omni_triton.runtime.cancel_flags import CancelFlags
-
-        self.name = args["model_name"]
-        params = model_parameters(args)
-        self.wan, self.pipe = _load(params)
-        self.limits = _limits(params)
-        self.flags = CancelFlags.for_server()
+    def setup(self, args, params):
         from omni_triton import kernels  # attention backend and step cache from config.pbtxt
 
+        self.name = args["model_name"]
+        self.wan, self.pipe = _load(params)
+        self.limits = _limits(params)
         log("info", f"{self.name}: {kernels.apply_from_params(self.pipe, params)}")
-        labels = {"model": self.name}
-        self.telemetry = Telemetry(self.name, args.get("model_instance_name", self.name))
-        self.metrics = StageMetrics(
-            labels,
-            steps=("omni_video_denoise_steps_total", "Denoising steps run (one per pipeline call step)", "counter"),
-            requests=("omni_video_denoise_requests_total", "Videos denoised (requests started)", "counter"),
-            cancelled=("omni_video_denoise_cancelled_total", "Denoiser requests cancelled", "counter"),
-            interrupted=("omni_video_denoise_interrupted_total",
-                         "Pipeline calls stopped at a step boundary (every request cancelled)", "counter"),
-            active=("omni_video_denoise_active", "Videos being denoised now", "gauge"))
 
-    def execute(self, requests):
-        streams, items = [], []
-        for request in requests:
-            try:
-                request_id = optional_str_input(request, REQUEST_ID)
-            except UnicodeDecodeError:
-                request_id = None
-            stream = ResponseStream(request, self.stage, self.flags, request_id,
-                                    on_cancel=lambda: self.metrics.count("cancelled"))
-            try:
-                item = self.parse_item(request)
-            except (InputError, ValueError, UnicodeDecodeError) as exc:
-                stream.invalid(str(exc))
-                self.flags.discard(request_id)
-                continue
-            streams.append(stream)
-            items.append(item)
-        if items:
-            self._run(items, streams)
-        return None
+    def parse(self, request):
+        """One request -> a ``wan.VideoDenoiseItem``.
 
-    def parse_item(self, request):
-        """One request -> a ``wan.VideoDenoiseItem`` (raises :class:`VideoInputError`)."""
+        Raises:
+            VideoInputError: a bad input (any ``ValueError`` of the checks: INVALID_ARG).
+        """
+        try:
+            return self._parse(request)
+        except vc.VideoInputError:
+            raise
+        except ValueError as exc:
+            raise vc.VideoInputError(str(exc)) from exc
+
+    def _parse(self, request):
         scalars = parse_request_scalars(request, self.limits)
         item = self.wan.VideoDenoiseItem(
             prompt_embeds=input_array(request, vc.PROMPT_EMBEDS),
@@ -162,11 +141,7 @@ class Denoiser:
             raise vc.VideoInputError("guidance_scale > 1 needs NEGATIVE_PROMPT_EMBEDS")
         return item
 
-    def _run(self, items, streams):
-        self.metrics.count("requests", len(items))
-        self.metrics.add("active", len(items))
-        self.telemetry.observe("omni_stage_batch_size", len(items))
-
+    def run_batch(self, items, streams):
         last = [time.monotonic(), None]  # when the previous step ended, and for which call
 
         def on_step(indices, step, total):
@@ -192,24 +167,12 @@ class Denoiser:
                 return True
             return False
 
-        try:
-            results = self.wan.denoise(self.pipe, items, on_step)
-            for stream, r in zip(streams, results):
-                if stream.final_sent or r.interrupted or stream.cancelled():
-                    stream.close()
-                    continue
-                stream.send({vc.LATENTS: r.latents[None], vc.NUM_STEPS: np.array([[r.steps]], np.int32),
-                             vc.DENOISE_SECONDS: np.array([[r.seconds]], np.float32)}, final=True)
-        except Exception as exc:  # noqa: BLE001 - every request answered with the error
-            for stream in streams:
-                stream.fail(exc)
-        finally:
-            self.metrics.add("active", -len(items))
-            for stream in streams:
-                self.flags.discard(stream.request_id)
-
-    def finalize(self):
-        self.metrics = None
+        results = self.wan.denoise(self.pipe, items, on_step)
+        for stream, r in zip(streams, results):
+            if stream.final_sent or r.interrupted or stream.cancelled():
+                continue  # the base sends its FINAL
+            stream.send({vc.LATENTS: r.latents[None], vc.NUM_STEPS: np.array([[r.steps]], np.int32),
+                         vc.DENOISE_SECONDS: np.array([[r.seconds]], np.float32)}, final=True)
 
 
 class VaeDecoder(BatchedStage):
@@ -231,6 +194,18 @@ class VaeDecoder(BatchedStage):
         return {vc.VIDEO: video[None]}
 
 
+@dataclass
+class VideoJob:
+    """One ``wan_t2v``/``wan_i2v`` request: ``prompt``, ``negative`` prompt ("" when absent), the
+    checked ``scalars`` of :func:`parse_request_scalars`, and for image-to-video the reference
+    ``image`` (uint8 [HEIGHT, WIDTH, 3])."""
+
+    prompt: str
+    negative: str
+    scalars: dict
+    image: np.ndarray | None = None
+
+
 class WanT2VPipeline(DecoupledStage):
     """``wan_t2v`` BLS: text encoder -> denoiser (STEP responses forwarded as progress; the
     client's cancel becomes the denoiser's) -> VAE decoder -> one final VIDEO response."""
@@ -244,7 +219,6 @@ class WanT2VPipeline(DecoupledStage):
         requests=("omni_video_requests_total", "Video requests received", "counter"),
         invalid=("omni_video_invalid_total", "Video requests refused as invalid", "counter"),
         cancelled=("omni_video_cancelled_total", "Video requests cancelled by their client", "counter"),
-        active=("omni_video_active_requests", "Video requests in progress", "gauge"),
     )
 
     def setup(self, args, params):
@@ -259,14 +233,14 @@ class WanT2VPipeline(DecoupledStage):
             raise vc.VideoInputError("PROMPT is empty")
         negative = optional_str_input(request, vc.NEGATIVE_PROMPT, MAX_DIFFUSION_PROMPT_CHARS,
                                       vc.VideoInputError) or ""
-        return prompt, negative, parse_request_scalars(request, self.limits)
+        return VideoJob(prompt, negative, parse_request_scalars(request, self.limits))
 
     def condition_inputs(self, job) -> list:
         """Extra denoiser inputs of one parsed request (none for text-to-video)."""
         return []
 
     def generate(self, job, stream):
-        prompt, negative, s = job[:3]
+        prompt, negative, s = job.prompt, job.negative, job.scalars
         cfg = s["guidance_scale"] > 1.0
         text_in = [(vc.PROMPT, utf8_array(prompt)[None])]
         if cfg:
@@ -333,8 +307,8 @@ class I2VDenoiser(Denoiser):
 
     stage = "wan_i2v_denoiser"
 
-    def parse_item(self, request):
-        item = super().parse_item(request)
+    def _parse(self, request):
+        item = super()._parse(request)
         item.condition = input_array(request, vc.CONDITION_LATENTS)
         want = [(item.num_frames - 1) // 4 + 1, item.height // 8, item.width // 8]
         if item.condition.ndim != 4 or list(item.condition.shape[1:]) != want:
@@ -352,13 +326,13 @@ class WanI2VPipeline(WanT2VPipeline):
     vae_encoder, denoiser = "wan_i2v_vae_encoder", "wan_i2v_denoiser"
 
     def parse(self, request):
-        prompt, negative, s = super().parse(request)
-        image = input_array(request, vc.INPUT_IMAGE)
-        vc.check_input_image(image, s["height"], s["width"])
-        return prompt, negative, s, image
+        job = super().parse(request)
+        job.image = input_array(request, vc.INPUT_IMAGE)
+        vc.check_input_image(job.image, job.scalars["height"], job.scalars["width"])
+        return job
 
     def condition_inputs(self, job) -> list:
-        image, frames = job[3], job[2]["num_frames"]
+        image, frames = job.image, job.scalars["num_frames"]
         out = call_stage(self.vae_encoder, [(vc.INPUT_IMAGE, image[None]),
                                             (vc.NUM_FRAMES, scalar_array(frames, "INT32")[None])],
                          [vc.CONDITION_LATENTS])

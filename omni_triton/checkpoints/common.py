@@ -4,8 +4,8 @@ manifest, its reader, and the kaiming conv init that makes random codec decoders
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -15,7 +15,10 @@ MANIFEST = "manifest.json"
 def kaiming_init_conv_(mod: torch.nn.Module, gen: torch.Generator) -> None:
     """Kaiming-normal init of one ``Conv1d``/``ConvTranspose1d`` (fan-in from its weight shape),
     bias zeroed. Random codec decoders with their default conv init give ~1e-8 amplitude."""
-    fan_in = mod.weight[0].numel() if isinstance(mod, torch.nn.Conv1d) else mod.weight.shape[0] // max(mod.groups, 1) * mod.weight.shape[-1]
+    if isinstance(mod, torch.nn.Conv1d):
+        fan_in = mod.weight[0].numel()
+    else:
+        fan_in = mod.weight.shape[0] // max(mod.groups, 1) * mod.weight.shape[-1]
     mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * (2.0 / max(fan_in, 1)) ** 0.5)
     if mod.bias is not None:
         mod.bias.zero_()

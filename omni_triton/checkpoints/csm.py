@@ -175,7 +175,7 @@ def _build(out_dir: Path, seed: int, spec: TinyCsmSpec, h: str) -> None:
             emb.weight.copy_(torch.randn(emb.weight.shape, generator=gen))
         # Default init (std 0.02) gives near-uniform attention: the output then depends only on the
         # last prompt token (always <|end_of_text|>), i.e. not on the text or the speaker.
-        for name, mod in list(model.backbone_model.named_modules()) + list(model.depth_decoder.named_modules()):
+        for _name, mod in list(model.backbone_model.named_modules()) + list(model.depth_decoder.named_modules()):
             if isinstance(mod, torch.nn.Linear):
                 std = 1.5 / mod.in_features ** 0.5
                 mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * std)

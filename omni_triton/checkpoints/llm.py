@@ -3,8 +3,8 @@ a bf16 Hugging Face folder vLLM CPU can serve (recipe: ``docs/notes/vllm-cpu-smo
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = ".omni-triton-complete"

@@ -24,8 +24,8 @@ SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, TTS_PAD, TTS_BOS, TTS_EOS, AUDIO_
 ROLE_WORDS = ("system", "user", "assistant")
 
 # Qwen2/ChatML chat template; media parts ({"type": "audio"|"image"|"video"}) render as Qwen3-Omni's
-# placeholders, which the processor expands (omni_triton/stages/qwen3_omni/inputs.py): "<|im_start|>{role}\n{content}<|im_end|>\n" per
-# message, then "<|im_start|>assistant\n" when add_generation_prompt.
+# placeholders, which the processor expands (omni_triton/stages/qwen3_omni/inputs.py):
+# "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n" when add_generation_prompt.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' }}"
@@ -217,7 +217,8 @@ def _build(out_dir: Path, seed: int, spec: TinyOmniSpec, h: str) -> None:
                 if isinstance(mod, torch.nn.Linear):
                     mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * (1.0 / mod.in_features ** 0.5))
         # Random code2wav: ~1e-8 amplitude with default conv init; kaiming convs make it audible.
-        model.code2wav.code_embedding.weight.copy_(torch.randn(model.code2wav.code_embedding.weight.shape, generator=gen))
+        code_embedding = model.code2wav.code_embedding.weight
+        code_embedding.copy_(torch.randn(code_embedding.shape, generator=gen))
         kaiming_init_convs_(model.code2wav, gen, last_conv=model.code2wav.decoder[-1].conv,
                             last_conv_scale=spec.last_conv_scale)
         # Each decoder block adds three residual units; with kaiming convs every unit grows the

@@ -75,12 +75,12 @@ def _build(out_dir: Path, seed: int, spec: TinyQwen3TtsSpec, h: str) -> None:
     import shutil
 
     import torch
+    from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration, Qwen3TTSProcessor
     from transformers import EncodecFeatureExtractor, MimiConfig
 
     from omni_triton.checkpoints.common import MANIFEST, kaiming_init_convs_
     from omni_triton.checkpoints.qwen3_omni import IM_END, IM_START, TTS_BOS, TTS_EOS, TTS_PAD, train_chatml_tokenizer
-    from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
-    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration, Qwen3TTSProcessor
 
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -131,7 +131,8 @@ def _build(out_dir: Path, seed: int, spec: TinyQwen3TtsSpec, h: str) -> None:
                        enc_res2net_scale=4, enc_se_channels=8, sample_rate=24000)
     for form in FORMS:
         torch.manual_seed(seed + FORMS.index(form))
-        cfg = Qwen3TTSConfig(talker_config=talker, speaker_encoder_config=speaker_enc, tokenizer_type="qwen3_tts_tokenizer_12hz",
+        cfg = Qwen3TTSConfig(talker_config=talker, speaker_encoder_config=speaker_enc,
+                             tokenizer_type="qwen3_tts_tokenizer_12hz",
                              tts_model_size="tiny", tts_model_type=form, im_start_token_id=ids[IM_START],
                              im_end_token_id=ids[IM_END], tts_pad_token_id=ids[TTS_PAD],
                              tts_bos_token_id=ids[TTS_BOS], tts_eos_token_id=ids[TTS_EOS])

@@ -65,7 +65,7 @@ class TinyWanSpec:
 def _train_tokenizer(vocab_size: int):
     """A SentencePiece-style Unigram tokenizer (Metaspace pre-tokenizer, ``</s>`` appended) wrapped
     as ``T5TokenizerFast``: what ``AutoTokenizer`` loads for google/umt5-xxl."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers, decoders
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import T5TokenizerFast
 
     tok = Tokenizer(models.Unigram())
@@ -106,7 +106,13 @@ def build_tiny_wan(out_dir: Path, kind: str = KIND_T2V, seed: int = 0, spec: Tin
 
 
 def _build(out_dir: Path, kind: str, seed: int, spec: TinyWanSpec, h: str, shared: Path | None = None) -> None:
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
+    from diffusers import (
+        AutoencoderKLWan,
+        UniPCMultistepScheduler,
+        WanImageToVideoPipeline,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
     from transformers import UMT5Config, UMT5EncoderModel
 
     if kind not in (KIND_T2V, KIND_I2V):

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from omni_triton.contracts import tensors
 from omni_triton.contracts.tensors import (
     AUDIO,
     PACED,
@@ -42,7 +43,7 @@ SAMPLING_PARAMETERS = "SAMPLING_PARAMETERS"
 MODALITIES = "MODALITIES"
 MAX_AUDIO_FRAMES = "MAX_AUDIO_FRAMES"  #: INT32 [1], omni: cap on the talker's codec frames
 TEXT_DELTA = "TEXT_DELTA"
-FINISH_REASON = "FINISH_REASON"
+FINISH_REASON = tensors.FINISH_REASON  # generic: every stage's telemetry reads it
 PROMPT_TOKENS = "PROMPT_TOKENS"
 COMPLETION_TOKENS = "COMPLETION_TOKENS"
 

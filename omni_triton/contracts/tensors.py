@@ -33,6 +33,9 @@ SAMPLE_RATE = "SAMPLE_RATE"  #: INT32 [1]: Hz of AUDIO
 #: BOOL [1]: the client plays this stream as it arrives (real time), so a scheduled stage may hold
 #: its later chunks back to ``max_lead_ms`` ahead of playback (docs/scheduling.md, "Pacing").
 PACED = "PACED"
+#: BYTES [1]: why a stream ended (``stop``, ``length``, ``abort``), on its last response; any
+#: stage's telemetry reads it (``omni_stage_requests_finished_total``). Chat contracts re-export it.
+FINISH_REASON = "FINISH_REASON"
 
 
 class InputError(ValueError):

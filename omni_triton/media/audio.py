@@ -56,7 +56,7 @@ def _probe(fmt: str, subtype: str) -> bool:
         rate = 48000 if subtype == "OPUS" else 22050
         sf.write(buf, np.zeros(rate // 10, dtype=np.int16), rate, format=fmt, subtype=subtype)
         return len(buf.getvalue()) > 0
-    except Exception:  # noqa: BLE001 - any failure means "not supported here"
+    except Exception:
         return False
 
 
@@ -315,7 +315,8 @@ def _check_header(rate: int, channels: int, seconds: float | None, limits: Audio
     if not 1 <= channels <= limits.max_channels:
         raise AudioDecodeError(f"{channels} channels; at most {limits.max_channels} are accepted")
     if seconds is not None and seconds > limits.max_seconds:
-        raise AudioDecodeError(f"the audio is {seconds:.2f} s long (its header says); over the limit of {limits.max_seconds:g} s",
+        raise AudioDecodeError(f"the audio is {seconds:.2f} s long (its header says); "
+                               f"over the limit of {limits.max_seconds:g} s",
                                "audio_too_long")
 
 
@@ -339,7 +340,7 @@ def decode_audio(data: bytes, target_rate: int, limits: AudioLimits = AudioLimit
         raise AudioDecodeError("the audio file is empty")
     try:
         f = sf.SoundFile(io.BytesIO(data))
-    except Exception:  # noqa: BLE001 - libsndfile's errors for anything it does not read
+    except Exception:
         return _decode_av(data, target_rate, limits)
     with f:
         if f.frames >= _UNKNOWN_FRAMES or not f.seekable():  # a stream of unknown length: PyAV counts it
@@ -352,7 +353,7 @@ def decode_audio(data: bytes, target_rate: int, limits: AudioLimits = AudioLimit
                 sink.add(block)
         except AudioDecodeError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a corrupt stream after a valid header
+        except Exception as exc:
             raise AudioDecodeError(f"the audio stream is damaged ({type(exc).__name__})") from None
         return sink.finish(rate, channels)
 
@@ -388,5 +389,5 @@ def _decode_av(data: bytes, target_rate: int, limits: AudioLimits) -> DecodedAud
             return sink.finish(rate, channels)
     except AudioDecodeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
+    except Exception as exc:
         raise AudioDecodeError(f"not a decodable audio file ({type(exc).__name__})") from None

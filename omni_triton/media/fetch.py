@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
 #: Resolver: host, port -> IP address strings (default: the event loop's getaddrinfo)

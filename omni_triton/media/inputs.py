@@ -160,7 +160,7 @@ def sample_video_frames(data: bytes, what: str, limits: MediaLimits) -> tuple[li
         # (avformat_find_stream_info) runs before any header can be read here
         container = av.open(io.BytesIO(data), mode="r",
                             options={"format_whitelist": VIDEO_FORMATS, "max_pixels": str(cap)})
-    except Exception as exc:  # noqa: BLE001 - no demuxer of VIDEO_FORMATS reads it
+    except Exception as exc:
         raise MediaInputError(f"{what}: not a video file of {VIDEO_FORMATS} ({type(exc).__name__})") from None
     try:
         with container:

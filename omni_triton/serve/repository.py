@@ -64,7 +64,8 @@ def frontend_models(models: list[str], repositories: list[Path] | None = None) -
         if model not in paths:
             continue
         config = read_config(paths[model] / "config.pbtxt")
-        extra = config.parameters["frontend_companions"].string_value if "frontend_companions" in config.parameters else ""
+        companions = config.parameters.get("frontend_companions")
+        extra = companions.string_value if companions is not None else ""
         out += [c.strip() for c in extra.split(",") if c.strip() and c.strip() not in out]
     return out
 

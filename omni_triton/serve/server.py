@@ -431,7 +431,7 @@ class TritonServer:
                     Path(path).unlink(missing_ok=True)
             self._families = {}
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         self.start()
         try:
             self.wait_ready()

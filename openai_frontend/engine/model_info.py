@@ -277,10 +277,11 @@ def _voice_aliases(model: str, text: str, voices: tuple[str, ...]) -> tuple[tupl
 
 def unready_dependencies(info: ModelInfo, states: dict[str, tuple[str, str]]) -> ModelInfo:
     """``info`` itself when all its ``depends_on`` stages are READY, else an UNAVAILABLE copy
-    whose reason names the stages that are not."""
+    whose reason names the stages that are not (it keeps ``served_model_name``, so a client that
+    calls the model by its OpenAI name gets 503, not 404)."""
     missing = [f"{d} ({states.get(d, ('MISSING', ''))[0]})" for d in info.depends_on
                if states.get(d, ("MISSING", ""))[0] != "READY"]
     if not missing:
         return info
-    return ModelInfo(name=info.name, state="UNAVAILABLE",
+    return ModelInfo(name=info.name, state="UNAVAILABLE", served_model_name=info.served_model_name,
                      reason="stages not ready: " + ", ".join(missing))

@@ -131,6 +131,9 @@ class TritonEngine:
         self._client_obj: grpcclient.InferenceServerClient | None = None
         # name -> ModelInfo of a READY model; dropped when the model is seen not READY (reload)
         self._config_cache: dict[str, ModelInfo] = {}
+        #: Triton name -> served_model_name, kept while a model is unloaded (Triton returns configs
+        #: of loaded models only), so its OpenAI name still resolves to a 503, not a 404.
+        self._served_names: dict[str, str] = {}
         # request id -> (model, cancel()) of every Triton call in flight; abort_inflight ends the
         # calls of a stage that died, recording request id -> dead stage in _aborted.
         self._inflight: dict[str, tuple[str, object]] = {}
@@ -209,6 +212,8 @@ class TritonEngine:
             raise _translate(exc, f"config of {name}") from exc
         info = model_info_from_config(resp.config, state, reason)
         self._config_cache[name] = info
+        if info.served_model_name:
+            self._served_names[name] = info.served_model_name
         return info
 
     async def list_models(self) -> list[ModelInfo]:
@@ -219,7 +224,8 @@ class TritonEngine:
             state, reason = states.get(name, ("MISSING", "not in Triton's model repository"))
             if state != "READY":
                 self._config_cache.pop(name, None)  # reloaded models may change config
-                out.append(ModelInfo(name=name, state=state, reason=reason))
+                out.append(ModelInfo(name=name, state=state, reason=reason,
+                                     served_model_name=self._served_names.get(name)))
                 continue
             try:
                 out.append(unready_dependencies(await self._config(name, state, reason), states))

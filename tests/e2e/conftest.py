@@ -6,16 +6,17 @@ the speech models. Teardown sends SIGTERM and checks that no process the launche
 
 A crash fails the run: ``serve`` restarts a tritonserver that died and reloads a model whose stub
 process died, so requests after the restart succeed and would hide it. After every test (and at
-session teardown) :func:`crash_evidence` looks for the three traces a crash leaves: a different
-tritonserver process than the one the session started, ``serve``'s restart/reload lines in its
-log, and a ``tritonserver-<http port>.log.crash-<n>`` file for this session's server in the
-cache's ``logs/`` folder. A test that kills or unloads a stub on purpose is marked
-``@pytest.mark.kills_stub`` (stub reloads are then expected; a tritonserver restart never is).
+session teardown) a :class:`~tests.helpers.crash_watch.CrashWatch` looks for the traces a crash
+leaves since the previous check (module-scoped fixtures included): serve's tritonserver child is
+not the one the session started (or is missing), serve's restart lines or stub death reports in
+its log, tritonserver's own ``Signal (N) received`` line, and a new
+``tritonserver-<http port>.log.crash-<n>`` file in the cache's ``logs/`` folder. A test that kills
+or unloads stubs on purpose names their models, ``@pytest.mark.kills_stub("piper")``: only
+those deaths are excused (a tritonserver restart never is).
 """
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,9 +28,11 @@ import httpx
 import psutil
 import pytest
 
+from clients.bench_common import metric_total
 from omni_triton import triton_admin
 from omni_triton.paths import cache_dir
 from omni_triton.serve.process import free_port
+from tests.helpers.crash_watch import CrashWatch, crash_logs
 
 E2E_MODELS = os.environ.get(  # dev knob: fewer models
     "OMNI_TRITON_E2E_MODELS",
@@ -73,20 +76,13 @@ class Stack:
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of one metric on Triton's metrics endpoint whose labels include
         ``labels`` (e.g. over all instances of a model); 0 if absent."""
-        text = httpx.get(self.metrics_url, timeout=10).text
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
-            if all(found.get(k) == v for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_total(httpx.get(self.metrics_url, timeout=10).text, name, **labels)
 
-
-#: ``serve`` log lines that mean tritonserver died (and was restarted) or a stub process died
-SERVER_CRASH_LINES = ("tritonserver exited", "restarting tritonserver", "Triton READY again")
-STUB_DEATH_LINES = ("died; reloading", "the stub process of")
+    def in_progress(self, model: str) -> float:
+        """Requests a stage has accepted and not yet finished, over all its instances: the stage
+        gauges ``omni_stage_requests_running`` + ``omni_stage_requests_waiting`` (docs/metrics.md)."""
+        return self.metric("omni_stage_requests_running", model=model) + \
+            self.metric("omni_stage_requests_waiting", model=model)
 
 
 def wait_for_stub_death_report(stack, model: str, since: int, timeout_s: float = 120.0) -> None:
@@ -107,65 +103,36 @@ def wait_for_stub_death_report(stack, model: str, since: int, timeout_s: float =
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "kills_stub: the test kills or unloads a stub process on purpose "
-                                       "(serve reloading that model is expected)")
+    config.addinivalue_line("markers", "kills_stub(*models): the test kills or unloads the stub processes of "
+                                       "these models on purpose (serve reloading them is expected)")
 
 
-def _crash_logs(triton_log: Path) -> dict[str, int]:
-    """``<triton_log>.crash-<n>`` files -> mtime (ns): ``serve`` renames a crashed server's log so."""
-    if not triton_log.parent.is_dir():
-        return {}
-    return {str(p): p.stat().st_mtime_ns for p in triton_log.parent.glob(triton_log.name + ".crash-*")}
-
-
-def crash_evidence(stack: Stack, serve_log_from: int = 0, allow_stub_reload: bool = False,
-                   old_crash_logs: dict[str, int] | None = None) -> list[str]:
-    """Traces of a tritonserver crash (or a stub death) since the session started.
-
-    Args:
-        stack: the running stack.
-        serve_log_from: byte offset in ``serve``'s log to read from (a test's start).
-        allow_stub_reload: do not report ``serve`` reloading a model whose stub died.
-        old_crash_logs: crash-log files (path -> mtime ns) that existed before the session (another
-            run that once used the same port); only new or rewritten ones count.
-
-    Returns:
-        One line per trace; empty when there is none.
-    """
-    found = []
-    try:
-        tritons = [p.pid for p in psutil.Process(stack.serve_pid).children() if p.name() == "tritonserver"]
-    except psutil.NoSuchProcess:
-        tritons = []
-    if tritons and tritons != [stack.triton_pid]:
-        found.append(f"tritonserver is now pid {tritons}, the session started pid {stack.triton_pid}")
-    with open(stack.log_path, "rb") as f:
-        f.seek(serve_log_from)
-        text = f.read().decode(errors="replace")
-    needles = SERVER_CRASH_LINES + (() if allow_stub_reload else STUB_DEATH_LINES)
-    found += [f"serve log: {ln.strip()}" for ln in text.splitlines() if any(n in ln for n in needles)]
-    old = old_crash_logs or {}
-    found += [f"crash log of this session's server: {path}"
-              for path, mtime in _crash_logs(Path(stack.triton_log)).items() if old.get(path) != mtime]
-    return found
+def _excused_stubs(request) -> tuple[str, ...]:
+    """The models a ``kills_stub`` test names (it must name at least one)."""
+    marker = request.node.get_closest_marker("kills_stub")
+    if marker is None:
+        return ()
+    assert marker.args, f"{request.node.nodeid}: name the models whose stubs it kills: @pytest.mark.kills_stub('m')"
+    return tuple(marker.args)
 
 
 @pytest.fixture(autouse=True)
 def _fail_on_crash(request):
-    """After each test that used the server: fail it if tritonserver crashed or a stub died
-    (``serve`` restarted it; see the module docstring)."""
+    """After each test that used the server: fail it if tritonserver crashed or a stub died since
+    the previous check (``serve`` restarted it; see the module docstring). The window starts
+    where the previous test's check stopped, so deaths in module-scoped fixtures count too."""
     if "stack" not in request.fixturenames:
         yield
         return
-    stack = request.getfixturevalue("stack")
-    start = os.path.getsize(stack.log_path)
+    request.getfixturevalue("stack")
+    watch = request.config.stash[_CRASH_WATCH]
+    excused = _excused_stubs(request)
     yield
-    evidence = crash_evidence(stack, start, allow_stub_reload=request.node.get_closest_marker("kills_stub") is not None,
-                              old_crash_logs=request.config.stash.get(_OLD_CRASH_LOGS, {}))
+    evidence = watch.check(excused_stubs=excused)
     assert not evidence, "tritonserver crashed or a stub died during this test:\n" + "\n".join(evidence)
 
 
-_OLD_CRASH_LOGS = pytest.StashKey[dict]()
+_CRASH_WATCH = pytest.StashKey[CrashWatch]()
 
 
 @pytest.fixture(scope="session")
@@ -185,8 +152,7 @@ def stack(tmp_path_factory, request):
         f"--frontend-arg=--voice-storage-dir={tmp_path_factory.mktemp('voices')}",
     ]
     triton_log = cache_dir() / "logs" / f"tritonserver-{ports['http']}.log"  # TritonServer's default
-    old_crash_logs = _crash_logs(triton_log)
-    request.config.stash[_OLD_CRASH_LOGS] = old_crash_logs
+    old_crash_logs = crash_logs(triton_log)
     log = open(log_path, "wb")
     admin_key = triton_admin.new_key()  # known to the tests: serve takes it from its environment
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -222,11 +188,13 @@ def stack(tmp_path_factory, request):
             triton_log=str(triton_log),
             admin_key=admin_key,
         )
+        watch = CrashWatch(str(log_path), str(triton_log), proc.pid, tritons[0].pid, old_crash_logs)
+        request.config.stash[_CRASH_WATCH] = watch
         yield session
-        # A crash between tests, or one the per-test check could not see (a test without the
-        # fixture), still fails the session. Stub reloads were checked per test (some are wanted).
-        evidence = crash_evidence(session, allow_stub_reload=True, old_crash_logs=old_crash_logs)
-        assert not evidence, "tritonserver crashed during this session:\n" + "\n".join(evidence)
+        # What no test checked (after the last one: a module fixture's teardown) fails the
+        # session, and so does a tritonserver crash anywhere in it.
+        evidence = list(dict.fromkeys(watch.check() + watch.whole_session()))
+        assert not evidence, "tritonserver crashed or a stub died during this session:\n" + "\n".join(evidence)
     finally:
         started = []
         try:

@@ -135,7 +135,7 @@ def test_cancel_mid_stream_aborts_in_engine(chat, stack):
     assert result.error is None and len([d for d in result.deltas if d]) >= 3
     stack.wait_until(lambda: stack.metric("omni_llm_aborted_total", model="llm") == aborted + 1,
                      "the cancelled request was not aborted in the engine")
-    stack.wait_until(lambda: stack.metric("omni_llm_active_requests", model="llm") == 0,
+    stack.wait_until(lambda: stack.in_progress("llm") == 0,
                      "the cancelled request is still active")
     # it stopped long before max_tokens
     assert stack.metric("omni_llm_generation_tokens_total", model="llm") - generated < 500
@@ -221,6 +221,6 @@ def test_llm_tts_cancel_aborts_llm(chat, stack):
     stack.wait_until(lambda: stack.metric("omni_llm_aborted_total", model="llm") == aborted + 1,
                      "cancelling llm_tts did not abort the llm request in the engine")
     assert stack.metric("omni_llm_tts_cancelled_total", model="llm_tts") == cancelled + 1
-    stack.wait_until(lambda: stack.metric("omni_llm_active_requests", model="llm") == 0,
+    stack.wait_until(lambda: stack.in_progress("llm") == 0,
                      "the llm request is still active")
     assert ANSWER_WORD in chat("llm_tts", messages=QUESTION, sampling=GREEDY).text

@@ -7,8 +7,11 @@ Passing means the same server process is still there and answered every request.
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from clients.repro_crash import drive
+
+pytestmark = pytest.mark.e2e
 
 
 def _same_server(stack) -> bool:

@@ -4,9 +4,10 @@ server, and an overload burst.
 Every case, sent one after another over loopback, must be a 4xx with the OpenAI error body
 (never a 5xx), and afterwards a valid request of each endpoint must succeed. Endpoints whose
 model is not served (``OMNI_TRITON_E2E_MODELS``) are skipped. Then 4x the admission limit
-(``--max-inflight`` 16) of concurrent speech requests: each ends with 200 or 429/503 +
-``Retry-After``. Also edits of good and bad (4096x4) images sent together: only the bad ones fail,
-and none stays in flight.
+(``--max-inflight`` 16) of concurrent speech requests: each ends with 200 or 429 + ``Retry-After``
+and the OpenAI error body; a 503 (Triton or a stage unavailable, which overload alone never
+causes: Triton has no queue limit here) is counted apart and bounded by ``MAX_503``. Also edits
+of good and bad (4096x4) images sent together: only the bad ones fail, and none stays in flight.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from conftest import E2E_MODELS
 
 from clients import malformed_payloads as mp
+from clients.soak import refusal_problem
 
 pytestmark = pytest.mark.e2e
 
@@ -25,6 +27,7 @@ SERVED = set(E2E_MODELS.split(","))
 NEEDS = {"chat": "llm", "completions": "llm", "images_generations": "qwen_image",
          "images_edits": "qwen_image_edit", "speech": "piper", "videos": "wan_t2v", "voices": None}
 MAX_INFLIGHT = 16  # the frontend's default --max-inflight
+MAX_503 = 0  # overload is answered with 429 (see the module docstring)
 
 
 @pytest.mark.parametrize("endpoint", mp.ALL_ENDPOINTS)
@@ -47,17 +50,17 @@ def test_overload_burst_is_200_or_429_with_retry_after(stack):
 
     def one(_):
         r = httpx.post(f"{stack.frontend_url}/v1/audio/speech", json=body, timeout=120)
-        return r.status_code, r.headers.get("retry-after"), r.content
+        return r.status_code, r.headers, r.content
 
     with ThreadPoolExecutor(4 * MAX_INFLIGHT) as pool:
         results = list(pool.map(one, range(4 * MAX_INFLIGHT)))
     statuses = [s for s, _, _ in results]
     print("overload statuses:", {s: statuses.count(s) for s in set(statuses)})
     assert set(statuses) <= {200, 429, 503}, statuses
+    assert statuses.count(503) <= MAX_503, statuses
     assert 200 in statuses
-    for status, retry_after, content in results:
-        if status != 200:
-            assert retry_after and mp.check(status, content) is None
+    problems = [refusal_problem(status, headers, content) for status, headers, content in results if status != 200]
+    assert not any(problems), problems
     assert httpx.post(f"{stack.frontend_url}/v1/audio/speech", json=body, timeout=60).status_code == 200
 
 

@@ -7,6 +7,7 @@ import time
 import httpx
 import pytest
 
+from clients.bench_common import metric_total
 from omni_triton.adapters.telemetry import METRICS
 
 pytestmark = pytest.mark.e2e
@@ -73,9 +74,7 @@ def test_stage_audio_and_bls_metrics_after_requests(stack):
 
 def test_frontend_itl_and_tpot_after_a_chat(stack):
     def count(name):
-        text = httpx.get(f"{stack.frontend_url}/metrics", timeout=10).text
-        line = next((ln for ln in text.splitlines() if ln.startswith(f'{name}_count{{model="llm"}}')), None)
-        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+        return metric_total(httpx.get(f"{stack.frontend_url}/metrics", timeout=10).text, f"{name}_count", model="llm")
 
     itl, tpot = count("omni_frontend_inter_token_latency_seconds"), count("omni_frontend_time_per_output_token_seconds")
     with httpx.stream("POST", f"{stack.frontend_url}/v1/chat/completions", timeout=120, json={

@@ -157,7 +157,7 @@ def test_cancel_mid_audio_stops_the_talker(stack):
     assert len(r.audio_chunks) == 1 and not r.completed
     stack.wait_until(lambda: stack.metric("omni_talker_cancelled_total", model="qwen3_omni_talker") > cancelled_before,
                      "talker never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_talker_active", model="qwen3_omni_talker") == 0,
+    stack.wait_until(lambda: stack.in_progress("qwen3_omni_talker") == 0,
                      "talker still generating for a gone client")
     generated = stack.metric("omni_talker_frames_total", model="qwen3_omni_talker") - frames_before
     assert generated < 3000 // 4, f"talker generated {generated} of 3000 frames after cancel"
@@ -172,7 +172,7 @@ def test_cancel_mid_text_stops_the_thinker(stack):
     stack.wait_until(lambda: stack.metric("omni_thinker_cancelled_total",
                                           model="qwen3_omni_thinker") > cancelled_before,
                      "thinker never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_thinker_active", model="qwen3_omni_thinker") == 0, "thinker still busy")
+    stack.wait_until(lambda: stack.in_progress("qwen3_omni_thinker") == 0, "thinker still busy")
     generated = stack.metric("omni_thinker_tokens_total", model="qwen3_omni_thinker") - tokens_before
     assert generated < 1000, f"thinker generated {generated} of 1000 tokens after cancel"
 

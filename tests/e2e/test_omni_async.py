@@ -110,8 +110,8 @@ def test_cancel_mid_answer_stops_thinker_and_talker(stack):
                      "thinker never saw the cancellation")
     stack.wait_until(lambda: metric("omni_talker_cancelled_total", "qwen3_omni_talker") > cancelled[1],
                      "talker never saw the cancellation")
-    stack.wait_until(lambda: metric("omni_thinker_active", "qwen3_omni_thinker") == 0, "thinker still busy")
-    stack.wait_until(lambda: metric("omni_talker_active", "qwen3_omni_talker") == 0, "talker still busy")
+    stack.wait_until(lambda: stack.in_progress("qwen3_omni_thinker") == 0, "thinker still busy")
+    stack.wait_until(lambda: stack.in_progress("qwen3_omni_talker") == 0, "talker still busy")
     assert metric("omni_thinker_tokens_total", "qwen3_omni_thinker") - tokens < 1000
     assert metric("omni_talker_frames_total", "qwen3_omni_talker") - frames < 3000 // 4
     ok = _chat(stack, True, {"max_tokens": 4})  # and the pipeline keeps serving

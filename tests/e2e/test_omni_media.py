@@ -3,19 +3,20 @@ official OpenAI SDK -> frontend -> Triton (the ``qwen3_omni`` BLS decodes the pa
 processor, ``qwen3_omni_thinker`` encodes them with its own audio/vision towers, ``qwen3_omni_talker`` gets the
 grids the reference gives it).
 
-Reference: ``Qwen3OmniMoeForConditionalGeneration.generate`` in this test process on the same
-prepared checkpoint, given the processor tensors of the same parts
-(``omni_triton.stages.qwen3_omni.OmniProcessor``: the served model's own processor code, so the
-reference sees the same pixels/features), greedy thinker and talker with the talker settings of
-``model_repository/qwen3_omni_talker/config.pbtxt``. Text: equal. Audio: the WAV the frontend returns
-(16-bit PCM: <= 2^-15 rounding) within WAVE_TOL = 2e-4 of the reference waveform (the chunked
-decode's tolerance, tests/unit/test_qwen3_omni.py), for the audio part and the image part.
+Reference: transformers alone, in this test process on the same prepared checkpoint. The inputs
+come from transformers' ``Qwen3OmniMoeProcessor`` (its chat template, placeholder expansion,
+``WhisperFeatureExtractor`` and ``Qwen2VLImageProcessorPil``), none of the project's processor or
+tokenizer code; the media bytes are decoded with soundfile + soxr (audio, to 16 kHz) and Pillow
+(image). Then ``Qwen3OmniMoeForConditionalGeneration.generate``: greedy thinker and talker with the
+talker settings of ``model_repository/qwen3_omni_talker/config.pbtxt``. Text: equal. Audio: the WAV the
+frontend returns (16-bit PCM: <= 2^-15 rounding) within WAVE_TOL = 2e-4 of the reference waveform
+(the chunked decode's tolerance, tests/unit/test_qwen3_omni.py), for the audio part and the image
+part.
 """
 from __future__ import annotations
 
 import base64
 import io
-import json
 import threading
 
 import httpx
@@ -68,35 +69,90 @@ def _messages(part, text="What do you hear or see?"):
     return [{"role": "user", "content": [{"type": "text", "text": text}, part]}]
 
 
+# what the real Qwen3-Omni tokenizer_config.json names as its multimodal tokens (the tiny
+# checkpoint's tokenizer files leave them out; the vocabulary has them)
+MEDIA_TOKENS = {"image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", "video_token": "<|video_pad|>",
+                "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+                "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
+
+
+def transformers_processor(path):
+    """transformers' ``Qwen3OmniMoeProcessor`` on the checkpoint's files. Its video processor
+    (``Qwen2VLVideoProcessor``) needs torchvision, which is not installed: the audio and image
+    cases here use none, so a stand-in holding only the ``merge_size`` / ``temporal_patch_size``
+    that the placeholder expansion reads takes its place (``from_pretrained`` would fail on it)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    class WithoutVideo(Qwen3OmniMoeProcessor):
+        def check_argument_for_proper_class(self, name, arg):
+            return None if name == "video_processor" else super().check_argument_for_proper_class(name, arg)
+
+    image = Qwen2VLImageProcessorPil.from_pretrained(path)
+    return WithoutVideo(
+        image_processor=image, feature_extractor=WhisperFeatureExtractor.from_pretrained(path),
+        video_processor=SimpleNamespace(merge_size=image.merge_size, temporal_patch_size=image.temporal_patch_size,
+                                        model_input_names=["pixel_values_videos", "video_grid_thw"]),
+        tokenizer=AutoTokenizer.from_pretrained(path, extra_special_tokens=MEDIA_TOKENS),
+        chat_template=(path / "chat_template.jinja").read_text())
+
+
+def _transformers_content(part, sampling_rate):
+    """An OpenAI content part -> (transformers chat content item, processor keyword, media)."""
+    import soundfile as sf
+    import soxr
+    from PIL import Image
+
+    if part["type"] == "input_audio":
+        wav, rate = sf.read(io.BytesIO(base64.b64decode(part["input_audio"]["data"])), dtype="float32")
+        wav = soxr.resample(wav, rate, sampling_rate).astype(np.float32)
+        return {"type": "audio", "audio": wav}, "audio", wav
+    img = Image.open(io.BytesIO(base64.b64decode(part["image_url"]["url"].split(",", 1)[1]))).convert("RGB")
+    return {"type": "image", "image": img}, "images", img
+
+
 @pytest.fixture(scope="module")
 def reference():
-    """messages -> (text, waveform) of the reference generate on the processor's tensors."""
+    """messages (one user turn: text + one audio or image part) -> (text, waveform) of
+    transformers' generate on transformers' processor's inputs."""
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     from omni_triton.checkpoints.qwen3_omni import write_processor_files
-    from omni_triton.stages import qwen3_omni as qo
 
     torch.set_num_threads(1)
     path = model_dir("qwen3-omni-tiny")
     write_processor_files(path)
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
-    chat = qo.ChatTokenizer.from_pretrained(path)
-    proc = qo.OmniProcessor.from_pretrained(path)
+    proc = transformers_processor(path)
     eos = model.config.im_end_token_id
     talker = model_parameters(available_models()["qwen3_omni_talker"])
     lock = threading.Lock()
 
     def run(messages):
-        ids, _, media = qo.prepare_multimodal_request(chat, None, json.dumps(messages), None, 32, 1024, True, proc)
+        (turn,) = messages
+        content, media = [], {}
+        for part in turn["content"]:
+            if part["type"] == "text":
+                content.append(part)
+            else:
+                item, key, value = _transformers_content(part, proc.feature_extractor.sampling_rate)
+                content.append(item)
+                media.setdefault(key, []).append(value)
+        text = proc.apply_chat_template([{"role": turn["role"], "content": content}], add_generation_prompt=True,
+                                        tokenize=False)
+        inputs = proc(text=text, return_tensors="pt", **media)
         with lock, torch.inference_mode():
             seq, wav = model.generate(
-                torch.tensor([ids]), speaker="Ethan", return_audio=True, thinker_max_new_tokens=MAX_TOKENS,
+                **inputs, speaker="Ethan", return_audio=True, thinker_max_new_tokens=MAX_TOKENS,
                 thinker_eos_token_id=eos, talker_do_sample=talker["do_sample"] == "true",
                 talker_repetition_penalty=float(talker["repetition_penalty"]),
                 talker_max_new_tokens=int(talker["default_max_frames"]),
-                talker_min_new_tokens=int(talker["default_min_frames"]), **media.thinker_kwargs())
-        return chat.tokenizer.decode(seq[0, len(ids):], skip_special_tokens=True), wav[0, 0].float().numpy()
+                talker_min_new_tokens=int(talker["default_min_frames"]))
+        prompt_len = inputs["input_ids"].shape[1]
+        return proc.tokenizer.decode(seq[0, prompt_len:], skip_special_tokens=True), wav[0, 0].float().numpy()
 
     return run
 

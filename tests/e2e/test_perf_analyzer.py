@@ -13,6 +13,8 @@ import pytest
 
 from omni_triton.perf_data import CONTRACTS, QUICK_OPTIONS, perf_command, read_csv
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "perf_analyzer_configs"
 

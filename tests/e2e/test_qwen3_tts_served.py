@@ -50,8 +50,9 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """case name -> the package's float32 PCM (one subprocess for all cases)."""
+def package(tmp_path_factory):
+    """case name -> (the package's float32 PCM, its talker codes int64 ``[frames, groups]``); one
+    subprocess for all cases."""
     tmp = tmp_path_factory.mktemp("qwen3tts")
     np.save(tmp / "ref.npy", REF)
     reqs = [dict(c, ref_audio_npy=str(tmp / "ref.npy"), ref_sr=REF_SR) for c in CASES.values()]
@@ -61,7 +62,13 @@ def reference(tmp_path_factory):
                     str(model_dir("qwen3-tts-tiny")), str(tmp / "in.json"), str(tmp / "out.npz")],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     z = np.load(tmp / "out.npz")
-    return {name: z[f"audio_{i}"] for i, name in enumerate(CASES)}
+    return {name: (z[f"audio_{i}"], z[f"codes_{i}"]) for i, name in enumerate(CASES)}
+
+
+@pytest.fixture(scope="module")
+def reference(package):
+    """case name -> the package's float32 PCM."""
+    return {name: audio for name, (audio, _) in package.items()}
 
 
 def _served(url, case, **extra):
@@ -155,27 +162,34 @@ def test_cancel_mid_stream_frees_the_talker(stack):
     assert len(got.chunks) == 1
     stack.wait_until(lambda: stack.metric("omni_qwen3_tts_talker_cancelled_total") > cancelled,
                      "the talker never saw the cancellation", timeout_s=120)
-    stack.wait_until(lambda: stack.metric("omni_qwen3_tts_talker_active") == 0, "a talker row stayed active",
+    stack.wait_until(lambda: stack.in_progress("qwen3_tts_talker") == 0, "a talker row stayed active",
                      timeout_s=120)
     assert _served(url, "vivian").audio.size > 0
 
 
 def _talker_frames(url, max_frames):
     """The raw ``qwen3_tts_talker`` stream: the CODES array of every response, in order."""
+    from omni_triton.contracts.tensors import scalar_array, utf8_array
+
+    return _talker_stream(url, [("TEXT", utf8_array("Hello there, how are you today?")),
+                                ("TASK", utf8_array("custom_voice")), ("VOICE", utf8_array("ryan")),
+                                ("MAX_FRAMES", scalar_array(max_frames, "INT32"))])
+
+
+def _talker_stream(url, pairs):
+    """The CODES array of every ``qwen3_tts_talker`` response to ``pairs`` ((name, array)), in order."""
     import queue
     from functools import partial
 
     import tritonclient.grpc as grpcclient
 
-    from omni_triton.contracts.tensors import infer_input, scalar_array, utf8_array, wrap_inputs
+    from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
-    client.async_stream_infer("qwen3_tts_talker", wrap_inputs(
-        [("TEXT", utf8_array("Hello there, how are you today?")), ("TASK", utf8_array("custom_voice")),
-         ("VOICE", utf8_array("ryan")), ("MAX_FRAMES", scalar_array(max_frames, "INT32"))],
-        partial(infer_input, grpcclient.InferInput)), enable_empty_final_response=True)
+    client.async_stream_infer("qwen3_tts_talker", wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput)),
+                              enable_empty_final_response=True)
     out = []
     while True:
         result, error = got.get(timeout=120)
@@ -189,6 +203,23 @@ def _talker_frames(url, max_frames):
     client.stop_stream()
     client.close()
     return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_talker_codes_equal_the_package_s_codes(stack, package, case):
+    """The codec codes ``qwen3_tts_talker`` streams for a request's talker inputs (what the
+    ``qwen3_tts`` BLS sends it; a clone's VOICE_PROMPT from ``qwen3_tts_voice_prompt``) equal, frame
+    for frame and group for group, the codes the package's ``generate_*`` made (greedy: exact)."""
+    c = CASES[case]
+    url = stack.triton_grpc_url
+    prompt = voice_prompt(url, REF, REF_SR, c["ref_text"])[0] if c["task"] == "base" else None
+    pairs = inputs(c["text"], task=c["task"], voice=c.get("speaker"), instructions=c.get("instructions"),
+                   language=c.get("language"), voice_prompt=prompt, max_frames=c["max_new_tokens"])
+    got = np.concatenate(_talker_stream(url, pairs)).astype(np.int64)
+    want = package[case][1]
+    assert got.shape == want.shape, (got.shape, want.shape)
+    diff = np.argwhere(got != want)
+    assert diff.size == 0, f"{len(diff)} codes differ, first at [frame, group] {diff[0].tolist()}"
 
 
 def test_talker_sends_frames_in_groups_and_the_last_short_group(stack):

@@ -249,7 +249,7 @@ def test_grpc_cancel_stops_the_talker(stack):
     assert len(result.chunks) == 1
     stack.wait_until(lambda: stack.metric("omni_tts_talker_cancelled_total", model="csm_talker") > cancelled_before,
                      "talker never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_tts_talker_active", model="csm_talker") == 0,
+    stack.wait_until(lambda: stack.in_progress("csm_talker") == 0,
                      "talker still generating for a gone client")
     generated = stack.metric("omni_tts_talker_frames_total", model="csm_talker") - frames_before
     assert generated < 3000 // 4, f"talker generated {generated} of 3000 frames after cancel"
@@ -268,7 +268,7 @@ def test_bad_codec_requests(stack):
     assert ok.chunks
 
 
-@pytest.mark.kills_stub  # csm_talker's stubs go away on purpose: serve may see them gone and reload it
+@pytest.mark.kills_stub("csm_talker")  # csm_talker's stubs go away on purpose: serve may see them gone and reload it
 def test_health_is_not_ok_while_a_stage_is_down(stack):
     """Triton keeps the BLS model ``csm`` READY when its talker is unloaded; the frontend's
     /health and /v1/audio/speech still see that the pipeline cannot serve (503), and recover

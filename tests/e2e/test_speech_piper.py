@@ -14,7 +14,7 @@ import openai
 import pytest
 import soundfile as sf
 from conftest import wait_for_stub_death_report
-from speech_reference import assert_speech_like, piper_reference
+from speech_reference import assert_piper_sentences, assert_speech_like, piper_reference
 
 from clients.tts_grpc_stream import stream_tts
 
@@ -90,7 +90,7 @@ def test_sse_stream_arrives_while_synthesis_runs(stack):
             event = json.loads(line[5:])
             if event["type"] == "speech.audio.delta":
                 if not deltas:
-                    active_at_first_delta = stack.metric("omni_tts_active_requests", model="piper")
+                    active_at_first_delta = stack.in_progress("piper")
                 deltas.append(base64.b64decode(event["audio"]))
             elif event["type"] == "speech.audio.done":
                 done = event
@@ -155,6 +155,23 @@ def test_grpc_stream_direct_to_piper(stack):
     result = stream_tts(stack.triton_grpc_url, "piper", text)
     assert len(result.chunks) == 3 and result.sample_rate == 22050
     assert_speech_like(result.audio, 22050, text)
+    assert_piper_sentences(result.chunks, result.sample_rate, text)
+
+
+# neighbouring sentences differ in length by 3x or more: a dropped, repeated or swapped sentence
+# changes the count or puts a sentence of another length in a slot
+SENTENCES = ("Yes. The capital of France is Paris, a city of bridges, museums and cafes along the river. "
+             "No. This sentence has a middling length. Goodbye.")
+
+
+@pytest.mark.parametrize("speed", [1.0, 1.5])
+def test_each_streamed_sentence_is_piper_voice_s_sentence(stack, speed):
+    """Per-sentence parity with ``piper.PiperVoice`` itself (tests/e2e/speech_reference.py): one
+    response per sentence of ``PiperVoice.phonemize``, each the package's rendering of that
+    sentence (length within 30% of its noise-free rendering, spectral envelope).
+    Red: the piper stage dropping a sentence."""
+    result = stream_tts(stack.triton_grpc_url, "piper", SENTENCES, speed=speed)
+    assert_piper_sentences(result.chunks, result.sample_rate, SENTENCES, speed=speed)
 
 
 def test_grpc_first_audio_arrives_before_the_last_sentence_is_synthesised(stack):
@@ -251,7 +268,7 @@ def test_client_disconnect_stops_piper(stack):
         next(r.iter_bytes())
     stack.wait_until(lambda: stack.metric("omni_tts_cancelled_total", model="piper") > cancelled_before,
                      "piper_tts never saw the cancellation")
-    stack.wait_until(lambda: stack.metric("omni_tts_active_requests", model="piper") == 0,
+    stack.wait_until(lambda: stack.in_progress("piper") == 0,
                      "piper_tts still synthesising for a gone client")
     produced = stack.metric("omni_tts_audio_seconds_total", model="piper") - seconds_before
     assert produced < full_seconds / 4, f"piper_tts synthesised {produced:.1f} s of {full_seconds:.1f} s after a cancel"
@@ -261,7 +278,7 @@ def test_client_disconnect_stops_piper(stack):
 
 
 
-@pytest.mark.kills_stub
+@pytest.mark.kills_stub("piper")
 def test_killed_stub_is_restarted_by_the_launcher(stack):
     """Triton 2.51 keeps a model READY after its stub process dies and fails every request;
     ``omni-triton serve`` notices the missing stub and loads the model again."""
@@ -273,7 +290,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
     def piper_stubs():
         return [p for p in psutil.process_iter(["cmdline"])
                 if p.info["cmdline"] and p.info["cmdline"][0].endswith("triton_python_backend_stub")
-                and "/piper_tts/" in p.info["cmdline"][1]
+                and "/piper/" in p.info["cmdline"][1]
                 and p.info["cmdline"][5] == str(stack.triton_pid)]
 
     (stub,) = piper_stubs()
@@ -289,7 +306,7 @@ def test_killed_stub_is_restarted_by_the_launcher(stack):
             break
         time.sleep(1)
     assert [p.pid for p in piper_stubs()] != [stub.pid]
-    assert "reloading piper_tts" in open(stack.log_path).read()
+    assert "reloading piper" in open(stack.log_path).read()
     wait_for_stub_death_report(stack, "piper", log_from)  # this test's report, not the next one's
 
 

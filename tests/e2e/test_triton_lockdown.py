@@ -22,6 +22,8 @@ from tritonclient.utils import InferenceServerException
 from omni_triton import triton_admin
 from omni_triton.paths import cache_dir
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "piper"
 WRONG = "not-the-key-0123456789"
 
@@ -106,7 +108,7 @@ def _serve_settled(stack, since: int) -> bool:
         f"{MODEL} reloaded")
 
 
-@pytest.mark.kills_stub  # the model is unloaded and loaded again on purpose
+@pytest.mark.kills_stub(MODEL)  # the model is unloaded and loaded again on purpose
 def test_unload_and_load_accept_the_key(served):
     """With the key, HTTP unload and gRPC load work (and the frontend serves the model again)."""
     import time

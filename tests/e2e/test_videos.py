@@ -28,7 +28,8 @@ import pytest
 
 from tests.e2e.conftest import E2E_MODELS
 
-pytestmark = [pytest.mark.skipif("wan_t2v" not in E2E_MODELS.split(","), reason="wan_t2v not served"),
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif("wan_t2v" not in E2E_MODELS.split(","), reason="wan_t2v not served"),
               pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
 openai = pytest.importorskip("openai")
 pytest.importorskip("av")
@@ -129,11 +130,18 @@ def test_create_poll_download(client):
 
 
 def test_sync_returns_the_mp4(stack):
+    """... and the denoiser reports the stage telemetry of every stage (its base since issue 24)."""
+    finished = stack.metric("omni_stage_requests_finished_total", model="wan_t2v_denoiser", reason="stop")
+    batches = stack.metric("omni_stage_batch_size_count", model="wan_t2v_denoiser")
     r = httpx.post(f"{stack.frontend_url}/v1/videos/sync", timeout=120,
                    data={"model": MODEL, "prompt": "waves", "num_frames": "5", "fps": "10", "size": "32x32"})
     assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
     decoded = decode_video(r.content)
     assert decoded.frames.shape == (5, 32, 32, 3) and decoded.fps == 10
+    stack.wait_until(lambda: stack.metric("omni_stage_requests_finished_total", model="wan_t2v_denoiser",
+                                          reason="stop") == finished + 1, "no finished request on the denoiser", 15)
+    assert stack.metric("omni_stage_batch_size_count", model="wan_t2v_denoiser") == batches + 1
+    assert stack.in_progress("wan_t2v_denoiser") == 0
 
 
 def test_four_concurrent_jobs_keep_their_seeds(client, pipe):
@@ -172,6 +180,8 @@ def test_delete_mid_job_stops_the_denoiser(client, stack):
     stopped = _steps(stack)
     time.sleep(2.0)  # a 50-step job would still be running: the counter must stand still
     assert _steps(stack) == stopped and stopped - before < 50
+    assert stack.metric("omni_stage_requests_finished_total", model="wan_t2v_denoiser", reason="abort") >= 1
+    assert stack.in_progress("wan_t2v_denoiser") == 0
     with pytest.raises(openai.NotFoundError):
         client.videos.retrieve(video.id)
 

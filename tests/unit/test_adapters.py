@@ -1,6 +1,6 @@
 """The adapter bases without Triton (``fake_pb_utils`` stands in for the stub's module): one
 FINAL per request and never a send after it, INVALID_ARG for the pipeline's input error, a
-failure response for anything else, cancellation counted only when seen, the active gauge back
+failure response for anything else, cancellation counted only when seen, the running gauge back
 to 0, and THE THREADING DISCIPLINE: every stub -> server call, from any thread, under the one lock.
 The BLS stream helper cancels (iterator ``cancel()`` where it exists, else the REQUEST_ID flag)
 and drains to the end; the chunked decoder equals a one-shot decode."""
@@ -29,7 +29,7 @@ class Toy(DecoupledStage):
     stage = "toy"
     input_error = SpeechInputError
     metric_specs = dict(requests=("toy_requests", "", "counter"), cancelled=("toy_cancelled", "", "counter"),
-                        invalid=("toy_invalid", "", "counter"), active=("toy_active", "", "gauge"))
+                        invalid=("toy_invalid", "", "counter"))
 
     def parse(self, request):
         n = int(request.inputs["N"].as_numpy()[0])
@@ -86,8 +86,9 @@ def test_one_final_errors_and_metrics(workers):
     assert err.code() == pb.TritonError.INTERNAL and "toy failed: boom" in err.message()
     assert broken.sender.finals == 1 and len(broken.sender.outputs()) == 99
     m = pb.MetricFamily.created
-    assert (m["toy_requests"].total, m["toy_invalid"].total, m["toy_active"].total, m["toy_cancelled"].total) == (
-        2, 1, 0, 0)
+    assert (m["toy_requests"].total, m["toy_invalid"].total, m["toy_cancelled"].total) == (2, 1, 0)
+    for gauge in ("omni_stage_requests_running", "omni_stage_requests_waiting"):  # requests in progress
+        assert sum(g.total for g in pb.MetricFamily.find(gauge, model="toy")) == 0
 
 
 def test_never_a_send_after_final():

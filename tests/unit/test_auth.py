@@ -22,6 +22,7 @@ from test_frontend_bad_input import AllFake
 from openai_frontend import auth
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import ModelInfo
+from tests.helpers.frontend import frontend_client
 
 pytestmark = pytest.mark.anyio
 
@@ -36,8 +37,7 @@ def anyio_backend():
 
 
 def client(engine=None, *, peer=("127.0.0.1", 50000), base_url="http://test", **settings) -> httpx.AsyncClient:
-    app = create_app(engine or AllFake(), Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=peer), base_url=base_url)
+    return frontend_client(engine or AllFake(), peer=peer, base_url=base_url, **settings)
 
 
 def ws_session(ws) -> dict:

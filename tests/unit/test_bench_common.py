@@ -139,3 +139,28 @@ def test_benchmarks_use_no_undefined_names():
                 defined.add(node.name)
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         assert not used - defined, f"{path.name}: undefined {sorted(used - defined)}"
+
+
+def test_metric_total_parses_the_prometheus_text_format():
+    """The one metrics-text reader of the clients and tests (prometheus_client's parser): label
+    order, escaped quotes and braces in label values, HELP/TYPE lines and histogram samples."""
+    from clients.bench_common import metric_total
+
+    text = "\n".join([
+        "# HELP omni_x_total requests",
+        "# TYPE omni_x_total counter",
+        'omni_x_total{reason="stop",model="piper_tts"} 2',
+        'omni_x_total{model="piper_tts",reason="error: \\"bad} input\\""} 5',
+        'omni_x_total{model="llm",reason="stop"} 7',
+        "# TYPE omni_y_seconds histogram",
+        'omni_y_seconds_bucket{model="llm",le="+Inf"} 3',
+        'omni_y_seconds_count{model="llm"} 3',
+        'omni_y_seconds_sum{model="llm"} 0.5',
+        "",
+    ])
+    assert metric_total(text, "omni_x_total", model="piper_tts") == 7
+    assert metric_total(text, "omni_x_total", model="piper_tts", reason='error: "bad} input"') == 5
+    assert metric_total(text, "omni_x_total") == 14
+    assert metric_total(text, "omni_y_seconds_count", model="llm") == 3
+    assert metric_total(text, "omni_y_seconds", model="llm") == 0  # a family name is no sample
+    assert metric_total(text, "omni_absent_total") == 0

@@ -29,6 +29,7 @@ from openai_frontend.engine import (
     ModelNotFoundError,
     ModelNotReadyError,
 )
+from tests.helpers.frontend import frontend_client
 
 pytestmark = pytest.mark.anyio
 
@@ -150,14 +151,11 @@ def engine():
     return ChatFakeEngine()
 
 
-def client(engine, **settings) -> httpx.AsyncClient:
-    app = create_app(engine, Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+client = frontend_client
 
 
 def sdk(engine, **settings) -> openai.AsyncOpenAI:
-    app = create_app(engine, Settings(**settings))
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    http = frontend_client(engine, **settings)
     return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
 
 

@@ -24,6 +24,7 @@ from openai_frontend.engine import (
     TritonEngine,
     TritonUnavailableError,
 )
+from tests.helpers.fake_triton import fake_triton
 
 pytestmark = pytest.mark.anyio
 
@@ -135,14 +136,8 @@ class FakeTriton(pbg.GRPCInferenceServiceServicer):
 
 @pytest.fixture
 async def triton():
-    server = grpc.aio.server()
-    fake = FakeTriton()
-    pbg.add_GRPCInferenceServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    fake.url = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(None)
+    async with fake_triton(FakeTriton()) as fake:
+        yield fake
 
 
 async def test_metadata_from_config_parameters(triton):

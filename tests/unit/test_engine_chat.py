@@ -25,6 +25,7 @@ from openai_frontend.engine import (
     ModelNotReadyError,
     TritonEngine,
 )
+from tests.helpers.fake_triton import fake_triton
 
 pytestmark = pytest.mark.anyio
 
@@ -143,14 +144,8 @@ class FakeChatTriton(pbg.GRPCInferenceServiceServicer):
 
 @pytest.fixture
 async def triton():
-    server = grpc.aio.server()
-    fake = FakeChatTriton()
-    pbg.add_GRPCInferenceServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    fake.url = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(None)
+    async with fake_triton(FakeChatTriton()) as fake:
+        yield fake
 
 
 MESSAGES = [{"role": "user", "content": "Capital of France? Réponds."}]

@@ -74,3 +74,14 @@ def test_family_adapters_do_not_import_each_other():
         if hits:
             bad[f] = hits
     assert not bad
+
+
+def test_a_pipeline_whose_stage_is_down_keeps_its_openai_name():
+    """`model="tts"` while csm_talker is unloaded is a 503 naming the stage, not a 404: the
+    UNAVAILABLE copy keeps served_model_name (tests/e2e/test_speech_codec.py checks it served)."""
+    from openai_frontend.engine.model_info import ModelInfo, unready_dependencies
+
+    info = ModelInfo(name="csm", served_model_name="tts", depends_on=("csm_talker", "csm_code2wav"))
+    down = unready_dependencies(info, {"csm_talker": ("UNAVAILABLE", ""), "csm_code2wav": ("READY", "")})
+    assert not down.ready and "csm_talker" in down.reason
+    assert down.served_model_name == "tts"

@@ -28,6 +28,7 @@ from openai_frontend.engine import (
     ModelNotReadyError,
     TritonUnavailableError,
 )
+from tests.helpers.frontend import frontend_client
 
 SR = 22050
 
@@ -134,9 +135,7 @@ def engine():
     return FakeEngine()
 
 
-def make_client(engine, **settings):
-    app = create_app(engine, Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+make_client = frontend_client
 
 
 async def post(engine, payload, **settings):

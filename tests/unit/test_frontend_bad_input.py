@@ -18,6 +18,7 @@ from test_chat_frontend import USER, ChatFakeEngine, assert_error
 from test_images_frontend import FakeImageEngine
 
 from openai_frontend.app import Settings, create_app
+from tests.helpers.frontend import frontend_client
 
 pytestmark = pytest.mark.anyio
 
@@ -50,9 +51,7 @@ class AllFake(ChatFakeEngine):
 
 
 def client(engine, **settings) -> httpx.AsyncClient:
-    app = create_app(engine, Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
-                             base_url="http://test")
+    return frontend_client(engine, raise_app_exceptions=False, **settings)
 
 
 def raw(payload) -> dict:

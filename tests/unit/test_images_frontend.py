@@ -11,14 +11,12 @@ import asyncio
 import base64
 import io
 
-import httpx
 import numpy as np
 import pytest
 from engine_stub import EngineStub
 from PIL import Image
 
 from omni_triton.media.image import decode_image, encode_image, normalise_format
-from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import (
     Engine,
     GeneratedImage,
@@ -28,6 +26,7 @@ from openai_frontend.engine import (
     StageStatistics,
     model_info_from_config,
 )
+from tests.helpers.frontend import frontend_client
 
 #: per image, what the fake's stages report to the statistics API: (queue ms, compute ms)
 FAKE_STAGE_MS = {"qwen_image_text_encoder": (1.0, 10.0), "qwen_image_denoiser": (2.0, 40.0),
@@ -118,9 +117,7 @@ def engine():
     return FakeImageEngine()
 
 
-def client(engine, **settings):
-    app = create_app(engine, Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+client = frontend_client
 
 
 def png_bytes(w=40, h=30, color=(200, 10, 10)) -> bytes:

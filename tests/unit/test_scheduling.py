@@ -262,6 +262,7 @@ class Speaker(DecoupledStage):
 
     stage = "speaker"
     workers = 2
+    frames_output = "CODES"  # a family's hook (deadline_unit frames)
 
     def parse(self, request):
         return int(request.inputs["N"].as_numpy()[0])
@@ -603,6 +604,8 @@ def test_a_deadline_batched_stage_answers_the_most_urgent_pass_first_each_as_soo
     gate, passes, answered_before = threading.Event(), [], []
 
     class Decoder(BatchedStage):
+        due_input = DUE_MS  # the family's hook
+
         def parse(self, request):
             n = int(request.inputs["N"].as_numpy().reshape(-1)[0])
             if n <= 0:
@@ -706,3 +709,24 @@ def test_the_qwen3_tts_decoder_takes_the_most_urgent_chunk_first_and_its_bls_say
     assert c2w.get("scheduling") == "deadline"
     assert "DUE_MS" in {i.name for i in _config("qwen3_tts_code2wav").input}
     assert float(bls["deadline_guard_ms"]) > 0 and float(bls["low_water_ms"]) > float(bls["deadline_guard_ms"])
+
+
+def test_the_qwen3_omni_thinker_dues_every_token_at_arrival_only_for_a_talker_that_waits_for_the_whole_answer():
+    """A typed thinker job: TALKER_INPUTS without ASYNC_CHUNK (the multimodal path: the talker
+    starts after the whole answer) makes all ``max_tokens`` due at arrival; a streamed talker or a
+    text reader keeps ``lead_tokens`` 1."""
+    from types import SimpleNamespace
+
+    from omni_triton.adapters.omni_stages import ThinkerJob as _ThinkerJob
+    from omni_triton.adapters.qwen3_omni import Qwen3OmniThinkerStage
+    from omni_triton.runtime.stage_policy import PlaybackPolicy
+
+    stage = Qwen3OmniThinkerStage()
+    stage.playback = PlaybackPolicy("qwen3_omni_thinker", {"deadline_unit": "tokens"})
+    sampling = SimpleNamespace(max_tokens=32)
+    whole = _ThinkerJob(np.zeros(3, np.int64), sampling, talker_inputs=True, streamed=False, media=None)
+    streamed = _ThinkerJob(np.zeros(3, np.int64), sampling, talker_inputs=True, streamed=True, media=None)
+    text = _ThinkerJob(np.zeros(3, np.int64), sampling, talker_inputs=False, streamed=False, media=None)
+    assert stage.playback_deadline(0.0, whole).lead_tokens == 33
+    assert stage.playback_deadline(0.0, streamed).lead_tokens == 1
+    assert stage.playback_deadline(0.0, text).lead_tokens == 1 and stage.playback_deadline(0.0).lead_tokens == 1

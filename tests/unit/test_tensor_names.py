@@ -33,3 +33,30 @@ def test_no_tensor_name_literals_outside_contracts():
             found += [f"{path.relative_to(ROOT)}:{line}: {name!r}"
                       for line, name in tensor_name_literals(path.read_text())]
     assert not found, "use the omni_triton.contracts constants instead:\n" + "\n".join(found)
+
+
+#: The stage bases every family shares: they may use only the generic tensors of
+#: ``omni_triton.contracts.tensors``; a family's tensors (CODES, DUE_MS ...) reach them through the
+#: hooks the family adapter sets (``frames_output``, ``due_input``), issue 24.
+GENERIC_BASES = ("stream.py", "batched.py", "batched_stream.py", "telemetry.py", "triton_io.py", "bls.py")
+
+
+def contract_imports(source: str) -> set[str]:
+    """The ``omni_triton.contracts`` modules ``source`` imports (``from omni_triton.contracts import x``
+    counts as ``omni_triton.contracts.x``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("omni_triton.contracts"):
+            found |= {node.module} if node.module != "omni_triton.contracts" else \
+                {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("omni_triton.contracts")}
+    return found
+
+
+def test_the_generic_stage_bases_import_only_generic_tensors():
+    assert contract_imports("from omni_triton.contracts import speech as sp\n") == {"omni_triton.contracts.speech"}
+    adapters = ROOT / "omni_triton" / "adapters"
+    family = {name: contract_imports((adapters / name).read_text()) - {"omni_triton.contracts.tensors"}
+              for name in GENERIC_BASES}
+    assert not any(family.values()), f"family contracts in a generic base: {family}"

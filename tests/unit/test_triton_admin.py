@@ -18,6 +18,7 @@ from omni_triton import triton_admin
 from omni_triton.serve.process import free_port
 from omni_triton.serve.server import Frontend, TritonServer
 from openai_frontend.engine import TritonEngine, TritonUnavailableError
+from tests.helpers.fake_triton import fake_triton
 
 KEY = triton_admin.new_key()
 
@@ -126,12 +127,8 @@ class RestrictedTriton(pbg.GRPCInferenceServiceServicer):
 
 @pytest.fixture
 async def restricted():
-    server = grpc.aio.server()
-    pbg.add_GRPCInferenceServiceServicer_to_server(RestrictedTriton(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    yield f"127.0.0.1:{port}"
-    await server.stop(None)
+    async with fake_triton(RestrictedTriton()) as fake:
+        yield fake.url
 
 
 @pytest.mark.anyio

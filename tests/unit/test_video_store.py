@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from clients.bench_common import metric_total
+
 pytest.importorskip("av")
 
 from test_videos_frontend import FakeVideoEngine, Server, assert_error, wait_status
@@ -53,14 +55,10 @@ def flaky(app) -> FlakyConnection:
     return store._db
 
 
-def metric(app, name: str) -> float:
+def metric(app, name: str, **labels: str) -> float:
     from prometheus_client import generate_latest
 
-    total = 0.0
-    for line in generate_latest(app.state.metrics.registry).decode().splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_total(generate_latest(app.state.metrics.registry).decode(), name, **labels)
 
 
 # --------------------------------------------------------------------------- database errors
@@ -83,7 +81,7 @@ async def test_dispatcher_survives_database_errors_and_says_so(tmp_path):
         listed = (await c.get("/v1/videos")).json()["data"][0]
         assert listed["error"]["code"] == "job_store_unavailable"
         assert metric(server.app, "omni_frontend_video_store_failing") == 1
-        assert metric(server.app, 'omni_frontend_video_store_errors_total{operation="dispatch"}') >= 3
+        assert metric(server.app, "omni_frontend_video_store_errors_total", operation="dispatch") >= 3
         db.failing = ()  # the database recovers: the job runs, nothing was lost
         body, _ = await wait_status(c, vid, timeout=10)
         assert body["status"] == "completed" and body["error"] is None
@@ -106,7 +104,7 @@ async def test_a_failing_completion_is_retried_not_lost(tmp_path):
         db.failing = ()
         body, _ = await wait_status(c, vid, timeout=10)
         assert body["status"] == "completed" and body["progress"] == 100
-        assert metric(server.app, 'omni_frontend_video_store_errors_total{operation="complete"}') >= 1
+        assert metric(server.app, "omni_frontend_video_store_errors_total", operation="complete") >= 1
 
 
 async def test_a_failing_failure_is_retried_not_lost(tmp_path):

@@ -18,7 +18,8 @@ import soundfile as sf
 from test_chat_frontend import ANSWER, SR, USER, assert_error
 from test_frontend_bad_input import AllFake
 
-from openai_frontend.app import Settings, create_app
+from clients.bench_common import metric_total
+from tests.helpers.frontend import frontend_client
 
 pytestmark = pytest.mark.anyio
 
@@ -33,9 +34,7 @@ def engine():
     return AllFake()
 
 
-def client(engine, **settings) -> httpx.AsyncClient:
-    app = create_app(engine, Settings(**settings))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+client = frontend_client
 
 
 async def post(engine, path, payload, **settings) -> httpx.Response:
@@ -479,5 +478,5 @@ async def test_chat_audio_seconds_counted_in_metrics(engine):
             assert r.status_code == 200
             _ = r.content
         text = (await c.get("/metrics")).text
-    line = next(ln for ln in text.splitlines() if ln.startswith('omni_frontend_audio_seconds_total{model="llm_tts"}'))
-    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(2 * len(engine.expected_audio()) / SR)
+    assert metric_total(text, "omni_frontend_audio_seconds_total", model="llm_tts") == pytest.approx(
+        2 * len(engine.expected_audio()) / SR)

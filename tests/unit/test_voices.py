@@ -22,6 +22,7 @@ from openai_frontend.engine.model_info import OPENAI_VOICES, _voice_aliases
 from openai_frontend.engine.triton import qwen3_speech_inputs
 from openai_frontend.serving.speech_stream import split_sentences
 from openai_frontend.voice_store import DuplicateVoiceName, VoiceCorruptError, VoiceSettings, VoiceStore
+from tests.helpers.frontend import frontend_client
 
 SPEECH_OUT = frozenset({"AUDIO", "SAMPLE_RATE"})
 PIPER = ModelInfo(name="piper_tts", inputs=frozenset({"TEXT", "VOICE", "SPEED"}), outputs=SPEECH_OUT,
@@ -131,9 +132,7 @@ def settings(tmp_path):
                                          max_upload_bytes=600_000))
 
 
-def client(engine, settings):
-    app = create_app(engine, settings)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+client = frontend_client
 
 
 async def consent(c) -> str:

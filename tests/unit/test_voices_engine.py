@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from test_engine import FakeTriton, speech_config
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pbg
 
 from openai_frontend.engine import InvalidRequestError, SpeechOptions, TritonEngine
+from tests.helpers.fake_triton import fake_triton
 
 pytestmark = pytest.mark.anyio
 
@@ -59,14 +59,8 @@ class QwenTriton(FakeTriton):
 
 @pytest.fixture
 async def triton():
-    server = grpc.aio.server()
-    fake = QwenTriton()
-    pbg.add_GRPCInferenceServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    fake.url = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(None)
+    async with fake_triton(QwenTriton()) as fake:
+        yield fake
 
 
 def wire(req) -> dict[str, tuple[str, list[int], bytes]]:

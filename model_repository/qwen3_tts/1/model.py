@@ -1,4 +1,5 @@
-"""Triton binding: Qwen3-TTS BLS (decoupled): form routing -> qwen3_tts_talker -> chunked qwen3_tts_code2wav, streamed PCM.
+"""Triton binding: Qwen3-TTS BLS (decoupled): form routing -> qwen3_tts_talker -> chunked qwen3_tts_code2wav,
+streamed PCM.
 Adapter: omni_triton.adapters.qwen3_tts.Qwen3TtsPipeline; contract: omni_triton.contracts.qwen3_tts."""
 import locale
 

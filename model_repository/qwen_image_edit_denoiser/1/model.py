@@ -1,4 +1,5 @@
-"""Triton adapter: Qwen-Image-Edit denoiser (condition image latents from the VAE encoder) (the diffusers pipeline's loop, output_type="latent").
+"""Triton adapter: Qwen-Image-Edit denoiser (condition image latents from the VAE encoder)
+(the diffusers pipeline's loop, output_type="latent").
 Dynamic batching; compatible requests share one pipeline call, each with its own seed.
 Logic in omni_triton.stages.qwen_image.denoise."""
 import locale

@@ -1,4 +1,5 @@
-"""Triton binding: Wan2.2 image-to-video BLS (decoupled): text encoder + VAE encoder -> streamed denoiser -> VAE decoder.
+"""Triton binding: Wan2.2 image-to-video BLS (decoupled): text encoder + VAE encoder -> streamed denoiser ->
+VAE decoder.
 Adapter: omni_triton.adapters.wan.WanI2VPipeline; contract: omni_triton.contracts.video."""
 import locale
 

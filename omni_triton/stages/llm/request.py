@@ -4,10 +4,10 @@ problem is a :class:`~omni_triton.contracts.chat.ChatInputError`, i.e. INVALID_A
 """
 from __future__ import annotations
 
-
 from omni_triton.contracts.chat import ChatInputError, parse_messages, parse_sampling
+
 # the request vLLM runs, shared with the runtime (which must not import stages)
-from omni_triton.runtime.vllm_request import GenerationJob, make_sampling_params  # noqa: F401
+from omni_triton.runtime.vllm_request import GenerationJob, make_sampling_params
 
 
 def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:

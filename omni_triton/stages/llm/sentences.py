@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 # --------------------------------------------------------------------------- llm_tts: text -> sentences
 
@@ -34,9 +35,9 @@ class SentenceSegmenter:
 
     A sentence ends at ``.``, ``!``, ``?`` or ``…`` (plus closing quotes/brackets) followed by
     whitespace, or at a line break; a period after a known abbreviation (``Dr.``, ``e.g.``) or a
-    single letter (``J. Smith``) does not end one. A boundary is only accepted once the whitespace after it arrived, so ``3.14``
-    split across deltas is never cut. Text longer than ``max_chars`` without a boundary is cut at
-    its last space, so speech starts even for run-on text.
+    single letter (``J. Smith``) does not end one. A boundary is only accepted once the whitespace
+    after it arrived, so ``3.14`` split across deltas is never cut. Text longer than ``max_chars``
+    without a boundary is cut at its last space, so speech starts even for run-on text.
 
     Args:
         min_chars: a piece shorter than this is joined with the next one (avoids tiny TTS calls).

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -78,7 +78,8 @@ class Qwen3TtsForm:
     def _call(self, req: Qwen3TtsRequest):
         kw = dict(language=req.language, max_new_tokens=req.max_new_tokens)
         if req.task == "custom_voice":
-            return self.tts.generate_custom_voice(req.text, speaker=req.speaker, instruct=req.instructions or None, **kw)
+            return self.tts.generate_custom_voice(req.text, speaker=req.speaker, instruct=req.instructions or None,
+                                                  **kw)
         if req.task == "voice_design":
             return self.tts.generate_voice_design(req.text, instruct=req.instructions or "", **kw)
         return self.tts.generate_voice_clone(req.text, voice_clone_prompt=[_prompt_item(req.voice_prompt)], **kw)
@@ -106,7 +107,8 @@ class Qwen3TtsForm:
             wavs, _ = self._call(req)
         return np.asarray(wavs[0], np.float32)
 
-    def voice_prompt(self, audio: np.ndarray, sample_rate: int, ref_text: str | None, x_vector_only: bool) -> VoicePrompt:
+    def voice_prompt(self, audio: np.ndarray, sample_rate: int, ref_text: str | None,
+                     x_vector_only: bool) -> VoicePrompt:
         """The package's ``create_voice_clone_prompt`` (base form; resampling inside the package, librosa)."""
         with self._lock, torch.no_grad():
             item = self.tts.create_voice_clone_prompt(ref_audio=(audio.astype(np.float32), int(sample_rate)),
@@ -145,7 +147,9 @@ class TalkerSeq:
 
 def _processors(p: TalkerPrompt):
     from transformers.generation.logits_process import (
-        LogitsProcessorList, MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+        LogitsProcessorList,
+        MinNewTokensLengthLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
         SuppressTokensLogitsProcessor,
     )
 
@@ -209,8 +213,12 @@ class TalkerBatch:
             self.keys, self.values, self.mask, self.past_hidden = keys, values, mask, hidden
         else:
             width = max(self.mask.shape[1], t)
-            self.keys = [torch.cat([_left_pad(a, width, 2), _left_pad(b, width, 2)]) for a, b in zip(self.keys, keys)]
-            self.values = [torch.cat([_left_pad(a, width, 2), _left_pad(b, width, 2)]) for a, b in zip(self.values, values)]
+
+            def join(old: list, new: list) -> list:  # per layer: [B, heads, T, d] left-padded to one width
+                return [torch.cat([_left_pad(a, width, 2), _left_pad(b, width, 2)])
+                        for a, b in zip(old, new, strict=True)]
+
+            self.keys, self.values = join(self.keys, keys), join(self.values, values)
             self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)])
             self.past_hidden = torch.cat([self.past_hidden, hidden])
         self.seqs.append(seq)
@@ -240,10 +248,11 @@ class TalkerBatch:
         cp_emb = talker.code_predictor.get_input_embeddings()
         emb = torch.cat([last_id_hidden] + [cp_emb[i](pred[..., i:i + 1]) for i in range(self.form.num_groups - 1)],
                         dim=1).sum(1, keepdim=True)
-        text = [s.prompt.trailing[:, s.step] if s.step < s.prompt.trailing.shape[1] else s.prompt.pad[:, 0] for s in self.seqs]
+        text = [s.prompt.trailing[:, s.step] if s.step < s.prompt.trailing.shape[1] else s.prompt.pad[:, 0]
+                for s in self.seqs]
         emb = emb + torch.stack(text)  # [B, 1, D]
         cache = DynamicCache()
-        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
+        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             cache.update(k, v, layer)
         self.mask = torch.cat([self.mask, torch.ones(b, 1, dtype=torch.long)], dim=1)
         pos = torch.tensor([s.length for s in self.seqs]).view(1, b, 1).expand(3, b, 1)
@@ -335,6 +344,6 @@ class Qwen3TtsCodec:
         for idx in by_len.values():
             batch = torch.from_numpy(np.stack([np.asarray(chunks[i], np.int64) for i in idx]))
             wavs = self.model.decode(batch).audio_values
-            for i, w in zip(idx, wavs):
+            for i, w in zip(idx, wavs, strict=True):
                 out[i] = w.float().cpu().numpy()[lefts[i] * self.samples_per_frame:].astype(np.float32)
         return out

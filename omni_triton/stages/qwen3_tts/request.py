@@ -33,7 +33,7 @@ class VoicePrompt:
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "VoicePrompt":
+    def from_bytes(cls, data: bytes) -> VoicePrompt:
         """Inverse of :meth:`to_bytes`.
 
         Raises:
@@ -44,7 +44,7 @@ class VoicePrompt:
                 code = z["ref_code"]
                 return cls(None if code.size == 0 else code.astype(np.int64), z["ref_spk_embedding"].astype(np.float32),
                            bool(z["x_vector_only_mode"]), bool(z["icl_mode"]), str(z["ref_text"]) or None)
-        except Exception as exc:  # noqa: BLE001 - any unreadable archive is the client's input
+        except Exception as exc:
             raise Qwen3TtsInputError(f"VOICE_PROMPT is not a voice prompt archive: {exc}") from None
 
 

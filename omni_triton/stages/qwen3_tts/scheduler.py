@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class TalkerScheduler:
                 prompt = self.forms[req.task].prompt(req)
                 seq = TalkerSeq(prompt, emit, should_stop, done)
                 self.batches[req.task].add(seq)
-            except Exception as exc:  # noqa: BLE001 - that request's error, the loop goes on
+            except Exception as exc:
                 LOG.exception("qwen3_tts talker: request failed at prefill")
                 done("error", exc)
 
@@ -71,7 +71,7 @@ class TalkerScheduler:
                 rows = len(batch)
                 try:
                     batch.step()
-                except Exception as exc:  # noqa: BLE001 - fails the rows of that batch only
+                except Exception as exc:
                     LOG.exception("qwen3_tts talker: batched step failed")
                     seqs = batch.seqs
                     batch.clear()

@@ -1,0 +1,30 @@
+"""A fake Triton gRPC server for unit tests: a ``GRPCInferenceServiceServicer`` subclass (only the
+RPCs a test needs) served on a free loopback port, in-process (grpc.aio)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+S = TypeVar("S", bound=pbg.GRPCInferenceServiceServicer)
+
+
+@contextlib.asynccontextmanager
+async def fake_triton(servicer: S) -> AsyncIterator[S]:
+    """Serve ``servicer`` on ``127.0.0.1:<free port>`` until the context ends.
+
+    Yields the servicer with ``url`` (``"127.0.0.1:<port>"``, what ``TritonEngine`` takes) set on
+    it; the server stops at once (no grace) on exit, ending any open stream.
+    """
+    server = grpc.aio.server()
+    pbg.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    servicer.url = f"127.0.0.1:{port}"
+    try:
+        yield servicer
+    finally:
+        await server.stop(None)

@@ -1,0 +1,32 @@
+"""The OpenAI frontend app in-process for unit tests: ``create_app`` over a fake engine, reached
+through an ``httpx.AsyncClient`` on an ASGI transport (no socket, no server)."""
+from __future__ import annotations
+
+import httpx
+
+from openai_frontend.app import Settings, create_app
+
+
+def frontend_client(engine, settings: Settings | None = None, /, *, peer: tuple[str, int] | None = None,
+                    base_url: str = "http://test", raise_app_exceptions: bool = True,
+                    **fields) -> httpx.AsyncClient:
+    """A client of a new frontend app over ``engine``.
+
+    Args:
+        engine: the engine the app serves (a fake of ``openai_frontend.engine.Engine``).
+        settings: the app's settings; default ``Settings(**fields)``.
+        peer: the client address the app sees (``(host, port)``); default httpx's.
+        base_url: the URL requests are relative to.
+        raise_app_exceptions: False: an exception escaping the app is a 500, as a real server
+            answers, instead of raised into the test.
+        **fields: ``Settings`` fields, when ``settings`` is not given.
+
+    Returns:
+        An unopened ``httpx.AsyncClient`` (use it with ``async with``).
+    """
+    if settings is not None and fields:
+        raise TypeError("give settings or Settings fields, not both")
+    app = create_app(engine, settings if settings is not None else Settings(**fields))
+    extra = {"client": peer} if peer is not None else {}
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions, **extra)
+    return httpx.AsyncClient(transport=transport, base_url=base_url)
