@@ -89,7 +89,7 @@ class _CsmJob:
 class CsmPipeline(DecoupledStage):
     """``csm`` BLS: validate, stream ``csm_talker``'s frames, decode them chunk by chunk with left
     context on ``csm_code2wav``, stream PCM. Without MAX_FRAMES the talker's cap follows the
-    input length (:class:`~omni_triton.contracts.cs.FrameBudget`), so long text is not cut
+    input length (:class:`~omni_triton.contracts.csm.FrameBudget`), so long text is not cut
     at a fixed length."""
 
     stage = "csm"
