@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             import numpy as np
             import tritonclient.grpc as grpcclient
 
-            from omni_triton.contracts.chat import ASYNC_CHUNK
+            from omni_triton.contracts.qwen3_omni import ASYNC_CHUNK
 
             inputs = build_chat_inputs([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], voice="Ethan",
                                        sampling={**sampling, "max_tokens": max_tokens,

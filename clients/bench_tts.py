@@ -135,7 +135,7 @@ from clients.bench_common import (
     stop_all_on_sigterm,
 )
 from omni_triton.contracts import speech
-from omni_triton.contracts.speech import FrameBudget
+from omni_triton.contracts.csm import FrameBudget
 from omni_triton.runtime.playback import CONTINUITY_STALL_S
 from omni_triton.runtime.scheduling import SCHEDULING_ENV
 
@@ -246,7 +246,7 @@ class InProcessPiper:
 class InProcessCodec:
     """The ``csm`` pipeline in-process: talker stream -> ChunkedDecoder (the BLS model's chunk
     loop) -> Mimi decode per chunk, with the chunk parameters and frame limits the served models
-    use (``budget``: the talker's cap for a text, ``omni_triton.contracts.speech.FrameBudget``),
+    use (``budget``: the talker's cap for a text, ``omni_triton.contracts.csm.FrameBudget``),
     and the served parallelism: one ``CodecTalker`` object per ``csm_talker`` instance (a request
     holds one for its whole generation, as a decoupled talker instance does) and one
     ``CodecDecoder`` per ``csm_code2wav`` instance (a chunk holds one while it decodes)."""

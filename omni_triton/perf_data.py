@@ -19,15 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_triton.contracts import chat, image, qwen3_tts, speech, video
-from omni_triton.contracts.tensors import StageContract
-
-#: Every served model's contract (stages, BLS models, ensembles), by model name.
-CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS,
-                                       **video.CONTRACTS, **qwen3_tts.CONTRACTS}
-from omni_triton.contracts import qwen2_5_omni as _qwen2_5_omni  # noqa: E402
-
-CONTRACTS.update(_qwen2_5_omni.CONTRACTS)
+from omni_triton.contracts import CONTRACTS, chat, image, qwen3_tts, speech, video
+from omni_triton.contracts import codec as cd
+from omni_triton.contracts import omni_stages as om
 
 #: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
 TINY_DIMS = {
@@ -90,10 +84,10 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     prompt = [dims["omni_im_start"], dims["omni_user"], 20, 21, dims["omni_im_end"], dims["omni_im_start"],
               dims["omni_assistant"]]
     sequence = np.array(prompt + [30, 31, 32], np.int64)
-    talker_in = {chat.SEQUENCE: sequence, chat.PROMPT_LEN: _i32(len(prompt)),
-                 chat.THINKER_EMBEDS: np.zeros((len(sequence) - 1, hid), np.float32),
-                 chat.THINKER_HIDDEN: np.zeros((len(sequence) - 1, hid), np.float32),
-                 chat.TTS_EMBEDS: np.zeros((3, hid), np.float32)}
+    talker_in = {om.SEQUENCE: sequence, om.PROMPT_LEN: _i32(len(prompt)),
+                 om.THINKER_EMBEDS: np.zeros((len(sequence) - 1, hid), np.float32),
+                 om.THINKER_HIDDEN: np.zeros((len(sequence) - 1, hid), np.float32),
+                 om.TTS_EMBEDS: np.zeros((3, hid), np.float32)}
     table = {
         "llm": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling},
         "llm_tts": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
@@ -101,14 +95,14 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
         "qwen3_omni": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
                  chat.MODALITIES: _u8(json.dumps(["text", "audio"])), chat.MAX_AUDIO_FRAMES: _i32(8)},
         "qwen3_omni_thinker": {chat.MESSAGES: messages, chat.SAMPLING_PARAMETERS: sampling,
-                         chat.TALKER_INPUTS: np.array([True])},
+                         om.TALKER_INPUTS: np.array([True])},
         "qwen3_omni_talker": {**talker_in, speech.MAX_FRAMES: _i32(8)},
-        "qwen3_omni_code2wav": {speech.CODES: np.zeros((frames, groups), np.int64), speech.LEFT_CONTEXT: _i32(0)},
+        "qwen3_omni_code2wav": {cd.CODES: np.zeros((frames, groups), np.int64), cd.LEFT_CONTEXT: _i32(0)},
         "piper": {speech.TEXT: _u8(_TEXT)},
         "csm": {speech.TEXT: _u8(_TEXT), speech.MAX_FRAMES: _i32(8)},
         "csm_talker": {speech.TEXT: _u8(_TEXT), speech.MAX_FRAMES: _i32(8)},
-        "csm_code2wav": {speech.CODES: np.zeros((frames, dims["csm_codebooks"]), np.int64),
-                         speech.LEFT_CONTEXT: _i32(0)},
+        "csm_code2wav": {cd.CODES: np.zeros((frames, dims["csm_codebooks"]), np.int64),
+                         cd.LEFT_CONTEXT: _i32(0)},
         "qwen_image": image_in,
         "qwen_image_edit": {**image_in, image.INPUT_IMAGE: rgb},
         "qwen_image_text_encoder": {image.PROMPT: image_in[image.PROMPT], image.NEGATIVE_PROMPT: _u8("")},
@@ -127,7 +121,7 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
     omni = ("qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker")
     table.update({f"qwen2_5_{k[len('qwen3_'):]}": table[k] for k in omni})
-    table["qwen2_5_omni_token2wav"] = {speech.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
+    table["qwen2_5_omni_token2wav"] = {cd.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
                                       image.SEED: np.array([0], np.int64)}
     # video: 32x32 px, 5 frames (4k+1), 2 steps, CFG off (no negative embeddings needed)
     video_req = {video.HEIGHT: _i32(_SIZE), video.WIDTH: _i32(_SIZE), video.NUM_FRAMES: _i32(5),
@@ -147,7 +141,7 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     # qwen3-tts-tiny: 4 code groups; a 1 s clip at 16 kHz for the clone prompt
     table["qwen3_tts"] = {speech.TEXT: _u8(_TEXT), qwen3_tts.VOICE: _u8("vivian"), speech.MAX_FRAMES: _i32(8)}
     table["qwen3_tts_talker"] = {**table["qwen3_tts"], qwen3_tts.TASK: _u8("custom_voice")}
-    table["qwen3_tts_code2wav"] = {speech.CODES: np.zeros((frames, 4), np.int64), speech.LEFT_CONTEXT: _i32(0)}
+    table["qwen3_tts_code2wav"] = {cd.CODES: np.zeros((frames, 4), np.int64), cd.LEFT_CONTEXT: _i32(0)}
     table["qwen3_tts_voice_prompt"] = {
         qwen3_tts.REF_AUDIO: (np.sin(np.arange(16000) * 0.08) * 0.3).astype(np.float32),
         qwen3_tts.REF_SAMPLE_RATE: _i32(16000), qwen3_tts.X_VECTOR_ONLY: np.array([True])}

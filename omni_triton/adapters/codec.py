@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.triton_io import required_array
+from omni_triton.contracts import codec as cd
 from omni_triton.contracts import speech as sp
 
 
@@ -26,7 +27,7 @@ class CodecDecoderStage(BatchedStage):
     def parse(self, request):
         from omni_triton.stages.chunking import validate_chunk
 
-        return validate_chunk(required_array(request, sp.CODES), required_array(request, sp.LEFT_CONTEXT),
+        return validate_chunk(required_array(request, cd.CODES), required_array(request, cd.LEFT_CONTEXT),
                               self.num_codebooks, self.decoder.codebook_size)
 
     def run(self, items):

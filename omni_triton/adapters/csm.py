@@ -13,9 +13,11 @@ from omni_triton.adapters.batched import set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.codec import CodecDecoderStage
 from omni_triton.adapters.stream import DecoupledStage, Final
-from omni_triton.adapters.triton_io import optional_input, optional_str_input
+from omni_triton.adapters.triton_io import optional_input, optional_str_input, present_arrays
+from omni_triton.contracts import codec as cd
+from omni_triton.contracts import csm as cs
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import scalar_array, utf8_array
+from omni_triton.contracts.tensors import scalar_array
 from omni_triton.stages.chunking import FrameGroups
 
 
@@ -24,7 +26,7 @@ class CsmTalkerStage(DecoupledStage):
     ``emit_frames`` frames; one request at a time per instance, inside ``execute``."""
 
     stage = "csm_talker"
-    frames_output = sp.CODES  # deadline_unit frames
+    frames_output = cd.CODES  # deadline_unit frames
     input_error = sp.SpeechInputError
     cancel_flags = True
     per_instance_metrics = True
@@ -45,12 +47,10 @@ class CsmTalkerStage(DecoupledStage):
         self.default_max = int(params.get("default_max_frames", self.talker.default_max_frames))
 
     def parse(self, request):
-        text = optional_str_input(request, sp.TEXT)
-        if not text:
-            raise sp.SpeechInputError("csm_talker: TEXT is required")
-        speaker, lo, hi = (optional_input(request, n) for n in (sp.SPEAKER, sp.MIN_FRAMES, sp.MAX_FRAMES))
-        return (text, 0 if speaker is None else int(speaker), self.default_min if lo is None else int(lo),
-                self.default_max if hi is None else int(hi))
+        handoff = cs.CsmToTalker.from_tensors(present_arrays(request, cs.TALKER_INPUT_NAMES))
+        lo, hi = handoff.min_frames, handoff.max_frames
+        return (handoff.text, handoff.speaker, self.default_min if lo is None else lo,
+                self.default_max if hi is None else hi)
 
     def generate(self, job, stream):
         text, speaker, min_frames, max_frames = job
@@ -62,10 +62,10 @@ class CsmTalkerStage(DecoupledStage):
             self.metrics.count("frames", len(frames))
             codes = groups.push(frames)
             # held for the group: under the scheduler still one frame per step
-            yield None if codes is None else {sp.CODES: codes}
+            yield None if codes is None else {cd.CODES: codes}
         rest = groups.flush()
         if rest is not None and not stream.cancel_seen:
-            yield Final({sp.CODES: rest})
+            yield Final({cd.CODES: rest})
 
 
 class CsmCode2WavStage(CodecDecoderStage):
@@ -89,7 +89,7 @@ class _CsmJob:
 class CsmPipeline(DecoupledStage):
     """``csm`` BLS: validate, stream ``csm_talker``'s frames, decode them chunk by chunk with left
     context on ``csm_code2wav``, stream PCM. Without MAX_FRAMES the talker's cap follows the
-    input length (:class:`~omni_triton.contracts.speech.FrameBudget`), so long text is not cut
+    input length (:class:`~omni_triton.contracts.csm.FrameBudget`), so long text is not cut
     at a fixed length."""
 
     stage = "csm"
@@ -107,7 +107,7 @@ class CsmPipeline(DecoupledStage):
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
         self.max_input_chars = sp.max_input_chars(params, "2000")
-        self.budget = sp.FrameBudget(float(params.get("max_frames_per_char", "2.5")),
+        self.budget = cs.FrameBudget(float(params.get("max_frames_per_char", "2.5")),
                                      int(params.get("min_max_frames", "100")))
         self.talker_flags = CancelFlags.for_server()
 
@@ -120,20 +120,17 @@ class CsmPipeline(DecoupledStage):
                        self.paced(request))
 
     def _decode(self, codes, left):
-        return call_stage(self.code2wav, sp.code2wav_inputs(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1).astype(np.float32)
+        return call_stage(self.code2wav, cd.talker_to_code2wav(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
 
         chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
         rate = scalar_array(self.sample_rate, "INT32")
-        inputs = [(sp.TEXT, utf8_array(job.text)), (sp.SPEAKER, scalar_array(job.speaker, "INT32")),
-                  (sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32"))]
-        if job.paced:
-            inputs.append((sp.PACED, scalar_array(True, "BOOL")))
-        for out in stream_stage(self.talker, inputs, [sp.CODES], stream.cancelled, self.talker_flags,
+        inputs = cs.CsmToTalker(job.text, job.speaker, job.max_frames, paced=job.paced).to_tensors()
+        for out in stream_stage(self.talker, inputs, [cd.CODES], stream.cancelled, self.talker_flags,
                                 f"tts-{uuid.uuid4().hex}", parent=stream):
-            codes = out.get(sp.CODES)
+            codes = out.get(cd.CODES)
             if stream.cancel_seen:
                 break
             for pcm in chunked.push(codes if codes is not None else np.zeros((0, 0), np.int64)):

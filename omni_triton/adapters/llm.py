@@ -10,7 +10,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
 
 from omni_triton.adapters.api_inputs import chat_request_pairs, read_chat_request
 from omni_triton.adapters.bls import stream_stage
@@ -18,14 +17,9 @@ from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import log, optional_str_input
 from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import scalar_array, utf8_array
+from omni_triton.contracts.tensors import audio_outputs, utf8_array
 
 LOGGER = logging.getLogger("llm")
-
-
-def _text_outputs(text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict:
-    return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish, ch.PROMPT_TOKENS: scalar_array(prompt_tokens, "INT32"),
-            ch.COMPLETION_TOKENS: scalar_array(completion_tokens, "INT32")}
 
 
 class LlmStage(DecoupledStage):
@@ -98,8 +92,8 @@ class LlmStage(DecoupledStage):
             self.metrics.count("generation_tokens", delta.new_tokens)
             if delta.final and delta.finish_reason == "abort":
                 self.metrics.count("aborted")
-            stream.send(_text_outputs(delta.text, delta.finish_reason or "", delta.prompt_tokens,
-                                      delta.completion_tokens), final=delta.final)
+            stream.send(ch.text_response(delta.text, delta.finish_reason or "", delta.prompt_tokens,
+                                         delta.completion_tokens), final=delta.final)
 
         def done(future):
             exc = future.exception() if not future.cancelled() else RuntimeError("cancelled")
@@ -178,9 +172,7 @@ class LlmTtsPipeline(DecoupledStage):
         return _SpokenJob(chat_request_pairs(text_inputs), "audio" in modalities, voice)
 
     def _response(self, text, finish, counts, audio=None):
-        return {**_text_outputs(text, finish, *counts),
-                ch.AUDIO: np.zeros(0, np.float32) if audio is None else np.ascontiguousarray(audio, dtype=np.float32),
-                ch.SAMPLE_RATE: scalar_array(self.sample_rate, "INT32")}
+        return {**ch.text_response(text, finish, *counts), **audio_outputs(audio, self.sample_rate)}
 
     def _synthesize(self, voice, stream):
         def run(sentence):
@@ -209,9 +201,10 @@ class LlmTtsPipeline(DecoupledStage):
 
         for out in stream_stage(self.llm, job.inputs, ch.TEXT_OUTPUTS, stream.cancelled, self.stage_flags,
                                 f"llm_tts-{uuid.uuid4().hex}", parent=stream):
-            text = out[ch.TEXT_DELTA].reshape(-1)[0].decode("utf-8")
-            finish = out[ch.FINISH_REASON].reshape(-1)[0].decode("utf-8") or finish
-            counts[:] = [int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0])]
+            response = ch.TextResponse.from_tensors(out)
+            text = response.text
+            finish = response.finish_reason or finish
+            counts[:] = response.counts
             if stream.cancel_seen:
                 break
             if text:

@@ -18,8 +18,11 @@ from omni_triton.adapters.bls import stream_stage
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_array, optional_input, optional_str_input, required_array
 from omni_triton.contracts import chat as ch
+from omni_triton.contracts import codec as cd
+from omni_triton.contracts import omni_stages as om
+from omni_triton.contracts import qwen3_omni as q3
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import first_str, media_messages_chars, scalar_array, utf8_array
+from omni_triton.contracts.tensors import audio_outputs, media_messages_chars, scalar_array, scalar_int
 from omni_triton.media.inputs import MediaLimits
 from omni_triton.stages.chunking import FrameGroups
 
@@ -66,11 +69,11 @@ class FrameGroupResponses(FrameGroups):
 
     def outputs(self, frames: np.ndarray):
         codes = self.push(frames)
-        return None if codes is None else {sp.CODES: codes}
+        return None if codes is None else {cd.CODES: codes}
 
     def tail(self, stream):
         rest = self.flush()
-        return None if rest is None or stream.cancel_seen else {sp.CODES: rest}
+        return None if rest is None or stream.cancel_seen else {cd.CODES: rest}
 
 
 @dataclass
@@ -82,20 +85,20 @@ class AsyncTalkerJob:
 
 def _talker_increments(step) -> dict:
     """The talker tensors of one streamed thinker step (ThinkerStep increments -> tensors)."""
-    out = {ch.SEQUENCE: np.asarray(step.ids if step.ids is not None else (), np.int64)}
+    out = {om.SEQUENCE: np.asarray(step.ids if step.ids is not None else (), np.int64)}
     if step.embeds is not None:
-        out.update({ch.THINKER_EMBEDS: step.embeds, ch.THINKER_HIDDEN: step.hidden})
+        out.update({om.THINKER_EMBEDS: step.embeds, om.THINKER_HIDDEN: step.hidden})
     if step.prompt_len is not None:
-        out.update({ch.PROMPT_LEN: scalar_array(step.prompt_len, "INT32"), ch.TTS_EMBEDS: step.tts_embeds})
+        out.update({om.PROMPT_LEN: scalar_array(step.prompt_len, "INT32"), om.TTS_EMBEDS: step.tts_embeds})
     return out
 
 
 def _step_increments(out: dict) -> dict:
     """The inverse of :func:`_talker_increments`: ThinkerStep keyword arguments from tensors."""
-    kw = {"ids": out.get(ch.SEQUENCE), "embeds": out.get(ch.THINKER_EMBEDS), "hidden": out.get(ch.THINKER_HIDDEN),
-          "tts_embeds": out.get(ch.TTS_EMBEDS)}
-    if ch.PROMPT_LEN in out:
-        kw["prompt_len"] = int(out[ch.PROMPT_LEN].reshape(-1)[0])
+    kw = {"ids": out.get(om.SEQUENCE), "embeds": out.get(om.THINKER_EMBEDS), "hidden": out.get(om.THINKER_HIDDEN),
+          "tts_embeds": out.get(om.TTS_EMBEDS)}
+    if om.PROMPT_LEN in out:
+        kw["prompt_len"] = scalar_int(out[om.PROMPT_LEN], om.PROMPT_LEN, ch.ChatInputError)
     return kw
 
 
@@ -157,9 +160,9 @@ class OmniThinkerBase(DecoupledStage):
     def parse(self, request):
         from omni_triton.stages.qwen3_omni import MultimodalInputs, prepare_multimodal_request
 
-        talker_inputs = bool(optional_input(request, ch.TALKER_INPUTS) or False)
-        streamed = talker_inputs and bool(optional_input(request, ch.ASYNC_CHUNK) or False)
-        given = MultimodalInputs(**_read_media(request, ch.MEDIA_TENSORS))
+        talker_inputs = bool(optional_input(request, om.TALKER_INPUTS) or False)
+        streamed = talker_inputs and bool(optional_input(request, q3.ASYNC_CHUNK) or False)
+        given = MultimodalInputs(**_read_media(request, q3.MEDIA_TENSORS))
         ids, sampling, media = prepare_multimodal_request(
             self.thinker, *read_chat_request(request, self.messages_chars), self.default_max_tokens,
             self.max_model_len, talker_inputs,
@@ -177,15 +180,12 @@ class OmniThinkerBase(DecoupledStage):
                 continue
             self.metrics.count("tokens", step.completion_tokens - counted)
             counted = step.completion_tokens
-            out = {ch.TEXT_DELTA: step.text, ch.FINISH_REASON: step.finish_reason or "",
-                   ch.PROMPT_TOKENS: scalar_array(len(ids), "INT32"),
-                   ch.COMPLETION_TOKENS: scalar_array(step.completion_tokens, "INT32")}
-            if streamed:  # increments (ch.ASYNC_CHUNK): what this step appended to the talker tensors
+            out = ch.text_response(step.text, step.finish_reason or "", len(ids), step.completion_tokens)
+            if streamed:  # increments (q3.ASYNC_CHUNK): what this step appended to the talker tensors
                 out.update(_talker_increments(step))
             elif step.output is not None:
                 o = step.output
-                out.update({ch.SEQUENCE: o.sequence, ch.PROMPT_LEN: scalar_array(o.prompt_len, "INT32"),
-                            ch.THINKER_EMBEDS: o.embeds, ch.THINKER_HIDDEN: o.hidden, ch.TTS_EMBEDS: o.tts_embeds})
+                out.update(om.ThinkerToTalker(o.sequence, o.prompt_len, o.embeds, o.hidden, o.tts_embeds).thinker_outputs())
             yield Final(out) if step.finish_reason else out
 
 
@@ -196,7 +196,7 @@ class OmniTalkerBase(DecoupledStage):
     per instance. A family's ``setup`` sets ``talker``, ``default_voice`` and ``settings``."""
 
     emit_frames = 1  # frames per CODES response
-    frames_output = sp.CODES  # deadline_unit frames
+    frames_output = cd.CODES  # deadline_unit frames
     input_error = ch.ChatInputError
     cancel_flags = True
     per_instance_metrics = True
@@ -213,17 +213,13 @@ class OmniTalkerBase(DecoupledStage):
         media) as a ``ThinkerOutput``; a missing tensor is an input error."""
         from omni_triton.stages.qwen3_omni import ThinkerOutput
 
-        return ThinkerOutput(
-            sequence=required_array(request, ch.SEQUENCE).reshape(-1).astype(np.int64),
-            prompt_len=int(required_array(request, ch.PROMPT_LEN).reshape(-1)[0]),
-            embeds=required_array(request, ch.THINKER_EMBEDS).astype(np.float32),
-            hidden=required_array(request, ch.THINKER_HIDDEN).astype(np.float32),
-            tts_embeds=required_array(request, ch.TTS_EMBEDS).astype(np.float32),
-            talker_media=_read_media(request, ch.TALKER_MEDIA_TENSORS) or None)
+        handoff = om.ThinkerToTalker.from_tensors({n: required_array(request, n) for n in om.TALKER_TENSORS})
+        return ThinkerOutput(handoff.sequence, handoff.prompt_len, handoff.embeds, handoff.hidden, handoff.tts_embeds,
+                             talker_media=_read_media(request, q3.TALKER_MEDIA_TENSORS) or None)
 
     def _settings(self, request):
         settings = self.settings
-        max_frames, min_frames = optional_input(request, sp.MAX_FRAMES), optional_input(request, sp.MIN_FRAMES)
+        max_frames, min_frames = optional_input(request, sp.MAX_FRAMES), optional_input(request, cd.MIN_FRAMES)
         if max_frames is not None:
             settings = replace(settings, max_frames=int(max_frames))
         if min_frames is not None:
@@ -281,16 +277,13 @@ class OmniPipelineBase(DecoupledStage):
         inputs = chat_request_pairs((prompt, messages, sampling))
         talker_media = []
         if media is not None:
-            inputs += _media_pairs(media.__dict__, ch.MEDIA_TENSORS)
-            talker_media = _media_pairs(media.talker_arrays(), ch.TALKER_MEDIA_TENSORS)
+            inputs += _media_pairs(media.__dict__, q3.MEDIA_TENSORS)
+            talker_media = _media_pairs(media.talker_arrays(), q3.TALKER_MEDIA_TENSORS)
         return OmniJob(inputs, audio, voice, None if max_frames is None else int(max_frames), False,
                        talker_media, self.paced(request))
 
     def _response(self, text="", finish="", counts=(0, 0), audio=None):
-        return {ch.TEXT_DELTA: text, ch.FINISH_REASON: finish,
-                ch.PROMPT_TOKENS: scalar_array(counts[0], "INT32"), ch.COMPLETION_TOKENS: scalar_array(counts[1], "INT32"),
-                ch.AUDIO: np.zeros(0, np.float32) if audio is None else audio.astype(np.float32),
-                ch.SAMPLE_RATE: scalar_array(self.sample_rate, "INT32")}
+        return {**ch.text_response(text, finish, *counts), **audio_outputs(audio, self.sample_rate)}
 
     def _think(self, job, stream, request_prefix: str):
         """Stream the thinker (``self.thinker``), yielding a text response per delta; returns
@@ -299,22 +292,20 @@ class OmniPipelineBase(DecoupledStage):
         cancelled, aborted, or under two generated tokens: the reference needs the first
         generated token's states), and the (prompt, completion) token counts. Used as
         ``talker_in, counts = yield from self._think(...)`` (also by the Qwen2.5-Omni BLS)."""
-        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
-        outputs = ch.TEXT_OUTPUTS + (ch.TALKER_TENSORS if job.audio else ())
-        talker_in, counts, finish = None, (0, 0), ""
+        inputs = job.inputs + [(om.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
+        outputs = ch.TEXT_OUTPUTS + (om.TALKER_TENSORS if job.audio else ())
+        final, counts, finish = None, (0, 0), ""
         for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
                                 f"{request_prefix}-{uuid.uuid4().hex}", parent=stream):
-            finish = first_str(out[ch.FINISH_REASON])
-            counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
-            yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
-            if job.audio and ch.SEQUENCE in out:
-                talker_in = [(n, out[n]) for n in ch.TALKER_TENSORS]
-        if stream.cancel_seen or stream.cancelled() or finish == "abort" or talker_in is None:
+            response = ch.TextResponse.from_tensors(out)
+            finish, counts = response.finish_reason, response.counts
+            yield self._response(response.text, finish, counts)
+            if job.audio and om.SEQUENCE in out:
+                final = out  # the thinker's last response: it carries the talker's tensors
+        if stream.cancel_seen or stream.cancelled() or finish == "abort" or final is None:
             return None, counts
-        if len(talker_in[0][1]) - int(talker_in[1][1].reshape(-1)[0]) < 2:
+        handoff = om.thinker_to_talker(final, job.voice, job.talker_media or (), job.max_frames)
+        if handoff.generated_tokens < 2:
             return None, counts
-        talker_in += [(ch.VOICE, utf8_array(job.voice))] + list(job.talker_media or [])
-        if job.max_frames is not None:
-            talker_in.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
-        return talker_in, counts
+        return handoff.to_tensors(), counts
 

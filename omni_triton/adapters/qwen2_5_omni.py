@@ -13,15 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omni_triton.adapters.api_inputs import read_chat_request
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
-from omni_triton.adapters.api_inputs import read_chat_request
 from omni_triton.adapters.omni_stages import OmniJob, OmniPipelineBase, OmniTalkerBase, OmniThinkerBase
 from omni_triton.adapters.triton_io import optional_str_input, required_array
 from omni_triton.contracts import chat as ch
+from omni_triton.contracts import codec as cd
 from omni_triton.contracts import qwen2_5_omni as q25
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import utf8_array
+from omni_triton.contracts.tensors import scalar_int
 
 
 def _checkpoint(params):
@@ -89,9 +90,9 @@ class Qwen25OmniToken2WavStage(BatchedStage):
             guidance_scale=float(params.get("guidance_scale", "0.5")))
 
     def parse(self, request):
-        codes = self.token2wav.validate(required_array(request, sp.CODES))
+        codes = self.token2wav.validate(required_array(request, cd.CODES))
         voice = self.token2wav.voice(optional_str_input(request, ch.VOICE) or "")
-        return codes, voice, int(required_array(request, q25.SEED).reshape(-1)[0])
+        return codes, voice, scalar_int(required_array(request, q25.SEED), q25.SEED, ch.ChatInputError)
 
     def run(self, items):
         return [self.token2wav.synthesize(*item) for item in items]
@@ -140,14 +141,13 @@ class Qwen25OmniPipeline(OmniPipelineBase):
         if talker_in is None:
             return
         codes = []
-        for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
+        for out in stream_stage(self.talker, talker_in, [cd.CODES], stream.cancelled, self.stage_flags,
                                 f"qwen25-talker-{uuid.uuid4().hex}", parent=stream):
-            c = out.get(sp.CODES)
+            c = out.get(cd.CODES)
             if c is not None and c.size and not stream.cancel_seen:
                 codes.append(c.reshape(-1))
         if not codes or stream.cancel_seen or stream.cancelled():
             return
-        pcm = call_stage(self.token2wav, [(sp.CODES, np.concatenate(codes).astype(np.int64)[None, :]),
-                                          (ch.VOICE, utf8_array(job.voice)[None, :]),
-                                          (q25.SEED, np.array([[job.seed]], np.int64))], [sp.AUDIO])[sp.AUDIO]
+        handoff = q25.TalkerToToken2Wav(np.concatenate(codes), job.voice, job.seed)
+        pcm = call_stage(self.token2wav, handoff.to_tensors(), [sp.AUDIO])[sp.AUDIO]
         yield self._response(counts=counts, audio=pcm.reshape(-1))

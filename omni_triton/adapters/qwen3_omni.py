@@ -27,8 +27,11 @@ from omni_triton.adapters.omni_stages import (
 )
 from omni_triton.adapters.triton_io import optional_input, optional_str_input
 from omni_triton.contracts import chat as ch
+from omni_triton.contracts import codec as cd
+from omni_triton.contracts import omni_stages as om
+from omni_triton.contracts import qwen3_omni as q3
 from omni_triton.contracts import speech as sp
-from omni_triton.contracts.tensors import PACED, first_str, scalar_array, utf8_array
+from omni_triton.contracts.tensors import PACED, scalar_array, utf8_array
 from omni_triton.stages.chunking import emit_frames
 
 
@@ -146,17 +149,18 @@ class Qwen3OmniTalkerStage(OmniTalkerBase):
         after its frame."""
         from omni_triton.stages.qwen3_omni import ThinkerStep
 
-        inputs = job.inputs + [(ch.TALKER_INPUTS, np.array([True])), (ch.ASYNC_CHUNK, np.array([True]))]
+        inputs = job.inputs + [(om.TALKER_INPUTS, np.array([True])), (q3.ASYNC_CHUNK, np.array([True]))]
         if getattr(stream, "paced", False) and self.pass_paced:  # its tokens feed paced frames
             inputs.append((PACED, np.array([True])))
         prompt_tokens = [0]
 
         def steps():
-            for out in stream_stage(self.thinker_model, inputs, ch.TEXT_OUTPUTS + ch.TALKER_TENSORS, stream.cancelled,
+            for out in stream_stage(self.thinker_model, inputs, ch.TEXT_OUTPUTS + om.TALKER_TENSORS, stream.cancelled,
                                     self.flags, f"omni-thinker-{uuid.uuid4().hex}", parent=stream):
-                prompt_tokens[0] = int(out[ch.PROMPT_TOKENS].reshape(-1)[0])
-                yield ThinkerStep(first_str(out[ch.TEXT_DELTA]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]),
-                                  first_str(out[ch.FINISH_REASON]) or None, **_step_increments(out))
+                response = ch.TextResponse.from_tensors(out)
+                prompt_tokens[0] = response.prompt_tokens
+                yield ThinkerStep(response.text, response.completion_tokens, response.finish_reason or None,
+                                  **_step_increments(out))
 
         groups = FrameGroupResponses(self.emit_frames)
         for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled,
@@ -164,9 +168,7 @@ class Qwen3OmniTalkerStage(OmniTalkerBase):
             if item is None:
                 yield None  # a talker step without a frame
             elif isinstance(item, ThinkerStep):  # text is never held back with the frames
-                yield {ch.TEXT_DELTA: item.text, ch.FINISH_REASON: item.finish_reason or "",
-                       ch.PROMPT_TOKENS: scalar_array(prompt_tokens[0], "INT32"),
-                       ch.COMPLETION_TOKENS: scalar_array(item.completion_tokens, "INT32")}
+                yield ch.text_response(item.text, item.finish_reason or "", prompt_tokens[0], item.completion_tokens)
             else:
                 self.metrics.count("frames", len(item))
                 yield groups.outputs(item)
@@ -214,7 +216,7 @@ class Qwen3OmniPipeline(OmniPipelineBase):
 
     def parse(self, request):
         job = super().parse(request)
-        async_chunk = optional_input(request, ch.ASYNC_CHUNK)
+        async_chunk = optional_input(request, q3.ASYNC_CHUNK)
         async_chunk = self.async_chunk if async_chunk is None else bool(async_chunk)
         if job.talker_media:
             # Speaking while thinking is for text prompts: qwen3_omni_talker streams qwen3_omni_thinker with
@@ -224,7 +226,7 @@ class Qwen3OmniPipeline(OmniPipelineBase):
         return replace(job, async_chunk=async_chunk)
 
     def _decode(self, codes, left):
-        return call_stage(self.code2wav, sp.code2wav_inputs(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1)
+        return call_stage(self.code2wav, cd.talker_to_code2wav(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1)
 
     def generate(self, job, stream):
         if job.audio and job.async_chunk:
@@ -238,9 +240,9 @@ class Qwen3OmniPipeline(OmniPipelineBase):
         chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
         if job.paced and self.pass_paced:
             talker_in = talker_in + [(PACED, np.array([True]))]
-        for out in stream_stage(self.talker, talker_in, [sp.CODES], stream.cancelled, self.stage_flags,
+        for out in stream_stage(self.talker, talker_in, [cd.CODES], stream.cancelled, self.stage_flags,
                                 f"omni-talker-{uuid.uuid4().hex}", parent=stream):
-            codes = out.get(sp.CODES)
+            codes = out.get(cd.CODES)
             if codes is None or not codes.size or stream.cancel_seen:
                 continue
             for pcm in chunked.push(codes):
@@ -261,15 +263,15 @@ class Qwen3OmniPipeline(OmniPipelineBase):
             inputs.append((PACED, np.array([True])))
         chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
         counts, finish = (0, 0), ""
-        for out in stream_stage(self.talker, inputs, ch.TEXT_OUTPUTS + (sp.CODES,), stream.cancelled, self.stage_flags,
+        for out in stream_stage(self.talker, inputs, ch.TEXT_OUTPUTS + (cd.CODES,), stream.cancelled, self.stage_flags,
                                 f"omni-talker-{uuid.uuid4().hex}", parent=stream):
             if stream.cancel_seen:
                 continue
             if ch.TEXT_DELTA in out:
-                finish = first_str(out[ch.FINISH_REASON])
-                counts = (int(out[ch.PROMPT_TOKENS].reshape(-1)[0]), int(out[ch.COMPLETION_TOKENS].reshape(-1)[0]))
-                yield self._response(first_str(out[ch.TEXT_DELTA]), finish, counts)
-            codes = out.get(sp.CODES)
+                response = ch.TextResponse.from_tensors(out)
+                finish, counts = response.finish_reason, response.counts
+                yield self._response(response.text, finish, counts)
+            codes = out.get(cd.CODES)
             if codes is not None and codes.size:
                 for pcm in chunked.push(codes):
                     yield self._response(counts=counts, audio=pcm)

@@ -14,8 +14,9 @@ from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage
 from omni_triton.adapters.triton_io import input_array, optional_input, optional_str_input
 from omni_triton.contracts import qwen3_tts as q
-from omni_triton.contracts.speech import CODES, DUE_MS, LEFT_CONTEXT, MAX_FRAMES, TEXT, code2wav_inputs, max_input_chars
-from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, scalar_array, utf8_array
+from omni_triton.contracts.codec import CODES, DUE_MS, LEFT_CONTEXT, talker_to_code2wav
+from omni_triton.contracts.speech import MAX_FRAMES, TEXT, max_input_chars
+from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, first_value, scalar_array, scalar_int, utf8_array
 
 CHECKPOINT = "qwen3-tts-tiny"
 
@@ -160,7 +161,7 @@ class Qwen3TtsVoicePromptStage(BatchedStage):
     def _parse(self, request):
         audio = input_array(request, q.REF_AUDIO)
         audio = np.asarray(audio, np.float32).reshape(-1)
-        rate = int(np.asarray(input_array(request, q.REF_SAMPLE_RATE)).reshape(-1)[0])
+        rate = scalar_int(input_array(request, q.REF_SAMPLE_RATE), q.REF_SAMPLE_RATE, q.Qwen3TtsInputError)
         ref_text = optional_str_input(request, q.REF_TEXT, self.max_input_chars, q.Qwen3TtsInputError,
                                       "max_input_chars") or None
         xvec = optional_input(request, q.X_VECTOR_ONLY)
@@ -239,7 +240,7 @@ class Qwen3TtsPipeline(DecoupledStage):
         return optional_str_input(request, name, self.max_input_chars, q.Qwen3TtsInputError, "max_input_chars")
 
     def _decode(self, codes, left, due_s=None):
-        return call_stage(self.code2wav, code2wav_inputs(codes, left, due_s), [AUDIO])[AUDIO].reshape(-1).astype(np.float32)
+        return call_stage(self.code2wav, talker_to_code2wav(codes, left, due_s), [AUDIO])[AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
         from omni_triton.adapters.bls import StageError
@@ -250,7 +251,7 @@ class Qwen3TtsPipeline(DecoupledStage):
         prompt = job["prompt"]
         if job.get("ref"):
             try:
-                prompt = call_stage(self.voice_prompt, job["ref"], [q.VOICE_PROMPT])[q.VOICE_PROMPT].reshape(-1)[0]
+                prompt = first_value(call_stage(self.voice_prompt, job["ref"], [q.VOICE_PROMPT])[q.VOICE_PROMPT])
             except StageError as exc:
                 raise q.Qwen3TtsInputError(str(exc)) if exc.invalid else exc
         ref_code = VoicePrompt.from_bytes(bytes(prompt)).ref_code if prompt is not None else None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omni_triton.adapters.triton_io import LockedMetric, triton_lock
-from omni_triton.contracts.tensors import AUDIO, FINISH_REASON, SAMPLE_RATE
+from omni_triton.contracts.tensors import AUDIO, FINISH_REASON, SAMPLE_RATE, first_int, first_value
 from omni_triton.runtime.playback import PlaybackClock
 
 #: Seconds: request durations, TTFP, stage step times.
@@ -182,10 +182,10 @@ class RequestTelemetry:
         FINISH_REASON (``"length"``, ``"abort"`` ...) is remembered."""
         audio, rate = outputs.get(AUDIO), outputs.get(SAMPLE_RATE)
         if audio is not None and rate is not None and getattr(audio, "size", 0):
-            self.playback.add(time.monotonic(), int(audio.size), int(rate.reshape(-1)[0]))
+            self.playback.add(time.monotonic(), int(audio.size), first_int(rate))
         reason = outputs.get(FINISH_REASON)
         if reason is not None:
-            text = reason if isinstance(reason, str) else (reason.reshape(-1)[0] if reason.size else "")
+            text = reason if isinstance(reason, str) else (first_value(reason) or "")
             text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
             if text:
                 self.finish_reason = text

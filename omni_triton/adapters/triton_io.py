@@ -34,7 +34,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, InputError, bounded_str, first_str, utf8_array
+from omni_triton.contracts.tensors import (
+    INVALID_INPUT_PREFIX, InputError, bounded_str, first_str, first_value, utf8_array,
+)
 
 
 def _pb():
@@ -160,8 +162,7 @@ def optional_input(request, name: str) -> Any:
     tensor = _pb().get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
-    array = tensor.as_numpy().reshape(-1)
-    return array[0] if array.size else None
+    return first_value(tensor.as_numpy())
 
 
 def optional_str_input(request, name: str, max_chars: int | None = None, error: type[Exception] = InputError,
@@ -205,6 +206,13 @@ def optional_array(request, name: str) -> np.ndarray | None:
     return None if tensor is None else tensor.as_numpy()
 
 
+def present_arrays(request, names) -> dict[str, np.ndarray]:
+    """The whole arrays of the inputs ``names`` the client sent (absent ones left out), e.g. for
+    a hand-off's ``from_tensors``."""
+    arrays = {name: optional_array(request, name) for name in names}
+    return {name: array for name, array in arrays.items() if array is not None}
+
+
 def required_array(request, name: str) -> np.ndarray:
     """The whole array of required input ``name`` of a decoupled (unbatched) model.
 
@@ -226,7 +234,7 @@ def scalar_input(request, name: str, kind=float, required: bool = True):
     array = input_array(request, name, required)
     if array is None:
         return None
-    value = array.reshape(-1)[0] if array.size else None
+    value = first_value(array)
     if value is None:
         raise InputError(f"input {name} is empty")
     if kind is str:

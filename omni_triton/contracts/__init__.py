@@ -1,18 +1,18 @@
 """Torch-free contracts of every pipeline: tensor names and dtypes, request parsing and
-validation, one input-error class per pipeline, the UTF-8 BYTES helpers and input builders.
+validation, one input-error class per API, the UTF-8 BYTES helpers, input and output builders.
 
-``chat`` (llm, llm_tts, omni and its stages), ``speech`` (piper, tts and its stages),
-``image`` (the Qwen-Image ensembles and stages), ``video`` (the Wan2.2 BLS pipeline and stages).
+Per API: ``chat`` (every chat model: llm, llm_tts, the omni BLS models), ``speech`` (piper and
+every speech model), ``image`` (the Qwen-Image ensembles and stages), ``video`` (the Wan2.2 BLS
+pipeline and stages). Per family, the stage tensors: ``csm``, ``qwen3_omni``, ``qwen2_5_omni``,
+``qwen3_tts``; shared by role: ``codec`` (talker -> code2wav), ``omni_stages`` (thinker -> talker).
 Importable by the OpenAI frontend (which never imports torch), the clients, the BLS models and
 the stages; ``tests/unit/test_contracts.py`` checks every ``config.pbtxt`` against
 :data:`CONTRACTS`.
 """
-from omni_triton.contracts import chat, image, qwen3_tts, speech, video
+from omni_triton.contracts import chat, csm, image, qwen2_5_omni, qwen3_omni, qwen3_tts, speech, video
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, InputError, StageContract, TensorSpec  # noqa: F401
 
 #: model name -> :class:`StageContract`, every model of ``model_repository/`` and ``ensembles/``.
-CONTRACTS: dict[str, StageContract] = {**chat.CONTRACTS, **speech.CONTRACTS, **image.CONTRACTS,
-                                     **video.CONTRACTS, **qwen3_tts.CONTRACTS}
-
-from omni_triton.contracts import qwen2_5_omni  # noqa: E402  (the Qwen2.5-Omni pipeline)
-CONTRACTS.update(qwen2_5_omni.CONTRACTS)
+CONTRACTS: dict[str, StageContract] = {
+    **chat.CONTRACTS, **qwen3_omni.CONTRACTS, **qwen2_5_omni.CONTRACTS, **speech.CONTRACTS, **csm.CONTRACTS,
+    **qwen3_tts.CONTRACTS, **image.CONTRACTS, **video.CONTRACTS}

@@ -1,5 +1,7 @@
-"""The chat contract (``docs/chat_contracts.md``): ``llm``, ``llm_tts`` and the Qwen3-Omni
-pipeline (``qwen3_omni`` and its stages ``qwen3_omni_thinker`` -> ``qwen3_omni_talker`` -> ``qwen3_omni_code2wav``).
+"""The chat contract (``docs/chat_contracts.md``): what every chat model takes and streams
+(``llm``, ``llm_tts``, and the omni BLS models ``qwen3_omni`` and ``qwen2_5_omni``, whose stage
+tensors are in ``contracts/qwen3_omni.py``, ``contracts/qwen2_5_omni.py`` and, shared by both,
+``contracts/omni_stages.py``).
 
 Inputs of a chat model (BYTES [1], UTF-8): ``PROMPT`` or ``MESSAGES`` (JSON array of OpenAI chat
 messages), optional ``SAMPLING_PARAMETERS`` (JSON object, vLLM ``SamplingParams`` names),
@@ -14,14 +16,25 @@ written once here for every chat model; every problem is a :class:`ChatInputErro
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
-
-import numpy as np
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
 
 from omni_triton.contracts import tensors
-from omni_triton.contracts.speech import CODES, LEFT_CONTEXT, MAX_FRAMES, MIN_FRAMES
 from omni_triton.contracts.tensors import (
-    AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
+    AUDIO,
+    PACED,
+    REQUEST_ID,
+    SAMPLE_RATE,
+    VOICE,
+    Array,
+    InputError,
+    StageContract,
+    TensorSpec,
+    first_str,
+    scalar_array,
+    scalar_int,
+    utf8_array,
 )
 
 PROMPT = "PROMPT"
@@ -33,41 +46,9 @@ TEXT_DELTA = "TEXT_DELTA"
 FINISH_REASON = tensors.FINISH_REASON  # generic: every stage's telemetry reads it
 PROMPT_TOKENS = "PROMPT_TOKENS"
 COMPLETION_TOKENS = "COMPLETION_TOKENS"
-# qwen3_omni_thinker -> qwen3_omni_talker (the thinker's outputs are the talker's inputs, same names)
-TALKER_INPUTS = "TALKER_INPUTS"  #: BOOL [1]: ask the thinker for the talker's inputs
-SEQUENCE = "SEQUENCE"  #: INT64 [L]: prompt + generated ids
-PROMPT_LEN = "PROMPT_LEN"  #: INT32 [1]
-THINKER_EMBEDS = "THINKER_EMBEDS"  #: FP32 [L-1, H]: input embedding of every token fed to the thinker
-THINKER_HIDDEN = "THINKER_HIDDEN"  #: FP32 [L-1, H]: hidden state at the talker's accept layer
-TTS_EMBEDS = "TTS_EMBEDS"  #: FP32 [3, H]: embeddings of tts_bos, tts_eos, tts_pad
-#: BOOL [1]: speak while thinking. omni: override of its ``async_chunk`` parameter; qwen3_omni_thinker (with
-#: TALKER_INPUTS): the talker tensors as increments on every response (docs/omni_pipeline.md)
-ASYNC_CHUNK = "ASYNC_CHUNK"
-
-# omni -> qwen3_omni_thinker: the multimodal processor's tensors (omni_triton/stages/qwen3_omni/inputs.py;
-# A audio clips, I images, V videos in message order; all optional, sent only when present)
-INPUT_FEATURES = "INPUT_FEATURES"  #: FP32 [A, M, F]: log-mel features (M mel bins, 100 frames/s)
-FEATURE_ATTENTION_MASK = "FEATURE_ATTENTION_MASK"  #: INT32 [A, F]: 1 on each clip's frames
-PIXEL_VALUES = "PIXEL_VALUES"  #: FP32 [P, C*T*p*p]: all images' patches
-IMAGE_GRID_THW = "IMAGE_GRID_THW"  #: INT64 [I, 3]: patches per image (t, h, w)
-PIXEL_VALUES_VIDEOS = "PIXEL_VALUES_VIDEOS"  #: FP32 [Pv, C*T*p*p]: all videos' patches
-VIDEO_GRID_THW = "VIDEO_GRID_THW"  #: INT64 [V, 3]
-VIDEO_SECOND_PER_GRID = "VIDEO_SECOND_PER_GRID"  #: FP32 [V]: seconds per temporal patch
-# omni -> qwen3_omni_talker (multimodal prompts): the reference also passes these to talker.generate
-AUDIO_FEATURE_LENGTHS = "AUDIO_FEATURE_LENGTHS"  #: INT64 [A]: feature frames per clip
-
-#: ``MultimodalInputs`` field -> thinker input tensor
-MEDIA_TENSORS = {"input_features": INPUT_FEATURES, "feature_attention_mask": FEATURE_ATTENTION_MASK,
-                 "pixel_values": PIXEL_VALUES, "image_grid_thw": IMAGE_GRID_THW,
-                 "pixel_values_videos": PIXEL_VALUES_VIDEOS, "video_grid_thw": VIDEO_GRID_THW,
-                 "video_second_per_grid": VIDEO_SECOND_PER_GRID}
-#: ``MultimodalInputs.talker_arrays`` key -> talker input tensor
-TALKER_MEDIA_TENSORS = {"audio_feature_lengths": AUDIO_FEATURE_LENGTHS, "image_grid_thw": IMAGE_GRID_THW,
-                        "video_grid_thw": VIDEO_GRID_THW, "video_second_per_grid": VIDEO_SECOND_PER_GRID}
 
 TEXT_OUTPUTS = (TEXT_DELTA, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
 SPEECH_OUTPUTS = (AUDIO, SAMPLE_RATE)
-TALKER_TENSORS = (SEQUENCE, PROMPT_LEN, THINKER_EMBEDS, THINKER_HIDDEN, TTS_EMBEDS)
 
 
 class ChatInputError(InputError):
@@ -102,7 +83,7 @@ SAMPLING_RANGES: dict[str, tuple[float, float | None, bool]] = {
 }
 
 
-def _json(text: str, name: str):
+def _json(text: str, name: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -118,7 +99,7 @@ PLACEHOLDER_PART_TYPES = ("audio", "image", "video")
 INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
 
 
-def _media_part(part: dict, where: str) -> dict:
+def _media_part(part: dict[str, Any], where: str) -> dict[str, Any]:
     """A validated, normalised media part (only the known fields kept)."""
     kind = part["type"]
     if kind in PLACEHOLDER_PART_TYPES:
@@ -139,13 +120,13 @@ def _media_part(part: dict, where: str) -> dict:
     return {"type": kind, kind: {"url": url}}
 
 
-def part_modality(part: dict) -> str:
+def part_modality(part: dict[str, Any]) -> str:
     """``text``/``audio``/``image``/``video`` of a content part (any ``type`` spelling above)."""
-    kind = part.get("type")
+    kind = str(part.get("type"))
     return MEDIA_PART_TYPES.get(kind, kind)
 
 
-def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict]:
+def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict[str, Any]]:
     """Validate MESSAGES (JSON array of OpenAI chat messages) into ``[{"role", "content"}]``.
 
     ``content`` may be a string or a list of parts: ``{"type": "text", "text": ...}`` and, for
@@ -204,15 +185,15 @@ def parse_messages(text: str, accept: Iterable[str] = ("text",)) -> list[dict]:
     return out
 
 
-def media_parts(messages: list[dict]) -> list[dict]:
+def media_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The media parts of parsed messages (:func:`parse_messages`), in message order."""
     return [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] != "text"]
 
 
-def placeholder_messages(messages: list[dict]) -> list[dict]:
+def placeholder_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` with every media part replaced by its placeholder (``{"type": "audio"}`` ...):
     what the chat template renders and what ``qwen3_omni`` forwards once the media are tensors."""
-    def part(p):
+    def part(p: dict[str, Any]) -> dict[str, Any]:
         return p if p["type"] == "text" else {"type": part_modality(p)}
 
     return [m if isinstance(m["content"], str) else {**m, "content": [part(p) for p in m["content"]]}
@@ -240,7 +221,7 @@ def parse_sampling(text: str | None, supported: Iterable[str] | None = None) -> 
     if not isinstance(params, dict):
         raise ChatInputError("SAMPLING_PARAMETERS must be a JSON object")
     allowed = set(SAMPLING_TYPES if supported is None else supported)
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in params.items():
         if value is None:
             continue
@@ -253,7 +234,7 @@ def parse_sampling(text: str | None, supported: Iterable[str] | None = None) -> 
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             raise ChatInputError(f"sampling parameter {key} has the wrong type ({type(value).__name__})")
         if key == "stop":
-            value = [value] if isinstance(value, str) else value
+            value = [value] if isinstance(value, str) else cast("list[Any]", value)
             if not all(isinstance(s, str) and s for s in value):
                 raise ChatInputError("stop must be a string or a list of strings, none of them empty")
         out[key] = value
@@ -299,10 +280,10 @@ def match_voice(voice: str | None, voices: list[str], default: str, case_sensiti
 # ------------------------------------------------------------------------------------ builders
 
 
-def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None,
-                sampling: dict | None = None, modalities: Iterable[str] | None = None,
+def chat_inputs(*, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
+                sampling: dict[str, Any] | None = None, modalities: Iterable[str] | None = None,
                 voice: str | None = None, declared: Iterable[str] | None = None,
-                raw: dict[str, str] | None = None, paced: bool = False) -> list[tuple[str, np.ndarray]]:
+                raw: dict[str, str] | None = None, paced: bool = False) -> list[tuple[str, Array]]:
     """The inputs of one chat-contract request as ``(name, array)`` pairs, for
     ``tritonclient`` ``InferInput`` or ``pb_utils.Tensor`` (:func:`~omni_triton.contracts.tensors.wrap_inputs`).
 
@@ -316,7 +297,7 @@ def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None
         UnicodeEncodeError: a string holds a lone surrogate.
     """
     known = None if declared is None else set(declared)
-    pairs: list[tuple[str, np.ndarray]] = []
+    pairs: list[tuple[str, Array]] = []
     if messages is not None:
         pairs.append((MESSAGES, utf8_array(json.dumps(messages, ensure_ascii=False))))
     if prompt is not None:
@@ -334,57 +315,73 @@ def chat_inputs(*, messages: list[dict] | None = None, prompt: str | None = None
     return pairs
 
 
-def max_audio_frames_input(frames: int) -> tuple[str, np.ndarray]:
+@dataclass(frozen=True)
+class TextResponse:
+    """One streamed response of a chat model's text (every chat model and the thinker/talker
+    stages that stream text): ``TEXT_DELTA`` (BYTES [1]: the new text, may be empty),
+    ``FINISH_REASON`` (BYTES [1]: ``""`` but on the last response: ``"stop"``, ``"length"``,
+    ``"abort"``), ``PROMPT_TOKENS`` and ``COMPLETION_TOKENS`` (INT32 [1], cumulative counts)."""
+
+    text: str = ""
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """``(prompt_tokens, completion_tokens)``."""
+        return self.prompt_tokens, self.completion_tokens
+
+    def to_tensors(self) -> dict[str, Any]:
+        """The response's outputs: the two BYTES as ``str`` (the adapters' response writer encodes
+        them as UTF-8 BYTES [1]), the counts as INT32 [1] arrays."""
+        return {TEXT_DELTA: self.text, FINISH_REASON: self.finish_reason,
+                PROMPT_TOKENS: scalar_array(int(self.prompt_tokens), "INT32"),
+                COMPLETION_TOKENS: scalar_array(int(self.completion_tokens), "INT32")}
+
+    @classmethod
+    def from_tensors(cls, out: Mapping[str, Array]) -> TextResponse:
+        """Read a streamed response of a chat stage (``out``: output name -> array).
+
+        Raises:
+            KeyError: one of the four outputs is missing.
+            ChatInputError: a count is empty.
+            UnicodeDecodeError: the text is not UTF-8.
+        """
+        return cls(first_str(out[TEXT_DELTA]) or "", first_str(out[FINISH_REASON]) or "",
+                   scalar_int(out[PROMPT_TOKENS], PROMPT_TOKENS, ChatInputError),
+                   scalar_int(out[COMPLETION_TOKENS], COMPLETION_TOKENS, ChatInputError))
+
+
+def text_response(text: str = "", finish_reason: str = "", prompt_tokens: int = 0,
+                  completion_tokens: int = 0) -> dict[str, Any]:
+    """:meth:`TextResponse.to_tensors` of one response (see :class:`TextResponse`)."""
+    return TextResponse(text, finish_reason, prompt_tokens, completion_tokens).to_tensors()
+
+
+def max_audio_frames_input(frames: int) -> tuple[str, Array]:
     """The omni model's optional ``MAX_AUDIO_FRAMES`` input."""
     return MAX_AUDIO_FRAMES, scalar_array(int(frames), "INT32")
 
 
 # ----------------------------------------------------------------------------------- contracts
 
-def _s(name: str, dims=(1,), optional: bool = False) -> TensorSpec:
+def _s(name: str, dims: Iterable[int] = (1,), optional: bool = False) -> TensorSpec:
     return TensorSpec(name, "BYTES", tuple(dims), optional)
 
 
-_TEXT_OUT = (_s(TEXT_DELTA), _s(FINISH_REASON), TensorSpec(PROMPT_TOKENS, "INT32"),
-             TensorSpec(COMPLETION_TOKENS, "INT32"))
-_SPEECH_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))
-_CHAT_IN = (_s(PROMPT, optional=True), _s(MESSAGES, optional=True), _s(SAMPLING_PARAMETERS, optional=True))
-_TALKER_IN = (TensorSpec(SEQUENCE, "INT64", (-1,)), TensorSpec(PROMPT_LEN, "INT32"),
-              TensorSpec(THINKER_EMBEDS, "FP32", (-1, -1)), TensorSpec(THINKER_HIDDEN, "FP32", (-1, -1)),
-              TensorSpec(TTS_EMBEDS, "FP32", (3, -1)))
+#: a chat model's streamed text outputs (:class:`TextResponse`)
+TEXT_OUT = (_s(TEXT_DELTA), _s(FINISH_REASON), TensorSpec(PROMPT_TOKENS, "INT32"),
+            TensorSpec(COMPLETION_TOKENS, "INT32"))
+#: a speaking chat model's audio outputs (:func:`~omni_triton.contracts.tensors.audio_outputs`)
+SPEECH_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))
+#: the request inputs every chat model takes (PROMPT or MESSAGES, SAMPLING_PARAMETERS)
+CHAT_IN = (_s(PROMPT, optional=True), _s(MESSAGES, optional=True), _s(SAMPLING_PARAMETERS, optional=True))
 
-_MEDIA_IN = (TensorSpec(INPUT_FEATURES, "FP32", (-1, -1, -1), True), TensorSpec(FEATURE_ATTENTION_MASK, "INT32", (-1, -1), True),
-             TensorSpec(PIXEL_VALUES, "FP32", (-1, -1), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
-             TensorSpec(PIXEL_VALUES_VIDEOS, "FP32", (-1, -1), True), TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True),
-             TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
-_TALKER_MEDIA_IN = (TensorSpec(AUDIO_FEATURE_LENGTHS, "INT64", (-1,), True), TensorSpec(IMAGE_GRID_THW, "INT64", (-1, 3), True),
-                    TensorSpec(VIDEO_GRID_THW, "INT64", (-1, 3), True), TensorSpec(VIDEO_SECOND_PER_GRID, "FP32", (-1,), True))
+LLM = StageContract(CHAT_IN + (_s(REQUEST_ID, optional=True),), TEXT_OUT, decoupled=True)
+LLM_TTS = StageContract(CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
+                        TEXT_OUT + SPEECH_OUT, decoupled=True)
 
-LLM = StageContract(_CHAT_IN + (_s(REQUEST_ID, optional=True),), _TEXT_OUT, decoupled=True)
-LLM_TTS = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
-                        _TEXT_OUT + _SPEECH_OUT, decoupled=True)
-OMNI = StageContract(_CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True),
-                                 TensorSpec(MAX_AUDIO_FRAMES, "INT32", optional=True),
-                                 TensorSpec(ASYNC_CHUNK, "BOOL", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
-                     _TEXT_OUT + _SPEECH_OUT, decoupled=True)
-OMNI_THINKER = StageContract(_CHAT_IN + (TensorSpec(TALKER_INPUTS, "BOOL", optional=True),
-                                         _s(REQUEST_ID, optional=True), TensorSpec(ASYNC_CHUNK, "BOOL", optional=True),
-                                         TensorSpec(PACED, "BOOL", optional=True))
-                             + _MEDIA_IN,
-                             _TEXT_OUT + _TALKER_IN, decoupled=True)
-# qwen3_omni_talker takes either the thinker's finished outputs (_TALKER_IN, with _TALKER_MEDIA_IN for
-# multimodal prompts) or, speaking while thinking, the chat inputs, which it sends to qwen3_omni_thinker
-# itself (it then streams the thinker's text too; text-only prompts: the omni BLS speaks while
-# thinking only for those).
-OMNI_TALKER = StageContract(tuple(TensorSpec(t.name, t.datatype, t.dims, True) for t in _TALKER_IN) + _CHAT_IN
-                            + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
-                               TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True),
-                               TensorSpec(PACED, "BOOL", optional=True))
-                            + _TALKER_MEDIA_IN,
-                            (TensorSpec(CODES, "INT64", (-1, -1)),) + _TEXT_OUT, decoupled=True)
-OMNI_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
-                              (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
-
-#: model name -> contract, for the models of this pipeline in ``model_repository/``.
-CONTRACTS = {"llm": LLM, "llm_tts": LLM_TTS, "qwen3_omni": OMNI, "qwen3_omni_thinker": OMNI_THINKER,
-             "qwen3_omni_talker": OMNI_TALKER, "qwen3_omni_code2wav": OMNI_CODE2WAV}
+#: model name -> contract, for the llm family's models in ``model_repository/`` (the omni families'
+#: are in ``contracts/qwen3_omni.py`` and ``contracts/qwen2_5_omni.py``).
+CONTRACTS = {"llm": LLM, "llm_tts": LLM_TTS}

@@ -5,11 +5,12 @@ request carries its own ``[1, ...]`` tensors. Every input problem is an :class:`
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from omni_triton.contracts.tensors import InputError, StageContract, TensorSpec
+from omni_triton.contracts.tensors import Array, InputError, StageContract, TensorSpec
 
 PROMPT = "PROMPT"
 NEGATIVE_PROMPT = "NEGATIVE_PROMPT"
@@ -85,7 +86,7 @@ class Limits:
 
 def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int, negative_prompt: str = "",
                  true_cfg_scale: float = 4.0, guidance_scale: float = 0.0,
-                 image: np.ndarray | None = None) -> list[tuple[str, np.ndarray]]:
+                 image: Array | None = None) -> list[tuple[str, Array]]:
     """The inputs of one image of a diffusion ensemble as ``(name, array)`` pairs, each with the
     batch dimension 1; ``image`` (``uint8 [H, W, 3]`` RGB) is the edit ensemble's INPUT_IMAGE."""
     pairs = [
@@ -102,7 +103,7 @@ def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int,
     return pairs
 
 
-def _t(name, datatype, dims=(1,), optional=False):
+def _t(name: str, datatype: str, dims: Iterable[int] = (1,), optional: bool = False) -> TensorSpec:
     return TensorSpec(name, datatype, tuple(dims), optional)
 
 

@@ -27,8 +27,8 @@ The stage-internal tensors (talker, code2wav) are defined beside the stages.
 """
 from __future__ import annotations
 
-from omni_triton.contracts.tensors import AUDIO, PACED, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec
 from omni_triton.contracts.speech import MAX_FRAMES, TEXT
+from omni_triton.contracts.tensors import AUDIO, PACED, SAMPLE_RATE, VOICE, Array, InputError, StageContract, TensorSpec
 
 TASK = "TASK"  #: BYTES [1]: "custom_voice" | "voice_design" | "base"
 INSTRUCTIONS = "INSTRUCTIONS"  #: BYTES [1]: style instruction (custom_voice) or voice description (voice_design)
@@ -73,7 +73,7 @@ CLIENT_CONTRACTS = {"qwen3_tts": QWEN3_TTS, "qwen3_tts_voice_prompt": QWEN3_TTS_
 # [1, 1] (+ DUE_MS fp32 [1, 1]: ms until the chunk's decoding is due; the decoder takes the most
 # urgent chunk first) -> AUDIO fp32 [1, samples] of the frames after the left context (1920
 # samples/frame).
-from omni_triton.contracts.speech import CODES, DUE_MS, LEFT_CONTEXT  # noqa: E402
+from omni_triton.contracts.codec import CODES, DUE_MS, LEFT_CONTEXT  # noqa: E402
 from omni_triton.contracts.tensors import REQUEST_ID  # noqa: E402
 
 QWEN3_TTS_TALKER = StageContract(
@@ -91,9 +91,9 @@ CONTRACTS = {**CLIENT_CONTRACTS, "qwen3_tts_talker": QWEN3_TTS_TALKER, "qwen3_tt
 
 
 def qwen3_tts_inputs(text: str, task: str | None = None, voice: str | None = None, instructions: str | None = None,
-                     language: str | None = None, voice_prompt: bytes | None = None, ref_audio=None,
+                     language: str | None = None, voice_prompt: bytes | None = None, ref_audio: Array | None = None,
                      ref_sample_rate: int | None = None, ref_text: str | None = None, x_vector_only: bool | None = None,
-                     max_frames: int | None = None, paced: bool = False) -> list:
+                     max_frames: int | None = None, paced: bool = False) -> list[tuple[str, Array]]:
     """The inputs of one ``qwen3_tts`` request as ``(name, array)`` pairs (absent ones left out).
     ``paced``: the client plays the stream in real time (``PACED`` true: low-water chunks,
     docs/scheduling.md); sent only when true."""

@@ -1,5 +1,6 @@
-"""The speech contract (``docs/speech_contracts.md``): ``piper`` and the codec-token TTS
-pipeline ``csm`` (BLS) -> ``csm_talker`` (codec frames) -> ``csm_code2wav`` (PCM).
+"""The speech contract (``docs/speech_contracts.md``): what every speech model takes and streams
+(``piper``, ``csm``, ``qwen3_tts``); the csm pipeline's stage tensors (``csm_talker``,
+``csm_code2wav``) are in ``contracts/csm.py`` and ``contracts/codec.py``.
 
 A speech model takes ``TEXT`` (BYTES [1]), optional ``VOICE`` (BYTES [1]), ``SPEED`` (FP32 [1]);
 ``csm`` also ``MAX_FRAMES`` (INT32 [1], cap on codec frames, 12.5 per second); all of them
@@ -10,26 +11,24 @@ Every input problem is a :class:`SpeechInputError`.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Sequence
-
-import numpy as np
+from collections.abc import Mapping, Sequence
 
 from omni_triton.contracts.tensors import (
-    AUDIO, PACED, REQUEST_ID, SAMPLE_RATE, VOICE, InputError, StageContract, TensorSpec, scalar_array, utf8_array,
+    AUDIO,
+    PACED,
+    SAMPLE_RATE,
+    VOICE,
+    Array,
+    InputError,
+    StageContract,
+    TensorSpec,
+    scalar_array,
+    utf8_array,
 )
 
 TEXT = "TEXT"
 SPEED = "SPEED"  #: FP32 [1]: OpenAI ``speed``
 MAX_FRAMES = "MAX_FRAMES"  #: INT32 [1]: cap on codec frames
-MIN_FRAMES = "MIN_FRAMES"  #: INT32 [1]: floor on codec frames (talkers)
-SPEAKER = "SPEAKER"  #: INT32 [1]: CSM speaker id
-CODES = "CODES"  #: INT64 [T, K]: codec frames, frame-major
-LEFT_CONTEXT = "LEFT_CONTEXT"  #: INT32 [1]: leading frames of CODES that are context only
-#: FP32 [1]: milliseconds from now until a chunk's decoding is due (0 = now, a first chunk;
-#: negative: overdue); a decoder with ``scheduling: "deadline"`` takes the most urgent first
-DUE_MS = "DUE_MS"
 
 #: OpenAI ``speed`` bounds (``/v1/audio/speech``).
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
@@ -39,32 +38,7 @@ class SpeechInputError(InputError):
     """The request cannot be synthesised as given (empty/oversize text, unknown voice, speed)."""
 
 
-@dataclass(frozen=True)
-class FrameBudget:
-    """How many codec frames a ``csm`` request may generate when the client sets no MAX_FRAMES.
-
-    A fixed cap cut every long input at the same length (100 frames = 8 s, whatever the text);
-    the budget follows the input instead: ``max(floor, ceil(len(text) * frames_per_char))``.
-    At 12.5 frames/s, 2.5 frames per character is 5 characters per second, slower than slow
-    speech (~12-15 characters per second), so a real talker ends on its own end-of-audio first.
-
-    Raises:
-        ValueError: non-positive parameters.
-    """
-
-    frames_per_char: float = 2.5
-    floor: int = 100
-
-    def __post_init__(self):
-        if self.frames_per_char <= 0 or self.floor < 1:
-            raise ValueError(f"frame budget needs frames_per_char > 0 and floor >= 1, got {self}")
-
-    def for_text(self, text: str) -> int:
-        """The cap on codec frames for ``text``."""
-        return max(self.floor, math.ceil(len(text) * self.frames_per_char))
-
-
-def max_input_chars(params, default: str) -> int:
+def max_input_chars(params: Mapping[str, str], default: str) -> int:
     """The model's ``max_input_chars`` parameter (``config.pbtxt``): the stage's own cap on TEXT
     (and INSTRUCTIONS/REF_TEXT), the same one the frontend applies to speech ``input``.
 
@@ -77,8 +51,8 @@ def max_input_chars(params, default: str) -> int:
     return value
 
 
-def parse_tts_request(text: str | None, voice: str | None, speed, voices: Sequence[str], default_voice: str,
-                      max_input_chars: int) -> tuple[str, int]:
+def parse_tts_request(text: str | None, voice: str | None, speed: float | None, voices: Sequence[str],
+                      default_voice: str, max_input_chars: int) -> tuple[str, int]:
     """Validate a ``csm`` request; return ``(text, speaker_id)``.
 
     ``voice`` is a speaker id as a string ("0".."N", one of ``voices``; None/"" -> default);
@@ -112,7 +86,7 @@ def check_speed(speed: float) -> float:
 
 
 def speech_inputs(text: str, voice: str | None = None, speed: float | None = None,
-                  max_frames: int | None = None, paced: bool | None = None) -> list[tuple[str, np.ndarray]]:
+                  max_frames: int | None = None, paced: bool | None = None) -> list[tuple[str, Array]]:
     """The inputs of one speech request as ``(name, array)`` pairs: TEXT, VOICE?, SPEED?,
     MAX_FRAMES?, PACED?."""
     pairs = [(TEXT, utf8_array(text))]
@@ -127,32 +101,11 @@ def speech_inputs(text: str, voice: str | None = None, speed: float | None = Non
     return pairs
 
 
-def code2wav_inputs(codes: np.ndarray, left_context: int, due_s: float | None = None) -> list[tuple[str, np.ndarray]]:
-    """The inputs of one code2wav (codec decoder) request: CODES ``int64 [1, T, K]`` (batch dim
-    added), LEFT_CONTEXT ``int32 [1, 1]``, and DUE_MS ``fp32 [1, 1]`` when ``due_s`` (seconds
-    until the chunk's decoding is due, negative when overdue) is given (decoders that declare
-    it only)."""
-    inputs = [(CODES, np.ascontiguousarray(codes[None], dtype=np.int64)),
-              (LEFT_CONTEXT, np.array([[left_context]], dtype=np.int32))]
-    if due_s is not None:
-        inputs.append((DUE_MS, np.array([[float(due_s) * 1000.0]], dtype=np.float32)))
-    return inputs
-
-
-_AUDIO_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))
-_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32")),
-                          (TensorSpec(AUDIO, "FP32", (-1,)),), batched=True)
-
+#: a speech model's streamed outputs
+AUDIO_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))
 PIPER_TTS = StageContract((TensorSpec(TEXT, "BYTES"), TensorSpec(VOICE, "BYTES", optional=True),
                            TensorSpec(SPEED, "FP32", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
-                          _AUDIO_OUT, decoupled=True)
-TTS = StageContract(PIPER_TTS.inputs + (TensorSpec(MAX_FRAMES, "INT32", optional=True),), _AUDIO_OUT, decoupled=True)
-TTS_TALKER = StageContract(
-    (TensorSpec(TEXT, "BYTES"), TensorSpec(SPEAKER, "INT32", optional=True),
-     TensorSpec(MAX_FRAMES, "INT32", optional=True), TensorSpec(MIN_FRAMES, "INT32", optional=True),
-     TensorSpec(REQUEST_ID, "BYTES", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
-    (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
-TTS_CODE2WAV = _CODE2WAV
+                          AUDIO_OUT, decoupled=True)
 
-#: model name -> contract, for the models of this pipeline in ``model_repository/``.
-CONTRACTS = {"piper": PIPER_TTS, "csm": TTS, "csm_talker": TTS_TALKER, "csm_code2wav": TTS_CODE2WAV}
+#: model name -> contract: ``piper`` (the csm family's are in ``contracts/csm.py``).
+CONTRACTS = {"piper": PIPER_TTS}

@@ -9,16 +9,21 @@ against its contract, so the names in the code and the configs cannot drift apar
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 #: Start of every INVALID_ARG message a stage sends. Triton 2.51 delivers a streamed error without
 #: its code (in-band ``error_message``; the ``triton_grpc_error`` mode that keeps the code crashed
 #: tritonserver 2.51 on BLS error responses, server#7368) and turns a BLS stage's INVALID_ARG into
 #: INTERNAL, so the OpenAI frontend recognises a client error by this prefix (HTTP 400).
 INVALID_INPUT_PREFIX = "invalid input: "
+
+#: any tensor's numpy array (its dtype is the contract's: ``NUMPY_DTYPES``)
+Array = NDArray[Any]
 
 # Tensor names shared by several pipelines.
 REQUEST_ID = "REQUEST_ID"  #: BYTES [1]: id under which a BLS caller can cancel a stage's stream
@@ -90,7 +95,7 @@ class StageContract:
         return [t.name for t in self.outputs]
 
 
-def utf8_array(value: str) -> np.ndarray:
+def utf8_array(value: str) -> Array:
     """``value`` as a BYTES tensor's array: ``np.object_`` [1] holding its UTF-8 bytes.
 
     Raises:
@@ -99,24 +104,60 @@ def utf8_array(value: str) -> np.ndarray:
     return np.array([value.encode("utf-8")], dtype=np.object_)
 
 
-def first_str(array: np.ndarray | None) -> str | None:
+def first_str(array: Array | None) -> str | None:
     """First element of a BYTES array decoded as UTF-8 (``None`` for ``None`` or an empty array).
 
     Raises:
         UnicodeDecodeError: the bytes are not UTF-8.
     """
-    value = _first(array)
+    value = first_value(array)
     if value is None:
         return None
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _first(array: np.ndarray | None):
-    """The first element of ``array``; ``None`` for ``None`` or an empty array."""
+def first_value(array: ArrayLike | None) -> Any:
+    """The first element of ``array`` (any shape, e.g. a ``[1]`` or batched ``[1, 1]`` scalar
+    tensor), as numpy holds it; ``None`` for ``None`` or an empty array."""
     if array is None:
         return None
-    flat = array.reshape(-1)
+    flat = np.asarray(array).reshape(-1)
     return flat[0] if flat.size else None
+
+
+def first_int(array: ArrayLike | None) -> int | None:
+    """The first element of a scalar tensor (``INT32``/``INT64``/``BOOL`` [1] ...) as a Python
+    ``int``; ``None`` for ``None`` or an empty array.
+
+    Raises:
+        ValueError, TypeError: the element is no number (e.g. non-numeric BYTES).
+    """
+    value = first_value(array)
+    return None if value is None else int(value)
+
+
+def first_float(array: ArrayLike | None) -> float | None:
+    """The first element of a scalar tensor (``FP32`` [1] ...) as a Python ``float``; ``None``
+    for ``None`` or an empty array.
+
+    Raises:
+        ValueError, TypeError: the element is no number.
+    """
+    value = first_value(array)
+    return None if value is None else float(value)
+
+
+def scalar_int(array: ArrayLike | None, name: str, error: type[Exception] = InputError) -> int:
+    """:func:`first_int` of tensor ``name`` that must be there: e.g. ``PROMPT_LEN`` or the token
+    counts of a stage's response.
+
+    Raises:
+        error: ``array`` is ``None`` or empty (``NAME is missing or empty``).
+    """
+    value = first_int(array)
+    if value is None:
+        raise error(f"{name} is missing or empty")
+    return value
 
 
 #: Stage-side caps on client text (docs/speech_contracts.md, docs/chat_contracts.md): Triton's
@@ -139,7 +180,7 @@ MAX_DIFFUSION_PROMPT_CHARS = 32_000
 UTF8_MAX_BYTES = 4
 
 
-def bounded_str(array: np.ndarray | None, name: str, max_chars: int, error: type[Exception] = InputError,
+def bounded_str(array: Array | None, name: str, max_chars: int, error: type[Exception] = InputError,
                 limit: str = "max_chars") -> str | None:
     """:func:`first_str` of input ``name``, refused when longer than ``max_chars`` characters.
 
@@ -151,7 +192,7 @@ def bounded_str(array: np.ndarray | None, name: str, max_chars: int, error: type
         error: over the byte or the character bound (``invalid input: NAME ...``).
         UnicodeDecodeError: the bytes are not UTF-8.
     """
-    value = _first(array)
+    value = first_value(array)
     if value is None:
         return None
     if isinstance(value, (bytes, bytearray)) and len(value) > UTF8_MAX_BYTES * max_chars:
@@ -163,7 +204,7 @@ def bounded_str(array: np.ndarray | None, name: str, max_chars: int, error: type
     return text
 
 
-def scalar_array(value, datatype: str) -> np.ndarray:
+def scalar_array(value: Any, datatype: str) -> Array:
     """A one-element array of Triton datatype ``datatype`` (``"INT32"``, ``"FP32"``, ``"BOOL"``...)."""
     return np.array([value], dtype=NUMPY_DTYPES[datatype])
 
@@ -171,13 +212,13 @@ def scalar_array(value, datatype: str) -> np.ndarray:
 T = TypeVar("T")
 
 
-def wrap_inputs(pairs: Iterable[tuple[str, np.ndarray]], make: Callable[[str, np.ndarray], T]) -> list[T]:
+def wrap_inputs(pairs: Iterable[tuple[str, Array]], make: Callable[[str, Array], T]) -> list[T]:
     """Turn ``(name, array)`` pairs into tensors with ``make(name, array)``: e.g.
     ``pb_utils.Tensor`` inside a stub, or :func:`infer_input` for ``tritonclient``."""
     return [make(name, array) for name, array in pairs]
 
 
-def triton_datatype(array: np.ndarray) -> str:
+def triton_datatype(array: Array) -> str:
     """The Triton datatype name of a numpy array (``np.object_`` -> ``"BYTES"``).
 
     Raises:
@@ -186,8 +227,15 @@ def triton_datatype(array: np.ndarray) -> str:
     return {v: k for k, v in NUMPY_DTYPES.items()}[array.dtype.type]
 
 
-def infer_input(infer_input_cls, name: str, array: np.ndarray):
+def infer_input(infer_input_cls: Callable[[str, list[int], str], T], name: str, array: Array) -> T:
     """A ``tritonclient`` ``InferInput`` (grpc, grpc.aio or http class passed in) holding ``array``."""
     tensor = infer_input_cls(name, list(array.shape), triton_datatype(array))
-    tensor.set_data_from_numpy(array)
+    tensor.set_data_from_numpy(array)  # type: ignore[attr-defined]  # tritonclient is untyped
     return tensor
+
+
+def audio_outputs(audio: Array | None, sample_rate: int) -> dict[str, Array]:
+    """The speech part of a streamed response: ``AUDIO`` (FP32 [n] mono PCM, contiguous; an empty
+    array when ``audio`` is ``None``, a text-only response) and ``SAMPLE_RATE`` (INT32 [1], Hz)."""
+    pcm = np.zeros(0, np.float32) if audio is None else np.ascontiguousarray(audio, dtype=np.float32)
+    return {AUDIO: pcm, SAMPLE_RATE: scalar_array(int(sample_rate), "INT32")}

@@ -9,11 +9,12 @@ denoising step (progress), then one final response with ``VIDEO``, ``NUM_STEPS``
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from omni_triton.contracts.tensors import REQUEST_ID, InputError, StageContract, TensorSpec
+from omni_triton.contracts.tensors import REQUEST_ID, Array, InputError, StageContract, TensorSpec
 
 PROMPT = "PROMPT"
 NEGATIVE_PROMPT = "NEGATIVE_PROMPT"
@@ -52,7 +53,7 @@ class VideoInputError(InputError):
     an image-to-video reference image of the wrong shape)."""
 
 
-def check_input_image(image: np.ndarray, height: int, width: int) -> None:
+def check_input_image(image: Array, height: int, width: int) -> None:
     """The reference image of an image-to-video request must be ``uint8 [height, width, 3]``
     (the frontend resizes it; ``docs/video_contracts.md``).
 
@@ -107,7 +108,7 @@ def check_scales(guidance_scale: float, guidance_scale_2: float | None, boundary
 def video_inputs(prompt: str, *, width: int, height: int, num_frames: int, steps: int, seed: int,
                  negative_prompt: str = "", guidance_scale: float = 5.0, guidance_scale_2: float | None = None,
                  boundary_ratio: float | None = None, flow_shift: float | None = None,
-                 image: np.ndarray | None = None) -> list[tuple[str, np.ndarray]]:
+                 image: Array | None = None) -> list[tuple[str, Array]]:
     """The inputs of one ``wan_t2v`` request as ``(name, array)`` pairs (no batch dimension:
     the BLS model has ``max_batch_size: 0``); unset optional scales are left out. ``image``
     (``uint8 [height, width, 3]``): the reference frame of a ``wan_i2v`` request."""
@@ -127,7 +128,7 @@ def video_inputs(prompt: str, *, width: int, height: int, num_frames: int, steps
     return pairs
 
 
-def _t(name, datatype, dims=(1,), optional=False):
+def _t(name: str, datatype: str, dims: Iterable[int] = (1,), optional: bool = False) -> TensorSpec:
     return TensorSpec(name, datatype, tuple(dims), optional)
 
 

@@ -243,13 +243,13 @@ def _decode_call(url, codes, left, due_ms=None):
 
     import tritonclient.grpc as grpcclient
 
-    from omni_triton.contracts.speech import code2wav_inputs
+    from omni_triton.contracts.codec import talker_to_code2wav
     from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
     client = grpcclient.InferenceServerClient(url)
     try:
         due = None if due_ms is None else due_ms / 1000.0
-        result = client.infer("qwen3_tts_code2wav", wrap_inputs(code2wav_inputs(codes, left, due),
+        result = client.infer("qwen3_tts_code2wav", wrap_inputs(talker_to_code2wav(codes, left, due),
                                                                  partial(infer_input, grpcclient.InferInput)))
         return result.as_numpy("AUDIO").reshape(-1)
     finally:

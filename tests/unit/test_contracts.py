@@ -11,7 +11,20 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from omni_triton.contracts import CONTRACTS, chat, image, probe, speech
-from omni_triton.contracts.tensors import first_str, infer_input, triton_datatype, utf8_array, wrap_inputs
+from omni_triton.contracts import csm as cs
+from omni_triton.contracts.tensors import (
+    InputError,
+    audio_outputs,
+    first_float,
+    first_int,
+    first_str,
+    first_value,
+    infer_input,
+    scalar_int,
+    triton_datatype,
+    utf8_array,
+    wrap_inputs,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(ROOT.glob("model_repository/*/config.pbtxt")) + sorted(ROOT.glob("ensembles/*/config.pbtxt"))
@@ -74,6 +87,37 @@ def test_bytes_helpers_round_trip():
         utf8_array("\ud800")
 
 
+def test_scalar_readers():
+    assert first_int(np.array([[7]], np.int32)) == 7 and type(first_int(np.array([7], np.int64))) is int
+    assert first_float(np.array([0.5], np.float32)) == 0.5 and first_value(np.array([b"x"], np.object_)) == b"x"
+    assert first_int(None) is None and first_float(np.zeros(0, np.float32)) is None
+    assert scalar_int(np.array([3], np.int32), "N") == 3
+    with pytest.raises(chat.ChatInputError, match="PROMPT_LEN is missing or empty"):
+        scalar_int(np.zeros(0, np.int32), "PROMPT_LEN", chat.ChatInputError)
+    with pytest.raises(InputError):
+        scalar_int(None, "SEED")
+
+
+def _as_triton(outputs):
+    """Outputs as a stage's response carries them (str -> BYTES [1])."""
+    return {k: utf8_array(v) if isinstance(v, str) else v for k, v in outputs.items()}
+
+
+def test_text_response_round_trip_matches_the_chat_contracts():
+    out = chat.text_response("Grüße", "stop", 5, 2)
+    for contract in (CONTRACTS["llm"], CONTRACTS["qwen3_omni_thinker"], CONTRACTS["qwen2_5_omni_thinker"]):
+        specs = {t.name: t for t in contract.outputs}
+        for name, value in _as_triton(out).items():
+            assert triton_datatype(value) == specs[name].datatype and value.shape == specs[name].dims
+    back = chat.TextResponse.from_tensors(_as_triton(out))
+    assert back == chat.TextResponse("Grüße", "stop", 5, 2) and back.counts == (5, 2)
+    with pytest.raises(KeyError):
+        chat.TextResponse.from_tensors({chat.TEXT_DELTA: utf8_array("x")})
+    audio = audio_outputs(np.arange(4, dtype=np.float64)[::2], 24000)
+    assert audio[chat.AUDIO].dtype == np.float32 and audio[chat.AUDIO].flags.c_contiguous
+    assert audio_outputs(None, 16000)[chat.AUDIO].shape == (0,) and first_int(audio[chat.SAMPLE_RATE]) == 24000
+
+
 class _FakeInferInput:
     def __init__(self, name, shape, datatype):
         self.name, self.shape, self.datatype, self.data = name, shape, datatype, None
@@ -108,12 +152,12 @@ def test_one_sampling_parser_for_every_chat_model():
 
 
 def test_frame_budget_follows_the_input_length():
-    budget = speech.FrameBudget(frames_per_char=2.5, floor=100)
+    budget = cs.FrameBudget(frames_per_char=2.5, floor=100)
     assert budget.for_text("Hi.") == 100
     long_text = "word " * 200  # 1000 characters: far more than 8 s of speech
     assert budget.for_text(long_text) == 2500 > 100
     with pytest.raises(ValueError):
-        speech.FrameBudget(frames_per_char=0)
+        cs.FrameBudget(frames_per_char=0)
 
 
 @pytest.mark.parametrize("name", sorted(probe.CONTRACTS))

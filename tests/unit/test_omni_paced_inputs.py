@@ -16,6 +16,7 @@ sys.modules.setdefault("triton_python_backend_utils", pb)
 from omni_triton.adapters import omni_stages, qwen2_5_omni  # noqa: E402
 from omni_triton.adapters import qwen3_omni as omni  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
+from omni_triton.contracts import omni_stages as om  # noqa: E402
 from omni_triton.contracts.tensors import PACED, utf8_array  # noqa: E402
 
 TEXT = {ch.TEXT_DELTA: utf8_array("Hi"), ch.FINISH_REASON: utf8_array("stop"),
@@ -62,7 +63,7 @@ def test_omni_passes_paced_on_to_its_talker(sent, monkeypatch, async_chunk, pace
 
 
 def _talker_in():
-    return [(ch.SEQUENCE, np.zeros(4, np.int64))], (3, 1)
+    return [(om.SEQUENCE, np.zeros(4, np.int64))], (3, 1)
     yield  # a generator, as _think is
 
 

@@ -485,7 +485,7 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
     scheduler still interleaves open requests frame by frame; without them one step would run a
     whole group (5 frames of talker compute) while the other streams wait."""
     from omni_triton.adapters.csm import CsmTalkerStage
-    from omni_triton.contracts.speech import CODES
+    from omni_triton.contracts.codec import CODES
 
     class FakeTalker:
         def stream(self, text, speaker, min_frames, max_frames, should_stop, paced):
@@ -512,7 +512,7 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
 
 def test_omni_talker_groups_frames_and_sends_the_rest_unless_cancelled():
     from omni_triton.adapters.omni_stages import FrameGroupResponses as _FrameGroups
-    from omni_triton.contracts.speech import CODES
+    from omni_triton.contracts.codec import CODES
 
     class Stream:
         cancel_seen = False
@@ -598,7 +598,7 @@ def test_a_deadline_batched_stage_answers_the_most_urgent_pass_first_each_as_soo
     through the requests' senders (one response + FINAL) before running the next. A bad
     request is answered at once and does not fail the others."""
     from omni_triton.adapters.batched import BatchedStage
-    from omni_triton.contracts.speech import DUE_MS
+    from omni_triton.contracts.codec import DUE_MS
 
     monkeypatch.delenv(SCHEDULING_ENV, raising=False)
     gate, passes, answered_before = threading.Event(), [], []

@@ -21,6 +21,7 @@ from omni_triton.adapters import qwen3_omni as omni  # noqa: E402
 from omni_triton.adapters import qwen_image as diffusion  # noqa: E402
 from omni_triton.adapters import wan as video  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
+from omni_triton.contracts import csm as cs  # noqa: E402
 from omni_triton.contracts import image as im  # noqa: E402
 from omni_triton.contracts import qwen3_tts as q  # noqa: E402
 from omni_triton.contracts import speech as sp  # noqa: E402
@@ -62,7 +63,7 @@ def _piper_setup(self, args, params):
 
 def _tts_setup(self, args, params):
     self.voices, self.default_voice, self.max_input_chars = ["0"], "0", sp.max_input_chars(params, "2000")
-    self.budget = sp.FrameBudget()
+    self.budget = cs.FrameBudget()
 
 
 def _qwen3_setup(self, args, params):
