@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     "qwen2_5_omni" not in set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()])),
     reason="qwen25_omni not in OMNI_TRITON_E2E_MODELS")]
 
-MODEL = "qwen2_5_omni"
+MODEL = "qwen2_5_omni"  # the Triton name; the OpenAI name (served_model_name) is qwen25_omni
 QUESTION = "What is the capital of France?"
 
 
@@ -76,7 +76,7 @@ def reference():
 
 def test_listed_with_text_and_audio(stack):
     cards = {m["id"]: m for m in httpx.get(f"{stack.frontend_url}/v1/models", timeout=30).json()["data"]}
-    assert cards[MODEL]["modalities"] == ["text", "audio"]
+    assert cards["qwen25_omni"]["modalities"] == ["text", "audio"]
 
 
 def test_sdk_chat_text_and_wav_equal_reference(stack, reference):
