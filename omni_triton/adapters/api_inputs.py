@@ -9,7 +9,6 @@ from omni_triton.contracts import chat as ch
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import MAX_MESSAGES_CHARS, MAX_PROMPT_CHARS, utf8_array
 
-
 #: chat text inputs and their stage-side caps in characters (bytes bounded before decoding)
 _CHAT_TEXT = ((ch.PROMPT, MAX_PROMPT_CHARS), (ch.MESSAGES, MAX_MESSAGES_CHARS),
               (ch.SAMPLING_PARAMETERS, MAX_PROMPT_CHARS))
@@ -32,7 +31,7 @@ def read_chat_request(request, messages_chars: int = MAX_MESSAGES_CHARS) -> tupl
 
 def chat_request_pairs(values: tuple[str | None, str | None, str | None]) -> list:
     """The given ones of :func:`read_chat_request`'s values as ``(name, array)`` inputs of a stage."""
-    return [(n, utf8_array(v)) for n, v in zip((n for n, _ in _CHAT_TEXT), values) if v is not None]
+    return [(n, utf8_array(v)) for n, v in zip((n for n, _ in _CHAT_TEXT), values, strict=False) if v is not None]
 
 
 def request_text(request, name: str, max_input_chars: int) -> str | None:

@@ -9,13 +9,19 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.telemetry import Telemetry
 from omni_triton.adapters.triton_io import (
-    InputError, batch_responses, batched_execute, model_parameters, optional_input, send,
+    InputError,
+    batch_responses,
+    batched_execute,
+    model_parameters,
+    optional_input,
+    send,
 )
 from omni_triton.runtime.scheduling import DueBatchQueue, Policy, scheduling_policy
 from omni_triton.runtime.stage_policy import due_in_s
@@ -107,7 +113,7 @@ class BatchedStage:
             self.telemetry.add("omni_stage_requests_running", -len(requests))
         try:
             self._report(responses, [time.monotonic() - start] * len(responses))
-        except Exception:  # noqa: BLE001 - metrics never fail a request
+        except Exception:
             logging.getLogger(self.name).exception("%s metrics", self.name)
         return responses
 
@@ -126,7 +132,7 @@ class BatchedStage:
                 self._answer(sender, pb.InferenceResponse(
                     error=pb.TritonError(f"{self.name}: {exc}", pb.TritonError.INVALID_ARG)))
                 continue
-            except Exception as exc:  # noqa: BLE001 - that request's error, the others still queue
+            except Exception as exc:
                 logging.getLogger(self.name).exception("%s: parsing a request", self.name)
                 self._answer(sender, pb.InferenceResponse(error=pb.TritonError(f"{self.name} failed: {exc}")))
                 continue
@@ -143,7 +149,7 @@ class BatchedStage:
     def _answer(sender, response) -> None:
         try:
             send(sender, response, _pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:  # noqa: BLE001 - the caller went away; the others still get theirs
+        except Exception:
             logging.getLogger("omni_triton.batched").exception("sending a batched response")
 
     def _work(self) -> None:
@@ -156,12 +162,12 @@ class BatchedStage:
                 continue
             responses = batch_responses([queued.item for queued in batch], self.name, self.run, self.outputs)
             end = time.monotonic()
-            for queued, response in zip(batch, responses):
+            for queued, response in zip(batch, responses, strict=False):
                 self._answer(queued.sender, response)
             self.telemetry.add("omni_stage_requests_running", -len(batch))
             try:
                 self._report(responses, [end - queued.arrived for queued in batch])
-            except Exception:  # noqa: BLE001 - metrics never fail a request
+            except Exception:
                 logging.getLogger(self.name).exception("%s metrics", self.name)
 
     def _report(self, responses, seconds: list[float]) -> None:
@@ -169,7 +175,7 @@ class BatchedStage:
         t = self.telemetry
         t.observe("omni_stage_batch_size", len(responses))
         reasons: dict[str, int] = {}
-        for response, duration in zip(responses, seconds):
+        for response, duration in zip(responses, seconds, strict=False):
             reason = "stop"
             if response.has_error():
                 code = getattr(response.error(), "code", None)

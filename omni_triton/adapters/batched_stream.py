@@ -48,14 +48,14 @@ class BatchedDecoupledStage(DecoupledStage):
         jobs, streams = [a.job for a in accepted], [a.stream for a in accepted]
         try:
             self.telemetry.observe("omni_stage_batch_size", len(accepted))
-        except Exception:  # noqa: BLE001 - metrics never fail a request
+        except Exception:
             logging.getLogger(self.stage).exception("%s metrics", self.stage)
         error: BaseException | None = None
         try:
             self.run_batch(jobs, streams)
-        except Exception as exc:  # noqa: BLE001 - every request of the batch is answered with it
+        except Exception as exc:
             error = exc
-        for job, stream in zip(jobs, streams):
+        for job, stream in zip(jobs, streams, strict=False):
             self.finish(job, stream, error)
         return None
 

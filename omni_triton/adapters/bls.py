@@ -47,7 +47,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -82,7 +82,7 @@ def _account(target: str, sent: int, received: int, waited_s: float) -> None:
         t.count("omni_bls_transfer_bytes_total", sent, target=target, direction="sent")
         t.count("omni_bls_transfer_bytes_total", received, target=target, direction="received")
         t.count("omni_bls_transfer_seconds_total", waited_s, target=target)
-    except Exception:  # noqa: BLE001 - metrics never fail a request
+    except Exception:
         LOGGER.exception("bls metrics")
 
 

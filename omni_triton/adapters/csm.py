@@ -120,7 +120,8 @@ class CsmPipeline(DecoupledStage):
                        self.paced(request))
 
     def _decode(self, codes, left):
-        return call_stage(self.code2wav, cd.talker_to_code2wav(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1).astype(np.float32)
+        out = call_stage(self.code2wav, cd.talker_to_code2wav(codes, left), [sp.AUDIO])
+        return out[sp.AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced

@@ -10,7 +10,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-
 from omni_triton.adapters.api_inputs import chat_request_pairs, read_chat_request
 from omni_triton.adapters.bls import stream_stage
 from omni_triton.adapters.stream import DecoupledStage, Final

@@ -185,7 +185,8 @@ class OmniThinkerBase(DecoupledStage):
                 out.update(_talker_increments(step))
             elif step.output is not None:
                 o = step.output
-                out.update(om.ThinkerToTalker(o.sequence, o.prompt_len, o.embeds, o.hidden, o.tts_embeds).thinker_outputs())
+                handoff = om.ThinkerToTalker(o.sequence, o.prompt_len, o.embeds, o.hidden, o.tts_embeds)
+                out.update(handoff.thinker_outputs())
             yield Final(out) if step.finish_reason else out
 
 

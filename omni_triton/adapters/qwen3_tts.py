@@ -21,7 +21,7 @@ from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, first_value
 CHECKPOINT = "qwen3-tts-tiny"
 
 
-def _checkpoint(params) -> "object":
+def _checkpoint(params) -> object:
     from omni_triton.paths import model_dir
 
     path = model_dir(params.get("model_name", CHECKPOINT))
@@ -170,11 +170,13 @@ class Qwen3TtsVoicePromptStage(BatchedStage):
             raise q.Qwen3TtsInputError(f"REF_SAMPLE_RATE must be in [8000, 192000] Hz, got {rate}")
         seconds = audio.size / rate
         if not self.min_seconds <= seconds <= self.max_seconds:
-            raise q.Qwen3TtsInputError(f"reference clip must be {self.min_seconds}-{self.max_seconds} s, got {seconds:.2f} s")
+            raise q.Qwen3TtsInputError(
+                f"reference clip must be {self.min_seconds}-{self.max_seconds} s, got {seconds:.2f} s")
         if not np.isfinite(audio).all():
             raise q.Qwen3TtsInputError("REF_AUDIO has non-finite samples")
         if not xvec and not ref_text:
-            raise q.Qwen3TtsInputError("REF_TEXT is required unless X_VECTOR_ONLY (in-context cloning needs the transcript)")
+            raise q.Qwen3TtsInputError(
+                "REF_TEXT is required unless X_VECTOR_ONLY (in-context cloning needs the transcript)")
         return audio, rate, ref_text, xvec
 
     def run(self, items):
@@ -240,7 +242,8 @@ class Qwen3TtsPipeline(DecoupledStage):
         return optional_str_input(request, name, self.max_input_chars, q.Qwen3TtsInputError, "max_input_chars")
 
     def _decode(self, codes, left, due_s=None):
-        return call_stage(self.code2wav, talker_to_code2wav(codes, left, due_s), [AUDIO])[AUDIO].reshape(-1).astype(np.float32)
+        out = call_stage(self.code2wav, talker_to_code2wav(codes, left, due_s), [AUDIO])
+        return out[AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
         from omni_triton.adapters.bls import StageError
@@ -253,7 +256,9 @@ class Qwen3TtsPipeline(DecoupledStage):
             try:
                 prompt = first_value(call_stage(self.voice_prompt, job["ref"], [q.VOICE_PROMPT])[q.VOICE_PROMPT])
             except StageError as exc:
-                raise q.Qwen3TtsInputError(str(exc)) if exc.invalid else exc
+                if exc.invalid:
+                    raise q.Qwen3TtsInputError(str(exc)) from exc
+                raise
         ref_code = VoicePrompt.from_bytes(bytes(prompt)).ref_code if prompt is not None else None
         context = 0 if ref_code is None else len(ref_code)
         chunked = ChunkedDecoder(ContextSchedule(**fixed_if_unpaced(self.chunks, job["paced"]), context=context),
@@ -262,7 +267,8 @@ class Qwen3TtsPipeline(DecoupledStage):
             chunked.push(ref_code)  # context only: nothing is ready before the first generated frames
         rate = scalar_array(self.sample_rate, "INT32")
         inputs = [(TEXT, utf8_array(job["text"])), (q.TASK, utf8_array(job["task"]))]
-        for name, value in ((VOICE, job["voice"]), (q.INSTRUCTIONS, job["instructions"]), (q.LANGUAGE, job["language"])):
+        named = ((VOICE, job["voice"]), (q.INSTRUCTIONS, job["instructions"]), (q.LANGUAGE, job["language"]))
+        for name, value in named:
             if value:
                 inputs.append((name, utf8_array(value)))
         if prompt is not None:

@@ -77,7 +77,7 @@ class QwenImageVaeEncoder(QwenImageStage, DiffusionVaeEncoder):
 
     def run(self, items):
         latents = self.d.vae_encode(self.pipe, [image for image, _ in items])
-        return [(lat, pixels) for lat, (_, pixels) in zip(latents, items)]
+        return [(lat, pixels) for lat, (_, pixels) in zip(latents, items, strict=False)]
 
     def outputs(self, result):
         latents, pixels = result

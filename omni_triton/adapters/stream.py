@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.bls import bls_threads_unchecked
@@ -285,7 +286,7 @@ class DecoupledStage:
             self.balance.wait_turn(timeout_s=self.balance_max_wait_s)
         return None
 
-    def accept(self, request) -> "Accepted | None":
+    def accept(self, request) -> Accepted | None:
         """Open ``request``'s :class:`ResponseStream` and parse it (on ``execute``'s thread).
 
         Returns:
@@ -379,7 +380,7 @@ class DecoupledStage:
             for outputs in self.generate(job, stream):
                 if outputs is not None:
                     stream.send(outputs, final=isinstance(outputs, Final))
-        except Exception as exc:  # noqa: BLE001 - answered below
+        except Exception as exc:
             error = exc
         self.finish(job, stream, error)
 
@@ -407,7 +408,7 @@ class DecoupledStage:
                 self.telemetry.add("omni_stage_requests_running", -1)
                 if stream.telemetry is not None:
                     stream.telemetry.finish(reason)
-            except Exception:  # noqa: BLE001 - metrics never fail a request
+            except Exception:
                 logging.getLogger(self.stage).exception("%s metrics", self.stage)
 
     def _discard_flag(self, stream: ResponseStream) -> None:

@@ -30,12 +30,18 @@ import json
 import logging
 import os
 import threading
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from omni_triton.contracts.tensors import (
-    INVALID_INPUT_PREFIX, InputError, bounded_str, first_str, first_value, utf8_array,
+    INVALID_INPUT_PREFIX,
+    InputError,
+    bounded_str,
+    first_str,
+    first_value,
+    utf8_array,
 )
 
 
@@ -295,7 +301,7 @@ def batched_execute(requests, stage: str, parse, run, outputs) -> list:
         except (InputError, ValueError, UnicodeDecodeError) as exc:
             responses[i] = pb.InferenceResponse(
                 error=pb.TritonError(f"{stage}: {exc}", pb.TritonError.INVALID_ARG))
-    for i, response in zip(idx, batch_responses(items, stage, run, outputs)):
+    for i, response in zip(idx, batch_responses(items, stage, run, outputs), strict=False):
         responses[i] = response
     return responses
 
@@ -320,13 +326,13 @@ def batch_responses(items: list, stage: str, run, outputs) -> list:
                 out = outputs(result)
                 done.append(pb.InferenceResponse(
                     output_tensors=tensors(out) if isinstance(out, Mapping) else out))
-            for i, response in zip(group_idx, done):
+            for i, response in zip(group_idx, done, strict=False):
                 responses[i] = response
-        except Exception as exc:  # noqa: BLE001 - reported as error responses
+        except Exception as exc:
             if len(group_items) > 1:
                 logging.getLogger(stage).warning("%s: batch of %d failed (%s); running its items alone",
                                                  stage, len(group_items), exc)
-                groups += [([item], [i]) for item, i in zip(group_items, group_idx)]
+                groups += [([item], [i]) for item, i in zip(group_items, group_idx, strict=False)]
                 continue
             if isinstance(exc, InputError):
                 error = pb.TritonError(f"{stage}: {exc}", pb.TritonError.INVALID_ARG)
@@ -357,7 +363,7 @@ class TritonLogHandler(logging.Handler):
             else:
                 level = "verbose"
             log(level, message)
-        except Exception:  # noqa: BLE001 - logging must never break a request
+        except Exception:
             self.handleError(record)
 
 

@@ -157,7 +157,7 @@ class WanDenoiser(WanStage, DiffusionDenoiser, BatchedDecoupledStage):
             return False
 
         results = self.d.denoise(self.pipe, items, on_step)
-        for stream, r in zip(streams, results):
+        for stream, r in zip(streams, results, strict=False):
             if stream.final_sent or r.interrupted or stream.cancelled():
                 continue  # the base sends its FINAL
             stream.send(self.final_outputs(r.latents, r.steps, r.seconds), final=True)
@@ -171,7 +171,8 @@ class WanVaeDecoder(WanStage, DiffusionVaeDecoder):
     def parse(self, request):
         latents = input_array(request, vc.LATENTS)
         if latents.ndim != 4 or latents.shape[0] != self.pipe.vae.config.z_dim:
-            raise vc.VideoInputError(f"LATENTS must be [{self.pipe.vae.config.z_dim}, f, h, w], got {list(latents.shape)}")
+            raise vc.VideoInputError(
+                f"LATENTS must be [{self.pipe.vae.config.z_dim}, f, h, w], got {list(latents.shape)}")
         return latents
 
     def run(self, items):
@@ -245,7 +246,8 @@ class WanT2VPipeline(DecoupledStage):
         final = None
         for out in stream_stage(self.denoiser, inputs, [vc.STEP, vc.TOTAL_STEPS, vc.LATENTS, vc.NUM_STEPS,
                                                         vc.DENOISE_SECONDS],
-                                stream.cancelled, self.denoiser_flags, f"video-{uuid.uuid4().hex}", batched=True, parent=stream):
+                                stream.cancelled, self.denoiser_flags, f"video-{uuid.uuid4().hex}", batched=True,
+                                parent=stream):
             if stream.cancel_seen:
                 break
             if vc.LATENTS in out:

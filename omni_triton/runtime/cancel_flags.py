@@ -28,7 +28,7 @@ class CancelFlags:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def for_server(cls, server_pid: int | None = None) -> "CancelFlags":
+    def for_server(cls, server_pid: int | None = None) -> CancelFlags:
         """Flags of the tritonserver whose pid is ``server_pid`` (default: this stub's parent)."""
         from omni_triton.paths import server_run_dir
 

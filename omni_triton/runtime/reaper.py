@@ -7,7 +7,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 LOGGER = logging.getLogger("omni_triton.llm")
 

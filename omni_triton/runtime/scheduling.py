@@ -41,9 +41,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 LOGGER = logging.getLogger("omni_triton.scheduling")
 
@@ -343,13 +344,13 @@ class StepScheduler:
         except StopIteration:
             self._end(s, None)
             return False
-        except Exception as exc:  # noqa: BLE001 - reported to the stream
+        except Exception as exc:
             self._end(s, exc)
             return False
         try:
             amount = s.on_output(out)
             ticket.deadline.observe(self.clock(), float(amount or 0.0))
-        except Exception as exc:  # noqa: BLE001 - a failed send ends the stream
+        except Exception as exc:
             self._end(s, exc)
             return False
         return True
@@ -358,11 +359,11 @@ class StepScheduler:
     def _end(s: _Stream, error: BaseException | None) -> None:
         try:
             s.steps.close() if hasattr(s.steps, "close") else None
-        except Exception:  # noqa: BLE001
+        except Exception:
             LOGGER.exception("closing a stream's generator")
         try:
             s.on_end(error)
-        except Exception:  # noqa: BLE001
+        except Exception:
             LOGGER.exception("ending a scheduled stream")
 
     def close(self) -> None:

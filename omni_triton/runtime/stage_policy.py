@@ -15,8 +15,9 @@ Every rule and error message here was inline in ``DecoupledStage.initialize`` be
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class ExecutionPolicy:
     @classmethod
     def from_params(cls, model: str, params: Mapping[str, str], *, default_workers: int = 0,
                     reads_bls_streams: bool = False, bls_threads_unchecked: bool = False,
-                    own_dispatch: bool = False, warn: Callable[[str], None] | None = None) -> "ExecutionPolicy":
+                    own_dispatch: bool = False, warn: Callable[[str], None] | None = None) -> ExecutionPolicy:
         """The policy of ``model`` from its config parameters ``workers`` (else ``default_workers``),
         ``scheduling`` (and ``OMNI_TRITON_SCHEDULING``), ``scheduler_workers`` (default: the pool's
         size, else 1), ``max_lead_ms``, ``balance_instances`` and ``balance_max_wait_ms`` (default

@@ -8,9 +8,10 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from omni_triton.runtime.reaper import ChildReaper
 from omni_triton.runtime.vllm_request import GenerationJob, make_sampling_params
@@ -155,7 +156,7 @@ class AsyncEngineRunner:
             self._active -= 1
             watcher.cancel()
 
-    def shutdown(self, timeout: float = 1.0, reaper: "ChildReaper | None" = None) -> bool:
+    def shutdown(self, timeout: float = 1.0, reaper: ChildReaper | None = None) -> bool:
         """Shut the engine down (stops its EngineCore process) and stop the loop thread.
 
         vLLM's own shutdown gives its worker a 5 s grace period, while Triton's exit timeout is

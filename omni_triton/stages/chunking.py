@@ -4,8 +4,8 @@ chunk, then fixed chunks, each decoded with left context), shared by codec TTS a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -182,7 +182,8 @@ class ChunkedDecoder:
     def codes(self) -> np.ndarray:
         """Every frame pushed so far, ``int64 [T, K]``."""
         if self._parts:
-            self._codes = np.concatenate([self._codes, *self._parts]) if self._codes.size else np.concatenate(self._parts)
+            parts = [self._codes, *self._parts] if self._codes.size else self._parts
+            self._codes = np.concatenate(parts)
             self._parts = []
         return self._codes
 
@@ -194,7 +195,7 @@ class ChunkedDecoder:
         if not chunks:
             return []
         out = []
-        for (c, left), chunk in zip(chunk_slices(self.codes, chunks), chunks):
+        for (c, left), chunk in zip(chunk_slices(self.codes, chunks), chunks, strict=False):
             due = self.schedule.due_in_s(chunk)
             out.append(self.decode(c, left, due) if self.with_due else self.decode(c, left))
         return out

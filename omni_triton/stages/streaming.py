@@ -15,7 +15,7 @@ import contextlib
 import functools
 import queue
 import threading
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -53,7 +53,7 @@ class Gate:
     Raises (in ``park``): :class:`GenerationCancelled` when ``closed`` is set.
     """
 
-    def __init__(self, q: "queue.Queue", closed: threading.Event, state: Iterable[tuple[object, str]] = ()):
+    def __init__(self, q: queue.Queue, closed: threading.Event, state: Iterable[tuple[object, str]] = ()):
         self.q, self.closed = q, closed
         self.state = list(state)
         self._sem = threading.Semaphore(0)
@@ -124,7 +124,7 @@ class ThreadPrepare(_PerThread):
         module.prepare_inputs_for_generation = prepare
 
 
-def threaded_generate(run: Callable[[], object], q: "queue.Queue", done: object, closed: threading.Event,
+def threaded_generate(run: Callable[[], object], q: queue.Queue, done: object, closed: threading.Event,
                       name: str = "generate", gate: Gate | None = None) -> Iterator:
     """Run ``run()`` on a thread (one torch thread); yield the lists of items it queues (batched by
     what is already there) until it returns, then its return value; re-raise its exception.
@@ -160,7 +160,7 @@ def threaded_generate(run: Callable[[], object], q: "queue.Queue", done: object,
     yield box.get("result")  # last item: generate's return value
 
 
-def _thread_target(run, q: "queue.Queue", done: object, box: dict, quiet: tuple = ()) -> Callable[[], None]:
+def _thread_target(run, q: queue.Queue, done: object, box: dict, quiet: tuple = ()) -> Callable[[], None]:
     """The generate thread's body: ``run()`` with one torch thread under inference mode, its
     result or exception (other than ``quiet`` ones) in ``box``, then ``done`` queued."""
     def target():

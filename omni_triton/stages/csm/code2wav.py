@@ -3,8 +3,8 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ class CodecDecoder:
         self.codebook_size = int(cfg.codebook_size)
 
     @classmethod
-    def from_pretrained(cls, model_dir, device: str = "cpu") -> "CodecDecoder":
+    def from_pretrained(cls, model_dir, device: str = "cpu") -> CodecDecoder:
         """``model_dir`` is a Mimi checkpoint, or a CSM checkpoint (its ``codec/`` subfolder, else
         the ``codec_model`` inside the CSM weights)."""
         from transformers import AutoConfig, CsmForConditionalGeneration, MimiModel
@@ -51,7 +51,8 @@ class CodecDecoder:
             codec = CsmForConditionalGeneration.from_pretrained(model_dir).codec_model
         return cls(codec.to(device))
 
-    def decode(self, codes_list: Sequence[np.ndarray], left_context_list: Sequence[int] | None = None) -> list[np.ndarray]:
+    def decode(self, codes_list: Sequence[np.ndarray],
+               left_context_list: Sequence[int] | None = None) -> list[np.ndarray]:
         """Decode a batch in ONE Mimi forward pass.
 
         codes_list: ``[T_i, num_codebooks]`` int arrays (T_i may differ; 0 allowed).

@@ -4,19 +4,17 @@
 from __future__ import annotations
 
 import contextlib
-
 import json
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from omni_triton.stages.streaming import threaded_generate
-
 from omni_triton.checkpoints.common import read_manifest
+from omni_triton.stages.streaming import threaded_generate
 
 # --------------------------------------------------------------------------------------- talker
 
@@ -57,7 +55,7 @@ class _FrameStreamer:
     set while waiting aborts generation (:class:`GenerationCancelled`).
     """
 
-    def __init__(self, q: "queue.Queue", should_stop: Callable[[], bool],
+    def __init__(self, q: queue.Queue, should_stop: Callable[[], bool],
                  gate: threading.Semaphore | None = None, closed: threading.Event | None = None):
         self.q, self.should_stop, self._prompt_seen = q, should_stop, False
         self.gate, self.closed = gate, closed
@@ -119,7 +117,7 @@ class CodecTalker:
         self._lock = threading.Lock()  # one generate at a time per model object
 
     @classmethod
-    def from_pretrained(cls, model_dir, device: str = "cpu") -> "CodecTalker":
+    def from_pretrained(cls, model_dir, device: str = "cpu") -> CodecTalker:
         from transformers import CsmForConditionalGeneration, CsmProcessor
 
         model_dir = Path(model_dir)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -56,7 +56,8 @@ def build_talker_inputs(talker, out: ThinkerOutput, text_bos_id: int, text_bos_e
         "input_ids": torch.cat([torch.full_like(input_ids, talker.codec_mask_token),
                                 torch.full((1, 1), talker.codec_pad_token, dtype=torch.long),
                                 torch.full((1, 1), talker.codec_bos_token, dtype=torch.long)], dim=1),
-        "input_text_ids": torch.cat([input_ids, torch.full((1, 1), int(text_bos_id), dtype=torch.long), gen_ids[:, :1]], dim=-1),
+        "input_text_ids": torch.cat([input_ids, torch.full((1, 1), int(text_bos_id), dtype=torch.long), gen_ids[:, :1]],
+                                    dim=-1),
         "inputs_embeds": inputs_embeds,
         "thinker_reply_part": reply,
         "attention_mask": torch.ones((1, P + 2), dtype=torch.long),
@@ -111,7 +112,7 @@ class Qwen25Talker:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, model_dir, device: str = "cpu") -> "Qwen25Talker":
+    def from_pretrained(cls, model_dir, device: str = "cpu") -> Qwen25Talker:
         """Loads the whole checkpoint, keeps the talker and the voices' bos embeddings."""
         from omni_triton.stages.qwen2_5_omni.thinker import load_model
 

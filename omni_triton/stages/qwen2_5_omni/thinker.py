@@ -66,7 +66,7 @@ class Qwen25Thinker(OmniThinker):
         super().__init__(_ThinkerView(model, manifest), tokenizer, manifest)
 
     @classmethod
-    def from_pretrained(cls, model_dir, device: str = "cpu") -> "Qwen25Thinker":
+    def from_pretrained(cls, model_dir, device: str = "cpu") -> Qwen25Thinker:
         from transformers import AutoTokenizer
 
         return cls(load_model(model_dir, audio=False, device=device), AutoTokenizer.from_pretrained(model_dir),

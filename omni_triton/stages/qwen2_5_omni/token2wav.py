@@ -45,7 +45,7 @@ class Qwen25Token2Wav:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, model_dir, device: str = "cpu", **kwargs) -> "Qwen25Token2Wav":
+    def from_pretrained(cls, model_dir, device: str = "cpu", **kwargs) -> Qwen25Token2Wav:
         from omni_triton.stages.qwen2_5_omni.thinker import load_model
 
         model = load_model(model_dir, audio=True, device=device)

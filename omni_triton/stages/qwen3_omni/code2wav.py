@@ -2,7 +2,7 @@
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ class OmniCode2Wav:
         self.trailing_loss = 2 * self.samples_per_frame - int(n)
 
     @classmethod
-    def from_pretrained(cls, model_dir, device: str = "cpu") -> "OmniCode2Wav":
+    def from_pretrained(cls, model_dir, device: str = "cpu") -> OmniCode2Wav:
         from transformers import Qwen3OmniMoeForConditionalGeneration
 
         model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).to(device).eval()
@@ -48,7 +48,8 @@ class OmniCode2Wav:
         lo = left_context * self.samples_per_frame - (self.trailing_loss if left_context > 0 else 0)
         return max(n_frames * self.samples_per_frame - self.trailing_loss - max(lo, 0), 0)
 
-    def decode(self, codes_list: Sequence[np.ndarray], left_context_list: Sequence[int] | None = None) -> list[np.ndarray]:
+    def decode(self, codes_list: Sequence[np.ndarray],
+               left_context_list: Sequence[int] | None = None) -> list[np.ndarray]:
         """Decode a batch in one forward pass: ``[T_i, G]`` int arrays (0 allowed) -> float32 PCM of
         each item's new frames (:func:`keep_new_samples`). Codes outside [0, codebook_size) raise."""
         return decode_ragged(codes_list, left_context_list, self.num_code_groups, self.codebook_size,

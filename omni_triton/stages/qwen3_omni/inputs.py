@@ -20,10 +20,10 @@ patch). A, I, V: audio clips, images, videos in message order.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterable
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class OmniProcessor:
     limits: MediaLimits = field(default_factory=MediaLimits)
 
     @classmethod
-    def from_pretrained(cls, model_dir, limits: MediaLimits | None = None) -> "OmniProcessor":
+    def from_pretrained(cls, model_dir, limits: MediaLimits | None = None) -> OmniProcessor:
         """Loads ``preprocessor_config.json`` (one file holds the feature extractor's and the image
         processor's fields, as in Qwen/Qwen3-Omni-30B-A3B-Instruct) and ``config.json``."""
         from transformers import WhisperFeatureExtractor
@@ -118,7 +118,8 @@ class OmniProcessor:
 
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
         n_window = int(cfg["thinker_config"]["audio_config"].get("n_window", 50))
-        return cls(WhisperFeatureExtractor.from_pretrained(model_dir), Qwen2VLImageProcessorPil.from_pretrained(model_dir),
+        return cls(WhisperFeatureExtractor.from_pretrained(model_dir),
+                   Qwen2VLImageProcessorPil.from_pretrained(model_dir),
                    n_window=n_window, limits=limits or MediaLimits())
 
     @property
@@ -171,7 +172,8 @@ class OmniProcessor:
         ip = self.image_processor
         h, w = frames[0].shape[:2]
         factor = ip.patch_size * ip.merge_size
-        rh, rw = smart_resize(h, w, factor=factor, min_pixels=ip.size["shortest_edge"], max_pixels=ip.size["longest_edge"])
+        rh, rw = smart_resize(h, w, factor=factor, min_pixels=ip.size["shortest_edge"],
+                              max_pixels=ip.size["longest_edge"])
         from PIL import Image
 
         per_frame = []
@@ -225,7 +227,8 @@ def unpatchify_image(patches: np.ndarray, height: int, width: int, patch: int, m
     return np.ascontiguousarray(x.transpose(4, 0, 2, 5, 1, 3, 6)).reshape(c, height, width)
 
 
-def patchify_video(frames: np.ndarray, patch: int, merge: int, temporal: int) -> tuple[np.ndarray, tuple[int, int, int]]:
+def patchify_video(frames: np.ndarray, patch: int, merge: int,
+                   temporal: int) -> tuple[np.ndarray, tuple[int, int, int]]:
     """``Qwen2VLVideoProcessor.patchify`` in numpy for one video: frames float32 [N, C, H, W] ->
     (patches [t*gh*gw, C*T*p*p], (t, gh, gw)), the last frame repeated up to a multiple of T."""
     n, c, h, w = frames.shape
@@ -262,7 +265,8 @@ def decode_parts(parts: list[dict], processor: OmniProcessor) -> list[MediaItem]
         what = f"media part {k} ({kind})"
         if kind == "input_audio":
             data = mi.b64decode(p[kind]["data"], what, lim.max_part_bytes)
-            items.append(MediaItem("audio", mi.decode_audio(data, what, processor.sampling_rate, lim.max_audio_seconds)))
+            audio = mi.decode_audio(data, what, processor.sampling_rate, lim.max_audio_seconds)
+            items.append(MediaItem("audio", audio))
             continue
         url = p[kind]["url"]
         if not url.lower().startswith("data:"):

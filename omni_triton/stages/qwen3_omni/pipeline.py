@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -64,7 +64,8 @@ def run_pipeline(thinker: OmniThinker, talker: OmniTalker | None, decoder: OmniC
     res = OmniResult()
     if async_chunk and audio:
         return _run_async(thinker, talker, decoder, prompt_ids, sampling, voice, talker_settings,
-                          ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames), thinker_steps, feed, t0, res)
+                          ChunkSchedule(first_chunk_frames, chunk_frames, left_context_frames), thinker_steps, feed,
+                          t0, res)
     out = None
     for step in thinker.stream(prompt_ids, sampling, with_talker_inputs=audio, media=media):
         _text(res, step, t0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -170,7 +170,7 @@ class OmniTalker:
         self._prepare = ThreadPrepare(self.talker)
 
     @classmethod
-    def from_pretrained(cls, model_dir, device: str = "cpu") -> "OmniTalker":
+    def from_pretrained(cls, model_dir, device: str = "cpu") -> OmniTalker:
         """Loads the whole checkpoint, then drops the thinker and code2wav (a real deployment would
         save the talker as its own folder; the tiny one is a few MB)."""
         from transformers import Qwen3OmniMoeForConditionalGeneration
@@ -231,7 +231,7 @@ class OmniTalker:
 
     def stream_while_thinking(self, steps: Iterable[ThinkerStep], voice: str, settings: TalkerSettings,
                               should_stop: Callable[[], bool] | None = None,
-                              feed: "TextFeed | None" = None,
+                              feed: TextFeed | None = None,
                               paced: bool = False) -> Iterator[ThinkerStep | np.ndarray | None]:
         """Speak while the thinker generates (vLLM-Omni's ``async_chunk``): pass each
         :class:`ThinkerStep` of ``steps`` (a thinker stream with ``stream_talker_inputs``: ids and
@@ -377,7 +377,7 @@ class OmniTalker:
         inputs["trailing_text_hidden"] = inputs["trailing_text_hidden"][:, :0]
         return inputs
 
-    def _feed_entries(self, acc: "_Accumulated", asst: int, fed: int, feed: "TextFeed") -> int:
+    def _feed_entries(self, acc: _Accumulated, asst: int, fed: int, feed: TextFeed) -> int:
         """Give ``feed`` the trailing entries whose rows have arrived: entry ``k`` is the projected
         row ``asst + 4 + k`` (generated token ``k + 1``), or ``tts_eos`` / ``tts_pad`` at / after the
         first thinker EOS among the generated ids (the reference's masking). Returns the count."""
@@ -388,7 +388,7 @@ class OmniTalker:
         with torch.inference_mode():
             return self._feed_rows(acc, fed, hi, n, feed)
 
-    def _feed_rows(self, acc: "_Accumulated", fed: int, hi: int, n: int, feed: "TextFeed") -> int:
+    def _feed_rows(self, acc: _Accumulated, fed: int, hi: int, n: int, feed: TextFeed) -> int:
         entries = _project_rows(self.talker, acc.tail(max(n, PROJECTION_MIN_ROWS)), n)
         gen = np.asarray(acc.ids[acc.prompt_len:])
         eos = np.nonzero(gen == self.thinker_eos_token_id)[0]
@@ -564,7 +564,7 @@ class _TalkerRun:
     when :meth:`can_step` (the entry that step reads is in the feed), so the thread never waits
     on the feed while it holds the CPU."""
 
-    def __init__(self, owner: "OmniTalker", inputs: dict, feed: TextFeed, settings: TalkerSettings,
+    def __init__(self, owner: OmniTalker, inputs: dict, feed: TextFeed, settings: TalkerSettings,
                  paced: bool = False):
         self.q: queue.Queue = queue.Queue()
         self.done = object()

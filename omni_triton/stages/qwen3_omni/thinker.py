@@ -7,9 +7,9 @@ import contextlib
 import json
 import queue
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ class _QueueStreamer:
     """transformers streamer: skips the prompt, queues each new token id (int); with a ``gate``
     (paced) the generate thread then parks until its consumer asks for the next token."""
 
-    def __init__(self, q: "queue.Queue", gate: Gate | None = None):
+    def __init__(self, q: queue.Queue, gate: Gate | None = None):
         self.q, self._prompt_seen, self.gate = q, False, gate
 
     def put(self, value: torch.Tensor) -> None:
@@ -93,7 +93,7 @@ class ChatTokenizer:
         self.im_start_token_id, self.assistant_token_id = int(im_start_token_id), int(assistant_token_id)
 
     @classmethod
-    def from_pretrained(cls, model_dir) -> "ChatTokenizer":
+    def from_pretrained(cls, model_dir) -> ChatTokenizer:
         from transformers import AutoTokenizer
 
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -126,7 +126,7 @@ class ChatTokenizer:
     def has_assistant_start(self, ids: Sequence[int]) -> bool:
         """Whether ``ids`` contain ``<|im_start|>assistant`` (the talker's prompt needs it)."""
         a, b = self.im_start_token_id, self.assistant_token_id
-        return any(x == a and y == b for x, y in zip(ids, ids[1:]))
+        return any(x == a and y == b for x, y in zip(ids, ids[1:], strict=False))
 
 
 class OmniThinker:
@@ -150,7 +150,7 @@ class OmniThinker:
         self._rows_hook = ThreadHook(self.thinker)  # per generate thread (paced streams share the model)
 
     @classmethod
-    def from_pretrained(cls, model_dir, device: str = "cpu") -> "OmniThinker":
+    def from_pretrained(cls, model_dir, device: str = "cpu") -> OmniThinker:
         """Loads the thinker weights only (``enable_audio_output=False`` skips talker/code2wav)."""
         from transformers import AutoConfig, AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
         from transformers.utils import logging as hf_logging
@@ -366,7 +366,8 @@ class _PendingRows:
         return step
 
 
-def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str | None, messages: str | None, sampling: str | None,
+def prepare_thinker_request(thinker: OmniThinker | ChatTokenizer, prompt: str | None, messages: str | None,
+                            sampling: str | None,
                             default_max_tokens: int, max_model_len: int, talker_inputs: bool = False
                             ) -> tuple[list[int], SamplingSettings]:
     """Validate one text-only chat-contract request for the thinker; returns ``(prompt_ids, sampling)``
@@ -376,7 +377,7 @@ def prepare_thinker_request(thinker: "OmniThinker | ChatTokenizer", prompt: str 
     return ids, s
 
 
-def prepare_multimodal_request(thinker: "OmniThinker | ChatTokenizer", prompt: str | None, messages: str | None,
+def prepare_multimodal_request(thinker: OmniThinker | ChatTokenizer, prompt: str | None, messages: str | None,
                                sampling: str | None, default_max_tokens: int, max_model_len: int,
                                talker_inputs: bool = False, processor=None, media=None):
     """Validate one chat-contract request for the thinker; returns ``(prompt_ids, sampling, media)``.
@@ -410,7 +411,8 @@ def prepare_multimodal_request(thinker: "OmniThinker | ChatTokenizer", prompt: s
         raise ChatInputError(f"the prompt has {len(ids)} tokens; this model's context is max_model_len={max_model_len}")
     s = sampling_settings(sampling, min(default_max_tokens, max_model_len - len(ids)))
     if len(ids) + s.max_tokens > max_model_len:
-        raise ChatInputError(f"prompt ({len(ids)} tokens) + max_tokens ({s.max_tokens}) exceeds max_model_len={max_model_len}")
+        raise ChatInputError(
+            f"prompt ({len(ids)} tokens) + max_tokens ({s.max_tokens}) exceeds max_model_len={max_model_len}")
     if talker_inputs and not thinker.has_assistant_start(ids):
         raise ChatInputError("audio output needs a chat prompt ending in <|im_start|>assistant (send MESSAGES)")
     return ids, s, resolved

@@ -35,13 +35,13 @@ special tokens) and saves them with ``save_pretrained``; the stages load them wi
 Layout: ``loading``, ``text_encoder``, ``vae``, ``denoiser``, ``reference``; the tiny checkpoint
 builder is ``omni_triton.checkpoints.qwen_image``.
 """
+from omni_triton.contracts.image import MAX_GUIDANCE_SCALE, check_guidance  # noqa: F401
 from omni_triton.stages.qwen_image.denoiser import (  # noqa: F401
     DenoiseItem,
     DenoiseResult,
     denoise,
     denoise_key,
 )
-from omni_triton.contracts.image import MAX_GUIDANCE_SCALE, check_guidance  # noqa: F401
 from omni_triton.stages.qwen_image.loading import (  # noqa: F401
     MAX_CONDITION_ASPECT_RATIO,
     check_condition_image,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_triton.checkpoints.qwen_image import image_only_processor_class  # noqa: F401 (re-exported)
+from omni_triton.checkpoints.qwen_image import image_only_processor_class
 from omni_triton.contracts.image import ImageInputError
 from omni_triton.stages.diffusion_pipeline import load_float32_pipeline
 

@@ -2,7 +2,7 @@
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -12,7 +12,7 @@ from omni_triton.stages.qwen_image.loading import edit_condition_size
 
 
 # --------------------------------------------------------------------------- VAE encode (edit)
-def condition_image(pipe, image) -> "tuple":
+def condition_image(pipe, image) -> tuple:
     """PIL image -> (resized PIL image for the text encoder, ``float32 [3, 1, h, w]`` VAE input),
     both exactly as ``QwenImageEditPipeline.__call__`` prepares them."""
     w, h = edit_condition_size(pipe, image.size)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -158,7 +158,7 @@ def _placeholder_image(width: int, height: int):
     return Image.new("RGB", (width, height))
 
 
-_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
 

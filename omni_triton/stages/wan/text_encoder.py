@@ -1,7 +1,7 @@
 """Text encoder stage (UMT5): prompts -> unpadded embeddings."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -1,7 +1,7 @@
 """VAE decode stage: denoised latents -> uint8 RGB frames."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
