@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_triton.contracts import CONTRACTS, chat, image, qwen3_tts, speech, video
+from omni_triton.contracts import CONTRACTS, chat, qwen3_tts, speech, video
 from omni_triton.contracts import codec as cd
 from omni_triton.contracts import omni_stages as om
+from omni_triton.contracts import qwen_image as qi
 
 #: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
 TINY_DIMS = {
@@ -70,15 +71,15 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     sampling = _u8(json.dumps({"max_tokens": 8, "temperature": 0.0}))
     h = dims["image_text_hidden"]
     lat = _SIZE // dims["image_vae_scale"]
-    image_in = {image.PROMPT: _u8("a red square"), image.NEGATIVE_PROMPT: _u8(""),
-                image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE), image.NUM_INFERENCE_STEPS: _i32(2),
-                image.TRUE_CFG_SCALE: _f32(1.0), image.GUIDANCE_SCALE: _f32(0.0),
-                image.SEED: np.array([0], np.int64)}
+    image_in = {qi.PROMPT: _u8("a red square"), qi.NEGATIVE_PROMPT: _u8(""),
+                qi.HEIGHT: _i32(_SIZE), qi.WIDTH: _i32(_SIZE), qi.NUM_INFERENCE_STEPS: _i32(2),
+                qi.TRUE_CFG_SCALE: _f32(1.0), qi.GUIDANCE_SCALE: _f32(0.0),
+                qi.SEED: np.array([0], np.int64)}
     rgb = np.full((_SIZE, _SIZE, 3), 128, np.uint8)
-    embeds = {image.PROMPT_EMBEDS: np.zeros((4, h), np.float32),
-              image.NEGATIVE_PROMPT_EMBEDS: np.zeros((0, h), np.float32)}
-    denoise = {**embeds, **{k: image_in[k] for k in (image.HEIGHT, image.WIDTH, image.NUM_INFERENCE_STEPS,
-                                                     image.TRUE_CFG_SCALE, image.GUIDANCE_SCALE, image.SEED)}}
+    embeds = {qi.PROMPT_EMBEDS: np.zeros((4, h), np.float32),
+              qi.NEGATIVE_PROMPT_EMBEDS: np.zeros((0, h), np.float32)}
+    denoise = {**embeds, **{k: image_in[k] for k in (qi.HEIGHT, qi.WIDTH, qi.NUM_INFERENCE_STEPS,
+                                                     qi.TRUE_CFG_SCALE, qi.GUIDANCE_SCALE, qi.SEED)}}
     hid, groups, frames = dims["omni_hidden"], dims["omni_code_groups"], 4
     # <|im_start|>user 20 21 <|im_end|> <|im_start|>assistant | 30 31 32 (3 generated tokens)
     prompt = [dims["omni_im_start"], dims["omni_user"], 20, 21, dims["omni_im_end"], dims["omni_im_start"],
@@ -104,25 +105,25 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
         "csm_code2wav": {cd.CODES: np.zeros((frames, dims["csm_codebooks"]), np.int64),
                          cd.LEFT_CONTEXT: _i32(0)},
         "qwen_image": image_in,
-        "qwen_image_edit": {**image_in, image.INPUT_IMAGE: rgb},
-        "qwen_image_text_encoder": {image.PROMPT: image_in[image.PROMPT], image.NEGATIVE_PROMPT: _u8("")},
-        "qwen_image_edit_text_encoder": {image.PROMPT: image_in[image.PROMPT], image.IMAGE: rgb},
-        "qwen_image_edit_vae_encoder": {image.IMAGE: rgb},
+        "qwen_image_edit": {**image_in, qi.INPUT_IMAGE: rgb},
+        "qwen_image_text_encoder": {qi.PROMPT: image_in[qi.PROMPT], qi.NEGATIVE_PROMPT: _u8("")},
+        "qwen_image_edit_text_encoder": {qi.PROMPT: image_in[qi.PROMPT], qi.IMAGE: rgb},
+        "qwen_image_edit_vae_encoder": {qi.IMAGE: rgb},
         "qwen_image_denoiser": denoise,
-        "qwen_image_edit_denoiser": {**denoise, image.IMAGE: rgb,
-                                     image.IMAGE_LATENTS: np.zeros(
+        "qwen_image_edit_denoiser": {**denoise, qi.IMAGE: rgb,
+                                     qi.IMAGE_LATENTS: np.zeros(
                                          (dims["image_z_dim"], 1, dims["edit_condition_latent"],
                                           dims["edit_condition_latent"]), np.float32)},
-        "qwen_image_vae_decoder": {image.LATENTS: np.zeros(((lat // 2) ** 2, dims["image_packed_channels"]),
+        "qwen_image_vae_decoder": {qi.LATENTS: np.zeros(((lat // 2) ** 2, dims["image_packed_channels"]),
                                                            np.float32),
-                                   image.HEIGHT: _i32(_SIZE), image.WIDTH: _i32(_SIZE)},
+                                   qi.HEIGHT: _i32(_SIZE), qi.WIDTH: _i32(_SIZE)},
     }
     table["qwen_image_edit_vae_decoder"] = table["qwen_image_vae_decoder"]
     # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
     omni = ("qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker")
     table.update({f"qwen2_5_{k[len('qwen3_'):]}": table[k] for k in omni})
     table["qwen2_5_omni_token2wav"] = {cd.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
-                                      image.SEED: np.array([0], np.int64)}
+                                      qi.SEED: np.array([0], np.int64)}
     # video: 32x32 px, 5 frames (4k+1), 2 steps, CFG off (no negative embeddings needed)
     video_req = {video.HEIGHT: _i32(_SIZE), video.WIDTH: _i32(_SIZE), video.NUM_FRAMES: _i32(5),
                  video.NUM_INFERENCE_STEPS: _i32(2), video.GUIDANCE_SCALE: _f32(1.0),

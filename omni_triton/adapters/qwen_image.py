@@ -1,5 +1,5 @@
 """``TritonPythonModel`` classes of the Qwen-Image and Qwen-Image-Edit stages (contract:
-``omni_triton.contracts.image``), all dynamically batched (:class:`BatchedStage`): the diffusion
+``omni_triton.contracts.qwen_image``), all dynamically batched (:class:`BatchedStage`): the diffusion
 roles of ``adapters/diffusion_stages.py`` with the Qwen-Image differences (the edit's condition
 image, true CFG, packed latents decoded at a HEIGHT x WIDTH).
 
@@ -19,12 +19,12 @@ from omni_triton.adapters.diffusion_stages import (
     DiffusionVaeEncoder,
 )
 from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, is_cancelled, scalar_input
-from omni_triton.contracts import image as im
+from omni_triton.contracts import qwen_image as im
 
 
 class QwenImageStage(DiffusionPipelineStage):
     """The Qwen-Image family hooks: the image contract, its checkpoint, ``self.edit`` (True on
-    a ``QwenImageEditPipeline``) and :class:`~omni_triton.contracts.image.Limits`."""
+    a ``QwenImageEditPipeline``) and :class:`~omni_triton.contracts.qwen_image.Limits`."""
 
     contract = im
     input_error = im.ImageInputError

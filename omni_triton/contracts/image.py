@@ -1,7 +1,10 @@
-"""The image contract (``docs/image_contracts.md``): the Qwen-Image (text-to-image) and
-Qwen-Image-Edit ensembles and their stages, text encoder -> (VAE encoder) -> denoiser -> VAE
-decoder. All stages are dynamically batched: dims exclude the batch dimension, and every
+"""The image API contract (``docs/image_contracts.md``): what the Qwen-Image (text-to-image) and
+Qwen-Image-Edit ensembles take and answer, request limits, the input-error class and the input
+builder. The ensembles are dynamically batched: dims exclude the batch dimension, and every
 request carries its own ``[1, ...]`` tensors. Every input problem is an :class:`ImageInputError`.
+
+The stage tensors (text encoder -> (VAE encoder) -> denoiser -> VAE decoder) and every
+``qwen_image*`` model's :class:`StageContract` live in ``omni_triton.contracts.qwen_image``.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omni_triton.contracts.tensors import Array, InputError, StageContract, TensorSpec
+from omni_triton.contracts.tensors import Array, InputError, TensorSpec
 
 PROMPT = "PROMPT"
 NEGATIVE_PROMPT = "NEGATIVE_PROMPT"
@@ -22,15 +25,6 @@ GUIDANCE_SCALE = "GUIDANCE_SCALE"
 SEED = "SEED"
 INPUT_IMAGE = "INPUT_IMAGE"  #: UINT8 [H, W, 3]: the edit ensemble's condition image
 IMAGE = "IMAGE"  #: UINT8 [H, W, 3]: a stage's image (condition image in, result out)
-PROMPT_EMBEDS = "PROMPT_EMBEDS"  #: FP32 [L, D]
-NEGATIVE_PROMPT_EMBEDS = "NEGATIVE_PROMPT_EMBEDS"  #: FP32 [L', D] (L' = 0: no CFG)
-IMAGE_LATENTS = "IMAGE_LATENTS"  #: FP32 [C, 1, h, w]: normalised VAE latents of the condition image
-#: UINT8 [H, W, 3]: the edit VAE encoder's input image, passed on once it was checked; the edit
-#: ensemble's text encoder reads it, so the two steps run one after the other (see
-#: ``ensembles/qwen_image_edit/config.pbtxt``: Triton 2.51 never ends an ensemble request whose
-#: step failed while another step of it was running)
-CHECKED_IMAGE = "CHECKED_IMAGE"
-LATENTS = "LATENTS"  #: FP32 [N, C]: packed latents
 NUM_STEPS = "NUM_STEPS"  #: INT32 [1]
 DENOISE_SECONDS = "DENOISE_SECONDS"  #: FP32 [1]
 
@@ -107,37 +101,8 @@ def _t(name: str, datatype: str, dims: Iterable[int] = (1,), optional: bool = Fa
     return TensorSpec(name, datatype, tuple(dims), optional)
 
 
-_ENSEMBLE_IN = (_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES"), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"),
-                _t(NUM_INFERENCE_STEPS, "INT32"), _t(TRUE_CFG_SCALE, "FP32"), _t(GUIDANCE_SCALE, "FP32"),
-                _t(SEED, "INT64"))
-_ENSEMBLE_OUT = (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
-_EMBEDS_OUT = (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "FP32", (-1, -1)))
-_TEXT_IN = (_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES", optional=True))
-_DENOISE_IN = (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "FP32", (-1, -1), True),
-               _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"), _t(NUM_INFERENCE_STEPS, "INT32"),
-               _t(TRUE_CFG_SCALE, "FP32", optional=True), _t(GUIDANCE_SCALE, "FP32", optional=True),
+#: The ensembles' inputs (``qwen_image``; ``qwen_image_edit`` adds INPUT_IMAGE) and outputs.
+ENSEMBLE_IN = (_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES"), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"),
+               _t(NUM_INFERENCE_STEPS, "INT32"), _t(TRUE_CFG_SCALE, "FP32"), _t(GUIDANCE_SCALE, "FP32"),
                _t(SEED, "INT64"))
-_EDIT_DENOISE_IN = _DENOISE_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)))
-_DENOISE_OUT = (_t(LATENTS, "FP32", (-1, -1)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
-_VAE_DECODER = StageContract((_t(LATENTS, "FP32", (-1, -1)), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32")),
-                             (_t(IMAGE, "UINT8", (-1, -1, 3)),), batched=True)
-
-QWEN_IMAGE = StageContract(_ENSEMBLE_IN, _ENSEMBLE_OUT, batched=True)
-QWEN_IMAGE_EDIT = StageContract(_ENSEMBLE_IN + (_t(INPUT_IMAGE, "UINT8", (-1, -1, 3)),), _ENSEMBLE_OUT, batched=True)
-TEXT_ENCODER = StageContract(_TEXT_IN, _EMBEDS_OUT, batched=True)
-EDIT_TEXT_ENCODER = StageContract(_TEXT_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)),), _EMBEDS_OUT, batched=True)
-EDIT_VAE_ENCODER = StageContract((_t(IMAGE, "UINT8", (-1, -1, 3)),),
-                                 (_t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)), _t(CHECKED_IMAGE, "UINT8", (-1, -1, 3))),
-                                 batched=True)
-DENOISER = StageContract(_DENOISE_IN, _DENOISE_OUT, batched=True)
-EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN, _DENOISE_OUT, batched=True)
-VAE_DECODER = _VAE_DECODER
-
-#: model name -> contract (stages in ``model_repository/``, ensembles in ``ensembles/``).
-CONTRACTS = {
-    "qwen_image": QWEN_IMAGE, "qwen_image_edit": QWEN_IMAGE_EDIT,
-    "qwen_image_text_encoder": TEXT_ENCODER, "qwen_image_denoiser": DENOISER,
-    "qwen_image_vae_decoder": VAE_DECODER,
-    "qwen_image_edit_text_encoder": EDIT_TEXT_ENCODER, "qwen_image_edit_vae_encoder": EDIT_VAE_ENCODER,
-    "qwen_image_edit_denoiser": EDIT_DENOISER, "qwen_image_edit_vae_decoder": VAE_DECODER,
-}
+ENSEMBLE_OUT = (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))

@@ -22,8 +22,8 @@ from omni_triton.adapters import qwen_image as diffusion  # noqa: E402
 from omni_triton.adapters import wan as video  # noqa: E402
 from omni_triton.contracts import chat as ch  # noqa: E402
 from omni_triton.contracts import csm as cs  # noqa: E402
-from omni_triton.contracts import image as im  # noqa: E402
 from omni_triton.contracts import qwen3_tts as q  # noqa: E402
+from omni_triton.contracts import qwen_image as im  # noqa: E402
 from omni_triton.contracts import speech as sp  # noqa: E402
 from omni_triton.contracts import tensors  # noqa: E402
 from omni_triton.contracts import video as vc  # noqa: E402

@@ -1,0 +1,82 @@
+"""The Qwen-Image family's stage contracts (``docs/image_contracts.md``): the ensembles
+``qwen_image`` (text-to-image) and ``qwen_image_edit`` (the image contract of
+``omni_triton.contracts.image``) and their stages, text encoder -> (VAE encoder) -> denoiser ->
+VAE decoder.
+
+All stages are dynamically batched: dims exclude the batch dimension, and every request carries
+its own ``[1, ...]`` tensors. The API tensor names, :class:`Limits` and the input-error class are
+re-exported from ``contracts/image.py``, so the adapters name one module. Input problems are
+:class:`~omni_triton.contracts.image.ImageInputError`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from omni_triton.contracts.image import (  # noqa: F401 (re-exported for the adapters)
+    DENOISE_SECONDS,
+    ENSEMBLE_IN,
+    ENSEMBLE_OUT,
+    GUIDANCE_SCALE,
+    HEIGHT,
+    IMAGE,
+    INPUT_IMAGE,
+    MAX_GUIDANCE_SCALE,
+    MIN_INFERENCE_STEPS,
+    NEGATIVE_PROMPT,
+    NUM_INFERENCE_STEPS,
+    NUM_STEPS,
+    PROMPT,
+    SEED,
+    TRUE_CFG_SCALE,
+    WIDTH,
+    ImageInputError,
+    Limits,
+    check_guidance,
+)
+from omni_triton.contracts.tensors import StageContract, TensorSpec
+
+PROMPT_EMBEDS = "PROMPT_EMBEDS"  #: FP32 [L, D]
+NEGATIVE_PROMPT_EMBEDS = "NEGATIVE_PROMPT_EMBEDS"  #: FP32 [L', D] (L' = 0: no CFG)
+IMAGE_LATENTS = "IMAGE_LATENTS"  #: FP32 [C, 1, h, w]: normalised VAE latents of the condition image
+#: UINT8 [H, W, 3]: the edit VAE encoder's input image, passed on once it was checked; the edit
+#: ensemble's text encoder reads it, so the two steps run one after the other (see
+#: ``ensembles/qwen_image_edit/config.pbtxt``: Triton 2.51 never ends an ensemble request whose
+#: step failed while another step of it was running)
+CHECKED_IMAGE = "CHECKED_IMAGE"
+LATENTS = "LATENTS"  #: FP32 [N, C]: packed latents
+
+
+def _t(name: str, datatype: str, dims: Iterable[int] = (1,), optional: bool = False) -> TensorSpec:
+    return TensorSpec(name, datatype, tuple(dims), optional)
+
+
+_EMBEDS_OUT = (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "FP32", (-1, -1)))
+_TEXT_IN = (_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES", optional=True))
+_DENOISE_IN = (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "FP32", (-1, -1), True),
+               _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"), _t(NUM_INFERENCE_STEPS, "INT32"),
+               _t(TRUE_CFG_SCALE, "FP32", optional=True), _t(GUIDANCE_SCALE, "FP32", optional=True),
+               _t(SEED, "INT64"))
+_EDIT_DENOISE_IN = _DENOISE_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)))
+_DENOISE_OUT = (_t(LATENTS, "FP32", (-1, -1)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
+_VAE_DECODER = StageContract((_t(LATENTS, "FP32", (-1, -1)), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32")),
+                             (_t(IMAGE, "UINT8", (-1, -1, 3)),), batched=True)
+
+QWEN_IMAGE = StageContract(ENSEMBLE_IN, ENSEMBLE_OUT, batched=True)
+QWEN_IMAGE_EDIT = StageContract(ENSEMBLE_IN + (_t(INPUT_IMAGE, "UINT8", (-1, -1, 3)),), ENSEMBLE_OUT, batched=True)
+TEXT_ENCODER = StageContract(_TEXT_IN, _EMBEDS_OUT, batched=True)
+EDIT_TEXT_ENCODER = StageContract(_TEXT_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)),), _EMBEDS_OUT, batched=True)
+EDIT_VAE_ENCODER = StageContract((_t(IMAGE, "UINT8", (-1, -1, 3)),),
+                                 (_t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)), _t(CHECKED_IMAGE, "UINT8", (-1, -1, 3))),
+                                 batched=True)
+DENOISER = StageContract(_DENOISE_IN, _DENOISE_OUT, batched=True)
+EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN, _DENOISE_OUT, batched=True)
+VAE_DECODER = _VAE_DECODER
+
+#: model name -> contract (stages in ``model_repository/``, ensembles in ``ensembles/``).
+CONTRACTS = {
+    "qwen_image": QWEN_IMAGE, "qwen_image_edit": QWEN_IMAGE_EDIT,
+    "qwen_image_text_encoder": TEXT_ENCODER, "qwen_image_denoiser": DENOISER,
+    "qwen_image_vae_decoder": VAE_DECODER,
+    "qwen_image_edit_text_encoder": EDIT_TEXT_ENCODER, "qwen_image_edit_vae_encoder": EDIT_VAE_ENCODER,
+    "qwen_image_edit_denoiser": EDIT_DENOISER, "qwen_image_edit_vae_decoder": VAE_DECODER,
+}
