@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_triton.contracts import CONTRACTS, chat, qwen3_tts, speech, video
+from omni_triton.contracts import CONTRACTS, chat, qwen3_tts, speech, wan
 from omni_triton.contracts import codec as cd
 from omni_triton.contracts import omni_stages as om
 from omni_triton.contracts import qwen_image as qi
@@ -125,20 +125,20 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     table["qwen2_5_omni_token2wav"] = {cd.CODES: np.zeros(8, np.int64), chat.VOICE: _u8("Chelsie"),
                                       qi.SEED: np.array([0], np.int64)}
     # video: 32x32 px, 5 frames (4k+1), 2 steps, CFG off (no negative embeddings needed)
-    video_req = {video.HEIGHT: _i32(_SIZE), video.WIDTH: _i32(_SIZE), video.NUM_FRAMES: _i32(5),
-                 video.NUM_INFERENCE_STEPS: _i32(2), video.GUIDANCE_SCALE: _f32(1.0),
-                 video.SEED: np.array([0], np.int64)}
+    video_req = {wan.HEIGHT: _i32(_SIZE), wan.WIDTH: _i32(_SIZE), wan.NUM_FRAMES: _i32(5),
+                 wan.NUM_INFERENCE_STEPS: _i32(2), wan.GUIDANCE_SCALE: _f32(1.0),
+                 wan.SEED: np.array([0], np.int64)}
     vs = _SIZE // dims["video_vae_scale"]
-    table["wan_t2v"] = {video.PROMPT: _u8("a red square"), **video_req}
-    table["wan_t2v_text_encoder"] = {video.PROMPT: _u8("a red square"), video.NEGATIVE_PROMPT: _u8("")}
-    table["wan_t2v_denoiser"] = {video.PROMPT_EMBEDS: np.zeros((4, dims["video_text_dim"]), np.float32), **video_req}
-    table["wan_t2v_vae_decoder"] = {video.LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
+    table["wan_t2v"] = {wan.PROMPT: _u8("a red square"), **video_req}
+    table["wan_t2v_text_encoder"] = {wan.PROMPT: _u8("a red square"), wan.NEGATIVE_PROMPT: _u8("")}
+    table["wan_t2v_denoiser"] = {wan.PROMPT_EMBEDS: np.zeros((4, dims["video_text_dim"]), np.float32), **video_req}
+    table["wan_t2v_vae_decoder"] = {wan.LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
     # image-to-video: a grey 32x32 reference frame; its condition latents [z, 2, 4, 4] for 5 frames
     reference = np.full((_SIZE, _SIZE, 3), 128, np.uint8)
-    table["wan_i2v"] = {**table["wan_t2v"], video.INPUT_IMAGE: reference}
-    table["wan_i2v_vae_encoder"] = {video.INPUT_IMAGE: reference, video.NUM_FRAMES: _i32(5)}
+    table["wan_i2v"] = {**table["wan_t2v"], wan.INPUT_IMAGE: reference}
+    table["wan_i2v_vae_encoder"] = {wan.INPUT_IMAGE: reference, wan.NUM_FRAMES: _i32(5)}
     table["wan_i2v_denoiser"] = {**table["wan_t2v_denoiser"],
-                                 video.CONDITION_LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
+                                 wan.CONDITION_LATENTS: np.zeros((dims["video_z_dim"], 2, vs, vs), np.float32)}
     # qwen3-tts-tiny: 4 code groups; a 1 s clip at 16 kHz for the clone prompt
     table["qwen3_tts"] = {speech.TEXT: _u8(_TEXT), qwen3_tts.VOICE: _u8("vivian"), speech.MAX_FRAMES: _i32(8)}
     table["qwen3_tts_talker"] = {**table["qwen3_tts"], qwen3_tts.TASK: _u8("custom_voice")}

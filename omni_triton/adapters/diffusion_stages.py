@@ -4,7 +4,7 @@ same way in every family; a family subclass (``adapters/qwen_image.py``, ``adapt
 names its contract module, input error and pipeline loader, and adds only its differences.
 
 Family hooks every role reads (class attributes and methods of :class:`DiffusionPipelineStage`):
-``contract`` (``omni_triton.contracts.qwen_image`` or ``.video``: the tensor names), ``input_error``
+``contract`` (``omni_triton.contracts.qwen_image`` or ``.wan``: the tensor names), ``input_error``
 (the contract's ``ValueError`` subclass, answered INVALID_ARG), ``load_pipeline(params)`` and
 ``stage_limits(params)``. Importable only inside the Triton Python stub (the bases import
 ``triton_python_backend_utils`` through ``batched.py``/``triton_io.py``); the logic they call lives

@@ -1,5 +1,5 @@
 """``TritonPythonModel`` classes of the Wan2.2 video pipeline (contract:
-``omni_triton.contracts.video``): ``wan_t2v`` (BLS, decoupled) -> ``wan_t2v_text_encoder``
+``omni_triton.contracts.wan``): ``wan_t2v`` (BLS, decoupled) -> ``wan_t2v_text_encoder``
 (batched) -> ``wan_t2v_denoiser`` (decoupled + dynamic batching) -> ``wan_t2v_vae_decoder``
 (batched); ``wan_i2v`` (BLS) adds ``wan_i2v_vae_encoder`` (batched) and runs ``wan_i2v_denoiser``
 (the same denoiser class on the image-to-video pipeline), reusing the T2V text encoder and VAE
@@ -31,7 +31,7 @@ from omni_triton.adapters.diffusion_stages import (
 )
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import input_array, optional_str_input, scalar_input
-from omni_triton.contracts import video as vc
+from omni_triton.contracts import wan as vc
 from omni_triton.contracts.tensors import MAX_DIFFUSION_PROMPT_CHARS, scalar_array, utf8_array
 
 LOGGER = logging.getLogger("omni_triton.video")

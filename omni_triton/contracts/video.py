@@ -1,7 +1,7 @@
-"""The video contract (``docs/video_contracts.md``): the Wan2.2 text-to-video pipeline
-``wan_t2v`` (BLS, decoupled) and its stages ``wan_t2v_text_encoder`` -> ``wan_t2v_denoiser``
-(decoupled, dynamically batched: one STEP response per finished denoising step, then the
-latents) -> ``wan_t2v_vae_decoder``. Every input problem is a :class:`VideoInputError`.
+"""The video API contract (``docs/video_contracts.md``): what the Wan2.2 pipelines ``wan_t2v`` /
+``wan_i2v`` (BLS, decoupled) take and answer, request limits and checks, the input-error class
+and the input builder. Every input problem is a :class:`VideoInputError`. The stage tensors and
+every ``wan_*`` model's :class:`StageContract` live in ``omni_triton.contracts.wan``.
 
 Responses of ``wan_t2v`` (one request = one video): ``STEP`` + ``TOTAL_STEPS`` after each
 denoising step (progress), then one final response with ``VIDEO``, ``NUM_STEPS`` and
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omni_triton.contracts.tensors import REQUEST_ID, Array, InputError, StageContract, TensorSpec
+from omni_triton.contracts.tensors import Array, InputError, TensorSpec
 
 PROMPT = "PROMPT"
 NEGATIVE_PROMPT = "NEGATIVE_PROMPT"
@@ -27,9 +27,6 @@ GUIDANCE_SCALE_2 = "GUIDANCE_SCALE_2"  #: FP32 [1]: low-noise expert's (< 0 or a
 BOUNDARY_RATIO = "BOUNDARY_RATIO"  #: FP32 [1]: expert switch (< 0 or absent: the pipeline's)
 FLOW_SHIFT = "FLOW_SHIFT"  #: FP32 [1]: scheduler flow shift (<= 0 or absent: the pipeline's)
 SEED = "SEED"
-PROMPT_EMBEDS = "PROMPT_EMBEDS"  #: FP32 [L, D]
-NEGATIVE_PROMPT_EMBEDS = "NEGATIVE_PROMPT_EMBEDS"  #: FP32 [L', D]
-LATENTS = "LATENTS"  #: FP32 [z, f, h, w]
 STEP = "STEP"  #: INT32 [1]: denoising steps finished so far
 TOTAL_STEPS = "TOTAL_STEPS"  #: INT32 [1]
 VIDEO = "VIDEO"  #: UINT8 [F, H, W, 3] RGB frames
@@ -37,9 +34,6 @@ NUM_STEPS = "NUM_STEPS"  #: INT32 [1]
 DENOISE_SECONDS = "DENOISE_SECONDS"  #: FP32 [1]
 #: image-to-video (``wan_i2v``): the reference (first) frame, already ``WIDTH`` x ``HEIGHT``
 INPUT_IMAGE = "INPUT_IMAGE"  #: UINT8 [H, W, 3] RGB
-#: the VAE posterior mode of ``[INPUT_IMAGE, F - 1 black frames]`` (unnormalised, as
-#: ``vae.encode`` returns it; the denoiser's pipeline call normalises it)
-CONDITION_LATENTS = "CONDITION_LATENTS"  #: FP32 [z, (F - 1) / 4 + 1, H / 8, W / 8]
 
 #: Fewest steps served (UniPC's multistep update needs a previous step; one step is also what
 #: diffusers' own Wan tests never use).
@@ -134,33 +128,11 @@ def _t(name: str, datatype: str, dims: Iterable[int] = (1,), optional: bool = Fa
 
 _OPTIONAL_SCALES = (_t(GUIDANCE_SCALE_2, "FP32", optional=True), _t(BOUNDARY_RATIO, "FP32", optional=True),
                     _t(FLOW_SHIFT, "FP32", optional=True))
-_REQUEST = (_t(HEIGHT, "INT32"), _t(WIDTH, "INT32"), _t(NUM_FRAMES, "INT32"), _t(NUM_INFERENCE_STEPS, "INT32"),
-            _t(GUIDANCE_SCALE, "FP32")) + _OPTIONAL_SCALES + (_t(SEED, "INT64"),)
-_VIDEO = _t(VIDEO, "UINT8", (-1, -1, -1, 3))
-_PROGRESS = (_t(STEP, "INT32"), _t(TOTAL_STEPS, "INT32"))
-_DONE = (_t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
-
-WAN_T2V = StageContract((_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES", optional=True)) + _REQUEST,
-                        _PROGRESS + (_VIDEO,) + _DONE, decoupled=True)
-TEXT_ENCODER = StageContract((_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES", optional=True)),
-                             (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "FP32", (-1, -1))),
-                             batched=True)
-DENOISER = StageContract((_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "FP32", (-1, -1), True))
-                         + _REQUEST + (_t(REQUEST_ID, "BYTES", optional=True),),
-                         _PROGRESS + (_t(LATENTS, "FP32", (-1, -1, -1, -1)),) + _DONE, decoupled=True, batched=True)
-VAE_DECODER = StageContract((_t(LATENTS, "FP32", (-1, -1, -1, -1)),), (_VIDEO,), batched=True)
-
-_IMAGE = _t(INPUT_IMAGE, "UINT8", (-1, -1, 3))
-_CONDITION = _t(CONDITION_LATENTS, "FP32", (-1, -1, -1, -1))
-#: image-to-video (``WanImageToVideoPipeline``, Wan2.2 form): the T2V inputs + the reference image;
-#: the text encoder and VAE decoder are the T2V stages (same UMT5 and VAE weights).
-WAN_I2V = StageContract(WAN_T2V.inputs + (_IMAGE,), WAN_T2V.outputs, decoupled=True)
-VAE_ENCODER = StageContract((_IMAGE, _t(NUM_FRAMES, "INT32")), (_CONDITION,), batched=True)
-I2V_DENOISER = StageContract(DENOISER.inputs + (_CONDITION,), DENOISER.outputs, decoupled=True, batched=True)
-
-#: model name -> contract (``model_repository/``).
-CONTRACTS = {
-    "wan_t2v": WAN_T2V, "wan_t2v_text_encoder": TEXT_ENCODER, "wan_t2v_denoiser": DENOISER,
-    "wan_t2v_vae_decoder": VAE_DECODER,
-    "wan_i2v": WAN_I2V, "wan_i2v_vae_encoder": VAE_ENCODER, "wan_i2v_denoiser": I2V_DENOISER,
-}
+#: The request's sizes, steps, scales and seed (the BLS pipelines' and the denoisers' inputs).
+REQUEST_IN = (_t(HEIGHT, "INT32"), _t(WIDTH, "INT32"), _t(NUM_FRAMES, "INT32"), _t(NUM_INFERENCE_STEPS, "INT32"),
+              _t(GUIDANCE_SCALE, "FP32")) + _OPTIONAL_SCALES + (_t(SEED, "INT64"),)
+PROMPTS_IN = (_t(PROMPT, "BYTES"), _t(NEGATIVE_PROMPT, "BYTES", optional=True))
+VIDEO_OUT = _t(VIDEO, "UINT8", (-1, -1, -1, 3))
+PROGRESS_OUT = (_t(STEP, "INT32"), _t(TOTAL_STEPS, "INT32"))
+DONE_OUT = (_t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
+INPUT_IMAGE_IN = _t(INPUT_IMAGE, "UINT8", (-1, -1, 3))

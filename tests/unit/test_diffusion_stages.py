@@ -14,7 +14,7 @@ sys.modules.setdefault("triton_python_backend_utils", pb)
 from omni_triton.adapters import diffusion_stages as ds  # noqa: E402
 from omni_triton.adapters import qwen_image, wan  # noqa: E402
 from omni_triton.contracts import qwen_image as im  # noqa: E402
-from omni_triton.contracts import video as vc  # noqa: E402
+from omni_triton.contracts import wan as vc  # noqa: E402
 
 DIM = 3
 

@@ -26,7 +26,7 @@ from omni_triton.contracts import qwen3_tts as q  # noqa: E402
 from omni_triton.contracts import qwen_image as im  # noqa: E402
 from omni_triton.contracts import speech as sp  # noqa: E402
 from omni_triton.contracts import tensors  # noqa: E402
-from omni_triton.contracts import video as vc  # noqa: E402
+from omni_triton.contracts import wan as vc  # noqa: E402
 
 HUGE = b"x" * 2_000_000  # the finding's TEXT
 

@@ -18,7 +18,7 @@ pytest.importorskip("diffusers")
 torch.set_num_threads(1)
 
 from omni_triton.checkpoints import wan as cw  # noqa: E402
-from omni_triton.contracts import video as vc  # noqa: E402
+from omni_triton.contracts import wan as vc  # noqa: E402
 from omni_triton.stages import wan  # noqa: E402
 
 LATENT_ATOL = 1e-4  # batched vs single GEMM summation order

@@ -1,6 +1,6 @@
 """Triton binding: Wan2.2 image-to-video BLS (decoupled): text encoder + VAE encoder -> streamed denoiser ->
 VAE decoder.
-Adapter: omni_triton.adapters.wan.WanI2VPipeline; contract: omni_triton.contracts.video."""
+Adapter: omni_triton.adapters.wan.WanI2VPipeline; contract: omni_triton.contracts.wan."""
 import locale
 
 locale.setlocale(locale.LC_CTYPE, "")  # the stub starts with an ASCII text encoding
