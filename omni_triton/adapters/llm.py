@@ -1,4 +1,4 @@
-"""``TritonPythonModel`` classes of the chat pipelines (contract: ``omni_triton.contracts.chat``):
+"""``TritonPythonModel`` classes of the chat pipelines (contract: ``omni_triton.contracts.llm``):
 ``llm`` (vLLM AsyncLLM on its own event-loop thread) and ``llm_tts`` (BLS: llm -> sentences ->
 piper). Stub-only imports; logic in ``omni_triton.stages.llm`` and ``omni_triton.runtime``."""
 from __future__ import annotations

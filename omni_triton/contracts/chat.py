@@ -1,7 +1,7 @@
 """The chat contract (``docs/chat_contracts.md``): what every chat model takes and streams
 (``llm``, ``llm_tts``, and the omni BLS models ``qwen3_omni`` and ``qwen2_5_omni``, whose stage
-tensors are in ``contracts/qwen3_omni.py``, ``contracts/qwen2_5_omni.py`` and, shared by both,
-``contracts/omni_stages.py``).
+contracts are in ``contracts/llm.py``, ``contracts/qwen3_omni.py``, ``contracts/qwen2_5_omni.py``
+and, shared by both omni families, ``contracts/omni_stages.py``).
 
 Inputs of a chat model (BYTES [1], UTF-8): ``PROMPT`` or ``MESSAGES`` (JSON array of OpenAI chat
 messages), optional ``SAMPLING_PARAMETERS`` (JSON object, vLLM ``SamplingParams`` names),
@@ -24,12 +24,10 @@ from omni_triton.contracts import tensors
 from omni_triton.contracts.tensors import (
     AUDIO,
     PACED,
-    REQUEST_ID,
     SAMPLE_RATE,
     VOICE,
     Array,
     InputError,
-    StageContract,
     TensorSpec,
     first_str,
     scalar_array,
@@ -377,11 +375,3 @@ TEXT_OUT = (_s(TEXT_DELTA), _s(FINISH_REASON), TensorSpec(PROMPT_TOKENS, "INT32"
 SPEECH_OUT = (TensorSpec(AUDIO, "FP32", (-1,)), TensorSpec(SAMPLE_RATE, "INT32"))
 #: the request inputs every chat model takes (PROMPT or MESSAGES, SAMPLING_PARAMETERS)
 CHAT_IN = (_s(PROMPT, optional=True), _s(MESSAGES, optional=True), _s(SAMPLING_PARAMETERS, optional=True))
-
-LLM = StageContract(CHAT_IN + (_s(REQUEST_ID, optional=True),), TEXT_OUT, decoupled=True)
-LLM_TTS = StageContract(CHAT_IN + (_s(MODALITIES, optional=True), _s(VOICE, optional=True)),
-                        TEXT_OUT + SPEECH_OUT, decoupled=True)
-
-#: model name -> contract, for the llm family's models in ``model_repository/`` (the omni families'
-#: are in ``contracts/qwen3_omni.py`` and ``contracts/qwen2_5_omni.py``).
-CONTRACTS = {"llm": LLM, "llm_tts": LLM_TTS}
