@@ -14,11 +14,12 @@ from tests.unit import fake_pb_utils as pb
 
 sys.modules.setdefault("triton_python_backend_utils", pb)
 
+from omni_triton.contracts import codec as cd  # noqa: E402
 from omni_triton.contracts import speech as sp  # noqa: E402
 
 
 def _request(codes, left):
-    return pb.FakeRequest({sp.CODES: codes[None].astype(np.int64), sp.LEFT_CONTEXT: np.array([[left]], np.int32)})
+    return pb.FakeRequest({cd.CODES: codes[None].astype(np.int64), cd.LEFT_CONTEXT: np.array([[left]], np.int32)})
 
 
 def test_ragged_batch_decodes_like_one_by_one(tmp_path, monkeypatch):
