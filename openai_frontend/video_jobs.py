@@ -48,7 +48,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -454,6 +454,32 @@ class JobSettings:
     db_retry_max_s: float = 30.0
 
 
+async def _next_event(events: AsyncGenerator[T, None], timeout: float | None) -> T:
+    """The next item of ``events``, waiting at most ``timeout`` seconds (None: no limit).
+
+    Not ``asyncio.wait_for``: on Python 3.10/3.11 it returns the item and *swallows* a
+    cancellation of the caller that arrives as the item completes (so a deleted video job ran
+    to its end); not ``asyncio.timeout_at``: Python 3.11+ only, and the GPU image runs 3.10.
+    ``asyncio.wait`` neither swallows the caller's cancellation nor cancels on its own, so the
+    pending step is cancelled (and awaited) here before ``events`` can be closed.
+
+    Raises:
+        StopAsyncIteration: ``events`` is exhausted.
+        asyncio.TimeoutError: no item within ``timeout`` (the pending step is cancelled).
+        asyncio.CancelledError: the caller was cancelled (the pending step is cancelled too).
+    """
+    step = asyncio.ensure_future(events.__anext__())
+    try:
+        done, _ = await asyncio.wait({step}, timeout=timeout)
+    finally:
+        if not step.done():
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
+    if not done:
+        raise asyncio.TimeoutError
+    return step.result()
+
+
 @dataclass
 class _Running:
     task: asyncio.Task[Any]
@@ -767,10 +793,8 @@ class VideoJobs:
             events = self.engine.generate_video(req.model, req.job, request_id=f"{rec.id}-{rec.attempts}")
             try:
                 while True:
-                    # the stall watchdog: at most ``stall`` seconds per event (asyncio.wait_for, not
-                    # asyncio.timeout_at: that is Python 3.11+, the GPU image's Python is 3.10)
-                    try:
-                        event = await asyncio.wait_for(events.__anext__(), stall)
+                    try:  # the stall watchdog: at most ``stall`` seconds per event
+                        event = await _next_event(events, stall)
                     except StopAsyncIteration:
                         break
                     if event.frames is not None:

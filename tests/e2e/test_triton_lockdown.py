@@ -24,7 +24,8 @@ from omni_triton.paths import cache_dir
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "piper"
+MODEL = "piper"  # the Triton name
+API_MODEL = "piper_tts"  # its OpenAI name (served_model_name)
 WRONG = "not-the-key-0123456789"
 
 #: (method, path, JSON body) of every restricted HTTP API family (none of them changes the stack
@@ -150,9 +151,9 @@ def test_the_served_stack_works_with_the_restriction_on(served):
     fe = served.frontend_url
     assert httpx.get(f"{fe}/health", timeout=30).status_code == 200
     models = httpx.get(f"{fe}/v1/models", timeout=30)
-    assert models.status_code == 200 and MODEL in {m["id"] for m in models.json()["data"]}
+    assert models.status_code == 200 and API_MODEL in {m["id"] for m in models.json()["data"]}
     r = httpx.post(f"{fe}/v1/audio/speech", timeout=120,
-                   json={"model": MODEL, "voice": "joe", "input": "Locked down and serving.",
+                   json={"model": API_MODEL, "voice": "joe", "input": "Locked down and serving.",
                          "response_format": "wav"})
     assert r.status_code == 200 and r.content[:4] == b"RIFF"
 
