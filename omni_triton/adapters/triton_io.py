@@ -127,8 +127,6 @@ class StageMetrics:
         pb = _pb()
         kinds = {"counter": pb.MetricFamily.COUNTER, "gauge": pb.MetricFamily.GAUGE}
         self._families = []
-        self._counts: dict[str, int] = {}
-        self._count_lock = threading.Lock()
         with triton_lock("metrics"):
             for attr, (name, description, kind) in specs.items():
                 family = pb.MetricFamily(name, description, kinds[kind])
@@ -142,16 +140,6 @@ class StageMetrics:
         """Increment counter ``attr`` by ``value`` if this stage has it."""
         if value and self.has(attr):
             getattr(self, attr).increment(value)
-
-    def add(self, attr: str, delta: int) -> None:
-        """Move gauge ``attr`` by ``delta`` (Triton gauges are set, not incremented: the count is
-        kept here), if this stage has it."""
-        if not self.has(attr):
-            return
-        with self._count_lock:
-            self._counts[attr] = self._counts.get(attr, 0) + delta
-            value = self._counts[attr]
-        getattr(self, attr).set(value)
 
 
 # ------------------------------------------------------------------------------------ tensors
