@@ -368,15 +368,18 @@ class Serve:
         """
         assert self.proc is not None
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return time.monotonic() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        # one client for all polls: a new httpx client per poll builds an SSL context each time
+        # (~10% of a core at two polls a second, measured here), taken from the stack it waits for
+        with httpx.Client(timeout=2, trust_env=False) as client:
+            while time.monotonic() - t0 < timeout_s:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"serve exited ({self.proc.returncode}):\n{self.log_tail()}")
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return time.monotonic() - t0
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
         raise RuntimeError(f"serve not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 3000) -> str:
@@ -397,18 +400,21 @@ class Serve:
             self.proc.wait()
 
 
-def serve_args(models: str, ports: dict[str, int], extra: Sequence[str] = ()) -> list[str]:
+def serve_args(models: str, ports: dict[str, int], extra: Sequence[str] = (),
+               ready_timeout_s: float = 900) -> list[str]:
     """``omni-triton serve`` options: ``models`` on the given ports (keys frontend, http, grpc,
-    metrics), then ``extra``."""
+    metrics), Triton's READY within ``ready_timeout_s`` (serve's own default, 600 s, is too short
+    for the whole default stack on a loaded 2-core machine), then ``extra``."""
     return ["--models", models, "--port", str(ports["frontend"]), "--triton-http-port", str(ports["http"]),
-            "--triton-grpc-port", str(ports["grpc"]), "--triton-metrics-port", str(ports["metrics"]), *extra]
+            "--triton-grpc-port", str(ports["grpc"]), "--triton-metrics-port", str(ports["metrics"]),
+            "--ready-timeout", str(ready_timeout_s), *extra]
 
 
 def serve_command(models: str, ports: dict[str, int], python: str = sys.executable,
-                  extra: Sequence[str] = ()) -> list[str]:
+                  extra: Sequence[str] = (), ready_timeout_s: float = 900) -> list[str]:
     """``python -m omni_triton serve --skip-prepare`` + :func:`serve_args` (the bench runs from a
     set-up checkout: scripts/setup.sh prepared the models)."""
-    return [python, "-m", "omni_triton", "serve", "--skip-prepare", *serve_args(models, ports, extra)]
+    return [python, "-m", "omni_triton", "serve", "--skip-prepare", *serve_args(models, ports, extra, ready_timeout_s)]
 
 
 def free_ports() -> dict[str, int]:
@@ -550,7 +556,8 @@ def fresh_clone(models: str, cache: Path | None, log_dir: Path, timeout_s: float
     try:
         subprocess.run(["git", "clone", "-q", str(ROOT), str(tmp / "omni-triton")], check=True, timeout=300)
         result["clone_s"] = round(time.monotonic() - t0, 3)
-        cmd = ["bash", "scripts/serve.sh", *serve_args(models, ports)]  # serve.sh sets up and prepares
+        # serve.sh sets up and prepares
+        cmd = ["bash", "scripts/serve.sh", *serve_args(models, ports, ready_timeout_s=timeout_s)]
         serve = Serve(cmd, log_dir / "fresh-clone-serve.log", cwd=tmp / "omni-triton",
                       env={"OMNI_TRITON_CACHE": str(cache), triton_admin.ENV: triton_admin.new_key()},
                       url=f"http://127.0.0.1:{ports['frontend']}")
@@ -619,7 +626,8 @@ def first_requests(pipelines: Sequence[str], log_dir: Path, timeout_s: float) ->
             continue
         pinned = "piper" if p != "piper" else "llm"
         ports = free_ports()
-        serve = Serve(serve_command(pinned, ports, extra=["--on-demand", p, "--keep-alive", "-1"]),
+        serve = Serve(serve_command(pinned, ports, extra=["--on-demand", p, "--keep-alive", "-1"],
+                                    ready_timeout_s=timeout_s),
                       log_dir / f"first-request-{p}-serve.log", url=f"http://127.0.0.1:{ports['frontend']}")
         try:
             serve.start()
@@ -638,7 +646,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attach", type=int, default=None, metavar="SERVE_PID",
                     help="measure a running `omni-triton serve` (memory and idle CPU only)")
     ap.add_argument("--idle-s", type=float, default=60.0, help="idle CPU window (s)")
-    ap.add_argument("--ready-timeout", type=float, default=900.0)
+    ap.add_argument("--ready-timeout", type=float, default=1800.0,
+                    help="seconds for a started serve to get READY (the whole default stack took over 600 s here)")
+    ap.add_argument("--no-stack", action="store_true",
+                    help="skip the served stack (memory, idle CPU): e.g. load times only, in a shorter locked run")
     ap.add_argument("--no-load-times", action="store_true", help="skip the cold load of each pipeline")
     ap.add_argument("--no-first-request", action="store_true")
     ap.add_argument("--fresh-clone", action="store_true",
@@ -650,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-dir", type=Path, default=None, help="default: a new folder in the cache's logs/")
     ap.add_argument("--out", type=Path, default=Path("bench_footprint.json"))
     args = ap.parse_args(argv)
+    if args.write_pss_mib and args.no_stack:
+        ap.error("--write-pss-mib writes what the stack measures: not with --no-stack")
     from omni_triton import triton_admin
     from omni_triton.paths import cache_dir
     from omni_triton.serve.repository import available_models
@@ -662,9 +675,9 @@ def main(argv: list[str] | None = None) -> int:
         memory, idle = measure_stack(args.attach, args.idle_s)
         sections.update(stack={"attached": True, "serve_pid": args.attach, **memory}, idle_cpu=idle,
                         load={"skipped": "attach mode: the bench does not unload a running server's models"})
-    else:
+    elif not args.no_stack:
         ports = free_ports()
-        serve = Serve(serve_command(args.models, ports), log_dir / "serve.log",
+        serve = Serve(serve_command(args.models, ports, ready_timeout_s=args.ready_timeout), log_dir / "serve.log",
                       env={triton_admin.ENV: triton_admin.new_key()}, url=f"http://127.0.0.1:{ports['frontend']}")
         print(f"footprint: starting serve --models {args.models} (log: {serve.log_path})", flush=True)
         try:
@@ -676,8 +689,8 @@ def main(argv: list[str] | None = None) -> int:
             sections.update(stack={"attached": False, "ready_s": round(ready_s, 3), **memory}, idle_cpu=idle)
         finally:
             serve.stop()
-        if not args.no_load_times:
-            sections["load"] = load_times(pipelines, log_dir)
+    if args.attach is None and not args.no_load_times:
+        sections["load"] = load_times(pipelines, log_dir)
     if not args.no_first_request:
         sections["first_request"] = first_requests(pipelines, log_dir, args.ready_timeout)
     if args.fresh_clone:
@@ -687,13 +700,15 @@ def main(argv: list[str] | None = None) -> int:
         sections["pss_mib_written"] = write_pss_mib(sections["stack"]["models"], available_models(), note)
     doc = report(args, **sections)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out} (logs: {log_dir})")
     stack = doc["stack"]
+    if stack is None:
+        return 0
     print(f"{'model':28s} {'PSS MiB':>8s} {'procs':>5s}")
     for name, e in [*stack["models"].items(), *[(f"[{k}]", v) for k, v in stack["parts"].items()]]:
         print(f"{name:28s} {e['pss_mib']:8d} {e['processes']:5d}")
     print(f"{'total':28s} {stack['total_pss_mib']:8d} {stack['processes']:5d}")
     print(f"idle CPU: {doc['idle_cpu']['total_core_pct']:.2f}% of one core over {doc['idle_cpu']['interval_s']:.0f} s")
-    print(f"wrote {args.out} (logs: {log_dir})")
     return 0
 
 

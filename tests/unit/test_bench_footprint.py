@@ -146,3 +146,14 @@ def test_pipeline_closure_has_dependencies_first_and_companions():
     assert closure.index("csm_talker") < closure.index("csm") if "csm" in closure else True
     llm_tts = bf.pipeline_closure("llm_tts")
     assert {"llm", "piper"} <= set(llm_tts) and llm_tts.index("llm") < llm_tts.index("llm_tts")
+
+
+def test_serve_command_passes_the_ready_timeout_and_ports():
+    """serve's own --ready-timeout (600 s) ended the first full-stack run of this bench here."""
+    ports = {"frontend": 1, "http": 2, "grpc": 3, "metrics": 4}
+    cmd = bf.serve_command("piper", ports, python="py", ready_timeout_s=1800)
+    assert cmd[:5] == ["py", "-m", "omni_triton", "serve", "--skip-prepare"]
+    assert cmd[cmd.index("--ready-timeout") + 1] == "1800"
+    assert [cmd[cmd.index(f) + 1] for f in ("--port", "--triton-http-port", "--triton-grpc-port",
+                                            "--triton-metrics-port")] == ["1", "2", "3", "4"]
+    assert "--skip-prepare" not in bf.serve_args("piper", ports)  # serve.sh passes it itself
