@@ -260,7 +260,8 @@ def cpu_deltas(before: Iterable[Proc], after: Iterable[Proc], interval_s: float)
 
 
 def set_pss_mib(config_text: str, mib: int, note: str) -> str:
-    """``config_text`` (a ``config.pbtxt``) with its ``pss_mib`` parameter set to ``mib``: the
+    """``config_text`` (a ``config.pbtxt``) with its ``pss_mib`` parameter set to ``mib``, under
+    comment lines: :data:`PSS_COMMENT` + the first line of ``note``, then its other lines. The
     block an earlier write left (:data:`PSS_COMMENT` line(s) + the parameter line) is replaced,
     else one is appended at the end.
 
@@ -270,8 +271,9 @@ def set_pss_mib(config_text: str, mib: int, note: str) -> str:
     """
     if not isinstance(mib, int) or mib < 1:
         raise ValueError(f"pss_mib must be a positive integer, got {mib!r}")
-    block = (f"{PSS_COMMENT} {note}\n"
-             "# (the measured PSS of all this model's stub processes and their children, MiB rounded up;\n"
+    first, *more = note.splitlines() or [""]
+    block = (f"{PSS_COMMENT} {first}\n" + "".join(f"# {line}\n" for line in more)
+             + "# (the PSS of all this model's stub processes and their children, MiB rounded up;\n"
              "#  the memory budget of on-demand loading reads it)\n"
              f'parameters: {{ key: "pss_mib" value: {{ string_value: "{mib}" }} }}\n')
     text, n = _PSS_BLOCK.subn(lambda _m: block, config_text, count=1)
@@ -696,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh_clone:
         sections["fresh_clone"] = fresh_clone(args.models, args.clone_cache, log_dir, args.ready_timeout)
     if args.write_pss_mib:
-        note = f"{machine_note()}, in the stack --models {args.models}"
+        note = f"{machine_note()},\nin the stack --models {args.models}"
         sections["pss_mib_written"] = write_pss_mib(sections["stack"]["models"], available_models(), note)
     doc = report(args, **sections)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")

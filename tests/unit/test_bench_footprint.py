@@ -157,3 +157,13 @@ def test_serve_command_passes_the_ready_timeout_and_ports():
     assert [cmd[cmd.index(f) + 1] for f in ("--port", "--triton-http-port", "--triton-grpc-port",
                                             "--triton-metrics-port")] == ["1", "2", "3", "4"]
     assert "--skip-prepare" not in bf.serve_args("piper", ports)  # serve.sh passes it itself
+
+
+def test_every_model_config_has_a_positive_pss_mib():
+    """The memory budget of on-demand loading (issue 28 item 2) sums pss_mib: a new stage
+    without one would count as free. Write them with `python -m clients.bench_footprint
+    --write-pss-mib` (docs/benchmarks.md "Footprint")."""
+    configs = sorted((ROOT / "model_repository").glob("*/config.pbtxt"))
+    assert configs
+    missing = [c.parent.name for c in configs if not (bf.model_pss_mib_of(c.read_text()) or 0) >= 1]
+    assert not missing, f"config.pbtxt without a positive integer pss_mib parameter: {missing}"
