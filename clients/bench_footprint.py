@@ -57,12 +57,12 @@ import httpx
 import psutil
 
 from clients.bench_common import git_commit, machine_info, package_versions
+from omni_triton.cli import PIPELINES
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: the default stack: every pipeline a user can call (cli.DEFAULT_MODELS + qwen2_5_omni)
-DEFAULT_PIPELINES = ("piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,"
-                     "qwen3_tts,qwen2_5_omni")
+#: the default stack: every pipeline a user can call (what serve offers: omni_triton.cli.PIPELINES)
+DEFAULT_PIPELINES = PIPELINES
 STUB = "triton_python_backend_stub"
 #: the parts of a stack that are not a model's stubs
 PARTS = ("serve", "tritonserver", "frontend", "other")
@@ -615,6 +615,16 @@ def report(args: argparse.Namespace, **sections) -> dict:
     }
 
 
+def on_demand_state(url: str, model_id: str) -> str | None:
+    """The ``state`` (loaded, loading, unloaded, failed) the frontend's ``/v1/models`` gives
+    ``model_id``; None when it lists no state for it (a frontend without on-demand loading)."""
+    try:
+        data = httpx.get(f"{url}/v1/models", timeout=10).json().get("data", [])
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return next((m.get("state") for m in data if isinstance(m, dict) and m.get("id") == model_id), None)
+
+
 def first_requests(pipelines: Sequence[str], log_dir: Path, timeout_s: float) -> dict:
     """Latency of a first request to each pipeline while it is not loaded (serve ``--on-demand``,
     pinned: another small pipeline), or ``{"supported": False, "reason"}``."""
@@ -634,7 +644,12 @@ def first_requests(pipelines: Sequence[str], log_dir: Path, timeout_s: float) ->
         try:
             serve.start()
             serve.wait_health(timeout_s)
-            out["pipelines"][p] = first_request(serve.url, p)
+            listed = on_demand_state(serve.url, FIRST_REQUESTS[p][1]["model"])
+            if listed is None:
+                out["pipelines"][p] = {"latency_s": None, "reason": "serve has --on-demand but the frontend's "
+                                       "/v1/models gives no state for the pipeline: no on-demand loading yet"}
+            else:
+                out["pipelines"][p] = {**first_request(serve.url, p), "state_before": listed}
         except RuntimeError as exc:
             out["pipelines"][p] = {"latency_s": None, "error": str(exc)[-1000:]}
         finally:

@@ -167,3 +167,18 @@ def test_every_model_config_has_a_positive_pss_mib():
     assert configs
     missing = [c.parent.name for c in configs if not (bf.model_pss_mib_of(c.read_text()) or 0) >= 1]
     assert not missing, f"config.pbtxt without a positive integer pss_mib parameter: {missing}"
+
+
+def test_on_demand_state_reads_the_frontends_model_list(monkeypatch):
+    class R:
+        def __init__(self, data):
+            self.data = data
+
+        def json(self):
+            return {"data": self.data}
+
+    listed = [{"id": "llm", "state": "unloaded"}, {"id": "piper_tts"}]
+    monkeypatch.setattr(bf.httpx, "get", lambda url, timeout: R(listed))
+    assert bf.on_demand_state("http://x", "llm") == "unloaded"
+    assert bf.on_demand_state("http://x", "piper_tts") is None  # listed without a state: no on-demand
+    assert bf.on_demand_state("http://x", "ghost") is None
