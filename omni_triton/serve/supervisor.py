@@ -399,11 +399,14 @@ class StubWatch:
                      f"their children {_killed(families)}, removed {_removed(families)} /dev/shm files")
         for model in due:
             state, reason = states.get(model, ("", ""))
-            if state != "UNAVAILABLE" or reason == "unloaded":
-                del self.retries[model]  # loaded again, or unloaded on purpose meanwhile
-            else:
+            if model in missing or (state == "UNAVAILABLE" and reason != "unloaded"):
+                self.suspects.pop(model, None)
                 self._reload(model, retry=True)
+            else:
+                del self.retries[model]  # loaded again, or unloaded on purpose meanwhile
         for model in sorted(m for m, since in self.suspects.items() if now - since >= CONFIRM_S):
+            if model in self.retries:
+                continue  # its reload failed: tried again at its backoff time (above)
             del self.suspects[model]
             families = self.dead.pop(model, [])
             if model not in self.reported:

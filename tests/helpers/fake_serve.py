@@ -46,7 +46,8 @@ class FakeServer:
         self.exits: list[dict] = []
         self.events: set[str] = set()
         self.calls: list[tuple] = []
-        self.fail_reload: set[str] = set()
+        self.fail_reload: set[str] = set()  # reload fails at the load: UNAVAILABLE
+        self.fail_unload: set[str] = set()  # reload fails at the unload: still READY, stubs missing
 
     # -- what a test does to it --------------------------------------------------------------
     def kill(self, model: str, seen: bool = True, children=(4242,)) -> None:
@@ -99,6 +100,8 @@ class FakeServer:
         from omni_triton.serve.process import ServerStartError
 
         self.calls.append(("reload", model))
+        if model in self.fail_unload:
+            raise ServerStartError(f"unloading {model} failed: timeout")
         if model in self.fail_reload:
             self.states[model], self.reasons[model] = "UNAVAILABLE", "load failed: out of memory"
             raise ServerStartError(f"loading {model} again failed: out of memory")

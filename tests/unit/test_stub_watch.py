@@ -161,3 +161,21 @@ def test_a_death_is_reported_once(status, monkeypatch):
         server.exits.append({"model": "llm_tts", "stub_pid": 1, "killed": [], "shm_removed": []})
     _ticks(watch, clock, n=5)
     assert deaths == ["llm_tts"] and _reloads(server) == ["llm_tts"]
+
+
+def test_a_model_still_missing_after_a_failed_reload_is_reloaded_again_but_reported_once(status):
+    """serve's unload timed out: the model is still READY without its stub. It is reloaded again
+    at the next checks, and its death stays one report (a second would end the requests of the
+    models depending on it again)."""
+    server = FakeServer(models={"piper": 1, "llm": 1})
+    server.fail_unload.add("llm")
+    watch, clock = _watch(server, status)
+    writes = []
+    status.listeners.append(lambda: writes.append(status.last_stub_death))
+    server.kill("llm")
+    _ticks(watch, clock, n=12)  # the first reload and its retry 5 s later fail
+    assert _reloads(server) == ["llm", "llm"], server.calls
+    server.fail_unload.clear()
+    _ticks(watch, clock, n=30)  # the next retry, 10 s later, succeeds
+    assert _reloads(server) == ["llm"] * 3 and status.stub_reloads == {"llm": 1}
+    assert len({d["at"] for d in writes if d}) == 1, "the death was reported more than once"
