@@ -348,14 +348,14 @@ class StubWatch:
     Every stub that exits has its family reaped at once (orphaned children killed, /dev/shm
     files removed), death or unload. A model missing a stub no scan saw (CI: test_chaos killed
     piper ~2 s after READY) is still reported, as ``"unseen": True`` with no children killed.
-    Each death is reported once: a model reported stays so until its reload succeeded.
+    Each death is reported once: a model whose reload failed is tried again at its backoff
+    (``RELOAD_RETRY_S`` doubling), not confirmed and reported again.
     """
 
     def __init__(self, server: TritonServer, status: ServeStatus, clock=time.monotonic):
         self.server = server
         self.status = status
         self.clock = clock
-        self.reported: set[str] = set()  # models reported dead since their last reload
         self.callee_restarts: dict[str, float] = {}  # decoupled callee -> when serve last restarted it
         self.ready: set[str] = set()  # the models Triton reported READY at the last index read
         self.dead: dict[str, list[dict]] = {}  # model -> reaped families of its exited stubs, not yet judged
@@ -409,15 +409,14 @@ class StubWatch:
                 continue  # its reload failed: tried again at its backoff time (above)
             del self.suspects[model]
             families = self.dead.pop(model, [])
-            if model not in self.reported:
-                if families:
-                    _log(f"the stub process of {model} died; killed its children {_killed(families)}, "
-                         f"removed {_removed(families)} /dev/shm files")
-                    self._report(model, killed_children=_killed(families), shm_removed=_removed(families))
-                else:
-                    _log(f"the stub process of {model} died before serve saw it; its children and "
-                         "/dev/shm files are unknown")
-                    self._report(model, killed_children=[], shm_removed=0, unseen=True)
+            if families:
+                _log(f"the stub process of {model} died; killed its children {_killed(families)}, "
+                     f"removed {_removed(families)} /dev/shm files")
+                self._report(model, killed_children=_killed(families), shm_removed=_removed(families))
+            else:
+                _log(f"the stub process of {model} died before serve saw it; its children and "
+                     "/dev/shm files are unknown")
+                self._report(model, killed_children=[], shm_removed=0, unseen=True)
             self._reload(model)
 
     def _reload(self, model: str, retry: bool = False) -> None:
@@ -430,7 +429,6 @@ class StubWatch:
             self.retries[model] = (self.clock() + delay, delay)
             return
         self.retries.pop(model, None)
-        self.reported.discard(model)
         reloads = dict(self.status.stub_reloads)
         reloads[model] = reloads.get(model, 0) + 1
         self.status.write(stub_reloads=reloads)
@@ -444,7 +442,6 @@ class StubWatch:
         self.status.write(last_stub_death={"at": time.time(), "model": model,
                                            "affected": dependents(model, ready, server.repositories),
                                            **detail})
-        self.reported.add(model)
         # A dead BLS stub leaves the decoupled stages it was reading wedged (their next
         # response to it blocks forever in the server): restart them too.
         # Once per minute at most: serve's own reload of a model ends its other stubs too.
@@ -458,7 +455,6 @@ class StubWatch:
 
     def restarted(self) -> None:
         """tritonserver was restarted: its old stubs' reports and suspicions are moot."""
-        self.reported.clear()
         self.dead.clear()
         self.suspects.clear()
         self.retries.clear()
