@@ -235,9 +235,15 @@ class TritonServer:
         return "\n".join(report) + f"\n(full log: {self.log_path})"
 
     def model_states(self) -> dict[str, tuple[str, str]]:
-        """Model -> (state, reason) from Triton's repository index."""
+        """Model -> (state, reason) from Triton's repository index.
+
+        Raises:
+            httpx.HTTPError: no answer, or an error status.
+            ValueError: the answer is not JSON.
+        """
         r = httpx.post(f"{self.http_url}/v2/repository/index", json={}, timeout=5,
                        headers=self.admin_headers)
+        r.raise_for_status()  # an error answer is no index (httpx.HTTPStatusError)
         return {m["name"]: (m.get("state", ""), m.get("reason", "")) for m in r.json()}
 
     def wait_ready(self, timeout: float = 600.0, should_stop=lambda: False) -> None:

@@ -406,7 +406,7 @@ class StubWatch:
             return
         try:
             states = server.model_states()
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):
             self._stale = True  # busy or going away: the next tick tries again
             return
         self._stale = False
