@@ -184,12 +184,14 @@ class TritonServer:
                 chunk = log.read()
         except FileNotFoundError:
             return
+        seen = self._log_offset - start  # bytes of chunk read before: a match ending there is old
         self._log_offset = start + len(chunk)
         if self._fatal_signal is None:
             m = re.search(rb"Signal \(\d+\) received\.?", chunk)
             if m:
                 self._fatal_signal = m.group(0).decode()
-        self._model_events |= {m.group(1).decode(errors="replace") for m in _LIFECYCLE_LINE.finditer(chunk)}
+        self._model_events |= {m.group(1).decode(errors="replace")
+                               for m in _LIFECYCLE_LINE.finditer(chunk) if m.end() > seen}
 
     def model_events(self) -> set[str]:
         """The models Triton logged a load or unload of (``loading: m:1``, ``successfully loaded
