@@ -7,8 +7,7 @@ files they all map (vLLM's ``psm_*`` message queues). A stub killed with SIGKILL
 family orphaned in the server's process group (~3 GB for vLLM) until the server stops;
 :meth:`StubTracker.reap` kills it and removes the files.
 
-What it costs (measured on the 2-core dev box, 19 processes in the stack, ~250 on the machine;
-issue 28 item 4):
+What it costs (measured on the 2-core dev box, ~185 processes on the machine; issue 28 item 4):
 
 - a death costs nothing until it happens: each stub has a pidfd (``os.pidfd_open``), readable
   when the process has exited; ``serve``'s supervision loop waits on them (``select.poll``), so
@@ -16,7 +15,7 @@ issue 28 item 4):
 - finding stubs and their families means listing every process of the machine (a process's
   children are not listed anywhere cheaper: this kernel has no ``/proc/<pid>/task/*/children``).
   :meth:`StubTracker.scan` does it in one pass (one ``/proc/<pid>/stat`` read per process,
-  about 6 ms for 250 processes) and only when something changed (a model loaded or unloaded,
+  6.6 ms for 185 processes; 19 ms the first time) and only when something changed (a model loaded or unloaded,
   a stub died) or at :data:`SAFETY_SCAN_S`; the old watch did it 1 + (number of stubs) times
   a second;
 - ``/proc/<pid>/maps`` (the /dev/shm files a process maps; 0.5-3 ms for a torch process) is
@@ -100,7 +99,7 @@ class Stub:
 
 #: seconds between two scans when nothing changed: a safety net for a load whose log line was
 #: missed (Triton's logging turned off through its API) and for a process a stub starts after
-#: its model loaded. One scan costs ~6 ms of serve's CPU (250 processes on the machine; it
+#: its model loaded. One scan costs ~6.6 ms of serve's CPU (185 processes on the machine; it
 #: scales with their number), so 0.02% of a core at 30 s.
 SAFETY_SCAN_S = 30.0
 
