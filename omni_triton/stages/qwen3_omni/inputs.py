@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from omni_triton.contracts import qwen3_omni as q3_contract
 from omni_triton.contracts.chat import ChatInputError
 from omni_triton.media.inputs import MediaLimits
 
@@ -242,8 +243,8 @@ def patchify_video(frames: np.ndarray, patch: int, merge: int,
     return np.ascontiguousarray(x).reshape(t * gh * gw, c * temporal * patch * patch), (t, gh, gw)
 
 
-#: modalities ``qwen3_omni`` takes in content parts (``parse_messages(accept=...)``)
-MEDIA_ACCEPT = ("text", "audio", "image", "video")
+#: modalities ``qwen3_omni`` takes in content parts (``parse_messages(accept=...)``; the contract's)
+MEDIA_ACCEPT = q3_contract.MEDIA_ACCEPT
 
 
 def decode_parts(parts: list[dict], processor: OmniProcessor) -> list[MediaItem]:
