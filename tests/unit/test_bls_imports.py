@@ -1,6 +1,6 @@
 """No BLS model imports torch (issue 28 item 3): an orchestrator only reads its inputs, calls
 stages and forwards tensors, so each of its stub processes (one per instance: 8 ``qwen3_omni``,
-4 ``llm_tts`` ...) stays at the size of a Python + numpy process (~25 MB PSS served) instead of
+4 ``llm_tts`` ...) stays at the size of a Python + numpy process (~20 MB PSS served) instead of
 the ~265-311 MB that torch + transformers cost it (their tokenizer / processor now run in the
 thinker / llm stage, which has torch anyway).
 
