@@ -1,7 +1,7 @@
 """No BLS model imports torch (issue 28 item 3): an orchestrator only reads its inputs, calls
 stages and forwards tensors, so each of its stub processes (one per instance: 8 ``qwen3_omni``,
 4 ``llm_tts`` ...) stays at the size of a Python + numpy process (~20 MB PSS served) instead of
-the ~265-311 MB that torch + transformers cost it (their tokenizer / processor now run in the
+the 264-318 MB that torch + transformers cost it (their tokenizer / processor now run in the
 thinker / llm stage, which has torch anyway).
 
 For every model ``omni_triton.docs`` classifies as BLS (the request's entry point that calls other
