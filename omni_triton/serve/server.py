@@ -99,6 +99,7 @@ class TritonServer:
         self.exit_timeout = exit_timeout
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
+        self._http_client: httpx.Client | None = None
         self.install = find_tritonserver()
         #: the stubs of the running server process (None before start())
         self.stubs: StubTracker | None = None
@@ -236,6 +237,15 @@ class TritonServer:
             report.append("last lines of the server log:\n" + "\n".join(lines[-40:]))
         return "\n".join(report) + f"\n(full log: {self.log_path})"
 
+    @property
+    def _http(self) -> httpx.Client:
+        """One HTTP client for every poll of this server (a new ``httpx.get`` client per call cost
+        ~49 ms of CPU against ~2.5 ms reused, measured here: ~20% of a core while serve waited
+        for READY with two polls every 0.5 s)."""
+        if self._http_client is None:
+            self._http_client = httpx.Client()
+        return self._http_client
+
     def model_states(self) -> dict[str, tuple[str, str]]:
         """Model -> (state, reason) from Triton's repository index.
 
@@ -243,8 +253,8 @@ class TritonServer:
             httpx.HTTPError: no answer, or an error status.
             ValueError: the answer is not JSON.
         """
-        r = httpx.post(f"{self.http_url}/v2/repository/index", json={}, timeout=5,
-                       headers=self.admin_headers)
+        r = self._http.post(f"{self.http_url}/v2/repository/index", json={}, timeout=5,
+                            headers=self.admin_headers)
         r.raise_for_status()  # an error answer is no index (httpx.HTTPStatusError)
         return {m["name"]: (m.get("state", ""), m.get("reason", "")) for m in r.json()}
 
@@ -267,7 +277,7 @@ class TritonServer:
                     f"{', '.join(self.models)}\n{self.failure_report()}"
                 )
             try:
-                if httpx.get(f"{self.http_url}/v2/health/ready", timeout=2).status_code == 200:
+                if self._http.get(f"{self.http_url}/v2/health/ready", timeout=2).status_code == 200:
                     states = self.model_states()
                     if all(states.get(m, ("",))[0] == "READY" for m in self.models):
                         return
@@ -376,7 +386,7 @@ class TritonServer:
         if r.status_code != 200:
             raise ServerStartError(f"unloading {model} failed: {r.text}")
         deadline = time.monotonic() + 120
-        while httpx.get(f"{self.http_url}/v2/models/{model}/ready", timeout=5).status_code == 200:
+        while self._http.get(f"{self.http_url}/v2/models/{model}/ready", timeout=5).status_code == 200:
             if time.monotonic() > deadline:
                 raise ServerStartError(f"{model} did not unload within 120 s")
             time.sleep(0.2)
@@ -403,6 +413,9 @@ class TritonServer:
                 for path in self.stubs.shm_paths():
                     Path(path).unlink(missing_ok=True)
                 self.stubs.close()
+        if self._http_client is not None:  # its pooled connections went with the server
+            self._http_client.close()
+            self._http_client = None
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -507,19 +520,19 @@ class Frontend:
         assert self.proc is not None, "start() first"
         deadline = time.monotonic() + timeout
         last = ""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerStartError(f"OpenAI frontend exited with code {self.proc.returncode}")
-            try:
-                key = os.environ.get("OMNI_TRITON_API_KEY")  # in case /health is not exempt
-                r = httpx.get(f"{self.url}/health", timeout=2,
-                              headers={"Authorization": f"Bearer {key}"} if key else None)
-                if r.status_code == 200:
-                    return
-                last = r.text
-            except httpx.HTTPError as exc:
-                last = str(exc)
-            time.sleep(0.3)
+        key = os.environ.get("OMNI_TRITON_API_KEY")  # in case /health is not exempt
+        with httpx.Client(headers={"Authorization": f"Bearer {key}"} if key else None) as http:
+            while time.monotonic() < deadline:  # one client for every poll (TritonServer._http)
+                if self.proc.poll() is not None:
+                    raise ServerStartError(f"OpenAI frontend exited with code {self.proc.returncode}")
+                try:
+                    r = http.get(f"{self.url}/health", timeout=2)
+                    if r.status_code == 200:
+                        return
+                    last = r.text
+                except httpx.HTTPError as exc:
+                    last = str(exc)
+                time.sleep(0.3)
         raise ServerStartError(f"OpenAI frontend not healthy after {timeout:.0f} s: {last}")
 
     def stop(self) -> None:
