@@ -309,6 +309,12 @@ class OnDemandModels:
         for e in self._entries.values():
             self.events.state(e.pipeline.name, e.state)
 
+    def attach(self, events: Events) -> None:
+        """Report to ``events`` from now on, starting with every pipeline's current state."""
+        self.events = events
+        for e in self._entries.values():
+            events.state(e.pipeline.name, e.state)
+
     # ------------------------------------------------------------------ queries
     def is_on_demand(self, name: str) -> bool:
         """Whether ``name`` (Triton or OpenAI name) is an on-demand pipeline."""
@@ -349,7 +355,7 @@ class OnDemandModels:
         start the keep-alive task. Triton unreachable: all stay unloaded (found at first request)."""
         try:
             ready = await self.control.ready_models()
-        except Exception as exc:  # noqa: BLE001 - Triton down at start: learn at first request
+        except Exception as exc:  # Triton down at start: learn at first request
             logger.warning("on-demand: Triton's model states unavailable at start (%s)", exc)
             ready = set()
         for e in self._entries.values():
@@ -485,7 +491,7 @@ class OnDemandModels:
         except asyncio.CancelledError:
             self._set(e, State.UNLOADED)
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure is the pipeline's state
+        except Exception as exc:  # any failure is the pipeline's state
             reason = str(exc) or type(exc).__name__
             logger.warning("on-demand: loading %s failed: %s", e.pipeline.name, reason)
             e.failed_at = self.clock()
@@ -507,7 +513,7 @@ class OnDemandModels:
                     continue
                 try:
                     await self.control.unload(model)
-                except Exception as exc:  # noqa: BLE001 - logged; the next load tries again
+                except Exception as exc:  # logged; the next load tries again
                     logger.warning("on-demand: unloading %s after the failed load of %s: %s",
                                    model, e.pipeline.name, exc)
 
@@ -547,7 +553,7 @@ class OnDemandModels:
         models = sorted({m for e in entries for m in e.pipeline.models})
         try:
             last = await self.control.last_inference(models)
-        except Exception as exc:  # noqa: BLE001 - statistics are a hint
+        except Exception as exc:  # statistics are a hint
             logger.debug("on-demand: Triton statistics unavailable: %s", exc)
             return
         now_wall, now = self.wall(), self.clock()
@@ -566,7 +572,7 @@ class OnDemandModels:
                 continue
             try:
                 await self.control.unload(model)
-            except Exception as exc:  # noqa: BLE001 - logged; Triton keeps it until next time
+            except Exception as exc:  # logged; Triton keeps it until next time
                 logger.warning("on-demand: unloading %s (%s of %s): %s", model, reason, e.pipeline.name, exc)
         self.events.unloaded(e.pipeline.name, reason)
 
@@ -593,7 +599,7 @@ class OnDemandModels:
                     continue
             try:
                 await self.expire_idle()
-            except Exception:  # noqa: BLE001 - never let the keeper die
+            except Exception:  # never let the keeper die
                 logger.exception("on-demand: keep-alive check failed")
                 await asyncio.sleep(1.0)
 
