@@ -198,12 +198,13 @@ async def test_concurrent_first_requests_trigger_one_load(repo):
         rs = await asyncio.gather(*(s.speech("tts") for _ in range(8)))
         assert [r.status_code for r in rs] == [200] * 8
         assert s.triton.loads.count("csm") == 1 and len(s.triton.loads) == 3
+        assert 'omni_frontend_model_loads_total{model="csm",outcome="ok"} 1.0' in await s.metrics()
 
 
 async def test_a_request_past_the_load_timeout_gets_503_model_loading_and_the_load_goes_on(repo):
     async with stack(repo, "--load-timeout", "0.2") as s:
         s.triton.gate = asyncio.Event()
-        r = await s.speech("tts")
+        r = await asyncio.wait_for(s.speech("tts"), 10)
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "model_loading"
         assert r.headers["Retry-After"] == str(od.RETRY_AFTER_S)
@@ -246,7 +247,7 @@ async def test_a_pipeline_over_the_budget_gets_503_model_too_large(repo):
 
 async def test_eviction_under_the_budget_unloads_the_lru_idle_pipeline(repo):
     # piper 100 (pinned) + csm 300 = 400; broken 100 more is over 450: csm must go first
-    async with stack(repo, "--memory-budget", "450MiB") as s:
+    async with stack(repo, "--memory-budget", "450MiB", "--load-timeout", "2") as s:
         grace, od.REQUEST_GRACE_S = od.REQUEST_GRACE_S, 0.0
         try:
             s.triton.fail.clear()
