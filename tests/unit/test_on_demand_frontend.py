@@ -4,7 +4,9 @@ itself: tests/unit/test_on_demand.py; against a real tritonserver: tests/e2e/tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -17,9 +19,10 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 from omni_triton.serve import on_demand as od
 from omni_triton.serve.repository import available_models, read_config
 from openai_frontend.__main__ import on_demand_engine_args, parse_args
-from openai_frontend.app import Settings, create_app
+from openai_frontend.app import Settings
 from openai_frontend.engine import TritonEngine
 from tests.helpers.fake_triton import fake_triton
+from tests.helpers.frontend import running_frontend
 
 pytestmark = pytest.mark.anyio
 
@@ -159,19 +162,14 @@ class Stack:
         return (await self.client.get("/metrics")).text
 
 
-def stack(repo: Path, *flags: str):
-    import contextlib
-
-    @contextlib.asynccontextmanager
-    async def run():
-        async with fake_triton(ControlledTriton(repo, ready={"piper"})) as triton:
-            engine = make_engine(triton, repo, *flags)
-            app = create_app(engine, Settings())
-            async with app.router.lifespan_context(app):
-                transport = httpx.ASGITransport(app=app)
-                async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                    yield Stack(triton, engine, client)
-    return run()
+@contextlib.asynccontextmanager
+async def stack(repo: Path, *flags: str) -> AsyncIterator[Stack]:
+    """The fake Triton (piper READY) and a running frontend serving piper pinned and csm, broken,
+    big on demand with ``flags``."""
+    async with fake_triton(ControlledTriton(repo, ready={"piper"})) as triton:
+        engine = make_engine(triton, repo, *flags)
+        async with running_frontend(engine, Settings()) as client:
+            yield Stack(triton, engine, client)
 
 
 async def test_first_request_loads_the_pipeline_and_models_lists_every_state(repo):
@@ -267,17 +265,17 @@ async def test_eviction_under_the_budget_unloads_the_lru_idle_pipeline(repo):
 async def test_keep_alive_unloads_an_idle_pipeline_but_not_while_a_stream_is_in_flight(repo):
     grace, od.REQUEST_GRACE_S = od.REQUEST_GRACE_S, 0.0
     try:
-        async with stack(repo, "--keep-alive", "0.3") as s:
+        async with stack(repo, "--keep-alive", "1") as s:
             s.triton.endless = True
             await s.engine.get_model("tts")
             stream = s.engine.synthesize("csm", "hi")
             await stream.__anext__()
             t0 = time.monotonic()
-            while time.monotonic() - t0 < 0.9:  # a stream open three keep-alives long
+            while time.monotonic() - t0 < 2.5:  # a stream open 2.5 keep-alives long
                 await stream.__anext__()
             assert "csm" not in s.triton.unloads and (await s.states())["tts"] == "loaded"
             await stream.aclose()
-            for _ in range(100):
+            for _ in range(500):
                 if "csm" in s.triton.unloads:
                     break
                 await asyncio.sleep(0.02)
