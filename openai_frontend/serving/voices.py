@@ -111,7 +111,8 @@ async def _prompt_model(engine: Engine) -> ModelInfo:
     """The READY model computing clone prompts (``VOICE_PROMPT`` out, ``REF_AUDIO`` in); an
     on-demand one (``--on-demand qwen3_tts``) is loaded first (``get_model``: 503 while loading)."""
     for m in await engine.list_models():
-        if (m.ready or m.on_demand) and qwen3_contract.VOICE_PROMPT in m.outputs and qwen3_contract.REF_AUDIO in m.inputs:
+        computes = qwen3_contract.VOICE_PROMPT in m.outputs and qwen3_contract.REF_AUDIO in m.inputs
+        if computes and (m.ready or m.on_demand):
             return m if m.ready else await engine.get_model(m.name)
     raise OpenAIError(400, "Voice cloning is not available: no served model computes voice prompts "
                       "(qwen3_tts_voice_prompt)", param="audio_sample", code="voice_cloning_unavailable")

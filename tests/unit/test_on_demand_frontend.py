@@ -153,7 +153,8 @@ class Stack:
         self.triton, self.engine, self.client = triton, engine, client
 
     async def speech(self, model: str) -> httpx.Response:
-        return await self.client.post("/v1/audio/speech", json={"model": model, "input": "hi", "response_format": "pcm"})
+        body = {"model": model, "input": "hi", "response_format": "pcm"}
+        return await self.client.post("/v1/audio/speech", json=body)
 
     async def states(self) -> dict[str, str]:
         return {m["id"]: m["state"] for m in (await self.client.get("/v1/models")).json()["data"]}
