@@ -16,7 +16,25 @@ import sys
 
 from omni_triton.serve.repository import available_models, dependencies
 
-DEFAULT_MODELS = "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts"
+#: Every pipeline a client can call (``prepare``'s default; ``serve --on-demand all``).
+PIPELINES = ("piper,csm,llm,llm_tts,qwen3_omni,qwen2_5_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,"
+             "qwen3_tts")
+#: What ``serve`` loads at start and keeps loaded: the README's first examples (Piper speech, chat)
+#: answer at once; every other pipeline loads on its first request (``--on-demand``, issue 28).
+DEFAULT_MODELS = "llm,piper"
+
+
+def _byte_size(text: str) -> str:
+    """``--memory-budget``'s value checked with pydantic's ``ByteSize`` (``6GiB``, ``6000MiB``,
+    ``6G``: decimal and binary units) and passed on as given. Raises ``argparse.ArgumentTypeError``."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        if TypeAdapter(ByteSize).validate_python(text) <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: the budget must be positive")
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 6GiB or 6000MiB") from exc
+    return text
 
 
 def _model_list(text: str) -> list[str]:
@@ -48,14 +66,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("prepare", help="write the embedded default model folders into the cache")
-    p.add_argument("--models", default=DEFAULT_MODELS, help="comma separated Triton model names")
+    p.add_argument("--models", default=PIPELINES, help="comma separated Triton model names")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("models", help="list the models of the repositories")
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("serve", help="start tritonserver and the OpenAI frontend")
-    p.add_argument("--models", default=DEFAULT_MODELS, help="comma separated Triton model names")
+    p.add_argument("--models", default=DEFAULT_MODELS,
+                   help="comma separated Triton model (or OpenAI model) names loaded at start and kept "
+                        f"loaded (pinned); default {DEFAULT_MODELS}")
+    p.add_argument("--on-demand", default="all",
+                   help="pipelines the frontend loads on their first request and unloads when idle: "
+                        "comma separated names, 'all' (default: every pipeline not in --models: "
+                        f"{PIPELINES}) or 'none'")
+    p.add_argument("--keep-alive", type=float, default=300.0,
+                   help="seconds an on-demand pipeline stays loaded after its last request (default "
+                        "300, Ollama's; 0: unload as soon as idle; -1: never)")
+    p.add_argument("--memory-budget", type=_byte_size, default=None,
+                   help="memory (PSS) the loaded models may take, e.g. 6GiB, 6000MiB: before a load, "
+                        "idle on-demand pipelines are unloaded, least recently used first, to make "
+                        "room (each model's size: its config's pss_mib); default unlimited")
+    p.add_argument("--load-timeout", type=float, default=120.0,
+                   help="seconds a request waits for its pipeline to load before a 503 with "
+                        "Retry-After (the load goes on)")
     p.add_argument("--host", default="127.0.0.1", help="frontend bind address")
     p.add_argument("--port", type=int, default=9000, help="frontend port")
     p.add_argument("--triton-host", default="127.0.0.1",

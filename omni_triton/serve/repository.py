@@ -144,3 +144,29 @@ def resolve_models(names: list[str], repositories: list[Path] | None = None) -> 
         visit(name, ())
     return order
 
+
+
+def on_demand_pipelines(spec: str, start: list[str], pipelines: list[str],
+                        repositories: list[Path] | None = None) -> list[str]:
+    """The pipelines ``serve --on-demand`` leaves to the frontend to load on first request.
+
+    Args:
+        spec: ``all`` (every name of ``pipelines`` not started), ``none``, or comma separated
+            names (Triton or OpenAI names, :func:`triton_name`).
+        start: the names ``serve --models`` loads at start (they are never on demand).
+        pipelines: what ``all`` means (``omni_triton.cli.PIPELINES``).
+
+    Returns:
+        Triton model names, in ``spec``'s (or ``pipelines``') order, without the started ones.
+
+    Raises:
+        KeyError: a name (or a model it needs) is in no model repository.
+    """
+    spec = spec.strip()
+    if spec == "none" or not spec:
+        return []
+    names = pipelines if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    started = {triton_name(n, repositories) for n in start}
+    out = [triton_name(n, repositories) for n in names]
+    resolve_models(out, repositories)  # every name and what it needs exists
+    return [n for n in dict.fromkeys(out) if n not in started]

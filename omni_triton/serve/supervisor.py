@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omni_triton import triton_admin
 from omni_triton.serve.process import ServerStartError, check_ports_free, kill_process_group
-from omni_triton.serve.repository import dependents, frontend_models, stream_callees
+from omni_triton.serve.repository import dependents, frontend_models, on_demand_pipelines, stream_callees
 from omni_triton.serve.server import Frontend, TritonServer
 
 #: seconds a server that wrote a fatal ``Signal (N) received.`` line may take to exit on its own
@@ -114,9 +114,11 @@ def run_serve(args: argparse.Namespace) -> int:
     Raises:
         KeyError: a requested model (or one it needs) is in no model repository.
     """
+    from omni_triton.cli import PIPELINES
     from omni_triton.prepare import prepare
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    on_demand = on_demand_pipelines(args.on_demand, models, PIPELINES.split(","))
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -127,7 +129,7 @@ def run_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
 
     if not args.skip_prepare:
-        prepare(models)
+        prepare(models + on_demand)
     try:
         admin_key = triton_admin.key_from_env()
     except (triton_admin.AdminKeyError, OSError) as exc:
@@ -141,7 +143,9 @@ def run_serve(args: argparse.Namespace) -> int:
     status.write(state="starting")
     try:
         print(f"omni-triton: starting tritonserver with {', '.join(server.models)} "
-              f"(log: {server.log_path})", flush=True)
+              f"(log: {server.log_path})"
+              + (f"; on demand: {', '.join(on_demand)}" if on_demand and not args.no_frontend else ""),
+              flush=True)
         if not args.no_frontend:
             check_ports_free({"frontend": args.port})  # fail before the slow model loading
         server.start()
@@ -156,7 +160,8 @@ def run_serve(args: argparse.Namespace) -> int:
                 os.environ["OMNI_TRITON_API_KEY"] = args.api_key
             frontend = Frontend(server.grpc_url, host=args.host, port=args.port,
                                 models=frontend_models(models, server.repositories),
-                                extra_args=[*args.frontend_arg,
+                                extra_args=[*on_demand_args(args, on_demand, server.repositories),
+                                            *args.frontend_arg,
                                             *(["--strict-params"] if args.strict_params else [])],
                                 env={"OMNI_TRITON_SERVE_STATUS": str(status.path)},
                                 admin_key=server.admin_key)
@@ -176,6 +181,22 @@ def run_serve(args: argparse.Namespace) -> int:
             frontend.stop()
         server.stop()
         print("omni-triton: stopped", flush=True)
+
+
+def on_demand_args(args: argparse.Namespace, on_demand: list[str], repositories: list[Path]) -> list[str]:
+    """The frontend flags of on-demand loading (docs/running.md "On-demand models"): the
+    pipelines it may load (``--on-demand``; its ``--models`` stay the pinned ones, loaded at
+    start), ``--keep-alive``, ``--memory-budget``, ``--load-timeout`` as ``serve`` got them, and
+    the model repositories it reads the pipelines' graph from. ``[]`` when nothing is on demand."""
+    if not on_demand:
+        return []
+    out = ["--on-demand", ",".join(on_demand), "--keep-alive", str(args.keep_alive),
+           "--load-timeout", str(args.load_timeout)]
+    if args.memory_budget:
+        out += ["--memory-budget", args.memory_budget]
+    for repo in repositories:
+        out += ["--model-repository", str(repo)]
+    return out
 
 
 def _log(message: str) -> None:

@@ -141,6 +141,7 @@ def stack(tmp_path_factory, request):
     ports = {name: free_port() for name in ("http", "grpc", "metrics", "frontend")}
     cmd = [
         sys.executable, "-m", "omni_triton", "serve", "--models", E2E_MODELS,
+        "--on-demand", "none",  # every model of the session loaded at start, as before issue 28
         "--port", str(ports["frontend"]),
         "--triton-http-port", str(ports["http"]),
         "--triton-grpc-port", str(ports["grpc"]),

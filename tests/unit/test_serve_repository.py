@@ -7,8 +7,12 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from omni_triton.serve.repository import dependents, stream_callees
+import pytest
+
+from omni_triton.cli import build_parser
+from omni_triton.serve.repository import dependents, on_demand_pipelines, stream_callees
 from omni_triton.serve.server import missing_instances
+from omni_triton.serve.supervisor import on_demand_args
 
 
 def _model(repo: Path, name: str, extra: str = "", backend: str = "python") -> Path:
@@ -72,3 +76,47 @@ def test_a_served_model_name_selects_its_triton_model():
     assert triton_name("llm") == "llm"
     assert resolve_models(["tts"]) == resolve_models(["csm"])
     assert resolve_models(["tts"])[-1] == "csm"
+
+
+def _served_as(name: str) -> str:
+    return f'parameters {{ key: "served_model_name" value {{ string_value: "{name}" }} }}'
+
+
+def test_on_demand_all_is_every_pipeline_not_started_by_triton_name(tmp_path):
+    _model(tmp_path, "piper", _served_as("piper_tts"))
+    _model(tmp_path, "stage")
+    _model(tmp_path, "bls", _depends_on("stage"))
+    _model(tmp_path, "llm")
+    pipelines = ["piper_tts", "bls", "llm"]
+    # a started OpenAI name (piper_tts) excludes its Triton model; a pipeline that merely shares
+    # a model with the started ones stays on demand
+    assert on_demand_pipelines("all", ["piper_tts", "stage"], pipelines, [tmp_path]) == ["bls", "llm"]
+    assert on_demand_pipelines("none", [], pipelines, [tmp_path]) == []
+    assert on_demand_pipelines("llm, piper_tts,llm", ["stage"], pipelines, [tmp_path]) == ["llm", "piper"]
+
+
+def test_on_demand_names_an_unknown_model(tmp_path):
+    _model(tmp_path, "bls", _depends_on("gone"))
+    with pytest.raises(KeyError, match="gone"):
+        on_demand_pipelines("bls", [], ["bls"], [tmp_path])
+
+
+def test_serve_passes_on_demand_flags_to_the_frontend(tmp_path):
+    args = build_parser().parse_args(["serve", "--keep-alive", "60", "--memory-budget", "6GiB",
+                                      "--load-timeout", "30"])
+    assert args.models == "llm,piper" and args.on_demand == "all"
+    flags = on_demand_args(args, ["csm", "qwen3_tts"], [tmp_path])
+    assert flags == ["--on-demand", "csm,qwen3_tts", "--keep-alive", "60.0", "--load-timeout", "30.0",
+                     "--memory-budget", "6GiB", "--model-repository", str(tmp_path)]
+    assert on_demand_args(args, [], [tmp_path]) == []  # nothing on demand: the frontend as before
+    from openai_frontend.__main__ import parse_args
+
+    parsed = parse_args(flags)  # the frontend accepts every flag serve passes
+    assert parsed.on_demand == "csm,qwen3_tts" and parsed.model_repository == [str(tmp_path)]
+
+
+@pytest.mark.parametrize("size", ["lots", "0", "-1GiB"])
+def test_a_memory_budget_that_is_not_a_size_is_refused(size, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--memory-budget", size])
+    assert "--memory-budget" in capsys.readouterr().err
