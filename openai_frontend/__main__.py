@@ -88,22 +88,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated Triton models to serve (default: every model in the repository "
         "index; /health then requires all of them READY)",
     )
-    # On-demand loading (docs/running.md "On-demand models"; omni-triton serve passes these).
-    p.add_argument("--on-demand", default="",
-                   help="comma-separated pipelines loaded on their first request and unloaded when "
-                        "idle, besides --models (which are loaded at start and kept; /health needs only "
-                        "them READY); their frontend companions come with them (default: none)")
-    p.add_argument("--keep-alive", type=float, default=300.0,
-                   help="seconds an on-demand pipeline stays loaded after its last call (0: unload when "
-                        "idle; -1: never)")
-    p.add_argument("--memory-budget", default=None,
-                   help="PSS the loaded models may take (6GiB, 6000MiB; pydantic ByteSize): idle on-demand "
-                        "pipelines are unloaded, least recently used first, to make room (default unlimited)")
-    p.add_argument("--load-timeout", type=float, default=120.0,
-                   help="seconds a request waits for its pipeline's load before a 503 with Retry-After")
-    p.add_argument("--model-repository", action="append", default=[],
-                   help="a model repository folder (repeatable) the pipelines' graph and pss_mib sizes "
-                        "are read from (default: this checkout's)")
     p.add_argument("--max-inflight", type=int, default=16,
                    help="admitted Triton requests (speech, chat choices, images); 429 beyond")
     p.add_argument("--default-max-input-chars", type=int, default=4096)
