@@ -29,7 +29,8 @@ Behaviour:
   unloaded; if nothing is idle, the load waits (up to ``load_timeout_s``) for one to go idle.
   A pipeline that cannot fit even beside the pinned models alone: :class:`TooLarge`.
 * failure: the models this load started are unloaded again, loaded pipelines are untouched; the
-  pipeline is ``failed`` with Triton's reason for :data:`FAILED_BACKOFF_S`, then tried again.
+  pipeline is ``failed`` with Triton's reason for :data:`FAILED_BACKOFF_S`, then tried again (at
+  once when the error was not the model's, :class:`ModelLoadError`, but Triton's: unreachable).
 """
 from __future__ import annotations
 
@@ -495,6 +496,8 @@ class OnDemandModels:
             reason = str(exc) or type(exc).__name__
             logger.warning("on-demand: loading %s failed: %s", e.pipeline.name, reason)
             e.failed_at = self.clock()
+            if not isinstance(exc, ModelLoadError):  # Triton unreachable, not the model: no back-off
+                e.failed_at -= FAILED_BACKOFF_S
             self._set(e, State.FAILED, reason)
             self.events.loaded(e.pipeline.name, "failed", self.clock() - t0)
             await self._undo(e, started)

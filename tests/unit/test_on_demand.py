@@ -322,3 +322,20 @@ def test_graph_from_repositories_reads_closures_companions_and_sizes(tmp_path, c
     assert g.pss_mib == {"llm": 300.0, "talker": 50.0, "prompt": od.DEFAULT_PSS_MIB, "tts": 20.0}
     assert g.triton_name("speech") == "tts" and g.triton_name("nope") is None
     assert "no pss_mib parameter in prompt" in caplog.text
+
+
+def test_triton_unreachable_during_a_load_fails_it_without_the_back_off():
+    async def main():
+        control = FakeControl(ready=set(PINNED))
+        m = manager(control)
+
+        async def down(model: str) -> None:
+            raise ConnectionError("Triton is unavailable")
+
+        control.load = down
+        with pytest.raises(LoadFailed, match="unavailable"):
+            await m.ensure_loaded("image")
+        del control.load  # Triton is back: the next request loads at once
+        await m.ensure_loaded("image")
+        assert m.state("image")[0] == State.LOADED
+    asyncio.run(main())
