@@ -568,6 +568,7 @@ class OnDemandModels:
     async def _unload(self, e: _Entry, reason: str, keep: set[str] | None = None) -> None:
         """Unload ``e``'s models no other resident pipeline (nor ``keep``) holds (lock held)."""
         self._set(e, State.UNLOADED)  # before any await: a new request starts a fresh load
+        self.events.unloaded(e.pipeline.name, reason)  # with the state, not after the stubs end
         held = self._needed_by_others(e) | (keep or set())
         logger.info("on-demand: unloading %s (%s)", e.pipeline.name, reason)
         for model in reversed(e.pipeline.models):
@@ -577,7 +578,6 @@ class OnDemandModels:
                 await self.control.unload(model)
             except Exception as exc:  # logged; Triton keeps it until next time
                 logger.warning("on-demand: unloading %s (%s of %s): %s", model, reason, e.pipeline.name, exc)
-        self.events.unloaded(e.pipeline.name, reason)
 
     def _next_deadline(self) -> float | None:
         if self.keep_alive_s is None:
