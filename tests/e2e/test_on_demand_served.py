@@ -173,9 +173,20 @@ def test_eviction_under_the_budget_unloads_the_idle_pipeline(served):
     sdk = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
     assert sdk.audio.speech.create(model="tts", input="Load me.", voice="alloy", response_format="pcm").content
     assert _state(url, "tts") == "loaded"
-    # at once (well within the keep-alive): only eviction can make room for qwen_image
-    r = sdk.images.generate(model="qwen_image", prompt="a red fox", size="32x32", n=1)
-    assert r.data[0].b64_json
+    # at once (well within the keep-alive): only eviction can make room for qwen_image. Its four
+    # torch stages may load for longer than --load-timeout on a busy box (first run: a 503
+    # model_loading after 120 s): retry on that 503, as a client told Retry-After would.
+    deadline = time.monotonic() + 600
+    while True:
+        r = httpx.post(f"{url}/v1/images/generations", timeout=300,
+                       json={"model": "qwen_image", "prompt": "a red fox", "size": "32x32", "n": 1})
+        if r.status_code != 503 or time.monotonic() > deadline:
+            break
+        assert r.json()["error"]["code"] == "model_loading", r.text
+        assert _state(url, "tts") == "unloaded"  # evicted before the load began
+        time.sleep(float(r.headers["Retry-After"]))
+    assert r.status_code == 200, r.text
+    assert r.json()["data"][0]["b64_json"]
     assert _state(url, "qwen_image") == "loaded" and _state(url, "tts") == "unloaded"
     assert _metric(url, "omni_frontend_model_unloads_total", model="csm", reason="evicted") == 1
     assert _state(url, "piper_tts") == "loaded"  # pinned: never evicted
