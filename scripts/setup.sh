@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Idempotent set-up used by the README's two commands and by .ci/run:
+# Idempotent set-up used by the README's two commands and by .ci/run; it installs what serving
+# needs and nothing else (scripts/test.sh adds the test-only venvs: benchmark client, fuzzer, lint):
 #   1. a dependency virtualenv shared by every checkout on this machine with the same lock, cached
 #      in $OMNI_TRITON_CACHE/venv-<lock hash> (a changed requirements.lock builds a new one); it holds the exact
 #      dependency set of requirements.lock, installed with --no-deps (see docs/running.md "Pins");
 #   2. this checkout's own virtualenv, .venv/ (seconds): it sees the shared dependencies through a
 #      .pth file and has this checkout installed editable, so two clones never run each other's code;
-#   3. the benchmark venv with vLLM-Omni's client (scripts/setup_bench.sh, cached like 1);
+#   3. the Qwen3-TTS venv (scripts/setup_qwen3_tts.sh, cached like 1): qwen3_tts is served;
 #   4. the embedded default models prepared into $OMNI_TRITON_CACHE/models (skipped when present).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +17,7 @@ LOCK="$ROOT/requirements.lock"
 want="$( (cat "$LOCK"; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
 # One shared venv per lock (its hash in the name): a checkout with another lock builds its own
 # beside it instead of deleting the one other checkouts' servers are running from.
-DEPS="${OMNI_TRITON_DEPS_VENV:-$OMNI_TRITON_CACHE/venv-${want:0:12}}"
+DEPS="$(bash "$ROOT/scripts/deps_venv_path.sh")"
 STAMP="$DEPS/.omni-triton-lock.sha256"
 
 if [ ! -x "$DEPS/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
@@ -36,7 +37,6 @@ touch "$STAMP"  # last use, for pruning
 # Shared venvs of other locks unused for 14 days are removed (4-5 GB each).
 find "$OMNI_TRITON_CACHE" -maxdepth 2 -path "$OMNI_TRITON_CACHE/venv-*/.omni-triton-lock.sha256" -mtime +14 \
   -printf '%h\n' 2>/dev/null | grep -vxF "$DEPS" | xargs -r rm -rf || true
-export OMNI_TRITON_DEPS_VENV="$DEPS"  # the benchmark venv is built on this one
 
 deps_site="$("$DEPS/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.omni-triton-deps" 2>/dev/null)" != "$deps_site $want" ]; then
@@ -56,5 +56,4 @@ if ! "$VENV/bin/python" -m pip install --no-deps --no-build-isolation -e "$ROOT"
   cat "$VENV/install.log"; exit 1
 fi
 bash "$ROOT/scripts/setup_qwen3_tts.sh"  # the Qwen3-TTS environment (second venv, cached)
-bash "$ROOT/scripts/setup_bench.sh"  # vLLM-Omni's benchmark client (second venv, cached)
 "$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,csm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni}"

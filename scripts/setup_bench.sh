@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The benchmark environment (idempotent): vLLM-Omni's own benchmark client, `vllm-omni bench serve
 # --omni`, in $OMNI_TRITON_CACHE/bench-venv, for tests/e2e/test_vllm_omni_bench.py and the
-# benchmark commands of docs/benchmarks.md. Built from requirements-bench.lock (installed with --no-deps) on top
-# of the main dependency venv (scripts/setup.sh builds that first), and rebuilt only when either
-# lock changes. It is ~5 GB (CUDA builds of torch/torchvision: see requirements-bench.lock);
+# benchmark commands of docs/benchmarks.md. Built by scripts/test.sh (not by serve.sh: serving never
+# needs it) or by hand, `bash scripts/setup_bench.sh`, before those benchmark commands. Built from
+# requirements-bench.lock (installed with --no-deps) on top of the main dependency venv
+# (scripts/setup.sh builds that first), and rebuilt only when either lock changes. It is ~5 GB (CUDA builds of torch/torchvision: see requirements-bench.lock);
 # OMNI_TRITON_SKIP_BENCH_ENV=1 skips it (the benchmark test then skips).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export OMNI_TRITON_CACHE="${OMNI_TRITON_CACHE:-$HOME/.cache/omni-triton}"
-DEPS="${OMNI_TRITON_DEPS_VENV:-$OMNI_TRITON_CACHE/venv}"
+DEPS="$(bash "$ROOT/scripts/deps_venv_path.sh")"  # the shared venv scripts/setup.sh built
 BENCH="${OMNI_TRITON_BENCH_VENV:-$OMNI_TRITON_CACHE/bench-venv}"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 STAMP="$BENCH/.omni-triton-bench-lock.sha256"
@@ -16,7 +17,7 @@ if [ "${OMNI_TRITON_SKIP_BENCH_ENV:-0}" = "1" ]; then
   echo "setup: skipping the benchmark venv (OMNI_TRITON_SKIP_BENCH_ENV=1)"; exit 0
 fi
 if [ ! -x "$DEPS/bin/python" ]; then
-  echo "setup_bench: $DEPS missing; run scripts/setup.sh first" >&2; exit 1
+  echo "setup_bench: $DEPS missing; run bash scripts/setup.sh first" >&2; exit 1
 fi
 want="$( (cat "$ROOT/requirements-bench.lock" "$ROOT/requirements.lock"; echo "$DEPS"; "$PYTHON" -c 'import sys; print(sys.version)') \
         | sha256sum | cut -d' ' -f1)"  # $DEPS too: its site-packages path is written into this venv

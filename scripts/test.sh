@@ -4,6 +4,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
+bash "$ROOT/scripts/setup_bench.sh"  # vLLM-Omni's bench client (~5 GB: tests/e2e/test_vllm_omni_bench.py), not serving
 bash "$ROOT/scripts/setup_fuzz.sh"  # schemathesis, the API fuzzer: tests only, so not in serve.sh's set-up
 bash "$ROOT/scripts/setup_lint.sh"  # ruff, mypy, import-linter (tests/unit/test_lint.py): tests only too
 VENV="$ROOT/.venv"

@@ -143,9 +143,9 @@ class LlmTtsPipeline(DecoupledStage):
     )
 
     def setup(self, args, params):
-        from transformers import AutoTokenizer
-
-        from omni_triton.paths import model_dir
+        # torch-free (tests/unit/test_bls_imports.py): no tokenizer here (transformers imports
+        # torch: 311 MB a stub); the llm stage tokenizes and validates each request, and its
+        # "invalid input: ..." reaches this model as a StageError with invalid set: INVALID_ARG here too
         from omni_triton.runtime.cancel_flags import CancelFlags
 
         self.voices = [v.strip() for v in params.get("voices", "joe").split(",") if v.strip()]
@@ -154,20 +154,24 @@ class LlmTtsPipeline(DecoupledStage):
         self.min_chars = int(params.get("min_sentence_chars", "12"))
         self.max_chars = int(params.get("max_sentence_chars", "300"))
         self.stage_flags = CancelFlags.for_server()
-        # The llm's tokenizer, to reject bad input with INVALID_ARG before calling the llm: 2.51
-        # turns a BLS response's error code into INTERNAL, so the llm's INVALID_ARG would be lost.
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir(params.get("tokenizer", "smollm2")))
-        self.max_model_len = int(params.get("max_model_len", "2048"))
 
     def parse(self, request):
-        from omni_triton.stages.llm import build_generation_job
+        """The request -> a :class:`_SpokenJob` (the chat inputs unchanged: ``llm`` validates and
+        tokenizes them).
 
+        Raises:
+            ChatInputError: bad MODALITIES / VOICE, both or neither of PROMPT and MESSAGES,
+                MESSAGES that ``chat.parse_messages`` refuses, an input over its cap.
+        """
         self.metrics.count("received")  # every request, the invalid ones included
         modalities = ch.parse_modalities(optional_str_input(request, ch.MODALITIES))
         voice = ch.match_voice(optional_str_input(request, ch.VOICE), self.voices, self.default_voice)
-        text_inputs = read_chat_request(request)
-        build_generation_job("validation", self.tokenizer, *text_inputs, self.max_model_len, 1,
-                             check_with_vllm=False)  # validation only; the llm tokenizes again
+        prompt, messages, sampling = text_inputs = read_chat_request(request)
+        if (prompt is None) == (messages is None):
+            raise ch.ChatInputError("send exactly one of PROMPT and MESSAGES")
+        if messages is not None:
+            ch.parse_messages(messages)  # its structure (as the llm checks it), before the llm is called
+        ch.parse_sampling(sampling)
         return _SpokenJob(chat_request_pairs(text_inputs), "audio" in modalities, voice)
 
     def _response(self, text, finish, counts, audio=None):

@@ -4,10 +4,16 @@ hand-off and the response layout (contract: ``omni_triton.contracts.chat``). Eac
 them with its own ``setup`` (checkpoint, stages, voices), stage and callee names, metric names and
 ``pass_paced`` (whether its callees declare PACED), and adds what only it has as explicit methods
 (Qwen3-Omni: media inputs, speaking while thinking, chunked code2wav; Qwen2.5-Omni: one
-whole-utterance token2wav). Stub-only imports; the logic lives in ``omni_triton.stages``."""
+whole-utterance token2wav). Stub-only imports; the logic lives in ``omni_triton.stages``.
+
+The BLS imports no torch (nor transformers): it checks what it reads itself (modalities, voice,
+frame cap, the messages' structure) and passes PROMPT / MESSAGES / SAMPLING_PARAMETERS on as they
+came; the thinker stage tokenizes them, decodes and processes media parts, and refuses what it
+cannot take with ``invalid input: ...``, which reaches the BLS as a ``StageError`` with
+``invalid`` set and leaves it as the BLS's own INVALID_ARG (HTTP 400).
+``tests/unit/test_bls_imports.py`` fails if a BLS imports torch again."""
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, replace
 
@@ -57,9 +63,9 @@ def _read_media(request, names: dict):
     return out
 
 
-def _media_pairs(arrays: dict, names: dict) -> list:
-    """``(tensor name, array)`` inputs of a stage for the present fields of ``arrays``."""
-    return [(names[k], np.ascontiguousarray(v)) for k, v in arrays.items() if v is not None and k in names]
+def _media_pairs(arrays: dict | None, names: dict) -> dict:
+    """``{tensor name: array}`` for the present fields of ``arrays`` (None: none)."""
+    return {names[k]: np.ascontiguousarray(v) for k, v in (arrays or {}).items() if v is not None and k in names}
 
 
 class FrameGroupResponses(FrameGroups):
@@ -139,7 +145,7 @@ class OmniJob:
     voice: str
     max_frames: int | None
     async_chunk: bool = False
-    talker_media: list = None  # (name, array) media inputs of the talker (multimodal prompts)
+    media: bool = False  # MESSAGES has media parts (the thinker processes them; Qwen3-Omni only)
     paced: bool = False  # PACED: played as it arrives, so the low-water chunks apply
 
 
@@ -158,15 +164,20 @@ class OmniThinkerBase(DecoupledStage):
     messages_chars = _DEFAULT_MESSAGES_CHARS  # MESSAGES cap (inline media parts included)
 
     def parse(self, request):
-        from omni_triton.stages.qwen3_omni import MultimodalInputs, prepare_multimodal_request
+        """The request's raw chat inputs -> a :class:`ThinkerJob`: the chat template and the
+        tokenizer run here, and media data parts (``input_audio`` / ``image_url`` / ``video_url``,
+        as the client sent them through the BLS) are decoded and processed here (``processor``).
+
+        Raises:
+            ChatInputError / MediaInputError: what ``prepare_multimodal_request`` refuses.
+        """
+        from omni_triton.stages.qwen3_omni import prepare_multimodal_request
 
         talker_inputs = bool(optional_input(request, om.TALKER_INPUTS) or False)
         streamed = talker_inputs and bool(optional_input(request, q3.ASYNC_CHUNK) or False)
-        given = MultimodalInputs(**_read_media(request, q3.MEDIA_TENSORS))
         ids, sampling, media = prepare_multimodal_request(
             self.thinker, *read_chat_request(request, self.messages_chars), self.default_max_tokens,
-            self.max_model_len, talker_inputs,
-            self.processor, given)
+            self.max_model_len, talker_inputs, self.processor)
         return ThinkerJob(ids, sampling, talker_inputs, streamed, media)
 
     def generate(self, job, stream):
@@ -187,6 +198,8 @@ class OmniThinkerBase(DecoupledStage):
                 o = step.output
                 handoff = om.ThinkerToTalker(o.sequence, o.prompt_len, o.embeds, o.hidden, o.tts_embeds)
                 out.update(handoff.thinker_outputs())
+                # a multimodal prompt's media positions, for the talker (the BLS passes them on)
+                out.update(_media_pairs(o.talker_media, q3.TALKER_MEDIA_TENSORS))
             yield Final(out) if step.finish_reason else out
 
 
@@ -240,48 +253,46 @@ class OmniTalkerBase(DecoupledStage):
 
 
 class OmniPipelineBase(DecoupledStage):
-    """An omni BLS: validates the chat request (the stages' INVALID_ARG would reach a 2.51 BLS as
-    INTERNAL), streams the thinker's text deltas as they come and hands its outputs to the talker
+    """An omni BLS, torch-free: checks what it reads itself (MODALITIES, VOICE, MAX_AUDIO_FRAMES,
+    exactly one of PROMPT and MESSAGES, the messages' structure and content part types against
+    ``media_accept``) and passes the chat inputs on as they came; the thinker tokenizes them,
+    processes their media and refuses the rest with ``invalid input: ...`` (a ``StageError``
+    with ``invalid``: INVALID_ARG here too, as a 2.51 BLS gets a stage's INVALID_ARG as INTERNAL).
+    It streams the thinker's text deltas as they come and hands its outputs to the talker
     (:meth:`_think`); what becomes of the talker's codes is the family's ``generate``. A family's
-    ``setup`` sets ``voices``, ``default_voice``, ``sample_rate``, ``stage_flags``, ``chat`` (its
-    chat tokenizer), ``processor`` (None: text only), ``default_max_tokens``, ``max_model_len``;
-    its class names ``thinker`` and ``talker``."""
+    ``setup`` sets ``voices``, ``default_voice``, ``sample_rate``, ``stage_flags``; its class
+    names ``thinker``, ``talker`` and ``media_accept`` (the content part modalities its thinker
+    takes) and ``talker_media_outputs`` (the thinker outputs of a multimodal prompt that the
+    talker takes too)."""
 
     input_error = ch.ChatInputError
     reads_bls_streams = True
     per_instance_metrics = True  # several instances (stub processes)
-    processor = None
+    media_accept: tuple[str, ...] = ("text",)  # text only
+    talker_media_outputs: tuple[str, ...] = ()
     messages_chars = _DEFAULT_MESSAGES_CHARS  # MESSAGES cap (inline media parts included)
 
     def parse(self, request):
-        from omni_triton.stages.qwen3_omni import prepare_multimodal_request
+        """The request -> an :class:`OmniJob` (the chat inputs unchanged).
 
+        Raises:
+            ChatInputError: bad MODALITIES / VOICE / MAX_AUDIO_FRAMES, both or neither of PROMPT
+                and MESSAGES, MESSAGES that ``chat.parse_messages`` refuses (not JSON, a bad role,
+                a content part this model does not take), an input over its cap.
+        """
         modalities = ch.parse_modalities(optional_str_input(request, ch.MODALITIES), default=("text", "audio"))
         voice = ch.match_voice(optional_str_input(request, ch.VOICE), self.voices, self.default_voice,
                                case_sensitive=False)
         audio = "audio" in modalities
         prompt, messages, sampling = read_chat_request(request, self.messages_chars)
-        media = None
-        if messages is not None:
-            # media parts are decoded and processed here, once: the thinker gets placeholders + tensors
-            from omni_triton.stages.qwen3_omni import prepare_media
-            from omni_triton.stages.qwen3_omni.inputs import MEDIA_ACCEPT
-
-            parsed, media = prepare_media(ch.parse_messages(messages, accept=MEDIA_ACCEPT), self.processor, None)
-            if media is not None:
-                messages = json.dumps(parsed, ensure_ascii=False)
-        prepare_multimodal_request(self.chat, prompt, messages, sampling, self.default_max_tokens, self.max_model_len,
-                                   audio, self.processor, media)
+        if (prompt is None) == (messages is None):
+            raise ch.ChatInputError("exactly one of PROMPT and MESSAGES must be given")
+        media = messages is not None and bool(ch.media_parts(ch.parse_messages(messages, accept=self.media_accept)))
         max_frames = optional_input(request, ch.MAX_AUDIO_FRAMES)
         if max_frames is not None and int(max_frames) < 1:
             raise ch.ChatInputError(f"MAX_AUDIO_FRAMES must be >= 1, got {int(max_frames)}")
-        inputs = chat_request_pairs((prompt, messages, sampling))
-        talker_media = []
-        if media is not None:
-            inputs += _media_pairs(media.__dict__, q3.MEDIA_TENSORS)
-            talker_media = _media_pairs(media.talker_arrays(), q3.TALKER_MEDIA_TENSORS)
-        return OmniJob(inputs, audio, voice, None if max_frames is None else int(max_frames), False,
-                       talker_media, self.paced(request))
+        return OmniJob(chat_request_pairs((prompt, messages, sampling)), audio, voice,
+                       None if max_frames is None else int(max_frames), False, media, self.paced(request))
 
     def _response(self, text="", finish="", counts=(0, 0), audio=None):
         return {**ch.text_response(text, finish, *counts), **audio_outputs(audio, self.sample_rate)}
@@ -294,7 +305,7 @@ class OmniPipelineBase(DecoupledStage):
         generated token's states), and the (prompt, completion) token counts. Used as
         ``talker_in, counts = yield from self._think(...)`` (also by the Qwen2.5-Omni BLS)."""
         inputs = job.inputs + [(om.TALKER_INPUTS, np.array([job.audio], dtype=bool))]
-        outputs = ch.TEXT_OUTPUTS + (om.TALKER_TENSORS if job.audio else ())
+        outputs = ch.TEXT_OUTPUTS + ((om.TALKER_TENSORS + self.talker_media_outputs) if job.audio else ())
         final, counts, finish = None, (0, 0), ""
         for out in stream_stage(self.thinker, inputs, outputs, stream.cancelled, self.stage_flags,
                                 f"{request_prefix}-{uuid.uuid4().hex}", parent=stream):
@@ -305,7 +316,8 @@ class OmniPipelineBase(DecoupledStage):
                 final = out  # the thinker's last response: it carries the talker's tensors
         if stream.cancel_seen or stream.cancelled() or finish == "abort" or final is None:
             return None, counts
-        handoff = om.thinker_to_talker(final, job.voice, job.talker_media or (), job.max_frames)
+        media = [(name, final[name]) for name in self.talker_media_outputs if name in final]
+        handoff = om.thinker_to_talker(final, job.voice, media, job.max_frames)
         if handoff.generated_tokens < 2:
             return None, counts
         return handoff.to_tensors(), counts

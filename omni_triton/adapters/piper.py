@@ -24,13 +24,14 @@ class PiperStage(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.paths import model_dir
-        from omni_triton.stages.piper import PiperSpeaker, discover_voices
+        from omni_triton.stages.piper import SHRINK_ABOVE_IDS, PiperSpeaker, discover_voices
 
         self.read_params(params)
         voices = discover_voices(model_dir("piper-voices"))
         if not voices:
             raise RuntimeError(f"no Piper voices under {model_dir('piper-voices')}; run `omni-triton prepare`")
-        self.speaker = PiperSpeaker(voices)
+        shrink_above = float(params.get("arena_shrink_above_ids", SHRINK_ABOVE_IDS))
+        self.speaker = PiperSpeaker(voices, shrink_above=shrink_above)
 
     def read_params(self, params):
         """Parameters read without loading voices (``setup`` calls it first)."""

@@ -117,18 +117,14 @@ class Qwen25OmniPipeline(OmniPipelineBase):
     thinker, talker, token2wav = "qwen2_5_omni_thinker", "qwen2_5_omni_talker", "qwen2_5_omni_token2wav"
 
     def setup(self, args, params):
+        # torch-free (tests/unit/test_bls_imports.py): qwen2_5_omni_thinker tokenizes and validates
+        # each request; text only (media_accept), so media parts are refused here
         from omni_triton.runtime.cancel_flags import CancelFlags
-        from omni_triton.stages.qwen2_5_omni import chat_tokenizer
 
         self.voices = [v.strip() for v in params.get("voices", "Chelsie").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
         self.stage_flags = CancelFlags.for_server()
-        # validated here too (a stage's INVALID_ARG reaches a 2.51 BLS model as INTERNAL)
-        self.chat = chat_tokenizer(_checkpoint(params))
-        self.processor = None  # text only: OmniPipelineBase.parse refuses media parts without one
-        self.default_max_tokens = int(params.get("default_max_tokens", "32"))
-        self.max_model_len = int(params.get("max_model_len", "1024"))
 
     def parse(self, request):
         job = super().parse(request)

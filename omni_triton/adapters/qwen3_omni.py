@@ -193,12 +193,15 @@ class Qwen3OmniPipeline(OmniPipelineBase):
     stage = "qwen3_omni"
     pass_paced = True  # qwen3_omni_talker declares PACED (qwen2_5_omni_talker does not)
     thinker, talker, code2wav = "qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav"
+    media_accept = q3.MEDIA_ACCEPT  # media parts pass through to qwen3_omni_thinker, which processes them
+    talker_media_outputs = tuple(q3.TALKER_MEDIA_TENSORS.values())
 
     def setup(self, args, params):
+        # torch-free (tests/unit/test_bls_imports.py): no tokenizer, no processor here;
+        # qwen3_omni_thinker tokenizes, processes the media parts and validates each request
         self.messages_chars = _messages_chars(params)
         from omni_triton.runtime.cancel_flags import CancelFlags
         from omni_triton.stages.chunking import schedule_params
-        from omni_triton.stages.qwen3_omni import ChatTokenizer
 
         self.chunks = schedule_params(params)  # ChunkSchedule keywords, validated (low water included)
         self.voices = [v.strip() for v in params.get("voices", "Ethan").split(",") if v.strip()]
@@ -206,19 +209,12 @@ class Qwen3OmniPipeline(OmniPipelineBase):
         self.sample_rate = int(params.get("sample_rate", "24000"))
         self.async_chunk = params.get("async_chunk", "false").strip().lower() == "true"
         self.stage_flags = CancelFlags.for_server()
-        # Validation happens here too, not only in qwen3_omni_thinker: on 2.51 an error response that
-        # reaches a BLS model arrives with code INTERNAL whatever the stage sent, so the
-        # thinker's INVALID_ARG would become a 500.
-        self.chat = ChatTokenizer.from_pretrained(_checkpoint(params))
-        self.processor = _processor(params)  # decodes and processes media parts (this model's threads)
-        self.default_max_tokens = int(params.get("default_max_tokens", "32"))
-        self.max_model_len = int(params.get("max_model_len", "1024"))
 
     def parse(self, request):
         job = super().parse(request)
         async_chunk = optional_input(request, q3.ASYNC_CHUNK)
         async_chunk = self.async_chunk if async_chunk is None else bool(async_chunk)
-        if job.talker_media:
+        if job.media:
             # Speaking while thinking is for text prompts: qwen3_omni_talker streams qwen3_omni_thinker with
             # the chat inputs only and builds its talker inputs without the media positions, so a
             # multimodal prompt takes the thinker-then-talker path (exact parity with the reference).

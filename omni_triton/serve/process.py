@@ -1,4 +1,4 @@
-"""Process plumbing shared by the server and the frontend child: process groups, ports, /dev/shm.
+"""Process plumbing shared by the server and the frontend child: process groups, ports.
 
 Children start in their own process group (:func:`child_setup`) and get SIGTERM when ``serve``
 dies; :func:`stop_process_group` ends the whole group, so stubs and engine workers never outlive
@@ -89,13 +89,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def shm_files(pid: int) -> set[str]:
-    """Files under /dev/shm that process ``pid`` maps (from /proc/<pid>/maps); empty if gone."""
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            return {line.split(None, 5)[5].strip() for line in maps
-                    if " /dev/shm/" in line and len(line.split(None, 5)) == 6}
-    except OSError:
-        return set()

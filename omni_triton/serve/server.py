@@ -32,10 +32,14 @@ from omni_triton.serve.process import (
     ServerStartError,
     check_ports_free,
     child_setup,
-    shm_files,
     stop_process_group,
 )
 from omni_triton.serve.repository import available_models, read_config, resolve_models
+from omni_triton.serve.stubs import StubTracker
+
+#: environment variable naming the status pipe's read end in the frontend
+#: (``openai_frontend.stage_watch.NOTIFY_FD_ENV``; serve does not import the frontend)
+NOTIFY_FD_ENV = "OMNI_TRITON_SERVE_STATUS_FD"
 
 __all__ = ["Frontend", "ServerStartError", "TritonServer", "missing_instances"]
 
@@ -47,6 +51,9 @@ def missing_instances(expected: dict[str, int], alive: dict[str, int]) -> list[s
 
 # Lines a CPU-only tritonserver always logs; they never explain a failure.
 _CPU_NOISE = ("CudaDriverHelper has not been initialized", "Failed to initialize NVML")
+#: Triton's model lifecycle lines (model_lifecycle.cc, INFO level, logged with --log-verbose=0)
+_LIFECYCLE_LINE = re.compile(rb"(?:loading: |successfully loaded '|successfully unloaded '|failed to load ')"
+                             rb"([\w.-]+)")
 _MODEL_LINE = re.compile(r"^\|\s*(?P<model>[\w.-]+)\s*\|\s*\d+\s*\|\s*(?P<status>.*?)\s*\|?\s*$")
 
 
@@ -93,12 +100,12 @@ class TritonServer:
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
         self.install = find_tritonserver()
-        self._shm_regions: set[str] = set()
-        # (stub pid, start time) -> {"model", "children": {(pid, start time)}, "shm": {path}}
-        self._families: dict[tuple[int, float], dict] = {}
-        self._python_models: list[str] | None = None
+        #: the stubs of the running server process (None before start())
+        self.stubs: StubTracker | None = None
+        self._python: dict[str, bool] = {}
         self._instance_counts: dict[str, int] = {}
-        self._log_offset, self._fatal_signal = 0, None  # fatal_signal(): log bytes read, line seen
+        self._log_offset, self._fatal_signal = 0, None  # poll_log(): log bytes read, fatal line seen
+        self._model_events: set[str] = set()  # models of the lifecycle lines poll_log() read
 
     @property
     def _connect_host(self) -> str:
@@ -157,13 +164,43 @@ class TritonServer:
             env=server_env(self.install), preexec_fn=child_setup,
         )
         log.close()
-        self._log_offset, self._fatal_signal = 0, None
+        self._log_offset, self._fatal_signal, self._model_events = 0, None, set()
+        self.stubs = StubTracker(self.proc.pid)
 
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def poll_log(self) -> None:
+        """Read what the server appended to its log since the last call (nothing or a few bytes
+        when idle: one open, seek and read): remember its first ``Signal (N) received.`` line
+        (:meth:`fatal_signal`) and the models of its lifecycle lines (:meth:`model_events`)."""
+        start = max(0, self._log_offset - 64)  # a line split across two reads
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(start)
+                chunk = log.read()
+        except FileNotFoundError:
+            return
+        seen = self._log_offset - start  # bytes of chunk read before: a match ending there is old
+        self._log_offset = start + len(chunk)
+        if self._fatal_signal is None:
+            m = re.search(rb"Signal \(\d+\) received\.?", chunk)
+            if m:
+                self._fatal_signal = m.group(0).decode()
+        self._model_events |= {m.group(1).decode(errors="replace")
+                               for m in _LIFECYCLE_LINE.finditer(chunk) if m.end() > seen}
+
+    def model_events(self) -> set[str]:
+        """The models Triton logged a load or unload of (``loading: m:1``, ``successfully loaded
+        'm'``, ``successfully unloaded 'm' ...``, ``failed to load 'm' ...``) since the last call:
+        ``serve``'s cue that the set of stubs changed (a model the frontend loaded on demand, or
+        unloaded), read from the log it already follows for :meth:`fatal_signal`."""
+        self.poll_log()
+        events, self._model_events = self._model_events, set()
+        return events
 
     def fatal_signal(self) -> str | None:
         """The first ``Signal (N) received.`` line this server wrote to its log, or None.
@@ -172,20 +209,10 @@ class TritonServer:
         after. In CI run 4 of issue 9 one did not: after a SIGSEGV its gRPC port was closed and
         every stub had died, but the process stayed, so ``serve`` (which watched only the exit)
         neither restarted nor counted it and every later request failed. The log is read
-        incrementally (only what was appended since the last call).
+        incrementally (:meth:`poll_log`: only what was appended since the last read).
         """
         if self._fatal_signal is None:
-            start = max(0, self._log_offset - 64)  # a line split across two reads
-            try:
-                with open(self.log_path, "rb") as log:
-                    log.seek(start)
-                    chunk = log.read()
-            except FileNotFoundError:
-                return None
-            self._log_offset = start + len(chunk)
-            m = re.search(rb"Signal \(\d+\) received\.?", chunk)
-            if m:
-                self._fatal_signal = m.group(0).decode()
+            self.poll_log()
         return self._fatal_signal
 
     def failure_report(self) -> str:
@@ -210,9 +237,15 @@ class TritonServer:
         return "\n".join(report) + f"\n(full log: {self.log_path})"
 
     def model_states(self) -> dict[str, tuple[str, str]]:
-        """Model -> (state, reason) from Triton's repository index."""
+        """Model -> (state, reason) from Triton's repository index.
+
+        Raises:
+            httpx.HTTPError: no answer, or an error status.
+            ValueError: the answer is not JSON.
+        """
         r = httpx.post(f"{self.http_url}/v2/repository/index", json={}, timeout=5,
                        headers=self.admin_headers)
+        r.raise_for_status()  # an error answer is no index (httpx.HTTPStatusError)
         return {m["name"]: (m.get("state", ""), m.get("reason", "")) for m in r.json()}
 
     def wait_ready(self, timeout: float = 600.0, should_stop=lambda: False) -> None:
@@ -249,145 +282,84 @@ class TritonServer:
             f"tritonserver not ready after {timeout:.0f} s\n{self.failure_report()}"
         )
 
-    def python_models(self) -> list[str]:
-        """Loaded models that run in a Python-backend stub process (not ensembles); read from the
-        configs once, not on every health poll."""
-        if self._python_models is None:
-            paths = available_models(self.repositories)
-            self._python_models = [m for m in self.models
-                                   if read_config(paths[m] / "config.pbtxt").backend == "python"]
-        return self._python_models
+    def ready_models(self) -> set[str]:
+        """Models Triton's repository index reports READY now (one HTTP call to the server).
 
-    def models_without_stub(self) -> list[str]:
-        """Python-backend models whose stub process is gone (killed, crashed, OOM).
-
-        Triton 2.51 keeps such a model READY and fails each request with "Stub process ... is
-        not healthy" until the model is loaded again.
+        Raises:
+            httpx.HTTPError: the server did not answer.
         """
+        return {m for m, (state, _) in self.model_states().items() if state == "READY"}
 
-        if self.proc is None or self.proc.poll() is not None:
-            return []
-        alive: dict[str, int] = {}
-        for cmd in self._stub_cmdlines():
-            name = Path(cmd[1]).parent.parent.name
-            alive[name] = alive.get(name, 0) + 1
-        return missing_instances({m: self._instances(m) for m in self.python_models()}, alive)
+    def is_python(self, model: str) -> bool:
+        """Whether ``model`` runs in Python-backend stubs (not an ensemble); read from its config
+        once. False for a model in no repository."""
+        if model not in self._python:
+            path = available_models(self.repositories).get(model)
+            self._python[model] = path is not None and read_config(path / "config.pbtxt").backend == "python"
+        return self._python[model]
 
-    def _instances(self, model: str) -> int:
+    def instances(self, model: str) -> int:
         """Stub processes ``model`` runs: the sum of its instance_group counts (1 if none)."""
         if model not in self._instance_counts:
             config = read_config(available_models(self.repositories)[model] / "config.pbtxt")
             self._instance_counts[model] = sum(g.count or 1 for g in config.instance_group) or 1
         return self._instance_counts[model]
 
+    def models_without_stub(self, ready: set[str]) -> list[str]:
+        """Python-backend models of ``ready`` (the models Triton reports READY) with fewer live
+        stubs than instances (killed, crashed, OOM; as of the last :meth:`scan_stubs` and
+        ``stubs.exited()``).
+
+        Triton 2.51 keeps such a model READY and fails each request with "Stub process ... is
+        not healthy" until the model is loaded again; a model of 4 instances that lost one stub
+        is as broken for the requests routed to it as one that lost all.
+        """
+        if self.stubs is None or self.proc is None or self.proc.poll() is not None:
+            return []
+        expected = {m: self.instances(m) for m in sorted(ready) if self.is_python(m)}
+        return missing_instances(expected, self.stubs.alive())
+
+    def scan_stubs(self, refresh: set[str] = frozenset()) -> list:
+        """Find the server's new stubs and their families (:meth:`StubTracker.scan
+        <omni_triton.serve.stubs.StubTracker.scan>`; ``refresh``: models whose families'
+        /dev/shm files are read again). Returns the new stubs."""
+        if self.stubs is None or self.proc is None or self.proc.poll() is not None:
+            return []
+        return self.stubs.scan(refresh)
+
+    def reap_exited_stubs(self) -> list[dict]:
+        """The stubs that exited since the last call, each with its family dealt with: the
+        descendants it left running killed, its /dev/shm files removed
+        (:meth:`StubTracker.reap <omni_triton.serve.stubs.StubTracker.reap>`; one dict per stub:
+        ``{"model", "stub_pid", "killed": [pid], "shm_removed": [path]}``). Whether that exit was
+        a death or its model's unload is for the caller to tell (Triton's index)."""
+        if self.stubs is None:
+            return []
+        return [self.stubs.reap(stub) for stub in self.stubs.exited()]
+
+    def stub_fds(self) -> list[int]:
+        """pidfds of the live stubs (readable once one exits): what ``serve`` waits on."""
+        return self.stubs.fds() if self.stubs is not None else []
+
     def kill_stubs(self, model: str) -> list[int]:
         """SIGKILL every stub process of ``model`` (serve then reloads it); returns their pids."""
         import psutil
 
         killed = []
-        try:
-            children = psutil.Process(self.proc.pid).children()
-        except psutil.Error:
+        if self.stubs is None:
             return killed
-        for child in children:
+        self.scan_stubs()
+        for stub in list(self.stubs.stubs.values()):
+            if stub.model != model:
+                continue
             try:
-                cmd = child.cmdline()
-                if len(cmd) > 2 and cmd[0].endswith("triton_python_backend_stub") \
-                        and Path(cmd[1]).parent.parent.name == model:
-                    child.kill()
-                    killed.append(child.pid)
+                proc = psutil.Process(stub.pid)
+                if proc.create_time() == stub.created:
+                    proc.kill()
+                    killed.append(stub.pid)
             except psutil.Error:
                 continue
         return killed
-
-    def track_stub_families(self) -> list[dict]:
-        """Remember every live stub's descendants (e.g. vLLM's EngineCore) and the /dev/shm files
-        they map; for each stub that died since the last call, kill its remembered descendants
-        that still run (same pid and start time: never a reused pid) and remove their /dev/shm
-        files.
-
-        A stub killed with SIGKILL leaves its children orphaned in the server's process group,
-        where they live (~3 GB for vLLM) until the server stops; called every second by
-        ``serve``.
-
-        Returns:
-            one dict per dead stub: ``{"model", "stub_pid", "killed": [pid], "shm_removed": [path]}``.
-        """
-        import psutil
-
-        if self.proc is None or self.proc.poll() is not None:
-            return []
-        try:
-            children = psutil.Process(self.proc.pid).children()
-        except psutil.Error:
-            return []
-        live = {}
-        for child in children:
-            try:
-                cmd = child.cmdline()
-                if len(cmd) > 2 and cmd[0].endswith("triton_python_backend_stub"):
-                    live[(child.pid, child.create_time())] = (Path(cmd[1]).parent.parent.name, child)
-            except psutil.Error:
-                continue
-        families = self._families
-        for key, (model, stub) in live.items():
-            family = families.setdefault(key, {"model": model, "children": set(), "shm": set()})
-            try:
-                descendants = stub.children(recursive=True)
-            except psutil.Error:
-                continue
-            family["shm"].update(shm_files(stub.pid))  # e.g. vLLM's psm_* message queues
-            for d in descendants:
-                try:
-                    family["children"].add((d.pid, d.create_time()))
-                except psutil.Error:
-                    continue
-                family["shm"].update(shm_files(d.pid))
-        reports = []
-        for key in [k for k in families if k not in live]:
-            family = families.pop(key)
-            killed, removed = [], []
-            for pid, created in family["children"]:
-                try:
-                    proc = psutil.Process(pid)
-                    if proc.create_time() == created:
-                        proc.kill()
-                        killed.append(pid)
-                except psutil.Error:
-                    continue
-            if killed:
-                psutil.wait_procs([psutil.Process(p) for p in killed if psutil.pid_exists(p)],
-                                  timeout=5)
-            for path in family["shm"]:
-                try:
-                    Path(path).unlink()
-                    removed.append(path)
-                except OSError:
-                    pass
-            reports.append({"model": family["model"], "stub_pid": key[0], "killed": killed,
-                            "shm_removed": removed})
-        return reports
-
-    def _stub_cmdlines(self) -> list[list[str]]:
-        """Command lines of the server's live stub processes; remembers their shared-memory
-        regions (argv[2]) so :meth:`stop` can remove what a killed stub leaves in /dev/shm."""
-        import psutil
-
-        cmds = []
-        try:
-            children = psutil.Process(self.proc.pid).children()
-        except psutil.Error:
-            return cmds
-        for child in children:
-            try:
-                cmd = child.cmdline()
-            except psutil.Error:
-                continue
-            # argv: stub <repo>/<model>/<version>/model.py <shm region> <sizes> <parent pid> ...
-            if len(cmd) > 2 and cmd[0].endswith("triton_python_backend_stub"):
-                cmds.append(cmd)
-                self._shm_regions.add(cmd[2])
-        return cmds
 
     def reload(self, model: str) -> None:
         """Unload and load ``model`` through Triton's repository API (restarts its stubs).
@@ -416,20 +388,21 @@ class TritonServer:
         """Stop the server and everything in its process group (stubs, engine children), then
         remove shared-memory regions its stubs left in /dev/shm (a killed stub leaks its own)."""
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self._stub_cmdlines()
-                self.track_stub_families()  # the /dev/shm files its stubs and engines map now
+            if self.proc.poll() is None and self.stubs is not None:
+                # the /dev/shm files its stubs and engines map now
+                self.stubs.scan(refresh={s.model for s in self.stubs.stubs.values()})
             stop_process_group(self.proc, timeout=self.exit_timeout + 10)
             shutil.rmtree(server_run_dir(self.proc.pid), ignore_errors=True)
             self.admin_key_path.unlink(missing_ok=True)
-            for region in self._shm_regions:
-                (Path("/dev/shm") / region).unlink(missing_ok=True)
-            # vLLM's shared-memory queues (psm_*) outlive an engine that was stopped by killing
-            # it (finalize reaps it within ~2 s): every process that mapped them is gone now.
-            for family in self._families.values():
-                for path in family["shm"]:
+            if self.stubs is not None:
+                for region in self.stubs.regions:
+                    (Path("/dev/shm") / region).unlink(missing_ok=True)
+                # vLLM's shared-memory queues (psm_*) outlive an engine that was stopped by
+                # killing it (finalize reaps it within ~2 s): every process that mapped them is
+                # gone now.
+                for path in self.stubs.shm_paths():
                     Path(path).unlink(missing_ok=True)
-            self._families = {}
+                self.stubs.close()
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -469,6 +442,7 @@ class Frontend:
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
+        self._notify_w: int | None = None  # write end of the status pipe of the running frontend
 
     @property
     def url(self) -> str:
@@ -495,11 +469,34 @@ class Frontend:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     stdin=subprocess.DEVNULL, preexec_fn=child_setup,
-                                     env={**os.environ, **self.env})
-        if out:
-            out.close()
+        self._close_notify()
+        read_end, self._notify_w = os.pipe()
+        os.set_blocking(self._notify_w, False)
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                         stdin=subprocess.DEVNULL, preexec_fn=child_setup,
+                                         pass_fds=(read_end,),
+                                         env={**os.environ, **self.env, NOTIFY_FD_ENV: str(read_end)})
+        finally:
+            os.close(read_end)
+            if out:
+                out.close()
+
+    def notify(self) -> None:
+        """Tell the frontend that serve's status file changed (a byte on the pipe whose read end
+        it got as ``OMNI_TRITON_SERVE_STATUS_FD``): it re-reads the file then, and never polls
+        it. A full pipe (the frontend is not reading) or a dead frontend is no error."""
+        if self._notify_w is None:
+            return
+        try:
+            os.write(self._notify_w, b"\n")
+        except OSError:  # BlockingIOError (full: it will read what is there), BrokenPipeError
+            pass
+
+    def _close_notify(self) -> None:
+        if self._notify_w is not None:
+            os.close(self._notify_w)
+            self._notify_w = None
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until ``GET /health`` answers 200.
@@ -528,3 +525,4 @@ class Frontend:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process_group(self.proc, timeout=10)
+        self._close_notify()

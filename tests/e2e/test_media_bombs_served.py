@@ -7,7 +7,7 @@ no process of the stack (the frontend, every Triton Python stub) grows its peak 
   ``POST /v1/audio/voice_consents`` (``recording``) and ``POST /v1/audio/voices``
   (``audio_sample``), decoded by the frontend (any model set: piper_tts is enough);
   ``ref_audio`` of ``/v1/audio/speech`` when ``qwen3_tts`` is served; chat ``input_audio`` when
-  ``qwen3_omni`` is served (decoded in the ``qwen3_omni`` stub);
+  ``qwen3_omni`` is served (decoded in the ``qwen3_omni_thinker`` stub);
 - images (PNG 20000x20000 and 9000x9000, GIF with a lying frame size): ``/v1/images/edits``
   (``qwen_image_edit``), ``/v1/videos`` ``input_reference`` (``wan_i2v``), chat ``image_url``
   (``qwen3_omni``), each when its model is served;
@@ -168,7 +168,8 @@ def _chat_part(name: str) -> dict:
 
 @pytest.mark.parametrize("name", [*AUDIO_BOMBS, *IMAGE_BOMBS, "mp4"])
 def test_bomb_as_chat_media(stack, name):
-    """Decoded in the ``qwen3_omni`` stub: its RSS (and every other stub's) is measured."""
+    """Decoded in the ``qwen3_omni_thinker`` stub (the ``qwen3_omni`` BLS passes the parts on): its RSS
+    (and every other stub's) is measured."""
     if "omni" not in _served(stack):
         pytest.skip("omni not served")
     messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, _chat_part(name)]}]

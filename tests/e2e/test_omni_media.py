@@ -1,7 +1,7 @@
 """End-to-end: multimodal input of ``qwen3_omni`` (audio, image and video content parts) through the
-official OpenAI SDK -> frontend -> Triton (the ``qwen3_omni`` BLS decodes the parts and runs the
-processor, ``qwen3_omni_thinker`` encodes them with its own audio/vision towers, ``qwen3_omni_talker`` gets the
-grids the reference gives it).
+official OpenAI SDK -> frontend -> Triton (the ``qwen3_omni`` BLS passes the parts on,
+``qwen3_omni_thinker`` decodes them, runs the processor and encodes them with its own audio/vision
+towers, ``qwen3_omni_talker`` gets the grids the reference gives it, from the thinker through the BLS).
 
 Reference: transformers alone, in this test process on the same prepared checkpoint. The inputs
 come from transformers' ``Qwen3OmniMoeProcessor`` (its chat template, placeholder expansion,

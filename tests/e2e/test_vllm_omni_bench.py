@@ -32,7 +32,8 @@ BENCH = cache_dir() / "bench-venv" / "bin" / "vllm-omni"
 SERVED = set(resolve_models([m.strip() for m in E2E_MODELS.split(",") if m.strip()]))
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not BENCH.exists(), reason="benchmark venv not built (scripts/setup_bench.sh)")]
+              pytest.mark.skipif(not BENCH.exists(), reason="benchmark venv not built: run bash scripts/setup_bench.sh "
+                                                          "(scripts/test.sh does)")]
 
 BENCH_PY = cache_dir() / "bench-venv" / "bin" / "python"
 DRIVER = Path(__file__).with_name("vllm_omni_bench_driver.py")

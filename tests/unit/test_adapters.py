@@ -344,3 +344,48 @@ def test_every_stage_that_reads_bls_streams_runs_on_one_thread_per_instance():
                                    model_config_pb2.ModelConfig())
         workers = config.parameters["workers"].string_value if "workers" in config.parameters else "0"
         assert int(workers) == 0 and sum(g.count for g in config.instance_group) >= 2, name
+
+
+# ------------------------------------------------- a stage's refusal stays INVALID_ARG in a BLS
+
+
+@pytest.mark.parametrize("adapter", ["llm.LlmTtsPipeline", "qwen3_omni.Qwen3OmniPipeline",
+                                     "qwen2_5_omni.Qwen25OmniPipeline"])
+def test_a_stages_refusal_is_the_bls_models_invalid_arg(monkeypatch, tmp_path, adapter):
+    """issue 28: the chat BLS models have no tokenizer (no torch); the stage they call first
+    tokenizes and refuses (e.g. a prompt over the context) with ``invalid input: ...``, which 2.51
+    delivers to a BLS with code INTERNAL. The BLS must still end the request with INVALID_ARG
+    (HTTP 400), the stage's message in it (llm_tts also counts it as invalid)."""
+    import importlib
+
+    from omni_triton.contracts import chat as ch
+    from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
+    from omni_triton.serve.repository import available_models, model_parameters
+
+    module, name = adapter.split(".")
+    mod = importlib.import_module(f"omni_triton.adapters.{module}")
+    model = {"llm": "llm_tts", "qwen3_omni": "qwen3_omni", "qwen2_5_omni": "qwen2_5_omni"}[module]
+    refusal = "the prompt has 5000 tokens; this model's context is 2048 tokens"
+
+    def refusing_stage(callee, *args, **kwargs):  # the stage's error response, code lost (2.51)
+        raise bls.StageError(callee, pb.TritonError(INVALID_INPUT_PREFIX + refusal, pb.TritonError.INTERNAL))
+        yield  # a generator, as stream_stage
+
+    for loaded in (mod, importlib.import_module("omni_triton.adapters.omni_stages")):
+        monkeypatch.setattr(loaded, "stream_stage", refusing_stage, raising=False)
+    monkeypatch.setenv("OMNI_TRITON_CACHE", str(tmp_path))
+    params = model_parameters(available_models()[model])
+    stage = getattr(mod, name)()
+    stage.initialize({**ARGS, "model_name": model, "model_config": json.dumps(
+        {"parameters": {k: {"string_value": v} for k, v in params.items()}})})
+    request = pb.FakeRequest({ch.MESSAGES: np.array([b'[{"role": "user", "content": "hi"}]'], dtype=object),
+                              ch.MODALITIES: np.array([b'["text", "audio"]'], dtype=object)})
+    stage.execute([request])
+    _wait(stage)
+    [error] = request.sender.errors()
+    assert error.code() == pb.TritonError.INVALID_ARG, error.message()
+    assert INVALID_INPUT_PREFIX in error.message() and refusal in error.message()
+    assert request.sender.finals == 1
+    if model == "llm_tts":  # the BLS's own invalid counter (test_llm_stage.py reads it served)
+        assert pb.MetricFamily.find("omni_llm_tts_invalid_requests_total", model="llm_tts")[-1].total == 1
+    stage.finalize()

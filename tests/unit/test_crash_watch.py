@@ -8,7 +8,6 @@ import argparse
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -21,62 +20,10 @@ from tests.helpers.crash_watch import (
     serve_log_evidence,
     triton_log_evidence,
 )
+from tests.helpers.fake_serve import Clock, FakeServer
 
 #: tritonserver's fatal-signal handler line, as it writes it (and as serve.supervisor.crash_reason reads it)
 TRITON_SIGNAL_LINE = "Signal (11) received."
-
-
-class _Proc:
-    def __init__(self, code):
-        self.returncode = code
-
-    def poll(self):
-        return self.returncode
-
-    def wait(self, timeout=None):
-        return self.returncode
-
-
-class _FakeServer:
-    """What sv.StubWatch, sv.restart_server and sv.supervise call on a TritonServer."""
-
-    def __init__(self, tmp_path: Path, dead: list[str] = (), missing: list[str] = (), exit_code=None):
-        self.models, self.repositories = ["piper", "llm", "llm_tts"], []
-        self.log_path = tmp_path / "tritonserver-1.log"
-        self.proc = _Proc(exit_code)
-        self._dead, self._missing = list(dead), list(missing)
-
-    def track_stub_families(self):
-        dead, self._dead = self._dead, []
-        return [{"model": m, "killed": [], "shm_removed": []} for m in dead]
-
-    def models_without_stub(self):
-        missing, self._missing = self._missing, []
-        return missing
-
-    def reload(self, model):
-        pass
-
-    def kill_stubs(self, model):
-        return [4242]
-
-    def stop(self):
-        pass
-
-    def start(self):
-        pass
-
-    def wait_ready(self, timeout=None, should_stop=None):
-        pass
-
-    def log_text(self):
-        return TRITON_SIGNAL_LINE + "\n"
-
-    def failure_report(self):
-        return ""
-
-    def fatal_signal(self):
-        return None
 
 
 @pytest.fixture
@@ -84,9 +31,21 @@ def status(tmp_path):
     return ServeStatus(tmp_path / "status.json")
 
 
+def _watch_deaths(server, status, *deaths: tuple[str, bool]) -> None:
+    """Make serve's StubWatch see each ``(model, seen)`` stub death and act on it."""
+    clock = Clock()
+    watch = sv.StubWatch(server, status, clock=clock)
+    watch.tick()
+    for model, seen in deaths:
+        server.kill(model, seen=seen)
+        server.events.add(model)
+        for _ in range(3):
+            clock.advance(sv.CONFIRM_S)
+            watch.tick()
+
+
 def test_serve_stub_death_reports_are_found_and_excused_only_for_the_named_model(tmp_path, status, capsys):
-    sv.StubWatch(_FakeServer(tmp_path, dead=["piper"]), status).scan()
-    sv.StubWatch(_FakeServer(tmp_path, missing=["llm"]), status).tick()  # "died before serve saw it"
+    _watch_deaths(FakeServer(tmp_path), status, ("piper", True), ("llm", False))  # llm: "died before serve saw it"
     log = capsys.readouterr().err
     assert [ln for ln in log.splitlines() if "died" in ln], log
     assert len(serve_log_evidence(log)) == 2, log
@@ -100,8 +59,7 @@ def test_serve_stub_death_reports_are_found_and_excused_only_for_the_named_model
 def test_a_callee_restart_is_excused_only_with_the_bls_model_that_caused_it(tmp_path, status, capsys, monkeypatch):
     monkeypatch.setattr(sv, "stream_callees", lambda model, *a: ["piper"] if model == "llm_tts" else [])
     monkeypatch.setattr(sv, "dependents", lambda model, *a: [model])
-    sv.StubWatch(_FakeServer(tmp_path, dead=["llm_tts"]), status).scan()
-    sv.StubWatch(_FakeServer(tmp_path, dead=["piper"]), status).scan()  # serve's kill, seen
+    _watch_deaths(FakeServer(tmp_path), status, ("llm_tts", True), ("piper", True))  # piper: serve's kill, seen
     log = capsys.readouterr().err
     assert "restarting piper too (it streamed to llm_tts)" in log, log
     assert serve_log_evidence(log, excused_stubs=["llm_tts"]) == []
@@ -109,11 +67,11 @@ def test_a_callee_restart_is_excused_only_with_the_bls_model_that_caused_it(tmp_
 
 
 def test_serve_tritonserver_restart_lines_are_found_even_with_stubs_excused(tmp_path, capsys):
-    server = _FakeServer(tmp_path)
+    server = FakeServer(tmp_path)
     sv.restart_server(server, 1.0, 1, tmp_path / "tritonserver-1.log.crash-1", threading.Event())
     args = argparse.Namespace(max_restarts=0)
     with pytest.raises(ServerStartError):
-        sv.supervise(_FakeServer(tmp_path, exit_code=-11), None, args, threading.Event(),
+        sv.supervise(FakeServer(tmp_path, exit_code=-11), None, args, threading.Event(),
                        ServeStatus(tmp_path / "status.json"))
     log = capsys.readouterr().err
     evidence = serve_log_evidence(log, excused_stubs=["piper", "llm"], check_stubs=False)

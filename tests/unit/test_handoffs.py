@@ -123,8 +123,8 @@ def test_csm_to_talker_needs_text():
 @pytest.mark.parametrize("generated", [1, 2])
 def test_the_omni_bls_hands_the_thinker_outputs_to_its_talker(monkeypatch, generated):
     """``OmniPipelineBase._think``: the thinker's last response becomes the talker's inputs (the
-    five talker tensors, VOICE, the prompt's media, MAX_FRAMES), and nothing under two generated
-    tokens is spoken."""
+    five talker tensors, VOICE, the prompt's media positions, which the thinker's processor made
+    and its last response carries, MAX_FRAMES), and nothing under two generated tokens is spoken."""
     import sys
     from types import SimpleNamespace
 
@@ -132,6 +132,7 @@ def test_the_omni_bls_hands_the_thinker_outputs_to_its_talker(monkeypatch, gener
 
     sys.modules.setdefault("triton_python_backend_utils", pb)
     from omni_triton.adapters import omni_stages
+    from omni_triton.adapters.qwen3_omni import Qwen3OmniPipeline
     from omni_triton.contracts import chat as ch
     from omni_triton.contracts.tensors import utf8_array
 
@@ -139,17 +140,24 @@ def test_the_omni_bls_hands_the_thinker_outputs_to_its_talker(monkeypatch, gener
                                  np.zeros((2 + generated, H), np.float32), np.ones((3, H), np.float32))
     final = {**thinker.thinker_outputs(), **{k: utf8_array(v) if isinstance(v, str) else v
                                              for k, v in ch.text_response("Hi", "stop", 3, generated).items()}}
-    monkeypatch.setattr(omni_stages, "stream_stage", lambda *a, **k: iter([final]))
-    bls = object.__new__(omni_stages.OmniPipelineBase)
-    bls.thinker, bls.stage_flags, bls.sample_rate = "qwen3_omni_thinker", None, 24000
-    media = [(q3.AUDIO_FEATURE_LENGTHS, np.array([7], np.int64))]
-    job = omni_stages.OmniJob([(ch.PROMPT, utf8_array("Hello"))], True, "Ethan", 9, talker_media=media)
+    final[q3.AUDIO_FEATURE_LENGTHS] = np.array([7], np.int64)  # a multimodal prompt's, from the thinker
+    asked = []
+
+    def stream_stage(model, inputs, outputs, *args, **kwargs):
+        asked.extend(outputs)
+        return iter([final])
+
+    monkeypatch.setattr(omni_stages, "stream_stage", stream_stage)
+    bls = object.__new__(Qwen3OmniPipeline)
+    bls.stage_flags, bls.sample_rate = None, 24000
+    job = omni_stages.OmniJob([(ch.MESSAGES, utf8_array("[]"))], True, "Ethan", 9, media=True)
     run = bls._think(job, SimpleNamespace(cancel_seen=False, cancelled=lambda: False), "t")
     with pytest.raises(StopIteration) as done:
         while True:
             next(run)
     talker_in, counts = done.value.value
     assert counts == (3, generated)
+    assert set(q3.TALKER_MEDIA_TENSORS.values()) <= set(asked)  # the BLS asks the thinker for them
     if generated < 2:
         assert talker_in is None
         return

@@ -140,7 +140,8 @@ def _image(url):
 
 
 def test_placeholders_with_tensors_equal_data_parts(stages):
-    """The omni BLS sends placeholders + tensors; the thinker builds the same prompt from them."""
+    """A caller that ran the processor itself may send placeholders + tensors (the stage API; the
+    omni BLS sends the data parts as they came since issue 28): the same prompt either way."""
     thinker, _, _, proc = stages
     ids, _, media = _prepare(stages, messages(AUDIO_PART, IMAGE_PART))
     placeholders = chat.placeholder_messages(chat.parse_messages(messages(AUDIO_PART, IMAGE_PART), qi.MEDIA_ACCEPT))

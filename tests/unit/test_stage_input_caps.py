@@ -127,6 +127,19 @@ def test_omni_messages_cap_admits_its_media_parts():
     assert omni._messages_chars({}) > tensors.MAX_MESSAGES_CHARS + d.max_parts * 4 * d.max_part_bytes // 3
 
 
+def test_omni_bls_and_thinker_cap_media_alike():
+    """``qwen3_omni`` passes MESSAGES on as they came and ``qwen3_omni_thinker`` decodes their media
+    parts: the BLS's MESSAGES cap (``max_media_parts`` x ``max_media_part_bytes``) must be the
+    thinker's, or one admits what the other refuses."""
+    from omni_triton.serve.repository import available_models, model_parameters
+
+    models = available_models()
+    bls, thinker = model_parameters(models["qwen3_omni"]), model_parameters(models["qwen3_omni_thinker"])
+    for key in ("max_media_parts", "max_media_part_bytes"):
+        assert bls[key] == thinker[key], key
+    assert omni._messages_chars(bls) == omni._messages_chars(thinker)
+
+
 def test_diffusion_prompts_over_the_cap_are_refused():
     for name in (im.PROMPT, im.NEGATIVE_PROMPT):
         inputs = {im.PROMPT: b"a cat", name: HUGE}

@@ -47,3 +47,35 @@ def test_no_file_means_nothing_to_watch(tmp_path):
     watch = ServeStatusWatch(tmp_path / "missing.json")
     watch.poll()
     assert watch.health() is None
+
+
+def test_serves_pipe_says_when_to_read_and_nothing_polls(tmp_path):
+    """With serve's pipe (OMNI_TRITON_SERVE_STATUS_FD) the watcher reads the file when serve
+    writes a byte after its status write, and runs no polling task (an idle frontend wakes for
+    nothing, issue 28 item 4)."""
+    import asyncio
+
+    status = ServeStatus(tmp_path / "status.json")
+    status.write(state="ready")
+    read_end, write_end = os.pipe()
+    status.listeners.append(lambda: os.write(write_end, b"\n"))
+    fired = []
+
+    async def main():
+        watch = ServeStatusWatch(status.path, lambda affected, dead: fired.append(dead),
+                                 interval_s=3600, notify_fd=read_end)
+        watch.start()
+        assert watch._task is None, "it polls"
+        status.write(last_stub_death={"at": 2.0, "model": "llm", "affected": ["llm"]})  # same mtime tick or not
+        for _ in range(200):
+            if fired:
+                break
+            await asyncio.sleep(0.01)
+        await watch.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert fired == ["llm"]

@@ -20,6 +20,15 @@ SAMPLE_RATE out   INT32   [1]    Hz (22050 for the default voice)
 
 One response per sentence as soon as it is synthesised; the last response is empty and carries
 the FINAL flag.
+
+Memory: onnxruntime's CPU memory arena (on by default) keeps every block it ever took from the
+system, and the VITS decoder's intermediate tensors grow with the length of a sentence's audio
+(about 20 MiB of arena per second of one sentence's speech, doubled by the arena's power-of-two
+growth). One 37 s comma-spliced sentence left a stub at 936 MiB PSS; a 4000-character one at
+speed 0.25 at 13.1 GiB, both for good. :class:`ArenaBoundedSession` hands the arena's free
+blocks back to the system after each sentence longer than ``shrink_above`` phoneme ids x
+length_scale (onnxruntime's ``memory.enable_memory_arena_shrinkage`` run option), so the arena
+stays warm for ordinary sentences (no page faults, no slowdown) and is bounded by them.
 """
 from __future__ import annotations
 
@@ -70,6 +79,53 @@ def discover_voices(voices_dir: Path) -> dict[str, Path]:
     return voices
 
 
+SHRINK_ABOVE_IDS = 200
+"""Default :class:`ArenaBoundedSession` threshold: phoneme ids x length_scale above which a run gives
+its arena blocks back (200 ids ~ 5 s of speech from the joe voice at speed 1, about 200 MiB of
+arena; measured in docs/speech_contracts.md "Memory")."""
+
+
+class ArenaBoundedSession:
+    """An ``onnxruntime.InferenceSession`` for a Piper voice whose CPU arena is given back to the
+    system after long sentences.
+
+    ``PiperVoice`` calls ``session.run(None, feed)`` with ``feed["input"]`` int64 ``[1, ids]`` and
+    ``feed["scales"]`` float32 ``[noise_scale, length_scale, noise_w_scale]``. A run whose
+    ``ids * length_scale`` exceeds ``shrink_above`` gets onnxruntime's run option
+    ``memory.enable_memory_arena_shrinkage = cpu:0``: at its end the arena frees every block no
+    run is using (blocks of a concurrent run stay). Shorter runs reuse the warm arena unchanged.
+    The computation, and so the audio, is the same either way. Everything else is the session's.
+
+    Args:
+        session: the voice's session (CPU provider, arena on).
+        shrink_above: phoneme ids x length_scale; ``0`` shrinks after every run, a negative value
+            never (onnxruntime's default: the arena keeps its largest size).
+    """
+
+    def __init__(self, session, shrink_above: float = SHRINK_ABOVE_IDS):
+        import onnxruntime
+
+        self.session = session
+        self.shrink_above = shrink_above
+        self.shrink_options = onnxruntime.RunOptions()
+        self.shrink_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+    def shrinks(self, feed: dict) -> bool:
+        """Whether a run of ``feed`` gives the arena back (see the class docstring)."""
+        if self.shrink_above < 0:
+            return False
+        return feed["input"].shape[-1] * float(feed["scales"][1]) > self.shrink_above
+
+    def run(self, output_names, input_feed: dict, run_options=None):
+        """``InferenceSession.run``, with the shrinkage option on long sentences."""
+        if run_options is None and self.shrinks(input_feed):
+            run_options = self.shrink_options
+        return self.session.run(output_names, input_feed, run_options)
+
+    def __getattr__(self, name: str):
+        return getattr(self.session, name)
+
+
 class PiperSpeaker:
     """A set of loaded Piper voices that synthesise text sentence by sentence.
 
@@ -77,13 +133,15 @@ class PiperSpeaker:
         voices: voice id -> path of the ``.onnx`` file (its config is ``<path>.json``).
         intra_op_threads: onnxruntime threads per session (1 on these 2-core machines:
             oversubscription made runs 10-25x slower, see docs/architecture.md "Environment facts").
+        shrink_above: :class:`ArenaBoundedSession` threshold (phoneme ids x length_scale).
 
     Raises:
         FileNotFoundError: a voice file is missing.
         ValueError: ``voices`` is empty.
     """
 
-    def __init__(self, voices: dict[str, Path], intra_op_threads: int = 1):
+    def __init__(self, voices: dict[str, Path], intra_op_threads: int = 1,
+                 shrink_above: float = SHRINK_ABOVE_IDS):
         import onnxruntime
         from piper import PiperVoice
         from piper.config import PiperConfig
@@ -100,7 +158,8 @@ class PiperSpeaker:
             session = onnxruntime.InferenceSession(
                 str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
             )
-            self._voices[voice_id] = PiperVoice(config=PiperConfig.from_dict(config), session=session)
+            self._voices[voice_id] = PiperVoice(config=PiperConfig.from_dict(config),
+                                                session=ArenaBoundedSession(session, shrink_above))
         self.default_voice = next(iter(self._voices))
 
     @property

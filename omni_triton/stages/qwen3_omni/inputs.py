@@ -10,7 +10,8 @@ frame, then the frames are cut into ``temporal_patch_size`` x ``patch_size``^2 p
 exact reshape/transpose of ``Qwen2VLVideoProcessor.patchify`` (:func:`patchify_video`). The
 placeholder expansion is the reference's own ``replace_multimodal_special_tokens``.
 
-Tensors (also the Triton inputs of ``qwen3_omni_thinker``, names in ``omni_triton.contracts.chat``):
+Tensors (made in ``qwen3_omni_thinker`` from the data parts of MESSAGES; its last response hands the
+talker ``MultimodalInputs.talker_arrays``, names in ``omni_triton.contracts.qwen3_omni``):
 ``input_features`` float32 [A, M, F] (log-mel, M mel bins, F frames at 100/s),
 ``feature_attention_mask`` int32 [A, F]; ``pixel_values`` float32 [P, C*t*p*p] (all images'
 patches), ``image_grid_thw`` int64 [I, 3]; ``pixel_values_videos`` float32 [Pv, C*t*p*p],
@@ -27,6 +28,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from omni_triton.contracts import qwen3_omni as q3_contract
 from omni_triton.contracts.chat import ChatInputError
 from omni_triton.media.inputs import MediaLimits
 
@@ -242,8 +244,8 @@ def patchify_video(frames: np.ndarray, patch: int, merge: int,
     return np.ascontiguousarray(x).reshape(t * gh * gw, c * temporal * patch * patch), (t, gh, gw)
 
 
-#: modalities ``qwen3_omni`` takes in content parts (``parse_messages(accept=...)``)
-MEDIA_ACCEPT = ("text", "audio", "image", "video")
+#: modalities ``qwen3_omni`` takes in content parts (``parse_messages(accept=...)``; the contract's)
+MEDIA_ACCEPT = q3_contract.MEDIA_ACCEPT
 
 
 def decode_parts(parts: list[dict], processor: OmniProcessor) -> list[MediaItem]:
@@ -285,7 +287,8 @@ def prepare_media(messages: list[dict], processor: OmniProcessor, given: Multimo
                   ) -> tuple[list[dict], MultimodalInputs | None]:
     """Parsed messages (``parse_messages(accept=MEDIA_ACCEPT)``) -> (messages with placeholders,
     their tensors or None for text only). Media data parts are decoded and processed here;
-    placeholder parts take ``given`` (the tensors a caller such as the ``qwen3_omni`` BLS already made).
+    placeholder parts take ``given`` (tensors a caller already made; in Triton the ``qwen3_omni``
+    BLS sends data parts, so ``qwen3_omni_thinker`` processes them here).
 
     Raises:
         ChatInputError / MediaInputError: data and placeholder parts mixed, tensors without
