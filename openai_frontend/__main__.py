@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -23,6 +24,57 @@ from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
 
 
+def _byte_size(text: str) -> int:
+    """``--memory-budget``: a size (``6GiB``, ``6000MiB``, ``6G``, pydantic's ``ByteSize``) in bytes.
+    Raises ``argparse.ArgumentTypeError`` for anything else or a size <= 0."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        size = int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 6GiB or 6000MiB") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the budget must be positive")
+    return size
+
+
+def on_demand_engine_args(args: argparse.Namespace, pinned: list[str]) -> dict[str, Any]:
+    """The ``TritonEngine`` keyword arguments of ``--on-demand`` (``{}`` without it): the policy
+    factory (``omni_triton.serve.on_demand``) and each on-demand pipeline's ``ModelInfo`` read
+    from its repository config. Reads the configs once, here, before the event loop starts.
+
+    Raises:
+        SystemExit: a pipeline (or a model it needs) is in no repository, or a config is invalid.
+    """
+    names = [n.strip() for n in args.on_demand.split(",") if n.strip()]
+    if not names or names == ["none"]:
+        return {}
+    if "all" in names:
+        raise SystemExit("openai_frontend: --on-demand takes pipeline names ('all' is resolved by "
+                         "omni-triton serve)")
+    from omni_triton.serve import on_demand as od
+    from omni_triton.serve.repository import available_models, read_config
+
+    from .engine import model_info_from_config
+
+    repos = [Path(r) for r in args.model_repository] or None
+    try:
+        graph = od.PipelineGraph.from_repositories(pinned, names, repos)
+        paths = available_models(repos)
+        offline = {name: model_info_from_config(read_config(paths[name] / "config.pbtxt"), "UNLOADED")
+                   for name, p in graph.pipelines.items() if not p.pinned}
+    except Exception as exc:  # KeyError, ValueError, OSError, protobuf's ParseError: no start
+        raise SystemExit(f"openai_frontend: --on-demand: {exc}") from exc
+    budget = args.memory_budget / (1 << 20) if args.memory_budget else None
+    keep_alive = None if args.keep_alive < 0 else args.keep_alive
+
+    def policy(control: od.ModelControl) -> od.OnDemandModels:
+        return od.OnDemandModels(graph, control, keep_alive_s=keep_alive, memory_budget_mib=budget,
+                                 load_timeout_s=args.load_timeout)
+
+    return {"on_demand": policy, "offline": offline}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openai_frontend", description=__doc__)
     p.add_argument("--triton-url", default="localhost:8001",
@@ -37,22 +89,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated Triton models to serve (default: every model in the repository "
         "index; /health then requires all of them READY)",
     )
-    # On-demand loading (docs/running.md "On-demand models"; omni-triton serve passes these).
-    p.add_argument("--on-demand", default="",
-                   help="comma-separated pipelines loaded on their first request and unloaded when "
-                        "idle, besides --models (which are loaded at start and kept; /health needs only "
-                        "them READY); their frontend companions come with them (default: none)")
-    p.add_argument("--keep-alive", type=float, default=300.0,
-                   help="seconds an on-demand pipeline stays loaded after its last call (0: unload when "
-                        "idle; -1: never)")
-    p.add_argument("--memory-budget", default=None,
-                   help="PSS the loaded models may take (6GiB, 6000MiB; pydantic ByteSize): idle on-demand "
-                        "pipelines are unloaded, least recently used first, to make room (default unlimited)")
-    p.add_argument("--load-timeout", type=float, default=120.0,
-                   help="seconds a request waits for its pipeline's load before a 503 with Retry-After")
-    p.add_argument("--model-repository", action="append", default=[],
-                   help="a model repository folder (repeatable) the pipelines' graph and pss_mib sizes "
-                        "are read from (default: this checkout's)")
     p.add_argument("--max-inflight", type=int, default=16,
                    help="admitted Triton requests (speech, chat choices, images); 429 beyond")
     p.add_argument("--default-max-input-chars", type=int, default=4096)
@@ -132,6 +168,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="close a speech WebSocket session (error idle_timeout + close 1008) without a "
                         "session.config this long after the handshake, or without a message this long "
                         "while it has nothing queued or being spoken")
+    g = p.add_argument_group("on-demand models (docs/running.md \"On-demand models\"; omni-triton serve passes these)")
+    g.add_argument("--on-demand", default="",
+                   help="comma-separated pipelines (Triton or OpenAI names) loaded on their first request "
+                        "and unloaded when idle; served beside --models (which stay loaded: pinned). "
+                        "'' or 'none': none")
+    g.add_argument("--keep-alive", type=float, default=300.0,
+                   help="seconds an on-demand pipeline stays loaded after its last request (0: unload as "
+                        "soon as idle; -1: never)")
+    g.add_argument("--memory-budget", type=_byte_size, default=None,
+                   help="PSS the loaded models may take (6GiB, 6000MiB, 6G; sum of the configs' pss_mib): "
+                        "idle on-demand pipelines are unloaded, least recently used first, to make room; "
+                        "default unlimited")
+    g.add_argument("--load-timeout", type=float, default=120.0,
+                   help="seconds a request waits for its pipeline to load; then 503 model_loading with "
+                        "Retry-After (the load goes on)")
+    g.add_argument("--model-repository", action="append", default=[],
+                   help="a model repository to read the pipelines' graph and sizes from (repeatable; "
+                        "default: omni-triton's repositories)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -145,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     except (triton_admin.AdminKeyError, OSError) as exc:
         raise SystemExit(f"openai_frontend: {triton_admin.ENV}/{triton_admin.ENV_FILE}: {exc}") from exc
     engine = TritonEngine(args.triton_url, models=models, rpc_timeout_s=args.rpc_timeout,
-                          admin_key=admin_key)
+                          admin_key=admin_key, **on_demand_engine_args(args, models or []))
     settings = Settings(
         max_inflight=args.max_inflight,
         default_max_input_chars=args.default_max_input_chars,

@@ -135,6 +135,11 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         watch.start()
+        on_demand = getattr(engine, "on_demand", None)  # TritonEngine with --on-demand
+        if on_demand is not None:
+            on_demand.attach(_app.state.metrics)
+            _app.state.metrics.models_pss_mib.set_function(on_demand.resident_pss_mib)
+            await on_demand.start()
         if settings.video is not None:
             metrics = _app.state.metrics
             _app.state.video_jobs = jobs = VideoJobs(
@@ -153,6 +158,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
             if video_lock is not None:
                 video_lock.release()
             await watch.stop()
+            if on_demand is not None:
+                await on_demand.stop()
             if close_engine:
                 await engine.close()
 

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .engine.errors import EngineError
+from .engine.errors import EngineError, ModelTooLargeError
 from .schemas import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,16 @@ def engine_error_detail(exc: EngineError) -> ErrorDetail:
     used for error events inside streams)."""
     return ErrorDetail(message=public_message(exc.message), type=exc.error_type, param=exc.param,
                        code=exc.code)
+
+
+def retry_after_s(exc: EngineError) -> int | None:
+    """``Retry-After`` seconds of an engine error: the error's own ``retry_after_s`` (an
+    on-demand model loading: ``ModelLoadingError``), none for ``model_too_large`` (waiting does not
+    help), else 1 for every other 503 (a stage being restarted, Triton unavailable), none below."""
+    if exc.status_code != 503 or isinstance(exc, ModelTooLargeError):
+        return None
+    own = getattr(exc, "retry_after_s", None)
+    return int(own) if isinstance(own, (int, float)) else 1
 
 
 def _validation_detail(exc: RequestValidationError) -> ErrorDetail:
@@ -166,7 +176,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
         if exc.status_code >= 500:
             logger.warning("engine error: %s", exc.message)
-        headers = {"Retry-After": "1"} if exc.status_code == 503 else None
+        retry_after = retry_after_s(exc)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         return error_json(exc.status_code, engine_error_detail(exc), headers)
 
     @app.exception_handler(RequestValidationError)

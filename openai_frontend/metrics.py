@@ -109,5 +109,50 @@ class FrontendMetrics:
             "1 while the video job runner retries a failing database (queued jobs wait), else 0",
             registry=self.registry,
         )
+        # on-demand models (omni_triton.serve.on_demand; docs/metrics.md "On-demand models")
+        self.model_loads = Counter(
+            "omni_frontend_model_loads",
+            "Loads of on-demand pipelines by model and outcome (ok|failed)",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.model_unloads = Counter(
+            "omni_frontend_model_unloads",
+            "Unloads of on-demand pipelines by model and reason (keep_alive|evicted)",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self.model_load_seconds = Histogram(
+            "omni_frontend_model_load_seconds",
+            "Time to load an on-demand pipeline (its closure's models not yet READY), ok or failed",
+            ["model"],
+            buckets=(0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
+            registry=self.registry,
+        )
+        self.model_state = Gauge(
+            "omni_frontend_model_state",
+            "1 for the state (loaded|loading|unloaded|failed) each pipeline is in, 0 for the others",
+            ["model", "state"],
+            registry=self.registry,
+        )
+        self.models_pss_mib = Gauge(
+            "omni_frontend_models_pss_mib",
+            "Sum of pss_mib (config parameter: measured PSS, MiB) of the models the loaded pipelines hold",
+            registry=self.registry,
+        )
         if admission is not None:
             self.inflight.set_function(lambda: admission.inflight)
+
+    def loaded(self, pipeline: str, outcome: str, seconds: float) -> None:
+        """``omni_triton.serve.on_demand.Events``: a load ended (``ok`` or ``failed``)."""
+        self.model_loads.labels(pipeline, outcome).inc()
+        self.model_load_seconds.labels(pipeline).observe(seconds)
+
+    def unloaded(self, pipeline: str, reason: str) -> None:
+        """``Events``: an unload (``keep_alive`` or ``evicted``)."""
+        self.model_unloads.labels(pipeline, reason).inc()
+
+    def state(self, pipeline: str, state: str) -> None:
+        """``Events``: ``pipeline`` entered ``state`` (an ``on_demand.State``, a ``str``)."""
+        for s in ("loaded", "loading", "unloaded", "failed"):
+            self.model_state.labels(pipeline, s).set(1.0 if s == str(getattr(state, "value", state)) else 0.0)

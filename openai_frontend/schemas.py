@@ -148,6 +148,10 @@ class ModelCard(BaseModel):
     modality: str | None = None
     modalities: list[str] | None = None
     max_model_len: int | None = None
+    #: extension: ``loaded``, ``loading``, ``unloaded`` (an on-demand model not loaded yet: its
+    #: first request loads it) or ``failed`` (with ``reason``); docs/running.md "On-demand models"
+    state: Literal["loaded", "loading", "unloaded", "failed"] | None = None
+    reason: str | None = None
 
 
 class ModelList(BaseModel):

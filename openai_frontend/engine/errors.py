@@ -65,3 +65,35 @@ class InferenceError(EngineError):
     status_code = 500
     error_type = "server_error"
     code = "inference_error"
+
+
+class ModelLoadingError(ModelNotReadyError):
+    """An on-demand model is loading (``omni_triton.serve.on_demand``) and did not become ready
+    within ``--load-timeout``; the load goes on. A 503 with ``Retry-After: retry_after_s``."""
+
+    code = "model_loading"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: int = 5):
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
+
+
+class ModelLoadFailedError(ModelNotReadyError):
+    """An on-demand model's load failed (Triton's reason in the message); the next request after
+    the back-off (30 s) tries again: a 503 with ``Retry-After`` of that back-off."""
+
+    code = "model_load_failed"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: int = 30):
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
+
+
+class ModelTooLargeError(EngineError):
+    """An on-demand model does not fit in ``--memory-budget`` even with every other on-demand
+    model unloaded (the message says its size and the budget). 503 without ``Retry-After``:
+    waiting does not help."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "model_too_large"

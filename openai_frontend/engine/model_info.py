@@ -71,6 +71,10 @@ class ModelInfo:
     assets: tuple[str, ...] = ()
     #: OpenAI voice name -> one of ``voices`` (config parameter ``openai_voices``).
     voice_aliases: tuple[tuple[str, str], ...] = ()
+    #: Loaded on its first request and unloaded when idle (``--on-demand``,
+    #: ``omni_triton.serve.on_demand``); its ``state`` is then ``READY``, ``LOADING``,
+    #: ``UNLOADED`` or ``FAILED``, and ``/health`` does not wait for it.
+    on_demand: bool = False
     #: Every config parameter as a string (video models read theirs in ``serving.videos``).
     parameters: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 

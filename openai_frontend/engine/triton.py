@@ -18,9 +18,12 @@ cancels the in-flight request, which a Python-backend model sees as ``request.is
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import logging
 import sys
+import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -40,13 +43,17 @@ from omni_triton.contracts import speech as speech_contract
 from omni_triton.contracts import video as video_contract
 from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, scalar_array, utf8_array, wrap_inputs
 from omni_triton.media.image import pixels_from_png_base64
+from omni_triton.serve import on_demand as od
 
 from .errors import (
     EngineError,
     InferenceError,
     InvalidRequestError,
+    ModelLoadFailedError,
+    ModelLoadingError,
     ModelNotFoundError,
     ModelNotReadyError,
+    ModelTooLargeError,
     StageRestartedError,
     TritonUnavailableError,
 )
@@ -109,6 +116,92 @@ def _translate(exc: Exception, what: str) -> EngineError:
     return InferenceError(f"{what}: {exc}")
 
 
+#: Seconds an unload may take to release its model (python stubs end their instances) before
+#: the policy goes on regardless; polled every :data:`_UNLOAD_POLL_S`.
+_UNLOAD_WAIT_S = 120.0
+_UNLOAD_POLL_S = 0.25
+#: Triton index states of a model that still holds its memory
+_HOLDING = frozenset({"READY", "UNLOADING", "LOADING"})
+
+
+class TritonModelControl:
+    """``omni_triton.serve.on_demand.ModelControl`` over ``tritonclient.grpc.aio``: Triton's
+    explicit model control (``RepositoryModelLoad`` / ``Unload``, admin key headers), its
+    repository index and its statistics. Every call is async: the event loop stays free.
+
+    Args:
+        engine: the :class:`TritonEngine` whose client (one gRPC channel) and admin headers it uses.
+    """
+
+    def __init__(self, engine: TritonEngine):
+        self._engine = engine
+
+    async def load(self, model: str) -> None:
+        """Load ``model``; returns when Triton has it READY (no deadline: a load takes as long as
+        it takes; waiters time out in the policy, not here).
+
+        Raises:
+            ModelLoadError: Triton answered the load with an error (its message: the reason).
+            EngineError: Triton unreachable or the admin key refused (``_translate``).
+        """
+        e = self._engine
+        try:
+            await e._client.load_model(model, headers=e._admin_headers)
+        except InferenceServerException as exc:
+            error = _translate(exc, f"load of {model}")
+            if isinstance(error, TritonUnavailableError) or _RESTRICTED in (exc.message() or ""):
+                raise error from exc
+            raise od.ModelLoadError(exc.message() or str(exc)) from exc
+
+    async def unload(self, model: str) -> None:
+        """Unload ``model`` (only it) and wait, polling Triton's index every 0.25 s for at most
+        120 s, until its state no longer holds memory (Triton's unload returns at once and the
+        stubs end in the background). Raises ``EngineError`` (``_translate``)."""
+        e = self._engine
+        try:
+            await e._client.unload_model(model, headers=e._admin_headers, client_timeout=e._timeout)
+        except Exception as exc:
+            raise _translate(exc, f"unload of {model}") from exc
+        deadline = time.monotonic() + _UNLOAD_WAIT_S
+        while time.monotonic() < deadline:
+            state = (await e._index()).get(model, ("UNLOADED", ""))[0]
+            if state not in _HOLDING:
+                return
+            await asyncio.sleep(_UNLOAD_POLL_S)
+        logger.warning("on-demand: %s still %s %.0f s after its unload", model, state, _UNLOAD_WAIT_S)
+
+    async def ready_models(self) -> set[str]:
+        """Models Triton's repository index lists READY. Raises ``EngineError``."""
+        return {name for name, (state, _) in (await self._engine._index()).items() if state == "READY"}
+
+    async def last_inference(self, models: list[str]) -> dict[str, float]:
+        """Model -> wall-clock seconds of its last inference (Triton statistics
+        ``last_inference``, ms since the epoch, the latest over versions); never-called or
+        unknown models are left out. Raises ``EngineError`` when Triton is unreachable."""
+        e = self._engine
+        out: dict[str, float] = {}
+        for name in models:
+            try:
+                resp = await e._client.get_inference_statistics(name, client_timeout=e._timeout)
+            except InferenceServerException as exc:
+                if (exc.status() or "").endswith(tuple(c.name for c in _UNAVAILABLE_CODES)):
+                    raise _translate(exc, f"statistics of {name}") from exc
+                continue
+            last = max((int(m.last_inference) for m in resp.model_stats), default=0)
+            if last > 0:
+                out[name] = last / 1000.0
+        return out
+
+
+def _on_demand_error(exc: od.OnDemandError) -> EngineError:
+    """The engine error (OpenAI code, HTTP status, ``Retry-After``) of a policy error."""
+    if isinstance(exc, od.LoadTimeout):
+        return ModelLoadingError(exc.message, param="model", retry_after_s=exc.retry_after_s)
+    if isinstance(exc, od.TooLarge):
+        return ModelTooLargeError(exc.message, param="model")
+    return ModelLoadFailedError(exc.message, param="model", retry_after_s=int(od.FAILED_BACKOFF_S))
+
+
 class TritonEngine:
     """``Engine`` over one ``tritonclient.grpc.aio.InferenceServerClient``.
 
@@ -119,12 +212,25 @@ class TritonEngine:
         admin_key: the key of Triton's restricted APIs (``omni_triton.triton_admin``), sent as
             the ``triton-grpc-protocol-omni-triton-admin-key`` metadata on the repository-index and model-config
             calls; ``None`` sends none (a Triton started without the restriction).
+        on_demand: a factory of the on-demand policy over this engine's
+            :class:`TritonModelControl` (``--on-demand``; docs/running.md "On-demand models");
+            its pipelines are served too. ``offline`` maps each on-demand pipeline to its
+            ``ModelInfo`` read from the repository (Triton returns configs of loaded models only),
+            listed while the pipeline is not loaded.
     """
 
     def __init__(self, url: str, models: list[str] | None = None, rpc_timeout_s: float = 5.0,
-                 admin_key: str | None = None):
+                 admin_key: str | None = None,
+                 on_demand: Callable[[TritonModelControl], od.OnDemandModels] | None = None,
+                 offline: dict[str, ModelInfo] | None = None):
         self.url = url
         self._admin_headers = triton_admin.headers(admin_key, grpc=True) or None
+        #: the on-demand policy (None: every served model is loaded by ``serve`` at start)
+        self.on_demand = on_demand(TritonModelControl(self)) if on_demand is not None else None
+        self._offline = dict(offline or {})
+        if self.on_demand is not None and models:
+            extra = [n for n, p in self.on_demand.graph.pipelines.items() if not p.pinned]
+            models = list(models or []) + extra
         self._served = list(dict.fromkeys(models)) if models else None
         self._timeout = rpc_timeout_s
         # Created on first use, inside the event loop that will use it (grpc.aio channels
@@ -139,6 +245,13 @@ class TritonEngine:
         # calls of a stage that died, recording request id -> dead stage in _aborted.
         self._inflight: dict[str, tuple[str, Callable[[], object]]] = {}
         self._aborted: dict[str, str] = {}
+
+    def _hold(self, model: str) -> contextlib.AbstractContextManager[None]:
+        """The on-demand policy's in-flight hold of ``model`` for one Triton call (a busy
+        pipeline is never unloaded); a no-op without ``--on-demand``."""
+        if self.on_demand is None:
+            return contextlib.nullcontext()
+        return self.on_demand.in_flight(model)
 
     @property
     def _client(self) -> grpcclient.InferenceServerClient:
@@ -223,6 +336,9 @@ class TritonEngine:
         out = []
         for name in names:
             state, reason = states.get(name, ("MISSING", "not in Triton's model repository"))
+            if self.on_demand is not None and self.on_demand.is_on_demand(name):
+                out.append(await self._on_demand_info(name, state, reason, states))
+                continue
             if state != "READY":
                 self._config_cache.pop(name, None)  # reloaded models may change config
                 out.append(ModelInfo(name=name, state=state, reason=reason,
@@ -234,7 +350,53 @@ class TritonEngine:
                 out.append(ModelInfo(name=name, state="UNAVAILABLE", reason=exc.message))
         return out
 
+    async def _on_demand_info(self, name: str, state: str, reason: str,
+                              states: dict[str, tuple[str, str]]) -> ModelInfo:
+        """An on-demand pipeline as ``list_models`` shows it: its live ``ModelInfo`` when Triton
+        has it READY with its stages, else the repository's (``offline``) with the policy's state
+        (``LOADING``, ``UNLOADED``, ``FAILED``) and reason; ``on_demand`` set either way."""
+        assert self.on_demand is not None
+        policy_state, policy_reason = self.on_demand.state(name)
+        if state == "READY" and policy_state != od.State.LOADING:
+            try:
+                info = unready_dependencies(await self._config(name, state, reason), states)
+                if info.ready:
+                    return dataclasses.replace(info, on_demand=True)
+            except InferenceError:
+                pass  # unloaded between the two calls
+        self._config_cache.pop(name, None)
+        shown = {od.State.LOADING: "LOADING", od.State.FAILED: "FAILED"}.get(policy_state, "UNLOADED")
+        base = self._offline.get(name) or ModelInfo(name=name, served_model_name=self._served_names.get(name))
+        return dataclasses.replace(base, state=shown, reason=policy_reason, on_demand=True)
+
+    async def _ensure_loaded(self, name: str) -> None:
+        """Wait for on-demand pipeline ``name`` to load (``OnDemandModels.ensure_loaded``).
+
+        Raises:
+            ModelLoadingError, ModelLoadFailedError, ModelTooLargeError: the policy's errors.
+        """
+        assert self.on_demand is not None
+        try:
+            await self.on_demand.ensure_loaded(name)
+        except od.OnDemandError as exc:
+            raise _on_demand_error(exc) from None
+
     async def get_model(self, name: str) -> ModelInfo:
+        if self.on_demand is not None and self.on_demand.is_on_demand(name):
+            triton = self.on_demand.graph.triton_name(name) or name
+            await self._ensure_loaded(triton)
+            try:
+                return await self._ready_model(triton)
+            except ModelNotReadyError:
+                # loaded by the policy but not READY now: tritonserver restarted with the pinned
+                # models only (or a stage died); load it again once
+                self.on_demand.lost(triton)
+                await self._ensure_loaded(triton)
+                return await self._ready_model(triton)
+        return await self._ready_model(name)
+
+    async def _ready_model(self, name: str) -> ModelInfo:
+        """``get_model`` without on-demand loading: the served, READY model ``name``."""
         if self._served is not None and name not in self._served:
             raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
         try:
@@ -347,7 +509,13 @@ class TritonEngine:
         crash tritonserver 2.51 (server#7368).
         """
         final = asyncio.Event()
-        call = open_stream(self._client, model, inputs, request_id, final)
+        hold = self._hold(model)
+        hold.__enter__()  # released in finally: a stream is in flight until it ends or is cancelled
+        try:
+            call = open_stream(self._client, model, inputs, request_id, final)
+        except BaseException:
+            hold.__exit__(None, None, None)
+            raise
         finished = False
         error_message = None
         self._inflight[request_id] = (model, call.cancel)
@@ -389,6 +557,7 @@ class TritonEngine:
             if not finished:
                 call.cancel()
                 logger.debug("cancelled Triton stream %s (%s)", request_id, model)
+            hold.__exit__(None, None, None)
 
     async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncGenerator[VideoEvent, None]:
         """One ``ModelStreamInfer`` RPC on the video BLS ``model``: a :class:`VideoEvent` per
@@ -435,6 +604,11 @@ class TritonEngine:
             InvalidRequestError: the stage answered ``INVALID_ARG`` (or ``invalid input: ...``).
             EngineError: other failures (``_translate``).
         """
+        with self._hold(model):
+            return await self._unary_call(model, inputs, request_id)
+
+    async def _unary_call(self, model: str, inputs: list[InferInput], request_id: str) -> grpcclient.InferResult:
+        """:meth:`_unary` inside its in-flight hold."""
         call = asyncio.ensure_future(self._client.infer(model, inputs, request_id=request_id))
         self._inflight[request_id] = (model, call.cancel)
         try:

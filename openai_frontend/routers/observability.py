@@ -1,4 +1,5 @@
-"""``GET /health`` (200 only when Triton is live and every served model is READY) and ``/metrics``.
+"""``GET /health`` (200 only when Triton is live and every served model is READY, on-demand models
+aside: they load at their first request) and ``/metrics``.
 
 ``/health``'s detail (models and their states, load errors, ``serve``'s restarts, crash
 reasons and stub PIDs) goes only to callers who may see it (:func:`shows_detail`); anyone else
@@ -26,17 +27,20 @@ async def health(request: Request) -> JSONResponse:
     live = await engine.is_live()
     models: dict[str, str] = {}
     reasons: dict[str, str] = {}
+    on_demand: set[str] = set()
     message = None
     if live:
         try:
             infos = await engine.list_models()
             models = {m.name: m.state for m in infos}
             reasons = {m.name: m.reason for m in infos if m.reason}
+            on_demand = {m.name for m in infos if m.on_demand}
         except EngineError as exc:
             live, message = False, exc.message
     else:
         message = "Triton is not live"
-    not_ready = [name for name, state in models.items() if state != "READY"]
+    # on-demand models load at their first request: not READY is their resting state
+    not_ready = [name for name, state in models.items() if state != "READY" and name not in on_demand]
     if live and not models:
         message = "no models are served"
     ok = live and bool(models) and not not_ready

@@ -108,10 +108,12 @@ def usable_on(voice: StoredVoice, info: ModelInfo) -> bool:
 
 
 async def _prompt_model(engine: Engine) -> ModelInfo:
-    """The READY model computing clone prompts (``VOICE_PROMPT`` out, ``REF_AUDIO`` in)."""
+    """The READY model computing clone prompts (``VOICE_PROMPT`` out, ``REF_AUDIO`` in); an
+    on-demand one (``--on-demand qwen3_tts``) is loaded first (``get_model``: 503 while loading)."""
     for m in await engine.list_models():
-        if m.ready and qwen3_contract.VOICE_PROMPT in m.outputs and qwen3_contract.REF_AUDIO in m.inputs:
-            return m
+        computes = qwen3_contract.VOICE_PROMPT in m.outputs and qwen3_contract.REF_AUDIO in m.inputs
+        if computes and (m.ready or m.on_demand):
+            return m if m.ready else await engine.get_model(m.name)
     raise OpenAIError(400, "Voice cloning is not available: no served model computes voice prompts "
                       "(qwen3_tts_voice_prompt)", param="audio_sample", code="voice_cloning_unavailable")
 
@@ -357,12 +359,14 @@ async def delete_voice(request: Request, voice_id: str) -> dict[str, Any]:
 
 
 async def list_voices(state: Any, model: str | None) -> VoiceList:
-    """``GET /v1/audio/voices[?model=]``: the READY speech models' voices (and those of chat models
+    """``GET /v1/audio/voices[?model=]``: the READY (or on-demand) speech models' voices (and those of chat models
     that speak: omni, llm_tts), their OpenAI name table, and every stored voice (404 for an
     unknown ``model``)."""
     store = getattr(state, "voice_store", None)
     stored = await off_loop(store.list_voices) if store is not None else []  # stats (and hashes new) files
-    models = [m for m in await state.engine.list_models() if m.ready and (m.is_speech or m.can_speak)]
+    # on-demand models not loaded yet are listed from their repository config (same parameters)
+    models = [m for m in await state.engine.list_models()
+              if (m.ready or m.on_demand) and (m.is_speech or m.can_speak)]
     if model is not None:
         models = [m for m in models if m.name == model or m.public_name == model]
         if not models:

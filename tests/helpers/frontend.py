@@ -2,6 +2,9 @@
 through an ``httpx.AsyncClient`` on an ASGI transport (no socket, no server)."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import httpx
 
 from openai_frontend.app import Settings, create_app
@@ -30,3 +33,16 @@ def frontend_client(engine, settings: Settings | None = None, /, *, peer: tuple[
     extra = {"client": peer} if peer is not None else {}
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions, **extra)
     return httpx.AsyncClient(transport=transport, base_url=base_url)
+
+
+@contextlib.asynccontextmanager
+async def running_frontend(engine, settings: Settings | None = None, /,
+                           **fields) -> AsyncIterator[httpx.AsyncClient]:
+    """:func:`frontend_client` with the app's lifespan running (its background tasks: video jobs,
+    the on-demand keep-alive, the serve-status watch), as uvicorn runs it. Yields the open
+    client; its ``app`` attribute is the app."""
+    client = frontend_client(engine, settings, **fields)
+    app = client._transport.app  # the ASGITransport frontend_client built
+    async with app.router.lifespan_context(app), client:
+        client.app = app
+        yield client

@@ -585,17 +585,24 @@ async def test_admission_control_429_with_retry_after(engine):
 
 
 # ------------------------------------------------------------------ models / voices / health / metrics
-async def test_models_lists_only_ready(engine):
+async def test_models_lists_every_served_model_with_its_state(engine):
+    """Issue 28: every served model is listed, READY or not, with ``state`` (and ``reason``)."""
     engine.models["tts"] = ModelInfo(name="tts", state="LOADING")
+    engine.models["broken"] = ModelInfo(name="broken", state="UNAVAILABLE", reason="failed to load: boom")
+    engine.models["later"] = ModelInfo(name="later", state="UNLOADED", on_demand=True)
     async with make_client(engine) as c:
         r = await c.get("/v1/models")
         assert r.status_code == 200
         body = r.json()
         assert body["object"] == "list"
-        assert {m["id"] for m in body["data"]} == {"piper_tts", "csm_talker"}
+        states = {m["id"]: m["state"] for m in body["data"]}
+        assert states == {"piper_tts": "loaded", "csm_talker": "loaded", "tts": "loading",
+                          "broken": "failed", "later": "unloaded"}
         assert all(m["object"] == "model" and "created" in m and "owned_by" in m for m in body["data"])
         assert (await c.get("/v1/models/piper_tts")).json()["id"] == "piper_tts"
-        assert_error(await c.get("/v1/models/tts"), 404, code="model_not_found")
+        assert (await c.get("/v1/models/broken")).json()["reason"] == "failed to load: boom"
+        assert "reason" not in (await c.get("/v1/models/piper_tts")).json()
+        assert_error(await c.get("/v1/models/nope"), 404, code="model_not_found")
 
 
 async def test_models_503_when_triton_down(engine):
