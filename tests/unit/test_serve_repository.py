@@ -104,7 +104,7 @@ def test_on_demand_names_an_unknown_model(tmp_path):
 def test_serve_passes_on_demand_flags_to_the_frontend(tmp_path):
     args = build_parser().parse_args(["serve", "--keep-alive", "60", "--memory-budget", "6GiB",
                                       "--load-timeout", "30"])
-    assert args.models == "llm,piper" and args.on_demand == "all"
+    assert args.models == "piper" and args.on_demand == "all"
     flags = on_demand_args(args, ["csm", "qwen3_tts"], [tmp_path])
     assert flags == ["--on-demand", "csm,qwen3_tts", "--keep-alive", "60.0", "--load-timeout", "30.0",
                      "--memory-budget", "6GiB", "--model-repository", str(tmp_path)]
