@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from omni_triton.serve import on_demand
 from omni_triton.serve.repository import available_models, dependencies
 
 #: Every pipeline a client can call (``prepare``'s default; ``serve --on-demand all``).
@@ -24,19 +25,6 @@ PIPELINES = ("piper,csm,llm,llm_tts,qwen3_omni,qwen2_5_omni,qwen_image,qwen_imag
 #: pinning ``llm`` too would keep vLLM's ~2.9 GiB and its idle worker (~2% of a core) resident and
 #: miss the idle target of 3 GB (docs/notes/footprint-2026-12.md).
 DEFAULT_MODELS = "piper"
-
-
-def _byte_size(text: str) -> str:
-    """``--memory-budget``'s value checked with pydantic's ``ByteSize`` (``6GiB``, ``6000MiB``,
-    ``6G``: decimal and binary units) and passed on as given. Raises ``argparse.ArgumentTypeError``."""
-    from pydantic import ByteSize, TypeAdapter, ValidationError
-
-    try:
-        if TypeAdapter(ByteSize).validate_python(text) <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: the budget must be positive")
-    except ValidationError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 6GiB or 6000MiB") from exc
-    return text
 
 
 def _model_list(text: str) -> list[str]:
@@ -78,20 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=DEFAULT_MODELS,
                    help="comma separated Triton model (or OpenAI model) names loaded at start and kept "
                         f"loaded (pinned); default {DEFAULT_MODELS}")
-    p.add_argument("--on-demand", default="all",
-                   help="pipelines the frontend loads on their first request and unloads when idle: "
-                        "comma separated names, 'all' (default: every pipeline not in --models: "
-                        f"{PIPELINES}) or 'none'")
-    p.add_argument("--keep-alive", type=float, default=300.0,
-                   help="seconds an on-demand pipeline stays loaded after its last request (default "
-                        "300, Ollama's; 0: unload as soon as idle; -1: never)")
-    p.add_argument("--memory-budget", type=_byte_size, default=None,
-                   help="memory (PSS) the loaded models may take, e.g. 6GiB, 6000MiB: before a load, "
-                        "idle on-demand pipelines are unloaded, least recently used first, to make "
-                        "room (each model's size: its config's pss_mib); default unlimited")
-    p.add_argument("--load-timeout", type=float, default=120.0,
-                   help="seconds a request waits for its pipeline to load before a 503 with "
-                        "Retry-After (the load goes on)")
+    on_demand.add_arguments(p, "all", "pipelines the frontend loads on their first request and unloads "
+                            "when idle: comma separated names, 'all' (default: every pipeline not in "
+                            f"--models: {PIPELINES}) or 'none'")
     p.add_argument("--host", default="127.0.0.1", help="frontend bind address")
     p.add_argument("--port", type=int, default=9000, help="frontend port")
     p.add_argument("--triton-host", default="127.0.0.1",

@@ -14,6 +14,7 @@ import uvicorn
 from omni_triton import triton_admin
 from omni_triton.media.fetch import UrlFetchPolicy
 from omni_triton.paths import cache_dir
+from omni_triton.serve import on_demand
 
 from .app import Settings, create_app
 from .auth import install_log_redaction
@@ -22,20 +23,6 @@ from .quiet_server import QuietServer
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
-
-
-def _byte_size(text: str) -> int:
-    """``--memory-budget``: a size (``6GiB``, ``6000MiB``, ``6G``, pydantic's ``ByteSize``) in bytes.
-    Raises ``argparse.ArgumentTypeError`` for anything else or a size <= 0."""
-    from pydantic import ByteSize, TypeAdapter, ValidationError
-
-    try:
-        size = int(TypeAdapter(ByteSize).validate_python(text))
-    except ValidationError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 6GiB or 6000MiB") from None
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the budget must be positive")
-    return size
 
 
 def on_demand_engine_args(args: argparse.Namespace, pinned: list[str]) -> dict[str, Any]:
@@ -169,20 +156,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "session.config this long after the handshake, or without a message this long "
                         "while it has nothing queued or being spoken")
     g = p.add_argument_group("on-demand models (docs/running.md \"On-demand models\"; omni-triton serve passes these)")
-    g.add_argument("--on-demand", default="",
-                   help="comma-separated pipelines (Triton or OpenAI names) loaded on their first request "
-                        "and unloaded when idle; served beside --models (which stay loaded: pinned). "
-                        "'' or 'none': none")
-    g.add_argument("--keep-alive", type=float, default=300.0,
-                   help="seconds an on-demand pipeline stays loaded after its last request (0: unload as "
-                        "soon as idle; -1: never)")
-    g.add_argument("--memory-budget", type=_byte_size, default=None,
-                   help="PSS the loaded models may take (6GiB, 6000MiB, 6G; sum of the configs' pss_mib): "
-                        "idle on-demand pipelines are unloaded, least recently used first, to make room; "
-                        "default unlimited")
-    g.add_argument("--load-timeout", type=float, default=120.0,
-                   help="seconds a request waits for its pipeline to load; then 503 model_loading with "
-                        "Retry-After (the load goes on)")
+    on_demand.add_arguments(g, "", "comma-separated pipelines (Triton or OpenAI names) loaded on their first "
+                            "request and unloaded when idle; served beside --models (which stay loaded: "
+                            "pinned). '' or 'none': none")
     g.add_argument("--model-repository", action="append", default=[],
                    help="a model repository to read the pipelines' graph and sizes from (repeatable; "
                         "default: omni-triton's repositories)")

@@ -34,6 +34,7 @@ Behaviour:
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import enum
@@ -60,6 +61,42 @@ FAILED_BACKOFF_S = 30.0
 REQUEST_GRACE_S = 5.0
 #: ``Retry-After`` seconds suggested to a request that timed out waiting for a load.
 RETRY_AFTER_S = 5
+
+
+def byte_size(text: str) -> int:
+    """``--memory-budget``'s value: a size (``6GiB``, ``6000MiB``, ``6G``: pydantic's ``ByteSize``,
+    decimal and binary units) in bytes.
+
+    Raises:
+        argparse.ArgumentTypeError: not a size, or a size <= 0.
+    """
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        size = int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 6GiB or 6000MiB") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the budget must be positive")
+    return size
+
+
+def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, on_demand_default: str,
+                  on_demand_help: str) -> None:
+    """Add the on-demand flags ``omni-triton serve`` and ``python -m openai_frontend`` share:
+    ``--on-demand`` (its default and help differ: serve resolves ``all``), ``--keep-alive``
+    (seconds), ``--memory-budget`` (bytes, :func:`byte_size`) and ``--load-timeout`` (seconds)."""
+    parser.add_argument("--on-demand", default=on_demand_default, help=on_demand_help)
+    parser.add_argument("--keep-alive", type=float, default=300.0,
+                        help="seconds an on-demand pipeline stays loaded after its last request (default "
+                             "300, Ollama's; 0: unload as soon as idle; -1: never)")
+    parser.add_argument("--memory-budget", type=byte_size, default=None,
+                        help="memory (PSS) the loaded models may take, e.g. 6GiB, 6000MiB, 6G: before a "
+                             "load, idle on-demand pipelines are unloaded, least recently used first, to "
+                             "make room (each model's size: its config's pss_mib); default unlimited")
+    parser.add_argument("--load-timeout", type=float, default=120.0,
+                        help="seconds a request waits for its pipeline to load; then 503 model_loading "
+                             "with Retry-After (the load goes on)")
 
 
 class State(str, enum.Enum):

@@ -202,7 +202,7 @@ def on_demand_args(args: argparse.Namespace, on_demand: list[str], repositories:
     out = ["--on-demand", ",".join(on_demand), "--keep-alive", str(args.keep_alive),
            "--load-timeout", str(args.load_timeout)]
     if args.memory_budget:
-        out += ["--memory-budget", args.memory_budget]
+        out += ["--memory-budget", str(args.memory_budget)]  # bytes
     for repo in repositories:
         out += ["--model-repository", str(repo)]
     return out

@@ -107,12 +107,13 @@ def test_serve_passes_on_demand_flags_to_the_frontend(tmp_path):
     assert args.models == "piper" and args.on_demand == "all"
     flags = on_demand_args(args, ["csm", "qwen3_tts"], [tmp_path])
     assert flags == ["--on-demand", "csm,qwen3_tts", "--keep-alive", "60.0", "--load-timeout", "30.0",
-                     "--memory-budget", "6GiB", "--model-repository", str(tmp_path)]
+                     "--memory-budget", str(6 << 30), "--model-repository", str(tmp_path)]
     assert on_demand_args(args, [], [tmp_path]) == []  # nothing on demand: the frontend as before
     from openai_frontend.__main__ import parse_args
 
     parsed = parse_args(flags)  # the frontend accepts every flag serve passes
     assert parsed.on_demand == "csm,qwen3_tts" and parsed.model_repository == [str(tmp_path)]
+    assert parsed.memory_budget == 6 << 30 and parsed.keep_alive == 60.0
 
 
 @pytest.mark.parametrize("size", ["lots", "0", "-1GiB"])
