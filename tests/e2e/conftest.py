@@ -33,6 +33,7 @@ from omni_triton import triton_admin
 from omni_triton.paths import cache_dir
 from omni_triton.serve.process import free_port
 from tests.helpers.crash_watch import CrashWatch, crash_logs
+from tests.helpers.serve_process import wait_healthy
 
 E2E_MODELS = os.environ.get(  # dev knob: fewer models
     "OMNI_TRITON_E2E_MODELS",
@@ -159,21 +160,10 @@ def stack(tmp_path_factory, request):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env={**os.environ, triton_admin.ENV: admin_key})
     url = f"http://127.0.0.1:{ports['frontend']}"
-    deadline = time.monotonic() + READY_TIMEOUT_S + 60
     shm_regions: set[str] = set()
     shm_before = set(os.listdir("/dev/shm"))
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"omni-triton serve exited ({proc.returncode}):\n{log_path.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"stack not ready in time:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        wait_healthy(proc, url, log_path, READY_TIMEOUT_S + 60)
         started = psutil.Process(proc.pid).children(recursive=True)
         tritons = [p for p in started if p.name() == "tritonserver"]
         assert len(tritons) == 1, [p.name() for p in started]

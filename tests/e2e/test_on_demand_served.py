@@ -26,6 +26,7 @@ from clients.bench_common import metric_total
 from omni_triton.paths import model_repositories
 from omni_triton.serve.on_demand import PipelineGraph
 from omni_triton.serve.process import free_port
+from tests.helpers.serve_process import wait_healthy
 
 pytestmark = pytest.mark.e2e
 
@@ -65,18 +66,7 @@ def served(tmp_path_factory):
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"serve exited ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"not ready in time:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        wait_healthy(proc, url, log_path, READY_TIMEOUT_S + 60)
         yield url, log_path
     finally:
         proc.send_signal(signal.SIGTERM)
