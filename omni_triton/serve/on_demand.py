@@ -45,7 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from omni_triton.serve.repository import available_models, frontend_models, model_parameters, resolve_models
+from omni_triton.serve.repository import (
+    available_models,
+    frontend_models,
+    model_parameters,
+    read_config,
+    resolve_models,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +260,9 @@ class PipelineGraph:
                 if m in sizes:
                     continue
                 raw = model_parameters(paths[m]).get("pss_mib", "").strip()
+                if not raw and read_config(paths[m] / "config.pbtxt").platform == "ensemble":
+                    sizes[m] = 0.0  # a DAG in the server, no process of its own: its steps count
+                    continue
                 if not raw:
                     sizes[m] = DEFAULT_PSS_MIB
                     unmeasured.add(m)
@@ -498,6 +507,14 @@ class OnDemandModels:
         return {m for o in self._entries.values() if o is not e
                 and (o.pipeline.pinned or o.state in (State.LOADED, State.LOADING)) for m in o.pipeline.models}
 
+    def _resident_besides(self, e: _Entry) -> set[str]:
+        """Models that take memory now besides ``e``'s load: those of pinned and loaded pipelines.
+        Not those of other *loading* pipelines: loads run one at a time (the lock ``e`` holds), so
+        theirs have not started; counting them let two queued loads that fit one after the other
+        block each other until both timed out (a review finding)."""
+        return {m for o in self._entries.values() if o is not e
+                and (o.pipeline.pinned or o.state == State.LOADED) for m in o.pipeline.models}
+
     def _idle_since(self, e: _Entry) -> float:
         """Monotonic time from which ``e`` counts as idle: its last use, or the end of the grace
         of its last request."""
@@ -563,28 +580,34 @@ class OnDemandModels:
         if self.memory_budget_mib is None:
             return True
         while True:
-            resident = self._needed_by_others(e)
+            resident = self._resident_besides(e)
             need = sum(self.graph.pss_mib[m] for m in resident | set(e.pipeline.models))
             if need <= self.memory_budget_mib:
                 return True
-            victims = sorted((o for o in self._entries.values()
-                              if o is not e and not o.pipeline.pinned and o.state == State.LOADED
-                              and not self.busy(o.pipeline.name)
-                              and self.clock() - o.requested_at >= REQUEST_GRACE_S
-                              and set(o.pipeline.models) - self._needed_by_others(o) - set(e.pipeline.models)),
+            now = self.clock()
+            idle = [o for o in self._entries.values()
+                    if o is not e and not o.pipeline.pinned and o.state == State.LOADED
+                    and not self.busy(o.pipeline.name)
+                    and set(o.pipeline.models) - self._needed_by_others(o) - set(e.pipeline.models)]
+            victims = sorted((o for o in idle if now - o.requested_at >= REQUEST_GRACE_S),
                              key=lambda o: o.last_used)
             if victims:
                 await self._refresh_last_use(victims)
                 victims.sort(key=lambda o: o.last_used)
                 await self._unload(victims[0], "evicted", keep=set(e.pipeline.models))
                 continue
-            left = deadline - self.clock()
+            left = deadline - now
             if left <= 0:
                 return False
+            # Nothing to evict yet: wake when a call or a load ends (_room), or when the request
+            # grace of an idle pipeline ends (no event marks that: without this timeout a load
+            # right after another pipeline's request slept until its own deadline).
+            graces = [o.requested_at + REQUEST_GRACE_S - now for o in idle]
+            wait_s = min([left, *(g for g in graces if g > 0)])
             self._room.clear()
             waiter = asyncio.ensure_future(self._room.wait())
             try:
-                await asyncio.wait({waiter}, timeout=left)
+                await asyncio.wait({waiter}, timeout=wait_s)
             finally:
                 waiter.cancel()
 

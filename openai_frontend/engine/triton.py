@@ -381,6 +381,18 @@ class TritonEngine:
         except od.OnDemandError as exc:
             raise _on_demand_error(exc) from None
 
+    def offline_model(self, name: str) -> ModelInfo | None:
+        """The repository's ``ModelInfo`` of on-demand pipeline ``name`` (Triton or OpenAI name)
+        while it is not loaded, else ``None``: lets a route refuse a model of the wrong kind
+        (``serving.common.resolve_model``) before :meth:`get_model` loads it, so a request that can
+        never succeed neither loads a pipeline nor evicts another (a review finding)."""
+        if self.on_demand is None or not self.on_demand.is_on_demand(name):
+            return None
+        triton = self.on_demand.graph.triton_name(name) or name
+        if self.on_demand.state(triton)[0] == od.State.LOADED:
+            return None
+        return self._offline.get(triton)
+
     async def get_model(self, name: str) -> ModelInfo:
         if self.on_demand is not None and self.on_demand.is_on_demand(name):
             triton = self.on_demand.graph.triton_name(name) or name

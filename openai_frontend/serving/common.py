@@ -227,6 +227,13 @@ async def resolve_model(engine: Engine, name: str | None, kind: ModelKind | None
                               f"{kind.description} models ({', '.join(m.name for m in models) or 'none'})",
                               param="model", code="model_required")
         return models[0]
+    # An unloaded on-demand pipeline of another kind is refused before get_model loads it (only
+    # TritonEngine has offline_model: the repository's view of its on-demand pipelines).
+    offline_model = getattr(engine, "offline_model", None)
+    offline = offline_model(name) if kind is not None and offline_model is not None else None
+    if offline is not None and kind is not None and not kind.accepts(offline):
+        raise bad_request(f"The model '{name}' is not a {kind.description} model", param="model",
+                          code="model_not_supported")
     try:
         info = await engine.get_model(name)
     except ModelNotFoundError:

@@ -339,3 +339,57 @@ def test_triton_unreachable_during_a_load_fails_it_without_the_back_off():
         await m.ensure_loaded("image")
         assert m.state("image")[0] == State.LOADED
     asyncio.run(main())
+
+
+def test_a_load_right_after_another_pipelines_request_evicts_it_when_its_grace_ends():
+    """Review finding: qwen3_tts answered, then a qwen_image request needing its room waited the
+    whole load timeout (nothing woke the load when the 5 s request grace ended) and got a 503."""
+    async def main():
+        control = FakeControl(ready=set(PINNED))
+        # pinned 200 + csm 300 + image 100 = 600 > 500: csm must go for image
+        m = manager(control, memory_budget_mib=500.0, load_timeout_s=10.0)
+        od_grace, od.REQUEST_GRACE_S = od.REQUEST_GRACE_S, 0.2
+        try:
+            await m.ensure_loaded("csm")
+            with m.in_flight("csm"):
+                pass
+            t0 = time.monotonic()
+            await m.ensure_loaded("image")  # LoadTimeout (after 10 s) when the grace is not awaited
+            assert time.monotonic() - t0 < 2.0
+            assert m.state("csm")[0] == State.UNLOADED and m.state("image")[0] == State.LOADED
+        finally:
+            od.REQUEST_GRACE_S = od_grace
+    asyncio.run(main())
+
+
+def test_queued_loads_that_fit_one_after_another_do_not_block_each_other():
+    """Review finding: two first requests whose pipelines fit the budget one at a time, not
+    together, both timed out: the lock holder counted the queued (not started) load as resident."""
+    async def main():
+        control = FakeControl(ready=set(PINNED))
+        # pinned 200 + csm 300 = 500, pinned + image 300 = 500, all three 800 > 600
+        m = manager(control, memory_budget_mib=600.0, load_timeout_s=3.0, sizes={"image": 300.0})
+        od_grace, od.REQUEST_GRACE_S = od.REQUEST_GRACE_S, 0.2
+        try:
+            a = asyncio.ensure_future(m.ensure_loaded("csm"))
+            b = asyncio.ensure_future(m.ensure_loaded("image"))
+            done = await asyncio.gather(a, b, return_exceptions=True)
+            # the first loaded; the second evicted it once its request grace ended: no timeout
+            assert not [d for d in done if isinstance(d, BaseException)], done
+            assert control.loads.count("csm") == 1 and control.loads.count("image") == 1
+        finally:
+            od.REQUEST_GRACE_S = od_grace
+    asyncio.run(main())
+
+
+def test_an_ensemble_without_pss_mib_costs_nothing(tmp_path):
+    """Review finding: ensembles (no process) were charged DEFAULT_PSS_MIB (1 GiB) each."""
+    def model(name: str, body: str) -> None:
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\n{body}\n')
+
+    model("step", 'backend: "python"\nparameters { key: "pss_mib" value { string_value: "70" } }')
+    model("dag", 'platform: "ensemble"\nensemble_scheduling { step [ { model_name: "step" '
+                 'model_version: -1 input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }')
+    g = PipelineGraph.from_repositories([], ["dag"], [tmp_path])
+    assert g.pss_mib == {"step": 70.0, "dag": 0.0} and not g.unmeasured

@@ -288,3 +288,14 @@ async def test_keep_alive_unloads_an_idle_pipeline_but_not_while_a_stream_is_in_
             assert s.triton.loads.count("csm") == 2
     finally:
         od.REQUEST_GRACE_S = grace
+
+
+async def test_a_request_of_the_wrong_kind_is_refused_before_any_load(repo):
+    """Review finding: /v1/audio/speech with an image model (or /v1/images with a speech one) loaded
+    the pipeline, evicting another, only to answer 400 model_not_supported."""
+    async with stack(repo) as s:
+        r = await s.client.post("/v1/images/generations", json={"model": "tts", "prompt": "a fox"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "model_not_supported"
+        assert s.triton.loads == []  # nothing loaded for a request that cannot succeed
+        assert (await s.states())["tts"] == "unloaded"
