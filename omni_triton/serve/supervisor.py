@@ -418,7 +418,13 @@ class StubWatch:
         for model in [m for m in self.dead if m not in missing]:
             families = self.dead.pop(model)
             if model not in self.ready:  # unloaded on purpose (or failing): not a death
-                _log(f"stubs of {model} exited as it unloaded ({states.get(model, ('gone',))[0]}); killed "
+                state = states.get(model, ("gone",))[0]
+                if state == "LOADING":  # python_backend's short-lived stub of a load (not a death)
+                    _log(f"a stub of {model} exited while it was LOADING (python_backend's load-time "
+                         f"stub); killed its children {_killed(families)}, removed {_removed(families)} "
+                         "/dev/shm files")
+                    continue
+                _log(f"stubs of {model} exited as it unloaded ({state}); killed "
                      f"their children {_killed(families)}, removed {_removed(families)} /dev/shm files")
         for model in due:
             state, reason = states.get(model, ("", ""))
