@@ -132,8 +132,8 @@ class LoadFailed(OnDemandError):
     """The pipeline's last load failed less than :data:`FAILED_BACKOFF_S` ago (or just now);
     ``reason`` is Triton's."""
 
-    def __init__(self, pipeline: str, reason: str):
-        super().__init__(pipeline, f"The model '{pipeline}' failed to load: {reason}")
+    def __init__(self, pipeline: str, reason: str, shown: str | None = None):
+        super().__init__(pipeline, f"The model '{shown or pipeline}' failed to load: {reason}")
         self.reason = reason
 
 
@@ -150,9 +150,10 @@ class TooLarge(OnDemandError):
     """The pipeline does not fit in the memory budget even with every on-demand pipeline
     unloaded; ``size_mib`` (what it adds to the pinned models) and ``budget_mib`` say by how much."""
 
-    def __init__(self, pipeline: str, size_mib: float, pinned_mib: float, budget_mib: float):
+    def __init__(self, pipeline: str, size_mib: float, pinned_mib: float, budget_mib: float,
+                 shown: str | None = None):
         super().__init__(pipeline, (
-            f"The model '{pipeline}' needs {size_mib:.0f} MiB beside the {pinned_mib:.0f} MiB of the "
+            f"The model '{shown or pipeline}' needs {size_mib:.0f} MiB beside the {pinned_mib:.0f} MiB of the "
             f"models kept loaded, over the memory budget of {budget_mib:.0f} MiB (--memory-budget)"))
         self.size_mib, self.pinned_mib, self.budget_mib = size_mib, pinned_mib, budget_mib
 
@@ -205,6 +206,12 @@ class Pipeline:
     models: tuple[str, ...]
     pinned: bool
     served_model_name: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The name error messages use: the OpenAI name clients call it by, else the Triton name
+        (a client that asked for ``omni`` was told about ``qwen3_omni``: review finding)."""
+        return self.served_model_name or self.name
 
 
 @dataclass
@@ -468,7 +475,7 @@ class OnDemandModels:
         if e.pipeline.pinned or e.state == State.LOADED:
             return
         if e.state == State.FAILED and self.clock() - e.failed_at < FAILED_BACKOFF_S:
-            raise LoadFailed(e.pipeline.name, e.reason)
+            raise LoadFailed(e.pipeline.name, e.reason, e.pipeline.shown)
         self._check_fits(e.pipeline)
         if e.load is None:
             self._set(e, State.LOADING)
@@ -478,13 +485,13 @@ class OnDemandModels:
         await asyncio.wait({task}, timeout=self.load_timeout_s)
         if not task.done() or e.state == State.LOADING:
             raise LoadTimeout(e.pipeline.name, (
-                f"The model '{e.pipeline.name}' is loading (on demand); it was not ready within "
+                f"The model '{e.pipeline.shown}' is loading (on demand); it was not ready within "
                 f"{self.load_timeout_s:g} s (--load-timeout). Retry shortly"))
         if e.state == State.FAILED:
-            raise LoadFailed(e.pipeline.name, e.reason)
+            raise LoadFailed(e.pipeline.name, e.reason, e.pipeline.shown)
         if e.state != State.LOADED:  # the load gave up waiting for room
             raise LoadTimeout(e.pipeline.name, e.reason or (
-                f"The model '{e.pipeline.name}' could not be loaded yet; retry shortly"))
+                f"The model '{e.pipeline.shown}' could not be loaded yet; retry shortly"))
 
     # ------------------------------------------------------------------ internals
     def _set(self, e: _Entry, state: State, reason: str = "") -> None:
@@ -501,7 +508,7 @@ class OnDemandModels:
         pinned_mib = sum(self.graph.pss_mib[m] for m in pinned)
         size = sum(self.graph.pss_mib[m] for m in p.models if m not in pinned)
         if pinned_mib + size > self.memory_budget_mib:
-            raise TooLarge(p.name, size, pinned_mib, self.memory_budget_mib)
+            raise TooLarge(p.name, size, pinned_mib, self.memory_budget_mib, p.shown)
 
     def _needed_by_others(self, e: _Entry) -> set[str]:
         return {m for o in self._entries.values() if o is not e
@@ -529,7 +536,7 @@ class OnDemandModels:
             async with self._lock:
                 if not await self._make_room(e, deadline):
                     self._set(e, State.UNLOADED, (
-                        f"The model '{e.pipeline.name}' waits for room in the memory budget "
+                        f"The model '{e.pipeline.shown}' waits for room in the memory budget "
                         f"({self.memory_budget_mib:.0f} MiB): every other on-demand model is in use. "
                         "Retry shortly"))
                     return

@@ -161,6 +161,9 @@ def test_a_pipeline_over_the_whole_budget_is_too_large():
         m = manager(FakeControl(ready=set(PINNED)), memory_budget_mib=500.0, sizes={"wan_t2v": 1000.0})
         with pytest.raises(TooLarge, match="needs 1300 MiB beside the 200 MiB"):
             await m.ensure_loaded("wan_t2v")
+        big = manager(FakeControl(ready=set(PINNED)), memory_budget_mib=300.0, sizes={"csm": 1000.0})
+        with pytest.raises(TooLarge, match="The model 'tts' needs"):  # the name the client used
+            await big.ensure_loaded("tts")
     asyncio.run(main())
 
 
