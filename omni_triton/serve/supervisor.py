@@ -421,8 +421,8 @@ class StubWatch:
                 state = states.get(model, ("gone",))[0]
                 if state == "LOADING":  # python_backend's short-lived stub of a load (not a death)
                     _log(f"a stub of {model} exited while it was LOADING (python_backend's load-time "
-                         f"stub); killed its children {_killed(families)}, removed {_removed(families)} "
-                         "/dev/shm files")
+                         "stub, or the stubs of an unload just before this load); killed its children "
+                         f"{_killed(families)}, removed {_removed(families)} /dev/shm files")
                     continue
                 _log(f"stubs of {model} exited as it unloaded ({state}); killed "
                      f"their children {_killed(families)}, removed {_removed(families)} /dev/shm files")
