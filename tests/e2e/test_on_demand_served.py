@@ -143,7 +143,9 @@ def _slow_stream(url: str, hold_s: float) -> tuple[bytes, int]:
 def test_keep_alive_unloads_when_idle_but_not_while_a_stream_is_in_flight(served):
     url, _ = served
     assert _state(url, "tts") == "loaded"
+    # (an earlier test may have unloaded csm already: the broken model's load evicts it under the budget)
     before = _metric(url, "omni_frontend_model_unloads_total", model="csm")
+    kept_alive_before = _metric(url, "omni_frontend_model_unloads_total", model="csm", reason="keep_alive")
     with ThreadPoolExecutor(1) as pool:
         stream = pool.submit(_slow_stream, url, KEEP_ALIVE_S * 2)
         time.sleep(KEEP_ALIVE_S * 1.5)  # past the keep-alive, the stream still open
@@ -155,12 +157,13 @@ def test_keep_alive_unloads_when_idle_but_not_while_a_stream_is_in_flight(served
     while _state(url, "tts") == "loaded" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _state(url, "tts") == "unloaded"
-    assert _metric(url, "omni_frontend_model_unloads_total", model="csm", reason="keep_alive") == before + 1
+    assert _metric(url, "omni_frontend_model_unloads_total", model="csm", reason="keep_alive") == kept_alive_before + 1
 
 
 def test_eviction_under_the_budget_unloads_the_idle_pipeline(served):
     url, _ = served
     sdk = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+    evicted_before = _metric(url, "omni_frontend_model_unloads_total", model="csm", reason="evicted")
     assert sdk.audio.speech.create(model="tts", input="Load me.", voice="alloy", response_format="pcm").content
     assert _state(url, "tts") == "loaded"
     # at once (well within the keep-alive): only eviction can make room for qwen_image. Its four
@@ -178,5 +181,5 @@ def test_eviction_under_the_budget_unloads_the_idle_pipeline(served):
     assert r.status_code == 200, r.text
     assert r.json()["data"][0]["b64_json"]
     assert _state(url, "qwen_image") == "loaded" and _state(url, "tts") == "unloaded"
-    assert _metric(url, "omni_frontend_model_unloads_total", model="csm", reason="evicted") == 1
+    assert _metric(url, "omni_frontend_model_unloads_total", model="csm", reason="evicted") == evicted_before + 1
     assert _state(url, "piper_tts") == "loaded"  # pinned: never evicted
