@@ -7,9 +7,23 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import grpc
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 S = TypeVar("S", bound=pbg.GRPCInferenceServiceServicer)
+
+
+class StatefulTriton(pbg.GRPCInferenceServiceServicer):
+    """A live fake Triton whose model readiness is ``states`` (model -> Triton state, ``READY``
+    ready); subclasses set ``states`` and add the RPCs their tests need."""
+
+    states: dict[str, str]
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.states.get(request.name) == "READY")
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pbg
 
 from openai_frontend.engine import (
     InferenceError,
@@ -24,7 +23,7 @@ from openai_frontend.engine import (
     TritonEngine,
     TritonUnavailableError,
 )
-from tests.helpers.fake_triton import fake_triton
+from tests.helpers.fake_triton import StatefulTriton, fake_triton
 
 pytestmark = pytest.mark.anyio
 
@@ -58,7 +57,7 @@ def audio_response(samples: np.ndarray, rate: int, final: bool) -> pb.ModelStrea
     return r
 
 
-class FakeTriton(pbg.GRPCInferenceServiceServicer):
+class FakeTriton(StatefulTriton):
     def __init__(self):
         self.configs = {
             "piper_tts": speech_config(
@@ -72,12 +71,6 @@ class FakeTriton(pbg.GRPCInferenceServiceServicer):
         self.requests: list[pb.ModelInferRequest] = []
         self.cancelled = asyncio.Event()
         self.streaming = asyncio.Event()
-
-    async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=True)
-
-    async def ModelReady(self, request, context):
-        return pb.ModelReadyResponse(ready=self.states.get(request.name) == "READY")
 
     async def RepositoryIndex(self, request, context):
         resp = pb.RepositoryIndexResponse()

@@ -14,14 +14,13 @@ import httpx
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pbg
 
 from omni_triton.serve import on_demand as od
 from omni_triton.serve.repository import available_models, read_config
 from openai_frontend.__main__ import on_demand_engine_args, parse_args
 from openai_frontend.app import Settings
 from openai_frontend.engine import TritonEngine
-from tests.helpers.fake_triton import fake_triton
+from tests.helpers.fake_triton import StatefulTriton, fake_triton
 from tests.helpers.frontend import running_frontend
 
 pytestmark = pytest.mark.anyio
@@ -72,7 +71,7 @@ def audio_response(final: bool) -> pb.ModelStreamInferResponse:
     return r
 
 
-class ControlledTriton(pbg.GRPCInferenceServiceServicer):
+class ControlledTriton(StatefulTriton):
     """Triton with explicit model control over ``repo``: loads take ``load_s`` (or wait for
     ``gate``), ``fail`` names models whose load fails; streams send 3 chunks, or ``endless`` until
     the client cancels."""
@@ -87,12 +86,6 @@ class ControlledTriton(pbg.GRPCInferenceServiceServicer):
         self.load_s = 0.0
         self.endless = False
         self.last_ms: dict[str, int] = {}
-
-    async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=True)
-
-    async def ModelReady(self, request, context):
-        return pb.ModelReadyResponse(ready=self.states.get(request.name) == "READY")
 
     async def RepositoryIndex(self, request, context):
         resp = pb.RepositoryIndexResponse()
