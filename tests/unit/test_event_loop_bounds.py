@@ -332,7 +332,7 @@ def test_a_stored_clip_is_hashed_once_per_file_version(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- video progress
 async def test_video_progress_is_committed_off_the_loop_only_when_it_rises(monkeypatch, tmp_path):
-    from openai_frontend.video_jobs import JobStore
+    from openai_frontend.video_jobs import SqliteJobStore
     from tests.unit.test_videos_frontend import FakeVideoEngine, Server, wait_status
 
     class Chatty(FakeVideoEngine):
@@ -343,7 +343,7 @@ async def test_video_progress_is_committed_off_the_loop_only_when_it_rises(monke
                 for _ in range(1 if event.frames is not None else 20):
                     yield event
 
-    seen = _record_thread(monkeypatch, JobStore, "progress")
+    seen = _record_thread(monkeypatch, SqliteJobStore, "progress")
     async with Server(Chatty(step_s=0), tmp_path) as c:
         r = await c.post("/v1/videos", data={"prompt": "a cat", "num_inference_steps": "10"})
         assert r.status_code == 200, r.text
