@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from omni_triton.media.fetch import UrlFetchPolicy
 
 from .admission import AdmissionController
-from .db import Database, default_frontend_id
 from .auth import ApiKeyCheck
+from .db import Database, default_frontend_id
 from .engine import Engine
 from .errors import install_error_handlers
 from .metrics import FrontendMetrics

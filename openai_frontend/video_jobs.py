@@ -424,9 +424,9 @@ class SqliteJobStore:
         """Mark the job completed with its MP4 ``file`` of ``file_bytes`` bytes (counted against
         ``max_stored_bytes`` until it expires); False when there is no such job."""
         now = int(time.time()) if now is None else now
-        return 0 < self._write("UPDATE jobs SET status = ?, progress = 100, completed_at = ?, expires_at = ?, file = ?, "
-                   "error = NULL, bytes = length(request) + ? WHERE id = ?",
-                   (COMPLETED, now, expires_at, file, int(file_bytes), job_id))
+        return 0 < self._write("UPDATE jobs SET status = ?, progress = 100, completed_at = ?, expires_at = ?, "
+                               "file = ?, error = NULL, bytes = length(request) + ? WHERE id = ?",
+                               (COMPLETED, now, expires_at, file, int(file_bytes), job_id))
 
     def fail(self, job_id: str, code: str, message: str, now: int | None = None,
              expires_at: int | None = None) -> None:
@@ -531,14 +531,16 @@ class PostgresJobStore:
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> builtins.list[dict[str, Any]]:
         with self.db.connection() as conn, conn.cursor(row_factory=self._dict_row) as cur:
-            cur.execute(sql, args)  # type: ignore[arg-type]  # plain SQL text, parameters apart
+            cur.execute(sql, args)
             return cur.fetchall() if cur.description is not None else []
 
     def _write(self, sql: str, args: tuple[Any, ...] = ()) -> int:
         with self.db.connection() as conn:
-            return conn.execute(sql, args).rowcount  # type: ignore[arg-type]
+            return conn.execute(sql, args).rowcount
 
     _SUMMARY = SqliteJobStore._SUMMARY
+    #: the columns a job is run from (never ``lease_expires_at``: ``infinity`` has no Python datetime)
+    _FULL = _SUMMARY + ", request"
 
     @staticmethod
     def _record(row: dict[str, Any]) -> JobRecord:
@@ -578,7 +580,7 @@ class PostgresJobStore:
 
     def get(self, job_id: str, with_request: bool = True) -> JobRecord | None:
         """The job ``job_id`` or None; ``with_request=False`` leaves its stored request unread."""
-        columns = "*" if with_request else self._SUMMARY
+        columns = self._FULL if with_request else self._SUMMARY
         rows = self._rows(f"SELECT {columns} FROM video_jobs WHERE id = %s", (job_id,))
         return self._record(rows[0]) if rows else None
 
@@ -610,7 +612,7 @@ class PostgresJobStore:
         rows = self._rows(
             f"UPDATE video_jobs SET status = %s, attempts = attempts + 1, started_at = %s, owner = %s, "
             f"lease_expires_at = {lease} WHERE id = (SELECT id FROM video_jobs WHERE status = %s "
-            f"ORDER BY seq FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *",
+            f"ORDER BY seq FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING {self._FULL}",
             (IN_PROGRESS, int(time.time()), self.owner, *lease_args, QUEUED))
         return self._record(rows[0]) if rows else None
 
@@ -937,8 +939,12 @@ class VideoJobs:
             if isinstance(rec, JobRecord):
                 self.store.requeue(rec.id, refund_attempt=True)
         if self.store.shared and running:
+            def hand_back() -> None:
+                for job_id in running:
+                    self.store.requeue(job_id)
+
             try:
-                await asyncio.to_thread(lambda: [self.store.requeue(job_id) for job_id in running])
+                await asyncio.to_thread(hand_back)
                 logger.info("video jobs: %d running jobs handed back to the shared queue", len(running))
             except self.store.errors as exc:
                 logger.warning("video jobs: could not hand back %d running jobs (%s); other frontends take "

@@ -282,8 +282,9 @@ class _SqlVoiceMeta:
         return rows[0] if rows else None
 
     def _usage_sql(self) -> str:
-        return (f"SELECT (SELECT COUNT(*) FROM voices), (SELECT COUNT(*) FROM {self._consents}), "
-                f"(SELECT COALESCE(SUM(bytes), 0) FROM voices) + (SELECT COALESCE(SUM(bytes), 0) FROM {self._consents})")
+        consents = self._consents
+        return (f"SELECT (SELECT COUNT(*) FROM voices), (SELECT COUNT(*) FROM {consents}), "
+                f"(SELECT COALESCE(SUM(bytes), 0) FROM voices) + (SELECT COALESCE(SUM(bytes), 0) FROM {consents})")
 
     def usage(self) -> tuple[int, int, int]:
         """(voices, consents, stored bytes of both)."""
