@@ -35,6 +35,13 @@ and counted (``omni_frontend_video_store_errors``). A progress update that fails
 One process per folder: :class:`VideoJobs` holds ``<storage_dir>/frontend.lock``
 (:mod:`openai_frontend.storage_lock`) from before it settles the previous process's jobs until
 :meth:`VideoJobs.stop`, so a second frontend on the folder cannot requeue this one's jobs.
+
+Several frontends on one database (``--database-url``, :class:`PostgresJobStore`): no folder
+lock; the jobs are claimed with ``FOR UPDATE SKIP LOCKED`` and held by a lease
+(``JobSettings.lease_s``) the running frontend renews; the start and every dispatcher round
+take over only the jobs whose lease expired (their frontend died) and settle them as a restart
+does above (the failure names the lost frontend); a running job deleted or taken over elsewhere
+is stopped at the next renewal. ``JobStore`` is the interface both stores implement.
 """
 from __future__ import annotations
 

@@ -167,17 +167,17 @@ def test_two_frontends_claim_disjoint_jobs_under_concurrency(databases, pg_url):
         store = (a, b)[i % 2]
         got = []
         while (rec := store.next_queued()) is not None:
-            assert rec.request is not None and rec.attempts == 1
-            got.append((store.owner, rec.id))
+            got.append((store.owner, rec.id, rec.attempts, rec.request is not None))
         return got
 
     claims = [c for got in _run_together(8, claim_all) for c in got]
-    claimed = [job_id for _, job_id in claims]
+    claimed = [job_id for _, job_id, _, _ in claims]
     assert sorted(claimed) == sorted(ids), "a job claimed twice or never"
+    assert {(attempts, has_request) for _, _, attempts, has_request in claims} == {(1, True)}
     with psycopg.connect(pg_url) as conn:
         owners = dict(conn.execute("SELECT id, owner FROM video_jobs WHERE status = %s", (IN_PROGRESS,)).fetchall())
-    assert owners == {job_id: owner for owner, job_id in claims}
-    assert {owner for owner, _ in claims} == {"frontend-a", "frontend-b"}  # both took part
+    assert owners == {job_id: owner for owner, job_id, _, _ in claims}
+    assert {owner for owner, _, _, _ in claims} == {"frontend-a", "frontend-b"}  # both took part
 
 
 def test_a_claim_skips_a_job_another_frontend_is_claiming_instead_of_waiting(databases, pg_url):  # noqa: F811
