@@ -1029,7 +1029,7 @@ class VideoJobs:
             running.deleted = True
             running.task.cancel()
             await asyncio.gather(running.task, return_exceptions=True)
-        found = self.store.delete(job_id)
+        found = await asyncio.to_thread(self.store.delete, job_id)  # a commit (PostgreSQL: a round trip)
         self._remove_files(job_id)
         return found
 
