@@ -120,6 +120,26 @@ def test_database_url_needs_a_media_url_and_a_lease_of_at_least_zero(monkeypatch
     assert (plain.video_lease_s, plain.frontend_id) == (30.0, None)
 
 
+def test_the_lease_and_id_options_reach_the_settings(monkeypatch, tmp_path):
+    import openai_frontend.__main__ as frontend_main
+
+    monkeypatch.delenv(ENV, raising=False)
+    seen = {}
+
+    class Built(Exception):
+        pass
+
+    def create_app(engine, settings):
+        seen["s"] = settings
+        raise Built
+
+    monkeypatch.setattr(frontend_main, "create_app", create_app)
+    with pytest.raises(Built):
+        frontend_main.main(["--video-storage-dir", str(tmp_path), "--video-lease-s", "5", "--frontend-id", "web-1"])
+    s = seen["s"]
+    assert (s.video.lease_s, s.video.renew_interval_s, s.frontend_id, s.database_url) == (5.0, 5 / 3, "web-1", None)
+
+
 def test_an_unreachable_database_is_a_clear_start_error():
     with pytest.raises(DatabaseError, match=r"postgresql://u:\*\*\*@127.0.0.1:1/x cannot be used"):
         Database("postgresql://u:pw@127.0.0.1:1/x", connect_timeout_s=2)
@@ -329,6 +349,24 @@ async def test_a_job_deleted_on_another_frontend_stops_its_run_here(databases, t
         assert engine.cancelled == 1
     finally:
         await jobs_a.stop()
+
+
+@pytest.mark.anyio
+async def test_a_stopped_frontend_hands_its_running_jobs_back_at_once(databases, tmp_path):
+    from test_videos_frontend import FakeVideoEngine
+
+    engine = FakeVideoEngine()
+    engine.gate = asyncio.Event()
+    store = PostgresJobStore(databases[0], "frontend-a")
+    jobs = VideoJobs(engine, _settings(tmp_path, poll_interval_s=0.05), store=store)
+    await jobs.start()
+    rec = await asyncio.to_thread(jobs.create, _request())
+    await _until(lambda: rec.id in jobs._running and engine.jobs, what="the run")
+    await jobs.stop()  # a rolling update: the job is queued again for any frontend, lease cleared
+    other = PostgresJobStore(databases[1], "frontend-b")
+    back = other.get(rec.id)
+    assert (back.status, back.attempts) == (QUEUED, 1)
+    assert other.next_queued().id == rec.id
 
 
 @pytest.mark.anyio
