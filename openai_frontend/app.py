@@ -18,6 +18,7 @@ from .admission import AdmissionController
 from .auth import ApiKeyCheck
 from .engine import Engine
 from .errors import install_error_handlers
+from .media_store import open_media_url
 from .metrics import FrontendMetrics
 from .middleware import (
     ApiKey,
@@ -73,6 +74,10 @@ class Settings:
     video: the video job store's settings (``openai_frontend.video_jobs.JobSettings``).
     voices: the custom voice store's settings (``openai_frontend.voice_store.VoiceSettings``);
         None: custom voices disabled (``/v1/audio/voices`` still lists the models' voices).
+    media_url: where MP4s (``videos/``), voice files (``voices/``) and consent recordings
+        (``consents/``) live, an fsspec URL shared by several frontends (``file:///shared/media``,
+        ``/shared/media``, ``s3://bucket/prefix``: ``openai_frontend.media_store``); None: in
+        the video / voice storage folders (the default, as before).
     batch_concurrency: items of one ``/v1/audio/speech/batch`` synthesised at once.
     media_urls: which http(s) ``image_url`` / ``video_url`` parts the frontend fetches
         (``omni_triton.media.fetch.UrlFetchPolicy``; default: none, data URLs only).
@@ -105,6 +110,8 @@ class Settings:
     video: JobSettings | None = None
     #: custom voices (``/v1/audio/voices``): storage folder, clip limits, consent rule; None: disabled
     voices: VoiceSettings | None = None
+    #: MP4s, voice files, consent recordings: an fsspec URL; None: the storage folders above
+    media_url: str | None = None
     batch_concurrency: int = 4
     #: http(s) media URLs in chat content parts (allow-list, size, time); default: refused
     media_urls: UrlFetchPolicy = field(default_factory=UrlFetchPolicy)
@@ -121,8 +128,10 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     Raises:
         StorageLockedError: another process has the video or the voice storage folder open
             (``openai_frontend.storage_lock``): a second frontend on one folder refuses to start.
+        MediaUrlError: ``settings.media_url`` cannot be used.
     """
     settings = settings or Settings()
+    media = open_media_url(settings.media_url) if settings.media_url else None
     # the video folder's lock now, so a second frontend stops here with the holder's pid instead
     # of failing in the lifespan; VideoJobs takes its own reference (shared within the process)
     video_lock = (lock_unless_shared(settings.video.storage_dir, JobStore.shared)
@@ -145,7 +154,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
             _app.state.video_jobs = jobs = VideoJobs(
                 engine, settings.video,
                 on_event=lambda _id, outcome: metrics.video_jobs.labels(outcome).inc(),
-                on_store_error=lambda operation: metrics.video_store_errors.labels(operation).inc())
+                on_store_error=lambda operation: metrics.video_store_errors.labels(operation).inc(), media=media)
             metrics.video_store_failing.set_function(lambda: float(jobs.store_error is not None))
             await jobs.start()
         try:
@@ -174,7 +183,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.voice_store, app.state.voice_store_error = None, None
     if settings.voices is not None:
         try:
-            app.state.voice_store = VoiceStore(settings.voices)
+            app.state.voice_store = VoiceStore(settings.voices, media=media)
         except (sqlite3.DatabaseError, OSError) as exc:
             app.state.voice_store_error = f"{type(exc).__name__}: {exc}"
             logger.error("voice store %s cannot be opened: %s", settings.voices.storage_dir, exc)
