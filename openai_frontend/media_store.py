@@ -265,7 +265,8 @@ class MediaStore:
             InvalidMediaKey, OSError.
         """
         path = self._path(key)
-        found = True
+        # an object store answers a DELETE of a missing key with success: ask first
+        found = self.local or bool(self.fs.exists(path))
         try:
             self.fs.rm_file(path)
         except FileNotFoundError:

@@ -1,16 +1,22 @@
 """The media store (openai_frontend.media_store, ``--media-url``): atomic writes, key checks,
 streamed reads, sweeps that leave other frontends' writes alone, and the video / voice stores
-and ``GET /v1/videos/{id}/content`` over it, on a local folder and on fsspec's in-memory file
-system (the code path of an object store such as S3: no local path, no temporary files).
+and ``GET /v1/videos/{id}/content`` over it, on a local folder, on fsspec's in-memory file
+system (the code path of an object store: no local path, no temporary files) and on S3 (s3fs
+against moto's S3 server, ``scripts/setup_s3.sh``; those cases skip where s3fs is not installed,
+as s3:// is then not served).
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import secrets
+import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -40,16 +46,80 @@ def anyio_backend():
     return "asyncio"
 
 
+S3_BUCKET = "omni-media-test"
+
+
 def memory_url() -> str:
     """A fresh folder of fsspec's process-wide in-memory file system."""
     return f"memory://media-{secrets.token_hex(6)}"
 
 
-@pytest.fixture(params=["local", "memory"])
+def s3_venv() -> Path:
+    """The venv of ``scripts/setup_s3.sh`` (``OMNI_TRITON_S3_VENV`` or ``<cache>/s3-venv``)."""
+    if os.environ.get("OMNI_TRITON_S3_VENV"):
+        return Path(os.environ["OMNI_TRITON_S3_VENV"])
+    return Path(os.environ.get("OMNI_TRITON_CACHE", Path.home() / ".cache" / "omni-triton")) / "s3-venv"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on a free port, with a bucket, and the AWS variables s3fs (botocore)
+    reads pointing at it; skips without s3fs (s3:// is not served then) or without the server."""
+    s3fs = pytest.importorskip("s3fs", reason="s3fs is not installed: s3:// media is not served by this install")
+    server = s3_venv() / "bin" / "moto_server"
+    if not server.exists():
+        pytest.skip(f"no {server}: run scripts/setup_s3.sh")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+                                            "AWS_ENDPOINT_URL")}
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < end, "moto_server did not start"
+                time.sleep(0.1)
+        os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1",
+                          AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem().mkdir(S3_BUCKET)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if "s3fs" in sys.modules:
+            sys.modules["s3fs"].S3FileSystem.clear_instance_cache()
+
+
+def _url(request, kind: str) -> str:
+    if kind == "s3":
+        request.getfixturevalue("s3_endpoint")
+        return f"s3://{S3_BUCKET}/media-{secrets.token_hex(6)}"
+    return memory_url()
+
+
+@pytest.fixture(params=["memory", "s3"])
+def remote_url(request):
+    """A fresh folder on a store without local paths: fsspec's memory file system, or S3 (moto)."""
+    return _url(request, request.param)
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
 def store(request, tmp_path):
     if request.param == "local":
         return MediaStore(tmp_path / "media")
-    return MediaStore(memory_url())
+    return MediaStore(_url(request, request.param))
 
 
 def files_under(path):
@@ -187,8 +257,8 @@ class MediaServer:
         await self._life.__aexit__(None, None, None)
 
 
-async def test_video_content_streams_from_an_object_store_with_ranges(tmp_path):
-    url = memory_url()
+async def test_video_content_streams_from_an_object_store_with_ranges(tmp_path, remote_url):
+    url = remote_url
     async with MediaServer(FakeVideoEngine(), tmp_path, url) as c:
         jobs = c._transport.app.state.video_jobs
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
@@ -216,8 +286,8 @@ async def test_video_content_streams_from_an_object_store_with_ranges(tmp_path):
         assert (await c.delete(f"/v1/videos/{vid}")).status_code == 200
 
 
-async def test_a_restart_on_the_same_object_store_keeps_the_videos(tmp_path):
-    url = memory_url()
+async def test_a_restart_on_the_same_object_store_keeps_the_videos(tmp_path, remote_url):
+    url = remote_url
     async with MediaServer(FakeVideoEngine(), tmp_path, url) as c:
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)
@@ -228,7 +298,7 @@ async def test_a_restart_on_the_same_object_store_keeps_the_videos(tmp_path):
     assert open_media_url(url).list("videos") == []
 
 
-async def test_video_media_calls_run_off_the_event_loop(tmp_path, monkeypatch):
+async def test_video_media_calls_run_off_the_event_loop(tmp_path, monkeypatch, remote_url):
     loop_thread = threading.get_ident()
     threads = []
     for name in ("put", "info", "open"):
@@ -239,7 +309,7 @@ async def test_video_media_calls_run_off_the_event_loop(tmp_path, monkeypatch):
             return _real(self, *a, **k)
 
         monkeypatch.setattr(MediaStore, name, spy)
-    async with MediaServer(FakeVideoEngine(), tmp_path, memory_url()) as c:
+    async with MediaServer(FakeVideoEngine(), tmp_path, remote_url) as c:
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)
         assert (await c.get(f"/v1/videos/{vid}/content", headers={"range": "bytes=0-3"})).status_code == 206
@@ -257,10 +327,10 @@ def _other_frontend_makes_a_job(jobs):
     return rec.id
 
 
-def test_stray_sweep_lists_before_it_reads_the_rows(tmp_path):
+def test_stray_sweep_lists_before_it_reads_the_rows(tmp_path, remote_url):
     """A job created (row, then MP4) by another frontend while the sweep runs is never taken for
     an orphan: the folder is listed first, so its file is either not listed or has its row."""
-    media = MediaStore(memory_url(), shared=True)
+    media = MediaStore(remote_url, shared=True)
     jobs = VideoJobs(None, JobSettings(storage_dir=tmp_path), media=media)
     created = []
     real_list, real_statuses = media.list, jobs.store.statuses
@@ -322,8 +392,8 @@ def test_a_local_store_on_an_explicit_media_folder_owns_it(tmp_path):
 
 
 # --------------------------------------------------------------------------- voices over the store
-def test_voice_files_and_consents_live_in_the_media_store(tmp_path):
-    url = memory_url()
+def test_voice_files_and_consents_live_in_the_media_store(tmp_path, remote_url):
+    url = remote_url
     media = open_media_url(url)
     store = VoiceStore(VoiceSettings(storage_dir=tmp_path), media=media)
     clip = np.zeros(24000, np.float32)
@@ -346,10 +416,10 @@ def test_voice_files_and_consents_live_in_the_media_store(tmp_path):
     store.close()
 
 
-def test_voice_sweep_on_a_shared_store_leaves_uploads_in_flight(tmp_path):
+def test_voice_sweep_on_a_shared_store_leaves_uploads_in_flight(tmp_path, remote_url):
     """A voice's files are written before its row: on a shared store a folder without a row may
     be another frontend's upload, removed only once older than the grace."""
-    media = MediaStore(memory_url(), shared=True)
+    media = MediaStore(remote_url, shared=True)
     media.put("voices/voice_inflight/clip.wav", b"c")  # another frontend, mid-upload
     media.put("consents/cons_inflight.wav", b"r")
     store = VoiceStore(VoiceSettings(storage_dir=tmp_path), media=media)
@@ -374,8 +444,8 @@ def test_voice_sweep_on_an_own_folder_removes_orphans_at_once(tmp_path):
     store.close()
 
 
-async def test_voice_upload_failure_leaves_no_file_in_the_store(tmp_path, monkeypatch):
-    media = MediaStore(memory_url(), shared=True)
+async def test_voice_upload_failure_leaves_no_file_in_the_store(tmp_path, monkeypatch, remote_url):
+    media = MediaStore(remote_url, shared=True)
     store = VoiceStore(VoiceSettings(storage_dir=tmp_path), media=media)
     real = media.put
 
@@ -403,8 +473,8 @@ def test_sqlite_is_still_written_to_the_storage_folder(tmp_path):
     assert sqlite3.connect(tmp_path / "voices.sqlite").execute("SELECT name FROM voices").fetchall() == [("d",)]
 
 
-async def test_one_media_url_holds_videos_voices_and_consents(tmp_path):
-    url = memory_url()
+async def test_one_media_url_holds_videos_voices_and_consents(tmp_path, remote_url):
+    url = remote_url
     async with MediaServer(FakeVideoEngine(), tmp_path, url, voices=True) as c:
         app = c._transport.app
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
