@@ -669,7 +669,7 @@ class VideoJobs:
             running.task.cancel()
             await asyncio.gather(running.task, return_exceptions=True)
         found = self.store.delete(job_id)
-        self._remove_files(job_id)
+        await asyncio.to_thread(self._remove_files, job_id)  # a file system or object store call
         return found
 
     def sweep(self, now: float | None = None) -> int:

@@ -301,7 +301,7 @@ async def test_a_restart_on_the_same_object_store_keeps_the_videos(tmp_path, rem
 async def test_video_media_calls_run_off_the_event_loop(tmp_path, monkeypatch, remote_url):
     loop_thread = threading.get_ident()
     threads = []
-    for name in ("put", "info", "open"):
+    for name in ("put", "info", "open", "delete"):
         real = getattr(MediaStore, name)
 
         def spy(self, *a, _real=real, _name=name, **k):
@@ -313,7 +313,8 @@ async def test_video_media_calls_run_off_the_event_loop(tmp_path, monkeypatch, r
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)
         assert (await c.get(f"/v1/videos/{vid}/content", headers={"range": "bytes=0-3"})).status_code == 206
-    assert {n for n, _ in threads} == {"put", "info", "open"}
+        assert (await c.delete(f"/v1/videos/{vid}")).status_code == 200
+    assert {n for n, _ in threads} == {"put", "info", "open", "delete"}
     assert all(t != loop_thread for _, t in threads), threads
 
 
