@@ -78,6 +78,8 @@ _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*")
 #: a listed entry's name may also be a temporary file's (``.<name>.<random>.tmp``, ``.tmp-<id>``)
 _LISTED_SEGMENT = re.compile(r"\.?[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 MAX_KEY_CHARS = 256
+#: bytes an object store's file fetches per request when read (streamed ``Range`` reads of an MP4)
+READ_BLOCK_BYTES = 2 << 20
 MAX_KEY_DEPTH = 4
 
 
@@ -224,7 +226,10 @@ class MediaStore:
         Raises:
             FileNotFoundError: no such file. InvalidMediaKey, OSError.
         """
-        f: IO[bytes] = self.fs.open(self._path(key), "rb")
+        if self.local:
+            f: IO[bytes] = self.fs.open(self._path(key), "rb")
+        else:  # an object store reads ahead by blocks (s3fs: 50 MiB): a Range read fetches a bounded block
+            f = self.fs.open(self._path(key), "rb", block_size=READ_BLOCK_BYTES)
         return f
 
     def _entry(self, info: dict[str, Any]) -> MediaEntry:
