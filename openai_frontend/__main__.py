@@ -21,6 +21,7 @@ from .auth import install_log_redaction
 from .db import ENV as DATABASE_ENV
 from .db import DatabaseError, database_url
 from .engine import TritonEngine
+from .media_store import MediaUrlError
 from .quiet_server import QuietServer
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
@@ -123,6 +124,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="largest stored input_reference (PNG at the video's size); 400 beyond")
     p.add_argument("--voice-storage-dir", default=None,
                    help="custom voices: SQLite store + clips and prompts (default: <cache>/voices/<port>)")
+    p.add_argument("--media-url", default=None,
+                   help="where MP4s (videos/), voice files (voices/) and consent recordings (consents/) "
+                        "live: an fsspec URL several frontends share (file:///shared/media, /shared/media, "
+                        "s3://bucket/prefix with s3fs installed); default: in --video-storage-dir and "
+                        "--voice-storage-dir")
     p.add_argument("--voice-min-seconds", type=float, default=1.0, help="shortest accepted voice clip")
     p.add_argument("--voice-max-seconds", type=float, default=30.0, help="longest accepted voice clip")
     p.add_argument("--voice-max-upload-bytes", type=int, default=10 << 20,
@@ -243,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
             max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required",
             max_voices=args.voice_max_voices, max_consents=args.voice_max_consents,
             max_stored_bytes=args.voice_max_stored_bytes, max_prompt_chars=args.voice_max_prompt_chars),
+        media_url=args.media_url,
         batch_concurrency=args.batch_concurrency,
         max_prompt_chars=args.max_prompt_chars,
         max_json_values=args.max_json_values,
@@ -254,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         app = create_app(engine, settings)
-    except (StorageLockedError, DatabaseError) as exc:
+    except (StorageLockedError, DatabaseError, MediaUrlError) as exc:
         sys.exit(f"openai_frontend: not starting: {exc}")
     # a WebSocket message is bounded like an HTTP body (the speech stream checks it again)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
