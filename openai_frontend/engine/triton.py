@@ -408,7 +408,7 @@ class TritonEngine:
             *(r.client.get_model_repository_index(headers=self._admin_headers, client_timeout=self._timeout)
               for r in replicas), return_exceptions=True)
         errors = [a for a in answers if isinstance(a, BaseException)]
-        for replica, answer in zip(replicas, answers):
+        for replica, answer in zip(replicas, answers, strict=True):
             if isinstance(answer, BaseException) and _connect_failed(answer):
                 self.replicas.mark_down(replica, str(answer))
         if len(errors) == len(answers):

@@ -19,8 +19,8 @@ import socket
 import grpc
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
