@@ -165,6 +165,10 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         watch.start()
+        replicas = getattr(engine, "replicas", None)  # TritonEngine: its Triton replicas
+        if replicas is not None:
+            _app.state.metrics.watch_replicas(replicas.all_known)
+            await replicas.start()  # first DNS resolution and probes (several replicas), then their loops
         on_demand = getattr(engine, "on_demand", None)  # TritonEngine with --on-demand
         if on_demand is not None:
             on_demand.attach(_app.state.metrics)
