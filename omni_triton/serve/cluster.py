@@ -346,10 +346,8 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop the frontends, then the replicas, then PostgreSQL (fast shutdown)."""
-        for f in self.frontends:
-            f.stop()
-        for r in self.replicas:
-            r.stop()
+        _in_parallel([f.stop for f in self.frontends])
+        _in_parallel([r.stop for r in self.replicas])  # each may wait for Triton's exit timeout
         if self.postgres is not None:
             self.postgres.stop()
 
@@ -385,6 +383,15 @@ class Cluster:
             self._reported.add("postgres")
             out.append(f"PostgreSQL stopped (log {self.postgres.log_path})")
         return out
+
+
+def _in_parallel(calls: list) -> None:
+    """Run the calls in threads and wait for all (stops that each wait seconds for an exit)."""
+    threads = [threading.Thread(target=call) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _tail(path: Path, chars: int = 4000) -> str:
