@@ -48,10 +48,11 @@ from omni_triton.media.video import decode_video  # noqa: E402
 MODELS = ["piper", "wan_t2v"]
 #: the frontends' --video-lease-s (0: leases never expire, the takeover check's red run)
 LEASE_S = float(os.environ.get("OMNI_TRITON_E2E_VIDEO_LEASE_S", "3"))
-LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(40))
+#: a stream of ~20 s (speech streams are paced at playback speed)
+LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(8))
 SPEECH = {"model": "piper_tts", "voice": "joe", "response_format": "wav"}
-#: a job long enough to kill its frontend mid-way on 2 shared cores
-VIDEO = dict(size="64x64", extra_body={"num_frames": 17, "num_inference_steps": 30, "seed": 7})
+#: a job long enough to kill its frontend mid-way (64x64 x 17 frames x 30 steps took 0.5 s here)
+VIDEO = dict(size="128x128", extra_body={"num_frames": 33, "num_inference_steps": 50, "seed": 7})
 #: the clear errors a stream whose replica died ends with (engine/errors.py)
 CLEAR_STREAM_ERRORS = ("triton_unavailable", "stage_restarted")
 FAILOVER_LIMIT_S = 5.0
@@ -239,7 +240,7 @@ def test_kill_9_of_a_frontend_mid_video_job_the_other_finishes_it(cluster):
     assert done.status == "completed", done.error
     assert done.progress == 100
     data = sdk[other].videos.download_content(video.id).read()
-    assert decode_video(data).frames.shape == (17, 64, 64, 3)
+    assert decode_video(data).frames.shape == (33, 128, 128, 3)
     cluster.start_frontend(owner)  # back, for the next test; it serves the same job
     assert sdk[owner].videos.retrieve(video.id).status == "completed"
     assert sdk[owner].videos.download_content(video.id).read() == data
