@@ -45,6 +45,9 @@ from omni_triton.serve.server import Frontend
 #: Triton ports per replica: HTTP, gRPC, metrics (replica i uses base + 3 i, + 1, + 2: replica 0
 #: on serve's defaults 8000-8002)
 PORTS_PER_REPLICA = 3
+#: the frontends' environment variable of the database URL (``openai_frontend.db``'s default for
+#: ``--database-url``; not imported: serve does not import the frontend)
+DATABASE_URL_ENV = "OMNI_TRITON_DATABASE_URL"
 #: PostgreSQL's default port here: not 5432, which a system cluster may hold
 POSTGRES_PORT = 55432
 
@@ -84,7 +87,7 @@ class ClusterPlan:
             their frontend companions).
         run_dir: logs (``logs/``), per-frontend storage folders; the media folder is under it
             unless ``media_url`` says otherwise.
-        media_url: the frontends' ``--media-url``.
+        media_url: the frontends' ``--media-url`` (None: none given, each frontend's own folders).
         database_url: ``--database-url`` given by the user, or None (a :class:`LocalPostgres`).
         postgres_dir, postgres_port: the local PostgreSQL's data folder and port.
         frontend_args: more ``python -m openai_frontend`` flags (every frontend).
@@ -96,7 +99,7 @@ class ClusterPlan:
     frontend_ports: list[int]
     frontend_models: list[str]
     run_dir: Path
-    media_url: str
+    media_url: str | None
     database_url: str | None = None
     postgres_dir: Path | None = None
     postgres_port: int = POSTGRES_PORT
@@ -121,11 +124,13 @@ class ClusterPlan:
             out["PostgreSQL"] = self.postgres_port
         return out
 
-    def frontend_command_args(self, index: int, database_url: str) -> list[str]:
+    def frontend_command_args(self, index: int) -> list[str]:
         """The flags of frontend ``index`` besides ``--triton-url/--host/--port/--models`` (which
-        :class:`~omni_triton.serve.server.Frontend` adds)."""
+        :class:`~omni_triton.serve.server.Frontend` adds). The database URL is not among them: it
+        holds a password, and argv shows in ``ps``; it travels in the frontend's environment
+        (:data:`DATABASE_URL_ENV`)."""
         storage = self.run_dir / f"frontend-{index}"
-        return ["--on-demand", "none", "--database-url", database_url, "--media-url", self.media_url,
+        return ["--on-demand", "none", *(["--media-url", self.media_url] if self.media_url else []),
                 "--video-storage-dir", str(storage / "videos"), "--voice-storage-dir", str(storage / "voices"),
                 *self.frontend_args]
 
@@ -304,7 +309,8 @@ class Cluster:
 
     def start_frontend(self, index: int, wait: bool = True) -> None:
         f = self.frontends[index]
-        f.extra_args = self.spec.frontend_command_args(index, self.database_url)
+        f.extra_args = self.spec.frontend_command_args(index)
+        f.env[DATABASE_URL_ENV] = self.database_url
         f.start()
         if wait:
             f.wait_ready(timeout=120)

@@ -24,9 +24,9 @@ def test_defaults_two_replicas_two_frontends_on_distinct_ports(tmp_path):
     assert p.triton_urls == "127.0.0.1:8001,127.0.0.1:8004"
     ports = p.ports()
     assert len(set(ports.values())) == len(ports) == 8  # 2 x 3 Triton + 2 frontends; no PostgreSQL started
-    args = p.frontend_command_args(1, "postgresql://u@h:1/db")
-    assert args[:6] == ["--on-demand", "none", "--database-url", "postgresql://u@h:1/db",
-                        "--media-url", f"file://{tmp_path / 'media'}"]
+    args = p.frontend_command_args(1)
+    assert args[:4] == ["--on-demand", "none", "--media-url", f"file://{tmp_path / 'media'}"]
+    assert not any("postgresql" in a for a in args)  # the password-bearing URL goes in the env, not argv
     assert str(tmp_path / "frontend-1" / "videos") in args  # each frontend its own scratch folders
 
 
