@@ -308,18 +308,36 @@ class Cluster:
             r.wait_ready()
 
     def start_frontend(self, index: int, wait: bool = True) -> None:
+        """Start frontend ``index`` (and wait until its ``/health`` answers 200).
+
+        Raises:
+            ServerStartError: it exited or did not become healthy (with the end of its log).
+        """
         f = self.frontends[index]
         f.extra_args = self.spec.frontend_command_args(index)
         f.env[DATABASE_URL_ENV] = self.database_url
         f.start()
         if wait:
-            f.wait_ready(timeout=120)
+            self.wait_frontend(index)
+
+    def wait_frontend(self, index: int, timeout: float = 120.0) -> None:
+        """Block until frontend ``index`` is healthy.
+
+        Raises:
+            ServerStartError: it exited or ``timeout`` passed (with the end of its log).
+        """
+        f = self.frontends[index]
+        try:
+            f.wait_ready(timeout=timeout)
+        except ServerStartError as exc:
+            raise ServerStartError(f"frontend {index}: {exc}\n{_tail(f.log_path) if f.log_path else ''}") from exc
 
     def start_frontends(self) -> None:
+        """Start every frontend at once, then wait for each."""
         for i in range(len(self.frontends)):
             self.start_frontend(i, wait=False)
-        for f in self.frontends:
-            f.wait_ready(timeout=120)
+        for i in range(len(self.frontends)):
+            self.wait_frontend(i)
 
     def kill_frontend(self, index: int) -> int:
         """``kill -9`` frontend ``index`` (its whole process group); returns its pid."""
