@@ -147,7 +147,9 @@ def test_mixed_traffic_is_served_by_both_replicas(cluster):
             replica_0=served[0], replica_1=served[1])
     totals = [sum(s.values()) for s in served]
     assert all(t > 0 for t in totals), f"a replica served nothing (nv_inference_request_success): {served}"
-    assert all(s["piper"] > 0 for s in served), f"speech went to one replica only: {served}"
+    # balanced, not merely both used: sequential requests alternate (least outstanding, ties in
+    # round robin), so each replica has at least a quarter of the speech requests
+    assert all(s["piper"] >= 2 for s in served), f"speech not balanced over the replicas: {served}"
 
 
 def _sse(url: str, out: dict) -> None:
