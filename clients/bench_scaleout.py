@@ -25,7 +25,9 @@ What it does, in one run, on one stack:
    replica executed in the 2-replica levels (and that replica 1 got none in the 1-replica ones).
 4. Failover (own replicas only): a closed loop through F2 for ``--failover-s`` seconds; at
    ``--kill-after-s`` replica 1's tritonserver gets SIGKILL (a crash: no drain, its stubs orphaned).
-   Per request: start, end, HTTP status or exception. Reported: the requests in flight at the kill
+   Per request: start, end, HTTP status or exception; a client whose request failed waits
+   ``--error-backoff-s`` before its next (a tight retry loop of fast 503s would eat the CPU the
+   survivor needs). Reported: the requests in flight at the kill
    and how many of them failed; the requests sent after the kill that failed (statuses), the time
    from the kill to the end of the last such failure (``recovery_s``: after it every request
    succeeded) and to the first success; requests lost = every failed request.
@@ -188,6 +190,8 @@ def failover(http: httpx.Client, url: str, args, replicas: Replicas, kill, log) 
             r = run_one(i)
             with lock:
                 results.append(r)
+            if r.error:  # a client that retries at once would spin on fast 503s and eat the CPU
+                time.sleep(args.error_backoff_s)
 
     before = replicas.read()
     threads = [threading.Thread(target=worker, name=f"failover-{k}") for k in range(args.concurrency)]
@@ -259,6 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=4, help="untimed requests through each frontend")
     p.add_argument("--failover-s", type=float, default=20.0, help="length of the failover phase")
     p.add_argument("--kill-after-s", type=float, default=5.0, help="SIGKILL replica 1 this far into it")
+    p.add_argument("--error-backoff-s", type=float, default=0.1,
+                   help="failover phase: a client waits this long after a failed request before its next")
     p.add_argument("--no-failover", action="store_true")
     p.add_argument("--triton-urls", default="", help="host:port,host:port of running replicas (reuse)")
     p.add_argument("--triton-metrics-urls", default="", help="their metrics base URLs, same order")
@@ -283,7 +289,8 @@ def main(argv: list[str] | None = None) -> dict:
         "models": args.models, "model": args.model, "voice": args.voice, "text": args.text,
         "concurrency": args.concurrency, "requests_per_level": max(args.requests, args.concurrency),
         "rounds": args.rounds, "failover_s": None if args.no_failover or external else args.failover_s,
-        "kill_after_s": args.kill_after_s, "external_replicas": external,
+        "kill_after_s": args.kill_after_s, "error_backoff_s": args.error_backoff_s,
+        "external_replicas": external,
         "machine": machine_info(), "git_commit": git_commit(),
         "versions": package_versions(["tritonclient", "grpcio", "httpx"]),
         "notes": ["both replicas and both frontends share this machine's cores: 2 replicas cannot "
@@ -315,7 +322,8 @@ def main(argv: list[str] | None = None) -> dict:
             metrics_urls = [f"http://127.0.0.1:{s.metrics_port}" for s in servers]
         frontends = {}
         for name, url in (("replicas_1", grpc_urls[0]), ("replicas_2", ",".join(grpc_urls))):
-            fe = Frontend(url, port=free_port(), log_path=logs / f"{tag}-{name}-frontend.log", admin_key=admin_key)
+            fe = Frontend(url, port=free_port(), models=[m for m in args.models.split(",") if m],
+                          log_path=logs / f"{tag}-{name}-frontend.log", admin_key=admin_key)
             started.append(fe)
             fe.start()
             fe.wait_ready(timeout=120)
