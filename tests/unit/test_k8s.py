@@ -21,6 +21,7 @@ import yaml
 
 from omni_triton.cli import build_parser
 from openai_frontend.__main__ import parse_args as _frontend_parse
+from openai_frontend.__main__ import shared_database_url
 from openai_frontend.metrics import FrontendMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,11 +37,21 @@ REQUIRED_SECRETS = {ADMIN_SECRET, DATABASE_SECRET}
 SCALING_DOC = (ROOT / "docs" / "scaling.md").read_text()
 
 
-def frontend_args(argv: list[str], env: dict[str, str] | None = None):
-    """The frontend's parser on ``argv`` with the pod's environment (``--database-url`` defaults to
-    env OMNI_TRITON_DATABASE_URL, which the pod gets from a Secret: a stand-in value here)."""
-    with mock.patch.dict(os.environ, env or {DATABASE_ENV: "postgresql://omni:pw@omni-postgres:5432/omni"}):
-        return _frontend_parse(argv)
+STAND_IN_URL = "postgresql://omni:pw@omni-postgres:5432/omni"
+
+
+def frontend_args(argv: list[str]):
+    """The frontend's parser on ``argv``."""
+    return _frontend_parse(argv)
+
+
+def frontend_database_url(argv: list[str], env_url: str = STAND_IN_URL) -> str | None:
+    """The database URL the frontend started with ``argv`` uses when the pod's environment has
+    OMNI_TRITON_DATABASE_URL = ``env_url`` (the Secret's value; a stand-in here): the frontend's
+    own resolution (``shared_database_url``: the flag, else the env; SystemExit without a
+    --media-url or with a negative lease)."""
+    with mock.patch.dict(os.environ, {DATABASE_ENV: env_url}):
+        return shared_database_url(_frontend_parse(argv))
 
 
 def _find(kind: str, name: str) -> dict:
@@ -179,7 +190,7 @@ def test_frontend_replicas_share_one_readwritemany_media_claim_and_roll():
               and o["spec"]["selector"]["matchLabels"].items() <= _labels("omni-frontend").items()]
     assert 1 <= pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]  # a drain can proceed
     # the video/voice stores are the database's (the SQLite folders' lock would stop a 2nd pod)
-    assert args.database_url and args.database_url.startswith("postgresql://")
+    assert frontend_database_url(_expand(container)) == STAND_IN_URL
     assert not any(a.endswith("-storage-dir") for a in container["args"]), container["args"]
     # each pod names itself in the leases it takes (the pod name: unique)
     env = {e["name"]: e for e in container["env"]}
@@ -200,7 +211,7 @@ def test_database_url_comes_from_a_secret_shared_with_postgres():
     ref = env[DATABASE_ENV]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": DATABASE_SECRET, "key": DATABASE_ENV}  # required: no optional
     url = "postgresql://omni:s3cret@omni-postgres:5432/omni"
-    assert frontend_args(_expand(container), env={DATABASE_ENV: url}).database_url == url
+    assert frontend_database_url(_expand(container), url) == url
     pg = _container("omni-postgres", "StatefulSet")
     pg_env = {e["name"]: e for e in pg["env"]}
     assert pg_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": DATABASE_SECRET,
