@@ -40,7 +40,9 @@ run at the same time; the figures are indicative (``config.notes`` in the JSON; 
 ``config.machine``).
 
 Output: JSON (stdout, or ``--out``): ``config``, ``stack``, ``throughput`` (per round and mean,
-``speedup_2_vs_1``), ``balance``, ``failover``.
+``speedup_2_vs_1``, ``triton_cpu_s_per_request``: CPU seconds of both tritonserver process trees per
+successful request, ``machine_busy_pct_mean``: share of all cores busy during the levels, any
+process), ``balance``, ``failover``.
 """
 from __future__ import annotations
 
@@ -159,18 +161,59 @@ def summarize(results: list[Request], wall_s: float) -> dict:
             "latency_ms": describe_ms([r.end_s - r.start_s for r in ok if r.end_s is not None])}
 
 
-def run_level(http: httpx.Client, url: str, args, replicas: Replicas, label: str, log) -> dict:
-    """``args.requests`` requests at ``args.concurrency`` through ``url``; per-replica deltas."""
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its live descendants (Triton's stubs);
+    0.0 when it is gone. Children that already exited are not counted."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """``(busy, total)`` CPU seconds of the whole machine so far, all cores (``psutil.cpu_times``;
+    busy = total - idle - iowait)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    total = sum(t)
+    return total - t.idle - getattr(t, "iowait", 0.0), total
+
+
+def run_level(http: httpx.Client, url: str, args, replicas: Replicas, label: str, log,
+              pids: dict[str, int] | None = None) -> dict:
+    """``args.requests`` requests at ``args.concurrency`` through ``url``; per-replica deltas.
+    With ``pids`` (name -> pid of a process started by this run): ``cpu_s`` of each process tree
+    over the level, and ``machine_busy_pct``, the share of all cores busy (100 = every core, any
+    process: other work on the machine included)."""
+    pids = pids or {}
     before = replicas.read()
+    cpu0 = {name: tree_cpu_s(pid) for name, pid in pids.items()}
+    busy0, total0 = machine_busy()
     t0 = time.perf_counter()
     results, wall = closed_loop(speech(http, url, args.model, args.voice, args.text, t0),
                                 args.concurrency, max(args.requests, args.concurrency))
+    busy1, total1 = machine_busy()
+    cpu1 = {name: tree_cpu_s(pid) for name, pid in pids.items()}
     after = replicas.read()
     level = summarize(results, wall)
     level["per_replica"] = [delta(a, b) if a is not None and b is not None else None
                             for a, b in zip(after, before, strict=True)]
+    level["cpu_s"] = {name: round(cpu1[name] - cpu0[name], 2) for name in pids}
+    level["machine_busy_pct"] = round(100.0 * (busy1 - busy0) / (total1 - total0), 1) if total1 > total0 else None
     log(f"{label}: {level['ok']}/{level['requests']} ok, {level['requests_per_s']} req/s, "
-        f"per replica {level['per_replica']}")
+        f"per replica {level['per_replica']}, cpu {level['cpu_s']}, machine busy {level['machine_busy_pct']} %")
     return level
 
 
@@ -341,9 +384,12 @@ def main(argv: list[str] | None = None) -> dict:
                 warm = speech(http, fe.url, args.model, args.voice, args.text, time.perf_counter())
                 closed_loop(warm, min(2, args.warmup) or 1, args.warmup)
             levels: dict[str, list[dict]] = {"replicas_1": [], "replicas_2": []}
+            pids = {f"triton{k}": s.proc.pid for k, s in enumerate(servers) if s.proc is not None}
+            pids.update({f"frontend_{name}": fe.proc.pid for name, fe in frontends.items() if fe.proc is not None})
             for rnd in range(args.rounds):
                 for name, fe in frontends.items():
-                    levels[name].append(run_level(http, fe.url, args, replicas, f"round {rnd + 1} {name}", log))
+                    levels[name].append(run_level(http, fe.url, args, replicas, f"round {rnd + 1} {name}", log,
+                                                  pids))
             rps = {}
             for name, runs in levels.items():
                 values = [r["requests_per_s"] for r in runs if r["requests_per_s"] is not None]
@@ -352,8 +398,17 @@ def main(argv: list[str] | None = None) -> dict:
             served = [sum(sum((lv[k] or {}).values()) for lv in two) for k in range(2)]
             # the requested model's own count (the entry point; ensembles count their steps too)
             top = [sum((lv[k] or {}).get(_entry(lv, k), 0) for lv in two) for k in range(2)]
+            cpu_per_request = {}  # Triton CPU seconds (both replicas) per successful request
+            for name, runs in levels.items():
+                cpu = sum(v for r in runs for k, v in r["cpu_s"].items() if k.startswith("triton"))
+                ok = sum(r["ok"] for r in runs)
+                cpu_per_request[name] = round(cpu / ok, 4) if ok and cpu else None
             out["throughput"] = {"levels": levels, "requests_per_s_mean": rps,
-                                 "speedup_2_vs_1": ratio(rps["replicas_2"], rps["replicas_1"])}
+                                 "speedup_2_vs_1": ratio(rps["replicas_2"], rps["replicas_1"]),
+                                 "triton_cpu_s_per_request": cpu_per_request,
+                                 "machine_busy_pct_mean": {
+                                     name: round(sum(r["machine_busy_pct"] or 0 for r in runs) / len(runs), 1)
+                                     for name, runs in levels.items() if runs}}
             out["balance"] = {
                 "per_replica_requests": top,
                 "per_replica_share": [ratio(x, sum(top)) for x in top],
