@@ -16,7 +16,8 @@ What it does, in one run, on one stack:
    docs/scaling.md). Given ``--triton-urls`` it starts only the frontends (the admin key then comes
    from ``OMNI_TRITON_ADMIN_KEY``).
 2. Throughput: ``--rounds`` times, alternately, ``--requests`` Piper speech requests
-   (``POST /v1/audio/speech``, ``stream: true``, ``pcm``, the fixed ``--text``) from a closed loop
+   (``POST /v1/audio/speech``, ``pcm``, the fixed ``--text``; whole clips: a streamed request is
+   paced at playback speed, ``--stream``, and measures that instead of capacity) from a closed loop
    of ``--concurrency`` client threads through F1 (the 1-replica baseline: the same client
    parallelism, one replica) and through F2 (2 replicas). ``requests_per_s`` = successful requests
    / wall seconds of the level.
@@ -84,6 +85,7 @@ class Request:
     status: int | None = None
     error: str | None = None
     pcm_bytes: int = 0
+    sample_rate: int = 0  # Hz, from the X-Sample-Rate header
 
 
 def successes(metrics_text: str) -> dict[str, float]:
@@ -125,13 +127,17 @@ class Replicas:
         return out
 
 
-def speech(http: httpx.Client, base_url: str, model: str, voice: str, text: str, t0: float):
-    """``run_one(i) -> Request``: one streamed PCM speech request through the frontend at
-    ``base_url``; failures (non-200, a broken stream, no audio) are recorded, never raised."""
+def speech(http: httpx.Client, base_url: str, model: str, voice: str, text: str, t0: float,
+           stream: bool = False):
+    """``run_one(i) -> Request``: one PCM speech request through the frontend at ``base_url``
+    (``stream``: ``stream: true``, which the frontend sends to Piper as ``PACED``: synthesised at
+    most ``max_lead_ms`` ahead of real-time playback, so its duration is bounded by the audio's,
+    not by compute; default a whole clip, as fast as the replica computes it); failures (non-200,
+    a broken stream, no audio) are recorded, never raised."""
 
     def run_one(index: int) -> Request:
         r = Request(index=index, start_s=time.perf_counter() - t0)
-        body = {"model": model, "input": text, "voice": voice, "response_format": "pcm", "stream": True}
+        body = {"model": model, "input": text, "voice": voice, "response_format": "pcm", "stream": stream}
         try:
             with http.stream("POST", f"{base_url}/v1/audio/speech", json=body) as resp:
                 r.status = resp.status_code
@@ -139,6 +145,7 @@ def speech(http: httpx.Client, base_url: str, model: str, voice: str, text: str,
                     resp.read()
                     r.error = f"HTTP {resp.status_code}: {resp.text[:160]}"
                 else:
+                    r.sample_rate = int(resp.headers.get("x-sample-rate", 0))
                     for data in resp.iter_raw():
                         r.pcm_bytes += len(data)
                     if not r.pcm_bytes:
@@ -158,7 +165,10 @@ def summarize(results: list[Request], wall_s: float) -> dict:
             "error_messages": sorted({r.error for r in results if r.error})[:5],
             "wall_s": round(wall_s, 3),
             "requests_per_s": round(len(ok) / wall_s, 3) if wall_s > 0 else None,
-            "latency_ms": describe_ms([r.end_s - r.start_s for r in ok if r.end_s is not None])}
+            "latency_ms": describe_ms([r.end_s - r.start_s for r in ok if r.end_s is not None]),
+            # 16-bit mono PCM: samples = bytes / 2
+            "audio_s_mean": round(sum(r.pcm_bytes / 2 / r.sample_rate for r in ok if r.sample_rate) / len(ok), 3)
+            if ok else None}
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -202,7 +212,7 @@ def run_level(http: httpx.Client, url: str, args, replicas: Replicas, label: str
     cpu0 = {name: tree_cpu_s(pid) for name, pid in pids.items()}
     busy0, total0 = machine_busy()
     t0 = time.perf_counter()
-    results, wall = closed_loop(speech(http, url, args.model, args.voice, args.text, t0),
+    results, wall = closed_loop(speech(http, url, args.model, args.voice, args.text, t0, args.stream),
                                 args.concurrency, max(args.requests, args.concurrency))
     busy1, total1 = machine_busy()
     cpu1 = {name: tree_cpu_s(pid) for name, pid in pids.items()}
@@ -220,7 +230,7 @@ def run_level(http: httpx.Client, url: str, args, replicas: Replicas, label: str
 def failover(http: httpx.Client, url: str, args, replicas: Replicas, kill, log) -> dict:
     """Closed loop through ``url`` for ``args.failover_s``; ``kill()`` at ``args.kill_after_s``."""
     t0 = time.perf_counter()
-    run_one = speech(http, url, args.model, args.voice, args.text, t0)
+    run_one = speech(http, url, args.model, args.voice, args.text, t0, args.stream)
     results: list[Request] = []
     lock = threading.Lock()
     counter = iter(range(1 << 30))
@@ -297,9 +307,11 @@ def analyse_failover(results: list[Request], kill_s: float, duration_s: float) -
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m clients.bench_scaleout", description=__doc__.split("\n")[0])
     p.add_argument("--models", default="piper", help="models each replica serves (omni-triton serve --models)")
-    p.add_argument("--model", default="piper", help="the speech model requested (OpenAI name)")
+    p.add_argument("--model", default="piper_tts", help="the speech model requested (OpenAI name)")
     p.add_argument("--voice", default="joe")
     p.add_argument("--text", default=TEXT)
+    p.add_argument("--stream", action="store_true",
+                   help="stream: true (paced at playback speed: measures pacing, not capacity); default whole clips")
     p.add_argument("--concurrency", type=int, default=4, help="client threads (closed loop)")
     p.add_argument("--requests", type=int, default=40, help="requests per throughput level")
     p.add_argument("--rounds", type=int, default=2, help="1-replica/2-replica level pairs, alternated")
@@ -330,7 +342,8 @@ def main(argv: list[str] | None = None) -> dict:
     external = bool(args.triton_urls)
     out: dict = {"config": {
         "models": args.models, "model": args.model, "voice": args.voice, "text": args.text,
-        "concurrency": args.concurrency, "requests_per_level": max(args.requests, args.concurrency),
+        "stream": args.stream, "concurrency": args.concurrency,
+        "requests_per_level": max(args.requests, args.concurrency),
         "rounds": args.rounds, "failover_s": None if args.no_failover or external else args.failover_s,
         "kill_after_s": args.kill_after_s, "error_backoff_s": args.error_backoff_s,
         "external_replicas": external,
@@ -381,7 +394,7 @@ def main(argv: list[str] | None = None) -> dict:
         with httpx.Client(timeout=httpx.Timeout(args.timeout, connect=10.0),
                           limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)) as http:
             for fe in frontends.values():
-                warm = speech(http, fe.url, args.model, args.voice, args.text, time.perf_counter())
+                warm = speech(http, fe.url, args.model, args.voice, args.text, time.perf_counter(), args.stream)
                 closed_loop(warm, min(2, args.warmup) or 1, args.warmup)
             levels: dict[str, list[dict]] = {"replicas_1": [], "replicas_2": []}
             pids = {f"triton{k}": s.proc.pid for k, s in enumerate(servers) if s.proc is not None}
