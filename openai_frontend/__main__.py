@@ -18,8 +18,11 @@ from omni_triton.serve import on_demand
 
 from .app import Settings, create_app
 from .auth import install_log_redaction
+from .db import ENV as DATABASE_ENV
+from .db import DatabaseError, database_url
 from .engine import TritonEngine
 from .engine.replicas import parse_target, pinned_index
+from .media_store import MediaUrlError
 from .quiet_server import QuietServer
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
@@ -131,6 +134,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="largest stored input_reference (PNG at the video's size); 400 beyond")
     p.add_argument("--voice-storage-dir", default=None,
                    help="custom voices: SQLite store + clips and prompts (default: <cache>/voices/<port>)")
+    p.add_argument("--media-url", default=None,
+                   help="where MP4s (videos/), voice files (voices/) and consent recordings (consents/) "
+                        "live: an fsspec URL several frontends share (file:///shared/media, /shared/media, "
+                        "s3://bucket/prefix with s3fs installed); default: in --video-storage-dir and "
+                        "--voice-storage-dir")
     p.add_argument("--voice-min-seconds", type=float, default=1.0, help="shortest accepted voice clip")
     p.add_argument("--voice-max-seconds", type=float, default=30.0, help="longest accepted voice clip")
     p.add_argument("--voice-max-upload-bytes", type=int, default=10 << 20,
@@ -144,6 +152,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bytes of clips, prompts and consent recordings kept; 400 quota_exceeded beyond")
     p.add_argument("--voice-max-prompt-chars", type=int, default=4096,
                    help="characters of a designed voice's prompt; 400 prompt_too_long beyond")
+    g = p.add_argument_group("several frontends on one database (docs/running.md \"Several frontends\")")
+    g.add_argument("--database-url", default=None,
+                   help=f"PostgreSQL URL (postgresql://user:pw@host:5432/db) holding the video jobs and the "
+                        f"voice/consent metadata of every frontend on it (default: env {DATABASE_ENV}; unset: "
+                        f"SQLite files in the storage folders, one frontend per folder). Needs --media-url. "
+                        f"Prefer the env variable when the URL has a password: arguments show in ps")
+    g.add_argument("--video-lease-s", type=float, default=30.0,
+                   help="with --database-url: seconds a frontend holds a running video job without renewing "
+                        "it (renewed every third of it); a job whose frontend died is taken over by another "
+                        "one once it expires. 0: leases never expire (no takeover; for tests)")
+    g.add_argument("--frontend-id", default=None,
+                   help="with --database-url: this frontend's name in job leases and logs; unique among the "
+                        "frontends running at once (default: <hostname>-<pid>)")
     p.add_argument("--batch-concurrency", type=int, default=4,
                    help="items of one /v1/audio/speech/batch synthesised at once")
     p.add_argument("--media-url-allowed-hosts", default="",
@@ -176,8 +197,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def shared_database_url(args: argparse.Namespace) -> str | None:
+    """The ``--database-url`` (or env) to use, or None for SQLite files.
+
+    Raises:
+        SystemExit: the URL is not a PostgreSQL URL, or no ``--media-url`` is given with it
+            (frontends sharing a database must share their MP4s, clips and recordings too).
+    """
+    try:
+        url = database_url(args.database_url)
+    except DatabaseError as exc:
+        raise SystemExit(f"openai_frontend: {exc}") from exc
+    if url is not None and not getattr(args, "media_url", None):
+        raise SystemExit("openai_frontend: --database-url needs --media-url: frontends that share a database "
+                         "must also share their media (MP4s, voice clips, consent recordings), e.g. "
+                         "--media-url file:///shared/media or s3://bucket/prefix")
+    if args.video_lease_s < 0:
+        raise SystemExit("openai_frontend: --video-lease-s must be >= 0 (0: leases never expire)")
+    return url
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    db_url = shared_database_url(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     try:  # never an argument: argv shows in ps
@@ -221,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
             stall_timeout_s=args.video_stall_timeout_s if args.video_stall_timeout_s > 0 else None,
             purge_after_s=args.video_purge_after_s if args.video_purge_after_s > 0 else None,
             max_stored_jobs=args.video_max_stored_jobs, max_stored_bytes=args.video_max_stored_bytes,
-            max_reference_bytes=args.video_max_reference_bytes),
+            max_reference_bytes=args.video_max_reference_bytes, lease_s=args.video_lease_s),
         voices=VoiceSettings(
             storage_dir=(Path(args.voice_storage_dir) if args.voice_storage_dir
                          else cache_dir() / "voices" / str(args.port)),
@@ -229,16 +271,19 @@ def main(argv: list[str] | None = None) -> None:
             max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required",
             max_voices=args.voice_max_voices, max_consents=args.voice_max_consents,
             max_stored_bytes=args.voice_max_stored_bytes, max_prompt_chars=args.voice_max_prompt_chars),
+        media_url=args.media_url,
         batch_concurrency=args.batch_concurrency,
         max_prompt_chars=args.max_prompt_chars,
         max_json_values=args.max_json_values,
         speech_stream_max_pending_chars=args.speech_stream_max_pending_chars,
         speech_stream_max_sessions=args.speech_stream_max_sessions,
         speech_stream_idle_timeout_s=args.speech_stream_idle_timeout_s,
+        database_url=db_url,
+        frontend_id=args.frontend_id,
     )
     try:
         app = create_app(engine, settings)
-    except StorageLockedError as exc:
+    except (StorageLockedError, DatabaseError, MediaUrlError) as exc:
         sys.exit(f"openai_frontend: not starting: {exc}")
     # a WebSocket message is bounded like an HTTP body (the speech stream checks it again)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
