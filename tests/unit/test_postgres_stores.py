@@ -490,3 +490,26 @@ async def test_two_apps_on_one_database_see_one_set_of_jobs_and_voices(pg_url, t
             await c.aclose()
         for life in lives:
             await life.__aexit__(None, None, None)
+
+
+@pytest.mark.anyio
+async def test_a_database_that_stops_answering_is_a_503_not_a_500(pg_url, tmp_path, monkeypatch):  # noqa: F811
+    import httpx
+    from test_videos_frontend import FakeVideoEngine
+
+    from openai_frontend.app import Settings, create_app
+
+    app = create_app(FakeVideoEngine(), Settings(
+        database_url=pg_url, video=JobSettings(storage_dir=tmp_path, sweep_interval_s=3600),
+        voices=VoiceSettings(storage_dir=tmp_path)))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        def down(*args, **kwargs):
+            raise psycopg.OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+
+        monkeypatch.setattr(PostgresJobStore, "get", down)
+        monkeypatch.setattr(PostgresVoiceMeta, "name_taken", down)
+        r = await c.get("/v1/videos/video_" + "0" * 24)
+        assert (r.status_code, r.json()["error"]["code"], r.headers["retry-after"]) == (503, "store_unavailable", "1")
+        r = await c.post("/v1/audio/voices", data={"name": "calm", "type": "prompt", "prompt": "a calm voice"})
+        assert (r.status_code, r.json()["error"]["code"]) == (503, "store_unavailable"), r.text
