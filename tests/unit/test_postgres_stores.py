@@ -242,18 +242,18 @@ def _settings(tmp_path, **kw) -> JobSettings:
 
 
 def test_an_expired_lease_is_taken_over_resumed_then_failed_with_the_reason(databases, pg_url, tmp_path):  # noqa: F811
-    a = PostgresJobStore(databases[0], "frontend-a", lease_s=0.3)
+    a = PostgresJobStore(databases[0], "frontend-a", lease_s=1.0)
     b = PostgresJobStore(databases[1], "frontend-b")
     jobs_b = VideoJobs(None, _settings(tmp_path, max_attempts=2), store=b)
     rec = a.insert(_request())
     assert a.next_queued().id == rec.id
     assert sum(jobs_b.take_over().values()) == 0  # A's lease still runs: left alone
-    time.sleep(0.5)  # frontend A died: no renewal
+    time.sleep(1.2)  # frontend A died: no renewal
     assert jobs_b.take_over() == {"completed": 0, "requeued": 1, "failed": 0}
     again = b.get(rec.id)
     assert (again.status, again.attempts) == (QUEUED, 1)
     assert a.next_queued().attempts == 2  # resumed (by any frontend): attempts + 1
-    time.sleep(0.5)  # and A dies again, at max_attempts
+    time.sleep(1.2)  # and A dies again, at max_attempts
     assert jobs_b.take_over()["failed"] == 1
     failed = b.get(rec.id)
     assert failed.status == FAILED and failed.error["code"] == "interrupted", failed.error
@@ -377,11 +377,11 @@ async def test_two_frontends_share_the_queue_and_a_dead_ones_job_is_finished(dat
 
     stalled, working = FakeVideoEngine(), FakeVideoEngine()
     stalled.gate = asyncio.Event()
-    fast = {"poll_interval_s": 0.05, "lease_s": 0.6}
+    fast = {"poll_interval_s": 0.05, "lease_s": 2.0}  # renewed every 0.67 s: room for a loaded machine
     jobs_a = VideoJobs(stalled, _settings(tmp_path, max_running=1, **fast),
-                       store=PostgresJobStore(databases[0], "frontend-a", lease_s=0.6))
+                       store=PostgresJobStore(databases[0], "frontend-a", lease_s=2.0))
     jobs_b = VideoJobs(working, _settings(tmp_path, **fast),
-                       store=PostgresJobStore(databases[1], "frontend-b", lease_s=0.6))
+                       store=PostgresJobStore(databases[1], "frontend-b", lease_s=2.0))
     await jobs_a.start()
     first = await asyncio.to_thread(jobs_a.create, _request("held by A"))
     await _until(lambda: first.id in jobs_a._running, what="A's claim")
@@ -391,7 +391,7 @@ async def test_two_frontends_share_the_queue_and_a_dead_ones_job_is_finished(dat
         await _until(lambda: all(jobs_b.store.get(r.id).status == "completed" for r in others),
                      what="B running the jobs created on A")
         assert jobs_b.store.get(first.id).status == IN_PROGRESS  # A renews its lease: B leaves it alone
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(2.5)  # past one lease: renewed, not taken over
         assert jobs_b.store.get(first.id).status == IN_PROGRESS
         for t in jobs_a._tasks + [r.task for r in jobs_a._running.values()]:  # kill -9 of A: nothing handed back
             t.cancel()
