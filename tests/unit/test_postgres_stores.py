@@ -236,6 +236,31 @@ def test_quotas_hold_under_concurrent_inserts_from_two_frontends(databases):
     assert sum(isinstance(r, JobQuotaError) and r.limit == "max_stored_bytes" for r in results) == 8, results
 
 
+def test_pages_expiry_and_purge_on_the_shared_store(databases, tmp_path):
+    """What the API and the retention sweep ask of any frontend: pages in creation order, the
+    completed job past its retention expired, failed and expired jobs purged once (ids returned
+    to one frontend only)."""
+    a, b = PostgresJobStore(databases[0], "frontend-a"), PostgresJobStore(databases[1], "frontend-b")
+    ids = [a.insert(_request(f"p{i}")).id for i in range(5)]
+    page, more = b.list(limit=2, order="asc")
+    assert [r.id for r in page] == ids[:2] and more
+    page, more = b.list(limit=5, after=ids[1], order="asc")
+    assert [r.id for r in page] == ids[2:] and not more
+    assert [r.id for r in b.list(limit=2, after=ids[2])[0]] == ids[1::-1]
+    with pytest.raises(KeyError):
+        b.list(after="video_" + "f" * 24)
+    now = int(time.time())
+    done, failed = a.next_queued(), a.next_queued()
+    assert a.complete(done.id, f"videos/{done.id}.mp4", now - 1, file_bytes=1000)
+    a.fail(failed.id, "generation_failed", "boom", now=now - 100)
+    jobs_b = VideoJobs(None, _settings(tmp_path, purge_after_s=50), store=b)
+    assert jobs_b.sweep(now) == 1  # the completed job's retention passed: expired (and the failed one purged)
+    assert b.get(done.id).status == "expired" and b.get(failed.id) is None
+    assert b.statuses() == {done.id: "expired", **{i: QUEUED for i in ids[2:]}}
+    # expired at now - 1 (its expires_at): purged from now + 49 on, by one frontend only
+    assert a.purge(now + 48, 50) == [] and b.purge(now + 49, 50) == [done.id] and a.purge(now + 49, 50) == []
+
+
 # --------------------------------------------------------------------------- leases
 def _settings(tmp_path, **kw) -> JobSettings:
     return JobSettings(storage_dir=tmp_path, sweep_interval_s=3600, **kw)
