@@ -21,6 +21,8 @@ from .auth import install_log_redaction
 from .db import ENV as DATABASE_ENV
 from .db import DatabaseError, database_url
 from .engine import TritonEngine
+from .engine.replicas import parse_target, pinned_index
+from .media_store import MediaUrlError
 from .quiet_server import QuietServer
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
@@ -67,9 +69,18 @@ def on_demand_engine_args(args: argparse.Namespace, pinned: list[str]) -> dict[s
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openai_frontend", description=__doc__)
     p.add_argument("--triton-url", default="localhost:8001",
-                   help="Triton gRPC host:port. Its restricted admin APIs (repository index, model "
-                        "config) are called with the key of env OMNI_TRITON_ADMIN_KEY or the file "
-                        "named by OMNI_TRITON_ADMIN_KEY_FILE (omni-triton serve passes it)")
+                   help="Triton gRPC host:port, or several replicas: host:port,host:port (each request "
+                        "goes to the least busy healthy replica that has its model READY) or "
+                        "dns:///NAME:PORT (every address NAME resolves to, re-resolved: a headless "
+                        "Service). Their restricted admin APIs (repository index, model config) are "
+                        "called with the key of env OMNI_TRITON_ADMIN_KEY or the file named by "
+                        "OMNI_TRITON_ADMIN_KEY_FILE (omni-triton serve passes it); one key for all")
+    p.add_argument("--triton-resolve-interval-s", type=float, default=10.0,
+                   help="seconds between DNS resolutions of a dns:/// --triton-url")
+    p.add_argument("--triton-health-interval-s", type=float, default=1.0,
+                   help="seconds between readiness probes (is_server_ready + repository index) of each "
+                        "replica, with several replicas or dns:///; a replica that fails one is drained "
+                        "until one passes. One host:port: no probes")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument(
@@ -123,6 +134,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="largest stored input_reference (PNG at the video's size); 400 beyond")
     p.add_argument("--voice-storage-dir", default=None,
                    help="custom voices: SQLite store + clips and prompts (default: <cache>/voices/<port>)")
+    p.add_argument("--media-url", default=None,
+                   help="where MP4s (videos/), voice files (voices/) and consent recordings (consents/) "
+                        "live: an fsspec URL several frontends share (file:///shared/media, /shared/media, "
+                        "s3://bucket/prefix with s3fs installed); default: in --video-storage-dir and "
+                        "--voice-storage-dir")
     p.add_argument("--voice-min-seconds", type=float, default=1.0, help="shortest accepted voice clip")
     p.add_argument("--voice-max-seconds", type=float, default=30.0, help="longest accepted voice clip")
     p.add_argument("--voice-max-upload-bytes", type=int, default=10 << 20,
@@ -210,8 +226,20 @@ def main(argv: list[str] | None = None) -> None:
         admin_key = triton_admin.key_from_env()
     except (triton_admin.AdminKeyError, OSError) as exc:
         raise SystemExit(f"openai_frontend: {triton_admin.ENV}/{triton_admin.ENV_FILE}: {exc}") from exc
+    try:
+        static, dns = parse_target(args.triton_url)
+        pinned_index()
+    except ValueError as exc:
+        raise SystemExit(f"openai_frontend: {exc}") from exc
+    wants_on_demand = [n.strip() for n in args.on_demand.split(",") if n.strip() not in ("", "none")]
+    if wants_on_demand and (dns is not None or len(static) > 1):
+        raise SystemExit("openai_frontend: --on-demand needs a single Triton (one host:port in --triton-url): "
+                         "with several replicas each replica's `omni-triton serve --models` decides what it "
+                         "holds; use --on-demand none")
+    on_demand_args = on_demand_engine_args(args, models or [])
     engine = TritonEngine(args.triton_url, models=models, rpc_timeout_s=args.rpc_timeout,
-                          admin_key=admin_key, **on_demand_engine_args(args, models or []))
+                          admin_key=admin_key, resolve_interval_s=args.triton_resolve_interval_s,
+                          health_interval_s=args.triton_health_interval_s, **on_demand_args)
     settings = Settings(
         max_inflight=args.max_inflight,
         default_max_input_chars=args.default_max_input_chars,
@@ -243,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
             max_upload_bytes=args.voice_max_upload_bytes, require_consent=args.voice_consent == "required",
             max_voices=args.voice_max_voices, max_consents=args.voice_max_consents,
             max_stored_bytes=args.voice_max_stored_bytes, max_prompt_chars=args.voice_max_prompt_chars),
+        media_url=args.media_url,
         batch_concurrency=args.batch_concurrency,
         max_prompt_chars=args.max_prompt_chars,
         max_json_values=args.max_json_values,
@@ -254,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         app = create_app(engine, settings)
-    except (StorageLockedError, DatabaseError) as exc:
+    except (StorageLockedError, DatabaseError, MediaUrlError) as exc:
         sys.exit(f"openai_frontend: not starting: {exc}")
     # a WebSocket message is bounded like an HTTP body (the speech stream checks it again)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),

@@ -19,6 +19,7 @@ from .auth import ApiKeyCheck
 from .db import Database, default_frontend_id
 from .engine import Engine
 from .errors import install_error_handlers, install_store_unavailable_handler
+from .media_store import open_media_url
 from .metrics import FrontendMetrics
 from .middleware import (
     ApiKey,
@@ -74,6 +75,10 @@ class Settings:
     video: the video job store's settings (``openai_frontend.video_jobs.JobSettings``).
     voices: the custom voice store's settings (``openai_frontend.voice_store.VoiceSettings``);
         None: custom voices disabled (``/v1/audio/voices`` still lists the models' voices).
+    media_url: where MP4s (``videos/``), voice files (``voices/``) and consent recordings
+        (``consents/``) live, an fsspec URL shared by several frontends (``file:///shared/media``,
+        ``/shared/media``, ``s3://bucket/prefix``: ``openai_frontend.media_store``); None: in
+        the video / voice storage folders (the default, as before).
     batch_concurrency: items of one ``/v1/audio/speech/batch`` synthesised at once.
     media_urls: which http(s) ``image_url`` / ``video_url`` parts the frontend fetches
         (``omni_triton.media.fetch.UrlFetchPolicy``; default: none, data URLs only).
@@ -111,6 +116,8 @@ class Settings:
     video: JobSettings | None = None
     #: custom voices (``/v1/audio/voices``): storage folder, clip limits, consent rule; None: disabled
     voices: VoiceSettings | None = None
+    #: MP4s, voice files, consent recordings: an fsspec URL; None: the storage folders above
+    media_url: str | None = None
     batch_concurrency: int = 4
     #: http(s) media URLs in chat content parts (allow-list, size, time); default: refused
     media_urls: UrlFetchPolicy = field(default_factory=UrlFetchPolicy)
@@ -130,9 +137,11 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
         StorageLockedError: another process has the video or the voice storage folder open
             (``openai_frontend.storage_lock``): a second frontend on one folder refuses to start.
         openai_frontend.db.DatabaseError: ``settings.database_url`` cannot be reached or migrated.
+        MediaUrlError: ``settings.media_url`` cannot be used.
     """
     settings = settings or Settings()
     frontend_id = settings.frontend_id or default_frontend_id()
+    media = open_media_url(settings.media_url) if settings.media_url else None
     # the shared database (connected and migrated now: a frontend that cannot reach it does not start)
     database = Database(settings.database_url) if settings.database_url else None
     if database is not None:
@@ -156,6 +165,10 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         watch.start()
+        replicas = getattr(engine, "replicas", None)  # TritonEngine: its Triton replicas
+        if replicas is not None:
+            _app.state.metrics.watch_replicas(replicas.all_known)
+            await replicas.start()  # first DNS resolution and probes (several replicas), then their loops
         on_demand = getattr(engine, "on_demand", None)  # TritonEngine with --on-demand
         if on_demand is not None:
             on_demand.attach(_app.state.metrics)
@@ -168,7 +181,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
                 on_event=lambda _id, outcome: metrics.video_jobs.labels(outcome).inc(),
                 on_store_error=lambda operation: metrics.video_store_errors.labels(operation).inc(),
                 store=(PostgresJobStore(database, frontend_id, settings.video.lease_s)
-                       if database is not None else None))
+                       if database is not None else None),
+                media=media)
             metrics.video_store_failing.set_function(lambda: float(jobs.store_error is not None))
             await jobs.start()
         try:
@@ -202,7 +216,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     if settings.voices is not None:
         try:
             app.state.voice_store = VoiceStore(settings.voices,
-                                               PostgresVoiceMeta(database) if database is not None else None)
+                                               PostgresVoiceMeta(database) if database is not None else None,
+                                               media=media)
         except (sqlite3.DatabaseError, OSError) as exc:
             app.state.voice_store_error = f"{type(exc).__name__}: {exc}"
             logger.error("voice store %s cannot be opened: %s", settings.voices.storage_dir, exc)

@@ -2,13 +2,14 @@
 
 Why durable: a video job runs for minutes on real hardware, and a job that silently disappears
 (frontend restart, crash) is what users fear most. Every state change is committed to one SQLite
-file (WAL, ``synchronous=FULL``) before it is reported, and every MP4 is written atomically (temp
-file + fsync + rename, ``omni_triton.media.video.write_atomic``) *before* its job is marked
-completed, so:
+file (WAL, ``synchronous=FULL``) before it is reported, and every MP4 is written all-or-nothing
+into the media store (``videos/<id>.mp4`` of :class:`openai_frontend.media_store.MediaStore`:
+the storage folder by default, ``--media-url`` when set; on a local folder temp file + fsync +
+rename) *before* its job is marked completed, so:
 
 - a job ``queued`` when the frontend stops is still queued after the restart;
 - a job ``in_progress`` when the frontend stops is, at the next start, ``completed`` if its MP4
-  is on disk (the crash fell between the rename and the commit), else queued again (resumed
+  is in the media store (the crash fell between the rename and the commit), else queued again (resumed
   from its first step: same inputs, same seed, so the same video) unless it was already started
   ``max_attempts`` times, then ``failed`` with the reason; never left in progress, never gone;
 - ``progress`` only rises (``MAX`` in SQL), also across a resume.
@@ -21,10 +22,12 @@ stops the denoiser at its next step boundary.
 Retention and limits (:class:`JobSettings`): a ``failed`` job and an ``expired`` one are purged
 (row, reference image, MP4, temporary files) ``purge_after_s`` after they failed / expired, by
 the sweep that runs at start and every ``sweep_interval_s``; the start also removes temporary
-MP4s and MP4s no live job owns. At most ``max_queued`` jobs wait (429 + ``Retry-After``), at most
-``max_stored_jobs`` jobs of any status and ``max_stored_bytes`` bytes (MP4s + stored requests,
-reference images included) are kept, and a stored reference image has at most
-``max_reference_bytes`` (400s, checked before the row is written).
+MP4s and MP4s no live job owns (on a shared ``--media-url``: temporary files only once they are
+older than the media store's grace, see :mod:`openai_frontend.media_store`). At most
+``max_queued`` jobs wait (429 + ``Retry-After``), at most ``max_stored_jobs`` jobs of any status
+and ``max_stored_bytes`` bytes (MP4s + stored requests, reference images included) are kept, and
+a stored reference image has at most ``max_reference_bytes`` (400s, checked before the row is
+written).
 
 Database errors do not stop the runner: the dispatcher and every job-state write retry with
 backoff (``db_retry_initial_s`` doubling to ``db_retry_max_s``) until the database answers again;
@@ -60,9 +63,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from omni_triton.media.video import encode_mp4, write_atomic
+from omni_triton.media.video import encode_mp4
 
 from .engine import EngineError, InvalidRequestError, VideoJob
+from .media_store import InvalidMediaKey, MediaEntry, MediaStore
 from .storage_lock import lock_unless_shared
 
 if TYPE_CHECKING:
@@ -716,7 +720,8 @@ class PostgresJobStore:
 class JobSettings:
     """Knobs of the video jobs (``python -m openai_frontend --video-*``).
 
-    storage_dir: the SQLite file and the MP4s (``videos/<id>.mp4``) live here.
+    storage_dir: the SQLite file lives here, and the MP4s (``videos/<id>.mp4``) unless the
+        frontend has a ``--media-url`` (:class:`openai_frontend.media_store.MediaStore`).
     max_queued: queued jobs accepted; one more is a 429 with ``Retry-After``.
     max_running: jobs streamed to Triton at once (the denoiser batches them).
     retention_s: a completed MP4 older than this is removed and its job becomes ``expired``
@@ -813,7 +818,8 @@ class VideoJobs:
     ``in_progress`` in the store and are resumed by the next ``start()``.
 
     ``on_event(job_id, outcome)`` is called when a job ends (completed, failed, expired);
-    ``on_store_error(operation)`` on every database error the runner survives.
+    ``on_store_error(operation)`` on every database error the runner survives. ``media``: where
+    the MP4s go (``videos/<id>.mp4``); default: ``settings.storage_dir``.
 
     ``store``: the job store (default: :class:`SqliteJobStore` in ``settings.storage_dir``,
     under the folder lock). A shared store (:class:`PostgresJobStore`) takes no folder lock; the
@@ -821,22 +827,29 @@ class VideoJobs:
     keeps the running jobs' leases (a job no longer ours is stopped here).
 
     Raises (at construction):
-        StorageLockedError: another process has ``settings.storage_dir`` open (SQLite store).
+        StorageLockedError: another process has ``settings.storage_dir`` open (SQLite store; or,
+            with a local store, the explicit local ``media`` folder: :mod:`openai_frontend.media_store`).
     """
 
     def __init__(self, engine: Engine, settings: JobSettings, on_event: Callable[[str, str], None] | None = None,
-                 on_store_error: Callable[[str], None] | None = None, store: JobStore | None = None):
+                 on_store_error: Callable[[str], None] | None = None, store: JobStore | None = None,
+                 media: MediaStore | None = None):
         self.engine = engine
         self.settings = settings
         self.dir = Path(settings.storage_dir)
-        self.videos_dir = self.dir / "videos"
         self.inputs_dir = self.dir / "inputs"
-        self._folder_lock = lock_unless_shared(self.dir, store.shared if store is not None else SqliteJobStore.shared)
+        shared_store = store.shared if store is not None else SqliteJobStore.shared
+        self._folder_lock = lock_unless_shared(self.dir, shared_store)
+        self._media_lock = None
         try:
+            self.media = media if media is not None else MediaStore(self.dir)
+            if self.media.shared and self.media.local:  # orphans are judged by this store's rows
+                self._media_lock = lock_unless_shared(Path(self.media.root), shared_store)
             self.store: JobStore = store if store is not None else SqliteJobStore(self.dir / "jobs.sqlite3")
         except BaseException:
-            if self._folder_lock is not None:
-                self._folder_lock.release()
+            for lock in (self._media_lock, self._folder_lock):
+                if lock is not None:
+                    lock.release()
             raise
         self._running: dict[str, _Running] = {}
         self._wake = asyncio.Event()
@@ -879,15 +892,12 @@ class VideoJobs:
         return counts
 
     def _finished_mp4(self, job_id: str) -> tuple[str, int, float] | None:
-        """(path, bytes, mtime) of job ``job_id``'s MP4 when it is already written, else None: a
-        run that ended between writing the MP4 and committing the job. (The one place the
-        settling reads the media; the shared media store replaces it.)"""
-        path = self.video_path(job_id)
-        try:
-            st = path.stat()
-        except OSError:
+        """(media key, bytes, mtime) of job ``job_id``'s MP4 when it is already written, else None:
+        a run that ended between writing the MP4 and committing the job. Blocking (the media store)."""
+        mp4 = self.video_file(job_id)
+        if mp4 is None or mp4.size <= 0:
             return None
-        return (str(path), st.st_size, st.st_mtime) if path.is_file() and st.st_size > 0 else None
+        return mp4.key, mp4.size, mp4.mtime or time.time()
 
     def _settle_interrupted(self, rec: JobRecord, lost_owner: str | None) -> str:
         """Settle a job whose run was interrupted (a previous process; a frontend whose lease
@@ -912,13 +922,12 @@ class VideoJobs:
     async def start(self) -> None:
         """Settle the previous process's jobs, sweep (expiry, purge, stray files; in a worker
         thread), then start the dispatcher, the periodic sweep and, on a shared store, the lease
-        renewals. On a shared store the stray-file sweep is skipped: another frontend may be
-        writing its MP4 right now."""
+        renewals. The stray-file sweep is safe beside other frontends writing to a shared media
+        location (:meth:`remove_stray_files`)."""
         def settle() -> None:
             self.recover()
             self.sweep()
-            if not self.store.shared:
-                self.remove_stray_files()
+            self.remove_stray_files()  # shared-safe: see MediaStore's sweeps
 
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(settle)
@@ -957,15 +966,26 @@ class VideoJobs:
                 logger.warning("video jobs: could not hand back %d running jobs (%s); other frontends take "
                                "them over when their leases expire", len(running), exc)
         self.store.close()
-        if self._folder_lock is not None:
-            self._folder_lock.release()
+        for lock in (self._media_lock, self._folder_lock):
+            if lock is not None:
+                lock.release()
 
     # ------------------------------------------------------------------ API
-    def video_path(self, job_id: str) -> Path:
-        """The MP4 of job ``job_id``. Raises ValueError for a string that is not a job id."""
+    def video_key(self, job_id: str) -> str:
+        """The media key of job ``job_id``'s MP4 (``videos/<id>.mp4``). Raises ValueError for a
+        string that is not a job id."""
         if not is_job_id(job_id):
             raise ValueError(f"not a video job id: {job_id!r}")
-        return self.videos_dir / f"{job_id}.mp4"
+        return f"videos/{job_id}.mp4"
+
+    def video_file(self, job_id: str) -> MediaEntry | None:
+        """Job ``job_id``'s MP4 in the media store (size, mtime), None when it is not there.
+        Blocking (a file system or object store call): run it in a worker thread.
+
+        Raises:
+            ValueError: ``job_id`` is not a job id. OSError: the media store fails.
+        """
+        return self.media.info(self.video_key(job_id))
 
     def create(self, request: VideoRequest) -> JobRecord | None:
         """Queue a job; ``None`` when the queue is full.
@@ -1030,7 +1050,7 @@ class VideoJobs:
             running.task.cancel()
             await asyncio.gather(running.task, return_exceptions=True)
         found = await asyncio.to_thread(self.store.delete, job_id)  # a commit (PostgreSQL: a round trip)
-        self._remove_files(job_id)
+        await asyncio.to_thread(self._remove_files, job_id)  # a file system or object store call
         return found
 
     def sweep(self, now: float | None = None) -> int:
@@ -1049,34 +1069,43 @@ class VideoJobs:
                 logger.info("video jobs: purged %d failed or expired jobs", len(purged))
         return len(expired)
 
-    def remove_stray_files(self) -> int:
+    def remove_stray_files(self, now: float | None = None) -> int:
         """Remove temporary MP4s and MP4s no queued, running or completed job owns (a crash
-        between writing and committing, a purge interrupted). Only safe while no job runs (at
-        start, with the folder lock held); returns how many files were removed."""
-        if not self.videos_dir.is_dir():
+        between writing and committing, a purge interrupted); returns how many were removed.
+
+        Safe while other frontends run jobs on a shared media store: the folder is listed
+        *before* the statuses are read (a job's row exists before its MP4 is written, so a file
+        listed has its row), and a temporary file goes only once :meth:`MediaStore.stale` (older
+        than the store's grace; at once on a store only this frontend uses)."""
+        entries = self.media.list("videos")  # first: see above
+        if not entries:
             return 0
         statuses = self.store.statuses()
         removed = 0
-        for entry in self.videos_dir.iterdir():
-            job_id = entry.name[:-len(".mp4")] if entry.name.endswith(".mp4") else None
-            if entry.is_file() and (job_id is None or statuses.get(job_id) not in (QUEUED, IN_PROGRESS, COMPLETED)):
-                entry.unlink(missing_ok=True)
+        for entry in entries:
+            if entry.is_dir:
+                continue
+            if entry.temporary:
+                stray = self.media.stale(entry, now)
+            else:
+                job_id = entry.name[:-len(".mp4")] if entry.name.endswith(".mp4") else None
+                stray = job_id is None or statuses.get(job_id) not in (QUEUED, IN_PROGRESS, COMPLETED)
+            if stray:
+                self.media.remove(entry)
                 removed += 1
         if removed:
-            logger.warning("video jobs: removed %d temporary or orphaned files", removed)
+            logger.warning("video jobs: removed %d temporary or orphaned files from %s", removed, self.media)
         return removed
 
     # ------------------------------------------------------------------ internals
     def _remove_files(self, job_id: str) -> None:
-        """Remove job ``job_id``'s MP4 and ``write_atomic``'s temporary files of it, matched by
-        exact name and prefix, never as a glob pattern (an id from an older store need not have
-        :data:`JOB_ID`'s form)."""
-        if not self.videos_dir.is_dir():
-            return
-        name, prefix = f"{job_id}.mp4", f".{job_id}.mp4."
-        for entry in self.videos_dir.iterdir():
-            if entry.name == name or entry.name.startswith(prefix):
-                entry.unlink(missing_ok=True)
+        """Remove job ``job_id``'s MP4 and the temporary files of it (``MediaStore.delete``:
+        matched by exact name and prefix, never as a glob pattern; an id from an older store need
+        not have :data:`JOB_ID`'s form, a name no key may have is left alone and logged)."""
+        try:
+            self.media.delete(f"videos/{job_id}.mp4")
+        except InvalidMediaKey:
+            logger.warning("video jobs: job id %r names no media file; nothing removed", job_id[:80])
 
     def _expiry(self, completed_at: int) -> int | None:
         r = self.settings.retention_s
@@ -1120,7 +1149,7 @@ class VideoJobs:
             return result
 
     def _expire(self, rec: JobRecord) -> None:
-        self.video_path(rec.id).unlink(missing_ok=True)
+        self._remove_files(rec.id)
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.expires_at or time.time()))
         self.store.expire(rec.id, f"the video was removed after its retention period (expired at {when})")
         self._on_event(rec.id, EXPIRED)
@@ -1226,14 +1255,14 @@ class VideoJobs:
             assert frames is not None
             frames = frames[: req.keep_frames]
             data = await asyncio.to_thread(encode_mp4, frames, req.fps)
-            path = self.video_path(rec.id)
-            await asyncio.to_thread(write_atomic, path, data)
+            key = self.video_key(rec.id)
+            await asyncio.to_thread(self.media.put, key, data)
             running = self._running.get(rec.id)
             if ((running is not None and running.deleted)
                     or await self._db("check", self.store.get, rec.id, with_request=False) is None):
-                path.unlink(missing_ok=True)  # deleted while its MP4 was being written
+                await asyncio.to_thread(self.media.delete, key)  # deleted while its MP4 was being written
                 return
-            if await self._db("complete", self.store.complete, rec.id, str(path), self._expiry(int(time.time())),
+            if await self._db("complete", self.store.complete, rec.id, key, self._expiry(int(time.time())),
                               file_bytes=len(data)):
                 self._on_event(rec.id, COMPLETED)
             else:  # shared store: taken over meanwhile (the same inputs and seed: the same MP4)

@@ -1,17 +1,21 @@
 """Durable custom voices and consent recordings (``/v1/audio/voices``, ``/v1/audio/voice_consents``).
 
-One SQLite file (``voices.sqlite``, WAL, ``synchronous=FULL``) holds the metadata; each uploaded
-voice owns a folder ``voices/<id>/`` with its clip (``clip.wav``, float32 mono at
-``VoiceSettings.sample_rate``) and the clone prompt the ``qwen3_tts_voice_prompt`` model computed
-once at upload (``voice_prompt.bin``, opaque bytes sent back as ``VOICE_PROMPT``). A consent
-recording is ``consents/<id>.<ext>``.
+One SQLite file (``voices.sqlite``, WAL, ``synchronous=FULL``) holds the metadata (or the shared
+PostgreSQL database of ``--database-url``: :class:`PostgresVoiceMeta`); the files are
+in the media store (:class:`openai_frontend.media_store.MediaStore`: the storage folder by
+default, ``--media-url`` when set). Each uploaded voice owns a folder ``voices/<id>/`` with its
+clip (``clip.wav``, float32 mono at ``VoiceSettings.sample_rate``) and the clone prompt the
+``qwen3_tts_voice_prompt`` model computed once at upload (``voice_prompt.bin``, opaque bytes sent
+back as ``VOICE_PROMPT``). A consent recording is ``consents/<id>.<ext>``.
 
-Nothing is half-written: the files of a voice are written into a temporary folder, fsynced and
-renamed into place (one ``os.replace``) *before* its row is committed; a failed insert (duplicate
-name) removes the folder again. At start, temporary folders and folders without a row (a crash
-between the rename and the commit) are removed. A row whose files are missing or whose prompt
-no longer matches its SHA-256 is *corrupt*: listed with an ``error``, refused on use
-(:class:`VoiceCorruptError`, a 409), never a crash.
+Nothing is half-written: each file of a voice is written all-or-nothing (``MediaStore.put``:
+temp file, fsync, rename on a local folder; one PUT on an object store) *before* its row is
+committed; a failed write or insert (duplicate name) removes the voice's folder again. At start,
+temporary files and folders, and folders / recordings without a row (a crash between the writes
+and the commit) are removed; on a shared ``--media-url`` only once they are older than the media
+store's grace (another frontend may be uploading them: :mod:`openai_frontend.media_store`). A
+row whose files are missing or no longer match their SHA-256 is *corrupt*: listed with an
+``error``, refused on use (:class:`VoiceCorruptError`, a 409), never a crash.
 
 Limits (:class:`VoiceSettings`): at most ``max_voices`` voices, ``max_consents`` consent
 recordings and ``max_stored_bytes`` bytes of clips, prompts and recordings together; a designed
@@ -20,22 +24,21 @@ is written (:meth:`VoiceStore.check_quota`) and again in the transaction that co
 concurrent uploads cannot pass it together (:class:`QuotaExceededError`, a 400 ``quota_exceeded``).
 
 One process per folder: the store holds ``<storage_dir>/frontend.lock``
-(:mod:`openai_frontend.storage_lock`) from before its start-up sweep until :meth:`VoiceStore.close`.
+(:mod:`openai_frontend.storage_lock`) from before its start-up sweep until :meth:`VoiceStore.close`
+(and that of an explicit local ``--media-url`` folder: its orphans are judged by this store's rows).
 
 The metadata sits behind :class:`VoiceMeta`: :class:`SqliteVoiceMeta` (the file above, the
 default) or :class:`PostgresVoiceMeta` (``--database-url``: one database several frontends
 share; names unique by constraint, the limits checked in the committing transaction under an
-advisory lock). With a shared database no folder lock is taken and the start-up sweep of
-folders without a row is skipped (another frontend may be between its rename and its commit).
+advisory lock). With a shared database no folder lock is taken; the start-up sweep stays safe
+beside other frontends (``MediaStore.stale``: a folder another frontend is committing is young).
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import logging
-import os
 import secrets
-import shutil
 import sqlite3
 import threading
 import time
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from .media_store import InvalidMediaKey, MediaStore
 from .storage_lock import lock_unless_shared
 
 if TYPE_CHECKING:
@@ -189,31 +193,11 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` and fsync it (the caller renames its folder into place)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """``data`` at ``path`` or nothing: temp file in the same folder, fsync, ``os.replace``."""
-    tmp = path.with_name(f".tmp-{secrets.token_hex(6)}-{path.name}")
-    try:
-        _write_file(tmp, data)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _voice_key(voice_id: str, fname: str = "") -> str:
+    """The media key ``voices/<id>/<fname>`` (``voices/<id>`` without ``fname``); the media store
+    refuses it (``InvalidMediaKey``) when ``voice_id`` is no plain key segment (a row edited
+    outside the frontend)."""
+    return f"voices/{voice_id}/{fname}" if fname else f"voices/{voice_id}"
 
 
 def encode_clip(samples: NDArray[Any], sample_rate: int) -> bytes:
@@ -498,47 +482,53 @@ class PostgresVoiceMeta(_SqlVoiceMeta):
 
 
 class VoiceStore:
-    """The voice folders under ``settings.storage_dir`` and their metadata (``meta``: default
-    :class:`SqliteVoiceMeta` in ``voices.sqlite`` there; :class:`PostgresVoiceMeta` with
-    ``--database-url``). Thread-safe; calls are short.
+    """The voice files in ``media`` (default: ``settings.storage_dir``) and their metadata
+    (``meta``: default :class:`SqliteVoiceMeta` in ``voices.sqlite`` there;
+    :class:`PostgresVoiceMeta` with ``--database-url``). Thread-safe; calls are short and blocking
+    (the serving layer runs them in worker threads).
 
     Raises (at construction):
-        StorageLockedError: another process has the folder open
-            (:mod:`openai_frontend.storage_lock`; not taken with a shared ``meta``).
+        StorageLockedError: another process has the folder (or the explicit local ``media``
+            folder) open (:mod:`openai_frontend.storage_lock`; not taken with a shared ``meta``).
         sqlite3.DatabaseError, OSError: the database or the folder cannot be opened.
     """
 
     #: the voice columns in the order of a :class:`VoiceMeta` row
     _COLUMNS = _SqlVoiceMeta._COLUMNS
 
-    def __init__(self, settings: VoiceSettings, meta: VoiceMeta | None = None):
+    def __init__(self, settings: VoiceSettings, meta: VoiceMeta | None = None, media: MediaStore | None = None):
         self.settings = settings
         self.root = Path(settings.storage_dir)
-        self.voices_dir = self.root / "voices"
-        self.consents_dir = self.root / "consents"
-        #: True when the metadata is in a database several frontends share: no folder lock, and
-        #: no start-up sweep of folders without a row (another frontend may be committing one)
+        #: True when the metadata is in a database several frontends share: no folder lock (the
+        #: start-up sweep is safe beside them: MediaStore.stale)
         self.shared = meta.shared if meta is not None else SqliteVoiceMeta.shared
         self._folder_lock = lock_unless_shared(self.root, self.shared)  # before the sweep below
+        self._media_lock = None
         try:
-            for d in (self.root, self.voices_dir, self.consents_dir):
-                d.mkdir(parents=True, exist_ok=True)
-            #: files whose checksum was verified: path -> (size, mtime_ns, sha256); a listing stats
-            #: each file and hashes it again only when it changed (not every clip on every GET)
-            self._verified: dict[str, tuple[int, int, str]] = {}
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.media = media if media is not None else MediaStore(self.root)
+            if self.media.shared and self.media.local:  # orphans are judged by this store's rows
+                self._media_lock = lock_unless_shared(Path(self.media.root), self.shared)
+            for prefix in ("voices", "consents"):
+                self.media.makedirs(prefix)
+            #: files whose checksum was verified: key -> (version, sha256), the version being the
+            #: media store's (size, mtime, inode / ETag); a listing reads each file's info and
+            #: hashes it again only when it changed (not every clip on every GET)
+            self._verified: dict[str, tuple[tuple[Any, ...], str]] = {}
             self.meta: VoiceMeta = meta if meta is not None else SqliteVoiceMeta(self.root / "voices.sqlite")
-            if not self.shared:
-                self._sweep()
+            self._sweep()
         except BaseException:
-            if self._folder_lock is not None:
-                self._folder_lock.release()
+            for lock in (self._media_lock, self._folder_lock):
+                if lock is not None:
+                    lock.release()
             raise
 
     def close(self) -> None:
-        """Close the database and release the folder lock."""
+        """Close the database and release the folder lock(s)."""
         self.meta.close()
-        if self._folder_lock is not None:
-            self._folder_lock.release()
+        for lock in (self._media_lock, self._folder_lock):
+            if lock is not None:
+                lock.release()
 
     # ------------------------------------------------------------------ limits
     def _quota_error(self, kind: str, new_bytes: int,
@@ -576,18 +566,23 @@ class VoiceStore:
         return lambda usage: self._quota_error(kind, new_bytes, usage)
 
     # ------------------------------------------------------------------ start-up
-    def _sweep(self) -> None:
-        """Remove temporary folders/files and voice folders no row owns (a crash between the
-        rename and the commit); rows without files stay and are reported corrupt."""
+    def _sweep(self, now: float | None = None) -> None:
+        """Remove temporary folders/files and voice folders / consent recordings no row owns (a
+        crash between the writes and the commit); rows without files stay and are reported
+        corrupt. The folders are listed *before* the rows are read, and on a shared media store
+        an entry goes only once ``MediaStore.stale`` (an upload in flight on another frontend has
+        its files before its row)."""
+        voices, consents = self.media.list("voices"), self.media.list("consents")
         ids = self.meta.voice_ids()
-        for entry in self.voices_dir.iterdir():
-            if entry.name.startswith(".tmp-") or (entry.is_dir() and entry.name not in ids):
-                logger.warning("voice store: removing unfinished or orphaned %s", entry.name)
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
         files = self.meta.consent_files()
-        for entry in self.consents_dir.iterdir():
-            if entry.name.startswith(".tmp-") or entry.name not in files:
-                entry.unlink(missing_ok=True)
+        for entry in voices:
+            if (entry.temporary or (entry.is_dir and entry.name not in ids)) and self.media.stale(entry, now):
+                logger.warning("voice store: removing unfinished or orphaned %s", entry.key)
+                self.media.remove(entry)
+        for entry in consents:
+            if (entry.temporary or entry.name not in files) and self.media.stale(entry, now):
+                logger.warning("voice store: removing unfinished or orphaned %s", entry.key)
+                self.media.remove(entry)
 
     # ------------------------------------------------------------------ voices
     def _row_to_voice(self, row: tuple[Any, ...]) -> StoredVoice:
@@ -612,19 +607,22 @@ class VoiceStore:
             return None if voice.prompt and voice.prompt.strip() else "designed voice without a prompt"
         if voice.type != AUDIO_SAMPLE:
             return f"unknown voice type {voice.type!r}"
-        folder = self.voices_dir / voice.id
         for fname, sha in ((PROMPT_FILE, prompt_sha), (CLIP_FILE, clip_sha)):
-            path = folder / fname
             try:
-                st = path.stat()
-                if self._verified.get(str(path)) == (st.st_size, st.st_mtime_ns, sha):
+                key = _voice_key(voice.id, fname)
+                entry = self.media.info(key)
+                if entry is None:
+                    return f"{fname} is missing"
+                if self._verified.get(key) == (entry.version, sha):
                     continue
-                data = path.read_bytes()
-            except OSError:
-                return f"{fname} is missing"
-            if _sha256(data) != sha:
+                data = self.media.get(key)
+            except InvalidMediaKey:
+                return f"unreadable entry (id {voice.id[:80]!r})"
+            except OSError as exc:  # FileNotFoundError (removed meanwhile) included
+                return f"{fname} is missing" if isinstance(exc, FileNotFoundError) else f"{fname} is unreadable ({exc})"
+            if sha is None or _sha256(data) != sha:
                 return f"{fname} does not match its checksum"
-            self._verified[str(path)] = (st.st_size, st.st_mtime_ns, sha)
+            self._verified[key] = (entry.version, sha)
         return None
 
     def list_voices(self) -> list[StoredVoice]:
@@ -651,9 +649,9 @@ class VoiceStore:
         if voice.error:
             raise VoiceCorruptError(voice.error)
         try:
-            data = (self.voices_dir / voice.id / PROMPT_FILE).read_bytes() if voice.type == AUDIO_SAMPLE else b""
-        except OSError as exc:
-            raise VoiceCorruptError(f"{PROMPT_FILE} is unreadable ({exc.strerror})") from None
+            data = self.media.get(_voice_key(voice.id, PROMPT_FILE)) if voice.type == AUDIO_SAMPLE else b""
+        except (OSError, InvalidMediaKey) as exc:
+            raise VoiceCorruptError(f"{PROMPT_FILE} is unreadable ({getattr(exc, 'strerror', None) or exc})") from None
         row = self.meta.prompt_sha256(voice.id)
         if row is None or _sha256(data) != row[0]:
             raise VoiceCorruptError(f"{PROMPT_FILE} does not match its checksum")
@@ -662,26 +660,22 @@ class VoiceStore:
     def add_clip(self, name: str, clip: NDArray[Any], sample_rate: int, voice_prompt: bytes,
                  ref_text: str | None, consent: str | None, seconds: float | None = None) -> StoredVoice:
         """Store a cloned voice: ``clip`` (float32 mono [T] at ``sample_rate`` Hz) and its
-        ``voice_prompt`` bytes, atomically (folder renamed into place, then the row committed).
+        ``voice_prompt`` bytes: both files written (each all-or-nothing), then the row committed.
 
         Raises:
-            DuplicateVoiceName: ``name`` is taken (nothing is left on disk).
-            QuotaExceededError: a limit would be passed (nothing is left on disk).
+            DuplicateVoiceName: ``name`` is taken (no file is left).
+            QuotaExceededError: a limit would be passed (no file is left).
+            OSError: the media store failed (no file is left).
         """
         vid = "voice_" + secrets.token_hex(12)
         clip_bytes = encode_clip(clip, sample_rate)
         self.check_quota("voice", len(clip_bytes) + len(voice_prompt))
-        tmp = self.voices_dir / f".tmp-{vid}"
-        final = self.voices_dir / vid
-        tmp.mkdir()
+        folder = _voice_key(vid)
         try:
-            _write_file(tmp / CLIP_FILE, clip_bytes)
-            _write_file(tmp / PROMPT_FILE, voice_prompt)
-            _fsync_dir(tmp)
-            os.replace(tmp, final)
-            _fsync_dir(self.voices_dir)
+            self.media.put(_voice_key(vid, CLIP_FILE), clip_bytes)
+            self.media.put(_voice_key(vid, PROMPT_FILE), voice_prompt)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.media.delete_prefix(folder)
             raise
         voice = StoredVoice(id=vid, name=name, type=AUDIO_SAMPLE, created_at=int(time.time()),
                             ref_text=ref_text or None, consent=consent or None, sample_rate=sample_rate,
@@ -689,7 +683,7 @@ class VoiceStore:
         try:
             self._insert(voice, _sha256(voice_prompt), _sha256(clip_bytes), len(clip_bytes) + len(voice_prompt))
         except BaseException:
-            shutil.rmtree(final, ignore_errors=True)
+            self.media.delete_prefix(folder)
             raise
         return voice
 
@@ -720,12 +714,21 @@ class VoiceStore:
                                 v.seconds, prompt_sha, clip_sha), nbytes, self._quota("voice", nbytes))
 
     def delete(self, key: str) -> StoredVoice | None:
-        """Remove the voice ``key`` (id or name): the row first, then its folder. None if unknown."""
+        """Remove the voice ``key`` (id or name): the row first, then its folder. None if unknown.
+
+        Raises:
+            OSError: the media store failed (the row is gone; the start-up sweep removes the
+                orphaned folder later).
+        """
         voice = self.get(key)
         if voice is None:
             return None
         self.meta.delete_voice(voice.id)
-        shutil.rmtree(self.voices_dir / voice.id, ignore_errors=True)
+        if voice.type == AUDIO_SAMPLE:
+            try:
+                self.media.delete_prefix(_voice_key(voice.id))
+            except InvalidMediaKey:
+                logger.warning("voice store: voice id %r names no media folder; nothing removed", voice.id[:80])
         return voice
 
     # ------------------------------------------------------------------ consents
@@ -739,13 +742,13 @@ class VoiceStore:
         self.check_quota("consent", len(recording))
         cid = "cons_" + secrets.token_hex(12)
         fname = f"{cid}.{ext}"
-        write_atomic(self.consents_dir / fname, recording)
+        self.media.put(f"consents/{fname}", recording)
         consent = StoredConsent(id=cid, name=name, language=language, created_at=int(time.time()))
         try:
             self.meta.insert_consent((cid, name, language, consent.created_at, fname, _sha256(recording),
                                       len(recording)), self._quota("consent", len(recording)))
         except BaseException:
-            (self.consents_dir / fname).unlink(missing_ok=True)
+            self.media.delete(f"consents/{fname}")
             raise
         return consent
 
@@ -766,5 +769,8 @@ class VoiceStore:
         fname = self.meta.delete_consent(cid)
         if fname is None:
             return False
-        (self.consents_dir / fname).unlink(missing_ok=True)
+        try:
+            self.media.delete(f"consents/{fname}")
+        except InvalidMediaKey:
+            logger.warning("voice store: consent file %r names no media file; nothing removed", str(fname)[:80])
         return True

@@ -63,8 +63,14 @@ def encode_mp4(frames: np.ndarray, fps: int, crf: int = 18) -> bytes:
 
 
 def write_atomic(path: Path | str, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, then
-    ``os.replace`` (a reader sees the old file, no file, or the whole new one; never a part)."""
+    """Write ``data`` to ``path`` atomically and durably: a temporary file
+    ``.<name>.<random>.tmp`` in the same folder, fsync, ``os.replace``, then an fsync of the
+    folder (so the rename itself survives a power loss). A reader sees the old file, no file, or
+    the whole new one; never a part. The frontend's media store writes every local file here.
+
+    Raises:
+        OSError: the write failed; the temporary file is removed and ``path`` is unchanged.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -77,6 +83,11 @@ def write_atomic(path: Path | str, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     return path
 
 

@@ -49,6 +49,7 @@ from omni_triton.media.video import MIME_TYPE, encode_mp4
 
 from ..engine import InferenceError, ModelInfo, VideoJob, parse_size
 from ..errors import OpenAIError, bad_request
+from ..media_store import MediaFileResponse
 from ..offload import off_loop
 from ..schemas import Text
 from ..video_jobs import COMPLETED, EXPIRED, FAILED, JobQuotaError, VideoJobs, VideoRequest
@@ -341,7 +342,7 @@ async def create_video(request: Request) -> JSONResponse:
 
 async def retrieve_video(request: Request, video_id: str) -> JSONResponse:
     jobs = _jobs(request)
-    rec = await off_loop(jobs.get, video_id)  # a database read (PostgreSQL: a round trip)
+    rec = await off_loop(jobs.get, video_id)  # a database read; a job past its retention is expired
     if rec is None:
         raise _not_found(video_id)
     return JSONResponse(jobs.to_openai(rec))
@@ -371,12 +372,14 @@ async def delete_video(request: Request, video_id: str) -> JSONResponse:
 
 
 async def video_content(request: Request, video_id: str, variant: str = "video") -> Response:
-    """``GET /v1/videos/{id}/content``: the MP4 of a completed job; 409 while it is queued or
-    running, 410 once expired, 404 unknown, 400 for variants other than ``video``."""
+    """``GET /v1/videos/{id}/content``: the MP4 of a completed job, streamed from the media store
+    (``Range`` requests answered with 206); 409 while it is queued or running, 410 once expired
+    (or its file is gone), 404 unknown, 400 for variants other than ``video``, 400/416 for a bad
+    ``Range``."""
     if variant != "video":
         raise bad_request(f"variant={variant!r}: only 'video' is available", param="variant", code="invalid_value")
     jobs = _jobs(request)
-    rec = jobs.get(video_id)
+    rec = await off_loop(jobs.get, video_id)
     if rec is None:
         raise _not_found(video_id)
     if rec.status == EXPIRED:
@@ -387,11 +390,14 @@ async def video_content(request: Request, video_id: str, variant: str = "video")
     if rec.status != COMPLETED:
         raise OpenAIError(409, f"The video is not ready (status {rec.status}, progress {rec.progress}%)",
                           code="video_not_ready")
-    path = jobs.video_path(video_id)
-    if not path.is_file():
+    mp4 = await off_loop(jobs.video_file, video_id)
+    if mp4 is None:
         raise OpenAIError(410, "the video file is gone", code="video_expired")
-    _check_range(request.headers.get("range"), path.stat().st_size)
-    return FileResponse(path, media_type=MIME_TYPE, filename=f"{video_id}.mp4")
+    _check_range(request.headers.get("range"), mp4.size)
+    local = jobs.media.local_path(mp4.key)
+    if local is not None:  # a local folder: Starlette's own file response (sendfile where the server has it)
+        return FileResponse(local, media_type=MIME_TYPE, filename=f"{video_id}.mp4")
+    return MediaFileResponse(jobs.media, mp4, MIME_TYPE, f"{video_id}.mp4")
 
 
 def _check_range(header: str | None, size: int) -> None:

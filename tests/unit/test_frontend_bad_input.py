@@ -220,7 +220,7 @@ async def test_malformed_video_id_is_404_and_touches_nothing(full, video_id):
     r = await full.post("/v1/videos", data={"prompt": "a fox", "model": "wan_t2v"})
     assert r.status_code == 200, r.text
     job = r.json()["id"]
-    videos = full.app.state.video_jobs.videos_dir
+    videos = full.app.state.video_jobs.media.local_path("videos")
     videos.mkdir(parents=True, exist_ok=True)
     tmp = videos / f".{job}.mp4.abc123.tmp"  # another job's MP4 being written (write_atomic)
     tmp.write_bytes(b"partial")
@@ -235,7 +235,7 @@ async def test_malformed_video_id_is_404_and_touches_nothing(full, video_id):
 async def test_deleting_a_job_removes_its_own_temporary_files_only(full):
     ids = [(await full.post("/v1/videos", data={"prompt": "a fox", "model": "wan_t2v"})).json()["id"]
            for _ in range(2)]
-    videos = full.app.state.video_jobs.videos_dir
+    videos = full.app.state.video_jobs.media.local_path("videos")
     videos.mkdir(parents=True, exist_ok=True)
     mine, other = videos / f".{ids[0]}.mp4.a.tmp", videos / f".{ids[1]}.mp4.b.tmp"
     mine.write_bytes(b"x")

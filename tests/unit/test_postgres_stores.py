@@ -292,12 +292,11 @@ def test_an_expired_job_whose_mp4_is_written_is_completed(databases, tmp_path):
     jobs_b = VideoJobs(None, _settings(tmp_path), store=b)
     rec = a.insert(_request())
     a.next_queued()
-    jobs_b.videos_dir.mkdir(parents=True, exist_ok=True)
-    jobs_b.video_path(rec.id).write_bytes(b"mp4 bytes")  # A died between the rename and the commit
+    jobs_b.media.put(jobs_b.video_key(rec.id), b"mp4 bytes")  # A died between the write and the commit
     time.sleep(0.5)
     assert jobs_b.take_over()["completed"] == 1
     done = b.get(rec.id)
-    assert (done.status, done.progress, done.file) == ("completed", 100, str(jobs_b.video_path(rec.id)))
+    assert (done.status, done.progress, done.file) == ("completed", 100, jobs_b.video_key(rec.id))
 
 
 def test_the_old_owner_can_neither_renew_nor_write_after_a_takeover(databases):

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from test_voices import FakeEngine, client, clone, consent, err, wav_bytes
 
-from openai_frontend import voice_store
 from openai_frontend.app import Settings
 from openai_frontend.voice_store import QuotaExceededError, VoiceSettings, VoiceStore
 
@@ -138,8 +137,7 @@ def test_limits_hold_across_a_restart_and_an_old_store_is_migrated(tmp_path, mon
     def no_write(*_a, **_k):
         raise AssertionError("a file was written although the limit was reached")
 
-    monkeypatch.setattr(voice_store, "_write_file", no_write)  # checked before any write
-    monkeypatch.setattr(voice_store, "write_atomic", no_write)
+    monkeypatch.setattr(store.media, "put", no_write)  # checked before any write
     with pytest.raises(QuotaExceededError):
         store.add_consent("c", "en", b"x" * 6000, "wav")
     with pytest.raises(QuotaExceededError) as info:  # ~4.2 kB in use: a ~6 kB clip passes 10 kB
