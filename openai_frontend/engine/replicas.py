@@ -64,6 +64,8 @@ class Replica(Generic[C]):
         outstanding: requests (unary calls and streams) now in flight on it.
         requests, errors: calls started on it, and those that ended with an error (counters).
         last_error: why it was last drained ('' when never).
+        retired: its address left the DNS answer (no new requests; closed once idle).
+        factory: ``address -> client`` (the set's).
     """
 
     address: str
