@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -192,7 +193,9 @@ class ReplicaSet(Generic[C]):
         self.pin = pin
         self._replicas: dict[str, Replica[C]] = {a: Replica(a, factory) for a in static}
         self._retired: list[Replica[C]] = []
-        self._rr = 0
+        # a random start: frontends started together would otherwise send their first requests
+        # (two video jobs created at once on two frontends, say) to the same replica
+        self._rr = random.randrange(1 << 16)
         self._started: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.resolve_error = ""
