@@ -87,6 +87,12 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def redact_in(text: str, url: str) -> str:
+    """``text`` with ``url``'s password (if any) replaced by ``***``."""
+    password = urlsplit(url).password
+    return text.replace(password, "***") if password else text
+
+
 @dataclass(frozen=True)
 class Migration:
     """One schema step: ``version`` (its order; unique, never reused), a short ``name`` and the
@@ -202,7 +208,12 @@ class Database:
         url: a libpq URL (:func:`database_url`).
         min_size / max_size: pooled connections (the dispatcher, the lease renewals, the sweeps
             and the API's worker threads share them; a call waits for a free one at most
-            ``timeout_s`` seconds, then raises ``psycopg_pool.PoolTimeout``).
+            ``timeout_s`` seconds, then raises ``psycopg_pool.PoolTimeout``: a 503
+            ``store_unavailable`` for an API call. 3 s: a client learns quickly that the database
+            is away, and a busy but healthy pool rarely makes a call wait that long).
+        connect_timeout_s: the first connection + migrations at construction; also libpq's
+            ``connect_timeout`` for every later connection (an unreachable host, not a refused
+            port: that fails at once), at least 2 s (libpq's minimum), unless the URL sets one.
         migrations: applied at open (:func:`migrate`).
 
     Raises (at construction):
@@ -210,7 +221,10 @@ class Database:
             failed (the message names the URL without its password).
     """
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout_s: float = 10.0,
+    #: the wait for a pooled connection while the last call found the database away (seconds)
+    DOWN_WAIT_S = 0.5
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, timeout_s: float = 3.0,
                  connect_timeout_s: float = 15.0, migrations: Sequence[Migration] = MIGRATIONS):
         import psycopg
         from psycopg_pool import ConnectionPool
@@ -221,9 +235,19 @@ class Database:
         #: the database cannot be reached (connection lost, no pooled connection in time): an API
         #: call failing so is a 503 ``store_unavailable`` (errors.install_store_unavailable_handler)
         self.unavailable_errors: tuple[type[Exception], ...] = (psycopg.OperationalError,)
+        #: the last database call's outcome (``health()``, shown by ``/health``)
+        self.last_error: str | None = None
+        kwargs: dict[str, Any] = {}
+        if "connect_timeout" not in url:
+            kwargs["connect_timeout"] = max(2, round(timeout_s))
+        # check: a pooled connection broken by a server restart is found when lent and replaced.
+        # reconnect_timeout = timeout_s: psycopg_pool retries a failed connect with a doubling delay
+        # until reconnect_timeout (default 5 min), so after a long outage its next try could come
+        # minutes after the server is back; giving up early lets the next request start a fresh try
+        # at once (_maybe_grow_pool), so the frontend is back within one request of the server.
         self.pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False,
-            check=ConnectionPool.check_connection, name="omni-frontend")
+            url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False, kwargs=kwargs,
+            check=ConnectionPool.check_connection, reconnect_timeout=timeout_s, name="omni-frontend")
         try:
             self.pool.open(wait=True, timeout=connect_timeout_s)
             with self.pool.connection() as conn:
@@ -239,9 +263,30 @@ class Database:
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection for one transaction (commit at the end, rollback on an error)."""
-        with self.pool.connection() as conn:
-            yield conn
+        """A pooled connection for one transaction (commit at the end, rollback on an error).
+
+        Raises:
+            psycopg.OperationalError: no connection within ``timeout_s`` (``PoolTimeout``; within
+                :data:`DOWN_WAIT_S` while the last call failed so) or the connection broke:
+                recorded in :attr:`last_error` until a call succeeds.
+        """
+        # known down: wait DOWN_WAIT_S, not timeout_s, so a call fails fast instead of holding one
+        # of the few off-loop worker threads (openai_frontend.offload: 1 on 2 cores) for seconds;
+        # a server back is found by the same call (the pool connects in milliseconds)
+        try:
+            with self.pool.connection(timeout=self.DOWN_WAIT_S if self.last_error else None) as conn:
+                yield conn
+        except self.unavailable_errors as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.last_error = None
+
+    def health(self) -> dict[str, Any]:
+        """``{"ok": bool, "error": str | None}``: whether the last database call succeeded (its
+        error otherwise, without the URL's password). Passive: it costs no query; the video
+        dispatcher's polling and the API's calls keep it current."""
+        error = self.last_error
+        return {"ok": error is None, "error": redact_in(error, self.url) if error else None}
 
     def close(self) -> None:
         """Close the pool (idempotent)."""

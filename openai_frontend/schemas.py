@@ -315,6 +315,10 @@ class HealthStatus(BaseModel):
     #: (starting/ready/restarting), ``restarts``, ``last_crash`` (``at``, ``exit_code``,
     #: ``reason``), ``stub_reloads`` (model -> count), ``last_stub_death``; ``None`` otherwise.
     serve: dict[str, Any] | None = None
+    #: the shared database (``--database-url``): ``{"ok": bool, "error": str | None}``, the last
+    #: database call's outcome; ``None`` without one (SQLite files). Informational: the status
+    #: stays 200 while it is down (speech and the other model endpoints do not need it).
+    database: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------- images

@@ -55,6 +55,7 @@ async def health(request: Request) -> JSONResponse:
         not_ready=not_ready,
         message=public_message(message) if message else None,  # no file paths
         serve=_serve_status(request),
+        database=database.health() if (database := getattr(request.app.state, "database", None)) else None,
     )
     headers = None if ok else {"Retry-After": str(request.app.state.settings.retry_after_s)}
     body = status.model_dump() if shows_detail(request) else {"status": status.status}

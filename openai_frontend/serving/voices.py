@@ -361,9 +361,17 @@ async def delete_voice(request: Request, voice_id: str) -> dict[str, Any]:
 async def list_voices(state: Any, model: str | None) -> VoiceList:
     """``GET /v1/audio/voices[?model=]``: the READY (or on-demand) speech models' voices (and those of chat models
     that speak: omni, llm_tts), their OpenAI name table, and every stored voice (404 for an
-    unknown ``model``)."""
+    unknown ``model``). A shared database that does not answer: no stored voices, the built-in
+    ones listed, ``voice_store_error`` says why (a 200, not a 503)."""
     store = getattr(state, "voice_store", None)
-    stored = await off_loop(store.list_voices) if store is not None else []  # stats (and hashes new) files
+    store_error = getattr(state, "voice_store_error", None)
+    database = getattr(state, "database", None)
+    unavailable: tuple[type[Exception], ...] = database.unavailable_errors if database is not None else ()
+    try:
+        stored = await off_loop(store.list_voices) if store is not None else []  # stats (and hashes new) files
+    except unavailable as exc:
+        # the shared database is away: the models' own voices still work (docs/voices.md)
+        stored, store_error = [], f"the voice database does not answer ({type(exc).__name__}); retry later"
     # on-demand models not loaded yet are listed from their repository config (same parameters)
     models = [m for m in await state.engine.list_models()
               if (m.ready or m.on_demand) and (m.is_speech or m.can_speak)]
@@ -381,7 +389,7 @@ async def list_voices(state: Any, model: str | None) -> VoiceList:
     custom = {v.name for v in stored if any(v.id in d.custom_voices for d in data)}
     return VoiceList(voices=sorted({v for m in models for v in m.voices} | custom), data=data,
                      uploaded_voices=[v.to_openai() for v in stored],
-                     voice_store_error=getattr(state, "voice_store_error", None))
+                     voice_store_error=store_error)
 
 
 # --------------------------------------------------------------------------- consents
