@@ -38,6 +38,7 @@ from omni_triton.serve.process import (
     check_ports_free,
     child_setup,
     kill_process_group,
+    open_run_log,
     stop_process_group,
 )
 from omni_triton.serve.server import Frontend
@@ -200,8 +201,7 @@ class Replica:
 
     def start(self) -> None:
         """Start it (output to :attr:`log_path`); the admin key travels in its environment."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
+        with open_run_log(self.log_path, f"replica {self.spec.index}") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, preexec_fn=child_setup,
                                          env={**os.environ, triton_admin.ENV: self.admin_key})

@@ -1,10 +1,13 @@
-"""Process plumbing shared by the server and the frontend child: process groups, ports.
+"""Process plumbing shared by the server and the frontend child: process groups, ports, logs.
 
 Children start in their own process group (:func:`child_setup`) and get SIGTERM when ``serve``
 dies; :func:`stop_process_group` ends the whole group, so stubs and engine workers never outlive
 the child that started them.
 """
 from __future__ import annotations
+
+from pathlib import Path
+from typing import BinaryIO
 
 import os
 import signal
@@ -89,3 +92,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def open_run_log(path: Path, what: str) -> BinaryIO:
+    """``path`` opened for appending (folders made), after a start marker line
+    ``===== omni-triton: <what> started <UTC time> =====``: a later start never truncates an
+    earlier run's output (the evidence of a crash), and each run's lines begin at a marker.
+    The caller closes it (a child given it as stdout keeps its own copy)."""
+    import datetime
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(path, "ab")  # noqa: SIM115  (handed to the caller)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    log.write(f"\n===== omni-triton: {what} started {now} =====\n".encode())
+    log.flush()
+    return log

@@ -32,6 +32,7 @@ from omni_triton.serve.process import (
     ServerStartError,
     check_ports_free,
     child_setup,
+    open_run_log,
     stop_process_group,
 )
 from omni_triton.serve.repository import available_models, read_config, resolve_models
@@ -480,8 +481,7 @@ class Frontend:
         cmd = self.command()
         out = None
         if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_path, "wb")
+            out = open_run_log(self.log_path, f"frontend on port {self.port}")
         self._close_notify()
         read_end, self._notify_w = os.pipe()
         os.set_blocking(self._notify_w, False)

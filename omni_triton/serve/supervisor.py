@@ -323,7 +323,7 @@ def supervise(server: TritonServer, frontend: Frontend | None, args, stop: threa
                          f"--max-restarts {args.max_restarts})")
                     raise ServerStartError("tritonserver died and --max-restarts is reached")
                 restarts = status.restarts + 1
-                crash_log = server.log_path.with_name(f"{server.log_path.name}.crash-{restarts}")
+                crash_log = next_crash_log(server.log_path)
                 status.write(state="restarting", restarts=restarts, last_crash={
                     "at": time.time(), "exit_code": code, "reason": reason, "log": str(crash_log)})
                 delay = backoff.delay(time.monotonic() - started_at)
@@ -496,6 +496,15 @@ def _killed(families: list[dict]) -> list[int]:
 
 def _removed(families: list[dict]) -> int:
     return sum(len(family["shm_removed"]) for family in families)
+
+
+def next_crash_log(log_path: Path) -> Path:
+    """``<log>.crash-<n>`` with ``n`` one above the highest already there (1 when none): each
+    crash's log is kept, also across ``serve`` runs on the same port (a restart count that starts
+    at 1 again in every run would overwrite an earlier run's crash log)."""
+    taken = [int(m.group(1)) for p in log_path.parent.glob(f"{log_path.name}.crash-*")
+             if (m := re.fullmatch(re.escape(log_path.name) + r"\.crash-(\d+)", p.name))]
+    return log_path.with_name(f"{log_path.name}.crash-{max(taken, default=0) + 1}")
 
 
 def restart_server(server: TritonServer, ready_timeout: float, restarts: int, crash_log,

@@ -71,3 +71,28 @@ def test_the_command_refuses_bad_arguments_with_status_2(capsys):
 
     assert main(["cluster", "--replicas", "2", "--replica-models", "piper"]) == 2
     assert "1 model sets for 2 replicas" in capsys.readouterr().err
+
+
+def test_a_restart_appends_to_the_logs_after_a_start_marker(tmp_path, monkeypatch):
+    """`omni-triton cluster` run twice in one --run-dir keeps the first run's frontend and replica
+    output (the evidence of what went wrong), each run's lines after a start marker."""
+    from omni_triton.serve import cluster as cluster_mod
+    from omni_triton.serve import server as server_mod
+
+    monkeypatch.setattr(server_mod, "check_ports_free", lambda ports: None)
+    say = [sys.executable, "-c", "import sys; print('child says', sys.argv[1])"]
+    logs = tmp_path / "logs"
+    for run in ("one", "two"):
+        cluster = Cluster(_plan("--run-dir", str(tmp_path), "--database-url", "postgresql://u@h:1/db",
+                                "--replicas", "1", "--frontends", "1"), say=lambda line: None)
+        monkeypatch.setattr(cluster_mod.Replica, "command", lambda self, run=run: [*say, f"replica {run}"])
+        monkeypatch.setattr(type(cluster.frontends[0]), "command", lambda self, run=run: [*say, f"frontend {run}"])
+        cluster.replicas[0].start()
+        cluster.frontends[0].start()
+        assert cluster.replicas[0].proc.wait(timeout=30) == 0 and cluster.frontends[0].proc.wait(timeout=30) == 0
+    for name, what in (("replica-0.log", "replica 0"), ("frontend-0.log", "frontend on port 9000")):
+        text = (logs / name).read_text()
+        kind = what.split()[0]
+        assert f"child says {kind} one" in text and f"child says {kind} two" in text, text
+        assert text.count(f"===== omni-triton: {what} started ") == 2, text
+        assert text.index(f"{kind} one") < text.rindex("===== omni-triton") < text.index(f"{kind} two"), text

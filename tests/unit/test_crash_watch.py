@@ -117,3 +117,15 @@ def test_each_check_reads_on_from_the_previous_one(tmp_path, monkeypatch):
     (tmp_path / "tritonserver-1.log.crash-1").write_text(TRITON_SIGNAL_LINE + "\n")
     assert len(watch.check()) == 2 and watch.check() == []
     assert len(watch.whole_session()) == 2  # the signal line, the crash log
+
+
+def test_a_crash_log_never_overwrites_an_earlier_one(tmp_path):
+    """serve names each crash log one above the highest there: a second serve run on the same port
+    (its restart count back at 1) keeps the first run's crash logs."""
+    log = tmp_path / "tritonserver-8000.log"
+    assert sv.next_crash_log(log) == tmp_path / "tritonserver-8000.log.crash-1"
+    (tmp_path / "tritonserver-8000.log.crash-1").write_text("first run's crash\n")
+    (tmp_path / "tritonserver-8000.log.crash-3").write_text("a later one\n")
+    (tmp_path / "tritonserver-8000.log.crash-x").write_text("not ours\n")
+    (tmp_path / "tritonserver-18000.log.crash-9").write_text("another port\n")
+    assert sv.next_crash_log(log) == tmp_path / "tritonserver-8000.log.crash-4"

@@ -151,8 +151,8 @@ def test_serve_restarts_a_crashed_tritonserver(tmp_path):
     from omni_triton.serve.process import free_port
 
     http, grpc_port, metrics = free_port(), free_port(), free_port()
-    stale = Path(cache_dir(), "logs", f"tritonserver-{http}.log.crash-1")
-    stale.unlink(missing_ok=True)  # left by an old run that got the same free port: not this run's
+    for stale in Path(cache_dir(), "logs").glob(f"tritonserver-{http}.log.crash-*"):
+        stale.unlink()  # left by an old run that got the same free port (this run's would be crash-<n+1>)
     started_at = time.time()
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
