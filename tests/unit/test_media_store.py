@@ -224,9 +224,17 @@ def test_media_url_forms(tmp_path):
         open_media_url("nope://x")
 
 
-def test_media_url_flag_reaches_the_settings(tmp_path):
+def test_media_url_flag_reaches_the_settings(tmp_path, monkeypatch):
     from openai_frontend import __main__ as main
 
+    class NeverServes:
+        def __init__(self, config):
+            pass
+
+        def run(self):
+            raise SystemExit("the frontend would have served")
+
+    monkeypatch.setattr(main, "QuietServer", NeverServes)
     assert main.parse_args([]).media_url is None
     assert main.parse_args(["--media-url", "file:///shared/media"]).media_url == "file:///shared/media"
     with pytest.raises(SystemExit, match="not starting: --media-url nope://bucket: Protocol not known"):
@@ -292,6 +300,7 @@ async def test_a_restart_on_the_same_object_store_keeps_the_videos(tmp_path, rem
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)
         first = (await c.get(f"/v1/videos/{vid}/content")).content
+    assert open_media_url(url).get(f"videos/{vid}.mp4") == first and not (tmp_path / "videos").exists()
     async with MediaServer(FakeVideoEngine(), tmp_path, url) as c:
         assert (await c.get(f"/v1/videos/{vid}/content")).content == first
         assert (await c.delete(f"/v1/videos/{vid}")).status_code == 200
