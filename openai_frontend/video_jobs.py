@@ -774,10 +774,17 @@ class VideoJobs:
         self._on_event(rec.id, EXPIRED)
 
     async def _sweep_loop(self) -> None:
+        """The retention sweep every ``sweep_interval_s``; on a shared media store also the stray
+        file sweep, at most once per the store's grace (frontends on a shared store may run for
+        weeks: what a dead one left is removed without waiting for a restart)."""
+        strays_at = time.monotonic()  # start() swept them
         while True:
             await asyncio.sleep(self.settings.sweep_interval_s)
             try:
                 await asyncio.to_thread(self.sweep)
+                if self.media.shared and time.monotonic() - strays_at >= self.media.sweep_grace_s:
+                    strays_at = time.monotonic()
+                    await asyncio.to_thread(self.remove_stray_files)
             except (sqlite3.Error, OSError) as exc:  # the next sweep tries again
                 self._store_failed("sweep", exc, None)
             except Exception:

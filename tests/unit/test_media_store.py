@@ -380,6 +380,25 @@ def test_stray_sweep_on_a_shared_folder_leaves_others_temporary_files(tmp_path):
     jobs.store.close()
 
 
+async def test_a_shared_store_is_swept_for_strays_while_running(tmp_path, remote_url):
+    """Frontends on a shared store may run for weeks: the periodic sweep also removes what a dead
+    frontend left (here at once: a grace of 0), not only the start."""
+    media = MediaStore(remote_url, shared=True, sweep_grace_s=0)
+    server = MediaServer(FakeVideoEngine(), tmp_path, remote_url, sweep_interval_s=0.05)
+    async with server as c:
+        jobs = c._transport.app.state.video_jobs
+        jobs.media = media
+        vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
+        await wait_status(c, vid)
+        media.put("videos/video_left_by_a_dead_frontend.mp4", b"orphan")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10
+        while media.exists("videos/video_left_by_a_dead_frontend.mp4"):
+            assert loop.time() < end, "the periodic sweep never removed the orphan"
+            await asyncio.sleep(0.05)
+        assert media.exists(f"videos/{vid}.mp4")
+
+
 def test_a_local_store_on_an_explicit_media_folder_owns_it(tmp_path):
     """Orphans are judged by the store's rows: two frontends with their own SQLite files cannot
     share one media folder (each would remove the other's MP4s); the second refuses to start."""
