@@ -3,6 +3,7 @@
 Commands:
     omni-triton prepare [--models piper,csm]
     omni-triton serve   [--models piper,csm] [--port 9000] [--triton-http-port 8000] ...
+    omni-triton cluster [--replicas 2] [--frontends 2] [--models piper]  (docs/scaling.md)
     omni-triton models  (lists the models of the repositories and what they depend on)
 
 ``serve`` prepares what the models need, starts tritonserver with only those models, waits for
@@ -49,6 +50,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from omni_triton.serve.supervisor import run_serve
 
     return run_serve(args)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from omni_triton.serve.cluster import run_cluster
+
+    return run_cluster(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frontend-arg", action="append", default=[],
                    help="extra argument for python -m openai_frontend (repeatable)")
     p.set_defaults(func=cmd_serve)
+
+    from omni_triton.serve import cluster
+
+    p = sub.add_parser("cluster", help="the scale-out set-up on one machine: PostgreSQL, N Triton replicas, "
+                                       "M frontends (docs/scaling.md)")
+    cluster.add_arguments(p)
+    p.set_defaults(func=cmd_cluster)
     return parser
 
 

@@ -18,7 +18,10 @@ from omni_triton.serve import on_demand
 
 from .app import Settings, create_app
 from .auth import install_log_redaction
+from .db import ENV as DATABASE_ENV
+from .db import DatabaseError, database_url
 from .engine import TritonEngine
+from .engine.replicas import parse_target, pinned_index
 from .media_store import MediaUrlError
 from .quiet_server import QuietServer
 from .storage_lock import StorageLockedError
@@ -66,9 +69,18 @@ def on_demand_engine_args(args: argparse.Namespace, pinned: list[str]) -> dict[s
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openai_frontend", description=__doc__)
     p.add_argument("--triton-url", default="localhost:8001",
-                   help="Triton gRPC host:port. Its restricted admin APIs (repository index, model "
-                        "config) are called with the key of env OMNI_TRITON_ADMIN_KEY or the file "
-                        "named by OMNI_TRITON_ADMIN_KEY_FILE (omni-triton serve passes it)")
+                   help="Triton gRPC host:port, or several replicas: host:port,host:port (each request "
+                        "goes to the least busy healthy replica that has its model READY) or "
+                        "dns:///NAME:PORT (every address NAME resolves to, re-resolved: a headless "
+                        "Service). Their restricted admin APIs (repository index, model config) are "
+                        "called with the key of env OMNI_TRITON_ADMIN_KEY or the file named by "
+                        "OMNI_TRITON_ADMIN_KEY_FILE (omni-triton serve passes it); one key for all")
+    p.add_argument("--triton-resolve-interval-s", type=float, default=10.0,
+                   help="seconds between DNS resolutions of a dns:/// --triton-url")
+    p.add_argument("--triton-health-interval-s", type=float, default=1.0,
+                   help="seconds between readiness probes (is_server_ready + repository index) of each "
+                        "replica, with several replicas or dns:///; a replica that fails one is drained "
+                        "until one passes. One host:port: no probes")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument(
@@ -140,6 +152,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bytes of clips, prompts and consent recordings kept; 400 quota_exceeded beyond")
     p.add_argument("--voice-max-prompt-chars", type=int, default=4096,
                    help="characters of a designed voice's prompt; 400 prompt_too_long beyond")
+    g = p.add_argument_group("several frontends on one database (docs/running.md \"Several frontends\")")
+    g.add_argument("--database-url", default=None,
+                   help=f"PostgreSQL URL (postgresql://user:pw@host:5432/db) holding the video jobs and the "
+                        f"voice/consent metadata of every frontend on it (default: env {DATABASE_ENV}; unset: "
+                        f"SQLite files in the storage folders, one frontend per folder). Needs --media-url. "
+                        f"Prefer the env variable when the URL has a password: arguments show in ps")
+    g.add_argument("--video-lease-s", type=float, default=30.0,
+                   help="with --database-url: seconds a frontend holds a running video job without renewing "
+                        "it (renewed every third of it); a job whose frontend died is taken over by another "
+                        "one once it expires. 0: leases never expire (no takeover; for tests)")
+    g.add_argument("--frontend-id", default=None,
+                   help="with --database-url: this frontend's name in job leases and logs; unique among the "
+                        "frontends running at once (default: <hostname>-<pid>)")
     p.add_argument("--batch-concurrency", type=int, default=4,
                    help="items of one /v1/audio/speech/batch synthesised at once")
     p.add_argument("--media-url-allowed-hosts", default="",
@@ -172,16 +197,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def shared_database_url(args: argparse.Namespace) -> str | None:
+    """The ``--database-url`` (or env) to use, or None for SQLite files.
+
+    Raises:
+        SystemExit: the URL is not a PostgreSQL URL, or no ``--media-url`` is given with it
+            (frontends sharing a database must share their MP4s, clips and recordings too).
+    """
+    try:
+        url = database_url(args.database_url)
+    except DatabaseError as exc:
+        raise SystemExit(f"openai_frontend: {exc}") from exc
+    if url is not None and not getattr(args, "media_url", None):
+        raise SystemExit("openai_frontend: --database-url needs --media-url: frontends that share a database "
+                         "must also share their media (MP4s, voice clips, consent recordings), e.g. "
+                         "--media-url file:///shared/media or s3://bucket/prefix")
+    if args.video_lease_s < 0:
+        raise SystemExit("openai_frontend: --video-lease-s must be >= 0 (0: leases never expire)")
+    return url
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    db_url = shared_database_url(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     try:  # never an argument: argv shows in ps
         admin_key = triton_admin.key_from_env()
     except (triton_admin.AdminKeyError, OSError) as exc:
         raise SystemExit(f"openai_frontend: {triton_admin.ENV}/{triton_admin.ENV_FILE}: {exc}") from exc
+    try:
+        static, dns = parse_target(args.triton_url)
+        pinned_index()
+    except ValueError as exc:
+        raise SystemExit(f"openai_frontend: {exc}") from exc
+    wants_on_demand = [n.strip() for n in args.on_demand.split(",") if n.strip() not in ("", "none")]
+    if wants_on_demand and (dns is not None or len(static) > 1):
+        raise SystemExit("openai_frontend: --on-demand needs a single Triton (one host:port in --triton-url): "
+                         "with several replicas each replica's `omni-triton serve --models` decides what it "
+                         "holds; use --on-demand none")
+    on_demand_args = on_demand_engine_args(args, models or [])
     engine = TritonEngine(args.triton_url, models=models, rpc_timeout_s=args.rpc_timeout,
-                          admin_key=admin_key, **on_demand_engine_args(args, models or []))
+                          admin_key=admin_key, resolve_interval_s=args.triton_resolve_interval_s,
+                          health_interval_s=args.triton_health_interval_s, **on_demand_args)
     settings = Settings(
         max_inflight=args.max_inflight,
         default_max_input_chars=args.default_max_input_chars,
@@ -205,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
             stall_timeout_s=args.video_stall_timeout_s if args.video_stall_timeout_s > 0 else None,
             purge_after_s=args.video_purge_after_s if args.video_purge_after_s > 0 else None,
             max_stored_jobs=args.video_max_stored_jobs, max_stored_bytes=args.video_max_stored_bytes,
-            max_reference_bytes=args.video_max_reference_bytes),
+            max_reference_bytes=args.video_max_reference_bytes, lease_s=args.video_lease_s),
         voices=VoiceSettings(
             storage_dir=(Path(args.voice_storage_dir) if args.voice_storage_dir
                          else cache_dir() / "voices" / str(args.port)),
@@ -220,10 +278,12 @@ def main(argv: list[str] | None = None) -> None:
         speech_stream_max_pending_chars=args.speech_stream_max_pending_chars,
         speech_stream_max_sessions=args.speech_stream_max_sessions,
         speech_stream_idle_timeout_s=args.speech_stream_idle_timeout_s,
+        database_url=db_url,
+        frontend_id=args.frontend_id,
     )
     try:
         app = create_app(engine, settings)
-    except (StorageLockedError, MediaUrlError) as exc:
+    except (StorageLockedError, DatabaseError, MediaUrlError) as exc:
         sys.exit(f"openai_frontend: not starting: {exc}")
     # a WebSocket message is bounded like an HTTP body (the speech stream checks it again)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),

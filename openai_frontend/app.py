@@ -16,6 +16,7 @@ from omni_triton.media.fetch import UrlFetchPolicy
 
 from .admission import AdmissionController
 from .auth import ApiKeyCheck
+from .db import Database, default_frontend_id
 from .engine import Engine
 from .errors import install_error_handlers
 from .media_store import open_media_url
@@ -36,8 +37,8 @@ from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
 from .stage_watch import ServeStatusWatch
 from .storage_lock import lock_unless_shared
-from .video_jobs import JobSettings, JobStore, VideoJobs
-from .voice_store import VoiceSettings, VoiceStore
+from .video_jobs import JobSettings, PostgresJobStore, SqliteJobStore, VideoJobs
+from .voice_store import PostgresVoiceMeta, VoiceSettings, VoiceStore
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,11 @@ class Settings:
     speech_stream_idle_timeout_s: a speech WebSocket session without a ``session.config`` this
         long after the handshake, or without a message this long while nothing of it is queued
         or being spoken, gets an ``error`` event (``idle_timeout``) and is closed (1008).
+    database_url: a PostgreSQL URL (``openai_frontend.db``): video jobs and voice/consent
+        metadata live there, shared by every frontend on it (no folder locks; jobs claimed with
+        leases). None: SQLite files in the storage folders (one frontend per folder).
+    frontend_id: this frontend's id in the shared database's job leases (and logs); None:
+        ``<hostname>-<pid>``.
     """
 
     max_inflight: int = 16
@@ -120,6 +126,8 @@ class Settings:
     speech_stream_max_pending_chars: int = 1 << 16
     speech_stream_max_sessions: int = 64
     speech_stream_idle_timeout_s: float = 30.0
+    database_url: str | None = None
+    frontend_id: str | None = None
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -128,14 +136,27 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     Raises:
         StorageLockedError: another process has the video or the voice storage folder open
             (``openai_frontend.storage_lock``): a second frontend on one folder refuses to start.
+        openai_frontend.db.DatabaseError: ``settings.database_url`` cannot be reached or migrated.
         MediaUrlError: ``settings.media_url`` cannot be used.
     """
     settings = settings or Settings()
+    frontend_id = settings.frontend_id or default_frontend_id()
     media = open_media_url(settings.media_url) if settings.media_url else None
+    # the shared database (connected and migrated now: a frontend that cannot reach it does not start)
+    database = Database(settings.database_url) if settings.database_url else None
+    if database is not None:
+        logger.info("frontend %s: video jobs and voices in the shared database", frontend_id)
     # the video folder's lock now, so a second frontend stops here with the holder's pid instead
-    # of failing in the lifespan; VideoJobs takes its own reference (shared within the process)
-    video_lock = (lock_unless_shared(settings.video.storage_dir, JobStore.shared)
-                  if settings.video is not None else None)
+    # of failing in the lifespan; VideoJobs takes its own reference (shared within the process).
+    # A shared database needs none (PostgresJobStore.shared).
+    try:
+        video_lock = (lock_unless_shared(settings.video.storage_dir,
+                                         SqliteJobStore.shared if database is None else PostgresJobStore.shared)
+                      if settings.video is not None else None)
+    except BaseException:
+        if database is not None:
+            database.close()
+        raise
 
     # serve's status file (omni_triton.serve.supervisor.ServeStatus): restarts and stub deaths for
     # /health; a stage that died has the in-flight requests it would leave hanging ended.
@@ -144,6 +165,10 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         watch.start()
+        replicas = getattr(engine, "replicas", None)  # TritonEngine: its Triton replicas
+        if replicas is not None:
+            _app.state.metrics.watch_replicas(replicas.all_known)
+            await replicas.start()  # first DNS resolution and probes (several replicas), then their loops
         on_demand = getattr(engine, "on_demand", None)  # TritonEngine with --on-demand
         if on_demand is not None:
             on_demand.attach(_app.state.metrics)
@@ -154,7 +179,10 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
             _app.state.video_jobs = jobs = VideoJobs(
                 engine, settings.video,
                 on_event=lambda _id, outcome: metrics.video_jobs.labels(outcome).inc(),
-                on_store_error=lambda operation: metrics.video_store_errors.labels(operation).inc(), media=media)
+                on_store_error=lambda operation: metrics.video_store_errors.labels(operation).inc(),
+                store=(PostgresJobStore(database, frontend_id, settings.video.lease_s)
+                       if database is not None else None),
+                media=media)
             metrics.video_store_failing.set_function(lambda: float(jobs.store_error is not None))
             await jobs.start()
         try:
@@ -171,11 +199,15 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
                 await on_demand.stop()
             if close_engine:
                 await engine.close()
+            if database is not None:
+                database.close()
 
     app = FastAPI(title="Omni-Triton OpenAI frontend", lifespan=lifespan)
     app.state.engine = engine
     app.state.serve_watch = watch
     app.state.settings = settings
+    app.state.frontend_id = frontend_id
+    app.state.database = database
     app.state.api_key_check = ApiKeyCheck(settings.api_key)  # ApiKey and /health share it
     # A store that cannot be opened (a damaged SQLite file, an unwritable folder) is reported on
     # /v1/audio/voices and makes the voice endpoints 503; the rest of the API keeps serving and
@@ -183,13 +215,17 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.voice_store, app.state.voice_store_error = None, None
     if settings.voices is not None:
         try:
-            app.state.voice_store = VoiceStore(settings.voices, media=media)
+            app.state.voice_store = VoiceStore(settings.voices,
+                                               PostgresVoiceMeta(database) if database is not None else None,
+                                               media=media)
         except (sqlite3.DatabaseError, OSError) as exc:
             app.state.voice_store_error = f"{type(exc).__name__}: {exc}"
             logger.error("voice store %s cannot be opened: %s", settings.voices.storage_dir, exc)
         except BaseException:  # StorageLockedError: this frontend does not start
             if video_lock is not None:
                 video_lock.release()
+            if database is not None:
+                database.close()
             raise
     app.state.admission = AdmissionController(settings.max_inflight, settings.retry_after_s)
     app.state.metrics = FrontendMetrics(app.state.admission)

@@ -2,9 +2,59 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+class ReplicaView(Protocol):
+    """What the replica metrics read of one Triton replica (``engine.replicas.Replica``)."""
+
+    address: str
+    healthy: bool
+    outstanding: int
+    requests: int
+    errors: int
+
+
+class ReplicaCollector(Collector):
+    """Per-replica metrics of the frontend's Triton replicas (label ``replica`` = ``host:port``),
+    read from the replica set at each scrape (no bookkeeping of their own; a replica that left a
+    DNS name is listed until its last request ended):
+
+    * ``omni_frontend_triton_replica_requests_total``: Triton calls (unary calls, streams)
+      started on the replica;
+    * ``omni_frontend_triton_replica_errors_total``: those that ended with an error;
+    * ``omni_frontend_triton_replica_in_flight``: calls on it now;
+    * ``omni_frontend_triton_replica_up``: 1 while it takes new requests, 0 while drained.
+
+    Args:
+        replicas: ``() -> the replicas`` (``ReplicaSet.all_known``).
+    """
+
+    def __init__(self, replicas: Callable[[], Sequence[ReplicaView]]):
+        self._replicas = replicas
+
+    def collect(self) -> Iterable[Metric]:
+        requests = CounterMetricFamily("omni_frontend_triton_replica_requests",
+                                       "Triton calls (unary calls and streams) started on each replica",
+                                       labels=["replica"])
+        errors = CounterMetricFamily("omni_frontend_triton_replica_errors",
+                                     "Triton calls on each replica that ended with an error", labels=["replica"])
+        in_flight = GaugeMetricFamily("omni_frontend_triton_replica_in_flight",
+                                      "Triton calls in flight on each replica", labels=["replica"])
+        up = GaugeMetricFamily("omni_frontend_triton_replica_up",
+                               "1 while the replica takes new requests, 0 while it is drained (unready, "
+                               "unreachable)", labels=["replica"])
+        for r in self._replicas():
+            requests.add_metric([r.address], r.requests)
+            errors.add_metric([r.address], r.errors)
+            in_flight.add_metric([r.address], r.outstanding)
+            up.add_metric([r.address], 1.0 if r.healthy else 0.0)
+        return [requests, errors, in_flight, up]
 
 
 class FrontendMetrics:
@@ -142,6 +192,10 @@ class FrontendMetrics:
         )
         if admission is not None:
             self.inflight.set_function(lambda: admission.inflight)
+
+    def watch_replicas(self, replicas: Callable[[], Sequence[ReplicaView]]) -> None:
+        """Export the per-replica metrics of ``replicas`` (:class:`ReplicaCollector`); once."""
+        self.registry.register(ReplicaCollector(replicas))
 
     def loaded(self, pipeline: str, outcome: str, seconds: float) -> None:
         """``omni_triton.serve.on_demand.Events``: a load ended (``ok`` or ``failed``)."""

@@ -16,9 +16,10 @@ Kubernetes recreating the pod, finds the folder free. The lock file itself is le
 Within one process the lock is shared: a second store object on the same folder (a test, an
 app rebuilt in-process after the first one's shutdown) counts a reference instead of failing.
 
-A store on a shared database (the scale-out issue's PostgreSQL store, not built yet) would not
-need the lock: its rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``. Such a store says
-so with ``shared = True`` and :func:`lock_unless_shared` then takes no lock.
+A store on a shared database (``--database-url``: ``video_jobs.PostgresJobStore``,
+``voice_store.PostgresVoiceMeta``) needs no lock: its jobs are claimed with ``SELECT ... FOR
+UPDATE SKIP LOCKED`` and leases. Such a store says so with ``shared = True`` and
+:func:`lock_unless_shared` then takes no lock.
 """
 from __future__ import annotations
 

@@ -38,6 +38,13 @@ and counted (``omni_frontend_video_store_errors``). A progress update that fails
 One process per folder: :class:`VideoJobs` holds ``<storage_dir>/frontend.lock``
 (:mod:`openai_frontend.storage_lock`) from before it settles the previous process's jobs until
 :meth:`VideoJobs.stop`, so a second frontend on the folder cannot requeue this one's jobs.
+
+Several frontends on one database (``--database-url``, :class:`PostgresJobStore`): no folder
+lock; the jobs are claimed with ``FOR UPDATE SKIP LOCKED`` and held by a lease
+(``JobSettings.lease_s``) the running frontend renews; the start and every dispatcher round
+take over only the jobs whose lease expired (their frontend died) and settle them as a restart
+does above (the failure names the lost frontend); a running job deleted or taken over elsewhere
+is stopped at the next renewal. ``JobStore`` is the interface both stores implement.
 """
 from __future__ import annotations
 
@@ -51,10 +58,10 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from omni_triton.media.video import encode_mp4
 
@@ -63,6 +70,7 @@ from .media_store import InvalidMediaKey, MediaEntry, MediaStore
 from .storage_lock import lock_unless_shared
 
 if TYPE_CHECKING:
+    from .db import Database
     from .engine import Engine
 
 T = TypeVar("T")
@@ -201,14 +209,92 @@ class JobRecord:
                 "prompt": self.prompt, "error": self.error, "remixed_from_video_id": None}
 
 
-class JobStore:
-    """The job table in one SQLite file (``<storage>/jobs.sqlite3``), safe to call from any
-    thread (one connection behind a lock; every call is one short transaction)."""
+def _quota_error(stored: int, nbytes: int, new_bytes: int, max_jobs: int | None,
+                 max_bytes: int | None) -> JobQuotaError | None:
+    """Why one more job of ``new_bytes`` (its stored request) cannot be stored next to
+    ``stored`` jobs holding ``nbytes`` bytes, or None (both stores call it in their insert's
+    transaction)."""
+    if max_jobs is not None and stored >= max_jobs:
+        return JobQuotaError("max_stored_jobs", f"{stored} video jobs are stored, the most this "
+                             f"server keeps; delete finished jobs (DELETE /v1/videos/{{id}}) first")
+    if max_bytes is not None and nbytes + new_bytes > max_bytes:
+        return JobQuotaError("max_stored_bytes", f"the video store holds {nbytes} bytes; this job "
+                             f"would pass its limit of {max_bytes}; delete finished jobs first")
+    return None
 
-    #: True for a store on a database several frontends share (the scale-out issue's PostgreSQL
-    #: store, not built yet: jobs claimed with ``FOR UPDATE SKIP LOCKED``); such a store needs no
-    #: folder lock (:func:`openai_frontend.storage_lock.lock_unless_shared`). SQLite is local.
+
+class JobStore(Protocol):
+    """What :class:`VideoJobs` needs of a job store; two backends: :class:`SqliteJobStore` (one
+    file per frontend, the default) and :class:`PostgresJobStore` (one database shared by
+    several frontends). Every method is blocking (called from worker threads) and is one short
+    transaction. Times are Unix seconds (ints).
+
+    Attributes:
+        shared: True when several frontends use the store at once (no folder lock; jobs are
+            claimed with a lease, :meth:`renew` and :meth:`take_over_expired` matter).
+        errors: the exception types that mean "the database failed" (retried with backoff by
+            :class:`VideoJobs`, reported as ``store_error``).
+    """
+
+    shared: bool
+    errors: tuple[type[BaseException], ...]
+
+    def close(self) -> None: ...
+
+    def insert(self, request: VideoRequest, now: int | None = None, max_queued: int | None = None,
+               max_jobs: int | None = None, max_bytes: int | None = None) -> JobRecord | None:
+        """Add a queued job (None: ``max_queued`` are queued); limits checked in the insert's
+        transaction. Raises :class:`JobQuotaError`."""
+
+    def get(self, job_id: str, with_request: bool = True) -> JobRecord | None: ...
+
+    def list(self, limit: int = 20, after: str | None = None,
+             order: str = "desc") -> tuple[builtins.list[JobRecord], bool]: ...
+
+    def count(self, status: str) -> int: ...
+
+    def next_queued(self) -> JobRecord | None:
+        """Claim the oldest queued job (in progress, attempts + 1, with its request)."""
+
+    def progress(self, job_id: str, progress: int) -> None: ...
+
+    def complete(self, job_id: str, file: str, expires_at: int | None, now: int | None = None,
+                 file_bytes: int = 0) -> bool:
+        """Mark completed; False when the job is gone (or, shared, no longer this frontend's)."""
+
+    def fail(self, job_id: str, code: str, message: str, now: int | None = None,
+             expires_at: int | None = None) -> None: ...
+
+    def requeue(self, job_id: str, refund_attempt: bool = False) -> None: ...
+
+    def expire(self, job_id: str, message: str) -> None: ...
+
+    def delete(self, job_id: str) -> bool: ...
+
+    def with_status(self, *statuses: str) -> builtins.list[JobRecord]: ...
+
+    def expired_before(self, now: int) -> builtins.list[JobRecord]: ...
+
+    def purge(self, now: int, after_s: float) -> builtins.list[str]: ...
+
+    def statuses(self) -> dict[str, str]: ...
+
+    def renew(self, job_ids: Iterable[str]) -> set[str]:
+        """Extend the leases of the running ``job_ids``; returns those still this frontend's."""
+
+    def take_over_expired(self, include_own: bool = False) -> builtins.list[tuple[JobRecord, str | None]]:
+        """Claim the in-progress jobs whose lease expired; returns (record, previous owner)."""
+
+
+class SqliteJobStore:
+    """The job table in one SQLite file (``<storage>/jobs.sqlite3``), safe to call from any
+    thread (one connection behind a lock; every call is one short transaction). One frontend
+    per file (the folder lock): no leases, a job left in progress is settled at the next start."""
+
+    #: local to one frontend: :class:`VideoJobs` holds the folder lock
+    #: (:func:`openai_frontend.storage_lock.lock_unless_shared`)
     shared = False
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
@@ -270,16 +356,10 @@ class JobStore:
                 (queued, stored, nbytes) = self._db.execute(
                     "SELECT COUNT(*) FILTER (WHERE status = ?), COUNT(*), COALESCE(SUM(bytes), 0) FROM jobs",
                     (QUEUED,)).fetchone()
-                error = None
                 if max_queued is not None and queued >= max_queued:
                     self._db.execute("ROLLBACK")
                     return None
-                if max_jobs is not None and stored >= max_jobs:
-                    error = JobQuotaError("max_stored_jobs", f"{stored} video jobs are stored, the most this "
-                                          f"server keeps; delete finished jobs (DELETE /v1/videos/{{id}}) first")
-                elif max_bytes is not None and nbytes + len(text) > max_bytes:
-                    error = JobQuotaError("max_stored_bytes", f"the video store holds {nbytes} bytes; this job "
-                                          f"would pass its limit of {max_bytes}; delete finished jobs first")
+                error = _quota_error(stored, nbytes, len(text), max_jobs, max_bytes)
                 if error is not None:
                     self._db.execute("ROLLBACK")
                     raise error
@@ -351,13 +431,13 @@ class JobStore:
                    (int(progress), job_id, IN_PROGRESS))
 
     def complete(self, job_id: str, file: str, expires_at: int | None, now: int | None = None,
-                 file_bytes: int = 0) -> None:
+                 file_bytes: int = 0) -> bool:
         """Mark the job completed with its MP4 ``file`` of ``file_bytes`` bytes (counted against
-        ``max_stored_bytes`` until it expires)."""
+        ``max_stored_bytes`` until it expires); False when there is no such job."""
         now = int(time.time()) if now is None else now
-        self._write("UPDATE jobs SET status = ?, progress = 100, completed_at = ?, expires_at = ?, file = ?, "
-                   "error = NULL, bytes = length(request) + ? WHERE id = ?",
-                   (COMPLETED, now, expires_at, file, int(file_bytes), job_id))
+        return 0 < self._write("UPDATE jobs SET status = ?, progress = 100, completed_at = ?, expires_at = ?, "
+                               "file = ?, error = NULL, bytes = length(request) + ? WHERE id = ?",
+                               (COMPLETED, now, expires_at, file, int(file_bytes), job_id))
 
     def fail(self, job_id: str, code: str, message: str, now: int | None = None,
              expires_at: int | None = None) -> None:
@@ -412,6 +492,229 @@ class JobStore:
         """Every job id -> its status (the start-up file sweep; bounded by ``max_stored_jobs``)."""
         return {r[0]: r[1] for r in self._query("SELECT id, status FROM jobs")}
 
+    def renew(self, job_ids: Iterable[str]) -> set[str]:
+        """No leases in a file one frontend owns: every running job stays this frontend's."""
+        return set(job_ids)
+
+    def take_over_expired(self, include_own: bool = False) -> builtins.list[tuple[JobRecord, str | None]]:
+        """No leases: the jobs a previous process left are settled at start (``VideoJobs.recover``)."""
+        return []
+
+
+class PostgresJobStore:
+    """The job table (``video_jobs``, :data:`openai_frontend.db.MIGRATIONS`) in a PostgreSQL
+    database several frontends share; thread-safe (a connection from the pool per call).
+
+    Claims: :meth:`next_queued` takes the oldest queued job with ``FOR UPDATE SKIP LOCKED`` (two
+    frontends never claim the same job, neither waits for the other) and writes ``owner`` (this
+    frontend's id) and ``lease_expires_at`` (the database's clock + ``lease_s``; ``lease_s <= 0``:
+    ``infinity``, the lease never expires: a test switch that disables takeover). The runner
+    renews the lease (:meth:`renew`); every write of a running job's state is guarded by
+    ``owner`` (a job taken over is no longer written by its old frontend). Any frontend's
+    dispatcher claims the jobs whose lease expired (:meth:`take_over_expired`) and settles them
+    (``VideoJobs.recover``). Quotas: the insert's count and write run under
+    ``pg_advisory_xact_lock(VIDEO_QUOTA_LOCK)``, so concurrent creates on several frontends
+    cannot pass a limit together.
+
+    Args:
+        db: the pool (:class:`openai_frontend.db.Database`, migrated); not closed by :meth:`close`.
+        owner: this frontend's id (``--frontend-id``), written into the leases it holds.
+        lease_s: seconds a claim or a renewal holds the job (``--video-lease-s``).
+    """
+
+    shared = True
+
+    def __init__(self, db: Database, owner: str, lease_s: float = 30.0):
+        from psycopg.rows import dict_row
+
+        self.db, self.owner, self.lease_s = db, owner, float(lease_s)
+        self.errors = db.errors
+        self._dict_row = dict_row
+
+    def close(self) -> None:
+        """Nothing to close: the pool belongs to the app (it also serves the voice store)."""
+
+    def _lease(self) -> tuple[str, tuple[Any, ...]]:
+        """The SQL value of a new lease end and its parameters."""
+        if self.lease_s <= 0:
+            return "'infinity'::timestamptz", ()
+        return "now() + %s * interval '1 second'", (self.lease_s,)
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> builtins.list[dict[str, Any]]:
+        with self.db.connection() as conn, conn.cursor(row_factory=self._dict_row) as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if cur.description is not None else []
+
+    def _write(self, sql: str, args: tuple[Any, ...] = ()) -> int:
+        with self.db.connection() as conn:
+            return conn.execute(sql, args).rowcount
+
+    _SUMMARY = SqliteJobStore._SUMMARY
+    #: the columns a job is run from (never ``lease_expires_at``: ``infinity`` has no Python datetime)
+    _FULL = _SUMMARY + ", request"
+
+    @staticmethod
+    def _record(row: dict[str, Any]) -> JobRecord:
+        return SqliteJobStore._record(row)  # type: ignore[arg-type]  # a dict reads like an sqlite3.Row
+
+    def insert(self, request: VideoRequest, now: int | None = None, max_queued: int | None = None,
+               max_jobs: int | None = None, max_bytes: int | None = None) -> JobRecord | None:
+        """Add a queued job; ``None`` when ``max_queued`` jobs are already queued (by any
+        frontend). The limits are checked under the quota lock in the insert's transaction.
+
+        Raises:
+            JobQuotaError: ``max_jobs`` jobs are stored, or the bytes would pass ``max_bytes``.
+        """
+        from .db import VIDEO_QUOTA_LOCK
+
+        job_id = "video_" + secrets.token_hex(12)  # the form of JOB_ID
+        now = int(time.time()) if now is None else now
+        text = request.to_json()
+        with self.db.connection() as conn, conn.cursor(row_factory=self._dict_row) as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (VIDEO_QUOTA_LOCK,))
+            counts = cur.execute(
+                "SELECT COUNT(*) FILTER (WHERE status = %s) AS queued, COUNT(*) AS stored, "
+                "COALESCE(SUM(bytes), 0) AS nbytes FROM video_jobs", (QUEUED,)).fetchone()
+            assert counts is not None
+            if max_queued is not None and counts["queued"] >= max_queued:
+                return None
+            error = _quota_error(int(counts["stored"]), int(counts["nbytes"]), len(text), max_jobs, max_bytes)
+            if error is not None:
+                raise error  # the transaction rolls back (nothing was written)
+            row = cur.execute(
+                f"INSERT INTO video_jobs (id, model, status, created_at, size, seconds, prompt, request, bytes) "
+                f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {self._SUMMARY}",
+                (job_id, request.model, QUEUED, now, request.size, request.seconds, request.job.prompt,
+                 text, len(text))).fetchone()
+        assert row is not None
+        return self._record(row)
+
+    def get(self, job_id: str, with_request: bool = True) -> JobRecord | None:
+        """The job ``job_id`` or None; ``with_request=False`` leaves its stored request unread."""
+        columns = self._FULL if with_request else self._SUMMARY
+        rows = self._rows(f"SELECT {columns} FROM video_jobs WHERE id = %s", (job_id,))
+        return self._record(rows[0]) if rows else None
+
+    def list(self, limit: int = 20, after: str | None = None,
+             order: str = "desc") -> tuple[builtins.list[JobRecord], bool]:
+        """Jobs in creation order (``asc``/``desc``), after the job ``after``; (records, more follow).
+
+        Raises:
+            KeyError: ``after`` is not a job id.
+        """
+        op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
+        where, args = "", ()  # type: tuple[str, tuple[Any, ...]]
+        if after:
+            found = self._rows("SELECT seq FROM video_jobs WHERE id = %s", (after,))
+            if not found:
+                raise KeyError(after)
+            where, args = f"WHERE seq {op} %s", (found[0]["seq"],)
+        rows = self._rows(f"SELECT {self._SUMMARY} FROM video_jobs {where} ORDER BY seq {direction} LIMIT %s",
+                          args + (limit + 1,))
+        return [self._record(r) for r in rows[:limit]], len(rows) > limit
+
+    def count(self, status: str) -> int:
+        return int(self._rows("SELECT COUNT(*) AS n FROM video_jobs WHERE status = %s", (status,))[0]["n"])
+
+    def next_queued(self) -> JobRecord | None:
+        """Claim the oldest queued job no other frontend is claiming (``FOR UPDATE SKIP
+        LOCKED``): in progress, attempts + 1, ``owner`` = this frontend, a fresh lease."""
+        lease, lease_args = self._lease()
+        rows = self._rows(
+            f"UPDATE video_jobs SET status = %s, attempts = attempts + 1, started_at = %s, owner = %s, "
+            f"lease_expires_at = {lease} WHERE id = (SELECT id FROM video_jobs WHERE status = %s "
+            f"ORDER BY seq FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING {self._FULL}",
+            (IN_PROGRESS, int(time.time()), self.owner, *lease_args, QUEUED))
+        return self._record(rows[0]) if rows else None
+
+    def progress(self, job_id: str, progress: int) -> None:
+        """Raise this frontend's running job's progress (never lowers it)."""
+        self._write("UPDATE video_jobs SET progress = GREATEST(progress, %s) WHERE id = %s AND status = %s "
+                    "AND owner = %s", (int(progress), job_id, IN_PROGRESS, self.owner))
+
+    def complete(self, job_id: str, file: str, expires_at: int | None, now: int | None = None,
+                 file_bytes: int = 0) -> bool:
+        """Mark this frontend's job completed (see :meth:`SqliteJobStore.complete`); False when
+        it is gone or another frontend took it over."""
+        now = int(time.time()) if now is None else now
+        return 0 < self._write(
+            "UPDATE video_jobs SET status = %s, progress = 100, completed_at = %s, expires_at = %s, file = %s, "
+            "error = NULL, bytes = length(request) + %s, lease_expires_at = NULL WHERE id = %s AND owner = %s",
+            (COMPLETED, now, expires_at, file, int(file_bytes), job_id, self.owner))
+
+    def fail(self, job_id: str, code: str, message: str, now: int | None = None,
+             expires_at: int | None = None) -> None:
+        """Mark this frontend's job failed (see :meth:`SqliteJobStore.fail`)."""
+        now = int(time.time()) if now is None else now
+        self._write("UPDATE video_jobs SET status = %s, completed_at = %s, expires_at = %s, error = %s, "
+                    "lease_expires_at = NULL WHERE id = %s AND owner = %s",
+                    (FAILED, now, expires_at, json.dumps({"code": code, "message": message}), job_id, self.owner))
+
+    def requeue(self, job_id: str, refund_attempt: bool = False) -> None:
+        """Queue this frontend's running job again, for any frontend to claim (see
+        :meth:`SqliteJobStore.requeue`)."""
+        self._write("UPDATE video_jobs SET status = %s, attempts = GREATEST(attempts - %s, 0), owner = NULL, "
+                    "lease_expires_at = NULL WHERE id = %s AND status = %s AND owner = %s",
+                    (QUEUED, int(refund_attempt), job_id, IN_PROGRESS, self.owner))
+
+    def expire(self, job_id: str, message: str) -> None:
+        self._write("UPDATE video_jobs SET status = %s, file = NULL, error = %s, bytes = length(request) "
+                    "WHERE id = %s AND status = %s",
+                    (EXPIRED, json.dumps({"code": "video_expired", "message": message}), job_id, COMPLETED))
+
+    def delete(self, job_id: str) -> bool:
+        """Remove the job, whoever runs it (its frontend's next renewal stops the run)."""
+        return self._write("DELETE FROM video_jobs WHERE id = %s", (job_id,)) > 0
+
+    def with_status(self, *statuses: str) -> builtins.list[JobRecord]:
+        return [self._record(r) for r in self._rows(
+            f"SELECT {self._SUMMARY} FROM video_jobs WHERE status = ANY(%s) ORDER BY seq", (builtins.list(statuses),))]
+
+    def expired_before(self, now: int) -> builtins.list[JobRecord]:
+        rows = self._rows(f"SELECT {self._SUMMARY} FROM video_jobs WHERE status = %s AND expires_at IS NOT NULL "
+                          "AND expires_at <= %s", (COMPLETED, now))
+        return [self._record(r) for r in rows]
+
+    def purge(self, now: int, after_s: float) -> builtins.list[str]:
+        """Delete the failed / expired jobs past ``after_s`` (see :meth:`SqliteJobStore.purge`);
+        each id is returned to exactly one of several frontends purging at once."""
+        rows = self._rows(
+            "DELETE FROM video_jobs WHERE (status = %s AND completed_at IS NOT NULL AND completed_at + %s <= %s) "
+            "OR (status = %s AND expires_at IS NOT NULL AND expires_at + %s <= %s) RETURNING id",
+            (FAILED, after_s, now, EXPIRED, after_s, now))
+        return [str(r["id"]) for r in rows]
+
+    def statuses(self) -> dict[str, str]:
+        return {str(r["id"]): str(r["status"]) for r in self._rows("SELECT id, status FROM video_jobs")}
+
+    def renew(self, job_ids: Iterable[str]) -> set[str]:
+        """Extend the leases of this frontend's running ``job_ids``; returns the ids still ours
+        (a job missing from the answer was deleted, finished elsewhere or taken over: its local
+        run must stop)."""
+        ids = builtins.list(job_ids)
+        if not ids:
+            return set()
+        lease, lease_args = self._lease()
+        rows = self._rows(f"UPDATE video_jobs SET lease_expires_at = {lease} WHERE id = ANY(%s) AND owner = %s "
+                          f"AND status = %s RETURNING id", (*lease_args, ids, self.owner, IN_PROGRESS))
+        return {str(r["id"]) for r in rows}
+
+    def take_over_expired(self, include_own: bool = False) -> builtins.list[tuple[JobRecord, str | None]]:
+        """Claim the in-progress jobs whose lease expired (their frontend died or lost the
+        database), skipping rows another frontend is claiming (``SKIP LOCKED``): ``owner`` = this
+        frontend, a fresh lease. ``include_own``: also this frontend id's jobs whatever their
+        lease (at start: they are a previous process's with the same ``--frontend-id``).
+        Returns (record without request, the previous owner) pairs; the caller settles each."""
+        lease, lease_args = self._lease()
+        own = "OR owner = %s" if include_own else ""
+        rows = self._rows(
+            f"WITH lost AS (SELECT id, owner FROM video_jobs WHERE status = %s AND (lease_expires_at < now() "
+            f"OR lease_expires_at IS NULL OR owner IS NULL {own}) FOR UPDATE SKIP LOCKED) "
+            f"UPDATE video_jobs j SET owner = %s, lease_expires_at = {lease} FROM lost WHERE j.id = lost.id "
+            f"RETURNING {', '.join('j.' + c.strip() for c in self._SUMMARY.split(','))}, lost.owner AS lost_owner",
+            (IN_PROGRESS, *((self.owner,) if include_own else ()), self.owner, *lease_args))
+        return [(self._record(r), r["lost_owner"]) for r in rows]
+
 
 @dataclass
 class JobSettings:
@@ -441,6 +744,13 @@ class JobSettings:
         the video's size); more is a 400 ``input_reference_too_large``.
     db_retry_initial_s / db_retry_max_s: backoff of the dispatcher and the job-state writes after
         a database error (doubling from the first to the second, then retried at that pace).
+    lease_s: shared store only (``--database-url``): seconds a frontend's claim of a running
+        job holds without renewal; renewed every ``lease_s / 3`` while the job runs. A job whose
+        lease expired (its frontend died) is taken over by another frontend. ``<= 0``: leases
+        never expire (no takeover; a test switch), the job is still checked every
+        ``poll_interval_s * 10`` s for a delete on another frontend.
+    poll_interval_s: shared store only: seconds between two looks of an idle dispatcher at the
+        shared queue (jobs created on other frontends) and at expired leases.
     """
 
     storage_dir: Path
@@ -457,6 +767,13 @@ class JobSettings:
     max_reference_bytes: int = 8 << 20
     db_retry_initial_s: float = 0.5
     db_retry_max_s: float = 30.0
+    lease_s: float = 30.0
+    poll_interval_s: float = 1.0
+
+    @property
+    def renew_interval_s(self) -> float:
+        """Seconds between two lease renewals of the running jobs (``lease_s / 3``)."""
+        return self.lease_s / 3 if self.lease_s > 0 else self.poll_interval_s * 10
 
 
 async def _next_event(events: AsyncGenerator[T, None], timeout: float | None) -> T:
@@ -489,6 +806,8 @@ async def _next_event(events: AsyncGenerator[T, None], timeout: float | None) ->
 class _Running:
     task: asyncio.Task[Any]
     deleted: bool = False
+    #: shared store: the job is no longer this frontend's (deleted or taken over elsewhere)
+    lost: bool = False
 
 
 class VideoJobs:
@@ -502,24 +821,31 @@ class VideoJobs:
     ``on_store_error(operation)`` on every database error the runner survives. ``media``: where
     the MP4s go (``videos/<id>.mp4``); default: ``settings.storage_dir``.
 
+    ``store``: the job store (default: :class:`SqliteJobStore` in ``settings.storage_dir``,
+    under the folder lock). A shared store (:class:`PostgresJobStore`) takes no folder lock; the
+    dispatcher then also polls the shared queue, takes over expired leases, and a renewal loop
+    keeps the running jobs' leases (a job no longer ours is stopped here).
+
     Raises (at construction):
-        StorageLockedError: another process has ``settings.storage_dir`` open (or, with a local
-            store, the explicit local ``media`` folder: :mod:`openai_frontend.media_store`).
+        StorageLockedError: another process has ``settings.storage_dir`` open (SQLite store; or,
+            with a local store, the explicit local ``media`` folder: :mod:`openai_frontend.media_store`).
     """
 
     def __init__(self, engine: Engine, settings: JobSettings, on_event: Callable[[str, str], None] | None = None,
-                 on_store_error: Callable[[str], None] | None = None, media: MediaStore | None = None):
+                 on_store_error: Callable[[str], None] | None = None, store: JobStore | None = None,
+                 media: MediaStore | None = None):
         self.engine = engine
         self.settings = settings
         self.dir = Path(settings.storage_dir)
         self.inputs_dir = self.dir / "inputs"
-        self._folder_lock = lock_unless_shared(self.dir, JobStore.shared)
+        shared_store = store.shared if store is not None else SqliteJobStore.shared
+        self._folder_lock = lock_unless_shared(self.dir, shared_store)
         self._media_lock = None
         try:
             self.media = media if media is not None else MediaStore(self.dir)
             if self.media.shared and self.media.local:  # orphans are judged by this store's rows
-                self._media_lock = lock_unless_shared(Path(self.media.root), JobStore.shared)
-            self.store = JobStore(self.dir / "jobs.sqlite3")
+                self._media_lock = lock_unless_shared(Path(self.media.root), shared_store)
+            self.store: JobStore = store if store is not None else SqliteJobStore(self.dir / "jobs.sqlite3")
         except BaseException:
             for lock in (self._media_lock, self._folder_lock):
                 if lock is not None:
@@ -537,43 +863,87 @@ class VideoJobs:
 
     # ------------------------------------------------------------------ lifecycle
     def recover(self) -> dict[str, int]:
-        """Settle the jobs a previous process left in progress; returns counts per outcome."""
+        """Settle the jobs a previous process left in progress (SQLite), or, on a shared store,
+        the jobs whose lease expired plus this frontend id's own (:meth:`take_over`); returns
+        counts per outcome. A shared store's running jobs of other live frontends are left alone."""
+        if self.store.shared:
+            return self.take_over(include_own=True)
         counts = {"completed": 0, "requeued": 0, "failed": 0}
         for rec in self.store.with_status(IN_PROGRESS):
-            mp4 = self.video_file(rec.id)
-            if mp4 is not None and mp4.size > 0:
-                self.store.complete(rec.id, mp4.key, self._expiry(int(mp4.mtime or time.time())),
-                                    file_bytes=mp4.size)
-                counts["completed"] += 1
-            elif rec.attempts >= self.settings.max_attempts:
-                self.store.fail(rec.id, "interrupted", f"the job was interrupted {rec.attempts} times (frontend "
-                                f"restarts or stage failures) and is not retried again",
-                                expires_at=self._purge_at(int(time.time())))
-                counts["failed"] += 1
-            else:
-                self.store.requeue(rec.id)
-                counts["requeued"] += 1
+            counts[self._settle_interrupted(rec, None)] += 1
         if any(counts.values()):
             logger.warning("video jobs recovered after a restart: %s", counts)
         return counts
 
+    def take_over(self, include_own: bool = False) -> dict[str, int]:
+        """Shared store: claim the jobs whose lease expired (:meth:`JobStore.take_over_expired`)
+        and settle each (:meth:`_settle_interrupted`); returns counts per outcome. Blocking."""
+        counts = {"completed": 0, "requeued": 0, "failed": 0}
+        for rec, lost_owner in self.store.take_over_expired(include_own=include_own):
+            if rec.id in self._running:  # our own live run, its renewal late (the claim renewed it): keep it
+                continue
+            outcome = self._settle_interrupted(rec, lost_owner)
+            counts[outcome] += 1
+            if outcome != "requeued":
+                self._on_event(rec.id, outcome)  # "completed" / "failed": the outcomes of on_event
+            logger.warning("video job %s: the lease of frontend %s expired (attempt %d of %d); taken over by %s: %s",
+                           rec.id, lost_owner, rec.attempts, self.settings.max_attempts,
+                           getattr(self.store, "owner", "?"), outcome)
+        return counts
+
+    def _finished_mp4(self, job_id: str) -> tuple[str, int, float] | None:
+        """(media key, bytes, mtime) of job ``job_id``'s MP4 when it is already written, else None:
+        a run that ended between writing the MP4 and committing the job. Blocking (the media store)."""
+        mp4 = self.video_file(job_id)
+        if mp4 is None or mp4.size <= 0:
+            return None
+        return mp4.key, mp4.size, mp4.mtime or time.time()
+
+    def _settle_interrupted(self, rec: JobRecord, lost_owner: str | None) -> str:
+        """Settle a job whose run was interrupted (a previous process; a frontend whose lease
+        expired, ``lost_owner``): ``completed`` if its MP4 is written, ``failed`` (code
+        ``interrupted``, naming the lost frontend) once it was started ``max_attempts`` times,
+        else ``requeued`` (resumed by the next claim, attempts + 1). Returns the outcome."""
+        done = self._finished_mp4(rec.id)
+        if done is not None:
+            path, size, mtime = done
+            self.store.complete(rec.id, path, self._expiry(int(mtime)), file_bytes=size)
+            return "completed"
+        if rec.attempts >= self.settings.max_attempts:
+            message = (f"the job was interrupted {rec.attempts} times (frontend restarts or stage failures) "
+                       f"and is not retried again")
+            if lost_owner is not None:
+                message += f"; its last run, on frontend {lost_owner}, stopped renewing its lease"
+            self.store.fail(rec.id, "interrupted", message, expires_at=self._purge_at(int(time.time())))
+            return "failed"
+        self.store.requeue(rec.id)
+        return "requeued"
+
     async def start(self) -> None:
         """Settle the previous process's jobs, sweep (expiry, purge, stray files; in a worker
-        thread), then start the dispatcher and the periodic sweep."""
+        thread), then start the dispatcher, the periodic sweep and, on a shared store, the lease
+        renewals. The stray-file sweep is safe beside other frontends writing to a shared media
+        location (:meth:`remove_stray_files`)."""
         def settle() -> None:
             self.recover()
             self.sweep()
-            self.remove_stray_files()
+            self.remove_stray_files()  # shared-safe: see MediaStore's sweeps
 
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(settle)
         self._tasks = [asyncio.create_task(self._dispatch(), name="video-dispatch"),
                        asyncio.create_task(self._sweep_loop(), name="video-retention")]
+        if self.store.shared:
+            self._tasks.append(asyncio.create_task(self._renew_loop(), name="video-leases"))
         self._wake.set()
 
     async def stop(self) -> None:
-        """Cancel the dispatcher, the sweep and the running jobs (resumed at the next start),
-        close the store and release the folder lock."""
+        """Cancel the dispatcher, the sweep and the running jobs, close the store and release
+        the folder lock. SQLite: the jobs stay in progress and are resumed at the next start. A
+        shared store: they are queued again at once (any frontend resumes them; the attempt
+        counts, as a restart does), or, if the database does not answer, taken over once their
+        leases expire."""
+        running = builtins.list(self._running)
         tasks = self._tasks + [r.task for r in self._running.values()]
         for t in tasks:
             t.cancel()
@@ -584,6 +954,17 @@ class VideoJobs:
             rec = (await asyncio.gather(claim, return_exceptions=True))[0]
             if isinstance(rec, JobRecord):
                 self.store.requeue(rec.id, refund_attempt=True)
+        if self.store.shared and running:
+            def hand_back() -> None:
+                for job_id in running:
+                    self.store.requeue(job_id)
+
+            try:
+                await asyncio.to_thread(hand_back)
+                logger.info("video jobs: %d running jobs handed back to the shared queue", len(running))
+            except self.store.errors as exc:
+                logger.warning("video jobs: could not hand back %d running jobs (%s); other frontends take "
+                               "them over when their leases expire", len(running), exc)
         self.store.close()
         for lock in (self._media_lock, self._folder_lock):
             if lock is not None:
@@ -668,7 +1049,7 @@ class VideoJobs:
             running.deleted = True
             running.task.cancel()
             await asyncio.gather(running.task, return_exceptions=True)
-        found = self.store.delete(job_id)
+        found = await asyncio.to_thread(self.store.delete, job_id)  # a commit (PostgreSQL: a round trip)
         await asyncio.to_thread(self._remove_files, job_id)  # a file system or object store call
         return found
 
@@ -760,7 +1141,7 @@ class VideoJobs:
         while True:
             try:
                 result = await asyncio.to_thread(fn, *args, **kwargs)
-            except (sqlite3.Error, OSError) as exc:
+            except self.store.errors as exc:
                 delay = self._store_failed(operation, exc, delay)
                 await asyncio.sleep(delay)
                 continue
@@ -785,22 +1166,33 @@ class VideoJobs:
                 if self.media.shared and time.monotonic() - strays_at >= self.media.sweep_grace_s:
                     strays_at = time.monotonic()
                     await asyncio.to_thread(self.remove_stray_files)
-            except (sqlite3.Error, OSError) as exc:  # the next sweep tries again
+            except self.store.errors as exc:  # the next sweep tries again
                 self._store_failed("sweep", exc, None)
             except Exception:
                 logger.exception("video retention sweep failed")
 
     async def _dispatch(self) -> None:
         """Start queued jobs while fewer than ``max_running`` run. A database error is retried
-        with backoff (and reported: :attr:`store_error`), never the end of the dispatcher."""
+        with backoff (and reported: :attr:`store_error`), never the end of the dispatcher. On a
+        shared store it also wakes every ``poll_interval_s`` (jobs created on other frontends)
+        and first takes over the jobs whose lease expired (:meth:`take_over`)."""
         delay = None
+        poll = self.settings.poll_interval_s if self.store.shared else None
         while True:
-            if delay is None:
-                await self._wake.wait()
-            else:
+            if delay is not None:
                 await asyncio.sleep(delay)
+            elif poll is None:
+                await self._wake.wait()
+            else:  # asyncio.wait, not wait_for: it never swallows stop()'s cancellation (see _next_event)
+                woken = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait({woken}, timeout=poll)
+                finally:
+                    woken.cancel()
             self._wake.clear()
             try:
+                if self.store.shared:
+                    await asyncio.to_thread(self.take_over)
                 while len(self._running) < self.settings.max_running:
                     self._claim = claim = asyncio.ensure_future(asyncio.to_thread(self.store.next_queued))
                     try:
@@ -820,6 +1212,30 @@ class VideoJobs:
             else:
                 delay = None
                 self._store_ok()
+
+    async def _renew_loop(self) -> None:
+        """Shared store: every ``renew_interval_s``, renew the leases of the jobs running here;
+        a job the renewal does not return (deleted on any frontend, or taken over after this
+        frontend lost the database for longer than the lease) has its local run cancelled (the
+        Triton stream ends, the denoiser stops at its next step; nothing more is written)."""
+        while True:
+            await asyncio.sleep(self.settings.renew_interval_s)
+            ids = builtins.list(self._running)
+            if not ids:
+                continue
+            try:
+                ours = await asyncio.to_thread(self.store.renew, ids)
+            except self.store.errors as exc:  # the next renewal tries again; writes stay owner-guarded
+                self._store_failed("renew", exc, None)
+                continue
+            self._store_ok()
+            for job_id in ids:
+                running = self._running.get(job_id)
+                if job_id not in ours and running is not None and not running.task.done():
+                    logger.warning("video job %s is no longer this frontend's (deleted, or taken over by another "
+                                   "frontend); its run here is stopped", job_id)
+                    running.lost = True
+                    running.task.cancel()
 
     async def _run(self, rec: JobRecord) -> None:
         req = rec.request
@@ -853,9 +1269,12 @@ class VideoJobs:
                     or await self._db("check", self.store.get, rec.id, with_request=False) is None):
                 await asyncio.to_thread(self.media.delete, key)  # deleted while its MP4 was being written
                 return
-            await self._db("complete", self.store.complete, rec.id, key, self._expiry(int(time.time())),
-                           file_bytes=len(data))
-            self._on_event(rec.id, COMPLETED)
+            if await self._db("complete", self.store.complete, rec.id, key, self._expiry(int(time.time())),
+                              file_bytes=len(data)):
+                self._on_event(rec.id, COMPLETED)
+            else:  # shared store: taken over meanwhile (the same inputs and seed: the same MP4)
+                logger.warning("video job %s: finished here but no longer this frontend's; not completed here",
+                               rec.id)
         except asyncio.CancelledError:
             raise  # deleted (row removed by delete) or shutting down (resumed at the next start)
         # the watchdog (asyncio.TimeoutError is TimeoutError on 3.11+, its own class on 3.10): the stream
@@ -898,7 +1317,7 @@ class VideoJobs:
         completion, catches up) instead of stopping the job."""
         try:
             await asyncio.to_thread(self.store.progress, job_id, progress)
-        except (sqlite3.Error, OSError) as exc:
+        except self.store.errors as exc:
             self._store_failed("progress", exc, None)
         else:
             self._store_ok()

@@ -1,6 +1,7 @@
 """Durable custom voices and consent recordings (``/v1/audio/voices``, ``/v1/audio/voice_consents``).
 
-One SQLite file (``voices.sqlite``, WAL, ``synchronous=FULL``) holds the metadata; the files are
+One SQLite file (``voices.sqlite``, WAL, ``synchronous=FULL``) holds the metadata (or the shared
+PostgreSQL database of ``--database-url``: :class:`PostgresVoiceMeta`); the files are
 in the media store (:class:`openai_frontend.media_store.MediaStore`: the storage folder by
 default, ``--media-url`` when set). Each uploaded voice owns a folder ``voices/<id>/`` with its
 clip (``clip.wav``, float32 mono at ``VoiceSettings.sample_rate``) and the clone prompt the
@@ -35,15 +36,19 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .media_store import InvalidMediaKey, MediaStore
 from .storage_lock import lock_unless_shared
+
+if TYPE_CHECKING:
+    from .db import Database
 
 logger = logging.getLogger(__name__)
 
@@ -198,57 +203,158 @@ def encode_clip(samples: NDArray[Any], sample_rate: int) -> bytes:
     return buf.getvalue()
 
 
-class VoiceStore:
-    """The SQLite file under ``settings.storage_dir`` + the voice files in ``media`` (default: the
-    same folder), thread-safe; calls are short and blocking (the serving layer runs the ones
-    that touch files in worker threads).
+#: quota callback of an insert: (voices, consents, stored bytes) -> the error, or None to insert
+QuotaCheck = Callable[[tuple[int, int, int]], "QuotaExceededError | None"]
 
-    Raises (at construction):
-        StorageLockedError: another process has the folder (or the explicit local ``media``
-            folder) open (:mod:`openai_frontend.storage_lock`).
-        sqlite3.DatabaseError, OSError: the database or the folder cannot be opened.
+
+class VoiceMeta(Protocol):
+    """The metadata (rows) behind :class:`VoiceStore`; two backends: :class:`SqliteVoiceMeta`
+    (``voices.sqlite`` in the storage folder, the default) and :class:`PostgresVoiceMeta` (the
+    shared database of ``--database-url``). Rows are tuples in the column order of
+    :attr:`VoiceStore._COLUMNS` (voices) and ``(id, name, language, created_at)`` (consents).
+    Blocking calls; thread-safe.
+
+    Attributes:
+        shared: several frontends use it at once (no folder lock, no orphan-folder sweep).
+        errors: the exception types meaning "the database failed".
     """
 
-    #: True for a store on a database several frontends share (the scale-out issue's
-    #: PostgreSQL store, not built yet): it takes no folder lock. This SQLite store is local.
-    shared = False
+    shared: bool
+    errors: tuple[type[BaseException], ...]
 
-    def __init__(self, settings: VoiceSettings, media: MediaStore | None = None):
-        self.settings = settings
-        self.root = Path(settings.storage_dir)
-        self._folder_lock = lock_unless_shared(self.root, self.shared)  # before the sweep below
-        self._media_lock = None
+    def close(self) -> None: ...
+    def usage(self) -> tuple[int, int, int]: ...
+
+    def insert_voice(self, row: tuple[Any, ...], nbytes: int, quota: QuotaCheck) -> None:
+        """Insert a voice row if ``quota(usage)`` is None, in one transaction with the count.
+        Raises the quota's error, or DuplicateVoiceName (the name is taken, by constraint)."""
+
+    def insert_consent(self, row: tuple[Any, ...], quota: QuotaCheck) -> None:
+        """Insert ``(id, name, language, created_at, file, sha256, bytes)`` like :meth:`insert_voice`."""
+
+    def voice_ids(self) -> set[str]: ...
+    def consent_files(self) -> set[str]: ...
+    def voice_rows(self) -> list[tuple[Any, ...]]: ...
+    def voice_row(self, key: str) -> tuple[Any, ...] | None: ...
+    def name_taken(self, name: str) -> bool: ...
+    def count_voices(self) -> int: ...
+    def prompt_sha256(self, voice_id: str) -> tuple[str | None] | None: ...
+    def delete_voice(self, voice_id: str) -> None: ...
+    def consent(self, cid: str) -> tuple[Any, ...] | None: ...
+    def consents(self, after: str | None, limit: int) -> list[tuple[Any, ...]]: ...
+    def rename_consent(self, cid: str, name: str) -> None: ...
+    def delete_consent(self, cid: str) -> str | None:
+        """Delete the consent row; its file name, or None when there was none."""
+
+
+class _SqlVoiceMeta:
+    """The SQL both backends share, written with ``?`` parameters (PostgreSQL's ``%s`` are
+    substituted); the backends provide the connection handling and the quota transaction."""
+
+    _consents = "consents"  # the table of consent recordings
+    _COLUMNS = ("id, name, type, created_at, prompt, ref_text, consent, sample_rate, seconds, prompt_sha256, "
+                "clip_sha256")
+
+    def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> None:
+        raise NotImplementedError
+
+    def _one(self, sql: str, args: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+        rows = self._all(sql, args)
+        return rows[0] if rows else None
+
+    def _usage_sql(self) -> str:
+        consents = self._consents
+        return (f"SELECT (SELECT COUNT(*) FROM voices), (SELECT COUNT(*) FROM {consents}), "
+                f"(SELECT COALESCE(SUM(bytes), 0) FROM voices) + (SELECT COALESCE(SUM(bytes), 0) FROM {consents})")
+
+    def usage(self) -> tuple[int, int, int]:
+        """(voices, consents, stored bytes of both)."""
+        row = self._one(self._usage_sql())
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def _voice_insert_sql(self) -> str:
+        return f"INSERT INTO voices ({self._COLUMNS}, bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+
+    def _consent_insert_sql(self) -> str:
+        return (f"INSERT INTO {self._consents} (id, name, language, created_at, file, sha256, bytes) "
+                f"VALUES (?,?,?,?,?,?,?)")
+
+    def voice_ids(self) -> set[str]:
+        return {str(r[0]) for r in self._all("SELECT id FROM voices")}
+
+    def consent_files(self) -> set[str]:
+        return {str(r[0]) for r in self._all(f"SELECT file FROM {self._consents}")}
+
+    def voice_rows(self) -> list[tuple[Any, ...]]:
+        return self._all(f"SELECT {self._COLUMNS} FROM voices ORDER BY seq")
+
+    def voice_row(self, key: str) -> tuple[Any, ...] | None:
+        """The row whose id, else whose name, is ``key``."""
+        row = self._one(f"SELECT {self._COLUMNS} FROM voices WHERE id = ?", (key,))
+        return row if row is not None else self._one(f"SELECT {self._COLUMNS} FROM voices WHERE name = ?", (key,))
+
+    def name_taken(self, name: str) -> bool:
+        return self._one("SELECT 1 FROM voices WHERE name = ?", (name,)) is not None
+
+    def count_voices(self) -> int:
+        row = self._one("SELECT COUNT(*) FROM voices")
+        return int(row[0]) if row else 0
+
+    def prompt_sha256(self, voice_id: str) -> tuple[str | None] | None:
+        """``(prompt_sha256,)`` of the voice, or None when there is no such row."""
+        row = self._one("SELECT prompt_sha256 FROM voices WHERE id = ?", (voice_id,))
+        return (row[0],) if row is not None else None
+
+    def delete_voice(self, voice_id: str) -> None:
+        self._exec("DELETE FROM voices WHERE id = ?", (voice_id,))
+
+    def consent(self, cid: str) -> tuple[Any, ...] | None:
+        return self._one(f"SELECT id, name, language, created_at FROM {self._consents} WHERE id = ?", (cid,))
+
+    def consents(self, after: str | None, limit: int) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` consent rows after the id ``after`` (oldest first; an unknown ``after``
+        starts at the beginning)."""
+        seq = 0
+        if after:
+            row = self._one(f"SELECT seq FROM {self._consents} WHERE id = ?", (after,))
+            seq = int(row[0]) if row else 0
+        return self._all(f"SELECT id, name, language, created_at FROM {self._consents} WHERE seq > ? "
+                         f"ORDER BY seq LIMIT ?", (seq, limit))
+
+    def rename_consent(self, cid: str, name: str) -> None:
+        self._exec(f"UPDATE {self._consents} SET name = ? WHERE id = ?", (name, cid))
+
+
+class SqliteVoiceMeta(_SqlVoiceMeta):
+    """The metadata in ``voices.sqlite`` (WAL, ``synchronous=FULL``): one connection behind a
+    lock, schema created and old stores migrated (:data:`_MIGRATIONS`) when opened.
+
+    Raises (at construction):
+        sqlite3.DatabaseError, OSError: the file cannot be opened.
+    """
+
+    shared = False
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
+
+    def __init__(self, path: Path):
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self.media = media if media is not None else MediaStore(self.root)
-            if self.media.shared and self.media.local:  # orphans are judged by this store's rows
-                self._media_lock = lock_unless_shared(Path(self.media.root), self.shared)
-            for prefix in ("voices", "consents"):
-                self.media.makedirs(prefix)
-            self._lock = threading.Lock()
-            #: files whose checksum was verified: key -> (version, sha256), the version being the
-            #: media store's (size, mtime, inode / ETag); a listing reads each file's info and
-            #: hashes it again only when it changed (not every clip on every GET)
-            self._verified: dict[str, tuple[tuple[Any, ...], str]] = {}
-            self._db = sqlite3.connect(self.root / "voices.sqlite", check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             self._migrate()
-            self._sweep()
         except BaseException:
-            for lock in (self._media_lock, self._folder_lock):
-                if lock is not None:
-                    lock.release()
+            self._db.close()
             raise
 
     def close(self) -> None:
-        """Close the database and release the folder lock(s)."""
         with self._lock:
             self._db.close()
-        for lock in (self._media_lock, self._folder_lock):
-            if lock is not None:
-                lock.release()
 
     def _migrate(self) -> None:
         """Add the columns a store written by an older frontend lacks (:data:`_MIGRATIONS`)."""
@@ -259,18 +365,172 @@ class VoiceStore:
                 if fill:
                     self._db.execute(fill)
 
-    # ------------------------------------------------------------------ limits
-    def _usage(self) -> tuple[int, int, int]:
-        """(voices, consents, stored bytes); the caller holds ``self._lock``."""
-        voices, vbytes = self._db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM voices").fetchone()
-        consents, cbytes = self._db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM consents").fetchone()
-        return voices, consents, vbytes + cbytes
+    def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return [tuple(r) for r in self._db.execute(sql, args).fetchall()]
 
-    def _quota_error(self, kind: str, new_bytes: int) -> QuotaExceededError | None:
-        """Why one more ``kind`` (``voice`` / ``consent``) of ``new_bytes`` cannot be stored, or
-        None; the caller holds ``self._lock``."""
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> None:
+        with self._lock:
+            self._db.execute(sql, args)
+
+    def _insert_within_quota(self, quota: QuotaCheck, sql: str, args: tuple[Any, ...]) -> None:
+        """Run the INSERT ``sql`` in one transaction with the quota check (concurrent uploads
+        cannot pass a limit together).
+
+        Raises:
+            QuotaExceededError: nothing was inserted.
+            sqlite3.IntegrityError: a UNIQUE column is taken.
+        """
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(self._usage_sql()).fetchone()
+                error = quota((int(row[0]), int(row[1]), int(row[2])))
+                if error is None:
+                    self._db.execute(sql, args)
+                self._db.execute("ROLLBACK" if error else "COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if error is not None:
+            raise error
+
+    def insert_voice(self, row: tuple[Any, ...], nbytes: int, quota: QuotaCheck) -> None:
+        try:
+            self._insert_within_quota(quota, self._voice_insert_sql(), (*row, nbytes))
+        except sqlite3.IntegrityError as exc:
+            raise DuplicateVoiceName(str(row[1])) from exc
+
+    def insert_consent(self, row: tuple[Any, ...], quota: QuotaCheck) -> None:
+        self._insert_within_quota(quota, self._consent_insert_sql(), row)
+
+    def delete_consent(self, cid: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT file FROM consents WHERE id = ?", (cid,)).fetchone()
+            if row is None:
+                return None
+            self._db.execute("DELETE FROM consents WHERE id = ?", (cid,))
+        return str(row[0])
+
+
+class PostgresVoiceMeta(_SqlVoiceMeta):
+    """The metadata in the shared PostgreSQL database (tables ``voices`` and ``voice_consents``
+    of :data:`openai_frontend.db.MIGRATIONS`): names unique by the ``voices_name_unique``
+    constraint, the quotas counted and checked in the inserting transaction under
+    ``pg_advisory_xact_lock(VOICE_QUOTA_LOCK)`` (uploads on several frontends cannot pass a
+    limit together).
+
+    Args:
+        db: the pool (:class:`openai_frontend.db.Database`, migrated); not closed by :meth:`close`.
+    """
+
+    shared = True
+    _consents = "voice_consents"
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.errors = db.errors
+
+    def close(self) -> None:
+        """Nothing to close: the pool belongs to the app (it also serves the video jobs)."""
+
+    @staticmethod
+    def _sql(sql: str) -> str:
+        return sql.replace("?", "%s")  # no literal '?' in this module's SQL
+
+    def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self.db.connection() as conn:
+            cur = conn.execute(self._sql(sql), args)
+            return [tuple(r) for r in cur.fetchall()] if cur.description is not None else []
+
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> None:
+        with self.db.connection() as conn:
+            conn.execute(self._sql(sql), args)
+
+    def _insert_within_quota(self, quota: QuotaCheck, sql: str, args: tuple[Any, ...]) -> None:
+        from .db import VOICE_QUOTA_LOCK
+
+        with self.db.connection() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (VOICE_QUOTA_LOCK,))
+            row = conn.execute(self._usage_sql()).fetchone()
+            assert row is not None
+            error = quota((int(row[0]), int(row[1]), int(row[2])))
+            if error is not None:
+                raise error  # rolled back: nothing inserted
+            conn.execute(self._sql(sql), args)
+
+    def insert_voice(self, row: tuple[Any, ...], nbytes: int, quota: QuotaCheck) -> None:
+        from psycopg.errors import UniqueViolation
+
+        try:
+            self._insert_within_quota(quota, self._voice_insert_sql(), (*row, nbytes))
+        except UniqueViolation as exc:
+            raise DuplicateVoiceName(str(row[1])) from exc
+
+    def insert_consent(self, row: tuple[Any, ...], quota: QuotaCheck) -> None:
+        self._insert_within_quota(quota, self._consent_insert_sql(), row)
+
+    def delete_consent(self, cid: str) -> str | None:
+        rows = self._all("DELETE FROM voice_consents WHERE id = ? RETURNING file", (cid,))
+        return str(rows[0][0]) if rows else None
+
+
+class VoiceStore:
+    """The voice files in ``media`` (default: ``settings.storage_dir``) and their metadata
+    (``meta``: default :class:`SqliteVoiceMeta` in ``voices.sqlite`` there;
+    :class:`PostgresVoiceMeta` with ``--database-url``). Thread-safe; calls are short and blocking
+    (the serving layer runs them in worker threads).
+
+    Raises (at construction):
+        StorageLockedError: another process has the folder (or the explicit local ``media``
+            folder) open (:mod:`openai_frontend.storage_lock`; not taken with a shared ``meta``).
+        sqlite3.DatabaseError, OSError: the database or the folder cannot be opened.
+    """
+
+    #: the SQLite default is local to one frontend (folder lock); see :attr:`shared`
+    _COLUMNS = _SqlVoiceMeta._COLUMNS
+
+    def __init__(self, settings: VoiceSettings, meta: VoiceMeta | None = None, media: MediaStore | None = None):
+        self.settings = settings
+        self.root = Path(settings.storage_dir)
+        #: True when the metadata is in a database several frontends share: no folder lock (the
+        #: start-up sweep is safe beside them: MediaStore.stale)
+        self.shared = meta.shared if meta is not None else SqliteVoiceMeta.shared
+        self._folder_lock = lock_unless_shared(self.root, self.shared)  # before the sweep below
+        self._media_lock = None
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.media = media if media is not None else MediaStore(self.root)
+            if self.media.shared and self.media.local:  # orphans are judged by this store's rows
+                self._media_lock = lock_unless_shared(Path(self.media.root), self.shared)
+            for prefix in ("voices", "consents"):
+                self.media.makedirs(prefix)
+            #: files whose checksum was verified: key -> (version, sha256), the version being the
+            #: media store's (size, mtime, inode / ETag); a listing reads each file's info and
+            #: hashes it again only when it changed (not every clip on every GET)
+            self._verified: dict[str, tuple[tuple[Any, ...], str]] = {}
+            self.meta: VoiceMeta = meta if meta is not None else SqliteVoiceMeta(self.root / "voices.sqlite")
+            self._sweep()
+        except BaseException:
+            for lock in (self._media_lock, self._folder_lock):
+                if lock is not None:
+                    lock.release()
+            raise
+
+    def close(self) -> None:
+        """Close the database and release the folder lock(s)."""
+        self.meta.close()
+        for lock in (self._media_lock, self._folder_lock):
+            if lock is not None:
+                lock.release()
+
+    # ------------------------------------------------------------------ limits
+    def _quota_error(self, kind: str, new_bytes: int,
+                     usage: tuple[int, int, int] | None = None) -> QuotaExceededError | None:
+        """Why one more ``kind`` (``voice`` / ``consent``) of ``new_bytes`` cannot be stored
+        next to ``usage`` (voices, consents, bytes; default: read now), or None."""
         cfg = self.settings
-        voices, consents, stored = self._usage()
+        voices, consents, stored = usage if usage is not None else self.meta.usage()
         if kind == "voice" and voices >= cfg.max_voices:
             return QuotaExceededError("max_voices", f"At most {cfg.max_voices} voices can be stored; "
                                       "delete one first")
@@ -291,31 +551,13 @@ class VoiceStore:
         Raises:
             QuotaExceededError: naming the limit.
         """
-        with self._lock:
-            error = self._quota_error(kind, new_bytes)
+        error = self._quota_error(kind, new_bytes)
         if error is not None:
             raise error
 
-    def _insert_within_quota(self, kind: str, new_bytes: int, sql: str, args: tuple[Any, ...]) -> None:
-        """Run the INSERT ``sql`` in one transaction with the quota check (concurrent uploads
-        cannot pass a limit together).
-
-        Raises:
-            QuotaExceededError: nothing was inserted.
-            sqlite3.IntegrityError: a UNIQUE column is taken.
-        """
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                error = self._quota_error(kind, new_bytes)
-                if error is None:
-                    self._db.execute(sql, args)
-                self._db.execute("ROLLBACK" if error else "COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        if error is not None:
-            raise error
+    def _quota(self, kind: str, new_bytes: int) -> QuotaCheck:
+        """The check the metadata runs in the transaction that commits the row."""
+        return lambda usage: self._quota_error(kind, new_bytes, usage)
 
     # ------------------------------------------------------------------ start-up
     def _sweep(self, now: float | None = None) -> None:
@@ -325,8 +567,8 @@ class VoiceStore:
         an entry goes only once ``MediaStore.stale`` (an upload in flight on another frontend has
         its files before its row)."""
         voices, consents = self.media.list("voices"), self.media.list("consents")
-        ids = {r[0] for r in self._db.execute("SELECT id FROM voices")}
-        files = {r[0] for r in self._db.execute("SELECT file FROM consents")}
+        ids = self.meta.voice_ids()
+        files = self.meta.consent_files()
         for entry in voices:
             if (entry.temporary or (entry.is_dir and entry.name not in ids)) and self.media.stale(entry, now):
                 logger.warning("voice store: removing unfinished or orphaned %s", entry.key)
@@ -377,29 +619,20 @@ class VoiceStore:
             self._verified[key] = (entry.version, sha)
         return None
 
-    _COLUMNS = "id, name, type, created_at, prompt, ref_text, consent, sample_rate, seconds, prompt_sha256, clip_sha256"
-
     def list_voices(self) -> list[StoredVoice]:
         """Every stored voice, oldest first (corrupt ones with ``error`` set)."""
-        with self._lock:
-            rows = self._db.execute(f"SELECT {self._COLUMNS} FROM voices ORDER BY seq").fetchall()
-        return [self._row_to_voice(r) for r in rows]
+        return [self._row_to_voice(r) for r in self.meta.voice_rows()]
 
     def get(self, key: str) -> StoredVoice | None:
         """The voice whose id or name is ``key`` (id first), or None."""
-        with self._lock:
-            row = self._db.execute(f"SELECT {self._COLUMNS} FROM voices WHERE id = ?", (key,)).fetchone()
-            if row is None:
-                row = self._db.execute(f"SELECT {self._COLUMNS} FROM voices WHERE name = ?", (key,)).fetchone()
+        row = self.meta.voice_row(key)
         return self._row_to_voice(row) if row else None
 
     def name_taken(self, name: str) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM voices WHERE name = ?", (name,)).fetchone() is not None
+        return self.meta.name_taken(name)
 
     def count(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM voices").fetchone()[0])
+        return self.meta.count_voices()
 
     def voice_prompt(self, voice: StoredVoice) -> bytes:
         """The stored clone prompt of an ``audio_sample`` voice.
@@ -413,8 +646,7 @@ class VoiceStore:
             data = self.media.get(_voice_key(voice.id, PROMPT_FILE)) if voice.type == AUDIO_SAMPLE else b""
         except (OSError, InvalidMediaKey) as exc:
             raise VoiceCorruptError(f"{PROMPT_FILE} is unreadable ({getattr(exc, 'strerror', None) or exc})") from None
-        with self._lock:
-            row = self._db.execute("SELECT prompt_sha256 FROM voices WHERE id = ?", (voice.id,)).fetchone()
+        row = self.meta.prompt_sha256(voice.id)
         if row is None or _sha256(data) != row[0]:
             raise VoiceCorruptError(f"{PROMPT_FILE} does not match its checksum")
         return data
@@ -466,13 +698,14 @@ class VoiceStore:
         return voice
 
     def _insert(self, v: StoredVoice, prompt_sha: str | None, clip_sha: str | None, nbytes: int = 0) -> None:
-        try:
-            self._insert_within_quota(
-                "voice", nbytes, f"INSERT INTO voices ({self._COLUMNS}, bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (v.id, v.name, v.type, v.created_at, v.prompt, v.ref_text, v.consent, v.sample_rate,
-                 v.seconds, prompt_sha, clip_sha, nbytes))
-        except sqlite3.IntegrityError as exc:
-            raise DuplicateVoiceName(v.name) from exc
+        """Commit the voice's row with the quota check in its transaction.
+
+        Raises:
+            DuplicateVoiceName: the name is taken (the UNIQUE constraint).
+            QuotaExceededError: nothing was inserted.
+        """
+        self.meta.insert_voice((v.id, v.name, v.type, v.created_at, v.prompt, v.ref_text, v.consent, v.sample_rate,
+                                v.seconds, prompt_sha, clip_sha), nbytes, self._quota("voice", nbytes))
 
     def delete(self, key: str) -> StoredVoice | None:
         """Remove the voice ``key`` (id or name): the row first, then its folder. None if unknown.
@@ -484,8 +717,7 @@ class VoiceStore:
         voice = self.get(key)
         if voice is None:
             return None
-        with self._lock:
-            self._db.execute("DELETE FROM voices WHERE id = ?", (voice.id,))
+        self.meta.delete_voice(voice.id)
         if voice.type == AUDIO_SAMPLE:
             try:
                 self.media.delete_prefix(_voice_key(voice.id))
@@ -507,45 +739,32 @@ class VoiceStore:
         self.media.put(f"consents/{fname}", recording)
         consent = StoredConsent(id=cid, name=name, language=language, created_at=int(time.time()))
         try:
-            self._insert_within_quota(
-                "consent", len(recording), "INSERT INTO consents (id, name, language, created_at, file, sha256, "
-                "bytes) VALUES (?,?,?,?,?,?,?)", (cid, name, language, consent.created_at, fname,
-                                                  _sha256(recording), len(recording)))
+            self.meta.insert_consent((cid, name, language, consent.created_at, fname, _sha256(recording),
+                                      len(recording)), self._quota("consent", len(recording)))
         except BaseException:
             self.media.delete(f"consents/{fname}")
             raise
         return consent
 
     def get_consent(self, cid: str) -> StoredConsent | None:
-        with self._lock:
-            row = self._db.execute("SELECT id, name, language, created_at FROM consents WHERE id = ?",
-                                   (cid,)).fetchone()
+        row = self.meta.consent(cid)
         return StoredConsent(*row) if row else None
 
     def list_consents(self, after: str | None = None, limit: int = 20) -> tuple[list[StoredConsent], bool]:
         """Consents oldest first, starting after the id ``after``; ``(page, has_more)``."""
-        with self._lock:
-            seq = 0
-            if after:
-                row = self._db.execute("SELECT seq FROM consents WHERE id = ?", (after,)).fetchone()
-                seq = row[0] if row else 0
-            rows = self._db.execute("SELECT id, name, language, created_at FROM consents WHERE seq > ? "
-                                    "ORDER BY seq LIMIT ?", (seq, limit + 1)).fetchall()
+        rows = self.meta.consents(after, limit + 1)
         return [StoredConsent(*r) for r in rows[:limit]], len(rows) > limit
 
     def rename_consent(self, cid: str, name: str) -> StoredConsent | None:
-        with self._lock:
-            self._db.execute("UPDATE consents SET name = ? WHERE id = ?", (name, cid))
+        self.meta.rename_consent(cid, name)
         return self.get_consent(cid)
 
     def delete_consent(self, cid: str) -> bool:
-        with self._lock:
-            row = self._db.execute("SELECT file FROM consents WHERE id = ?", (cid,)).fetchone()
-            if row is None:
-                return False
-            self._db.execute("DELETE FROM consents WHERE id = ?", (cid,))
+        fname = self.meta.delete_consent(cid)
+        if fname is None:
+            return False
         try:
-            self.media.delete(f"consents/{row[0]}")
+            self.media.delete(f"consents/{fname}")
         except InvalidMediaKey:
-            logger.warning("voice store: consent file %r names no media file; nothing removed", str(row[0])[:80])
+            logger.warning("voice store: consent file %r names no media file; nothing removed", str(fname)[:80])
         return True

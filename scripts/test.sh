@@ -3,6 +3,22 @@
 # tritonserver and the OpenAI frontend on free ports). Extra arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# PostgreSQL's server binaries: tests/e2e/test_scaleout.py and tests/unit/test_local_postgres.py
+# start a PostgreSQL of their own (omni_triton/serve/postgres.py; never a system cluster). Debian's
+# package, installed only when initdb/pg_ctl are missing (quiet when present).
+if ! { command -v pg_config >/dev/null && [ -x "$(pg_config --bindir)/initdb" ]; } \
+   && ! compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null; then
+  echo "test.sh: installing PostgreSQL (apt-get install postgresql)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  # no system cluster on 5432 (the tests start their own): postgresql-common reads this at install
+  if [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+    $SUDO mkdir -p /etc/postgresql-common
+    echo "create_main_cluster = false" | $SUDO tee /etc/postgresql-common/createcluster.conf >/dev/null
+  fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    -o Dpkg::Options::=--force-confold postgresql >/dev/null
+fi
 bash "$ROOT/scripts/setup.sh"
 bash "$ROOT/scripts/setup_bench.sh"  # vLLM-Omni's bench client (~5 GB: tests/e2e/test_vllm_omni_bench.py), not serving
 bash "$ROOT/scripts/setup_fuzz.sh"  # schemathesis, the API fuzzer: tests only, so not in serve.sh's set-up

@@ -69,6 +69,7 @@ from .protocol import (
     VideoEvent,
     VideoJob,
 )
+from .replicas import Replica, ReplicaSet, Resolver, pinned_index
 from .triton_private import infer_result, open_stream
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,34 @@ def _translate(exc: Exception, what: str) -> EngineError:
             return TritonUnavailableError(f"Triton is unavailable ({what}): {exc.details()}")
         return InferenceError(f"Triton error ({what}): {exc.code().name}: {exc.details()}")
     return InferenceError(f"{what}: {exc}")
+
+
+#: Triton's own UNAVAILABLE answer (a model it does not have READY): the server answered, the
+#: replica is fine; every other UNAVAILABLE is the transport's (refused, reset, closed socket).
+_MODEL_UNAVAILABLE = "Request for unknown model"
+
+
+def _connect_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (tritonclient / gRPC) says the call never got an answer from Triton: status
+    ``UNAVAILABLE`` from the transport (connection refused or lost before any response), not
+    Triton's own ``UNAVAILABLE`` for a model it lacks. Such a call may be sent to another replica,
+    and its replica is drained (``ReplicaSet.mark_down``)."""
+    if isinstance(exc, InferenceServerException):
+        status, message = exc.status() or "", exc.message() or ""
+    elif isinstance(exc, grpc.aio.AioRpcError):
+        status, message = exc.code().name, exc.details() or ""
+    else:
+        return False
+    return status.endswith(grpc.StatusCode.UNAVAILABLE.name) and _MODEL_UNAVAILABLE not in message
+
+
+class _NoResponse(Exception):
+    """A stream whose replica could not be reached: it ended with a transport ``UNAVAILABLE``
+    before any response (``TritonEngine._stream`` may start it again on another replica)."""
+
+    def __init__(self, error: EngineError):
+        super().__init__(error.message)
+        self.error = error
 
 
 #: Seconds an unload may take to release its model (python stubs end their instances) before
@@ -193,6 +222,15 @@ class TritonModelControl:
         return out
 
 
+def _make_client(address: str) -> grpcclient.InferenceServerClient:
+    """The client (one gRPC channel, :data:`CHANNEL_ARGS`) of the replica at ``address``."""
+    return grpcclient.InferenceServerClient(url=address, channel_args=CHANNEL_ARGS)
+
+
+async def _close_client(client: grpcclient.InferenceServerClient) -> None:
+    await client.close()
+
+
 def _on_demand_error(exc: od.OnDemandError) -> EngineError:
     """The engine error (OpenAI code, HTTP status, ``Retry-After``) of a policy error."""
     if isinstance(exc, od.LoadTimeout):
@@ -203,10 +241,20 @@ def _on_demand_error(exc: od.OnDemandError) -> EngineError:
 
 
 class TritonEngine:
-    """``Engine`` over one ``tritonclient.grpc.aio.InferenceServerClient``.
+    """``Engine`` over one or more Triton replicas, one ``tritonclient.grpc.aio.InferenceServerClient``
+    (one gRPC channel) each (:class:`~openai_frontend.engine.replicas.ReplicaSet`).
+
+    Every call goes through the replica set: a unary ``ModelInfer`` is routed per request (least
+    outstanding among the healthy replicas with the model READY) and sent once more, to another
+    replica, when it could not reach its first one (transport ``UNAVAILABLE``, no response); a
+    stream stays on the replica it started on (started again elsewhere only when its replica
+    could not be reached before any response); metadata (index, configs, liveness, statistics)
+    is merged over the healthy replicas. With one ``host:port`` this is the single Triton of
+    before: no probes, no draining.
 
     Args:
-        url: Triton gRPC endpoint, ``host:port`` (default port 8001).
+        url: ``--triton-url``: Triton gRPC endpoint(s), ``host:port[,host:port...]`` (default port
+            8001) or ``dns:///NAME:PORT`` (every address NAME resolves to; re-resolved).
         models: names to serve; None serves every model in Triton's repository index.
         rpc_timeout_s: deadline for unary metadata calls (health, index, config).
         admin_key: the key of Triton's restricted APIs (``omni_triton.triton_admin``), sent as
@@ -216,15 +264,33 @@ class TritonEngine:
             :class:`TritonModelControl` (``--on-demand``; docs/running.md "On-demand models");
             its pipelines are served too. ``offline`` maps each on-demand pipeline to its
             ``ModelInfo`` read from the repository (Triton returns configs of loaded models only),
-            listed while the pipeline is not loaded.
+            listed while the pipeline is not loaded. Only with a single replica.
+        resolve_interval_s: seconds between DNS resolutions of a ``dns:///`` url.
+        health_interval_s: seconds between readiness probes of the replicas (several, or DNS).
+        resolver: ``(host, port) -> ["ip:port", ...]`` for ``dns:///`` (tests; default: the
+            event loop's ``getaddrinfo``).
+
+    Raises:
+        ValueError: a malformed ``url``, ``on_demand`` with more than one replica, or a bad
+            ``OMNI_TRITON_PIN_REPLICA`` (test hook, ``replicas.PIN_ENV``).
     """
 
     def __init__(self, url: str, models: list[str] | None = None, rpc_timeout_s: float = 5.0,
                  admin_key: str | None = None,
                  on_demand: Callable[[TritonModelControl], od.OnDemandModels] | None = None,
-                 offline: dict[str, ModelInfo] | None = None):
+                 offline: dict[str, ModelInfo] | None = None, *, resolve_interval_s: float = 10.0,
+                 health_interval_s: float = 1.0, resolver: Resolver | None = None):
         self.url = url
+        self._timeout = rpc_timeout_s
         self._admin_headers = triton_admin.headers(admin_key, grpc=True) or None
+        # Clients are created on first use, inside the event loop that will use them (grpc.aio
+        # channels belong to one loop; uvicorn starts its loop after this object is built).
+        self.replicas: ReplicaSet[grpcclient.InferenceServerClient] = ReplicaSet(
+            url, _make_client, self._probe, _close_client, resolve_interval_s=resolve_interval_s,
+            health_interval_s=health_interval_s, resolver=resolver, pin=pinned_index())
+        if on_demand is not None and self.replicas.checked:
+            raise ValueError("on-demand models need a single Triton replica (each replica's "
+                             "omni-triton serve --models decides what it holds)")
         #: the on-demand policy (None: every served model is loaded by ``serve`` at start)
         self.on_demand = on_demand(TritonModelControl(self)) if on_demand is not None else None
         self._offline = dict(offline or {})
@@ -232,10 +298,6 @@ class TritonEngine:
             extra = [n for n, p in self.on_demand.graph.pipelines.items() if not p.pinned]
             models = list(models or []) + extra
         self._served = list(dict.fromkeys(models)) if models else None
-        self._timeout = rpc_timeout_s
-        # Created on first use, inside the event loop that will use it (grpc.aio channels
-        # belong to one loop; uvicorn starts its loop after this object is built).
-        self._client_obj: grpcclient.InferenceServerClient | None = None
         # name -> ModelInfo of a READY model; dropped when the model is seen not READY (reload)
         self._config_cache: dict[str, ModelInfo] = {}
         #: Triton name -> served_model_name, kept while a model is unloaded (Triton returns configs
@@ -255,9 +317,31 @@ class TritonEngine:
 
     @property
     def _client(self) -> grpcclient.InferenceServerClient:
-        if self._client_obj is None:
-            self._client_obj = grpcclient.InferenceServerClient(url=self.url, channel_args=CHANNEL_ARGS)
-        return self._client_obj
+        """The client of the single replica (``TritonModelControl``: on-demand needs one replica)."""
+        return self.replicas.replicas[0].client
+
+    async def start(self) -> None:
+        """Resolve and probe the replicas once and start their background loops (several
+        replicas or DNS; a no-op with one ``host:port``). Called by the app's lifespan; every call
+        also does it on first use."""
+        await self.replicas.start()
+
+    async def _probe(self, client: grpcclient.InferenceServerClient) -> frozenset[str]:
+        """One replica's health probe (``ReplicaSet``): Triton's ``is_server_ready``, then its
+        repository index (admin headers); returns the models READY there.
+
+        Raises:
+            EngineError: not ready, unreachable, or the admin key refused (``_translate``).
+        """
+        try:
+            ready = await client.is_server_ready(client_timeout=self._timeout)
+            index = await client.get_model_repository_index(headers=self._admin_headers,
+                                                            client_timeout=self._timeout)
+        except Exception as exc:
+            raise _translate(exc, "readiness probe") from exc
+        if not ready:
+            raise TritonUnavailableError("Triton is not ready")
+        return frozenset(m.name for m in index.models if m.state == "READY")
 
     def abort_inflight(self, models: list[str], dead_stage: str) -> int:
         """End every in-flight Triton call on ``models`` because ``dead_stage``'s stub died.
@@ -290,39 +374,71 @@ class TritonEngine:
             "restarted; retry the request", param="model")
 
     async def close(self) -> None:
-        if self._client_obj is not None:
-            await self._client_obj.close()
-            self._client_obj = None
+        await self.replicas.close()
 
     async def is_live(self) -> bool:
+        """Whether any healthy replica answers ``is_server_live`` with true."""
         try:
-            return bool(await self._client.is_server_live(client_timeout=self._timeout))
+            await self.replicas.start()
         except Exception:
             return False
 
+        async def live(replica: Replica[grpcclient.InferenceServerClient]) -> bool:
+            try:
+                return bool(await replica.client.is_server_live(client_timeout=self._timeout))
+            except Exception as exc:
+                if _connect_failed(exc):
+                    self.replicas.mark_down(replica, str(exc))
+                return False
+
+        return any(await asyncio.gather(*(live(r) for r in self.replicas.healthy())))
+
     async def _index(self) -> dict[str, tuple[str, str]]:
-        """name -> (state, reason); a model with any READY version counts as READY."""
-        try:
-            index = await self._client.get_model_repository_index(headers=self._admin_headers,
-                                                                  client_timeout=self._timeout)
-        except Exception as exc:
+        """name -> (state, reason), merged over the healthy replicas: a model with any READY
+        version on any replica counts as READY.
+
+        Raises:
+            EngineError: no healthy replica answered (the first one's error, ``_translate``).
+        """
+        await self.replicas.start()
+        replicas = self.replicas.healthy()
+        if not replicas:
+            self.replicas.pick(None)  # raises TritonUnavailableError with every replica's reason
+        answers = await asyncio.gather(
+            *(r.client.get_model_repository_index(headers=self._admin_headers, client_timeout=self._timeout)
+              for r in replicas), return_exceptions=True)
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        for replica, answer in zip(replicas, answers, strict=True):
+            if isinstance(answer, BaseException) and _connect_failed(answer):
+                self.replicas.mark_down(replica, str(answer))
+        if len(errors) == len(answers):
+            exc = errors[0]
+            if not isinstance(exc, Exception):
+                raise exc
             raise _translate(exc, "repository index") from exc
         states: dict[str, tuple[str, str]] = {}
-        for m in index.models:
-            prev = states.get(m.name)
-            if prev is None or (prev[0] != "READY" and m.state == "READY"):
-                # Triton lists models it has not loaded (explicit model control) with no state
-                states[m.name] = (m.state or "UNLOADED", m.reason)
+        for index in answers:
+            if isinstance(index, BaseException):
+                continue
+            for m in index.models:
+                prev = states.get(m.name)
+                if prev is None or (prev[0] != "READY" and m.state == "READY"):
+                    # Triton lists models it has not loaded (explicit model control) with no state
+                    states[m.name] = (m.state or "UNLOADED", m.reason)
         return states
 
     async def _config(self, name: str, state: str, reason: str) -> ModelInfo:
         cached = self._config_cache.get(name)
         if cached is not None:
             return cached
+        await self.replicas.start()
+        replica = self.replicas.pick(name)
         try:
-            resp = await self._client.get_model_config(name, headers=self._admin_headers,
-                                                       client_timeout=self._timeout)
+            resp = await replica.client.get_model_config(name, headers=self._admin_headers,
+                                                         client_timeout=self._timeout)
         except Exception as exc:
+            if _connect_failed(exc):
+                self.replicas.mark_down(replica, str(exc))
             raise _translate(exc, f"config of {name}") from exc
         info = model_info_from_config(resp.config, state, reason)
         self._config_cache[name] = info
@@ -411,9 +527,13 @@ class TritonEngine:
         """``get_model`` without on-demand loading: the served, READY model ``name``."""
         if self._served is not None and name not in self._served:
             raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
+        await self.replicas.start()
+        replica = self.replicas.pick(name)  # one that lists it READY, if any
         try:
-            ready = await self._client.is_model_ready(name, client_timeout=self._timeout)
+            ready = await replica.client.is_model_ready(name, client_timeout=self._timeout)
         except Exception as exc:
+            if _connect_failed(exc):
+                self.replicas.mark_down(replica, str(exc))
             raise _translate(exc, f"readiness of {name}") from exc
         if not ready:
             self._config_cache.pop(name, None)
@@ -437,11 +557,25 @@ class TritonEngine:
 
     async def stage_statistics(self, models: list[str]) -> dict[str, StageStatistics]:
         """Triton's model statistics API (``ModelStatistics``, one unary call per model, summed
-        over versions): see ``StageStatistics``. A model Triton does not know is left out."""
+        over versions and over the healthy replicas): see ``StageStatistics``. A model no
+        replica knows is left out. Raises ``EngineError`` when a replica is unreachable."""
+        await self.replicas.start()
+        out: dict[str, StageStatistics] = {}
+        for replica in self.replicas.healthy():
+            for name, stats in (await self._replica_statistics(replica.client, models)).items():
+                prev = out.get(name)
+                out[name] = stats if prev is None else StageStatistics(
+                    success=prev.success + stats.success, executions=prev.executions + stats.executions,
+                    queue_ns=prev.queue_ns + stats.queue_ns, compute_ns=prev.compute_ns + stats.compute_ns)
+        return out
+
+    async def _replica_statistics(self, client: grpcclient.InferenceServerClient,
+                                  models: list[str]) -> dict[str, StageStatistics]:
+        """:meth:`stage_statistics` of one replica."""
         out: dict[str, StageStatistics] = {}
         for name in dict.fromkeys(models):
             try:
-                resp = await self._client.get_inference_statistics(name, client_timeout=self._timeout)
+                resp = await client.get_inference_statistics(name, client_timeout=self._timeout)
             except InferenceServerException as exc:
                 if (exc.status() or "").endswith(tuple(c.name for c in _UNAVAILABLE_CODES)):
                     raise _translate(exc, f"statistics of {name}") from exc
@@ -519,12 +653,71 @@ class TritonEngine:
         cancelled in ``finally`` whenever it has not ended on its own (consumer stopped, task
         cancelled, our own error), and never once it has ended: cancelling an ended stream can
         crash tritonserver 2.51 (server#7368).
+
+        Replicas: the stream stays on the replica it started on; one that dies mid-stream ends
+        it with ``TritonUnavailableError`` (and is drained). One that could not be reached
+        before any response (transport ``UNAVAILABLE``) is drained and the request is started
+        once more on another replica, if there is one: nothing was answered yet.
         """
+        await self.replicas.start()
+        tried: list[Replica[grpcclient.InferenceServerClient]] = []
+        replica = self.replicas.pick(model)
+        while True:
+            try:
+                # aclosing: a consumer that stops closes the inner generators at once (their
+                # finally cancels the RPC), not whenever the garbage collector finalizes them
+                async with contextlib.aclosing(self._stream_on(replica, model, inputs, request_id)) as results:
+                    async for result in results:
+                        yield result
+                return
+            except _NoResponse as failed:
+                tried.append(replica)
+                self.replicas.mark_down(replica, failed.error.message)
+                again = self._retry_replica(model, tried)
+                if again is None:
+                    raise failed.error from failed.__cause__
+                logger.warning("stream %s (%s): %s unreachable, starting it on %s", request_id, model,
+                               replica.address, again.address)
+                replica = again
+
+    def _retry_replica(self, model: str, tried: list[Replica[grpcclient.InferenceServerClient]]
+                       ) -> Replica[grpcclient.InferenceServerClient] | None:
+        """The replica a call that could not reach ``tried[-1]`` goes to, or None: it was already
+        retried once, the set is pinned (test hook) or no other healthy replica is left."""
+        if len(tried) > 1 or self.replicas.pin is not None:
+            return None
+        try:
+            return self.replicas.pick(model, exclude=tried)
+        except TritonUnavailableError:
+            return None
+
+    async def _stream_on(self, replica: Replica[grpcclient.InferenceServerClient], model: str,
+                         inputs: list[InferInput], request_id: str) -> AsyncGenerator[grpcclient.InferResult, None]:
+        """:meth:`_stream` on ``replica``. Raises :class:`_NoResponse` when the RPC ended with a
+        transport ``UNAVAILABLE`` before any response."""
+        with self.replicas.use(replica):
+            answered = False
+            try:
+                async with contextlib.aclosing(self._stream_call(replica.client, model, inputs, request_id)) as rs:
+                    async for result in rs:
+                        answered = True
+                        yield result
+            except TritonUnavailableError as exc:
+                cause = exc.__cause__
+                if cause is not None and _connect_failed(cause):
+                    if not answered:
+                        raise _NoResponse(exc) from cause
+                    self.replicas.mark_down(replica, exc.message)
+                raise
+
+    async def _stream_call(self, client: grpcclient.InferenceServerClient, model: str, inputs: list[InferInput],
+                           request_id: str) -> AsyncGenerator[grpcclient.InferResult, None]:
+        """One ``ModelStreamInfer`` RPC on ``client`` (:meth:`_stream`, one replica)."""
         final = asyncio.Event()
         hold = self._hold(model)
         hold.__enter__()  # released in finally: a stream is in flight until it ends or is cancelled
         try:
-            call = open_stream(self._client, model, inputs, request_id, final)
+            call = open_stream(client, model, inputs, request_id, final)
         except BaseException:
             hold.__exit__(None, None, None)
             raise
@@ -620,8 +813,32 @@ class TritonEngine:
             return await self._unary_call(model, inputs, request_id)
 
     async def _unary_call(self, model: str, inputs: list[InferInput], request_id: str) -> grpcclient.InferResult:
-        """:meth:`_unary` inside its in-flight hold."""
-        call = asyncio.ensure_future(self._client.infer(model, inputs, request_id=request_id))
+        """:meth:`_unary` inside its in-flight hold: on the replica :meth:`ReplicaSet.pick` gives,
+        and once more on another one when the first could not be reached (transport
+        ``UNAVAILABLE``: no response; the replica is drained). Never after Triton answered."""
+        await self.replicas.start()
+        tried: list[Replica[grpcclient.InferenceServerClient]] = []
+        replica = self.replicas.pick(model)
+        while True:
+            try:
+                with self.replicas.use(replica):
+                    return await self._infer(replica.client, model, inputs, request_id)
+            except TritonUnavailableError as exc:
+                if exc.__cause__ is None or not _connect_failed(exc.__cause__):
+                    raise
+                tried.append(replica)
+                self.replicas.mark_down(replica, exc.message)
+                again = self._retry_replica(model, tried)
+                if again is None:
+                    raise
+                logger.warning("request %s (%s): %s unreachable, sending it to %s", request_id, model,
+                               replica.address, again.address)
+                replica = again
+
+    async def _infer(self, client: grpcclient.InferenceServerClient, model: str, inputs: list[InferInput],
+                     request_id: str) -> grpcclient.InferResult:
+        """One ``ModelInfer`` on ``client`` (:meth:`_unary_call`, one replica)."""
+        call = asyncio.ensure_future(client.infer(model, inputs, request_id=request_id))
         self._inflight[request_id] = (model, call.cancel)
         try:
             return await call

@@ -342,7 +342,7 @@ async def create_video(request: Request) -> JSONResponse:
 
 async def retrieve_video(request: Request, video_id: str) -> JSONResponse:
     jobs = _jobs(request)
-    rec = await off_loop(jobs.get, video_id)  # a job past its retention is expired: its MP4 removed
+    rec = await off_loop(jobs.get, video_id)  # a database read; a job past its retention is expired
     if rec is None:
         raise _not_found(video_id)
     return JSONResponse(jobs.to_openai(rec))
@@ -355,7 +355,7 @@ async def list_videos(request: Request, limit: int = 20, after: str | None = Non
         raise bad_request(f"order={order!r}: must be 'asc' or 'desc'", param="order", code="invalid_value")
     jobs = _jobs(request)
     try:
-        records, more = jobs.store.list(limit, after, order)
+        records, more = await off_loop(jobs.store.list, limit, after, order)
     except KeyError:
         raise bad_request(f"after={(after or '')[:64]!r}: no such video", param="after", code="invalid_value") from None
     data = [jobs.to_openai(r) for r in records]

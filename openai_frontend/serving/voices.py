@@ -304,10 +304,10 @@ async def create_voice(request: Request) -> dict[str, Any]:
     if not _NAME.fullmatch(name):
         raise bad_request(f"'name' must be 1-{MAX_NAME_CHARS} printable characters", param="name",
                           code="invalid_value")
-    if store.name_taken(name):
+    if await off_loop(store.name_taken, name):  # store calls off the loop: PostgreSQL is a round trip away
         raise OpenAIError(409, f"A voice named '{name}' exists already", param="name", code="duplicate_name")
     try:
-        store.check_quota("voice")  # the counts, before any decoding; the insert checks again
+        await off_loop(store.check_quota, "voice")  # the counts, before any decoding; the insert checks again
         if vtype == PROMPT:
             prompt = _text_field(fields, "prompt", required=True)
             if len(prompt) > store.settings.max_prompt_chars:  # before any work (add_design checks again)
@@ -324,7 +324,7 @@ async def create_voice(request: Request) -> dict[str, Any]:
                 if consent is None:
                     raise bad_request("Missing required parameter: 'consent' (the id of a consent recording, "
                                       "POST /v1/audio/voice_consents)", param="consent", code="consent_required")
-                if store.get_consent(consent) is None:
+                if await off_loop(store.get_consent, consent) is None:
                     raise bad_request(f"No consent recording '{consent}'", param="consent", code="invalid_consent")
             ref_text = _text_field(fields, "ref_text")
             if ref_text is not None and len(ref_text) > MAX_REF_TEXT_CHARS:
@@ -392,7 +392,7 @@ async def create_consent(request: Request) -> dict[str, Any]:
     name = _text_field(fields, "name", required=True)
     language = _text_field(fields, "language", required=True)
     try:
-        store.check_quota("consent")  # the count, before the recording is read and decoded
+        await off_loop(store.check_quota, "consent")  # the count, before the recording is read and decoded
     except QuotaExceededError as exc:
         raise quota_error(exc) from None
     if "recording" not in fields:
@@ -409,8 +409,8 @@ async def create_consent(request: Request) -> dict[str, Any]:
         raise quota_error(exc) from None
 
 
-def _consent_or_404(store: VoiceStore, consent_id: str) -> StoredConsent:
-    consent = store.get_consent(consent_id)
+async def _consent_or_404(store: VoiceStore, consent_id: str) -> StoredConsent:
+    consent = await off_loop(store.get_consent, consent_id)
     if consent is None:
         raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id",
                           code="consent_not_found")
@@ -418,12 +418,12 @@ def _consent_or_404(store: VoiceStore, consent_id: str) -> StoredConsent:
 
 
 async def get_consent(request: Request, consent_id: str) -> dict[str, Any]:
-    return _consent_or_404(store_of(request.app.state), consent_id).to_openai()
+    return (await _consent_or_404(store_of(request.app.state), consent_id)).to_openai()
 
 
 async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
     store = store_of(request.app.state)
-    _consent_or_404(store, consent_id)
+    await _consent_or_404(store, consent_id)
     fields = await _form(request, 1 << 16)
     name = _text_field(fields, "name", required=True)
     renamed = await off_loop(store.rename_consent, consent_id, name)
@@ -435,7 +435,7 @@ async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
 async def list_consents(request: Request, after: str | None, limit: int) -> dict[str, Any]:
     if not 1 <= limit <= 100:
         raise bad_request("'limit' must be between 1 and 100", param="limit", code="invalid_value")
-    page, more = store_of(request.app.state).list_consents(after, limit)
+    page, more = await off_loop(store_of(request.app.state).list_consents, after, limit)
     data = [c.to_openai() for c in page]
     return {"object": "list", "data": data, "has_more": more,
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}

@@ -53,7 +53,8 @@ class FakeClient:
 
 def _engine():
     engine = TritonEngine("127.0.0.1:1")
-    engine._client_obj = FakeClient()
+    # the single replica's client (kept as _client_obj too, for the assertions)
+    engine._client_obj = engine.replicas.replicas[0]._client = FakeClient()
     return engine
 
 

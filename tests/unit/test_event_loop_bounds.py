@@ -332,7 +332,7 @@ def test_a_stored_clip_is_hashed_once_per_file_version(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- video progress
 async def test_video_progress_is_committed_off_the_loop_only_when_it_rises(monkeypatch, tmp_path):
-    from openai_frontend.video_jobs import JobStore
+    from openai_frontend.video_jobs import SqliteJobStore
     from tests.unit.test_videos_frontend import FakeVideoEngine, Server, wait_status
 
     class Chatty(FakeVideoEngine):
@@ -343,7 +343,7 @@ async def test_video_progress_is_committed_off_the_loop_only_when_it_rises(monke
                 for _ in range(1 if event.frames is not None else 20):
                     yield event
 
-    seen = _record_thread(monkeypatch, JobStore, "progress")
+    seen = _record_thread(monkeypatch, SqliteJobStore, "progress")
     async with Server(Chatty(step_s=0), tmp_path) as c:
         r = await c.post("/v1/videos", data={"prompt": "a cat", "num_inference_steps": "10"})
         assert r.status_code == 200, r.text
@@ -351,3 +351,32 @@ async def test_video_progress_is_committed_off_the_loop_only_when_it_rises(monke
         assert body["status"] == "completed"
     assert 0 < len(seen) <= 10, "one commit per rise of the percentage, not one per event (200 here)"
     assert threading.get_ident() not in seen
+
+
+# --------------------------------------------------------------------------- store reads and writes
+async def test_job_and_voice_store_calls_of_the_api_run_off_the_loop(monkeypatch, tmp_path):
+    """Polls, lists, deletes and the voice/consent lookups call the store in a worker thread:
+    with ``--database-url`` each is a PostgreSQL round trip (and waits for a pooled connection
+    while the database is away), which must not stall the event loop."""
+    from openai_frontend.video_jobs import SqliteJobStore
+    from openai_frontend.voice_store import SqliteVoiceMeta
+    from tests.unit.test_videos_frontend import FakeVideoEngine, Server, wait_status
+
+    seen = {name: _record_thread(monkeypatch, SqliteJobStore, name) for name in ("get", "list", "delete")}
+    seen |= {name: _record_thread(monkeypatch, SqliteVoiceMeta, name)
+             for name in ("name_taken", "usage", "consent", "consents")}
+    server = Server(FakeVideoEngine(), tmp_path / "videos")
+    server.app.state.voice_store = VoiceStore(VoiceSettings(storage_dir=tmp_path / "voices"))
+    async with server as c:
+        vid = (await c.post("/v1/videos", data={"prompt": "a cat"})).json()["id"]
+        await wait_status(c, vid)
+        assert (await c.get("/v1/videos")).status_code == 200
+        assert (await c.delete(f"/v1/videos/{vid}")).status_code == 200
+        r = await c.post("/v1/audio/voices", data={"name": "calm", "type": "prompt", "prompt": "a calm voice"})
+        assert r.status_code == 200, r.text
+        assert (await c.get("/v1/audio/voice_consents/cons_0")).status_code == 404
+        assert (await c.get("/v1/audio/voice_consents")).status_code == 200
+    server.app.state.voice_store.close()
+    assert all(seen.values()), {name: len(threads) for name, threads in seen.items()}
+    on_loop = {name for name, threads in seen.items() if threading.get_ident() in threads}
+    assert not on_loop, f"store calls on the event loop: {sorted(on_loop)}"

@@ -3,19 +3,26 @@ kubernetes-validate --strict (scripts/lint_k8s.sh; skipped with the reason when 
 cannot be installed, e.g. offline); the containers' arguments parse with the real argument
 parsers (omni-triton serve, python -m openai_frontend) and name the ports the containers, probes
 and Services use; the probe paths are the endpoints Triton and the frontend serve; selectors,
-volumes, ConfigMaps and Secrets refer to objects that exist; the HPA's metrics are served by the
-adapter rules and exported by Triton or the stages; the served models exist in the repository;
+volumes, ConfigMaps and Secrets refer to objects that exist; the HPAs' metrics are served by the
+adapter rules and exported by Triton, the stages or the frontend; the served models exist in the
+repository; scale-out (issue 25): the frontend balances over the headless Service's replicas, its
+replicas share one ReadWriteMany media claim and one PostgreSQL whose URL comes from a Secret, and
+only frontend pods reach PostgreSQL;
 docs/scaling.md quotes the measured perf_analyzer figures (docs/notes/perf-analyzer-2026-12.md,
 moved from the README)."""
+import os
 import re
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
 
 from omni_triton.cli import build_parser
-from openai_frontend.__main__ import parse_args as frontend_args
+from openai_frontend.__main__ import parse_args as _frontend_parse
+from openai_frontend.__main__ import shared_database_url
+from openai_frontend.metrics import FrontendMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -24,7 +31,27 @@ OBJECTS = [o for doc in DOCS for o in doc if o]
 NAMESPACE = "omni-triton"
 TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 ADMIN_SECRET = "omni-triton-admin-key"
+DATABASE_SECRET = "omni-triton-database"
+DATABASE_ENV = "OMNI_TRITON_DATABASE_URL"
+REQUIRED_SECRETS = {ADMIN_SECRET, DATABASE_SECRET}
 SCALING_DOC = (ROOT / "docs" / "scaling.md").read_text()
+
+
+STAND_IN_URL = "postgresql://omni:pw@omni-postgres:5432/omni"
+
+
+def frontend_args(argv: list[str]):
+    """The frontend's parser on ``argv``."""
+    return _frontend_parse(argv)
+
+
+def frontend_database_url(argv: list[str], env_url: str = STAND_IN_URL) -> str | None:
+    """The database URL the frontend started with ``argv`` uses when the pod's environment has
+    OMNI_TRITON_DATABASE_URL = ``env_url`` (the Secret's value; a stand-in here): the frontend's
+    own resolution (``shared_database_url``: the flag, else the env; SystemExit without a
+    --media-url or with a negative lease)."""
+    with mock.patch.dict(os.environ, {DATABASE_ENV: env_url}):
+        return shared_database_url(_frontend_parse(argv))
 
 
 def _find(kind: str, name: str) -> dict:
@@ -33,17 +60,31 @@ def _find(kind: str, name: str) -> dict:
     return found[0]
 
 
-def _container(deployment: str) -> dict:
-    (container,) = _find("Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+def _container(deployment: str, kind: str = "Deployment") -> dict:
+    (container,) = _find(kind, deployment)["spec"]["template"]["spec"]["containers"]
     return container
 
 
+def _triton_service(url: str) -> tuple[dict, int]:
+    """The Service and port a frontend ``--triton-url`` (``host:port[,...]`` or ``dns:///NAME:PORT``)
+    names; a fully qualified NAME must be this namespace's (``NAME.omni-triton.svc[.cluster.local]``)."""
+    target = url.removeprefix("dns:///")
+    assert "," not in target, f"{url}: a fixed list of pod addresses does not follow the replicas"
+    host, port = target.rsplit(":", 1)
+    name = host.split(".")[0]
+    assert host in (name, f"{name}.{NAMESPACE}.svc", f"{name}.{NAMESPACE}.svc.cluster.local"), host
+    return _find("Service", name), int(port)
+
+
 def _expand(container: dict) -> list[str]:
-    """The container's args with $(VAR) replaced as the kubelet does (values from env/ConfigMaps)."""
+    """The container's args with $(VAR) replaced as the kubelet does (values from env/ConfigMaps;
+    a downward-API field becomes ``<field.path>``)."""
     values = {}
     for env in container.get("env", []):
         if "value" in env:
             values[env["name"]] = env["value"]
+        elif "fieldRef" in env.get("valueFrom", {}):
+            values[env["name"]] = f"<{env['valueFrom']['fieldRef']['fieldPath']}>"
         elif "configMapKeyRef" in env.get("valueFrom", {}):
             ref = env["valueFrom"]["configMapKeyRef"]
             values[env["name"]] = _find("ConfigMap", ref["name"])["data"][ref["key"]]
@@ -84,15 +125,23 @@ def test_triton_args_parse_and_match_the_ports_and_probes():
     assert int(annotations["prometheus.io/port"]) == TRITON_PORTS["metrics"]
 
 
-def test_frontend_args_parse_and_reach_triton_through_its_service():
+def test_frontend_args_parse_and_reach_every_triton_replica_through_the_headless_service():
+    """Issue 25: the frontend balances over the replicas itself, so its --triton-url must resolve to
+    every ready replica (dns:/// on the headless Service), not to the ClusterIP Service's one
+    virtual IP (one HTTP/2 connection = one replica for the pod's life)."""
     container = _container("omni-frontend")
     assert container["command"] == ["python3", "-m", "openai_frontend"]
     args = frontend_args(_expand(container))
-    host, port = args.triton_url.split(":")
-    service = _find("Service", host)
+    assert args.triton_url.startswith("dns:///"), args.triton_url
+    service, port = _triton_service(args.triton_url)
+    assert service["metadata"]["name"] == "omni-triton-headless"
+    assert service["spec"]["clusterIP"] == "None"  # one A record per pod
+    assert not service["spec"].get("publishNotReadyAddresses", False)  # a loading replica is not resolved
     grpc = {p["name"]: p for p in service["spec"]["ports"]}["grpc"]
-    assert int(port) == grpc["port"] and grpc["targetPort"] == "grpc"
+    assert port == grpc["port"] and grpc["targetPort"] == "grpc"
     assert service["spec"]["selector"] == _find("Deployment", "omni-triton")["spec"]["selector"]["matchLabels"]
+    # on-demand loading is refused with more than one replica (each replica's --models decides)
+    assert args.on_demand in ("", "none"), args.on_demand
     assert _ports(container) == {"http": args.port}
     front = _find("Service", "omni-frontend")["spec"]["ports"][0]
     assert front["targetPort"] == "http"
@@ -102,34 +151,135 @@ def test_frontend_args_parse_and_reach_triton_through_its_service():
     assert '@router.get("/health"' in routes and '@router.get("/metrics")' in routes
     # both stay open when an API key is set (probes send none)
     assert frontend_args([]).auth_exempt_paths.split(",") == ["/health", "/metrics"]
-    # the video store (SQLite + MP4s) is on the RWO claim; one replica, Recreate
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert mounts[args.video_storage_dir] == "videos"
+
+
+def _claim_of(pod: dict, container: dict, path: str) -> dict | None:
+    """The PersistentVolumeClaim behind the innermost mount holding ``path`` (None: not on a PVC)."""
+    mounts = [m for m in container.get("volumeMounts", [])
+              if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mounts, f"{path} is on no volume (the container's own filesystem, lost at every restart)"
+    volume = {v["name"]: v for v in pod["volumes"]}[max(mounts, key=lambda m: len(m["mountPath"]))["name"]]
+    if "persistentVolumeClaim" not in volume:
+        return None
+    return _find("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+
+
+def test_frontend_replicas_share_one_readwritemany_media_claim_and_roll():
+    """Every frontend pod of the Deployment mounts the SAME ReadWriteMany claim at the path of
+    --media-url (an MP4 written by one pod is served by the other; a claim per pod or a
+    ReadWriteOnce one would split the media or pin the pods to one node), no ReadWriteOnce claim
+    at all, and the Deployment rolls (2+ replicas, RollingUpdate, a PDB that lets a node drain)."""
     deployment = _find("Deployment", "omni-frontend")
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-    claim = _find("PersistentVolumeClaim", volumes["videos"]["persistentVolumeClaim"]["claimName"])
-    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
-
-
-def test_every_frontend_store_folder_is_on_a_persistent_volume():
-    """Every ``--*-storage-dir`` of the frontend (video jobs, voices, any store added later) is
-    given, and lies on a mount backed by a PersistentVolumeClaim: a store left at its default
-    (under the cache, an emptyDir) or on an emptyDir is lost at every restart."""
+    pod = deployment["spec"]["template"]["spec"]
     container = _container("omni-frontend")
-    args = vars(frontend_args(_expand(container)))
-    stores = {k: v for k, v in args.items() if k.endswith("_storage_dir")}
-    assert {"video_storage_dir", "voice_storage_dir"} <= stores.keys()
-    pod = _find("Deployment", "omni-frontend")["spec"]["template"]["spec"]
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    for option, folder in stores.items():
-        assert folder, f"--{option.replace('_', '-')} is not set: the store would live in the cache (emptyDir)"
-        mounts = [m for m in container["volumeMounts"]
-                  if folder == m["mountPath"] or folder.startswith(m["mountPath"].rstrip("/") + "/")]
-        assert mounts, f"{folder} ({option}) is on no volume"
-        volume = volumes[max(mounts, key=lambda m: len(m["mountPath"]))["name"]]  # the innermost mount
-        assert "persistentVolumeClaim" in volume, f"{folder} ({option}) is on {volume}, not a PVC"
-        _find("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    args = frontend_args(_expand(container))
+    media = args.media_url
+    assert media and "://" not in media.removeprefix("file://"), media  # a shared path (s3:// needs no volume)
+    claim = _claim_of(pod, container, media.removeprefix("file://"))
+    assert claim is not None, f"--media-url {media} is not on a PersistentVolumeClaim"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"], claim["spec"]["accessModes"]
+    # one Deployment = one pod template = the same claim in every replica; any other claim too is RWX
+    for volume in pod["volumes"]:
+        if "persistentVolumeClaim" in volume:
+            other = _find("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+            assert other["spec"]["accessModes"] == ["ReadWriteMany"], volume
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (pdb,) = [o for o in OBJECTS if o["kind"] == "PodDisruptionBudget"
+              and o["spec"]["selector"]["matchLabels"].items() <= _labels("omni-frontend").items()]
+    assert 1 <= pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]  # a drain can proceed
+    # the video/voice stores are the database's (the SQLite folders' lock would stop a 2nd pod)
+    assert frontend_database_url(_expand(container)) == STAND_IN_URL
+    assert not any(a.endswith("-storage-dir") for a in container["args"]), container["args"]
+    # each pod names itself in the leases it takes (the pod name: unique)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"] == {"fieldPath": "metadata.name"}
+    assert args.frontend_id == "<metadata.name>"
+    assert args.video_lease_s > 0
+
+
+def test_database_url_comes_from_a_secret_shared_with_postgres():
+    """The frontend's PostgreSQL URL (it holds the password) is read from the Secret into
+    OMNI_TRITON_DATABASE_URL, the --database-url default, never from an argument or a plain
+    value; the PostgreSQL pod reads its password from the same Secret, and the URL the operator is
+    told to store names the PostgreSQL Service's port and the user and database it creates."""
+    container = _container("omni-frontend")
+    assert not any(a.startswith("--database-url") for a in container["args"])  # argv shows in ps
+    env = {e["name"]: e for e in container["env"]}
+    assert "value" not in env[DATABASE_ENV]
+    ref = env[DATABASE_ENV]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": DATABASE_SECRET, "key": DATABASE_ENV}  # required: no optional
+    url = "postgresql://omni:s3cret@omni-postgres:5432/omni"
+    assert frontend_database_url(_expand(container), url) == url
+    pg = _container("omni-postgres", "StatefulSet")
+    pg_env = {e["name"]: e for e in pg["env"]}
+    assert pg_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": DATABASE_SECRET,
+                                                                         "key": "POSTGRES_PASSWORD"}
+    manifest = (K8S / "25-postgres.yaml").read_text()
+    documented = re.search(rf'{DATABASE_ENV}="(postgresql://[^"]+)"', manifest).group(1)
+    m = re.fullmatch(r"postgresql://(\w+):\$PW@([\w-]+):(\d+)/(\w+)", documented)
+    assert m, documented
+    user, host, port, db = m.groups()
+    assert (user, db) == (pg_env["POSTGRES_USER"]["value"], pg_env["POSTGRES_DB"]["value"])
+    service = _find("Service", host)
+    (sport,) = service["spec"]["ports"]
+    assert int(port) == sport["port"] and _ports(pg)[sport["targetPort"]] == 5432
+    sts = _find("StatefulSet", "omni-postgres")
+    assert service["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert sts["spec"]["serviceName"] == host
+    for key in ("POSTGRES_PASSWORD", DATABASE_ENV):  # one create command gives both keys
+        assert f"--from-literal={key}=" in manifest and f"--from-literal={key}=" in SCALING_DOC, key
+    # the data survive the pod: a claim of its own, PGDATA below the mount's root (lost+found)
+    (template,) = sts["spec"]["volumeClaimTemplates"]
+    mount = {m["name"]: m["mountPath"] for m in pg["volumeMounts"]}[template["metadata"]["name"]]
+    assert pg_env["PGDATA"]["value"].startswith(mount.rstrip("/") + "/")
+
+
+def _ingress_peers(policy: dict, ports: dict[str, int]) -> dict[int, list[tuple[dict, bool]]]:
+    """{container port: [(podSelector labels, has namespaceSelector)]} admitted by an Ingress
+    policy; every rule must name both peers and ports (a rule without either admits everyone)."""
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    admitted: dict[int, list[tuple[dict, bool]]] = {}
+    for rule in policy["spec"]["ingress"]:
+        assert rule.get("from") and rule.get("ports"), rule
+        for peer in rule["from"]:
+            assert "ipBlock" not in peer, peer
+            selector = peer["podSelector"]["matchLabels"]
+            for port in rule["ports"]:
+                assert port["protocol"] == "TCP" and port["port"] in ports, port
+                admitted.setdefault(ports[port["port"]], []).append((selector, "namespaceSelector" in peer))
+    return admitted
+
+
+def _policy_for(labels: dict) -> dict:
+    (policy,) = [p for p in OBJECTS if p["kind"] == "NetworkPolicy"
+                 and p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+    return policy
+
+
+def test_only_frontend_pods_reach_postgres():
+    """PostgreSQL holds every job, voice and consent: only the frontend pods of this namespace may
+    open its port, and the frontend pods are not PostgreSQL's (a selector matching both would
+    admit any pod the frontend policy admits)."""
+    pg_labels = _find("StatefulSet", "omni-postgres")["spec"]["template"]["metadata"]["labels"]
+    policy = _policy_for(pg_labels)
+    assert not policy["spec"]["podSelector"]["matchLabels"].items() <= _labels("omni-frontend").items()
+    admitted = _ingress_peers(policy, _ports(_container("omni-postgres", "StatefulSet")))
+    assert set(admitted) == {5432}, admitted
+    for selector, anywhere in admitted[5432]:
+        assert selector and selector.items() <= _labels("omni-frontend").items(), selector
+        assert not anywhere, "a namespaceSelector admits pods of other namespaces"
+        assert not selector.items() <= _labels("omni-triton").items()  # Triton pods are not admitted
+
+
+def test_frontend_pods_accept_only_their_api_port():
+    container = _container("omni-frontend")
+    policy = _policy_for(_labels("omni-frontend"))
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == ["http"]
+    assert _ports(container)["http"] == frontend_args(_expand(container)).port == 9000
 
 
 def _labels(deployment: str) -> dict:
@@ -138,31 +288,19 @@ def _labels(deployment: str) -> dict:
 
 def test_only_frontend_pods_reach_triton_and_only_prometheus_its_metrics():
     """Issue 23: any pod could reach Triton's ports (model load/unload for anyone in the cluster)."""
-    policies = [o for o in OBJECTS if o["kind"] == "NetworkPolicy"]
-    (policy,) = [p for p in policies
-                 if p["spec"]["podSelector"]["matchLabels"].items() <= _labels("omni-triton").items()]
-    spec = policy["spec"]
-    assert spec["policyTypes"] == ["Ingress"]
-    assert not spec["podSelector"]["matchLabels"].items() <= _labels("omni-frontend").items()
+    policy = _policy_for(_labels("omni-triton"))
+    assert not policy["spec"]["podSelector"]["matchLabels"].items() <= _labels("omni-frontend").items()
     ports = _ports(_container("omni-triton"))
-    admitted = {}
-    for rule in spec["ingress"]:
-        assert rule.get("from") and rule.get("ports"), rule  # a rule without either admits everyone
-        for peer in rule["from"]:
-            assert "ipBlock" not in peer, peer
-            selector = peer["podSelector"]["matchLabels"]
-            for port in rule["ports"]:
-                assert port["protocol"] == "TCP" and port["port"] in ports, port
-                admitted.setdefault(ports[port["port"]], []).append((selector, "namespaceSelector" in peer))
+    admitted = _ingress_peers(policy, ports)
     assert set(admitted) == {TRITON_PORTS["grpc"], TRITON_PORTS["metrics"]}
     (frontend, anywhere), = admitted[TRITON_PORTS["grpc"]]
     assert frontend.items() <= _labels("omni-frontend").items() and not anywhere  # this namespace only
     (prometheus, _), = admitted[TRITON_PORTS["metrics"]]
     assert prometheus == {"app.kubernetes.io/name": "prometheus"}
     # the frontend reaches Triton on the port the policy admits
-    host, port = frontend_args(_expand(_container("omni-frontend"))).triton_url.split(":")
-    service_ports = {p["port"]: p["targetPort"] for p in _find("Service", host)["spec"]["ports"]}
-    assert ports[service_ports[int(port)]] == TRITON_PORTS["grpc"]
+    service, port = _triton_service(frontend_args(_expand(_container("omni-frontend"))).triton_url)
+    service_ports = {p["port"]: p["targetPort"] for p in service["spec"]["ports"]}
+    assert ports[service_ports[port]] == TRITON_PORTS["grpc"]
 
 
 def test_triton_and_the_frontend_share_the_admin_key_secret():
@@ -176,17 +314,19 @@ def test_triton_and_the_frontend_share_the_admin_key_secret():
 
 def test_selectors_claims_and_config_refer_to_existing_objects():
     for o in OBJECTS:
-        if o["kind"] in ("Deployment", "Job"):
+        if o["kind"] in ("Deployment", "Job", "StatefulSet"):
             pod = o["spec"]["template"]
-            if o["kind"] == "Deployment":
+            if o["kind"] in ("Deployment", "StatefulSet"):
                 labels = pod["metadata"]["labels"]
                 assert o["spec"]["selector"]["matchLabels"].items() <= labels.items(), o["metadata"]["name"]
-            for volume in pod["spec"]["volumes"]:
+            for volume in pod["spec"].get("volumes", []):
                 if "persistentVolumeClaim" in volume:
                     _find("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
             for c in pod["spec"]["containers"]:
-                assert c["image"] in ("omni-triton:gpu", "omni-triton:cpu")  # docker/compose.yaml's tags
-                mounted = {v["name"] for v in pod["spec"]["volumes"]}
+                if o["kind"] != "StatefulSet":  # PostgreSQL runs its official image
+                    assert c["image"] in ("omni-triton:gpu", "omni-triton:cpu")  # docker/compose.yaml's tags
+                mounted = {v["name"] for v in pod["spec"].get("volumes", [])}
+                mounted |= {t["metadata"]["name"] for t in o["spec"].get("volumeClaimTemplates", [])}
                 assert {m["name"] for m in c.get("volumeMounts", [])} <= mounted
                 for env in c.get("env", []):
                     ref = env.get("valueFrom", {})
@@ -196,14 +336,14 @@ def test_selectors_claims_and_config_refer_to_existing_objects():
                     if "secretKeyRef" in ref:  # created by the operator (docs/scaling.md)
                         name = ref["secretKeyRef"]["name"]
                         assert f"kubectl create secret generic {name} " in SCALING_DOC, name
-                        # only the Triton admin key is required: without it the frontend cannot
-                        # read model configs (a pod that does not start says why)
-                        assert ref["secretKeyRef"].get("optional", False) is (name != ADMIN_SECRET), name
+                        # only the Triton admin key (the frontend cannot read model configs without
+                        # it) and the database's are required (a pod that does not start says why)
+                        assert ref["secretKeyRef"].get("optional", False) is (name not in REQUIRED_SECRETS), name
         if o["kind"] in ("Service", "PodDisruptionBudget"):
             selector = o["spec"]["selector"]
             selector = selector.get("matchLabels", selector)
             assert any(selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
-                       for d in OBJECTS if d["kind"] == "Deployment"), o["metadata"]["name"]
+                       for d in OBJECTS if d["kind"] in ("Deployment", "StatefulSet")), o["metadata"]["name"]
     compose = (ROOT / "docker" / "compose.yaml").read_text()
     assert "image: omni-triton:gpu" in compose and "image: omni-triton:cpu" in compose
 
@@ -234,7 +374,7 @@ def test_hpa_scales_triton_on_queue_metrics_the_adapter_serves_and_the_code_expo
     assert target["name"] == "omni-triton" and hpa["spec"]["minReplicas"] >= 1
     rules = yaml.safe_load(_find("ConfigMap", "omni-prometheus-adapter-rules")["data"]["config.yaml"])["rules"]
     served = {r["name"]["as"]: r for r in rules}
-    names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
+    names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     assert names == ["nv_inference_pending_request_count", "omni_stage_requests_waiting"]
     source = "".join(p.read_text() for p in (ROOT / "omni_triton").glob("**/*.py"))
     for name in names:
@@ -247,6 +387,46 @@ def test_hpa_scales_triton_on_queue_metrics_the_adapter_serves_and_the_code_expo
     scrape = yaml.safe_load(_find("ConfigMap", "omni-prometheus-config")["data"]["prometheus.yml"])
     targets = {r.get("target_label") for r in scrape["scrape_configs"][0]["relabel_configs"]}
     assert {"namespace", "pod", "__address__", "__metrics_path__"} <= targets
+
+
+def _exported_frontend_metrics() -> set[str]:
+    """The series names the frontend's registry exports, as Prometheus scrapes them (a counter's
+    ``_total``, a histogram's ``_bucket``/``_sum``/``_count``; labelled families have no samples
+    before their first use, so the names come from the family type)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {family.name + suffix for family in FrontendMetrics().registry.collect()
+            for suffix in suffixes.get(family.type, ("",))}
+
+
+def test_hpas_scale_on_the_frontends_own_metrics():
+    """The frontend HPA scales its Deployment on a per-pod metric, and Triton's HPA on the
+    frontends' p90 time to first audio; each metric is served by an adapter rule whose series the
+    frontend really exports (a renamed metric would leave the HPA without data: no scaling, only
+    an event), and docs/metrics.md documents it."""
+    adapter = yaml.safe_load(_find("ConfigMap", "omni-prometheus-adapter-rules")["data"]["config.yaml"])
+    exported = _exported_frontend_metrics()
+    metrics_doc = (ROOT / "docs" / "metrics.md").read_text()
+    hpa = _find("HorizontalPodAutoscaler", "omni-frontend")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "omni-frontend"
+    assert hpa["spec"]["minReplicas"] >= 2 and hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+    pods_rules = {r["name"]["as"]: r for r in adapter["rules"]}
+    (metric,) = hpa["spec"]["metrics"]
+    name = metric["pods"]["metric"]["name"]
+    series = re.match(r"(\w+)\{", pods_rules[name]["seriesQuery"]).group(1)
+    assert series in exported, f"{series} is not exported by openai_frontend/metrics.py"
+    assert {"namespace", "pod"} <= set(pods_rules[name]["resources"]["overrides"])
+    assert series in metrics_doc, series
+    # the in-flight target stays below the admission limit it is a share of
+    limit = frontend_args(_expand(_container("omni-frontend"))).max_inflight
+    assert 0 < float(metric["pods"]["target"]["averageValue"]) < limit
+    external = {r["name"]["as"]: r for r in adapter["externalRules"]}
+    (ttfp,) = [m for m in _find("HorizontalPodAutoscaler", "omni-triton")["spec"]["metrics"]
+               if m["type"] == "External"]
+    rule = external[ttfp["external"]["metric"]["name"]]
+    series = re.match(r"(\w+)\{", rule["seriesQuery"]).group(1)
+    assert series in exported and series.endswith("_bucket"), series
+    assert "histogram_quantile(0.9," in rule["metricsQuery"] and "by (le)" in rule["metricsQuery"]
+    assert series.removesuffix("_bucket") in metrics_doc
 
 
 PERF_FIGURES = ROOT / "docs" / "notes" / "perf-analyzer-2026-12.md"

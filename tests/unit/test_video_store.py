@@ -18,7 +18,7 @@ pytest.importorskip("av")
 from test_videos_frontend import FakeVideoEngine, Server, assert_error, wait_status
 
 from openai_frontend.engine import InvalidRequestError, VideoJob
-from openai_frontend.video_jobs import JobQuotaError, JobStore, VideoRequest
+from openai_frontend.video_jobs import JobQuotaError, SqliteJobStore, VideoRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -279,7 +279,7 @@ def test_an_old_store_is_migrated_and_its_rows_counted(tmp_path):
                "VALUES ('video_a', 'wan_t2v', 'queued', 1, '32x32', '1', 'p', ?)", (text,))
     db.commit()
     db.close()
-    store = JobStore(tmp_path / "jobs.sqlite3")
+    store = SqliteJobStore(tmp_path / "jobs.sqlite3")
     assert store.get("video_a").request == _request()
     with pytest.raises(JobQuotaError):  # the old row's request is counted
         store.insert(_request(), max_bytes=2 * len(text) - 1)
@@ -371,7 +371,7 @@ async def test_a_claim_overtaken_by_shutdown_is_handed_back(tmp_path):
     await asyncio.sleep(0.05)
     release.set()
     await stopping
-    store = JobStore(tmp_path / "jobs.sqlite3")
+    store = SqliteJobStore(tmp_path / "jobs.sqlite3")
     again = store.get(rec.id)
     assert (again.status, again.attempts) == ("queued", 0)
     store.close()
