@@ -18,7 +18,7 @@ from .admission import AdmissionController
 from .auth import ApiKeyCheck
 from .db import Database, default_frontend_id
 from .engine import Engine
-from .errors import install_error_handlers
+from .errors import install_error_handlers, install_store_unavailable_handler
 from .media_store import open_media_url
 from .metrics import FrontendMetrics
 from .middleware import (
@@ -231,6 +231,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.state.metrics = FrontendMetrics(app.state.admission)
     app.state.started_at = int(time.time())
     install_error_handlers(app)
+    if database is not None:
+        install_store_unavailable_handler(app, database.unavailable_errors)
     app.include_router(audio.router)
     app.include_router(images.router)
     app.include_router(videos.router)

@@ -218,6 +218,9 @@ class Database:
         self.url = url
         #: what the stores' callers catch as "the database failed" (retried with backoff)
         self.errors: tuple[type[BaseException], ...] = (psycopg.Error, OSError)
+        #: the database cannot be reached (connection lost, no pooled connection in time): an API
+        #: call failing so is a 503 ``store_unavailable`` (errors.install_store_unavailable_handler)
+        self.unavailable_errors: tuple[type[Exception], ...] = (psycopg.OperationalError,)
         self.pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False,
             check=ConnectionPool.check_connection, name="omni-frontend")

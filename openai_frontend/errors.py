@@ -203,3 +203,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     # Unexpected exceptions: middleware.UnexpectedErrors (a handler for Exception would run in
     # Starlette's ServerErrorMiddleware, which re-raises and so drops the connection).
+
+
+def install_store_unavailable_handler(app: FastAPI, errors: tuple[type[Exception], ...]) -> None:
+    """Answer ``errors`` (the shared database cannot be reached: ``Database.unavailable_errors``)
+    raised by a request's store call with a 503 ``store_unavailable`` + ``Retry-After: 1``
+    (another frontend, or this one a moment later, may succeed) instead of a 500; logged."""
+    async def _store_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        logger.warning("store unavailable: %s: %s", type(exc).__name__, exc)
+        detail = ErrorDetail(message=f"The database does not answer ({type(exc).__name__}); retry later",
+                             type="server_error", code="store_unavailable")
+        return error_json(503, detail, {"Retry-After": "1"})
+
+    for error in errors:
+        app.add_exception_handler(error, _store_unavailable)

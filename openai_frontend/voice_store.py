@@ -26,6 +26,12 @@ concurrent uploads cannot pass it together (:class:`QuotaExceededError`, a 400 `
 One process per folder: the store holds ``<storage_dir>/frontend.lock``
 (:mod:`openai_frontend.storage_lock`) from before its start-up sweep until :meth:`VoiceStore.close`
 (and that of an explicit local ``--media-url`` folder: its orphans are judged by this store's rows).
+
+The metadata sits behind :class:`VoiceMeta`: :class:`SqliteVoiceMeta` (the file above, the
+default) or :class:`PostgresVoiceMeta` (``--database-url``: one database several frontends
+share; names unique by constraint, the limits checked in the committing transaction under an
+advisory lock). With a shared database no folder lock is taken; the start-up sweep stays safe
+beside other frontends (``MediaStore.stale``: a folder another frontend is committing is young).
 """
 from __future__ import annotations
 
@@ -487,7 +493,7 @@ class VoiceStore:
         sqlite3.DatabaseError, OSError: the database or the folder cannot be opened.
     """
 
-    #: the SQLite default is local to one frontend (folder lock); see :attr:`shared`
+    #: the voice columns in the order of a :class:`VoiceMeta` row
     _COLUMNS = _SqlVoiceMeta._COLUMNS
 
     def __init__(self, settings: VoiceSettings, meta: VoiceMeta | None = None, media: MediaStore | None = None):

@@ -236,24 +236,49 @@ def test_quotas_hold_under_concurrent_inserts_from_two_frontends(databases):
     assert sum(isinstance(r, JobQuotaError) and r.limit == "max_stored_bytes" for r in results) == 8, results
 
 
+def test_pages_expiry_and_purge_on_the_shared_store(databases, tmp_path):
+    """What the API and the retention sweep ask of any frontend: pages in creation order, the
+    completed job past its retention expired, failed and expired jobs purged once (ids returned
+    to one frontend only)."""
+    a, b = PostgresJobStore(databases[0], "frontend-a"), PostgresJobStore(databases[1], "frontend-b")
+    ids = [a.insert(_request(f"p{i}")).id for i in range(5)]
+    page, more = b.list(limit=2, order="asc")
+    assert [r.id for r in page] == ids[:2] and more
+    page, more = b.list(limit=5, after=ids[1], order="asc")
+    assert [r.id for r in page] == ids[2:] and not more
+    assert [r.id for r in b.list(limit=2, after=ids[2])[0]] == ids[1::-1]
+    with pytest.raises(KeyError):
+        b.list(after="video_" + "f" * 24)
+    now = int(time.time())
+    done, failed = a.next_queued(), a.next_queued()
+    assert a.complete(done.id, f"videos/{done.id}.mp4", now - 1, file_bytes=1000)
+    a.fail(failed.id, "generation_failed", "boom", now=now - 100)
+    jobs_b = VideoJobs(None, _settings(tmp_path, purge_after_s=50), store=b)
+    assert jobs_b.sweep(now) == 1  # the completed job's retention passed: expired (and the failed one purged)
+    assert b.get(done.id).status == "expired" and b.get(failed.id) is None
+    assert b.statuses() == {done.id: "expired", **{i: QUEUED for i in ids[2:]}}
+    # expired at now - 1 (its expires_at): purged from now + 49 on, by one frontend only
+    assert a.purge(now + 48, 50) == [] and b.purge(now + 49, 50) == [done.id] and a.purge(now + 49, 50) == []
+
+
 # --------------------------------------------------------------------------- leases
 def _settings(tmp_path, **kw) -> JobSettings:
     return JobSettings(storage_dir=tmp_path, sweep_interval_s=3600, **kw)
 
 
 def test_an_expired_lease_is_taken_over_resumed_then_failed_with_the_reason(databases, pg_url, tmp_path):  # noqa: F811
-    a = PostgresJobStore(databases[0], "frontend-a", lease_s=0.3)
+    a = PostgresJobStore(databases[0], "frontend-a", lease_s=1.0)
     b = PostgresJobStore(databases[1], "frontend-b")
     jobs_b = VideoJobs(None, _settings(tmp_path, max_attempts=2), store=b)
     rec = a.insert(_request())
     assert a.next_queued().id == rec.id
     assert sum(jobs_b.take_over().values()) == 0  # A's lease still runs: left alone
-    time.sleep(0.5)  # frontend A died: no renewal
+    time.sleep(1.2)  # frontend A died: no renewal
     assert jobs_b.take_over() == {"completed": 0, "requeued": 1, "failed": 0}
     again = b.get(rec.id)
     assert (again.status, again.attempts) == (QUEUED, 1)
     assert a.next_queued().attempts == 2  # resumed (by any frontend): attempts + 1
-    time.sleep(0.5)  # and A dies again, at max_attempts
+    time.sleep(1.2)  # and A dies again, at max_attempts
     assert jobs_b.take_over()["failed"] == 1
     failed = b.get(rec.id)
     assert failed.status == FAILED and failed.error["code"] == "interrupted", failed.error
@@ -376,11 +401,11 @@ async def test_two_frontends_share_the_queue_and_a_dead_ones_job_is_finished(dat
 
     stalled, working = FakeVideoEngine(), FakeVideoEngine()
     stalled.gate = asyncio.Event()
-    fast = {"poll_interval_s": 0.05, "lease_s": 0.6}
+    fast = {"poll_interval_s": 0.05, "lease_s": 2.0}  # renewed every 0.67 s: room for a loaded machine
     jobs_a = VideoJobs(stalled, _settings(tmp_path, max_running=1, **fast),
-                       store=PostgresJobStore(databases[0], "frontend-a", lease_s=0.6))
+                       store=PostgresJobStore(databases[0], "frontend-a", lease_s=2.0))
     jobs_b = VideoJobs(working, _settings(tmp_path, **fast),
-                       store=PostgresJobStore(databases[1], "frontend-b", lease_s=0.6))
+                       store=PostgresJobStore(databases[1], "frontend-b", lease_s=2.0))
     await jobs_a.start()
     first = await asyncio.to_thread(jobs_a.create, _request("held by A"))
     await _until(lambda: first.id in jobs_a._running, what="A's claim")
@@ -390,7 +415,7 @@ async def test_two_frontends_share_the_queue_and_a_dead_ones_job_is_finished(dat
         await _until(lambda: all(jobs_b.store.get(r.id).status == "completed" for r in others),
                      what="B running the jobs created on A")
         assert jobs_b.store.get(first.id).status == IN_PROGRESS  # A renews its lease: B leaves it alone
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(2.5)  # past one lease: renewed, not taken over
         assert jobs_b.store.get(first.id).status == IN_PROGRESS
         for t in jobs_a._tasks + [r.task for r in jobs_a._running.values()]:  # kill -9 of A: nothing handed back
             t.cancel()
@@ -489,3 +514,26 @@ async def test_two_apps_on_one_database_see_one_set_of_jobs_and_voices(pg_url, t
             await c.aclose()
         for life in lives:
             await life.__aexit__(None, None, None)
+
+
+@pytest.mark.anyio
+async def test_a_database_that_stops_answering_is_a_503_not_a_500(pg_url, tmp_path, monkeypatch):  # noqa: F811
+    import httpx
+    from test_videos_frontend import FakeVideoEngine
+
+    from openai_frontend.app import Settings, create_app
+
+    app = create_app(FakeVideoEngine(), Settings(
+        database_url=pg_url, video=JobSettings(storage_dir=tmp_path, sweep_interval_s=3600),
+        voices=VoiceSettings(storage_dir=tmp_path)))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        def down(*args, **kwargs):
+            raise psycopg.OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+
+        monkeypatch.setattr(PostgresJobStore, "get", down)
+        monkeypatch.setattr(PostgresVoiceMeta, "name_taken", down)
+        r = await c.get("/v1/videos/video_" + "0" * 24)
+        assert (r.status_code, r.json()["error"]["code"], r.headers["retry-after"]) == (503, "store_unavailable", "1")
+        r = await c.post("/v1/audio/voices", data={"name": "calm", "type": "prompt", "prompt": "a calm voice"})
+        assert (r.status_code, r.json()["error"]["code"]) == (503, "store_unavailable"), r.text
