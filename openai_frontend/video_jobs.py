@@ -797,6 +797,10 @@ async def _next_event(events: AsyncGenerator[T, None], timeout: float | None) ->
         if not step.done():
             step.cancel()
             await asyncio.gather(step, return_exceptions=True)
+        elif not step.cancelled():
+            # the caller was cancelled as the step ended (StopAsyncIteration, an error): its
+            # exception is retrieved here, or asyncio reports it "never retrieved" at garbage collection
+            step.exception()
     if not done:
         raise asyncio.TimeoutError
     return step.result()
