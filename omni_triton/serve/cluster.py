@@ -477,8 +477,8 @@ def run_cluster(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     cluster = Cluster(spec, admin_key=admin_key, ready_timeout=args.ready_timeout)
-    for line in cluster.describe():
-        cluster.say("starting " + line)
+    cluster.say(f"starting {'PostgreSQL, ' if cluster.postgres is not None else ''}{len(cluster.replicas)} Triton "
+                f"replicas, {len(cluster.frontends)} frontends (logs in {spec.run_dir / 'logs'})")
     try:
         cluster.start()
         cluster.say("serving; Ctrl-C to stop")

@@ -325,12 +325,15 @@ class ReplicaSet(Generic[C]):
         replica.healthy, replica.last_error = False, why
 
     # ------------------------------------------------------------------ routing
-    def pick(self, model: str | None, exclude: Collection[Replica[C]] = ()) -> Replica[C]:
+    def pick(self, model: str | None, exclude: Collection[Replica[C]] = (), rotate: bool = True) -> Replica[C]:
         """The replica for the next request on ``model`` (None: any, e.g. a metadata call).
 
         Least outstanding requests among the healthy replicas that list ``model`` READY, ties
         in round robin; when none lists it, any healthy one (Triton's own error then answers);
-        ``exclude``: replicas already tried by this request.
+        ``exclude``: replicas already tried by this request. ``rotate=False`` (metadata calls: a
+        readiness check, a config) does not advance the round robin: otherwise a request that
+        makes one metadata pick and one inference pick lands on the same replica every time (the
+        scale-out e2e test saw 1/7 and 6/2 splits of sequential requests).
 
         Raises:
             TritonUnavailableError: no healthy replica (outside ``exclude``) is left.
@@ -346,7 +349,8 @@ class ReplicaSet(Generic[C]):
         serving = [r for r in healthy if model is None or r.serves(model)] or healthy
         fewest = min(r.outstanding for r in serving)
         ties = [r for r in serving if r.outstanding == fewest]
-        self._rr += 1
+        if rotate:
+            self._rr += 1
         return ties[self._rr % len(ties)]
 
     def _none_healthy(self, exclude: Collection[Replica[C]]) -> str:

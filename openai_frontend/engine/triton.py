@@ -432,7 +432,7 @@ class TritonEngine:
         if cached is not None:
             return cached
         await self.replicas.start()
-        replica = self.replicas.pick(name)
+        replica = self.replicas.pick(name, rotate=False)
         try:
             resp = await replica.client.get_model_config(name, headers=self._admin_headers,
                                                          client_timeout=self._timeout)
@@ -528,7 +528,7 @@ class TritonEngine:
         if self._served is not None and name not in self._served:
             raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
         await self.replicas.start()
-        replica = self.replicas.pick(name)  # one that lists it READY, if any
+        replica = self.replicas.pick(name, rotate=False)  # one that lists it READY, if any
         try:
             ready = await replica.client.is_model_ready(name, client_timeout=self._timeout)
         except Exception as exc:

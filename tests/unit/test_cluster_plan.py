@@ -64,3 +64,10 @@ def test_a_dead_piece_is_reported_once(tmp_path):
     finally:
         cluster.replicas[0].proc.kill()
         cluster.replicas[0].proc.wait()
+
+
+def test_the_command_refuses_bad_arguments_with_status_2(capsys):
+    from omni_triton.cli import main
+
+    assert main(["cluster", "--replicas", "2", "--replica-models", "piper"]) == 2
+    assert "1 model sets for 2 replicas" in capsys.readouterr().err

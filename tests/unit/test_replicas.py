@@ -290,6 +290,18 @@ async def test_unary_calls_are_balanced_per_request_least_outstanding_first():
         await engine.close()
 
 
+async def test_sequential_requests_alternate_although_each_makes_a_metadata_pick():
+    # every served request first checks its model (get_model: one pick for is_model_ready), then
+    # infers (one pick): a round robin advanced by both picks sent every request to one replica
+    async with fake_triton(Replica({"piper": "READY"})) as a, fake_triton(Replica({"piper": "READY"})) as b:
+        engine = _engine(a, b)
+        for _ in range(8):
+            await engine.get_model("piper")
+            await _infer(engine)
+        assert (len(a.infers), len(b.infers)) == (4, 4)
+        await engine.close()
+
+
 async def test_model_aware_routing_over_two_replicas():
     async with fake_triton(Replica({"piper": "READY"})) as a, fake_triton(Replica({"csm": "READY"})) as b:
         engine = _engine(a, b)
