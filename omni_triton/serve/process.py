@@ -6,12 +6,11 @@ the child that started them.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import BinaryIO
-
 import os
 import signal
 import subprocess
+from pathlib import Path
+from typing import BinaryIO
 
 _PR_SET_PDEATHSIG = 1
 
@@ -102,7 +101,7 @@ def open_run_log(path: Path, what: str) -> BinaryIO:
     import datetime
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(path, "ab")  # noqa: SIM115  (handed to the caller)
+    log = open(path, "ab")
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     log.write(f"\n===== omni-triton: {what} started {now} =====\n".encode())
     log.flush()
