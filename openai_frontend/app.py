@@ -26,6 +26,7 @@ from .middleware import (
     ApiKey,
     BodySizeLimit,
     BrowserGuard,
+    ControlCharsInUrl,
     IgnoredFieldsHeader,
     JsonValueLimit,
     SendTimeout,
@@ -262,6 +263,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.add_middleware(JsonValueLimit, limit=settings.max_json_values)
     app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    app.add_middleware(ControlCharsInUrl)  # before any route reads a path parameter or cursor
     app.add_middleware(ApiKey, check=app.state.api_key_check, exempt=tuple(settings.auth_exempt_paths))
     if not settings.api_key:  # with a key, a page cannot authenticate a write it forges
         app.add_middleware(BrowserGuard, allowed_origins=tuple(settings.allowed_origins))

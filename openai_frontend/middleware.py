@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -227,6 +228,38 @@ class SingleHeaders:
                     return await _refuse(400, detail, scope, receive, send)
                 seen.add(key)
         await self.app(scope, receive, send)
+
+
+#: C0 control characters and DEL: never part of an id, a name or a cursor
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ControlCharsInUrl:
+    """400 ``invalid_characters`` for a request (HTTP or WebSocket handshake) whose decoded path
+    or query string holds a C0 control character (``%00``...``%1F``) or DEL (``%7F``), before any
+    route runs: a path parameter or ``?after=`` cursor with a NUL reached the database, and
+    PostgreSQL refuses NUL in text (a 500 there; SQLite answered a 404)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        from urllib.parse import unquote_plus
+
+        where = None
+        if _CONTROL_CHARS.search(scope.get("path") or ""):
+            where = "path"
+        else:
+            query = (scope.get("query_string") or b"").decode("latin-1")
+            if _CONTROL_CHARS.search(unquote_plus(query, encoding="latin-1")):
+                where = "query string"
+        if where is None:
+            return await self.app(scope, receive, send)
+        detail = ErrorDetail(message=f"The URL's {where} must not contain control characters (NUL, %00-%1F, %7F)",
+                             type="invalid_request_error", code="invalid_characters")
+        await _refuse(400, detail, scope, receive, send)
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
