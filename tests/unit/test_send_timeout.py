@@ -11,6 +11,7 @@ import time
 
 import httpx
 import numpy as np
+import pytest
 from engine_stub import EngineStub
 
 from openai_frontend.app import Settings, create_app
@@ -62,12 +63,13 @@ def _serve(app):
     return server, thread, server.servers[0].sockets[0].getsockname()[1]
 
 
-def _stalled_reader(port: int) -> socket.socket:
-    """A client that sends a streamed PCM speech request, reads the status line, then stops reading."""
+def _stalled_reader(port: int, stream_format: str) -> socket.socket:
+    """A client that sends a streamed PCM speech request (raw bytes or SSE), reads the status
+    line, then stops reading."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     body = json.dumps({"model": "piper_tts", "input": "a" * 4000, "response_format": "pcm",
-                       "stream": True}).encode()
+                       "stream": True, "stream_format": stream_format}).encode()
     sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     head = sock.recv(256)
@@ -75,13 +77,14 @@ def _stalled_reader(port: int) -> socket.socket:
     return sock
 
 
-def test_a_client_that_stops_reading_releases_its_slot():
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_a_client_that_stops_reading_releases_its_slot(stream_format):
     engine = EndlessSpeech()
     app = create_app(engine, Settings(max_inflight=SLOTS, send_timeout_s=TIMEOUT_S), close_engine=False)
     server, thread, port = _serve(app)
     socks = []
     try:
-        socks = [_stalled_reader(port) for _ in range(SLOTS)]
+        socks = [_stalled_reader(port, stream_format) for _ in range(SLOTS)]
         admission = app.state.admission
         assert admission.inflight == SLOTS
         # the slots are full: another client is refused meanwhile
