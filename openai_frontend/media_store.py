@@ -22,7 +22,8 @@ blocking: the frontend calls them in worker threads, never on the event loop.
 
 Sweeps when several frontends share the location (``shared=True``, what an explicit
 ``--media-url`` makes). Each frontend removes, at start, what a crash left: temporary files, and
-files no database row owns. On a shared location another frontend may be writing at that very
+files no database row owns (the video jobs also every :attr:`MediaStore.sweep_grace_s` while
+running). On a shared location another frontend may be writing at that very
 moment, so:
 
 - a temporary file (a name starting with ``.``) is removed only once it is older than

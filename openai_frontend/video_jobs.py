@@ -797,6 +797,10 @@ async def _next_event(events: AsyncGenerator[T, None], timeout: float | None) ->
         if not step.done():
             step.cancel()
             await asyncio.gather(step, return_exceptions=True)
+        elif not step.cancelled():
+            # the caller was cancelled as the step ended (StopAsyncIteration, an error): its
+            # exception is retrieved here, or asyncio reports it "never retrieved" at garbage collection
+            step.exception()
     if not done:
         raise asyncio.TimeoutError
     return step.result()
@@ -1155,10 +1159,17 @@ class VideoJobs:
         self._on_event(rec.id, EXPIRED)
 
     async def _sweep_loop(self) -> None:
+        """The retention sweep every ``sweep_interval_s``; on a shared media store also the stray
+        file sweep, at most once per the store's grace (frontends on a shared store may run for
+        weeks: what a dead one left is removed without waiting for a restart)."""
+        strays_at = time.monotonic()  # start() swept them
         while True:
             await asyncio.sleep(self.settings.sweep_interval_s)
             try:
                 await asyncio.to_thread(self.sweep)
+                if self.media.shared and time.monotonic() - strays_at >= self.media.sweep_grace_s:
+                    strays_at = time.monotonic()
+                    await asyncio.to_thread(self.remove_stray_files)
             except self.store.errors as exc:  # the next sweep tries again
                 self._store_failed("sweep", exc, None)
             except Exception:

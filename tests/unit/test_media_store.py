@@ -224,9 +224,17 @@ def test_media_url_forms(tmp_path):
         open_media_url("nope://x")
 
 
-def test_media_url_flag_reaches_the_settings(tmp_path):
+def test_media_url_flag_reaches_the_settings(tmp_path, monkeypatch):
     from openai_frontend import __main__ as main
 
+    class NeverServes:
+        def __init__(self, config):
+            pass
+
+        def run(self):
+            raise SystemExit("the frontend would have served")
+
+    monkeypatch.setattr(main, "QuietServer", NeverServes)
     assert main.parse_args([]).media_url is None
     assert main.parse_args(["--media-url", "file:///shared/media"]).media_url == "file:///shared/media"
     with pytest.raises(SystemExit, match="not starting: --media-url nope://bucket: Protocol not known"):
@@ -292,6 +300,7 @@ async def test_a_restart_on_the_same_object_store_keeps_the_videos(tmp_path, rem
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)
         first = (await c.get(f"/v1/videos/{vid}/content")).content
+    assert open_media_url(url).get(f"videos/{vid}.mp4") == first and not (tmp_path / "videos").exists()
     async with MediaServer(FakeVideoEngine(), tmp_path, url) as c:
         assert (await c.get(f"/v1/videos/{vid}/content")).content == first
         assert (await c.delete(f"/v1/videos/{vid}")).status_code == 200
@@ -369,6 +378,25 @@ def test_stray_sweep_on_a_shared_folder_leaves_others_temporary_files(tmp_path):
     assert jobs.remove_stray_files(now=time.time() + 3600) == 1
     assert [p.name for p in videos.iterdir()] == [f"{done}.mp4"]
     jobs.store.close()
+
+
+async def test_a_shared_store_is_swept_for_strays_while_running(tmp_path, remote_url):
+    """Frontends on a shared store may run for weeks: the periodic sweep also removes what a dead
+    frontend left (here at once: a grace of 0), not only the start."""
+    media = MediaStore(remote_url, shared=True, sweep_grace_s=0)
+    server = MediaServer(FakeVideoEngine(), tmp_path, remote_url, sweep_interval_s=0.05)
+    async with server as c:
+        jobs = c._transport.app.state.video_jobs
+        jobs.media = media
+        vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
+        await wait_status(c, vid)
+        media.put("videos/video_left_by_a_dead_frontend.mp4", b"orphan")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10
+        while media.exists("videos/video_left_by_a_dead_frontend.mp4"):
+            assert loop.time() < end, "the periodic sweep never removed the orphan"
+            await asyncio.sleep(0.05)
+        assert media.exists(f"videos/{vid}.mp4")
 
 
 def test_a_local_store_on_an_explicit_media_folder_owns_it(tmp_path):

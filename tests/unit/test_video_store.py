@@ -375,3 +375,35 @@ async def test_a_claim_overtaken_by_shutdown_is_handed_back(tmp_path):
     again = store.get(rec.id)
     assert (again.status, again.attempts) == ("queued", 0)
     store.close()
+
+
+async def test_a_step_that_ends_as_its_job_is_cancelled_is_not_left_unretrieved():
+    """``_next_event``: when the job is cancelled (a delete, a shutdown) in the same loop turn as
+    its stream ends, the finished step's StopAsyncIteration is retrieved; it was reported
+    "Task exception was never retrieved" at garbage collection (an error at the teardown of
+    test_frontend_bad_input's video tests under load)."""
+    import gc
+
+    from openai_frontend.video_jobs import _next_event
+
+    async def ended():
+        return
+        yield
+
+    loop = asyncio.get_running_loop()
+    reported = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        task = asyncio.ensure_future(_next_event(ended(), None))
+        await asyncio.sleep(0)  # the task starts its step and waits for it
+        await asyncio.sleep(0)  # the step ends (StopAsyncIteration); the task is not resumed yet
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        del task
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert [c.get("exception") for c in reported] == []
