@@ -178,6 +178,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="characters of text in one chat/completion/tokenize request (400 prompt_too_long beyond)")
     p.add_argument("--max-json-values", type=int, default=1 << 16,
                    help="values (',', '{', '[' bytes) in one JSON request body (413 beyond, before parsing)")
+    p.add_argument("--send-timeout-s", type=float, default=20.0,
+                   help="seconds one send of an HTTP response chunk may take; a client that stops reading "
+                        "longer has its response abandoned (stream cancelled, slot released) and its "
+                        "connection closed (0: no limit)")
     p.add_argument("--speech-stream-max-pending-chars", type=int, default=1 << 16,
                    help="unspoken text one speech WebSocket session may hold (error + close 1009 beyond)")
     p.add_argument("--speech-stream-max-sessions", type=int, default=64,
@@ -278,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
         speech_stream_max_pending_chars=args.speech_stream_max_pending_chars,
         speech_stream_max_sessions=args.speech_stream_max_sessions,
         speech_stream_idle_timeout_s=args.speech_stream_idle_timeout_s,
+        send_timeout_s=args.send_timeout_s,
         database_url=db_url,
         frontend_id=args.frontend_id,
     )

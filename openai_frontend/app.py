@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from omni_triton.media.fetch import UrlFetchPolicy
 
@@ -25,8 +26,10 @@ from .middleware import (
     ApiKey,
     BodySizeLimit,
     BrowserGuard,
+    ControlCharsInUrl,
     IgnoredFieldsHeader,
     JsonValueLimit,
+    SendTimeout,
     SingleHeaders,
     SpeechFormToJson,
     UnexpectedErrors,
@@ -95,6 +98,10 @@ class Settings:
     speech_stream_idle_timeout_s: a speech WebSocket session without a ``session.config`` this
         long after the handshake, or without a message this long while nothing of it is queued
         or being spoken, gets an ``error`` event (``idle_timeout``) and is closed (1008).
+    send_timeout_s: seconds one ``send()`` of an HTTP response message (a body chunk) may take;
+        a client that stops reading for longer gets its response abandoned (streams cancelled,
+        admission slot released) and its connection dropped (``middleware.SendTimeout``);
+        0: no limit.
     database_url: a PostgreSQL URL (``openai_frontend.db``): video jobs and voice/consent
         metadata live there, shared by every frontend on it (no folder locks; jobs claimed with
         leases). None: SQLite files in the storage folders (one frontend per folder).
@@ -126,8 +133,19 @@ class Settings:
     speech_stream_max_pending_chars: int = 1 << 16
     speech_stream_max_sessions: int = 64
     speech_stream_idle_timeout_s: float = 30.0
+    send_timeout_s: float = 20.0
     database_url: str | None = None
     frontend_id: str | None = None
+
+
+class _FrontendApp(FastAPI):
+    """FastAPI whose middleware stack is wrapped in ``middleware.SendTimeout``: outside even
+    Starlette's own error middleware (which wraps ``send``), so it is handed the server's ``send``
+    and can drop the connection of a client that stopped reading."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        settings, metrics = self.state.settings, self.state.metrics
+        return SendTimeout(super().build_middleware_stack(), settings.send_timeout_s, metrics.send_timeouts.inc)
 
 
 def create_app(engine: Engine, settings: Settings | None = None, *, close_engine: bool = True) -> FastAPI:
@@ -202,7 +220,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
             if database is not None:
                 database.close()
 
-    app = FastAPI(title="Omni-Triton OpenAI frontend", lifespan=lifespan)
+    app = _FrontendApp(title="Omni-Triton OpenAI frontend", lifespan=lifespan)
     app.state.engine = engine
     app.state.serve_watch = watch
     app.state.settings = settings
@@ -245,6 +263,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.add_middleware(JsonValueLimit, limit=settings.max_json_values)
     app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    app.add_middleware(ControlCharsInUrl)  # before any route reads a path parameter or cursor
     app.add_middleware(ApiKey, check=app.state.api_key_check, exempt=tuple(settings.auth_exempt_paths))
     if not settings.api_key:  # with a key, a page cannot authenticate a write it forges
         app.add_middleware(BrowserGuard, allowed_origins=tuple(settings.allowed_origins))

@@ -89,6 +89,11 @@ class FrontendMetrics:
             "Requests (speech, chat, completions) holding an admission slot",
             registry=self.registry,
         )
+        self.send_timeouts = Counter(
+            "omni_frontend_send_timeouts",
+            "HTTP responses abandoned because the client stopped reading (--send-timeout-s)",
+            registry=self.registry,
+        )
         self.generation_requests = Counter(
             "omni_frontend_generation_requests",
             "Chat / completion requests by model, endpoint (chat|completions), mode and outcome",

@@ -1,12 +1,15 @@
 """ASGI middleware of the frontend: unexpected errors as JSON 500s, the optional API key, the
-browser guard (cross-origin writes, DNS rebinding), the request body cap and the bounded
-``X-Ignored-Fields`` header. Each answers in the OpenAI error shape (``errors.error_json``)."""
+browser guard (cross-origin writes, DNS rebinding), the request body cap, the bounded
+``X-Ignored-Fields`` header, control characters in the URL and the send timeout (slow readers).
+Each answers in the OpenAI error shape (``errors.error_json``)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,6 +60,78 @@ class UnexpectedErrors:
             detail = ErrorDetail(message=f"Internal server error ({type(exc).__name__})",
                                  type="server_error", code="internal_error")
             await error_json(500, detail)(scope, receive, send)
+
+
+class SendTimedOut(ConnectionError):
+    """Raised from ``send`` by :class:`SendTimeout` once one message took too long to send."""
+
+
+class SendTimeout:
+    """Abandons an HTTP response whose client stops reading it.
+
+    When one ``send()`` of a response (a body chunk: uvicorn's ``send`` waits while the socket's
+    write buffer is full) does not complete within ``timeout_s`` seconds, the pending send is
+    cancelled and ``SendTimedOut`` is raised into the app, and so is every later ``send``: a
+    streaming body's generator is closed (its Triton stream cancelled, its admission slot
+    released). The connection is then dropped (the transport aborted where the server exposes it,
+    uvicorn; else closed), one warning is logged and ``on_timeout`` is called (the
+    ``omni_frontend_send_timeouts_total`` counter). The app's exception is not re-raised: the
+    server would log it as an application error. WebSocket connections pass unchanged.
+
+    ``asyncio.wait``, not ``asyncio.wait_for``: the latter can swallow a cancellation of the caller
+    on Python 3.10/3.11.
+    """
+
+    def __init__(self, app: ASGIApp, timeout_s: float, on_timeout: Callable[[], None] | None = None):
+        self.app = app
+        self.timeout_s = timeout_s
+        self.on_timeout = on_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.timeout_s or self.timeout_s <= 0:
+            return await self.app(scope, receive, send)
+        timed_out = False
+
+        async def timed_send(message: Message) -> None:
+            nonlocal timed_out
+            if timed_out:
+                raise SendTimedOut("the client stopped reading the response")
+            task = asyncio.ensure_future(send(message))
+            try:
+                done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+            except BaseException:  # our caller was cancelled: so is the send
+                task.cancel()
+                raise
+            if task in done:
+                return task.result()
+            task.cancel()
+            timed_out = True
+            self._timed_out(scope, send)
+            raise SendTimedOut(f"a response message was not sent within {self.timeout_s:g} s "
+                               "(--send-timeout-s)")
+
+        try:
+            await self.app(scope, receive, timed_send)
+        except Exception:
+            if not timed_out:
+                raise
+        if timed_out:
+            await asyncio.sleep(0)  # let the aborted transport report the connection lost
+
+    def _timed_out(self, scope: Scope, send: Send) -> None:
+        client = scope.get("client")
+        logger.warning("client %s stopped reading the response to %s %s: not sent within %g s "
+                       "(--send-timeout-s); response abandoned, connection closed",
+                       f"{client[0]}:{client[1]}" if client else "?", scope.get("method"),
+                       scope.get("path"), self.timeout_s)
+        if self.on_timeout is not None:
+            self.on_timeout()
+        # uvicorn's send is a bound method of its request cycle, which holds the transport:
+        # aborting it drops the unsent buffer (a close would wait for a reader that never reads)
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        abort = getattr(transport, "abort", None)
+        if callable(abort):
+            abort()
 
 
 class ApiKey:
@@ -153,6 +228,38 @@ class SingleHeaders:
                     return await _refuse(400, detail, scope, receive, send)
                 seen.add(key)
         await self.app(scope, receive, send)
+
+
+#: C0 control characters and DEL: never part of an id, a name or a cursor
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ControlCharsInUrl:
+    """400 ``invalid_characters`` for a request (HTTP or WebSocket handshake) whose decoded path
+    or query string holds a C0 control character (``%00``...``%1F``) or DEL (``%7F``), before any
+    route runs: a path parameter or ``?after=`` cursor with a NUL reached the database, and
+    PostgreSQL refuses NUL in text (a 500 there; SQLite answered a 404)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        from urllib.parse import unquote_plus
+
+        where = None
+        if _CONTROL_CHARS.search(scope.get("path") or ""):
+            where = "path"
+        else:
+            query = (scope.get("query_string") or b"").decode("latin-1")
+            if _CONTROL_CHARS.search(unquote_plus(query, encoding="latin-1")):
+                where = "query string"
+        if where is None:
+            return await self.app(scope, receive, send)
+        detail = ErrorDetail(message=f"The URL's {where} must not contain control characters (NUL, %00-%1F, %7F)",
+                             type="invalid_request_error", code="invalid_characters")
+        await _refuse(400, detail, scope, receive, send)
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -322,12 +322,16 @@ class _SqlVoiceMeta:
         return self._one(f"SELECT id, name, language, created_at FROM {self._consents} WHERE id = ?", (cid,))
 
     def consents(self, after: str | None, limit: int) -> list[tuple[Any, ...]]:
-        """Up to ``limit`` consent rows after the id ``after`` (oldest first; an unknown ``after``
-        starts at the beginning)."""
+        """Up to ``limit`` consent rows after the id ``after`` (oldest first).
+
+        Raises:
+            KeyError: ``after`` names no consent (as ``/v1/videos?after=``: a 400)."""
         seq = 0
         if after:
             row = self._one(f"SELECT seq FROM {self._consents} WHERE id = ?", (after,))
-            seq = int(row[0]) if row else 0
+            if row is None:
+                raise KeyError(after)
+            seq = int(row[0])
         return self._all(f"SELECT id, name, language, created_at FROM {self._consents} WHERE seq > ? "
                          f"ORDER BY seq LIMIT ?", (seq, limit))
 
@@ -757,7 +761,10 @@ class VoiceStore:
         return StoredConsent(*row) if row else None
 
     def list_consents(self, after: str | None = None, limit: int = 20) -> tuple[list[StoredConsent], bool]:
-        """Consents oldest first, starting after the id ``after``; ``(page, has_more)``."""
+        """Consents oldest first, starting after the id ``after``; ``(page, has_more)``.
+
+        Raises:
+            KeyError: ``after`` names no consent."""
         rows = self.meta.consents(after, limit + 1)
         return [StoredConsent(*r) for r in rows[:limit]], len(rows) > limit
 

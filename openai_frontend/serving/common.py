@@ -19,6 +19,8 @@ from sse_starlette import EventSourceResponse
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
 from ..engine.errors import StageRestartedError
@@ -51,6 +53,23 @@ def sse_response(body: AsyncIterable[Mapping[str, Any]], **kwargs: Any) -> Event
     ``body`` yields event dicts (``{"data": ..., "event": ...}``): sse-starlette frames those
     with the response's ``sep`` (a ``ServerSentEvent`` object would keep its own default)."""
     return EventSourceResponse(body, sep=SSE_SEPARATOR, **kwargs)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A ``StreamingResponse`` that closes its async body iterator however the transfer ended.
+
+    Starlette's leaves the iterator to the garbage collector when ``send`` raises (a client that
+    stopped reading: ``middleware.SendTimeout``), so a generator holding an admission slot and a
+    Triton stream would keep them until a cycle collection. (sse-starlette's
+    ``EventSourceResponse`` closes its iterator itself.)"""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 # --------------------------------------------------------------------------- unknown fields

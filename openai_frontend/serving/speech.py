@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from numpy.typing import NDArray
 from starlette.background import BackgroundTask
 
@@ -58,6 +58,7 @@ from ..schemas import (
 from .common import (
     SPEECH,
     AdmittedRequest,
+    ClosingStreamingResponse,
     check_fields,
     ignore_fields,
     resolve_model,
@@ -277,7 +278,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
 
         if body.stream_format == "audio":
             body_iter = req.hand_over(_raw_audio(pcm_stream()))
-            return StreamingResponse(
+            return ClosingStreamingResponse(
                 body_iter, media_type=fmt.content_type, headers=_audio_headers(fmt.name, rate),
                 # Runs after the response ends, including after a client disconnect: makes sure
                 # the Triton stream is cancelled even if the iterator was parked at a yield.

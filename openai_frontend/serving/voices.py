@@ -46,6 +46,8 @@ TASK_TYPES = {"customvoice": "custom_voice", "custom_voice": "custom_voice",
               "voicedesign": "voice_design", "voice_design": "voice_design", "base": "base"}
 MAX_NAME_CHARS = 64
 _NAME = re.compile(r"[^\x00-\x1f\x7f]{1,64}")
+#: a consent's ``language``: a BCP 47-shaped tag (``en``, ``en-US``, ``zh-Hans-CN``, ``yue``)
+_LANGUAGE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,4}")
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+/-]*)(?:;[\w=.-]+)*;base64,(?P<data>.*)", re.S)
 #: longest clip any audio field takes when its caller sets no limit, and the most channels (mixed
 #: to mono) of any uploaded audio (docs/voices.md "Limits")
@@ -397,8 +399,11 @@ async def create_consent(request: Request) -> dict[str, Any]:
     """``POST /v1/audio/voice_consents`` (multipart ``name``, ``language``, ``recording``)."""
     store = store_of(request.app.state)
     fields = await _form(request, store.settings.max_upload_bytes + 1)
-    name = _text_field(fields, "name", required=True)
+    name = _consent_name(_text_field(fields, "name", required=True))
     language = _text_field(fields, "language", required=True)
+    if not _LANGUAGE.fullmatch(language):
+        raise bad_request(f"'language' must be a BCP 47 language tag such as 'en' or 'en-US' (got {language[:32]!r})",
+                          param="language", code="invalid_value")
     try:
         await off_loop(store.check_quota, "consent")  # the count, before the recording is read and decoded
     except QuotaExceededError as exc:
@@ -417,6 +422,14 @@ async def create_consent(request: Request) -> dict[str, Any]:
         raise quota_error(exc) from None
 
 
+def _consent_name(name: str) -> str:
+    """``name`` when it is 1-64 characters without control characters (as a voice's name)."""
+    if not _NAME.fullmatch(name):
+        raise bad_request(f"'name' must be 1-{MAX_NAME_CHARS} printable characters", param="name",
+                          code="invalid_value")
+    return name
+
+
 async def _consent_or_404(store: VoiceStore, consent_id: str) -> StoredConsent:
     consent = await off_loop(store.get_consent, consent_id)
     if consent is None:
@@ -433,7 +446,7 @@ async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
     store = store_of(request.app.state)
     await _consent_or_404(store, consent_id)
     fields = await _form(request, 1 << 16)
-    name = _text_field(fields, "name", required=True)
+    name = _consent_name(_text_field(fields, "name", required=True))
     renamed = await off_loop(store.rename_consent, consent_id, name)
     if renamed is None:  # deleted since _consent_or_404 looked (was an AttributeError: a 500)
         raise OpenAIError(404, f"No consent recording '{consent_id}'", param="consent_id", code="consent_not_found")
@@ -443,7 +456,11 @@ async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
 async def list_consents(request: Request, after: str | None, limit: int) -> dict[str, Any]:
     if not 1 <= limit <= 100:
         raise bad_request("'limit' must be between 1 and 100", param="limit", code="invalid_value")
-    page, more = await off_loop(store_of(request.app.state).list_consents, after, limit)
+    try:
+        page, more = await off_loop(store_of(request.app.state).list_consents, after, limit)
+    except KeyError:  # as /v1/videos?after=
+        raise bad_request(f"after={(after or '')[:64]!r}: no such consent", param="after",
+                          code="invalid_value") from None
     data = [c.to_openai() for c in page]
     return {"object": "list", "data": data, "has_more": more,
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
