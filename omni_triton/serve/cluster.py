@@ -39,6 +39,7 @@ from omni_triton.serve.process import (
     child_setup,
     kill_process_group,
     open_run_log,
+    stop_on_signals,
     stop_process_group,
 )
 from omni_triton.serve.server import Frontend
@@ -469,13 +470,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         print(f"omni-triton cluster: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        print(f"\nomni-triton cluster: got {signal.Signals(signum).name}, stopping ...", flush=True)
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop_on_signals(stop, "omni-triton cluster")
     cluster = Cluster(spec, admin_key=admin_key, ready_timeout=args.ready_timeout)
     cluster.say(f"starting {'PostgreSQL, ' if cluster.postgres is not None else ''}{len(cluster.replicas)} Triton "
                 f"replicas, {len(cluster.frontends)} frontends (logs in {spec.run_dir / 'logs'})")

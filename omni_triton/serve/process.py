@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -17,6 +18,19 @@ _PR_SET_PDEATHSIG = 1
 
 class ServerStartError(RuntimeError):
     """tritonserver (or the frontend) did not become ready; the message names the failing model."""
+
+
+def stop_on_signals(stop: threading.Event, prog: str) -> None:
+    """Make SIGINT and SIGTERM set ``stop`` (the supervising loop then stops what it started),
+    printing ``<prog>: got SIGxxx, stopping ...``. Call it from the main thread.
+    """
+
+    def on_signal(signum: int, _frame: object) -> None:
+        print(f"\n{prog}: got {signal.Signals(signum).name}, stopping ...", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
 
 
 def child_setup() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from omni_triton import triton_admin
-from omni_triton.serve.process import ServerStartError, check_ports_free, kill_process_group
+from omni_triton.serve.process import ServerStartError, check_ports_free, kill_process_group, stop_on_signals
 from omni_triton.serve.repository import dependents, frontend_models, on_demand_pipelines, stream_callees
 from omni_triton.serve.server import Frontend, TritonServer
 from omni_triton.serve.stubs import SAFETY_SCAN_S
@@ -128,13 +128,7 @@ def run_serve(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     on_demand = on_demand_pipelines(args.on_demand, models, PIPELINES.split(","))
     stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        print(f"\nomni-triton: got {signal.Signals(signum).name}, stopping ...", flush=True)
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop_on_signals(stop, "omni-triton")
 
     if not args.skip_prepare:
         prepare(models + on_demand)

@@ -3,7 +3,10 @@ through an ``httpx.AsyncClient`` on an ASGI transport (no socket, no server)."""
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -46,3 +49,23 @@ async def running_frontend(engine, settings: Settings | None = None, /,
     async with app.router.lifespan_context(app), client:
         client.app = app
         yield client
+
+
+def serve_in_thread(app: Any, log_level: str = "warning") -> tuple[Any, threading.Thread, int]:
+    """uvicorn (the real protocol code, its access log at ``log_level``) serving ``app`` on a free
+    loopback port in a daemon thread, without the app's lifespan. Returns ``(server, thread,
+    port)``; stop with ``server.should_exit = True`` and ``thread.join()``.
+
+    Raises:
+        AssertionError: uvicorn did not start within 20 s.
+    """
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level=log_level, lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    return server, thread, server.servers[0].sockets[0].getsockname()[1]

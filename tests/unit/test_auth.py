@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 from urllib.parse import unquote
 
 import httpx
@@ -22,7 +20,7 @@ from test_frontend_bad_input import AllFake
 from openai_frontend import auth
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import ModelInfo
-from tests.helpers.frontend import frontend_client
+from tests.helpers.frontend import frontend_client, serve_in_thread
 
 pytestmark = pytest.mark.anyio
 
@@ -143,19 +141,8 @@ def test_redact_keeps_other_parameters():
 
 
 def _serve(app):
-    """uvicorn (the real protocol code and its access log) on a free loopback port, in a thread."""
-    import uvicorn
-
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="info", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, thread, port
+    """uvicorn on a free loopback port, in a thread (tests/helpers/frontend.py)."""
+    return serve_in_thread(app, log_level="info")
 
 
 class _Lines(logging.Handler):

@@ -18,7 +18,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -37,6 +36,7 @@ from openai_frontend.media_store import (
 )
 from openai_frontend.video_jobs import JobSettings, VideoJobs
 from openai_frontend.voice_store import CLIP_FILE, PROMPT_FILE, VoiceSettings, VoiceStore
+from tests.helpers.frontend import running_frontend
 
 pytestmark = pytest.mark.anyio
 
@@ -245,29 +245,18 @@ def test_media_url_flag_reaches_the_settings(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- video jobs over the store
-class MediaServer:
-    """An app with its lifespan running, video jobs on ``storage`` and the media at ``media_url``."""
-
-    def __init__(self, engine, storage, media_url, voices=False, **job_settings):
-        job_settings.setdefault("sweep_interval_s", 3600)
-        self.app = create_app(engine, Settings(video=JobSettings(storage_dir=storage, **job_settings),
-                                               voices=VoiceSettings(storage_dir=storage / "voices") if voices
-                                               else None, media_url=media_url))
-
-    async def __aenter__(self):
-        self._life = self.app.router.lifespan_context(self.app)
-        await self._life.__aenter__()
-        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test")
-        return self.client
-
-    async def __aexit__(self, *exc):
-        await self.client.aclose()
-        await self._life.__aexit__(None, None, None)
+def media_server(engine, storage, media_url, voices=False, **job_settings):
+    """``running_frontend`` (tests/helpers/frontend.py) with video jobs on ``storage`` and the media
+    at ``media_url`` (voices too with ``voices``): ``async with`` it for the open client."""
+    job_settings.setdefault("sweep_interval_s", 3600)
+    return running_frontend(engine, Settings(video=JobSettings(storage_dir=storage, **job_settings),
+                                             voices=VoiceSettings(storage_dir=storage / "voices") if voices
+                                             else None, media_url=media_url))
 
 
 async def test_video_content_streams_from_an_object_store_with_ranges(tmp_path, remote_url):
     url = remote_url
-    async with MediaServer(FakeVideoEngine(), tmp_path, url) as c:
+    async with media_server(FakeVideoEngine(), tmp_path, url) as c:
         jobs = c._transport.app.state.video_jobs
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)
@@ -296,12 +285,12 @@ async def test_video_content_streams_from_an_object_store_with_ranges(tmp_path, 
 
 async def test_a_restart_on_the_same_object_store_keeps_the_videos(tmp_path, remote_url):
     url = remote_url
-    async with MediaServer(FakeVideoEngine(), tmp_path, url) as c:
+    async with media_server(FakeVideoEngine(), tmp_path, url) as c:
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)
         first = (await c.get(f"/v1/videos/{vid}/content")).content
     assert open_media_url(url).get(f"videos/{vid}.mp4") == first and not (tmp_path / "videos").exists()
-    async with MediaServer(FakeVideoEngine(), tmp_path, url) as c:
+    async with media_server(FakeVideoEngine(), tmp_path, url) as c:
         assert (await c.get(f"/v1/videos/{vid}/content")).content == first
         assert (await c.delete(f"/v1/videos/{vid}")).status_code == 200
     assert open_media_url(url).list("videos") == []
@@ -318,7 +307,7 @@ async def test_video_media_calls_run_off_the_event_loop(tmp_path, monkeypatch, r
             return _real(self, *a, **k)
 
         monkeypatch.setattr(MediaStore, name, spy)
-    async with MediaServer(FakeVideoEngine(), tmp_path, remote_url) as c:
+    async with media_server(FakeVideoEngine(), tmp_path, remote_url) as c:
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)
         assert (await c.get(f"/v1/videos/{vid}/content", headers={"range": "bytes=0-3"})).status_code == 206
@@ -384,7 +373,7 @@ async def test_a_shared_store_is_swept_for_strays_while_running(tmp_path, remote
     """Frontends on a shared store may run for weeks: the periodic sweep also removes what a dead
     frontend left (here at once: a grace of 0), not only the start."""
     media = MediaStore(remote_url, shared=True, sweep_grace_s=0)
-    server = MediaServer(FakeVideoEngine(), tmp_path, remote_url, sweep_interval_s=0.05)
+    server = media_server(FakeVideoEngine(), tmp_path, remote_url, sweep_interval_s=0.05)
     async with server as c:
         jobs = c._transport.app.state.video_jobs
         jobs.media = media
@@ -504,7 +493,7 @@ def test_sqlite_is_still_written_to_the_storage_folder(tmp_path):
 
 async def test_one_media_url_holds_videos_voices_and_consents(tmp_path, remote_url):
     url = remote_url
-    async with MediaServer(FakeVideoEngine(), tmp_path, url, voices=True) as c:
+    async with media_server(FakeVideoEngine(), tmp_path, url, voices=True) as c:
         app = c._transport.app
         vid = (await c.post("/v1/videos", data={"prompt": "a fox"})).json()["id"]
         await wait_status(c, vid)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 
 import httpx
@@ -16,6 +15,7 @@ from engine_stub import EngineStub
 
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import ModelInfo
+from tests.helpers.frontend import serve_in_thread
 
 TIMEOUT_S = 1.0
 SLOTS = 2
@@ -50,17 +50,8 @@ class EndlessSpeech(EngineStub):
 
 
 def _serve(app):
-    """uvicorn on a free loopback port, in a thread (as ``test_auth._serve``)."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    return server, thread, server.servers[0].sockets[0].getsockname()[1]
+    """uvicorn on a free loopback port, in a thread (tests/helpers/frontend.py)."""
+    return serve_in_thread(app, log_level="warning")
 
 
 def _stalled_reader(port: int, stream_format: str) -> socket.socket:
