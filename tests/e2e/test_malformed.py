@@ -118,7 +118,7 @@ def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
 
 def test_issue23_single_request_probes_are_4xx(stack):
     """The single requests that were 500s (issue 23) against the real frontend: video ids that
-    are not ids (a NUL, glob patterns), a lone surrogate in a voice name, ``size`` ``²x²``, a
+    are not ids (a NUL: 400 since issue 25, as every control character in a URL; glob patterns: 404), a lone surrogate in a voice name, ``size`` ``²x²``, a
     bogus multipart content type; an unknown field named ``€`` is ignored and named
     percent-encoded in ``X-Ignored-Fields``."""
     url = stack.frontend_url
@@ -127,7 +127,9 @@ def test_issue23_single_request_probes_are_4xx(stack):
             for method, path in (("DELETE", f"/v1/videos/{video_id}"), ("GET", f"/v1/videos/{video_id}"),
                                  ("GET", f"/v1/videos/{video_id}/content")):
                 r = c.request(method, path)
-                assert r.status_code == 404 and mp.check(r.status_code, r.content) is None, (method, path, r.text)
+                # a control character in a URL is refused before routing (400 invalid_characters)
+                expected = 400 if video_id == "%00" else 404
+                assert r.status_code == expected and mp.check(r.status_code, r.content) is None, (method, path, r.text)
         r = c.post("/v1/audio/voices", content=b'{"name": "\\ud800", "type": "prompt", "prompt": "calm"}',
                    headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "name", r.text
