@@ -118,7 +118,8 @@ def test_one_bad_edit_does_not_fail_the_good_ones_sent_with_it(stack):
 
 def test_issue23_single_request_probes_are_4xx(stack):
     """The single requests that were 500s (issue 23) against the real frontend: video ids that
-    are not ids (a NUL: 400 since issue 25, as every control character in a URL; glob patterns: 404), a lone surrogate in a voice name, ``size`` ``²x²``, a
+    are not ids (a NUL: 400 since issue 25, as every control character in a URL; glob patterns:
+    404), a lone surrogate in a voice name, ``size`` ``²x²``, a
     bogus multipart content type; an unknown field named ``€`` is ignored and named
     percent-encoded in ``X-Ignored-Fields``."""
     url = stack.frontend_url
