@@ -160,6 +160,13 @@ class ModelList(BaseModel):
 
 
 # --------------------------------------------------------------------------- speech
+#: ``stream_pacing`` of a streamed speech answer (docs/scheduling.md "Pacing"): ``none`` (the
+#: default) streams the audio as fast as the stages make it, in deadline order among the open
+#: requests; ``realtime`` asks the stages to compute it at most their ``max_lead_ms`` ahead of
+#: its listener (Triton's optional ``PACED`` input, sent only then). Ignored when nothing streams.
+StreamPacing = Literal["none", "realtime"]
+
+
 class VoiceRef(BaseModel):
     """OpenAI's custom-voice form ``{"id": "..."}``; the id must be one of the model's voices."""
 
@@ -179,6 +186,9 @@ class SpeechRequest(BaseModel):
     * ``response_format``: default ``mp3`` (OpenAI's default) for a whole clip and ``pcm``
       when streaming (``stream=true`` or ``stream_format="sse"``).
     * ``stream_format``: ``audio`` (default) or ``sse``; ``sse`` always streams.
+    * ``stream_pacing`` (extension): ``none`` (default: as fast as generated) or ``realtime``
+      (computed just ahead of playback: :data:`StreamPacing`); accepted and ignored for a whole
+      clip. The WebSocket session's ``session.config`` takes it too (with ``stream_audio``).
     """
 
     model_config = REQUEST_CONFIG
@@ -191,6 +201,7 @@ class SpeechRequest(BaseModel):
     instructions: Instructions | None = None
     stream: bool = False
     stream_format: Literal["audio", "sse"] = "audio"
+    stream_pacing: StreamPacing = "none"
     #: vLLM's sampling extension (its benchmark's random dataset always sends it). Accepted and
     #: without effect on the served speech models: none lets a client override its end decision
     #: (Piper speaks its whole input sentence by sentence; the ``tts`` pipeline's talker stops at
@@ -215,6 +226,12 @@ class SpeechRequest(BaseModel):
     @property
     def streaming(self) -> bool:
         return self.stream or self.stream_format == "sse"
+
+    @property
+    def realtime(self) -> bool:
+        """Whether a stream of this request is paced to its listener (``stream_pacing``
+        ``realtime``); the caller decides whether it streams at all."""
+        return self.stream_pacing == "realtime"
 
 
 class SpeechUsage(BaseModel):
@@ -554,10 +571,19 @@ class ChatCompletionRequest(_SamplingFields):
     output_format: Name | None = None
     #: vLLM-Omni's extension: the response carries ``metrics`` (per-stage timings from Triton).
     return_stage_metrics: bool = False
+    #: Extension (docs/scheduling.md "Pacing"): a streamed answer with audio is sent as fast as
+    #: it is generated (``none``, default) or computed just ahead of playback (``realtime``);
+    #: ignored without ``stream`` or without audio output.
+    stream_pacing: StreamPacing = "none"
 
     @property
     def wants_audio(self) -> bool:
         return bool(self.modalities and "audio" in self.modalities)
+
+    @property
+    def realtime(self) -> bool:
+        """``stream_pacing`` is ``realtime`` (applies to a streamed answer with audio only)."""
+        return self.stream_pacing == "realtime"
 
     @property
     def wants_text(self) -> bool:

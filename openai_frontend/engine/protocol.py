@@ -57,7 +57,7 @@ class GenerationRequest:
     modalities: tuple[str, ...] | None = None
     voice: str | None = None
     request_id: str = ""
-    paced: bool = False  # a streamed answer with audio, played as it arrives (PACED, if declared)
+    paced: bool = False  # a streamed answer with audio paced to real time (PACED, if declared)
 
 
 @dataclass(frozen=True)
@@ -193,8 +193,9 @@ class Engine(Protocol):
     ) -> AsyncGenerator[AudioChunk, None]:
         """Stream ``(float32 [T] PCM, sample_rate Hz)`` chunks as the model produces them.
         ``options``: Qwen3-TTS extras (the serving layer passes it only when non-empty).
-        ``paced``: the client plays the stream as it arrives (passed only when True; the model
-        may then compute it just ahead of playback, docs/scheduling.md "Pacing").
+        ``paced``: the client asked for real-time pacing (``stream_pacing: "realtime"``; passed
+        only when True; the model may then compute it just ahead of playback, docs/scheduling.md
+        "Pacing"); otherwise it is computed as fast as the model can.
 
         Closing the iterator early must cancel the request in the server. Raises
         ``InferenceError`` (model error) or ``TritonUnavailableError`` while iterating.

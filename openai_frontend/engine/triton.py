@@ -603,8 +603,9 @@ class TritonEngine:
         Triton then finishes the RPC. Every streamed response carries ``triton_final_response``,
         so the last audio response is recognised too.
 
-        ``paced``: the client plays the audio as it arrives; sent as ``PACED`` to a model that
-        declares it (its scheduler may then compute the stream just ahead of playback).
+        ``paced``: the client asked for real-time pacing (``stream_pacing: "realtime"``); sent as
+        ``PACED`` to a model that declares it (its scheduler may then compute the stream just
+        ahead of playback). Without it nothing is sent and the stream runs as fast as it is made.
 
         Cancellation: ``stream_infer`` returns tritonclient's ``_ResponseIterator`` whose
         ``cancel()`` is ``grpc.aio.Call.cancel()`` (tritonclient 2.73,

@@ -232,7 +232,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     requests = [
         GenerationRequest(messages=messages, sampling=sampling_parameters(body, limit, i),
                           modalities=modalities, voice=voice, request_id=f"{response_id}-{i}",
-                          paced=bool(body.stream and wants_audio))
+                          paced=bool(body.stream and wants_audio and body.realtime))
         for i in range(body.n)
     ]
     plan = _Plan("chat", body.model, target, requests, body.stream, body.include_usage,

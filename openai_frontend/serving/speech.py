@@ -11,6 +11,10 @@ Response modes of ``/v1/audio/speech``:
   bytes of that same byte stream, then ``speech.audio.done`` with ``usage``; if Triton fails
   mid-stream, ``speech.audio.error`` is sent instead of ``done``.
 
+A stream is sent as fast as the stages make it (each chunk forwarded as it arrives); with
+``stream_pacing: "realtime"`` the stages compute it at most their ``max_lead_ms`` ahead of the
+listener instead (``PACED``, docs/scheduling.md "Pacing").
+
 Streaming responses wait for the first chunk before sending the status line, so an error that
 happens before any audio exists (model error, Triton down) is still a JSON error with its
 status code. A raw-audio stream that fails later is aborted (no terminating chunk), so clients
@@ -142,8 +146,9 @@ def plan(body: SpeechRequest, info: ModelInfo, default_max_chars: int, store: Vo
 def synthesize(engine: Engine, info: ModelInfo, text: str, voice: str | None, speed: float | None,
                options: SpeechOptions | None, paced: bool = False) -> AsyncGenerator[AudioChunk, None]:
     """``engine.synthesize`` with ``options`` passed only when there are any and ``paced`` only
-    when True (engines written before those keep working). ``paced``: a streamed response, which
-    the client plays as it arrives."""
+    when True (engines written before those keep working). ``paced``: a streamed response whose
+    request opted into real-time pacing (``stream_pacing: "realtime"``); False (the default) lets
+    the stages compute it as fast as they can (docs/scheduling.md "Pacing")."""
     extra: dict[str, Any] = {}
     if options:
         extra["options"] = options
@@ -226,7 +231,8 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
             return Response(data, media_type=fmt.content_type, headers=_audio_headers(fmt.name, rate))
 
         # ---- streaming: wait for the first chunk so early errors keep their status code
-        gen = synthesize(engine, info, body.input, voice, speed, options, paced=True)
+        # unpaced unless the client asked for real time: as fast as the stages make it
+        gen = synthesize(engine, info, body.input, voice, speed, options, paced=body.realtime)
         first_chunk: list[AudioChunk | None] = []
 
         async def first_response() -> None:

@@ -7,15 +7,17 @@ each holding an admission slot); one JSON answer with a result or an error per i
 
 WebSocket (text in, audio out as sentences complete)::
 
-    client -> {"type": "session.config", "model", "voice", "response_format", "stream_audio", ...}
+    client -> {"type": "session.config", "model", "voice", "response_format", "stream_audio",
+               "stream_pacing", ...}
     client -> {"type": "input.text", "text": "..."}   (any number, any split)
     client -> {"type": "input.done"}                  (flush: the rest is one more sentence)
     client -> {"type": "session.close"}               (finish what is queued, then close)
     server <- {"type": "audio.start", "utterance_index", "sentence_index", "sentence_text",
                "format", "sample_rate"}
     server <- binary frames: the sentence's audio (one encoded clip; with ``stream_audio``: PCM
-              int16 LE chunks as Triton streams them, computed ahead of playback by at most
-              the stage's ``max_lead_ms``: ``PACED``)
+              int16 LE chunks as Triton streams them, as fast as they are made; with
+              ``"stream_pacing": "realtime"`` in the config, computed ahead of playback by at
+              most the stage's ``max_lead_ms``: ``PACED``)
     server <- {"type": "audio.done", "utterance_index", "sentence_index", "total_bytes", "error"}
     server <- {"type": "session.done", "utterance_index", "total_sentences"}  (after input.done)
     server <- {"type": "error", "message", "code"?}   (non-fatal: the session goes on)
@@ -336,10 +338,11 @@ class _Session:
             async with AdmittedRequest(state, record):
                 rate = body.sample_rate or info.sample_rate or 24000
                 if stream_audio:
-                    # played as it comes, so paced to its listener (docs/scheduling.md "Pacing"):
-                    # the deadlines count from this sentence's request, while the listener still
-                    # plays the previous sentence's tail, so they are never later than needed
-                    gen = synthesize(state.engine, info, text, voice, speed, options, paced=True)
+                    # as fast as the stages make it, unless the config asked for real time
+                    # (docs/scheduling.md "Pacing"): then the deadlines count from this sentence's
+                    # request, while the listener still plays the previous sentence's tail, so
+                    # they are never later than needed
+                    gen = synthesize(state.engine, info, text, voice, speed, options, paced=body.realtime)
                     resampler = None
                     try:
                         async for chunk, sr in gen:

@@ -375,14 +375,30 @@ async def test_chat_audio_routed_to_speech_twin(engine):
     assert sr == SR and y.tobytes() == float_to_pcm16(engine.expected_audio())
 
 
-async def test_only_a_streamed_answer_with_audio_is_paced(engine):
-    """PACED (low-water chunks, docs/scheduling.md) is asked for a streamed answer with audio,
-    which the client plays as it arrives; never for a whole answer or a text-only stream."""
+async def test_only_a_streamed_answer_with_audio_that_asks_for_realtime_is_paced(engine):
+    """PACED (real-time pacing, docs/scheduling.md "Pacing") is asked only for a streamed answer
+    with audio whose request says ``stream_pacing: "realtime"``; a streamed answer with audio
+    is unpaced by default (issue 29), and a whole answer or a text-only stream never is (the
+    field is accepted and ignored there). Red when every streamed answer with audio is paced."""
     audio = {"modalities": ["text", "audio"], "audio": {"format": "pcm16", "voice": "joe"}}
-    await chat(engine, {"model": "llm_tts", "messages": USER, "stream": True, **audio})
-    await chat(engine, {"model": "llm_tts", "messages": USER, **audio, "audio": {"format": "wav", "voice": "joe"}})
-    await chat(engine, {"model": "llm_tts", "messages": USER, "stream": True, "modalities": ["text"]})
-    assert [req.paced for _, req in engine.requests] == [True, False, False]
+    wav = {**audio, "audio": {"format": "wav", "voice": "joe"}}
+    realtime = {"stream_pacing": "realtime"}
+    for payload in ({"stream": True, **audio}, {"stream": True, **audio, "stream_pacing": "none"},
+                    {"stream": True, **audio, **realtime}, {**wav, **realtime},
+                    {"stream": True, "modalities": ["text"], **realtime}):
+        r = await chat(engine, {"model": "llm_tts", "messages": USER, **payload})
+        assert r.status_code == 200, r.text
+    assert [req.paced for _, req in engine.requests] == [False, False, True, False, False]
+
+
+async def test_an_unknown_stream_pacing_is_an_openai_400(engine):
+    r = await chat(engine, {"model": "llm_tts", "messages": USER, "stream": True, "modalities": ["text", "audio"],
+                            "stream_pacing": "slow"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["param"]) == ("invalid_request_error", "stream_pacing")
+    assert "realtime" in err["message"]
+    assert engine.requests == []
 
 
 async def test_chat_audio_only_modality_and_default_voice(engine):

@@ -258,6 +258,8 @@ async def test_opus_with_incompatible_rate_is_400_but_ok_at_24k(engine):
         ({"model": "piper_tts", "input": "x", "speed": "fast"}, "speed"),
         ({"model": "piper_tts", "input": "x", "stream": "maybe"}, "stream"),
         ({"model": "piper_tts", "input": "x", "stream_format": "ws"}, "stream_format"),
+        ({"model": "piper_tts", "input": "x", "stream": True, "stream_pacing": "fast"}, "stream_pacing"),
+        ({"model": "piper_tts", "input": "x", "stream": True, "stream_pacing": True}, "stream_pacing"),
         ({"model": 7, "input": "x"}, "model"),
     ],
 )
@@ -394,13 +396,20 @@ async def test_stream_pcm_bytes(engine):
     assert r.content == expected_pcm(engine)
 
 
-async def test_streamed_speech_is_paced_and_a_whole_clip_is_not(engine):
-    """A streamed response is played as it arrives, so the engine is asked to pace it (PACED);
-    a whole clip must not be held back to real time."""
-    await post(engine, {"model": "piper_tts", "input": "x", "stream": True, "response_format": "pcm"})
-    await post(engine, {"model": "piper_tts", "input": "x", "stream": True, "stream_format": "sse"})
-    await post(engine, {"model": "piper_tts", "input": "x", "response_format": "wav"})
-    assert engine.paced == [True, True, False]
+async def test_speech_is_paced_only_when_a_stream_asks_for_realtime(engine):
+    """Streams run as fast as the stages make them by default (issue 29): the engine is asked to
+    pace (PACED) only for ``stream_pacing: "realtime"`` on a stream (raw audio or SSE); never for
+    the default, ``"none"``, or a whole clip (the field is accepted and ignored there). Red when
+    the frontend paces every stream again (the first three would be True)."""
+    stream = {"model": "piper_tts", "input": "x", "stream": True, "response_format": "pcm"}
+    sse = {"model": "piper_tts", "input": "x", "stream_format": "sse"}
+    clip = {"model": "piper_tts", "input": "x", "response_format": "wav"}
+    for payload in (stream, sse, {**stream, "stream_pacing": "none"},
+                    {**stream, "stream_pacing": "realtime"}, {**sse, "stream_pacing": "realtime"},
+                    clip, {**clip, "stream_pacing": "realtime"}):
+        r = await post(engine, payload)
+        assert r.status_code == 200, r.text
+    assert engine.paced == [False, False, False, True, True, False, False]
 
 
 async def test_stream_default_format_is_pcm(engine):

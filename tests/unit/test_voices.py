@@ -515,7 +515,42 @@ def test_ws_audio_before_the_last_text(engine, settings):
         ws.send_json({"type": "session.close"})
     assert [c["text"] for c in engine.calls] == ["Hello there.", "This is the end", "Again"]
     assert [c["voice"] for c in engine.calls] == ["joe"] * 3
-    assert [c["paced"] for c in engine.calls] == [False, False, True]  # only streamed PCM is played as it comes
+    # streamed PCM is as fast as it is made unless the config asks for real time (below)
+    assert [c["paced"] for c in engine.calls] == [False, False, False]
+
+
+def test_ws_streamed_audio_is_paced_only_when_the_config_asks_for_realtime(engine, settings):
+    """The session's ``stream_pacing`` (issue 29): ``realtime`` with ``stream_audio`` sends PACED;
+    the default, ``none``, and a whole-clip session (field accepted, ignored) do not; an unknown
+    value is a non-fatal error naming the field, and the session keeps its previous config."""
+    def speak(text):
+        ws.send_json({"type": "input.text", "text": text})
+        ws.send_json({"type": "input.done"})
+        while True:
+            frame = ws.receive()
+            if frame.get("text") is None:
+                continue  # the audio
+            msg = json.loads(frame["text"])
+            assert msg["type"] != "error", msg
+            if msg["type"] == "session.done":
+                return
+
+    with ws_client(engine, settings) as tc, tc.websocket_connect("/v1/audio/speech/stream") as ws:
+        pcm = {"type": "session.config", "model": "piper_tts", "stream_audio": True}
+        ws.send_json({**pcm, "stream_pacing": "realtime"})
+        speak("One.")
+        ws.send_json({**pcm, "stream_pacing": "none"})
+        speak("Two.")
+        ws.send_json({**pcm, "stream_pacing": "fast"})
+        err = ws.receive_json()
+        assert err["type"] == "error" and "stream_pacing" in err["message"], err
+        speak("Three.")  # still the "none" config
+        ws.send_json({"type": "session.config", "model": "piper_tts", "response_format": "wav",
+                      "stream_pacing": "realtime"})
+        speak("Four.")
+        ws.send_json({"type": "session.close"})
+    assert [c["text"] for c in engine.calls] == ["One.", "Two.", "Three.", "Four."]
+    assert [c["paced"] for c in engine.calls] == [True, False, False, False]
 
 
 def test_ws_errors_are_not_fatal(engine, settings):
