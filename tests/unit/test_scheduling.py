@@ -193,9 +193,10 @@ def test_policy_switch_env_forces_fifo_params_decide_otherwise():
         scheduling_policy({}, env={SCHEDULING_ENV: "fast"})
 
 
-def _run_two_streams(policy):
+def _run_two_streams(policy, max_lead_s=None):
     """One worker; stream A starts first and is held in its first step until B is queued.
-    Every step delivers 1 s of audio at clock 0. Returns the order of the steps."""
+    Every step delivers 1 s of audio at clock 0. Returns the order of the steps. ``max_lead_s``:
+    the scheduler paces PACED streams (these two are not)."""
     order, lock = [], threading.Lock()
     a_started, b_queued, done = threading.Event(), threading.Event(), threading.Event()
     ends = []
@@ -214,7 +215,7 @@ def _run_two_streams(policy):
         if len(ends) == 2:
             done.set()
 
-    sched = StepScheduler(1, policy, clock=lambda: 0.0)
+    sched = StepScheduler(1, policy, clock=lambda: 0.0, max_lead_s=max_lead_s)
     try:
         sched.submit(steps("A", 4, gate=True), AudioDeadline(0.0), float, on_end)
         assert a_started.wait(5)
@@ -230,6 +231,45 @@ def _run_two_streams(policy):
 def test_the_scheduler_interleaves_a_new_stream_before_a_running_one_continues():
     # after A0, A is due at 1.0 (1 s delivered at 0) and B at 0.0: B0 runs before A1
     assert _run_two_streams(Policy.DEADLINE) == ["A0", "B0", "A1", "B1", "A2", "A3"]
+
+
+def _run_alone(paced, steps=8, max_lead_s=0.5):
+    """One stream of ``steps`` steps (1 s of audio each) on an otherwise idle scheduler whose
+    clock never moves (0.0): returns (steps run, whether it ended) once it ended or was held."""
+    ran, ended = [], threading.Event()
+
+    def gen():
+        for i in range(steps):
+            ran.append(i)
+            yield 1.0
+
+    sched = StepScheduler(1, Policy.DEADLINE, clock=lambda: 0.0, max_lead_s=max_lead_s)
+    try:
+        sched.submit(gen(), AudioDeadline(0.0), float, lambda e: ended.set(), paced=paced)
+        finished = ended.wait(5 if not paced else 0.3)  # a bound, not a timing assertion
+        return list(ran), finished
+    finally:
+        sched.close()
+
+
+def test_an_unpaced_stream_on_an_idle_scheduler_is_never_held():
+    """Work-conserving (issue 29): with nothing more urgent queued, an unpaced stream is stepped
+    to its end although it runs 8 s ahead of its listener and the clock never moves, on a
+    scheduler that paces (max_lead_s 0.5). The same stream with PACED (the realtime opt-in) is
+    held after its lead: step 0 runs (due at its arrival), then it is due at 1.0 and eligible
+    only from 1.0 - 0.5 = 0.5, so it waits for the clock. Red when unpaced streams are parked
+    too (pacing by default)."""
+    assert _run_alone(paced=False) == (list(range(8)), True)
+    ran, finished = _run_alone(paced=True)
+    assert not finished and ran == [0]
+
+
+def test_edf_still_decides_among_unpaced_streams_on_a_pacing_scheduler():
+    """Unpaced is not arrival order: a new stream's first chunk (due at its arrival) goes before
+    a running unpaced stream's later chunks (due when its delivered audio ends), with a pacing
+    scheduler too; and neither waits for the clock (it never moves). Red when the order becomes
+    FIFO (A would run to its end first) or unpaced streams get parked (the run would not end)."""
+    assert _run_two_streams(Policy.DEADLINE, max_lead_s=0.5) == ["A0", "B0", "A1", "B1", "A2", "A3"]
     assert _run_two_streams(Policy.FIFO) == ["A0", "A1", "A2", "A3", "B0", "B1"]
 
 
@@ -441,6 +481,30 @@ def test_a_stage_reads_paced_and_its_max_lead(monkeypatch):
     stage.finalize()
     with pytest.raises(ValueError):
         Speaker().initialize(_args(scheduling="deadline", max_lead_ms="-5"))
+
+
+def test_a_stage_holds_only_the_requests_that_send_paced(monkeypatch):
+    """Through the stage base (issue 29): on a stage that paces (max_lead_ms 500) whose clock
+    never moves, a request without PACED (what the frontend now sends by default) gets all 8
+    responses (8 s of audio) and its FINAL at once; one with PACED true (``stream_pacing:
+    "realtime"``) gets its first response and waits for its listener. Red when the stage paces
+    every request under the scheduler."""
+    monkeypatch.delenv(SCHEDULING_ENV, raising=False)
+    stage = Speaker()
+    stage.initialize(_args(scheduling="deadline", scheduler_workers="1", max_lead_ms="500"))
+    stage.step_scheduler.clock = lambda: 0.0
+    unpaced = pb.FakeRequest({"N": np.array([8])})
+    paced = pb.FakeRequest({"N": np.array([8]), "PACED": np.array([True])})
+    try:
+        stage.execute([paced, unpaced])
+        _wait_finals([unpaced])
+        assert len(unpaced.sender.outputs()) == 8
+        held = threading.Event()
+        assert not held.wait(0.3)  # (not a timing assertion: the clock it waits for never moves)
+        assert len(paced.sender.outputs()) == 1 and paced.sender.finals == 0
+    finally:
+        stage.finalize()
+    assert paced.sender.finals == 1  # the unload answers it
 
 
 def test_qwen3_tts_admits_as_many_requests_as_its_talker_batches():
