@@ -5,6 +5,7 @@ import base64
 import io
 import ipaddress
 import json
+import re
 import time
 from pathlib import Path
 
@@ -101,29 +102,79 @@ def test_sse_stream_arrives_while_synthesis_runs(stack):
     assert_speech_like(audio, 22050, LONG_TEXT, min_seconds=10)
 
 
-def test_streamed_speech_is_paced_to_its_listener(stack):
-    """A streamed response (the frontend sends PACED) is synthesised just ahead of playback: a
-    sentence leaves piper_tts no earlier than ``max_lead_ms`` (2 s) before the audio sent before
-    it ends playing, so the last delta arrives at least (audio before it - 2 s) after the first.
-    Unpaced the whole answer arrives within a second or two (red: remove PACED in the frontend or
-    set max_lead_ms 0). A lower bound only: a slow machine makes it later, never earlier."""
-    text = " ".join(f"This is sentence number {n} of a paced answer, spoken by the Piper voice." for n in (1, 2, 3))
-    lead_s = 2.0  # model_repository/piper/config.pbtxt max_lead_ms
-    arrivals: list[tuple[float, float]] = []  # (arrival s, audio s) per delta
-    with httpx.stream("POST", f"{stack.frontend_url}/v1/audio/speech", timeout=300,
-                      json={"model": "piper_tts", "voice": "joe", "input": text,
-                            "response_format": "pcm", "stream_format": "sse"}) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
+#: Three long sentences (about 6 s of Piper audio each): long enough that a stream paced to its
+#: listener cannot end before half its audio has played (the unpaced bound below).
+PACING_TEXT = " ".join(
+    f"This is sentence number {n} of a streamed answer, long enough to take several seconds when the "
+    "Piper voice speaks it aloud to a listener." for n in (1, 2, 3))
+
+
+def _piper_max_lead_s() -> float:
+    """``max_lead_ms`` of ``model_repository/piper/config.pbtxt``, in seconds."""
+    config = (Path(__file__).resolve().parents[2] / "model_repository" / "piper" / "config.pbtxt").read_text()
+    m = re.search(r'key: "max_lead_ms" value \{ string_value: "([0-9.]+)" \}', config)
+    assert m, "piper's config has no max_lead_ms"
+    return float(m.group(1)) / 1000.0
+
+
+def _sdk_sse_stream(stack, **extra) -> tuple[float, list[tuple[float, float]], float]:
+    """``PACING_TEXT`` streamed through the official ``openai`` SDK (``stream_format="sse"``,
+    PCM): (request start, [(arrival, audio seconds)] per ``speech.audio.delta``, end), all on
+    ``time.monotonic``."""
+    deltas: list[tuple[float, float]] = []
+    start = time.monotonic()
+    with _sdk(stack).audio.speech.with_streaming_response.create(
+            model="piper_tts", voice="joe", input=PACING_TEXT, response_format="pcm", stream_format="sse",
+            extra_body=extra or None, timeout=300) as response:
+        assert response.http_request.url.path.endswith("/audio/speech")
+        for line in response.iter_lines():
             if line.startswith("data:"):
                 event = json.loads(line[5:])
+                assert event["type"] != "speech.audio.error", event
                 if event["type"] == "speech.audio.delta":
-                    arrivals.append((time.monotonic(), len(base64.b64decode(event["audio"])) / 2 / 22050))
-    assert len(arrivals) >= 3
-    before_last = sum(d for _, d in arrivals[:-1])
-    waited = arrivals[-1][0] - arrivals[0][0]
+                    deltas.append((time.monotonic(), len(base64.b64decode(event["audio"])) / 2 / 22050))
+    return start, deltas, time.monotonic()
+
+
+def test_a_streamed_answer_arrives_as_fast_as_it_is_made_by_default(stack):
+    """Issue 29: streams are not paced unless asked. Three sentences (about 18 s of audio)
+    streamed through the ``openai`` SDK end before half their audio could have played; Piper
+    makes them in about a second here. Paced (what the frontend sent for every stream before),
+    the last sentence leaves no earlier than ``max_lead_ms`` before the two before it end
+    playing, i.e. after two thirds of the audio minus 2 s (> half of it): red when the frontend
+    paces by default again, or a stage holds back requests without PACED. A wide margin, not a
+    speed target."""
+    start, deltas, end = _sdk_sse_stream(stack)
+    audio_s = sum(d for _, d in deltas)
+    print(f"unpaced: {end - start:.2f} s for {audio_s:.2f} s of audio in {len(deltas)} deltas")
+    assert audio_s > 12, f"{audio_s:.1f} s of audio: the text should be three long sentences"
+    assert end - start < 0.5 * audio_s, (
+        f"the stream took {end - start:.2f} s for {audio_s:.2f} s of audio: held back to its listener")
+
+
+def test_stream_pacing_realtime_paces_the_stream_to_its_listener(stack):
+    """``stream_pacing: "realtime"`` (the opt-in; the frontend sends PACED) synthesises just
+    ahead of playback: a sentence leaves piper_tts no earlier than ``max_lead_ms`` before the
+    audio sent before it ends playing (its deadline counts from the first delta), so the last
+    delta arrives at least (audio before it - max_lead) after the first. Unpaced, the whole
+    answer arrives within a second or two (red: drop PACED in the frontend, or set max_lead_ms 0).
+    A lower bound only: a slow machine makes it later, never earlier."""
+    lead_s = _piper_max_lead_s()
+    _, deltas, _ = _sdk_sse_stream(stack, stream_pacing="realtime")
+    assert len(deltas) >= 3
+    before_last = sum(d for _, d in deltas[:-1])
+    waited = deltas[-1][0] - deltas[0][0]
+    print(f"realtime: last delta {waited:.2f} s after the first, {before_last:.2f} s of audio before it, "
+          f"max_lead {lead_s:.1f} s")
     assert waited >= before_last - lead_s - 0.5, (
         f"last sentence {waited:.2f} s after the first, with {before_last:.2f} s of audio before it: not paced")
+
+
+def test_an_unknown_stream_pacing_is_a_400(stack):
+    with pytest.raises(openai.BadRequestError) as err:
+        _sdk(stack).audio.speech.create(model="piper_tts", voice="joe", input=SENTENCE, response_format="pcm",
+                                        extra_body={"stream": True, "stream_pacing": "slow"})
+    assert err.value.status_code == 400 and err.value.param == "stream_pacing"
 
 
 def test_raw_stream_with_sdk(stack):
