@@ -48,7 +48,8 @@ from omni_triton.media.video import decode_video  # noqa: E402
 MODELS = ["piper", "wan_t2v"]
 #: the frontends' --video-lease-s (0: leases never expire, the takeover check's red run)
 LEASE_S = float(os.environ.get("OMNI_TRITON_E2E_VIDEO_LEASE_S", "3"))
-#: a stream of ~20 s (speech streams are paced at playback speed)
+#: a stream of ~20 s (``stream_pacing: "realtime"`` below: paced at playback speed, so it is still
+#: running when its replica is killed; unpaced it would end in about a second)
 LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(8))
 SPEECH = {"model": "piper_tts", "voice": "joe", "response_format": "wav"}
 #: a job long enough to kill its frontend mid-way (64x64 x 17 frames x 30 steps took 0.5 s here)
@@ -158,7 +159,8 @@ def _sse(url: str, out: dict) -> None:
     out["events"] = []
     try:
         with httpx.stream("POST", f"{url}/v1/audio/speech", timeout=180,
-                          json={**SPEECH, "input": LONG_TEXT, "stream_format": "sse"}) as r:
+                          json={**SPEECH, "input": LONG_TEXT, "stream_format": "sse",
+                                "stream_pacing": "realtime"}) as r:
             out["status"] = r.status_code
             event = None
             for line in r.iter_lines():
