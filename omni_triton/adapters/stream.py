@@ -79,7 +79,7 @@ class ResponseStream:
         self._on_cancel = on_cancel
         self._lock = threading.Lock()
         self.telemetry: RequestTelemetry | None = None  # set by the stage base
-        self.paced = False  # set by the stage base: PACED and a deadline scheduler
+        self.paced = False  # set by the stage base: PACED (the realtime opt-in) and a deadline scheduler
         self.balanced = False  # counted in the instance balance (set by the stage base)
 
     def cancelled(self) -> bool:
@@ -197,9 +197,11 @@ class DecoupledStage:
     (e.g. a thinker token whose text is held back); it is not sent and counts
     :meth:`playback_amount` ``(None)``.
 
-    Pacing: with the config parameter ``max_lead_ms`` > 0, a request whose optional ``PACED``
-    input is true (its client plays it in real time) is not computed more than that far ahead of
-    its playback deadline (``StepScheduler``'s ``max_lead_s``).
+    Pacing (opt-in per request): with the config parameter ``max_lead_ms`` > 0, a request whose
+    optional ``PACED`` input is true (the frontend's ``stream_pacing: "realtime"``) is not
+    computed more than that far ahead of its playback deadline (``StepScheduler``'s
+    ``max_lead_s``). Every other request is work-conserving: stepped whenever nothing more
+    urgent is queued, each output sent as soon as it is made.
 
     Instance balance: with the config parameter ``balance_instances`` ``"true"`` (under the
     scheduler), ``execute`` returns only once this instance is the least loaded of its siblings

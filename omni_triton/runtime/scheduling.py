@@ -13,16 +13,18 @@ listeners gain nothing. This module interleaves the work of concurrent streams s
   (:class:`~omni_triton.runtime.playback.PlaybackClock`: first chunk arrival + seconds
   delivered + stalls so far), minus ``guard_s``;
 - so a stream far ahead of real time yields to every other, and one about to underrun runs
-  first (earliest deadline first: EDF; with FIFO the oldest stream always runs first, the
-  previous run-to-completion order);
-- a *paced* stream (its client plays it as it arrives: the frontend's ``stream: true``) is not
-  computed more than ``max_lead_s`` ahead of its deadline: it waits, parked, until
-  ``due() - max_lead_s``. EDF alone is work-conserving: idle workers run streams seconds ahead
+  first (earliest deadline first: EDF; with FIFO the oldest stream always runs first:
+  run to completion, the stage's plain dispatch);
+- an unpaced stream (the default since issue 29: every stream, whole clip and batch job whose
+  request has no ``PACED``) is never parked: EDF alone is work-conserving, a step waits only for
+  more urgent steps and never for the clock, so a stream ends as fast as the stage makes it;
+- a *paced* stream (the request's ``PACED`` input: the frontend's opt-in ``stream_pacing:
+  "realtime"``) is not computed more than ``max_lead_s`` ahead of its deadline: it waits,
+  parked, until ``due() - max_lead_s``. Work-conserving, idle workers run streams seconds ahead
   of their listeners, and on a 2-core machine that work slows the next request's first chunk
   (it waits for a worker, then shares the cores). Parked streams leave the cores to first
   chunks; ``max_lead_s`` (seconds of audio kept ready ahead of the listener) absorbs the wait
-  for a worker, so they still do not underrun. Unpaced streams (a whole clip, a batch job)
-  are never parked.
+  for a worker, so they still do not underrun.
 
 Pure Python, no Triton: :class:`RunQueue` is the ordering (unit-tested without timing),
 :class:`StepScheduler` the worker threads that step generators in that order,
@@ -30,8 +32,9 @@ Pure Python, no Triton: :class:`RunQueue` is the ordering (unit-tested without t
 codec frames decoded in chunks). ``omni_triton.adapters.stream.DecoupledStage`` uses them when a
 model's ``config.pbtxt`` sets ``scheduling: "deadline"`` (docs/scheduling.md).
 
-The switch back: ``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment (or the config
-parameter ``scheduling: "fifo"``) gives the previous behaviour (the stage's original dispatch).
+The switch off: ``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment (or the config
+parameter ``scheduling: "fifo"``) gives each stage its plain dispatch (whole requests in arrival
+order, ``PACED`` ignored); the rest of its config stays as it is (docs/scheduling.md "The knobs").
 """
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ class Policy(str, Enum):
     """How a stage orders the steps of its concurrent streams."""
 
     DEADLINE = "deadline"  # earliest playback deadline first (first chunks at their arrival)
-    FIFO = "fifo"  # oldest stream first: the previous behaviour
+    FIFO = "fifo"  # oldest stream first: the stage's plain dispatch (whole requests in arrival order)
 
 
 def scheduling_policy(params: Mapping[str, str], env: Mapping[str, str] | None = None) -> Policy:
@@ -185,8 +188,9 @@ class RunQueue:
     order among equals. FIFO orders by ``seq`` alone: the oldest stream first, i.e. every stream
     runs to its end before a later one starts (with one worker).
 
-    Pacing (DEADLINE only): with ``max_lead_s`` set, a ``paced`` ticket is *eligible* only from
-    ``deadline.due() - max_lead_s`` on; :meth:`pop` with ``now`` returns the most urgent eligible
+    Pacing (DEADLINE only, opt-in per ticket): with ``max_lead_s`` set, a ``paced`` ticket is
+    *eligible* only from ``deadline.due() - max_lead_s`` on; an unpaced one always is (so the
+    queue is work-conserving for it); :meth:`pop` with ``now`` returns the most urgent eligible
     ticket and :meth:`next_eligible` says when a parked one becomes eligible.
 
     Raises:
