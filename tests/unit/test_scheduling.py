@@ -83,7 +83,7 @@ def test_a_paced_stream_far_ahead_is_parked_until_its_lead_and_an_unpaced_one_ne
     # a paced stream with no audio yet is due at its arrival: never parked
     q.push(q.ticket(AudioDeadline(1.0), "new", paced=True))
     assert q.pop(now=1.0).payload == "new"
-    # FIFO ignores pacing (the previous behaviour); a negative lead is refused
+    # FIFO ignores pacing (the plain dispatch); a negative lead is refused
     fifo = RunQueue(Policy.FIFO, max_lead_s=2.0)
     fifo.push(fifo.ticket(_playing(0.0, 0.1, 5.0), "A", paced=True))
     assert fifo.pop(now=0.0).payload == "A"
