@@ -21,6 +21,19 @@ from omni_triton.contracts.tensors import scalar_array
 from omni_triton.stages.chunking import FrameGroups
 
 
+def open_stream_counts(args: dict):
+    """The open streams of this BLS model across its instances (the load signal of its dynamic
+    first chunk): :class:`~omni_triton.runtime.instance_balance.OpenStreams` in the server's run
+    folder (``streams/<model>``), from ``initialize``'s ``args``."""
+    import os
+
+    from omni_triton.paths import server_run_dir
+    from omni_triton.runtime.instance_balance import OpenStreams
+
+    model = args["model_name"]
+    return OpenStreams(server_run_dir(os.getppid()) / "streams" / model, args.get("model_instance_name", model))
+
+
 class CsmTalkerStage(DecoupledStage):
     """``csm_talker`` (CSM): TEXT (+ SPEAKER, MIN/MAX_FRAMES, REQUEST_ID) -> CODES responses of
     ``emit_frames`` frames; one request at a time per instance, inside ``execute``."""
@@ -50,11 +63,18 @@ class CsmTalkerStage(DecoupledStage):
         handoff = cs.CsmToTalker.from_tensors(present_arrays(request, cs.TALKER_INPUT_NAMES))
         lo, hi = handoff.min_frames, handoff.max_frames
         return (handoff.text, handoff.speaker, self.default_min if lo is None else lo,
-                self.default_max if hi is None else hi)
+                self.default_max if hi is None else hi, handoff.first_chunk_frames)
+
+    def playback_deadline(self, arrival, job=None, paced=False):
+        """The config's frame deadline, with this request's FIRST_CHUNK_FRAMES (the BLS's dynamic
+        first chunk) as its first chunk when sent."""
+        first = job[4] if job is not None and len(job) > 4 else None
+        return self.playback.deadline(arrival, paced, first_chunk_frames=first)
 
     def generate(self, job, stream):
-        text, speaker, min_frames, max_frames = job
-        groups = FrameGroups(self.emit_frames)
+        text, speaker, min_frames, max_frames, *rest = job
+        # the first response is the consumer's first chunk (FIRST_CHUNK_FRAMES), then emit_frames
+        groups = FrameGroups(self.emit_frames, rest[0] if rest else None)
         # Under the deadline scheduler (config `scheduling: deadline`) the talker computes a frame
         # only when the scheduler steps this request, so open requests interleave frame by frame.
         for frames in self.talker.stream(text, speaker=speaker, min_frames=min_frames, max_frames=max_frames,
@@ -100,9 +120,11 @@ class CsmPipeline(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.runtime.cancel_flags import CancelFlags
-        from omni_triton.stages.chunking import schedule_params
+        from omni_triton.stages.chunking import InitialChunk, instance_count, schedule_params
 
         self.chunks = schedule_params(params)  # ChunkSchedule keywords, validated (low water included)
+        self.initial = InitialChunk.from_params(params, self.chunks["chunk_frames"], instance_count(args))
+        self.open_streams = open_stream_counts(args)
         self.voices = [v.strip() for v in params.get("voices", "0").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
@@ -124,11 +146,18 @@ class CsmPipeline(DecoupledStage):
         return out[sp.AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
+        with self.open_streams.counted() as others:
+            first = self.initial.frames(others, self.chunks["first_chunk_frames"])
+            yield from self._generate(job, stream, first)
+
+    def _generate(self, job, stream, first: int):
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
 
-        chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
+        kw = {**fixed_if_unpaced(self.chunks, job.paced), "first_chunk_frames": first}
+        chunked = ChunkedDecoder(ChunkSchedule(**kw), self._decode)
         rate = scalar_array(self.sample_rate, "INT32")
-        inputs = cs.CsmToTalker(job.text, job.speaker, job.max_frames, paced=job.paced).to_tensors()
+        inputs = cs.CsmToTalker(job.text, job.speaker, job.max_frames, paced=job.paced,
+                                first_chunk_frames=first).to_tensors()
         for out in stream_stage(self.talker, inputs, [cd.CODES], stream.cancelled, self.talker_flags,
                                 f"tts-{uuid.uuid4().hex}", parent=stream):
             codes = out.get(cd.CODES)
