@@ -145,7 +145,8 @@ def codec():
 
     folder = csm.build_tiny_csm(Path(tempfile.mkdtemp()) / "csm-tiny", seed=0)
     talker, decoder = ct.CodecTalker.from_pretrained(folder), ct.CodecDecoder.from_pretrained(folder)
-    return decoder, talker.generate("Hello world, this is a test of the talker.", speaker=0, min_frames=70, max_frames=70)
+    codes = talker.generate("Hello world, this is a test of the talker.", speaker=0, min_frames=70, max_frames=70)
+    return decoder, codes
 
 
 def _streamed(decoder, codes, first, drop_left=False, duplicate=False):
