@@ -4,6 +4,8 @@ with left context). Stub-only imports; the logic lives in ``omni_triton.stages.c
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +34,21 @@ def open_stream_counts(args: dict):
 
     model = args["model_name"]
     return OpenStreams(server_run_dir(os.getppid()) / "streams" / model, args.get("model_instance_name", model))
+
+
+@contextmanager
+def first_chunk_of_new_stream(bls) -> Iterator[int]:
+    """The frames of a new request's first chunk at a codec BLS (``bls.initial``, an
+    :class:`~omni_triton.stages.chunking.InitialChunk`, by ``bls.open_streams``' count when it
+    starts; the config's ``first_chunk_frames`` when either is unset), counting the request open
+    for the ``with`` block."""
+    fixed = int(bls.chunks["first_chunk_frames"])
+    streams, initial = getattr(bls, "open_streams", None), getattr(bls, "initial", None)
+    if streams is None or initial is None:
+        yield fixed
+        return
+    with streams.counted() as others:
+        yield initial.frames(others, fixed)
 
 
 class CsmTalkerStage(DecoupledStage):
@@ -146,8 +163,7 @@ class CsmPipeline(DecoupledStage):
         return out[sp.AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
-        with self.open_streams.counted() as others:
-            first = self.initial.frames(others, self.chunks["first_chunk_frames"])
+        with first_chunk_of_new_stream(self) as first:
             yield from self._generate(job, stream, first)
 
     def _generate(self, job, stream, first: int):

@@ -4,6 +4,7 @@ signal (open streams of the BLS across its instances), and the joined stream aga
 decode for every first-chunk size, with no gap or click at the joins. No Triton."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
@@ -114,19 +115,93 @@ def test_open_streams_count_every_instance_of_the_model(tmp_path):
     assert a.others() == 0 and b.others() == 0
 
 
-def test_csm_bls_config_chooses_the_first_chunk_from_load_and_tells_its_talker():
-    """csm: 2-16 frames by its open streams over its 8 instances; csm_talker declares the
-    FIRST_CHUNK_FRAMES input it groups and schedules by; the emit group still divides the later
-    chunks (the first response is the first chunk itself)."""
+@pytest.mark.parametrize("bls, talker", [("csm", "csm_talker"), ("qwen3_omni", "qwen3_omni_talker")])
+def test_bls_config_chooses_the_first_chunk_from_load_and_tells_its_talker(bls, talker):
+    """csm / qwen3_omni: 2-16 frames by its open streams over its 8 instances; the talker declares
+    the FIRST_CHUNK_FRAMES input it groups and schedules by; the emit group still divides the
+    later chunks (the first response is the first chunk itself)."""
     from omni_triton.serve.repository import available_models, model_parameters
 
     models = available_models()
-    params = model_parameters(models["csm"])
+    params = model_parameters(models[bls])
     initial = chunking.InitialChunk.from_params(params, int(params["chunk_frames"]), 8)
     assert (initial.lo, initial.hi) == (2, 16)
-    talker = (models["csm_talker"] / "config.pbtxt").read_text()
-    assert 'name: "FIRST_CHUNK_FRAMES" data_type: TYPE_INT32' in talker
-    assert int(params["chunk_frames"]) % int(model_parameters(models["csm_talker"])["emit_frames"]) == 0
+    assert 'name: "FIRST_CHUNK_FRAMES" data_type: TYPE_INT32' in (models[talker] / "config.pbtxt").read_text()
+    assert int(params["chunk_frames"]) % int(model_parameters(models[talker]).get("emit_frames", "1")) == 0
+
+
+class _Open:
+    """OpenStreams stand-in: ``others`` streams open when a request starts."""
+
+    def __init__(self, others):
+        self.n, self.inside = others, []
+
+    @contextlib.contextmanager
+    def counted(self):
+        self.inside.append(True)
+        yield self.n
+        self.inside.pop()
+
+
+@pytest.mark.parametrize("others, first", [(0, 2), (3, 4), (7, 16)])
+@pytest.mark.parametrize("family", ["csm", "qwen3_omni"])
+def test_the_bls_sends_its_talker_the_first_chunk_it_decodes(monkeypatch, family, others, first):
+    """The csm / qwen3_omni BLS picks the first chunk from its open streams (8 instances), sends it
+    to the talker as FIRST_CHUNK_FRAMES and decodes exactly that many frames first; the request
+    counts as open while it runs."""
+    from types import SimpleNamespace
+
+    from omni_triton.adapters import csm as csm_adapter
+    from omni_triton.adapters import omni_stages
+    from omni_triton.adapters import qwen3_omni as omni
+    from omni_triton.contracts import chat as ch
+    from omni_triton.contracts.codec import CODES, FIRST_CHUNK_FRAMES
+    from omni_triton.contracts.tensors import utf8_array
+
+    module, cls = (csm_adapter, csm_adapter.CsmPipeline) if family == "csm" else (omni, omni.Qwen3OmniPipeline)
+    bls = object.__new__(cls)
+    bls.chunks = {"first_chunk_frames": 5, "chunk_frames": 25, "left_context_frames": 25, "low_water_s": 0.0,
+                  "frame_rate_hz": 12.5}
+    bls.initial = chunking.InitialChunk(2, 16, 8)
+    bls.open_streams = _Open(others)
+    bls.stage_flags = bls.talker_flags = None
+    bls.sample_rate = 24000
+    sent, decoded = {}, []
+
+    def fake_stream_stage(model, inputs, outputs, *args, **kwargs):
+        sent.update(dict(inputs))
+        assert bls.open_streams.inside  # counted open while the talker streams
+        for _ in range(40):
+            yield {CODES: np.zeros((1, 4), np.int64)}
+
+    monkeypatch.setattr(module, "stream_stage", fake_stream_stage)
+    monkeypatch.setattr(cls, "_decode", lambda self, codes, left: decoded.append(len(codes) - left) or np.zeros(1))
+    stream = SimpleNamespace(paced=False, cancel_seen=False, cancelled=lambda: False)
+    if family == "csm":
+        job = csm_adapter._CsmJob("Hello.", 0, 40)
+    else:
+        job = omni_stages.OmniJob(inputs=[(ch.PROMPT, utf8_array("Hello"))], audio=True, voice="Ethan",
+                                  max_frames=None, async_chunk=True, paced=False)
+    list(bls.generate(job, stream))
+    assert int(sent[FIRST_CHUNK_FRAMES][0]) == first
+    assert decoded[0] == first and sum(decoded) == 40
+    assert not bls.open_streams.inside  # closed at the end
+
+
+def test_the_omni_talker_sends_the_first_chunk_first():
+    from types import SimpleNamespace
+
+    from omni_triton.adapters import omni_stages
+    from omni_triton.contracts.codec import CODES
+
+    talker = object.__new__(omni_stages.OmniTalkerBase)
+    talker.emit_frames, talker.step_scheduler = 5, None
+    talker.talker = SimpleNamespace(stream=lambda *a, **k: iter([np.zeros((1, 16), np.int64)] * 12))
+    talker.metrics = SimpleNamespace(count=lambda *a: None)
+    job = omni_stages.TalkerJob(None, "Ethan", None, first_chunk_frames=4)
+    out = [len(o[CODES]) for o in talker.generate(job, SimpleNamespace(cancel_seen=False, cancelled=lambda: False))
+           if o is not None]
+    assert out == [4, 5, 3]
 
 
 # ------------------------------------------------------------- joined stream vs one full decode
