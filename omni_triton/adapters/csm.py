@@ -4,8 +4,6 @@ with left context). Stub-only imports; the logic lives in ``omni_triton.stages.c
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +11,7 @@ import numpy as np
 from omni_triton.adapters.api_inputs import request_text
 from omni_triton.adapters.batched import set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
-from omni_triton.adapters.codec import CodecDecoderStage
+from omni_triton.adapters.codec import CodecDecoderStage, first_chunk_of_new_stream, open_stream_counts
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_input, optional_str_input, present_arrays
 from omni_triton.contracts import codec as cd
@@ -21,34 +19,6 @@ from omni_triton.contracts import csm as cs
 from omni_triton.contracts import speech as sp
 from omni_triton.contracts.tensors import scalar_array
 from omni_triton.stages.chunking import FrameGroups
-
-
-def open_stream_counts(args: dict):
-    """The open streams of this BLS model across its instances (the load signal of its dynamic
-    first chunk): :class:`~omni_triton.runtime.instance_balance.OpenStreams` in the server's run
-    folder (``streams/<model>``), from ``initialize``'s ``args``."""
-    import os
-
-    from omni_triton.paths import server_run_dir
-    from omni_triton.runtime.instance_balance import OpenStreams
-
-    model = args["model_name"]
-    return OpenStreams(server_run_dir(os.getppid()) / "streams" / model, args.get("model_instance_name", model))
-
-
-@contextmanager
-def first_chunk_of_new_stream(bls) -> Iterator[int]:
-    """The frames of a new request's first chunk at a codec BLS (``bls.initial``, an
-    :class:`~omni_triton.stages.chunking.InitialChunk`, by ``bls.open_streams``' count when it
-    starts; the config's ``first_chunk_frames`` when either is unset), counting the request open
-    for the ``with`` block."""
-    fixed = int(bls.chunks["first_chunk_frames"])
-    streams, initial = getattr(bls, "open_streams", None), getattr(bls, "initial", None)
-    if streams is None or initial is None:
-        yield fixed
-        return
-    with streams.counted() as others:
-        yield initial.frames(others, fixed)
 
 
 class CsmTalkerStage(DecoupledStage):

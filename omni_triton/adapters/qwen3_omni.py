@@ -201,7 +201,7 @@ class Qwen3OmniPipeline(OmniPipelineBase):
         # torch-free (tests/unit/test_bls_imports.py): no tokenizer, no processor here;
         # qwen3_omni_thinker tokenizes, processes the media parts and validates each request
         self.messages_chars = _messages_chars(params)
-        from omni_triton.adapters.csm import open_stream_counts
+        from omni_triton.adapters.codec import open_stream_counts
         from omni_triton.runtime.cancel_flags import CancelFlags
         from omni_triton.stages.chunking import InitialChunk, instance_count, schedule_params
 
@@ -230,7 +230,7 @@ class Qwen3OmniPipeline(OmniPipelineBase):
         return call_stage(self.code2wav, cd.talker_to_code2wav(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1)
 
     def generate(self, job, stream):
-        from omni_triton.adapters.csm import first_chunk_of_new_stream
+        from omni_triton.adapters.codec import first_chunk_of_new_stream
 
         with first_chunk_of_new_stream(self) as first:
             yield from self._generate(job, stream, first)
