@@ -115,7 +115,8 @@ def test_open_streams_count_every_instance_of_the_model(tmp_path):
     assert a.others() == 0 and b.others() == 0
 
 
-@pytest.mark.parametrize("bls, talker", [("csm", "csm_talker"), ("qwen3_omni", "qwen3_omni_talker")])
+@pytest.mark.parametrize("bls, talker", [("csm", "csm_talker"), ("qwen3_omni", "qwen3_omni_talker"),
+                                         ("qwen3_tts", "qwen3_tts_talker")])
 def test_bls_config_chooses_the_first_chunk_from_load_and_tells_its_talker(bls, talker):
     """csm / qwen3_omni: 2-16 frames by its open streams over its 8 instances; the talker declares
     the FIRST_CHUNK_FRAMES input it groups and schedules by; the emit group still divides the
@@ -144,21 +145,22 @@ class _Open:
 
 
 @pytest.mark.parametrize("others, first", [(0, 2), (3, 4), (7, 16)])
-@pytest.mark.parametrize("family", ["csm", "qwen3_omni"])
+@pytest.mark.parametrize("family", ["csm", "qwen3_omni", "qwen3_tts"])
 def test_the_bls_sends_its_talker_the_first_chunk_it_decodes(monkeypatch, family, others, first):
-    """The csm / qwen3_omni BLS picks the first chunk from its open streams (8 instances), sends it
+    """The csm / qwen3_omni / qwen3_tts BLS picks the first chunk from its open streams (8 instances), sends it
     to the talker as FIRST_CHUNK_FRAMES and decodes exactly that many frames first; the request
     counts as open while it runs."""
     from types import SimpleNamespace
 
     from omni_triton.adapters import csm as csm_adapter
-    from omni_triton.adapters import omni_stages
+    from omni_triton.adapters import omni_stages, qwen3_tts
     from omni_triton.adapters import qwen3_omni as omni
     from omni_triton.contracts import chat as ch
     from omni_triton.contracts.codec import CODES, FIRST_CHUNK_FRAMES
     from omni_triton.contracts.tensors import utf8_array
 
-    module, cls = (csm_adapter, csm_adapter.CsmPipeline) if family == "csm" else (omni, omni.Qwen3OmniPipeline)
+    module, cls = {"csm": (csm_adapter, csm_adapter.CsmPipeline), "qwen3_omni": (omni, omni.Qwen3OmniPipeline),
+                   "qwen3_tts": (qwen3_tts, qwen3_tts.Qwen3TtsPipeline)}[family]
     bls = object.__new__(cls)
     bls.chunks = {"first_chunk_frames": 5, "chunk_frames": 25, "left_context_frames": 25, "low_water_s": 0.0,
                   "frame_rate_hz": 12.5}
@@ -175,10 +177,17 @@ def test_the_bls_sends_its_talker_the_first_chunk_it_decodes(monkeypatch, family
             yield {CODES: np.zeros((1, 4), np.int64)}
 
     monkeypatch.setattr(module, "stream_stage", fake_stream_stage)
-    monkeypatch.setattr(cls, "_decode", lambda self, codes, left: decoded.append(len(codes) - left) or np.zeros(1))
+    def decode(self, codes, left, *due):
+        decoded.append(len(codes) - left)
+        return np.zeros(1)
+
+    monkeypatch.setattr(cls, "_decode", decode)
     stream = SimpleNamespace(paced=False, cancel_seen=False, cancelled=lambda: False)
     if family == "csm":
         job = csm_adapter._CsmJob("Hello.", 0, 40)
+    elif family == "qwen3_tts":
+        job = dict(task="custom_voice", text="Hello.", voice="Ryan", instructions=None, language=None, prompt=None,
+                   max_frames=None, paced=False)
     else:
         job = omni_stages.OmniJob(inputs=[(ch.PROMPT, utf8_array("Hello"))], audio=True, voice="Ethan",
                                   max_frames=None, async_chunk=True, paced=False)
