@@ -68,18 +68,26 @@ def piper_segments(text: str, speed: float = 1.0, voice: str = "joe", noise: boo
     """One float32 PCM array ``[num_samples]`` per segment the ``piper`` stage sends for ``text``
     (``segment_phonemes`` of ``PiperVoice.phonemize``, ``first_chunk_words`` default: the
     config's), each ``PiperVoice.synthesize`` of the segment's raw phonemes."""
-    from omni_triton.stages.piper import FIRST_CHUNK_WORDS, segment_phonemes
+    from omni_triton.stages.piper import FIRST_CHUNK_WORDS, is_word_cut, segment_phonemes, trim_word_cut
 
     v = piper_voice(voice)
     words = FIRST_CHUNK_WORDS if first_chunk_words is None else first_chunk_words
-    return [np.asarray(c.audio_float_array, np.float32).reshape(-1)
-            for seg in segment_phonemes(v.phonemize(text), words)
-            for c in v.synthesize("[[" + "".join(seg) + "]]", syn_config=_config(v, speed, noise))]
+    sentences = v.phonemize(text)
+    segments = segment_phonemes(sentences, words)
+    out = [np.asarray(c.audio_float_array, np.float32).reshape(-1)
+           for seg in segments
+           for c in v.synthesize("[[" + "".join(seg) + "]]", syn_config=_config(v, speed, noise))]
+    if len(segments) > len([s for s in sentences if s]) and is_word_cut(segments[0]):  # the stage's trim
+        rate = int(v.config.sample_rate)
+        out[0], out[1] = trim_word_cut(out[0], rate, end=True), trim_word_cut(out[1], rate, end=False)
+    return out
 
 
 def piper_reference(text: str, speed: float = 1.0, voice: str = "joe") -> tuple[np.ndarray, int]:
-    """(float32 PCM ``[num_samples]``, sample rate Hz) of ``piper.PiperVoice`` speaking ``text``."""
-    return np.concatenate(piper_sentences(text, speed, voice)), int(piper_voice(voice).config.sample_rate)
+    """(float32 PCM ``[num_samples]``, sample rate Hz) of ``piper.PiperVoice`` speaking ``text`` in
+    the stage's segments (:func:`piper_segments`: a cut first sentence is ~1.06-1.13x as long as
+    when spoken whole, docs/scheduling.md "The first chunk")."""
+    return np.concatenate(piper_segments(text, speed, voice)), int(piper_voice(voice).config.sample_rate)
 
 
 def assert_piper_sentences(chunks: list[np.ndarray], sample_rate: int, text: str, speed: float = 1.0,

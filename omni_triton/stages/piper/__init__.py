@@ -3,6 +3,7 @@ from omni_triton.stages.piper.speaker import (  # noqa: F401
     CLAUSE_MARKS,
     FIRST_CHUNK_WORDS,
     SHRINK_ABOVE_IDS,
+    is_word_cut,
     ArenaBoundedSession,
     PiperSentence,
     PiperSpeaker,
@@ -10,4 +11,5 @@ from omni_triton.stages.piper.speaker import (  # noqa: F401
     discover_voices,
     segment_phonemes,
     synthesize_phonemes,
+    trim_word_cut,
 )

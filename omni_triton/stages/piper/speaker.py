@@ -106,6 +106,43 @@ def segment_phonemes(sentences: list[list[str]], first_chunk_words: int) -> list
     return sentences
 
 
+CUT_SILENCE_THRESHOLD = 0.02
+"""|sample| (of Piper's peak-normalised audio) below which :func:`trim_word_cut` counts silence."""
+CUT_KEEP_S = (0.04, 0.02)
+"""Seconds of silence :func:`trim_word_cut` keeps at the end of the first phrase and at the start of
+the rest (a short pause, as between words; VITS pads each run with ~0.14 s and ~0.03 s)."""
+
+
+def is_word_cut(head: list[str]) -> bool:
+    """Whether a first segment (:func:`segment_phonemes`) was cut after N words rather than at a
+    clause mark (its last phoneme)."""
+    return bool(head) and head[-1] not in CLAUSE_MARKS
+
+
+def trim_word_cut(audio: np.ndarray, sample_rate: int, end: bool) -> np.ndarray:
+    """The audio of one side of a word cut without the silence VITS adds around every run: the
+    first phrase's trailing silence (``end`` True) or the rest's leading silence (``end`` False),
+    down to :data:`CUT_KEEP_S`. A cut at a clause mark keeps Piper's pause (it is the comma's).
+    Measured (noise off): "The capital of France | is Paris." was 2.21 s against 1.86 s whole,
+    2.10 s trimmed (the rest is VITS's phrase-final lengthening of the first phrase); "The quick
+    brown fox | jumps over the lazy dog." 3.04 s, 2.94 s trimmed, against 2.77 s whole.
+
+    Args:
+        audio: float32 PCM ``[num_samples]``.
+        sample_rate: Hz.
+        end: trim the end (else the start).
+
+    Returns:
+        float32 PCM, a slice of ``audio`` (all of it when it holds no sound above the threshold).
+    """
+    loud = np.flatnonzero(np.abs(audio) > CUT_SILENCE_THRESHOLD)
+    if not loud.size:
+        return audio
+    if end:
+        return audio[: min(audio.size, int(loud[-1]) + 1 + int(CUT_KEEP_S[0] * sample_rate))]
+    return audio[max(0, int(loud[0]) - int(CUT_KEEP_S[1] * sample_rate)):]
+
+
 @dataclass
 class PiperSentence:
     """One synthesised segment (a sentence, or a part of the first one: :func:`segment_phonemes`).
@@ -277,12 +314,19 @@ class PiperSpeaker:
         config = SynthesisConfig(length_scale=base_scale / speed, **self.noise)
         # Phonemize the whole text first (as PiperVoice.synthesize does), then synthesise segment
         # by segment, so pulling one at a time streams per segment.
-        for phonemes in segment_phonemes(piper_voice.phonemize(text), self.first_chunk_words):
+        sentences = piper_voice.phonemize(text)
+        segments = segment_phonemes(sentences, self.first_chunk_words)
+        rate = int(piper_voice.config.sample_rate)
+        # a cut after N words: the silence VITS pads both runs with is trimmed at the cut
+        word_cut = len(segments) > len([s for s in sentences if s]) and is_word_cut(segments[0])
+        for i, phonemes in enumerate(segments):
             if is_cancelled():
                 LOGGER.info("piper synthesis cancelled")
                 return
-            yield PiperSentence(audio=synthesize_phonemes(piper_voice, phonemes, config),
-                                sample_rate=int(piper_voice.config.sample_rate), phonemes="".join(phonemes))
+            audio = synthesize_phonemes(piper_voice, phonemes, config)
+            if word_cut and i < 2:
+                audio = trim_word_cut(audio, rate, end=i == 0)
+            yield PiperSentence(audio=audio, sample_rate=rate, phonemes="".join(phonemes))
 
 
 def synthesize_phonemes(piper_voice, phonemes: list[str], config) -> np.ndarray:
