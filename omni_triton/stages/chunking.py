@@ -243,9 +243,10 @@ def instance_count(args: dict) -> int:
 
 def fixed_if_unpaced(kw: dict, paced: bool) -> dict:
     """``kw`` (:func:`schedule_params`) with low water off unless the request is ``paced``: a
-    whole clip has no listener to keep fed, and its fixed chunks keep its bytes the same from
-    run to run (early chunks move chunk boundaries, and so PCM16 samples by a step, with the
-    machine's load)."""
+    whole clip has no listener to keep fed, and fixed later chunks keep its bytes closer from run
+    to run (early chunks move chunk boundaries, and so PCM16 samples by a step, with the machine's
+    load; the dynamic first chunk, :func:`dynamic_initial_chunk_frames`, moves the first boundary
+    with the load for every request)."""
     return kw if paced else {**kw, "low_water_s": 0.0}
 
 
