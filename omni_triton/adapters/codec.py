@@ -1,7 +1,12 @@
 """The codec decoder stage both talker families with a chunked decode share (``csm_code2wav``:
 Mimi; ``qwen3_omni_code2wav``: the Qwen3-Omni code2wav): ragged dynamic batches of CODES chunks with
-left context -> PCM of the new frames. A family subclass says which decoder to ``load``."""
+left context -> PCM of the new frames. A family subclass says which decoder to ``load``. Also the
+codec BLS's dynamic first chunk helpers (:func:`open_stream_counts`, :func:`first_chunk_of_new_stream`;
+docs/scheduling.md "The first chunk"), shared by ``csm`` and ``qwen3_omni``."""
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.triton_io import required_array
@@ -35,3 +40,31 @@ class CodecDecoderStage(BatchedStage):
 
     def outputs(self, pcm):
         return {sp.AUDIO: pcm[None, :]}
+
+
+def open_stream_counts(args: dict):
+    """The open streams of this BLS model across its instances (the load signal of its dynamic
+    first chunk): :class:`~omni_triton.runtime.instance_balance.OpenStreams` in the server's run
+    folder (``streams/<model>``), from ``initialize``'s ``args``."""
+    import os
+
+    from omni_triton.paths import server_run_dir
+    from omni_triton.runtime.instance_balance import OpenStreams
+
+    model = args["model_name"]
+    return OpenStreams(server_run_dir(os.getppid()) / "streams" / model, args.get("model_instance_name", model))
+
+
+@contextmanager
+def first_chunk_of_new_stream(bls) -> Iterator[int]:
+    """The frames of a new request's first chunk at a codec BLS (``bls.initial``, an
+    :class:`~omni_triton.stages.chunking.InitialChunk`, by ``bls.open_streams``' count when it
+    starts; the config's ``first_chunk_frames`` when either is unset), counting the request open
+    for the ``with`` block."""
+    fixed = int(bls.chunks["first_chunk_frames"])
+    streams, initial = getattr(bls, "open_streams", None), getattr(bls, "initial", None)
+    if streams is None or initial is None:
+        yield fixed
+        return
+    with streams.counted() as others:
+        yield initial.frames(others, fixed)

@@ -11,7 +11,7 @@ import numpy as np
 from omni_triton.adapters.api_inputs import request_text
 from omni_triton.adapters.batched import set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
-from omni_triton.adapters.codec import CodecDecoderStage
+from omni_triton.adapters.codec import CodecDecoderStage, first_chunk_of_new_stream, open_stream_counts
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import optional_input, optional_str_input, present_arrays
 from omni_triton.contracts import codec as cd
@@ -50,11 +50,18 @@ class CsmTalkerStage(DecoupledStage):
         handoff = cs.CsmToTalker.from_tensors(present_arrays(request, cs.TALKER_INPUT_NAMES))
         lo, hi = handoff.min_frames, handoff.max_frames
         return (handoff.text, handoff.speaker, self.default_min if lo is None else lo,
-                self.default_max if hi is None else hi)
+                self.default_max if hi is None else hi, handoff.first_chunk_frames)
+
+    def playback_deadline(self, arrival, job=None, paced=False):
+        """The config's frame deadline, with this request's FIRST_CHUNK_FRAMES (the BLS's dynamic
+        first chunk) as its first chunk when sent."""
+        first = job[4] if job is not None and len(job) > 4 else None
+        return self.playback.deadline(arrival, paced, first_chunk_frames=first)
 
     def generate(self, job, stream):
-        text, speaker, min_frames, max_frames = job
-        groups = FrameGroups(self.emit_frames)
+        text, speaker, min_frames, max_frames, *rest = job
+        # the first response is the consumer's first chunk (FIRST_CHUNK_FRAMES), then emit_frames
+        groups = FrameGroups(self.emit_frames, rest[0] if rest else None)
         # Under the deadline scheduler (config `scheduling: deadline`) the talker computes a frame
         # only when the scheduler steps this request, so open requests interleave frame by frame.
         for frames in self.talker.stream(text, speaker=speaker, min_frames=min_frames, max_frames=max_frames,
@@ -100,9 +107,11 @@ class CsmPipeline(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.runtime.cancel_flags import CancelFlags
-        from omni_triton.stages.chunking import schedule_params
+        from omni_triton.stages.chunking import InitialChunk, instance_count, schedule_params
 
         self.chunks = schedule_params(params)  # ChunkSchedule keywords, validated (low water included)
+        self.initial = InitialChunk.from_params(params, self.chunks["chunk_frames"], instance_count(args))
+        self.open_streams = open_stream_counts(args)
         self.voices = [v.strip() for v in params.get("voices", "0").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
@@ -124,11 +133,17 @@ class CsmPipeline(DecoupledStage):
         return out[sp.AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
+        with first_chunk_of_new_stream(self) as first:
+            yield from self._generate(job, stream, first)
+
+    def _generate(self, job, stream, first: int):
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
 
-        chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
+        kw = {**fixed_if_unpaced(self.chunks, job.paced), "first_chunk_frames": first}
+        chunked = ChunkedDecoder(ChunkSchedule(**kw), self._decode)
         rate = scalar_array(self.sample_rate, "INT32")
-        inputs = cs.CsmToTalker(job.text, job.speaker, job.max_frames, paced=job.paced).to_tensors()
+        inputs = cs.CsmToTalker(job.text, job.speaker, job.max_frames, paced=job.paced,
+                                first_chunk_frames=first).to_tensors()
         for out in stream_stage(self.talker, inputs, [cd.CODES], stream.cancelled, self.talker_flags,
                                 f"tts-{uuid.uuid4().hex}", parent=stream):
             codes = out.get(cd.CODES)

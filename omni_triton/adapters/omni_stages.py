@@ -87,6 +87,7 @@ class AsyncTalkerJob:
     inputs: list
     voice: str
     settings: object
+    first_chunk_frames: int | None = None  # FIRST_CHUNK_FRAMES: the BLS's first chunk (None: config's)
 
 
 def _talker_increments(step) -> dict:
@@ -134,6 +135,7 @@ class TalkerJob:
     thinker_output: object
     voice: str
     settings: object
+    first_chunk_frames: int | None = None  # FIRST_CHUNK_FRAMES: the BLS's first chunk (None: config's)
 
 
 @dataclass
@@ -219,7 +221,24 @@ class OmniTalkerBase(DecoupledStage):
     def parse(self, request):
         settings = self._settings(request)
         voice = optional_str_input(request, ch.VOICE) or self.default_voice
-        return TalkerJob(self._thinker_output(request), voice, settings)
+        return TalkerJob(self._thinker_output(request), voice, settings, self._first_chunk(request))
+
+    @staticmethod
+    def _first_chunk(request) -> int | None:
+        """The optional ``FIRST_CHUNK_FRAMES`` (the BLS's first chunk of this request; declared by
+        ``qwen3_omni_talker``); ``ChatInputError`` when < 1."""
+        value = optional_input(request, cd.FIRST_CHUNK_FRAMES)
+        if value is None:
+            return None
+        if int(value) < 1:
+            raise ch.ChatInputError(f"FIRST_CHUNK_FRAMES must be >= 1, got {int(value)}")
+        return int(value)
+
+    def playback_deadline(self, arrival, job=None, paced=False):
+        """The config's frame deadline, with the request's FIRST_CHUNK_FRAMES as its first chunk
+        when sent (docs/scheduling.md "The first chunk")."""
+        first = getattr(job, "first_chunk_frames", None)
+        return self.playback.deadline(arrival, paced, first_chunk_frames=first)
 
     @staticmethod
     def _thinker_output(request):
@@ -242,7 +261,7 @@ class OmniTalkerBase(DecoupledStage):
 
     def generate(self, job, stream):
         out, voice, settings = job.thinker_output, job.voice, job.settings
-        groups = FrameGroupResponses(self.emit_frames)
+        groups = FrameGroupResponses(self.emit_frames, job.first_chunk_frames)  # first response: the first chunk
         for frames in self.talker.stream(out, voice, settings, stream.cancelled, **_paced(self)):
             if frames is None:
                 yield None  # a talker step without a frame (its last)

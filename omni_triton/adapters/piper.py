@@ -1,5 +1,6 @@
 """``TritonPythonModel`` of the ``piper`` family (contract: ``omni_triton.contracts.speech``;
-OpenAI name ``piper_tts``): TEXT -> one AUDIO response per sentence. Stub-only imports; the logic
+OpenAI name ``piper_tts``): TEXT -> one AUDIO response per segment (the first phrase, the rest of the
+first sentence, then one per sentence: ``omni_triton.stages.piper.segment_phonemes``). Stub-only imports; the logic
 lives in ``omni_triton.stages.piper``."""
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from omni_triton.contracts.tensors import scalar_array
 
 
 class PiperStage(DecoupledStage):
-    """``piper``: TEXT (+ VOICE, SPEED) -> one AUDIO/SAMPLE_RATE response per sentence."""
+    """``piper``: TEXT (+ VOICE, SPEED) -> one AUDIO/SAMPLE_RATE response per segment (config
+    ``first_chunk_words``: words of the first segment at most, default
+    :data:`~omni_triton.stages.piper.FIRST_CHUNK_WORDS`; ``"0"``: whole sentences)."""
 
     stage = "piper"
     input_error = sp.SpeechInputError
@@ -24,18 +27,27 @@ class PiperStage(DecoupledStage):
 
     def setup(self, args, params):
         from omni_triton.paths import model_dir
-        from omni_triton.stages.piper import SHRINK_ABOVE_IDS, PiperSpeaker, discover_voices
+        from omni_triton.stages.piper import PiperSpeaker, discover_voices
 
         self.read_params(params)
         voices = discover_voices(model_dir("piper-voices"))
         if not voices:
             raise RuntimeError(f"no Piper voices under {model_dir('piper-voices')}; run `omni-triton prepare`")
-        shrink_above = float(params.get("arena_shrink_above_ids", SHRINK_ABOVE_IDS))
-        self.speaker = PiperSpeaker(voices, shrink_above=shrink_above)
+        self.speaker = PiperSpeaker(voices, shrink_above=self.shrink_above, first_chunk_words=self.first_chunk_words)
 
     def read_params(self, params):
-        """Parameters read without loading voices (``setup`` calls it first)."""
+        """Parameters read without loading voices (``setup`` calls it first).
+
+        Raises:
+            ValueError: ``first_chunk_words`` is not an integer >= 0 (a load error).
+        """
+        from omni_triton.stages.piper.speaker import FIRST_CHUNK_WORDS, SHRINK_ABOVE_IDS
+
         self.max_input_chars = sp.max_input_chars(params, "4096")
+        self.shrink_above = float(params.get("arena_shrink_above_ids", SHRINK_ABOVE_IDS))
+        self.first_chunk_words = int(params.get("first_chunk_words", FIRST_CHUNK_WORDS))
+        if self.first_chunk_words < 0:
+            raise ValueError(f"first_chunk_words must be >= 0, got {self.first_chunk_words}")
 
     def parse(self, request):
         speed = optional_input(request, sp.SPEED)

@@ -131,7 +131,8 @@ class Qwen3OmniTalkerStage(OmniTalkerBase):
         if text_inputs[0] is not None or text_inputs[1] is not None:  # speak while thinking
             voice = optional_str_input(request, ch.VOICE) or self.default_voice
             self.talker.speaker_id(voice)  # unknown voice: INVALID_ARG before the thinker starts
-            return AsyncTalkerJob(chat_request_pairs(text_inputs), voice, self._settings(request))
+            return AsyncTalkerJob(chat_request_pairs(text_inputs), voice, self._settings(request),
+                                  self._first_chunk(request))
         return super().parse(request)
 
     def generate(self, job, stream):
@@ -162,7 +163,7 @@ class Qwen3OmniTalkerStage(OmniTalkerBase):
                 yield ThinkerStep(response.text, response.completion_tokens, response.finish_reason or None,
                                   **_step_increments(out))
 
-        groups = FrameGroupResponses(self.emit_frames)
+        groups = FrameGroupResponses(self.emit_frames, job.first_chunk_frames)  # first response: the first chunk
         for item in self.talker.stream_while_thinking(steps(), job.voice, job.settings, stream.cancelled,
                                                       **_paced(self)):
             if item is None:
@@ -200,10 +201,14 @@ class Qwen3OmniPipeline(OmniPipelineBase):
         # torch-free (tests/unit/test_bls_imports.py): no tokenizer, no processor here;
         # qwen3_omni_thinker tokenizes, processes the media parts and validates each request
         self.messages_chars = _messages_chars(params)
+        from omni_triton.adapters.codec import open_stream_counts
         from omni_triton.runtime.cancel_flags import CancelFlags
-        from omni_triton.stages.chunking import schedule_params
+        from omni_triton.stages.chunking import InitialChunk, instance_count, schedule_params
 
         self.chunks = schedule_params(params)  # ChunkSchedule keywords, validated (low water included)
+        # the dynamic first chunk (docs/scheduling.md "The first chunk"), by the open qwen3_omni streams
+        self.initial = InitialChunk.from_params(params, self.chunks["chunk_frames"], instance_count(args))
+        self.open_streams = open_stream_counts(args)
         self.voices = [v.strip() for v in params.get("voices", "Ethan").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0])
         self.sample_rate = int(params.get("sample_rate", "24000"))
@@ -225,15 +230,28 @@ class Qwen3OmniPipeline(OmniPipelineBase):
         return call_stage(self.code2wav, cd.talker_to_code2wav(codes, left), [sp.AUDIO])[sp.AUDIO].reshape(-1)
 
     def generate(self, job, stream):
+        from omni_triton.adapters.codec import first_chunk_of_new_stream
+
+        with first_chunk_of_new_stream(self) as first:
+            yield from self._generate(job, stream, first)
+
+    def _schedule(self, job, first: int):
+        """The request's chunk schedule: the config's, with the first chunk ``first`` frames."""
+        from omni_triton.stages.chunking import ChunkSchedule, fixed_if_unpaced
+
+        return ChunkSchedule(**{**fixed_if_unpaced(self.chunks, job.paced), "first_chunk_frames": first})
+
+    def _generate(self, job, stream, first: int):
         if job.audio and job.async_chunk:
-            yield from self._speak_while_thinking(job, stream)
+            yield from self._speak_while_thinking(job, stream, first)
             return
-        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
+        from omni_triton.stages.chunking import ChunkedDecoder
 
         talker_in, counts = yield from self._think(job, stream, "omni-thinker")
         if talker_in is None:
             return
-        chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
+        chunked = ChunkedDecoder(self._schedule(job, first), self._decode)
+        talker_in = talker_in + [(cd.FIRST_CHUNK_FRAMES, scalar_array(first, "INT32"))]
         if job.paced and self.pass_paced:
             talker_in = talker_in + [(PACED, np.array([True]))]
         for out in stream_stage(self.talker, talker_in, [cd.CODES], stream.cancelled, self.stage_flags,
@@ -247,17 +265,18 @@ class Qwen3OmniPipeline(OmniPipelineBase):
             for pcm in chunked.flush():
                 yield self._response(counts=counts, audio=pcm)
 
-    def _speak_while_thinking(self, job, stream):
+    def _speak_while_thinking(self, job, stream, first: int):
         """``async_chunk``: one stream, qwen3_omni_talker's, which carries the thinker's text responses
-        (sent on at once) and the talker's CODES (chunked and decoded as they come)."""
-        from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule, fixed_if_unpaced
+        (sent on at once) and the talker's CODES (chunked and decoded as they come; the first
+        chunk ``first`` frames)."""
+        from omni_triton.stages.chunking import ChunkedDecoder
 
-        inputs = job.inputs + [(ch.VOICE, utf8_array(job.voice))]
+        inputs = job.inputs + [(ch.VOICE, utf8_array(job.voice)), (cd.FIRST_CHUNK_FRAMES, scalar_array(first, "INT32"))]
         if job.max_frames is not None:
             inputs.append((sp.MAX_FRAMES, scalar_array(job.max_frames, "INT32")))
         if job.paced and self.pass_paced:  # frames due in low-water groups (qwen3_omni_talker's low_water_ms)
             inputs.append((PACED, np.array([True])))
-        chunked = ChunkedDecoder(ChunkSchedule(**fixed_if_unpaced(self.chunks, job.paced)), self._decode)
+        chunked = ChunkedDecoder(self._schedule(job, first), self._decode)
         counts, finish = (0, 0), ""
         for out in stream_stage(self.talker, inputs, ch.TEXT_OUTPUTS + (cd.CODES,), stream.cancelled, self.stage_flags,
                                 f"omni-talker-{uuid.uuid4().hex}", parent=stream):

@@ -14,7 +14,7 @@ from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage
 from omni_triton.adapters.triton_io import input_array, optional_input, optional_str_input
 from omni_triton.contracts import qwen3_tts as q
-from omni_triton.contracts.codec import CODES, DUE_MS, LEFT_CONTEXT, talker_to_code2wav
+from omni_triton.contracts.codec import CODES, DUE_MS, FIRST_CHUNK_FRAMES, LEFT_CONTEXT, talker_to_code2wav
 from omni_triton.contracts.speech import MAX_FRAMES, TEXT, max_input_chars
 from omni_triton.contracts.tensors import AUDIO, SAMPLE_RATE, VOICE, first_value, scalar_array, scalar_int, utf8_array
 
@@ -83,12 +83,17 @@ class Qwen3TtsTalkerStage(DecoupledStage):
             VoicePrompt.from_bytes(bytes(prompt)) if prompt is not None and len(prompt) else None,
             self.default_max if max_frames is None else int(max_frames))
         form = self.forms[task]
-        return validate_request(req, form.speakers, form.languages, self.max_frames_cap)
+        req = validate_request(req, form.speakers, form.languages, self.max_frames_cap)
+        first = optional_input(request, FIRST_CHUNK_FRAMES)
+        if first is not None and int(first) < 1:
+            raise q.Qwen3TtsInputError(f"FIRST_CHUNK_FRAMES must be >= 1, got {int(first)}")
+        req.first_chunk_frames = None if first is None else int(first)
+        return req
 
     def dispatch(self, job, stream):
         from omni_triton.stages.chunking import FrameGroups
 
-        groups = FrameGroups(self.emit_frames)
+        groups = FrameGroups(self.emit_frames, getattr(job, "first_chunk_frames", None))  # first: the first chunk
 
         def emit(frame):
             self.metrics.count("frames")
@@ -200,10 +205,14 @@ class Qwen3TtsPipeline(DecoupledStage):
     talker, code2wav, voice_prompt = "qwen3_tts_talker", "qwen3_tts_code2wav", "qwen3_tts_voice_prompt"
 
     def setup(self, args, params):
+        from omni_triton.adapters.codec import open_stream_counts
         from omni_triton.runtime.cancel_flags import CancelFlags
-        from omni_triton.stages.chunking import schedule_params
+        from omni_triton.stages.chunking import InitialChunk, instance_count, schedule_params
 
         self.chunks = schedule_params(params)  # ChunkSchedule keywords, validated (low water included)
+        # the dynamic first chunk (docs/scheduling.md "The first chunk"), by the open qwen3_tts streams
+        self.initial = InitialChunk.from_params(params, self.chunks["chunk_frames"], instance_count(args))
+        self.open_streams = open_stream_counts(args)
         self.voices = [v.strip() for v in params.get("voices", "").split(",") if v.strip()]
         self.default_voice = params.get("default_voice", self.voices[0] if self.voices else "")
         self.sample_rate = int(params.get("sample_rate", "24000"))
@@ -246,6 +255,12 @@ class Qwen3TtsPipeline(DecoupledStage):
         return out[AUDIO].reshape(-1).astype(np.float32)
 
     def generate(self, job, stream):
+        from omni_triton.adapters.codec import first_chunk_of_new_stream
+
+        with first_chunk_of_new_stream(self) as first:
+            yield from self._generate(job, stream, first)
+
+    def _generate(self, job, stream, first: int):
         from omni_triton.adapters.bls import StageError
         from omni_triton.stages.chunking import ChunkedDecoder, fixed_if_unpaced
         from omni_triton.stages.qwen3_tts.request import VoicePrompt
@@ -261,12 +276,14 @@ class Qwen3TtsPipeline(DecoupledStage):
                 raise
         ref_code = VoicePrompt.from_bytes(bytes(prompt)).ref_code if prompt is not None else None
         context = 0 if ref_code is None else len(ref_code)
-        chunked = ChunkedDecoder(ContextSchedule(**fixed_if_unpaced(self.chunks, job["paced"]), context=context),
+        kw = {**fixed_if_unpaced(self.chunks, job["paced"]), "first_chunk_frames": first}
+        chunked = ChunkedDecoder(ContextSchedule(**kw, context=context),
                                  self._decode, with_due=True)  # the decoder takes the most urgent chunk first
         if context:
             chunked.push(ref_code)  # context only: nothing is ready before the first generated frames
         rate = scalar_array(self.sample_rate, "INT32")
-        inputs = [(TEXT, utf8_array(job["text"])), (q.TASK, utf8_array(job["task"]))]
+        inputs = [(TEXT, utf8_array(job["text"])), (q.TASK, utf8_array(job["task"])),
+                  (FIRST_CHUNK_FRAMES, scalar_array(first, "INT32"))]
         named = ((VOICE, job["voice"]), (q.INSTRUCTIONS, job["instructions"]), (q.LANGUAGE, job["language"]))
         for name, value in named:
             if value:

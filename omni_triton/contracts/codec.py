@@ -19,6 +19,11 @@ from omni_triton.contracts.tensors import AUDIO, Array, StageContract, TensorSpe
 CODES = "CODES"  #: INT64 [T, K]: codec frames, frame-major
 LEFT_CONTEXT = "LEFT_CONTEXT"  #: INT32 [1]: leading frames of CODES that are context only
 MIN_FRAMES = "MIN_FRAMES"  #: INT32 [1]: floor on codec frames (talkers)
+#: INT32 [1]: frames of the consumer's first chunk for this request (a talker's optional input: its
+#: first CODES response holds that many frames and its frame deadlines follow that chunk; absent:
+#: the talker's config ``first_chunk_frames``). The BLS picks it from load
+#: (``omni_triton.stages.chunking.dynamic_initial_chunk_frames``).
+FIRST_CHUNK_FRAMES = "FIRST_CHUNK_FRAMES"
 #: FP32 [1]: milliseconds from now until a chunk's decoding is due (0 = now, a first chunk;
 #: negative: overdue); a decoder with ``scheduling: "deadline"`` takes the most urgent first
 DUE_MS = "DUE_MS"

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from omni_triton.contracts.codec import CODE2WAV, CODES, MIN_FRAMES
+from omni_triton.contracts.codec import CODE2WAV, CODES, FIRST_CHUNK_FRAMES, MIN_FRAMES
 from omni_triton.contracts.speech import AUDIO_OUT, MAX_FRAMES, PIPER_TTS, TEXT, SpeechInputError
 from omni_triton.contracts.tensors import (
     PACED,
@@ -66,6 +66,8 @@ class CsmToTalker:
         max_frames: ``MAX_FRAMES`` (INT32 [1]), the cap on codec frames (None: the talker's default).
         min_frames: ``MIN_FRAMES`` (INT32 [1]), the floor (None: the talker's default).
         paced: ``PACED`` (BOOL [1]) sent, true: the stream is played as it arrives.
+        first_chunk_frames: ``FIRST_CHUNK_FRAMES`` (INT32 [1]), the BLS's first chunk for this
+            request (None: the talker's config ``first_chunk_frames``).
     """
 
     text: str
@@ -73,6 +75,7 @@ class CsmToTalker:
     max_frames: int | None = None
     min_frames: int | None = None
     paced: bool = False
+    first_chunk_frames: int | None = None
 
     def to_tensors(self) -> list[tuple[str, Array]]:
         """The talker's inputs as ``(name, array)`` pairs: TEXT, SPEAKER, then MAX_FRAMES,
@@ -84,6 +87,8 @@ class CsmToTalker:
             pairs.append((MIN_FRAMES, scalar_array(int(self.min_frames), "INT32")))
         if self.paced:
             pairs.append((PACED, scalar_array(True, "BOOL")))
+        if self.first_chunk_frames is not None:
+            pairs.append((FIRST_CHUNK_FRAMES, scalar_array(int(self.first_chunk_frames), "INT32")))
         return pairs
 
     @classmethod
@@ -91,25 +96,29 @@ class CsmToTalker:
         """The hand-off from the talker's inputs (``tensors``: the present ones, name -> array).
 
         Raises:
-            SpeechInputError: TEXT missing or empty.
+            SpeechInputError: TEXT missing or empty, FIRST_CHUNK_FRAMES < 1.
             UnicodeDecodeError: TEXT is not UTF-8.
         """
         text = first_str(tensors.get(TEXT))
         if not text:
             raise SpeechInputError("csm_talker: TEXT is required")
         speaker = first_int(tensors.get(SPEAKER))
+        first = first_int(tensors.get(FIRST_CHUNK_FRAMES))
+        if first is not None and first < 1:
+            raise SpeechInputError(f"csm_talker: FIRST_CHUNK_FRAMES must be >= 1, got {first}")
         return cls(text, 0 if speaker is None else speaker, first_int(tensors.get(MAX_FRAMES)),
-                   first_int(tensors.get(MIN_FRAMES)), bool(first_int(tensors.get(PACED)) or False))
+                   first_int(tensors.get(MIN_FRAMES)), bool(first_int(tensors.get(PACED)) or False), first)
 
 
 #: csm_talker's inputs that :meth:`CsmToTalker.from_tensors` reads
-TALKER_INPUT_NAMES = (TEXT, SPEAKER, MAX_FRAMES, MIN_FRAMES, PACED)
+TALKER_INPUT_NAMES = (TEXT, SPEAKER, MAX_FRAMES, MIN_FRAMES, PACED, FIRST_CHUNK_FRAMES)
 
 CSM = StageContract(PIPER_TTS.inputs + (TensorSpec(MAX_FRAMES, "INT32", optional=True),), AUDIO_OUT, decoupled=True)
 CSM_TALKER = StageContract(
     (TensorSpec(TEXT, "BYTES"), TensorSpec(SPEAKER, "INT32", optional=True),
      TensorSpec(MAX_FRAMES, "INT32", optional=True), TensorSpec(MIN_FRAMES, "INT32", optional=True),
-     TensorSpec(REQUEST_ID, "BYTES", optional=True), TensorSpec(PACED, "BOOL", optional=True)),
+     TensorSpec(REQUEST_ID, "BYTES", optional=True), TensorSpec(PACED, "BOOL", optional=True),
+     TensorSpec(FIRST_CHUNK_FRAMES, "INT32", optional=True)),
     (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
 CSM_CODE2WAV = CODE2WAV
 

@@ -13,7 +13,7 @@ thinking). The talker streams ``CODES`` (``contracts/codec.py``), decoded chunk 
 from __future__ import annotations
 
 from omni_triton.contracts.chat import CHAT_IN, MAX_AUDIO_FRAMES, MODALITIES, SPEECH_OUT, TEXT_OUT
-from omni_triton.contracts.codec import CODE2WAV, CODES, MIN_FRAMES
+from omni_triton.contracts.codec import CODE2WAV, CODES, FIRST_CHUNK_FRAMES, MIN_FRAMES
 from omni_triton.contracts.omni_stages import TALKER_IN, TALKER_INPUTS
 from omni_triton.contracts.speech import MAX_FRAMES
 from omni_triton.contracts.tensors import PACED, REQUEST_ID, VOICE, StageContract, TensorSpec
@@ -70,7 +70,7 @@ QWEN3_OMNI_TALKER = StageContract(
     tuple(TensorSpec(t.name, t.datatype, t.dims, True) for t in TALKER_IN) + CHAT_IN
     + (_s(VOICE, optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
        TensorSpec(MIN_FRAMES, "INT32", optional=True), _s(REQUEST_ID, optional=True),
-       TensorSpec(PACED, "BOOL", optional=True))
+       TensorSpec(PACED, "BOOL", optional=True), TensorSpec(FIRST_CHUNK_FRAMES, "INT32", optional=True))
     + _TALKER_MEDIA,
     (TensorSpec(CODES, "INT64", (-1, -1)),) + TEXT_OUT, decoupled=True)
 QWEN3_OMNI_CODE2WAV = CODE2WAV

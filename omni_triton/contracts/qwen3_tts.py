@@ -73,14 +73,14 @@ CLIENT_CONTRACTS = {"qwen3_tts": QWEN3_TTS, "qwen3_tts_voice_prompt": QWEN3_TTS_
 # [1, 1] (+ DUE_MS fp32 [1, 1]: ms until the chunk's decoding is due; the decoder takes the most
 # urgent chunk first) -> AUDIO fp32 [1, samples] of the frames after the left context (1920
 # samples/frame).
-from omni_triton.contracts.codec import CODES, DUE_MS, LEFT_CONTEXT  # noqa: E402
+from omni_triton.contracts.codec import CODES, DUE_MS, FIRST_CHUNK_FRAMES, LEFT_CONTEXT  # noqa: E402
 from omni_triton.contracts.tensors import REQUEST_ID  # noqa: E402
 
 QWEN3_TTS_TALKER = StageContract(
     (TensorSpec(TEXT, "BYTES"), TensorSpec(TASK, "BYTES"), TensorSpec(VOICE, "BYTES", optional=True),
      TensorSpec(INSTRUCTIONS, "BYTES", optional=True), TensorSpec(LANGUAGE, "BYTES", optional=True),
      TensorSpec(VOICE_PROMPT, "BYTES", optional=True), TensorSpec(MAX_FRAMES, "INT32", optional=True),
-     TensorSpec(REQUEST_ID, "BYTES", optional=True)),
+     TensorSpec(REQUEST_ID, "BYTES", optional=True), TensorSpec(FIRST_CHUNK_FRAMES, "INT32", optional=True)),
     (TensorSpec(CODES, "INT64", (-1, -1)),), decoupled=True)
 QWEN3_TTS_CODE2WAV = StageContract((TensorSpec(CODES, "INT64", (-1, -1)), TensorSpec(LEFT_CONTEXT, "INT32"),
                                     TensorSpec(DUE_MS, "FP32", optional=True)),

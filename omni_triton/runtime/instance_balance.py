@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -97,6 +99,35 @@ class InstanceBalance:
     def close(self) -> None:
         """Remove this instance's file (its model is unloading)."""
         (self.directory / self.instance).unlink(missing_ok=True)
+
+
+class OpenStreams:
+    """Open streams of one model across all its instances (stub processes), the load a BLS knows
+    when a request starts (its dynamic first chunk: docs/scheduling.md "The first chunk"). The
+    counts are :class:`InstanceBalance`'s files (one per instance, dead processes not counted).
+
+    Args:
+        directory: the model's folder of counts (created if missing).
+        instance: this instance's name.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], instance: str):
+        self.counts = InstanceBalance(directory, instance)
+
+    def others(self) -> int:
+        """Streams open now at this model's instances, this instance's included."""
+        return self.counts.open + sum(self.counts.others().values())
+
+    @contextmanager
+    def counted(self) -> Iterator[int]:
+        """Count one stream of this instance open for the ``with`` block; yields how many other
+        streams were open when it started."""
+        others = self.others()
+        self.counts.opened()
+        try:
+            yield others
+        finally:
+            self.counts.closed()
 
 
 def _parent(pid: int) -> int | None:

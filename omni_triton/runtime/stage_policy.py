@@ -152,7 +152,8 @@ class PlaybackPolicy:
         """``audio``, ``frames`` or ``tokens`` (default ``audio``)."""
         return self.params.get("deadline_unit", "audio")
 
-    def deadline(self, arrival: float, paced: bool = False) -> scheduling.Deadline:
+    def deadline(self, arrival: float, paced: bool = False,
+                 first_chunk_frames: int | None = None) -> scheduling.Deadline:
         """The deadline model of one request arriving at ``arrival`` (scheduler clock, s), from
         ``deadline_unit``, ``first_audio_budget_ms``, ``deadline_guard_ms`` and, for frames and
         tokens, ``first_chunk_frames``, ``chunk_frames``, ``frame_rate_hz``, ``low_water_ms``
@@ -163,6 +164,8 @@ class PlaybackPolicy:
         (:class:`~omni_triton.stages.chunking.ChunkSchedule`), so the frames after the first
         chunk are due in groups of ``first_chunk_frames``, each when the audio before it ends,
         not 25 at once (docs/scheduling.md, "Chunks that keep the listener fed").
+        ``first_chunk_frames``: this request's first chunk (the consumer's dynamic first chunk,
+        docs/scheduling.md "The first chunk"), instead of the config's.
 
         Raises:
             ValueError: an unknown ``deadline_unit``, ``frames`` without a ``frames_output``, or
@@ -175,7 +178,7 @@ class PlaybackPolicy:
         if unit in ("frames", "tokens"):
             if unit == "frames" and self.frames_output is None:
                 raise ValueError(f"{self.model}: deadline_unit frames, but the stage names no frames output")
-            first = int(p.get("first_chunk_frames", "5"))
+            first = int(p.get("first_chunk_frames", "5")) if first_chunk_frames is None else int(first_chunk_frames)
             low_water = float(p.get("low_water_ms", "0")) > 0
             chunks = (first, first if paced and low_water else int(p.get("chunk_frames", "25")),
                       float(p.get("frame_rate_hz", "12.5")))

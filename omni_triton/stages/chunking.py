@@ -1,5 +1,6 @@
 """The chunk schedule of streamed codec decoding (vLLM-Omni's code2wav scheme: a small first
-chunk, then fixed chunks, each decoded with left context), shared by codec TTS and Qwen3-Omni.
+chunk, then fixed chunks, each decoded with left context), shared by codec TTS and Qwen3-Omni;
+and the size of the first chunk chosen from load (:func:`dynamic_initial_chunk_frames`).
 """
 from __future__ import annotations
 
@@ -141,11 +142,111 @@ def schedule_params(params: dict[str, str]) -> dict:
     return kw
 
 
+# ------------------------------------------------------------------------ dynamic first chunk
+
+
+def initial_chunk_steps(lo: int = 2, hi: int = 16) -> list[int]:
+    """The first-chunk sizes :func:`dynamic_initial_chunk_frames` picks from: ``lo`` doubled while
+    it stays <= ``hi`` (2, 4, 8, 16 for the defaults).
+
+    Raises:
+        ValueError: ``lo`` < 1 or ``hi`` < ``lo``.
+    """
+    if lo < 1 or hi < lo:
+        raise ValueError(f"initial chunk frames need 1 <= min <= max, got {lo}, {hi}")
+    steps = [lo]
+    while steps[-1] * 2 <= hi:
+        steps.append(steps[-1] * 2)
+    return steps
+
+
+def dynamic_initial_chunk_frames(active: int, capacity: int, lo: int = 2, hi: int = 16) -> int:
+    """Frames of a new request's first chunk, from the load when it starts: small when the stage is
+    idle (first audio after fewer talker steps), larger under load (fewer, cheaper decodes: a
+    2-frame first chunk costs one code2wav call per 0.16 s of audio).
+
+    The rule is vLLM-Omni's dynamic initial chunk (pull request #1714, "Simple dynamic TTFA based
+    on Code2Wav load"; ``compute_dynamic_initial_chunk_size`` in
+    ``vllm_omni/model_executor/stage_input_processors/chunk_size_utils.py``, read, not copied):
+    the sizes are powers of two from 2 up to the largest below the steady chunk (16 for 25
+    frames); the load factor is ``min(active / capacity, 1)``; the size is the step at index
+    ``round(load * (steps - 1))``. vLLM-Omni counts the requests still in their first chunk over
+    the scheduler's ``max_num_seqs`` and recomputes on every call; here the caller passes the
+    open streams of the stage and its admitted concurrency, and the size is chosen once, when the
+    request starts (a size that changed mid-stream would move chunk boundaries already sent).
+
+    Args:
+        active: other requests open at the stage when this one starts (>= 0).
+        capacity: requests the stage admits at once (its BLS instance count); <= 0: idle (``lo``).
+        lo, hi: ``initial_chunk_frames_min`` / ``initial_chunk_frames_max`` (config; 2 / 16).
+
+    Returns:
+        frames of the first chunk, one of :func:`initial_chunk_steps` ``(lo, hi)``.
+
+    Raises:
+        ValueError: ``lo`` < 1 or ``hi`` < ``lo``.
+    """
+    steps = initial_chunk_steps(lo, hi)
+    if capacity <= 0:
+        return steps[0]
+    load = min(max(active, 0) / capacity, 1.0)
+    return steps[int(round(load * (len(steps) - 1)))]
+
+
+@dataclass(frozen=True)
+class InitialChunk:
+    """A BLS's first-chunk policy (config ``initial_chunk_frames_min`` / ``_max``).
+
+    Attributes:
+        lo, hi: the range of :func:`dynamic_initial_chunk_frames`; ``None`` when the config sets
+            neither: the fixed ``first_chunk_frames`` for every request.
+        capacity: requests the BLS admits at once (its instance count).
+    """
+
+    lo: int | None = None
+    hi: int | None = None
+    capacity: int = 1
+
+    @classmethod
+    def from_params(cls, params: dict[str, str], chunk_frames: int, capacity: int) -> InitialChunk:
+        """From config parameters; off when neither bound is set.
+
+        Raises:
+            ValueError: only one bound set, min < 1, max < min, or max > ``chunk_frames``.
+        """
+        lo, hi = params.get("initial_chunk_frames_min"), params.get("initial_chunk_frames_max")
+        if lo is None and hi is None:
+            return cls(None, None, capacity)
+        if lo is None or hi is None:
+            raise ValueError("initial_chunk_frames_min and initial_chunk_frames_max go together")
+        initial_chunk_steps(int(lo), int(hi))  # validates
+        if int(hi) > chunk_frames:
+            raise ValueError(f"initial_chunk_frames_max {hi} > chunk_frames {chunk_frames}")
+        return cls(int(lo), int(hi), max(1, int(capacity)))
+
+    def frames(self, active: int, fixed: int) -> int:
+        """The first chunk of a request starting while ``active`` others are open (``fixed``,
+        the config's ``first_chunk_frames``, when off)."""
+        if self.lo is None or self.hi is None:
+            return fixed
+        return dynamic_initial_chunk_frames(active, self.capacity, self.lo, self.hi)
+
+
+def instance_count(args: dict) -> int:
+    """A Triton model's instance count (the sum of its ``instance_group`` counts) from the
+    ``args`` of ``initialize`` (``model_config`` JSON); 1 when it names none."""
+    import json
+
+    config = json.loads(args.get("model_config", "{}") or "{}")
+    return max(1, sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1)
+
+
 def fixed_if_unpaced(kw: dict, paced: bool) -> dict:
     """``kw`` (:func:`schedule_params`) with low water off unless the request is ``paced``: a
-    whole clip has no listener to keep fed, and its fixed chunks keep its bytes the same from
-    run to run (early chunks move chunk boundaries, and so PCM16 samples by a step, with the
-    machine's load)."""
+    whole clip has no listener to keep fed, and fixed later chunks keep its bytes closer from run
+    to run (early chunks move chunk boundaries, and so PCM16 samples by a step, with the machine's
+    load; the dynamic first chunk, :func:`dynamic_initial_chunk_frames`, moves the first boundary
+    with the load for every request)."""
     return kw if paced else {**kw, "low_water_s": 0.0}
 
 
@@ -221,17 +322,24 @@ class FrameGroups:
     ``first_chunk_frames`` and ``chunk_frames``; ``tests/unit/test_scheduling.py`` checks the
     configs). Not thread-safe: one stream, one owner.
 
+    With ``first`` (the consumer's first chunk of this request, :data:`FIRST_CHUNK_FRAMES
+    <omni_triton.contracts.codec.FIRST_CHUNK_FRAMES>`) the first response holds ``first`` frames
+    and the later ones ``size``: the first chunk is ready on its last frame whatever its size, and
+    later chunk boundaries (``first + k * chunk_frames``) stay on group boundaries.
+
     Args:
         size: frames per response (>= 1; 1 = one response per frame).
+        first: frames of the first response (>= 1; ``None``: ``size``).
 
     Raises:
-        ValueError: ``size`` < 1.
+        ValueError: ``size`` or ``first`` < 1.
     """
 
-    def __init__(self, size: int):
-        if int(size) < 1:
-            raise ValueError(f"frames per response must be >= 1, got {size}")
+    def __init__(self, size: int, first: int | None = None):
+        if int(size) < 1 or (first is not None and int(first) < 1):
+            raise ValueError(f"frames per response must be >= 1, got {size} (first {first})")
         self.size = int(size)
+        self._next = self.size if first is None else int(first)
         self._frames: list[np.ndarray] = []
 
     def push(self, frames: np.ndarray) -> np.ndarray | None:
@@ -239,9 +347,10 @@ class FrameGroups:
         held (``int64 [m * size, K]``, m >= 1), else None. The rest waits for the next push."""
         frames = np.asarray(frames)
         self._frames.extend(frames.reshape(-1, frames.shape[-1]))
-        full = len(self._frames) // self.size * self.size
-        if not full:
+        if len(self._frames) < self._next:
             return None
+        full = self._next + (len(self._frames) - self._next) // self.size * self.size
+        self._next = self.size
         out, self._frames = np.stack(self._frames[:full]), self._frames[full:]
         return out
 

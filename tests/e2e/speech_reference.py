@@ -9,8 +9,10 @@ reference rendering of ``text`` (duration within 15%, spectral-envelope correlat
 energy dynamics within 0.5-2x; the measurements behind these bounds are in that module, and
 tests/unit/test_speech_similarity.py shows a 440 Hz tone and pink noise fail them).
 
-``assert_piper_sentences`` is the per-sentence parity of ``piper_tts``'s one-response-per-sentence
-stream. Exact samples are not a property of the pipeline: the VITS graph draws its noise
+``assert_piper_sentences`` is the per-segment parity of ``piper_tts``'s one-response-per-segment
+stream (segments: ``omni_triton.stages.piper.segment_phonemes``, the first sentence's first phrase,
+the rest of it, then whole sentences; each rendered by ``PiperVoice.synthesize`` of its raw
+phonemes ``[[...]]``). Exact samples are not a property of the pipeline: the VITS graph draws its noise
 (``noise_scale``, ``noise_w``) with ONNX ``RandomNormalLike`` from a generator that lives in the
 session, so the served audio of a request depends on how many requests that session served
 before (a fresh session's first call equals the reference's first call; its second call differs
@@ -61,25 +63,47 @@ def piper_sentences(text: str, speed: float = 1.0, voice: str = "joe", noise: bo
             for c in v.synthesize(text, syn_config=_config(v, speed, noise))]
 
 
+def piper_segments(text: str, speed: float = 1.0, voice: str = "joe", noise: bool = True,
+                   first_chunk_words: int | None = None) -> list[np.ndarray]:
+    """One float32 PCM array ``[num_samples]`` per segment the ``piper`` stage sends for ``text``
+    (``segment_phonemes`` of ``PiperVoice.phonemize``, ``first_chunk_words`` default: the
+    config's), each ``PiperVoice.synthesize`` of the segment's raw phonemes."""
+    from omni_triton.stages.piper import FIRST_CHUNK_WORDS, is_word_cut, segment_phonemes, trim_word_cut
+
+    v = piper_voice(voice)
+    words = FIRST_CHUNK_WORDS if first_chunk_words is None else first_chunk_words
+    sentences = v.phonemize(text)
+    segments = segment_phonemes(sentences, words)
+    out = [np.asarray(c.audio_float_array, np.float32).reshape(-1)
+           for seg in segments
+           for c in v.synthesize("[[" + "".join(seg) + "]]", syn_config=_config(v, speed, noise))]
+    if len(segments) > len([s for s in sentences if s]) and is_word_cut(segments[0]):  # the stage's trim
+        rate = int(v.config.sample_rate)
+        out[0], out[1] = trim_word_cut(out[0], rate, end=True), trim_word_cut(out[1], rate, end=False)
+    return out
+
+
 def piper_reference(text: str, speed: float = 1.0, voice: str = "joe") -> tuple[np.ndarray, int]:
-    """(float32 PCM ``[num_samples]``, sample rate Hz) of ``piper.PiperVoice`` speaking ``text``."""
-    return np.concatenate(piper_sentences(text, speed, voice)), int(piper_voice(voice).config.sample_rate)
+    """(float32 PCM ``[num_samples]``, sample rate Hz) of ``piper.PiperVoice`` speaking ``text`` in
+    the stage's segments (:func:`piper_segments`: a cut first sentence is ~1.06-1.13x as long as
+    when spoken whole, docs/scheduling.md "The first chunk")."""
+    return np.concatenate(piper_segments(text, speed, voice)), int(piper_voice(voice).config.sample_rate)
 
 
 def assert_piper_sentences(chunks: list[np.ndarray], sample_rate: int, text: str, speed: float = 1.0,
                            voice: str = "joe") -> None:
-    """Fail unless ``chunks`` (one float PCM array per served sentence, in order) are the sentences
-    ``piper.PiperVoice`` speaks for ``text``: same count, each within ``SENTENCE_DURATION_TOL`` of
-    the reference sentence's noise-free length and with a spectral envelope correlated >= 0.97
-    (see the module docstring for why not exact)."""
+    """Fail unless ``chunks`` (one float PCM array per served segment, in order) are the segments
+    ``piper.PiperVoice`` speaks for ``text`` (:func:`piper_segments`): same count, each within
+    ``SENTENCE_DURATION_TOL`` of the reference segment's noise-free length and with a spectral
+    envelope correlated >= 0.97 (see the module docstring for why not exact)."""
     from omni_triton.speech_similarity import MIN_ENVELOPE_CORRELATION, speech_similarity
 
     v = piper_voice(voice)
     assert sample_rate == v.config.sample_rate, (sample_rate, v.config.sample_rate)
-    reference = piper_sentences(text, speed, voice, noise=False)
-    assert len(v.phonemize(text)) == len(reference)
+    reference = piper_segments(text, speed, voice, noise=False)
+    assert len(v.phonemize(text)) in (len(reference), len(reference) - 1)
     assert len(chunks) == len(reference), (
-        f"{len(chunks)} sentences served, PiperVoice speaks {len(reference)}: "
+        f"{len(chunks)} segments served, PiperVoice speaks {len(reference)}: "
         f"{[c.size for c in chunks]} vs {[r.size for r in reference]} samples")
     for i, (got, want) in enumerate(zip(chunks, reference, strict=True)):
         s = speech_similarity(np.asarray(got, np.float32).reshape(-1), want, sample_rate)

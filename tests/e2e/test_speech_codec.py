@@ -91,7 +91,9 @@ def reference():
             audio = model.codec_model.decode(codes.transpose(0, 1).unsqueeze(0)).audio_values[0, 0]
         return SimpleNamespace(codes=codes.numpy(), audio=audio.numpy())
 
-    run.first_chunk_frames = int(tts_params["first_chunk_frames"])
+    # an idle server's first chunk: the dynamic first chunk's smallest (docs/scheduling.md "The first chunk")
+    run.first_chunk_frames = int(tts_params.get("initial_chunk_frames_min", tts_params["first_chunk_frames"]))
+    run.initial_chunk_frames_max = int(tts_params.get("initial_chunk_frames_max", run.first_chunk_frames))
     run.chunk_frames = int(tts_params["chunk_frames"])
     run.samples_per_frame = int(round(model.codec_model.config.sampling_rate / model.codec_model.config.frame_rate))
     return run
@@ -129,6 +131,25 @@ def test_grpc_stream_matches_in_process_reference(stack, reference):
     assert np.max(np.abs(result.audio - ref.audio)) <= FLOAT_TOL
     rms = float(np.sqrt(np.mean(result.audio ** 2)))
     assert rms > 1e-3 and np.max(np.abs(result.audio)) < 1.0  # audible, not clipped
+
+
+def test_the_first_chunk_grows_with_the_open_streams(stack, reference):
+    """Issue 29 item 2 (docs/scheduling.md "The first chunk"): alone, a csm stream's first chunk is
+    the smallest (2 frames, 0.16 s); with 7 other csm streams open (8 at once) some first chunks are
+    larger, none above 16 frames, and every stream's joined audio is the in-process reference's.
+    Red with a fixed first chunk (both initial_chunk_frames_* removed from csm's config)."""
+    alone = stream_tts(stack.triton_grpc_url, "csm", TEXT, voice="1")
+    assert alone.chunks[0].size == reference.first_chunk_frames * reference.samples_per_frame == 2 * 1920
+    texts = [(f"Concurrent request number {i}, with its own words.", i % 4) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda tv: stream_tts(stack.triton_grpc_url, "csm", tv[0], voice=str(tv[1])), texts))
+    firsts = sorted(r.chunks[0].size // reference.samples_per_frame for r in results)
+    assert firsts[-1] > reference.first_chunk_frames and firsts[-1] <= reference.initial_chunk_frames_max, firsts
+    assert set(firsts) <= {2, 4, 8, 16}, firsts
+    for (text, voice), result in zip(texts, results, strict=True):
+        ref = reference(text, voice)
+        assert result.audio.size == ref.audio.size
+        assert np.max(np.abs(result.audio - ref.audio)) <= FLOAT_TOL
 
 
 def test_first_audio_arrives_before_the_talker_finishes(stack, reference):

@@ -367,3 +367,18 @@ def test_nothing_to_speak_counts_as_a_client_error(stack):
     assert r.status_code == 400 and r.json()["error"]["code"] == "no_speech"
     metrics = httpx.get(f"{stack.frontend_url}/metrics").text
     assert 'outcome="invalid_input"' in metrics
+
+
+def test_the_first_chunk_is_a_phrase_not_a_sentence(stack):
+    """Issue 29 item 2 (docs/scheduling.md "The first chunk"): through the server, the first
+    response of a stream whose first sentence has no early comma is its first 4 words, under half
+    of that sentence's audio; the segments are PiperVoice's renderings of the same segments.
+    Red with ``first_chunk_words: "0"`` in the piper config (the whole first sentence)."""
+    from speech_reference import piper_sentences
+
+    text = "The quick brown fox jumps over the lazy dog. Good morning, and welcome to the station."
+    result = stream_tts(stack.triton_grpc_url, "piper", text)
+    first_sentence = piper_sentences(text, noise=False)[0]
+    assert len(result.chunks) == 3, [c.size for c in result.chunks]  # phrase, rest, sentence 2
+    assert result.chunks[0].size < 0.5 * first_sentence.size, (result.chunks[0].size, first_sentence.size)
+    assert_piper_sentences(result.chunks, result.sample_rate, text)

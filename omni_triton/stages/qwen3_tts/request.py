@@ -64,6 +64,7 @@ class Qwen3TtsRequest:
     voice_prompt: VoicePrompt | None = None
     max_new_tokens: int = 200
     extra: dict = field(default_factory=dict)
+    first_chunk_frames: int | None = None  # the BLS's first chunk: frames of the first CODES response
 
 
 def choose_task(task: str | None, voice: str | None, instructions: str | None, has_prompt: bool) -> str:
