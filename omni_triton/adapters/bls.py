@@ -43,17 +43,26 @@ stages that read streams run their requests in ``execute`` and scale by instance
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from omni_triton.adapters.telemetry import nbytes
 from omni_triton.adapters.triton_io import response_outputs, tensors, triton_lock
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, REQUEST_ID, utf8_array
+from omni_triton.contracts import CONTRACTS
+from omni_triton.contracts.tensors import (
+    INVALID_INPUT_PREFIX,
+    REQUEST_ID,
+    STAGE_COMPUTE_MS,
+    first_float,
+    utf8_array,
+)
 
 LOGGER = logging.getLogger("omni_triton.bls")
 
@@ -88,6 +97,105 @@ def _account(target: str, sent: int, received: int, waited_s: float) -> None:
 
 def _payload(pairs) -> int:
     return sum(nbytes(a) for _, a in pairs)
+
+
+# --------------------------------------------------------------------------- per-request stage timing
+@dataclass
+class StageTiming:
+    """One called stage's share of one request, as the BLS that called it measured it.
+
+    Attributes:
+        compute_ms: the stage's own ``STAGE_COMPUTE_MS`` for this request, summed over the calls
+            (the last response of each call carries that call's total); 0 when it reports none.
+        wall_ms: milliseconds the caller waited on the stage (``exec`` of a call; opening a
+            stream plus the wait for each of its responses), summed over the calls.
+        calls: BLS requests sent to the stage for this request.
+        reported: whether the stage reported any ``STAGE_COMPUTE_MS``.
+    """
+
+    compute_ms: float = 0.0
+    wall_ms: float = 0.0
+    calls: int = 0
+    reported: bool = False
+
+
+@dataclass
+class StageLedger:
+    """The stages one request called, in first-call order (``{model: StageTiming}``), and the
+    caller's own compute (its step time minus its waits on stages), in milliseconds.
+
+    A stage base makes a request's ledger current on the thread that runs each of its steps
+    (:func:`active`), so :func:`call_stage` and :func:`stream_stage` add to the request being
+    stepped and never to another one, also when one thread interleaves several requests (the
+    deadline scheduler) or several threads run requests at once.
+    """
+
+    stages: dict[str, StageTiming] = field(default_factory=dict)
+    own_compute_ms: float = 0.0
+
+    def timing(self, model: str) -> StageTiming:
+        """The entry of ``model`` (created, in call order)."""
+        entry = self.stages.get(model)
+        if entry is None:
+            entry = self.stages[model] = StageTiming()
+        return entry
+
+    @property
+    def waited_ms(self) -> float:
+        """Milliseconds waited on every stage so far."""
+        return sum(t.wall_ms for t in self.stages.values())
+
+    def as_json(self) -> str:
+        """The ``STAGE_METRICS`` payload: ``{"stages": [{"stage", "compute_ms", "wall_ms",
+        "calls"}, ...], "own_compute_ms"}`` (ms rounded to 0.001; ``compute_ms`` is null for a
+        stage that reported none)."""
+        return json.dumps({"stages": [
+            {"stage": name, "compute_ms": round(t.compute_ms, 3) if t.reported else None,
+             "wall_ms": round(t.wall_ms, 3), "calls": t.calls} for name, t in self.stages.items()],
+            "own_compute_ms": round(self.own_compute_ms, 3)}, separators=(",", ":"))
+
+
+_CURRENT = threading.local()
+
+
+class active:
+    """``with active(ledger):`` makes ``ledger`` the calling thread's current one (``None``: no
+    timing) and restores the previous one on exit."""
+
+    def __init__(self, ledger: StageLedger | None):
+        self.ledger = ledger
+
+    def __enter__(self) -> StageLedger | None:
+        self.previous = getattr(_CURRENT, "ledger", None)
+        _CURRENT.ledger = self.ledger
+        return self.ledger
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.ledger = self.previous
+
+
+def current() -> StageLedger | None:
+    """The calling thread's current :class:`StageLedger` (``None`` outside a stage step)."""
+    return getattr(_CURRENT, "ledger", None)
+
+
+def reports_compute(model: str) -> bool:
+    """Whether ``model``'s contract declares ``STAGE_COMPUTE_MS`` (requested from it by BLS then)."""
+    contract = CONTRACTS.get(model)
+    return contract is not None and STAGE_COMPUTE_MS in contract.output_names
+
+
+def _with_compute(model: str, outputs: Iterable[str]) -> list[str]:
+    names = list(outputs)
+    if STAGE_COMPUTE_MS not in names and reports_compute(model):
+        names.append(STAGE_COMPUTE_MS)
+    return names
+
+
+def _take_compute(out: dict) -> float | None:
+    """Remove ``STAGE_COMPUTE_MS`` from a response's outputs; its value (ms) or None."""
+    value = out.pop(STAGE_COMPUTE_MS, None)
+    return first_float(value) if value is not None else None
 
 
 _STREAM_THREAD: list[int] = []  # the one thread of this process that reads BLS streams
@@ -165,19 +273,30 @@ def _request(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: Iter
 
 
 def call_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: Iterable[str]) -> dict[str, np.ndarray]:
-    """One non-decoupled BLS call.
+    """One non-decoupled BLS call. Timed into the current :class:`StageLedger` (one call, its
+    wait, the stage's ``STAGE_COMPUTE_MS``, which is requested when its contract declares it and
+    taken out of the returned outputs).
 
     Raises:
         StageError: the stage answered with an error.
     """
     inputs = list(inputs)
+    ledger = current()
     start = time.monotonic()
-    response = _request(model, inputs, outputs).exec()
+    response = _request(model, inputs, _with_compute(model, outputs)).exec()
     waited = time.monotonic() - start
+    if ledger is not None:
+        entry = ledger.timing(model)
+        entry.calls += 1
+        entry.wall_ms += waited * 1000.0
     if response.has_error():
         _account(model, _payload(inputs), 0, waited)
         raise StageError(model, response.error())
     out = response_outputs(response)
+    compute = _take_compute(out)
+    if ledger is not None and compute is not None:
+        entry.compute_ms += compute
+        entry.reported = True
     _account(model, _payload(inputs), _payload(out.items()), waited)
     return out
 
@@ -200,6 +319,11 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
     :func:`release_iterator` with ``parent`` (the caller's
     :class:`~omni_triton.adapters.stream.ResponseStream`, the request this stream works for).
 
+    Timed into the :class:`StageLedger` current when it is called (one call; the wait to open it
+    and for each response, also while draining; the stage's ``STAGE_COMPUTE_MS``, requested when
+    its contract declares it, taken out of every response: the last value counts, as it is
+    cumulative). A response left empty by that is not yielded.
+
     Raises:
         StageError: the stage answered with an error (raised after the stream is drained).
         RuntimeError: called from a second thread of this process (:func:`check_stream_thread`).
@@ -209,10 +333,15 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
     if request_id is not None:
         rid = utf8_array(request_id)
         inputs.append((REQUEST_ID, rid[None] if batched else rid))
+    ledger = current()
+    entry = ledger.timing(model) if ledger is not None else StageTiming()
+    entry.calls += 1
+    compute = None  # this call's STAGE_COMPUTE_MS (cumulative: the latest response's)
     sent, received, start = _payload(inputs), 0, time.monotonic()
     # The only reference this generator keeps: emptied by release_iterator.
-    holder = [_request(model, inputs, outputs).exec(decoupled=True)]
+    holder = [_request(model, inputs, _with_compute(model, outputs)).exec(decoupled=True)]
     waited = time.monotonic() - start
+    entry.wall_ms += waited * 1000.0
 
     def cancel():
         if can_cancel(holder[0]):
@@ -226,7 +355,9 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
         while True:
             t = time.monotonic()
             response = next(responses, None)
-            waited += time.monotonic() - t
+            dt = time.monotonic() - t
+            waited += dt
+            entry.wall_ms += dt * 1000.0
             if response is None:
                 break
             if error is not None or stopped:
@@ -235,6 +366,9 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
                 error = StageError(model, response.error())
                 continue
             out = response_outputs(response)
+            value = _take_compute(out)
+            if value is not None:
+                compute = value
             received += _payload(out.items())
             if out:  # an empty FINAL response carries no outputs
                 yield out
@@ -252,5 +386,8 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
             flags.discard(request_id)
         release_iterator(holder, parent)
         _account(model, sent, received, waited)
+        if compute is not None:
+            entry.compute_ms += compute
+            entry.reported = True
     if error is not None:
         raise error

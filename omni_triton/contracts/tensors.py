@@ -36,6 +36,15 @@ PACED = "PACED"
 #: BYTES [1]: why a stream ended (``stop``, ``length``, ``abort``), on its last response; any
 #: stage's telemetry reads it (``omni_stage_requests_finished_total``). Chat contracts re-export it.
 FINISH_REASON = "FINISH_REASON"
+#: FP32 [1]: the stage's own compute for this request so far, in milliseconds (optional output of
+#: every stage; sent on each response, cumulative: the last one holds the request's total). Time
+#: spent waiting on other stages through BLS is not in it. docs/metrics.md "Per-request stage
+#: metrics". Triton 2.51 has no response parameters (from 2.55), hence a tensor.
+STAGE_COMPUTE_MS = "STAGE_COMPUTE_MS"
+#: BYTES [1]: JSON ``{"stages": [{"stage", "compute_ms", "wall_ms", "calls"}, ...], "own_compute_ms"}``
+#: of one request, on a BLS model's last response: the stages it called, each timed by the BLS
+#: (``omni_triton.adapters.bls.StageLedger``).
+STAGE_METRICS = "STAGE_METRICS"
 
 
 class InputError(ValueError):

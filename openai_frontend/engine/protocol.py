@@ -70,6 +70,10 @@ class GenerationChunk:
         None when the response did not carry them.
     audio: float32 PCM [T] in [-1, 1] generated since the previous chunk, or None.
     sample_rate: Hz of ``audio`` (``SAMPLE_RATE``), or None.
+    stage_compute_ms: the model's own compute for this request so far (``STAGE_COMPUTE_MS``,
+        ms, cumulative), or None.
+    stage_metrics: a BLS model's per-request timing of the stages it called (``STAGE_METRICS``,
+        parsed JSON; on its last response), or None. A chunk may carry only these two.
     """
 
     text: str = ""
@@ -78,6 +82,8 @@ class GenerationChunk:
     completion_tokens: int | None = None
     audio: NDArray[Any] | None = None
     sample_rate: int | None = None
+    stage_compute_ms: float | None = None
+    stage_metrics: dict[str, Any] | None = None
 
 
 

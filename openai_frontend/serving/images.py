@@ -161,20 +161,24 @@ class ImageResult:
 
 
 def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict[str, Any]) -> dict[str, Any]:
-    """The ``pipeline`` entry of an image request's ``stage_metrics``, in vLLM-Omni's terms:
-    ``final_output_type``/``output_unit_type`` ``image``, ``output_unit_count`` (images),
-    ``image_pixels`` (summed), ``stage_gen_time_ms`` (the stages' mean compute times summed:
-    one image through the pipeline) and ``denoise_step_latency_ms`` (the denoiser's own
-    ``DENOISE_SECONDS`` output over its steps)."""
+    """An image request's output fields in vLLM-Omni's terms, added to every stage entry of its
+    ``stage_metrics`` (all its stages make the image: the client sums their
+    ``stage_gen_time_ms`` into the image's generation time) and to the ``metrics`` object:
+    ``final_output_type``/``output_unit_type`` ``image``, ``output_unit_count`` (images; on the
+    last stage only, so the client's sum counts each image once), ``image_pixels`` (summed,
+    last stage), ``denoise_step_latency_ms`` (the denoiser's own per-request
+    ``DENOISE_SECONDS`` output over its steps) and ``num_inference_steps``. Returns the fields
+    of the last stage."""
     n = len(result.images)
     per_call = result.seconds / max(len(set(im.denoise_seconds for im in result.images)), 1)
-    return {
-        "final_output_type": "image", "output_unit_type": "image", "output_unit_count": n,
-        "image_pixels": n * job.width * job.height,
-        "stage_gen_time_ms": round(sum(e["stage_gen_time_ms"] for e in stage_metrics.values()), 3),
-        "denoise_step_latency_ms": round(per_call * 1000 / result.steps, 3) if result.steps else 0.0,
-        "num_inference_steps": result.steps,
-    }
+    step_ms = round(per_call * 1000 / result.steps, 3) if result.steps else 0.0
+    common = {"final_output_type": "image", "output_unit_type": "image", "denoise_step_latency_ms": step_ms,
+              "num_inference_steps": result.steps}
+    last = {**common, "output_unit_count": n, "image_pixels": n * job.width * job.height}
+    keys = sorted(stage_metrics, key=int)
+    for key in keys:
+        stage_metrics[key].update(last if key == keys[-1] else {**common, "output_unit_count": 0, "image_pixels": 0})
+    return last
 
 
 async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
@@ -200,8 +204,7 @@ async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, c
         result = ImageResult(images, encoded, steps, seconds)
         result.metrics = await clock.metrics()
         if result.metrics is not None:
-            stages = result.metrics["stage_metrics"]
-            stages["pipeline"] = pipeline_summary(result, job, dict(stages))
+            result.metrics.update(pipeline_summary(result, job, result.metrics["stage_metrics"]))
     metrics.images.labels(info.public_name).inc(len(images))
     return result
 
