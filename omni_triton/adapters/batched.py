@@ -64,7 +64,8 @@ class BatchedStage:
     padded pass (codec decoders pad ragged chunks to the longest; diffusion stages run equal
     shapes), so each request costs the same, and the shares add up to the stage's busy time: the
     per-request numbers of a stage sum to what it spent, never to more. A batch that failed and
-    was run again item by item is attributed per run the same way.
+    was run again item by item is attributed per run the same way. A stage whose ``run`` does
+    unequal work per item says so in :meth:`item_compute_ms` (the image denoisers).
     """
 
     #: The optional input (FP32 ms until due) that orders the deadline queue, named by the family
@@ -135,22 +136,31 @@ class BatchedStage:
         with the batch dimension) when the model declares it."""
         if not getattr(self, "reports_compute", False):
             return self.run, self.outputs
-        share: list[float] = []
+        shares: dict[int, float] = {}  # id(result) -> its compute, ms
 
         def run(items: list) -> list:
             start = time.perf_counter()
-            try:
-                return self.run(items)
-            finally:
-                share[:] = [(time.perf_counter() - start) * 1000.0 / max(len(items), 1)]
+            results = self.run(items)
+            equal = (time.perf_counter() - start) * 1000.0 / max(len(items), 1)
+            own = self.item_compute_ms(results)
+            for i, result in enumerate(results):
+                shares[id(result)] = own[i] if own is not None else equal
+            return results
 
         def outputs(result):
             out = self.outputs(result)
-            if isinstance(out, Mapping) and share:
-                out = {**out, STAGE_COMPUTE_MS: np.array([[share[0]]], dtype=np.float32)}
+            if isinstance(out, Mapping) and id(result) in shares:
+                out = {**out, STAGE_COMPUTE_MS: np.array([[shares[id(result)]]], dtype=np.float32)}
             return out
 
         return run, outputs
+
+    def item_compute_ms(self, results: list) -> list[float] | None:
+        """Each result's own compute (ms) when the stage knows better than an equal share of the
+        batch (the image denoisers: ``run`` makes one pipeline call per group of compatible
+        requests, and a request's share is its call's time / the call's requests); None (the
+        default): the batch's time split equally."""
+        return None
 
     def _enqueue(self, requests):
         """``execute`` under ``scheduling: "deadline"``: parse and queue each request, answer the

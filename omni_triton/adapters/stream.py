@@ -259,6 +259,7 @@ class DecoupledStage:
         declared = declared_outputs(args)
         self.reports_compute = STAGE_COMPUTE_MS in declared
         self.reports_stage_metrics = STAGE_METRICS in declared
+        bls.ask_stage_metrics(self.reports_compute)
         self.setup(args, self.params)
         labels = {"model": self.model_name}
         if self.per_instance_metrics:

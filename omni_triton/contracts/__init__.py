@@ -14,25 +14,33 @@ from dataclasses import replace
 from omni_triton.contracts import csm, llm, qwen2_5_omni, qwen3_omni, qwen3_tts, qwen_image, speech, wan
 from omni_triton.contracts.tensors import (  # noqa: F401
     INVALID_INPUT_PREFIX,
+    REPORTS_STAGE_METRICS,
     STAGE_COMPUTE_MS,
     STAGE_METRICS,
     InputError,
     StageContract,
     TensorSpec,
+    step_compute_output,
 )
 
-#: The BLS models: they call other stages and report them per request (``STAGE_METRICS``).
-BLS_MODELS = frozenset({"csm", "llm_tts", "qwen3_omni", "qwen2_5_omni", "qwen3_tts", "wan_t2v", "wan_i2v"})
-#: The ensembles (Triton runs their steps; no Python code of their own).
-ENSEMBLES = frozenset({"qwen_image", "qwen_image_edit"})
+#: The models that call other stages and report them per request (``STAGE_METRICS``).
+BLS_MODELS = REPORTS_STAGE_METRICS
+#: The ensembles (Triton runs their steps; no Python code of their own) -> their steps, in order.
+ENSEMBLES: dict[str, tuple[str, ...]] = {
+    "qwen_image": ("qwen_image_text_encoder", "qwen_image_denoiser", "qwen_image_vae_decoder"),
+    "qwen_image_edit": ("qwen_image_edit_vae_encoder", "qwen_image_edit_text_encoder", "qwen_image_edit_denoiser",
+                        "qwen_image_edit_vae_decoder"),
+}
 
 
 def _with_stage_metrics(name: str, contract: StageContract) -> StageContract:
     """``contract`` plus the per-request stage-metric outputs (docs/metrics.md "Per-request stage
     metrics"): ``STAGE_COMPUTE_MS`` FP32 [1] on every Python model, ``STAGE_METRICS`` BYTES [1]
-    on the BLS models; ensembles are left as they are."""
+    on :data:`BLS_MODELS`; on an ensemble, each step's ``STAGE_COMPUTE_MS`` under its own name
+    (:func:`~omni_triton.contracts.tensors.step_compute_output`)."""
     if name in ENSEMBLES:
-        return contract
+        steps = tuple(TensorSpec(step_compute_output(step), "FP32", (1,)) for step in ENSEMBLES[name])
+        return replace(contract, outputs=contract.outputs + steps)
     extra = [TensorSpec(STAGE_COMPUTE_MS, "FP32", (1,))]
     if name in BLS_MODELS:
         extra.append(TensorSpec(STAGE_METRICS, "BYTES", (1,)))

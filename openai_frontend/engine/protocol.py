@@ -111,12 +111,16 @@ class ImageJob:
 @dataclass(frozen=True)
 class GeneratedImage:
     """One generated image: ``uint8 [H, W, 3]`` RGB pixels, its seed, the denoising steps run and
-    the wall time (seconds) of the denoiser call it was part of."""
+    the wall time (seconds) of the denoiser call it was part of; ``stage_compute_ms``: each
+    ensemble step's own compute for this image (its ``STAGE_COMPUTE_MS``, ms; steps that sent
+    none are absent) and ``wall_s``: the ensemble request's wall time seen by the frontend."""
 
     pixels: NDArray[Any]
     seed: int
     steps: int
     denoise_seconds: float
+    stage_compute_ms: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
 
 
 

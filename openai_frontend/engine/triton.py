@@ -48,6 +48,7 @@ from omni_triton.contracts.tensors import (
     STAGE_METRICS,
     infer_input,
     scalar_array,
+    step_compute_output,
     utf8_array,
     wrap_inputs,
 )
@@ -898,8 +899,13 @@ class TritonEngine:
         is cancelled: client disconnect), which cancels their gRPC calls.
         """
 
+        info = self._config_cache.get(model)
+        steps_of = info.ensemble_steps if info is not None else ()
+
         async def one(i: int) -> GeneratedImage:
+            start = time.monotonic()
             result = await self._unary(model, _image_inputs(job, i), f"{uuid.uuid4().hex}-{i}")
+            wall_s = time.monotonic() - start
             pixels = result.as_numpy(image_contract.IMAGE)
             if pixels is None:
                 raise InferenceError(f"{model}: no {image_contract.IMAGE} in the response")
@@ -910,6 +916,9 @@ class TritonEngine:
                 seed=job.seed + i,
                 steps=int(steps.reshape(-1)[0]) if steps is not None else job.steps,
                 denoise_seconds=float(seconds.reshape(-1)[0]) if seconds is not None else 0.0,
+                stage_compute_ms={step: float(value) for step in steps_of
+                                  if (value := _first(result, step_compute_output(step))) is not None},
+                wall_s=wall_s,
             )
 
         # All n in flight; the first failure cancels the rest and is raised as it is. (Not

@@ -51,7 +51,7 @@ from .common import (
     resolve_model,
     retry_after_stage_restart,
 )
-from .stage_metrics import StageClock
+from .stage_metrics import image_stages
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +185,8 @@ async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, c
                    api: str, stage_metrics: bool = False) -> ImageResult:
     """Run ``job`` on the image model ``info`` under admission control (``job.n`` units) and
     encode the images in ``fmt``. ``api`` labels the request metric (``generations``, ``edits``,
-    ``chat``); ``stage_metrics``: fill ``ImageResult.metrics`` (Triton's statistics of the
-    ensemble's steps, ``serving.stage_metrics``). Raises ``OpenAIError`` (429) / ``EngineError``."""
+    ``chat``); ``stage_metrics``: fill ``ImageResult.metrics`` (each ensemble step's own compute per
+    image, ``serving.stage_metrics.image_stages``). Raises ``OpenAIError`` (429) / ``EngineError``."""
     state = request.app.state
     metrics = state.metrics
 
@@ -194,7 +194,6 @@ async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, c
         metrics.image_requests.labels(info.public_name, api, outcome).inc()
 
     async with AdmittedRequest(state, record, cost=job.n):
-        clock = await StageClock.start(state.engine, info, enabled=stage_metrics)
         # Seeded images have no side effects: retried once if a stage dies under them.
         images = await retry_after_stage_restart(
             state.engine, info.name, lambda: state.engine.generate_images(info.name, job))
@@ -202,8 +201,8 @@ async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, c
         steps = images[0].steps if images else 0
         seconds = round(sum(set(im.denoise_seconds for im in images)), 6)
         result = ImageResult(images, encoded, steps, seconds)
-        result.metrics = await clock.metrics()
-        if result.metrics is not None:
+        if stage_metrics:
+            result.metrics = image_stages(info, images)
             result.metrics.update(pipeline_summary(result, job, result.metrics["stage_metrics"]))
     metrics.images.labels(info.public_name).inc(len(images))
     return result

@@ -28,10 +28,11 @@ BLS's own ``compute_ms``, a single model's whole ``wall_ms``. ``compute_ms`` is 
 compute (null when it reports none: ``llm`` runs every request in vLLM's engine loop); stages of
 a streaming pipeline compute at once, so computes may add up to more than the wall time.
 
-Triton's global statistics (:class:`StageClock`, before/after snapshots of every stage: means over
-every request a stage finished meanwhile) remain only for the image ensembles, whose steps Triton
-runs itself: an ensemble has no code that could time a step per request. Their entries say
-``"source": "triton_statistics"``.
+Images (the ensembles, :func:`image_stages`): each step's ``STAGE_COMPUTE_MS`` comes back as
+an ensemble output of its own; a step's wall time per request cannot be measured there.
+Triton's global statistics (before/after deltas of every stage's cumulative counters, which mixed
+concurrent requests) are no longer used for ``return_stage_metrics``: every number here is the
+request's own.
 """
 
 from __future__ import annotations
@@ -40,12 +41,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Engine, ModelInfo, StageStatistics
-from ..engine.protocol import GenerationChunk
-
-
-def _ms(ns: int, count: int) -> float:
-    return round(ns / count / 1e6, 3) if count > 0 else 0.0
+from ..engine import ModelInfo
+from ..engine.protocol import GeneratedImage, GenerationChunk
 
 
 def _r(value: float) -> float:
@@ -105,25 +102,29 @@ class RequestStages:
         """The ``stage_metrics`` entries ``{"0": {...}, ...}``: the called model first, then every
         stage its BLS called (those ``ModelInfo.stage_models`` names first, in that order; one
         never called has ``calls`` 0), each with ``stage_id``, ``stage_name``, ``calls``,
-        ``wall_ms``, ``compute_ms`` (None if not reported) and ``stage_gen_time_ms``."""
+        ``wall_ms``, ``compute_ms`` (None if not reported) and ``stage_gen_time_ms`` (its exclusive
+        share, see the module docstring); a stage that a called stage called (``called_by``: the
+        qwen3_omni thinker under the talker) takes its wall time out of its caller's share, so the
+        sum stays the same (at most the caller's share moves: the split assumes the inner wait
+        fell inside the outer one)."""
         top = self.info.name
         bls = any(c.stage_metrics is not None for c in self.choices.values())
         totals: dict[str, dict[str, Any]] = {}
 
         def entry(name: str) -> dict[str, Any]:
             if name not in totals:
-                totals[name] = {"calls": 0, "wall_ms": 0.0, "compute_ms": None}
+                totals[name] = {"calls": 0, "wall_ms": 0.0, "compute_ms": None, "called_by": None}
             return totals[name]
 
         for name in self.info.stage_models:
             entry(name)
         own: float | None = None
         for choice in self.choices.values():
-            e = entry(top)
-            e["calls"] += 1
-            e["wall_ms"] += (choice.end or self.start) - self.start
+            called = entry(top)
+            called["calls"] += 1
+            called["wall_ms"] += (choice.end or self.start) - self.start
             if choice.compute_ms is not None:
-                e["compute_ms"] = (e["compute_ms"] or 0.0) + choice.compute_ms
+                called["compute_ms"] = (called["compute_ms"] or 0.0) + choice.compute_ms
             report = choice.stage_metrics or {}
             if isinstance(report.get("own_compute_ms"), (int, float)):
                 own = (own or 0.0) + float(report["own_compute_ms"])
@@ -131,22 +132,33 @@ class RequestStages:
                 if not isinstance(stage, dict) or not isinstance(stage.get("stage"), str):
                     continue
                 s = entry(stage["stage"])
+                if isinstance(stage.get("called_by"), str):
+                    s["called_by"] = stage["called_by"]
                 s["calls"] += int(stage.get("calls") or 0)
                 s["wall_ms"] += float(stage.get("wall_ms") or 0.0) / 1000.0
                 if isinstance(stage.get("compute_ms"), (int, float)):
                     s["compute_ms"] = (s["compute_ms"] or 0.0) + float(stage["compute_ms"])
+        gens: dict[str, float] = {}
+        for name, t in totals.items():
+            if name == top and bls:
+                gens[name] = (own if own is not None else t["compute_ms"]) or 0.0  # the BLS's own work
+            else:
+                gens[name] = t["wall_ms"] * 1000.0  # seconds were summed (frontend clock, BLS ms / 1000)
+        for name, t in totals.items():  # a stage called by a called stage: its wait moves out of its caller's
+            caller = t["called_by"]
+            if caller in gens and caller != name:
+                moved = min(gens[name], gens[caller])
+                gens[name], gens[caller] = moved, gens[caller] - moved
         out: dict[str, dict[str, Any]] = {}
         for i, (name, t) in enumerate(totals.items()):
-            wall_ms = t["wall_ms"] * 1000.0  # seconds were summed (frontend clock and BLS ms / 1000)
-            compute = t["compute_ms"]
-            if name == top and bls:
-                compute = own if own is not None else compute
-                gen = compute or 0.0  # the BLS's exclusive part: its own work
-            else:
-                gen = wall_ms
-            out[str(i)] = {"stage_id": i, "stage_name": name, "calls": t["calls"], "wall_ms": _r(wall_ms),
-                           "compute_ms": _r(compute) if compute is not None else None,
-                           "stage_gen_time_ms": _r(gen)}
+            compute = own if name == top and bls and own is not None else t["compute_ms"]
+            e: dict[str, Any] = {"stage_id": i, "stage_name": name, "calls": t["calls"],
+                                 "wall_ms": _r(t["wall_ms"] * 1000.0),
+                                 "compute_ms": _r(compute) if compute is not None else None,
+                                 "stage_gen_time_ms": _r(gens[name])}
+            if t["called_by"]:
+                e["called_by"] = t["called_by"]
+            out[str(i)] = e
         return out
 
     def metrics(self, summary: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -163,52 +175,24 @@ class RequestStages:
                 "source": "pipeline", **(summary or {})}
 
 
-def stage_deltas(stages: tuple[str, ...], before: dict[str, StageStatistics],
-                 after: dict[str, StageStatistics]) -> dict[str, dict[str, Any]]:
-    """``stage_metrics`` entries ``{"0": {...}, "1": {...}}`` (pipeline order) from two snapshots
-    of Triton's global statistics (the ensembles only).
+def image_stages(info: ModelInfo, images: list[GeneratedImage]) -> dict[str, Any]:
+    """The ``metrics`` object of an image request on an ensemble (``info.ensemble_steps``): one
+    ensemble request per image, each step's ``STAGE_COMPUTE_MS`` mapped to an ensemble output
+    (``engine.GeneratedImage.stage_compute_ms``), summed over the images per step.
 
-    Each entry: ``stage_id``, ``stage_name`` (the Triton model), ``requests`` (completed between
-    the snapshots: this request's and any other's), ``queue_time_ms`` / ``compute_time_ms`` (mean
-    per request, milliseconds), ``stage_gen_time_ms`` (= ``compute_time_ms``, vLLM-Omni's name)
-    and ``source: "triton_statistics"``. A stage without statistics after the request gets zeros."""
-    out: dict[str, dict[str, Any]] = {}
-    for i, name in enumerate(stages):
-        # no statistics before: the stage had none yet (counted from zero)
-        a, b = before.get(name) or StageStatistics(), after.get(name)
-        if b is None:
-            done = queue = compute = 0
-        else:
-            done, queue, compute = b.success - a.success, b.queue_ns - a.queue_ns, b.compute_ns - a.compute_ns
-        compute_ms = _ms(compute, done)
-        out[str(i)] = {"stage_id": i, "stage_name": name, "requests": max(done, 0),
-                       "queue_time_ms": _ms(queue, done), "compute_time_ms": compute_ms,
-                       "stage_gen_time_ms": compute_ms, "source": "triton_statistics"}
-    return out
-
-
-@dataclass
-class StageClock:
-    """Statistics snapshots around one request (``await StageClock.start(engine, info)``, then
-    ``await clock.metrics(...)`` once it is done): the ensembles' path (see the module
-    docstring). ``enabled`` False: does nothing, returns None."""
-
-    engine: Engine
-    stages: tuple[str, ...]
-    before: dict[str, StageStatistics]
-    enabled: bool = True
-
-    @classmethod
-    async def start(cls, engine: Engine, info: ModelInfo, enabled: bool = True) -> StageClock:
-        stages = info.stage_models
-        before = await engine.stage_statistics(list(stages)) if enabled else {}
-        return cls(engine, stages, before, enabled)
-
-    async def metrics(self) -> dict[str, Any] | None:
-        """The ``metrics`` object: ``stage_metrics`` (per stage) and ``stage_durations``
-        (:func:`durations`). None when disabled."""
-        if not self.enabled:
-            return None
-        after = await self.engine.stage_statistics(list(self.stages))
-        stages = stage_deltas(self.stages, self.before, after)
-        return {"stage_metrics": stages, "stage_durations": durations(stages), "source": "triton_statistics"}
+    Triton runs an ensemble's steps itself: the per-request compute of each step is all there is.
+    A step's wall or queue time for one request cannot be measured (no code of ours runs between
+    the steps; Triton 2.51 has no per-response timestamps), so entries have ``wall_ms`` None and
+    ``stage_gen_time_ms`` = ``compute_ms``. The steps of one image run one after another (a
+    chain), and a batched step gives each request its share of the batch's time, so the steps add
+    up to no more than the image's wall time (``request_wall_ms``: the slowest image's ensemble
+    request, from the frontend)."""
+    stages: dict[str, dict[str, Any]] = {}
+    for i, step in enumerate(info.ensemble_steps):
+        values = [im.stage_compute_ms[step] for im in images if step in im.stage_compute_ms]
+        compute = _r(sum(values)) if values else None
+        stages[str(i)] = {"stage_id": i, "stage_name": step, "calls": len(images), "wall_ms": None,
+                          "compute_ms": compute, "stage_gen_time_ms": compute or 0.0}
+    return {"stage_metrics": stages, "stage_durations": durations(stages),
+            "stage_total_ms": _r(sum(e["stage_gen_time_ms"] for e in stages.values())),
+            "request_wall_ms": _r(max((im.wall_s for im in images), default=0.0) * 1000.0), "source": "pipeline"}

@@ -108,7 +108,12 @@ def test_contracts_declare_the_metric_outputs():
     assert STAGE_COMPUTE_MS in CONTRACTS["csm_talker"].output_names
     assert STAGE_METRICS in CONTRACTS["csm"].output_names and STAGE_METRICS not in CONTRACTS["piper"].output_names
     assert STAGE_COMPUTE_MS not in CONTRACTS["qwen_image"].output_names  # an ensemble: no Python code
-    assert bls.reports_compute("csm_code2wav") and not bls.reports_compute("probe_source")
+    assert STAGE_METRICS in CONTRACTS["qwen3_omni_talker"].output_names  # it streams the thinker
+    bls.ask_stage_metrics(True)  # a model of this repository calls
+    assert bls.metric_outputs("csm_code2wav") == [STAGE_COMPUTE_MS]
+    assert bls.metric_outputs("qwen3_omni_talker") == [STAGE_COMPUTE_MS, STAGE_METRICS]
+    bls.ask_stage_metrics(False)  # a diagnostic model (clients/probe_repository) asks its callees for nothing
+    assert bls.metric_outputs("probe_source") == []
 
 
 def test_one_request_is_timed_per_stage(pipeline):
@@ -165,7 +170,9 @@ def test_one_thread_interleaving_requests_keeps_them_apart(pipeline):
 def test_no_ledger_without_the_declared_output():
     stage = _Pipeline()
     stage.initialize(_args("csm", ["AUDIO"]))  # an older config: nothing is added to its responses
-    pb.InferenceRequest.handler = _handler
+    pb.InferenceRequest.handler = lambda request, decoupled: (
+        _Talker(int(request.inputs["N"][0])) if decoupled else pb.InferenceResponse(
+            [pb.Tensor("AUDIO", np.zeros((1, 4), np.float32))]))
     request = pb.FakeRequest({"N": np.array([2], np.int32)})
     stage.execute([request])
     assert all(set(o) == {"AUDIO"} for o in request.sender.outputs())
@@ -192,4 +199,99 @@ def test_a_batch_splits_its_time_equally():
     shares = [first_float(pb.get_output_tensor_by_name(r, STAGE_COMPUTE_MS).as_numpy()) for r in responses]
     assert len(set(shares)) == 1 and 20 / 4 <= shares[0] < 40 / 4  # the batch's ~20 ms, a quarter each
     assert pb.get_output_tensor_by_name(responses[0], STAGE_COMPUTE_MS).as_numpy().shape == (1, 1)
+    stage.finalize()
+
+
+@pytest.mark.parametrize("ensemble", ["qwen_image", "qwen_image_edit"])
+def test_each_ensemble_step_maps_its_compute_to_its_own_output(ensemble):
+    """The ensemble returns every step's STAGE_COMPUTE_MS under ``<STEP>_COMPUTE_MS``, the names
+    the frontend reads (``contracts.tensors.step_compute_output``)."""
+    from pathlib import Path
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from omni_triton.contracts import ENSEMBLES
+    from omni_triton.contracts.tensors import step_compute_output
+
+    path = Path(__file__).resolve().parents[2] / "ensembles" / ensemble / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    steps = config.ensemble_scheduling.step
+    assert tuple(s.model_name for s in steps) == ENSEMBLES[ensemble]
+    for step in steps:
+        assert step.output_map[STAGE_COMPUTE_MS] == step_compute_output(step.model_name)
+
+
+def test_a_stage_that_calls_stages_reports_them_as_its_own_callees():
+    """qwen3_omni_talker streams the thinker and sends its own STAGE_METRICS: the BLS files the
+    thinker under ``called_by`` and does not count that wait as its own."""
+    inner = {"stages": [{"stage": "qwen3_omni_thinker", "compute_ms": 40.0, "wall_ms": 50.0, "calls": 1}],
+             "own_compute_ms": 5.0}
+
+    def handler(request, decoupled):
+        assert STAGE_METRICS in request.outputs  # the talker's contract declares it
+        return iter([pb.InferenceResponse([pb.Tensor("CODES", np.zeros((1, 2), np.int64)),
+                                           pb.Tensor(STAGE_COMPUTE_MS, np.array([7.0], np.float32))]),
+                     pb.InferenceResponse([pb.Tensor(STAGE_METRICS, np.array([json.dumps(inner).encode()], object)),
+                                           pb.Tensor(STAGE_COMPUTE_MS, np.array([9.0], np.float32))])])
+
+    pb.InferenceRequest.handler = handler
+    bls.ask_stage_metrics(True)
+    ledger = bls.StageLedger()
+    with bls.active(ledger):
+        got = list(bls.stream_stage("qwen3_omni_talker", [], ["CODES"], lambda: False))
+    assert len(got) == 1 and set(got[0]) == {"CODES"}
+    report = json.loads(ledger.as_json())["stages"]
+    assert report[0]["stage"] == "qwen3_omni_talker" and report[0]["compute_ms"] == 9.0 and "called_by" not in report[0]
+    assert report[1] == {"stage": "qwen3_omni_thinker", "compute_ms": 40.0, "wall_ms": 50.0, "calls": 1,
+                         "called_by": "qwen3_omni_talker"}
+    assert ledger.waited_ms == pytest.approx(report[0]["wall_ms"], abs=1e-3) and ledger.waited_ms < 50  # its own waits
+
+
+def test_the_frontend_moves_a_nested_stage_out_of_its_callers_share():
+    from types import SimpleNamespace
+
+    from openai_frontend.engine.protocol import GenerationChunk
+    from openai_frontend.serving.stage_metrics import RequestStages
+
+    info = SimpleNamespace(name="qwen3_omni", stage_models=("qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker",
+                                                            "qwen3_omni_code2wav"))
+    clock = RequestStages(info)  # type: ignore[arg-type]
+    report = {"stages": [{"stage": "qwen3_omni_talker", "compute_ms": 90.0, "wall_ms": 100.0, "calls": 1},
+                         {"stage": "qwen3_omni_code2wav", "compute_ms": 8.0, "wall_ms": 10.0, "calls": 3},
+                         {"stage": "qwen3_omni_thinker", "compute_ms": 35.0, "wall_ms": 40.0, "calls": 1,
+                          "called_by": "qwen3_omni_talker"}], "own_compute_ms": 2.0}
+    clock.observe(0, GenerationChunk(text="hi"))
+    time.sleep(0.2)
+    clock.observe(0, GenerationChunk(stage_compute_ms=2.0, stage_metrics=report))
+    m = clock.metrics()
+    by_name = {e["stage_name"]: e for e in m["stage_metrics"].values()}
+    assert [e["stage_name"] for e in m["stage_metrics"].values()] == list(info.stage_models)  # depends_on order
+    assert by_name["qwen3_omni_thinker"]["stage_gen_time_ms"] == 40.0
+    assert by_name["qwen3_omni_thinker"]["called_by"] == "qwen3_omni_talker"
+    assert by_name["qwen3_omni_talker"]["stage_gen_time_ms"] == 60.0  # 100 waited, 40 of it on the thinker
+    assert by_name["qwen3_omni"]["stage_gen_time_ms"] == by_name["qwen3_omni"]["compute_ms"] == 2.0
+    assert m["stage_total_ms"] == 2.0 + 40.0 + 60.0 + 10.0 <= m["request_wall_ms"]
+
+
+def test_a_stage_can_attribute_unequal_work_per_item():
+    """The image denoiser runs one pipeline call per group of compatible requests: each request
+    gets its own call's time / the call's requests, not an equal share of the whole batch."""
+    from types import SimpleNamespace
+
+    from omni_triton.adapters.qwen_image import QwenImageDenoiser
+
+    short, long = 0.010, 0.080  # two calls in one batch: 2 steps for two requests, 8 steps for one
+    results = [SimpleNamespace(seconds=short, steps=2), SimpleNamespace(seconds=long, steps=8)]
+    results.insert(1, SimpleNamespace(seconds=results[0].seconds, steps=2))  # shares the first call
+    assert QwenImageDenoiser.item_compute_ms(None, results) == pytest.approx([5.0, 5.0, 80.0])
+
+    class Unequal(_Batched):
+        def item_compute_ms(self, results):
+            return [float(n) for n in results]
+
+    stage = Unequal()
+    stage.initialize(_args("csm_code2wav", ["Y", STAGE_COMPUTE_MS]))
+    responses = stage.execute([pb.FakeRequest({"N": np.array([n], np.int32)}) for n in (3, 7)])
+    assert [first_float(pb.get_output_tensor_by_name(r, STAGE_COMPUTE_MS).as_numpy()) for r in responses] == [3.0, 7.0]
     stage.finalize()

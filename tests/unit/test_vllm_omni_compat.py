@@ -247,37 +247,34 @@ async def test_streaming_chat_on_image_model(engine):
 
 
 # ------------------------------------------------------------------ 7. stage metrics
-def assert_stage_entries(stages: dict, names: tuple[str, ...], queue_ms: list, compute_ms: list, requests: int):
-    """The ensembles' entries: Triton's global statistics (means), said so by ``source``."""
-    for i, name in enumerate(names):
-        e = stages[str(i)]
-        assert e["stage_id"] == i and e["stage_name"] == name and e["requests"] == requests
-        assert e["queue_time_ms"] == pytest.approx(queue_ms[i]) and e["compute_time_ms"] == pytest.approx(compute_ms[i])
-        assert e["stage_gen_time_ms"] == e["compute_time_ms"] and e["source"] == "triton_statistics"
-
-
-async def test_image_stage_metrics_from_the_stages_statistics(engine):
+async def test_image_stage_metrics_are_each_steps_own_compute(engine):
+    """Each ensemble step's STAGE_COMPUTE_MS per image (an ensemble output each), summed over
+    the request's images; another request's numbers never enter (the statistics delta did)."""
     from test_images_frontend import FAKE_STAGE_MS, T2I
 
     async with client(engine) as c:
         await c.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "before", "n": 3})
         r = await c.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "a fox", "n": 2,
-                                                         "size": "64x48", "return_stage_metrics": True})
+                                                         "size": "64x48", "num_inference_steps": 3,
+                                                         "return_stage_metrics": True})
     assert r.status_code == 200, r.text
     body = r.json()
     metrics = body["metrics"]
     stages = metrics["stage_metrics"]
     names = T2I.ensemble_steps
-    assert_stage_entries(stages, names, [FAKE_STAGE_MS[n][0] for n in names], [FAKE_STAGE_MS[n][1] for n in names], 2)
     assert sorted(stages) == ["0", "1", "2"]  # stage ids only: vLLM-Omni's --print-stage sorts them by int()
+    for i, name in enumerate(names):
+        e = stages[str(i)]
+        assert e["stage_id"] == i and e["stage_name"] == name and e["calls"] == 2 and e["wall_ms"] is None
+        assert e["compute_ms"] == e["stage_gen_time_ms"] == pytest.approx(2 * 3 * FAKE_STAGE_MS[name][1])
     assert all(e["final_output_type"] == "image" for e in stages.values())
     assert [e["output_unit_count"] for e in stages.values()] == [0, 0, 2]  # each image counted once
     assert stages["2"]["image_pixels"] == metrics["image_pixels"] == 2 * 64 * 48
-    steps = body["usage"]["num_inference_steps"]
-    assert metrics["denoise_step_latency_ms"] == pytest.approx(0.5 * 1000 / steps)  # the fake's DENOISE_SECONDS
+    assert metrics["denoise_step_latency_ms"] == pytest.approx(0.5 * 1000 / 3, abs=1e-3)  # the fake's DENOISE_SECONDS
+    assert metrics["request_wall_ms"] == pytest.approx(10.0) and metrics["source"] == "pipeline"
     assert body["stage_durations"] == metrics["stage_durations"] == {
-        **{f"stage_{i}_gen_ms": FAKE_STAGE_MS[n][1] for i, n in enumerate(names)},
-        **{f"{n}_ms": FAKE_STAGE_MS[n][1] for n in names}}  # units in every key
+        **{f"stage_{i}_gen_ms": 6 * FAKE_STAGE_MS[n][1] for i, n in enumerate(names)},
+        **{f"{n}_ms": 6 * FAKE_STAGE_MS[n][1] for n in names}}  # units in every key
     # not asked for: no metrics
     r = await post(engine, "/v1/images/generations", {"model": "qwen_image", "prompt": "a fox"})
     assert "metrics" not in r.json() and "stage_durations" not in r.json()
