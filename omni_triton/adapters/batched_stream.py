@@ -60,6 +60,7 @@ class BatchedDecoupledStage(DecoupledStage):
             start = time.perf_counter()
             for stream in streams:
                 stream.ledger, stream.batch_share = None, (start, len(streams))
+                stream.compute_shape = (1, 1)  # with the batch dimension, as every output here
         error: BaseException | None = None
         try:
             self.run_batch(jobs, streams)

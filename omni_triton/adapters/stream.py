@@ -100,6 +100,8 @@ class ResponseStream:
         #: a batched decoupled stage's share of its batch: (``time.perf_counter()`` at the batch's
         #: start, requests in it); its compute so far is the elapsed time / requests
         self.batch_share: tuple[float, int] | None = None
+        #: shape of STAGE_COMPUTE_MS: [1], or [1, 1] with the batch dimension (a batched model)
+        self.compute_shape: tuple[int, ...] = (1,)
 
     def cancelled(self) -> bool:
         """Whether the client (or the BLS caller, through the REQUEST_ID flag) cancelled."""
@@ -144,7 +146,7 @@ class ResponseStream:
         compute so far (:meth:`compute_ms`) is added as ``STAGE_COMPUTE_MS`` when known."""
         compute_ms = self.compute_ms()
         if compute_ms is not None:
-            outputs = {**outputs, STAGE_COMPUTE_MS: np.array([compute_ms], dtype=np.float32)}
+            outputs = {**outputs, STAGE_COMPUTE_MS: np.full(self.compute_shape, compute_ms, dtype=np.float32)}
         sent = self._send(_pb().InferenceResponse(output_tensors=tensors(outputs)), final)
         if sent and self.telemetry is not None:
             self.telemetry.on_outputs(outputs)

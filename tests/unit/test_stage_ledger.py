@@ -295,3 +295,32 @@ def test_a_stage_can_attribute_unequal_work_per_item():
     responses = stage.execute([pb.FakeRequest({"N": np.array([n], np.int32)}) for n in (3, 7)])
     assert [first_float(pb.get_output_tensor_by_name(r, STAGE_COMPUTE_MS).as_numpy()) for r in responses] == [3.0, 7.0]
     stage.finalize()
+
+
+def test_a_batched_decoupled_stage_sends_each_request_its_share_so_far():
+    """The Wan denoisers: every response carries the request's share of the batch's time so far
+    (elapsed / requests), with the batch dimension."""
+    from omni_triton.adapters.batched_stream import BatchedDecoupledStage
+
+    class Steps(BatchedDecoupledStage):
+        stage = "steps"
+
+        def parse(self, request):
+            return int(request.inputs["N"].as_numpy().reshape(-1)[0])
+
+        def run_batch(self, jobs, streams):
+            for step in range(2):
+                time.sleep(0.01)
+                for stream in streams:
+                    stream.send({"STEP": np.array([[step]], np.int32)}, final=step == 1)
+
+    stage = Steps()
+    stage.initialize(_args("wan_t2v_denoiser", ["STEP", STAGE_COMPUTE_MS]))
+    requests = [pb.FakeRequest({"N": np.array([[2]], np.int32)}) for _ in range(2)]
+    stage.execute(requests)
+    for request in requests:
+        computes = [o[STAGE_COMPUTE_MS] for o in request.sender.outputs()]
+        assert all(c.shape == (1, 1) for c in computes)
+        first, last = (first_float(c) for c in (computes[0], computes[-1]))
+        assert 10 / 2 <= first < last and 20 / 2 <= last < 40 / 2  # ~10 then ~20 ms of batch, half each
+    stage.finalize()
