@@ -499,8 +499,8 @@ async def _close_all(body: AsyncGenerator[Any, None], req: AdmittedRequest) -> N
 
 
 def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
-    """The ``pipeline`` entry of a chat request's ``stage_metrics`` (vLLM-Omni's names): what it
-    produced, from the stage's own token counts."""
+    """A chat request's summary at the top level of its ``metrics`` (vLLM-Omni's names, where its
+    client reads them): what it produced, from the stage's own token counts."""
     usage = usage_of(states, plan.prompt_of_choice)
     return {"final_output_type": "audio" if plan.audio_format else "text", "output_unit_type": "token",
             "num_tokens_in": usage.prompt_tokens, "num_tokens_out": usage.completion_tokens}
