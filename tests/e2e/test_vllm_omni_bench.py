@@ -109,6 +109,8 @@ def assert_stage_times_within_e2el(result: dict, stage_names: set[str]) -> None:
     requests' latencies it parsed)."""
     assert result["_requests"] and all(r["success"] for r in result["_requests"])
     for r in result["_requests"]:
+        print(f"client: E2EL {r['e2el_ms']:.1f} ms, stage times {r['stage_gen_time_ms']} "
+              f"(sum {sum(r['stage_gen_time_ms'].values()):.1f} ms)")
         assert r["stage_gen_time_ms"] and all(k.isdigit() for k in r["stage_gen_time_ms"])
         assert sum(r["stage_gen_time_ms"].values()) <= r["e2el_ms"], r
     means = result["stage_durations_mean"]
