@@ -39,7 +39,8 @@ def _concurrently(stack, path: str, bodies: list[dict]) -> list[tuple[dict, floa
 
 def _check_sums(metrics: dict, e2e_ms: float) -> dict[str, dict]:
     stages = metrics["stage_metrics"]
-    print(f"e2e {e2e_ms:.1f} ms, request_wall {metrics['request_wall_ms']} ms, stage_total {metrics['stage_total_ms']} ms:",
+    print(f"e2e {e2e_ms:.1f} ms, request_wall {metrics['request_wall_ms']} ms, "
+          f"stage_total {metrics['stage_total_ms']} ms:",
           {e["stage_name"]: (e["stage_gen_time_ms"], e["compute_ms"], e["calls"]) for e in stages.values()})
     assert sorted(stages, key=int) == [str(i) for i in range(len(stages))]  # stage ids only
     total = sum(e["stage_gen_time_ms"] for e in stages.values())
