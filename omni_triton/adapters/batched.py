@@ -13,7 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from omni_triton.adapters import bls
+from omni_triton.adapters.stream import declared_outputs
 from omni_triton.adapters.telemetry import Telemetry
 from omni_triton.adapters.triton_io import (
     InputError,
@@ -23,6 +26,7 @@ from omni_triton.adapters.triton_io import (
     optional_input,
     send,
 )
+from omni_triton.contracts.tensors import STAGE_COMPUTE_MS
 from omni_triton.runtime.scheduling import DueBatchQueue, Policy, scheduling_policy
 from omni_triton.runtime.stage_policy import due_in_s
 
@@ -54,6 +58,14 @@ class BatchedStage:
     its response sender (one response, FINAL: python_backend's response sender in the default
     mode). So a batch is answered when *its* work is done, not when every other length's pass of
     Triton's batch is, and urgent work (a first chunk) waits for at most the batch that is running.
+
+    ``STAGE_COMPUTE_MS`` (when the config declares it): each request of a batch gets an equal
+    share of the batch's ``run`` wall time (time / requests in the batch). A batch runs as one
+    padded pass (codec decoders pad ragged chunks to the longest; diffusion stages run equal
+    shapes), so each request costs the same, and the shares add up to the stage's busy time: the
+    per-request numbers of a stage sum to what it spent, never to more. A batch that failed and
+    was run again item by item is attributed per run the same way. A stage whose ``run`` does
+    unequal work per item says so in :meth:`item_compute_ms` (the image denoisers).
     """
 
     #: The optional input (FP32 ms until due) that orders the deadline queue, named by the family
@@ -63,6 +75,7 @@ class BatchedStage:
     def initialize(self, args):
         self.name = args["model_name"]
         self.params = model_parameters(args)
+        self.reports_compute = STAGE_COMPUTE_MS in declared_outputs(args)
         self.setup(args, self.params)
         self.telemetry = Telemetry(self.name, args.get("model_instance_name", self.name))
         bls.report_to(self.telemetry)
@@ -108,7 +121,7 @@ class BatchedStage:
         start = time.monotonic()
         self.telemetry.add("omni_stage_requests_running", len(requests))
         try:
-            responses = batched_execute(requests, self.name, self.parse, self.run, self.outputs)
+            responses = batched_execute(requests, self.name, self.parse, *self.timed())
         finally:
             self.telemetry.add("omni_stage_requests_running", -len(requests))
         try:
@@ -116,6 +129,38 @@ class BatchedStage:
         except Exception:
             logging.getLogger(self.name).exception("%s metrics", self.name)
         return responses
+
+    def timed(self):
+        """``(run, outputs)`` for one ``execute`` or queue batch: ``run`` timed, and ``outputs``
+        adding each request's share of that run's time as ``STAGE_COMPUTE_MS`` (FP32 ``[1, 1]``:
+        with the batch dimension) when the model declares it."""
+        if not getattr(self, "reports_compute", False):
+            return self.run, self.outputs
+        shares: dict[int, float] = {}  # id(result) -> its compute, ms
+
+        def run(items: list) -> list:
+            start = time.perf_counter()
+            results = self.run(items)
+            equal = (time.perf_counter() - start) * 1000.0 / max(len(items), 1)
+            own = self.item_compute_ms(results)
+            for i, result in enumerate(results):
+                shares[id(result)] = own[i] if own is not None else equal
+            return results
+
+        def outputs(result):
+            out = self.outputs(result)
+            if isinstance(out, Mapping) and id(result) in shares:
+                out = {**out, STAGE_COMPUTE_MS: np.array([[shares[id(result)]]], dtype=np.float32)}
+            return out
+
+        return run, outputs
+
+    def item_compute_ms(self, results: list) -> list[float] | None:
+        """Each result's own compute (ms) when the stage knows better than an equal share of the
+        batch (the image denoisers: ``run`` makes one pipeline call per group of compatible
+        requests, and a request's share is its call's time / the call's requests); None (the
+        default): the batch's time split equally."""
+        return None
 
     def _enqueue(self, requests):
         """``execute`` under ``scheduling: "deadline"``: parse and queue each request, answer the
@@ -160,7 +205,7 @@ class BatchedStage:
                 if self._queue.closed:
                     return
                 continue
-            responses = batch_responses([queued.item for queued in batch], self.name, self.run, self.outputs)
+            responses = batch_responses([queued.item for queued in batch], self.name, *self.timed())
             end = time.monotonic()
             for queued, response in zip(batch, responses, strict=False):
                 self._answer(queued.sender, response)

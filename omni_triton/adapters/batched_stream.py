@@ -5,6 +5,7 @@ finished step to every request of a pipeline call)."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from omni_triton.adapters.stream import DecoupledStage, ResponseStream
@@ -23,6 +24,11 @@ class BatchedDecoupledStage(DecoupledStage):
     when ``run_batch`` raised, the error response for each (INVALID_ARG for the input error,
     INTERNAL otherwise); and keeps the same counters, cancel flags and ``omni_stage_*`` telemetry
     as every stage, plus ``omni_stage_batch_size`` (requests per ``run_batch`` call).
+
+    ``STAGE_COMPUTE_MS`` (when declared): each request's equal share of its batch's wall time so
+    far (elapsed since ``run_batch`` began / requests in the batch): a pipeline call runs the
+    batch's latents together, one step for all, so no request costs more than another, and the
+    shares of a batch add up to its time (docs/metrics.md "Per-request stage metrics").
 
     The stage dispatches itself: the ``scheduling``, ``workers`` and instance-balance settings of
     ``DecoupledStage`` do not apply (a ``scheduling: deadline`` is logged and ignored).
@@ -50,6 +56,11 @@ class BatchedDecoupledStage(DecoupledStage):
             self.telemetry.observe("omni_stage_batch_size", len(accepted))
         except Exception:
             logging.getLogger(self.stage).exception("%s metrics", self.stage)
+        if self.reports_compute:  # each request's compute: its share of the batch's time so far
+            start = time.perf_counter()
+            for stream in streams:
+                stream.ledger, stream.batch_share = None, (start, len(streams))
+                stream.compute_shape = (1, 1)  # with the batch dimension, as every output here
         error: BaseException | None = None
         try:
             self.run_batch(jobs, streams)

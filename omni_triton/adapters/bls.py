@@ -43,17 +43,28 @@ stages that read streams run their requests in ``execute`` and scale by instance
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from omni_triton.adapters.telemetry import nbytes
 from omni_triton.adapters.triton_io import response_outputs, tensors, triton_lock
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, REQUEST_ID, utf8_array
+from omni_triton.contracts.tensors import (
+    INVALID_INPUT_PREFIX,
+    REPORTS_STAGE_METRICS,
+    REQUEST_ID,
+    STAGE_COMPUTE_MS,
+    STAGE_METRICS,
+    first_float,
+    first_value,
+    utf8_array,
+)
 
 LOGGER = logging.getLogger("omni_triton.bls")
 
@@ -88,6 +99,156 @@ def _account(target: str, sent: int, received: int, waited_s: float) -> None:
 
 def _payload(pairs) -> int:
     return sum(nbytes(a) for _, a in pairs)
+
+
+# --------------------------------------------------------------------------- per-request stage timing
+@dataclass
+class StageTiming:
+    """One called stage's share of one request, as the BLS that called it measured it.
+
+    Attributes:
+        compute_ms: the stage's own ``STAGE_COMPUTE_MS`` for this request, summed over the calls
+            (the last response of each call carries that call's total); 0 when it reports none.
+        wall_ms: milliseconds the caller waited on the stage (``exec`` of a call; opening a
+            stream plus the wait for each of its responses), summed over the calls.
+        calls: BLS requests sent to the stage for this request.
+        reported: whether the stage reported any ``STAGE_COMPUTE_MS``.
+        called_by: the stage that called it, when the caller did not call it itself but a stage
+            it called did and reported it in its own ``STAGE_METRICS`` (``qwen3_omni_talker``
+            streaming ``qwen3_omni_thinker``); its ``wall_ms`` is then its caller's wait on it.
+    """
+
+    compute_ms: float = 0.0
+    wall_ms: float = 0.0
+    calls: int = 0
+    reported: bool = False
+    called_by: str | None = None
+
+
+@dataclass
+class StageLedger:
+    """The stages one request called, in first-call order (``{model: StageTiming}``), and the
+    caller's own compute (its step time minus its waits on stages), in milliseconds.
+
+    A stage base makes a request's ledger current on the thread that runs each of its steps
+    (:func:`active`), so :func:`call_stage` and :func:`stream_stage` add to the request being
+    stepped and never to another one, also when one thread interleaves several requests (the
+    deadline scheduler) or several threads run requests at once.
+    """
+
+    stages: dict[str, StageTiming] = field(default_factory=dict)
+    own_compute_ms: float = 0.0
+
+    def timing(self, model: str) -> StageTiming:
+        """The entry of ``model`` (created, in call order)."""
+        entry = self.stages.get(model)
+        if entry is None:
+            entry = self.stages[model] = StageTiming()
+        return entry
+
+    @property
+    def waited_ms(self) -> float:
+        """Milliseconds this caller waited on the stages it called itself so far."""
+        return sum(t.wall_ms for t in self.stages.values() if t.called_by is None)
+
+    def merge(self, report: dict, caller: str) -> None:
+        """Add a called stage's own ``STAGE_METRICS`` ``report`` (the stages *it* called), as
+        stages called by ``caller``. Malformed entries are skipped."""
+        for stage in report.get("stages") or []:
+            if not isinstance(stage, dict) or not isinstance(stage.get("stage"), str):
+                continue
+            entry = self.stages.get(stage["stage"])
+            if entry is None:
+                entry = self.timing(stage["stage"])
+                entry.called_by = stage.get("called_by") or caller
+            elif entry.called_by is None:
+                continue  # this caller calls it itself: its own timing counts
+            entry.calls += int(stage.get("calls") or 0)
+            entry.wall_ms += float(stage.get("wall_ms") or 0.0)
+            if isinstance(stage.get("compute_ms"), (int, float)):
+                entry.compute_ms += float(stage["compute_ms"])
+                entry.reported = True
+
+    def as_json(self) -> str:
+        """The ``STAGE_METRICS`` payload: ``{"stages": [{"stage", "compute_ms", "wall_ms",
+        "calls"[, "called_by"]}, ...], "own_compute_ms"}`` (ms rounded to 0.001; ``compute_ms`` is
+        null for a stage that reported none)."""
+        return json.dumps({"stages": [
+            {"stage": name, "compute_ms": round(t.compute_ms, 3) if t.reported else None,
+             "wall_ms": round(t.wall_ms, 3), "calls": t.calls, **({"called_by": t.called_by} if t.called_by else {})}
+            for name, t in self.stages.items()],
+            "own_compute_ms": round(self.own_compute_ms, 3)}, separators=(",", ":"))
+
+
+_CURRENT = threading.local()
+
+
+class active:
+    """``with active(ledger):`` makes ``ledger`` the calling thread's current one (``None``: no
+    timing) and restores the previous one on exit."""
+
+    def __init__(self, ledger: StageLedger | None):
+        self.ledger = ledger
+
+    def __enter__(self) -> StageLedger | None:
+        self.previous = getattr(_CURRENT, "ledger", None)
+        _CURRENT.ledger = self.ledger
+        return self.ledger
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.ledger = self.previous
+
+
+def current() -> StageLedger | None:
+    """The calling thread's current :class:`StageLedger` (``None`` outside a stage step)."""
+    return getattr(_CURRENT, "ledger", None)
+
+
+_ASK_METRICS: list[bool] = [False]  # this process's model declares STAGE_COMPUTE_MS (its callees do too)
+
+
+def ask_stage_metrics(enabled: bool) -> None:
+    """Whether this process's BLS calls request the callees' per-request metric outputs: set by
+    the stage base from its own config (a model that declares ``STAGE_COMPUTE_MS`` belongs to
+    this repository, whose every Python model declares it; the diagnostic models of
+    ``clients/probe_repository`` do not, and are never asked)."""
+    _ASK_METRICS[0] = enabled
+
+
+def metric_outputs(model: str) -> list[str]:
+    """The metric outputs requested from callee ``model``: ``STAGE_COMPUTE_MS``, plus
+    ``STAGE_METRICS`` when it calls stages itself (``REPORTS_STAGE_METRICS``); none when this
+    process does not ask (:func:`ask_stage_metrics`)."""
+    if not _ASK_METRICS[0]:
+        return []
+    return [STAGE_COMPUTE_MS, STAGE_METRICS] if model in REPORTS_STAGE_METRICS else [STAGE_COMPUTE_MS]
+
+
+def _take_compute(out: dict) -> float | None:
+    """Remove ``STAGE_COMPUTE_MS`` from a response's outputs; its value (ms) or None."""
+    value = out.pop(STAGE_COMPUTE_MS, None)
+    return first_float(value) if value is not None else None
+
+
+def _take_report(out: dict) -> dict | None:
+    """Remove a called stage's own ``STAGE_METRICS`` from a response's outputs; the parsed JSON
+    object, or None (absent or unreadable: logged, never fatal)."""
+    value = out.pop(STAGE_METRICS, None)
+    if value is None:
+        return None
+    try:
+        text = first_value(value)
+        report = json.loads(text.decode("utf-8") if isinstance(text, bytes) else str(text))
+    except (TypeError, ValueError):
+        LOGGER.warning("unreadable %s from a stage", STAGE_METRICS)
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _with_outputs(model: str, outputs: Iterable[str]) -> list[str]:
+    """``outputs`` plus :func:`metric_outputs` of ``model`` (requested, so Triton returns them)."""
+    names = list(outputs)
+    return names + [n for n in metric_outputs(model) if n not in names]
 
 
 _STREAM_THREAD: list[int] = []  # the one thread of this process that reads BLS streams
@@ -165,19 +326,32 @@ def _request(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: Iter
 
 
 def call_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: Iterable[str]) -> dict[str, np.ndarray]:
-    """One non-decoupled BLS call.
+    """One non-decoupled BLS call. Timed into the current :class:`StageLedger` (one call, its
+    wait, the stage's ``STAGE_COMPUTE_MS``, which is requested when its contract declares it and
+    taken out of the returned outputs).
 
     Raises:
         StageError: the stage answered with an error.
     """
     inputs = list(inputs)
+    ledger = current()
     start = time.monotonic()
-    response = _request(model, inputs, outputs).exec()
+    response = _request(model, inputs, _with_outputs(model, outputs)).exec()
     waited = time.monotonic() - start
+    if ledger is not None:
+        entry = ledger.timing(model)
+        entry.calls += 1
+        entry.wall_ms += waited * 1000.0
     if response.has_error():
         _account(model, _payload(inputs), 0, waited)
         raise StageError(model, response.error())
     out = response_outputs(response)
+    compute, report = _take_compute(out), _take_report(out)
+    if ledger is not None and compute is not None:
+        entry.compute_ms += compute
+        entry.reported = True
+    if ledger is not None and report is not None:
+        ledger.merge(report, model)
     _account(model, _payload(inputs), _payload(out.items()), waited)
     return out
 
@@ -200,6 +374,12 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
     :func:`release_iterator` with ``parent`` (the caller's
     :class:`~omni_triton.adapters.stream.ResponseStream`, the request this stream works for).
 
+    Timed into the :class:`StageLedger` current when it is called (one call; the wait to open it
+    and for each response, also while draining; the stage's ``STAGE_COMPUTE_MS``, requested as
+    :func:`metric_outputs` says, taken out of every response: the last value counts, as it is
+    cumulative; and its own ``STAGE_METRICS`` when it calls stages too, merged as stages it
+    called: :meth:`StageLedger.merge`). A response left empty by that is not yielded.
+
     Raises:
         StageError: the stage answered with an error (raised after the stream is drained).
         RuntimeError: called from a second thread of this process (:func:`check_stream_thread`).
@@ -209,10 +389,16 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
     if request_id is not None:
         rid = utf8_array(request_id)
         inputs.append((REQUEST_ID, rid[None] if batched else rid))
+    ledger = current()
+    entry = ledger.timing(model) if ledger is not None else StageTiming()
+    entry.calls += 1
+    compute = None  # this call's STAGE_COMPUTE_MS (cumulative: the latest response's)
+    report = None  # the stage's own STAGE_METRICS (on its last response), if it calls stages too
     sent, received, start = _payload(inputs), 0, time.monotonic()
     # The only reference this generator keeps: emptied by release_iterator.
-    holder = [_request(model, inputs, outputs).exec(decoupled=True)]
+    holder = [_request(model, inputs, _with_outputs(model, outputs)).exec(decoupled=True)]
     waited = time.monotonic() - start
+    entry.wall_ms += waited * 1000.0
 
     def cancel():
         if can_cancel(holder[0]):
@@ -226,7 +412,9 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
         while True:
             t = time.monotonic()
             response = next(responses, None)
-            waited += time.monotonic() - t
+            dt = time.monotonic() - t
+            waited += dt
+            entry.wall_ms += dt * 1000.0
             if response is None:
                 break
             if error is not None or stopped:
@@ -235,6 +423,11 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
                 error = StageError(model, response.error())
                 continue
             out = response_outputs(response)
+            value, nested = _take_compute(out), _take_report(out)
+            if value is not None:
+                compute = value
+            if nested is not None:
+                report = nested
             received += _payload(out.items())
             if out:  # an empty FINAL response carries no outputs
                 yield out
@@ -252,5 +445,10 @@ def stream_stage(model: str, inputs: Iterable[tuple[str, np.ndarray]], outputs: 
             flags.discard(request_id)
         release_iterator(holder, parent)
         _account(model, sent, received, waited)
+        if compute is not None:
+            entry.compute_ms += compute
+            entry.reported = True
+        if report is not None and ledger is not None:
+            ledger.merge(report, model)
     if error is not None:
         raise error

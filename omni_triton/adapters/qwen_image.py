@@ -126,6 +126,16 @@ class QwenImageDenoiser(QwenImageStage, DiffusionDenoiser, BatchedStage):
                 self.telemetry.observe("omni_diffusion_step_seconds", seconds / steps)
         return results
 
+    def item_compute_ms(self, results):
+        """Each request's share of its own pipeline call: the call's seconds / its requests
+        (requests of one call share the ``seconds`` object), in ms; calls of other step counts or
+        shapes in the same batch are not charged to it."""
+        sizes: dict[tuple[int, int], int] = {}
+        for r in results:
+            key = (id(r.seconds), r.steps)
+            sizes[key] = sizes.get(key, 0) + 1
+        return [r.seconds * 1000.0 / sizes[(id(r.seconds), r.steps)] for r in results]
+
     def outputs(self, r):
         return self.final_outputs(r.latents, r.steps, r.seconds)
 

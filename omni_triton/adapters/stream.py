@@ -14,13 +14,17 @@ pool, deadline scheduler, instance balance), ``finalize``. Every call into Trito
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from omni_triton.adapters import bls
 from omni_triton.adapters.bls import bls_threads_unchecked
@@ -35,7 +39,7 @@ from omni_triton.adapters.triton_io import (
     send,
     tensors,
 )
-from omni_triton.contracts.tensors import PACED, REQUEST_ID, InputError
+from omni_triton.contracts.tensors import PACED, REQUEST_ID, STAGE_COMPUTE_MS, STAGE_METRICS, InputError
 from omni_triton.paths import server_run_dir
 from omni_triton.runtime import scheduling
 from omni_triton.runtime.cancel_flags import CancelFlags
@@ -47,6 +51,15 @@ def _pb():
     import triton_python_backend_utils as pb_utils
 
     return pb_utils
+
+
+def declared_outputs(args: Mapping[str, Any]) -> frozenset[str]:
+    """The output names of the model's config (``args["model_config"]``, Triton's JSON); empty
+    when it is absent (tests that build a stage without a config)."""
+    config = args.get("model_config")
+    if not config:
+        return frozenset()
+    return frozenset(o["name"] for o in json.loads(config).get("output", []))
 
 
 class Final(dict):
@@ -81,6 +94,14 @@ class ResponseStream:
         self.telemetry: RequestTelemetry | None = None  # set by the stage base
         self.paced = False  # set by the stage base: PACED (the realtime opt-in) and a deadline scheduler
         self.balanced = False  # counted in the instance balance (set by the stage base)
+        #: this request's own compute and the stages it called (set by the stage base when the
+        #: model declares STAGE_COMPUTE_MS; docs/metrics.md "Per-request stage metrics")
+        self.ledger: bls.StageLedger | None = None
+        #: a batched decoupled stage's share of its batch: (``time.perf_counter()`` at the batch's
+        #: start, requests in it); its compute so far is the elapsed time / requests
+        self.batch_share: tuple[float, int] | None = None
+        #: shape of STAGE_COMPUTE_MS: [1], or [1, 1] with the batch dimension (a batched model)
+        self.compute_shape: tuple[int, ...] = (1,)
 
     def cancelled(self) -> bool:
         """Whether the client (or the BLS caller, through the REQUEST_ID flag) cancelled."""
@@ -121,11 +142,24 @@ class ResponseStream:
 
     def send(self, outputs: Mapping[str, Any], final: bool = False) -> bool:
         """Send one response holding ``outputs`` (``{name: array or str}``); False if dropped.
-        Audio in it (AUDIO + SAMPLE_RATE) is timed for the omni_audio_* metrics."""
+        Audio in it (AUDIO + SAMPLE_RATE) is timed for the omni_audio_* metrics; the request's
+        compute so far (:meth:`compute_ms`) is added as ``STAGE_COMPUTE_MS`` when known."""
+        compute_ms = self.compute_ms()
+        if compute_ms is not None:
+            outputs = {**outputs, STAGE_COMPUTE_MS: np.full(self.compute_shape, compute_ms, dtype=np.float32)}
         sent = self._send(_pb().InferenceResponse(output_tensors=tensors(outputs)), final)
         if sent and self.telemetry is not None:
             self.telemetry.on_outputs(outputs)
         return sent
+
+    def compute_ms(self) -> float | None:
+        """This request's own compute so far, ms: the ledger's (its steps' time minus their waits
+        on other stages) or its share of the running batch; None when not measured (the model
+        does not declare ``STAGE_COMPUTE_MS``, or runs its requests in its own engine: ``llm``)."""
+        if self.batch_share is not None:
+            start, n = self.batch_share
+            return (time.perf_counter() - start) * 1000.0 / max(n, 1)
+        return self.ledger.own_compute_ms if self.ledger is not None else None
 
     def close(self) -> bool:
         """Send the FINAL flag alone (nothing if already sent)."""
@@ -226,6 +260,10 @@ class DecoupledStage:
         self.model_name = args["model_name"]
         instance = args.get("model_instance_name", self.model_name)
         self.params = model_parameters(args)
+        declared = declared_outputs(args)
+        self.reports_compute = STAGE_COMPUTE_MS in declared
+        self.reports_stage_metrics = STAGE_METRICS in declared
+        bls.ask_stage_metrics(self.reports_compute)
         self.setup(args, self.params)
         labels = {"model": self.model_name}
         if self.per_instance_metrics:
@@ -304,6 +342,8 @@ class DecoupledStage:
         stream = ResponseStream(request, self.stage, self.flags, request_id,
                                 on_cancel=lambda: self.metrics.count("cancelled"))
         stream.telemetry = RequestTelemetry(self.telemetry)
+        if self.reports_compute and not self._own_dispatch():
+            stream.ledger = bls.StageLedger()
         try:
             job = self.parse(request)
         except (self.input_error, InputError, UnicodeDecodeError) as exc:
@@ -365,7 +405,7 @@ class DecoupledStage:
             return self.playback_amount(outputs)
 
         paced = getattr(stream, "paced", False)
-        self.step_scheduler.submit(self.generate(job, stream),
+        self.step_scheduler.submit(self.timed_generate(job, stream),
                                    self.playback_deadline(self.step_scheduler.clock(), job, paced),
                                    on_output, lambda error: self.finish(job, stream, error), on_start,
                                    paced=paced)
@@ -379,12 +419,46 @@ class DecoupledStage:
         """Drive ``generate`` to the end: send each output, then FINAL; errors as responses."""
         error = None
         try:
-            for outputs in self.generate(job, stream):
+            for outputs in self.timed_generate(job, stream):
                 if outputs is not None:
                     stream.send(outputs, final=isinstance(outputs, Final))
         except Exception as exc:
             error = exc
         self.finish(job, stream, error)
+
+    def timed_generate(self, job, stream: ResponseStream) -> Iterator[Mapping[str, Any] | None]:
+        """``generate(job, stream)``, each step timed into ``stream.ledger`` (when set): the step's
+        wall time minus what it waited on other stages is the request's own compute
+        (``STAGE_COMPUTE_MS`` on its responses), and the ledger is current on the stepping thread
+        while the step runs, so the BLS calls it makes are timed for this request
+        (``omni_triton.adapters.bls.StageLedger``). A model that declares ``STAGE_METRICS`` (a BLS)
+        adds the ledger's JSON to its ``Final`` output, or, when ``generate`` ends without one, in
+        one more ``Final`` response of its own."""
+        ledger = stream.ledger
+        inner = self.generate(job, stream)
+        if ledger is None:
+            yield from inner
+            return
+        final_sent = False
+        try:
+            while True:
+                start, waited = time.perf_counter(), ledger.waited_ms
+                try:
+                    with bls.active(ledger):
+                        outputs = next(inner)
+                except StopIteration:
+                    break
+                finally:
+                    ledger.own_compute_ms += (time.perf_counter() - start) * 1000.0 - (ledger.waited_ms - waited)
+                if isinstance(outputs, Final):
+                    final_sent = True
+                    if self.reports_stage_metrics:
+                        outputs = Final({**outputs, STAGE_METRICS: ledger.as_json()})
+                yield outputs
+        finally:
+            inner.close()
+        if self.reports_stage_metrics and not final_sent:
+            yield Final({STAGE_METRICS: ledger.as_json()})
 
     def finish(self, job, stream: ResponseStream, error: BaseException | None = None) -> None:
         """End a job: the error response or FINAL (exactly once), the running gauge, the cancel

@@ -36,6 +36,27 @@ PACED = "PACED"
 #: BYTES [1]: why a stream ended (``stop``, ``length``, ``abort``), on its last response; any
 #: stage's telemetry reads it (``omni_stage_requests_finished_total``). Chat contracts re-export it.
 FINISH_REASON = "FINISH_REASON"
+#: FP32 [1]: the stage's own compute for this request so far, in milliseconds (optional output of
+#: every stage; sent on each response, cumulative: the last one holds the request's total). Time
+#: spent waiting on other stages through BLS is not in it. docs/metrics.md "Per-request stage
+#: metrics". Triton 2.51 has no response parameters (from 2.55), hence a tensor.
+STAGE_COMPUTE_MS = "STAGE_COMPUTE_MS"
+#: BYTES [1]: JSON ``{"stages": [{"stage", "compute_ms", "wall_ms", "calls"}, ...], "own_compute_ms"}``
+#: of one request, on a BLS model's last response: the stages it called, each timed by the BLS
+#: (``omni_triton.adapters.bls.StageLedger``).
+STAGE_METRICS = "STAGE_METRICS"
+#: The models that declare ``STAGE_METRICS``: they call other stages and report them per request
+#: (the BLS models, and qwen3_omni_talker, which streams qwen3_omni_thinker while speaking). Here,
+#: not in a family contract, because the generic BLS helper (``omni_triton.adapters.bls``) asks
+#: these callees for it.
+REPORTS_STAGE_METRICS = frozenset({"csm", "llm_tts", "qwen3_omni", "qwen2_5_omni", "qwen3_tts", "wan_t2v", "wan_i2v",
+                                   "qwen3_omni_talker"})
+
+
+def step_compute_output(model: str) -> str:
+    """The ensemble output that carries step ``model``'s ``STAGE_COMPUTE_MS`` (FP32 [1]):
+    ``<MODEL>_COMPUTE_MS``, e.g. ``QWEN_IMAGE_DENOISER_COMPUTE_MS``."""
+    return f"{model.upper()}_COMPUTE_MS"
 
 
 class InputError(ValueError):

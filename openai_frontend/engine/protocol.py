@@ -70,6 +70,10 @@ class GenerationChunk:
         None when the response did not carry them.
     audio: float32 PCM [T] in [-1, 1] generated since the previous chunk, or None.
     sample_rate: Hz of ``audio`` (``SAMPLE_RATE``), or None.
+    stage_compute_ms: the model's own compute for this request so far (``STAGE_COMPUTE_MS``,
+        ms, cumulative), or None.
+    stage_metrics: a BLS model's per-request timing of the stages it called (``STAGE_METRICS``,
+        parsed JSON; on its last response), or None. A chunk may carry only these two.
     """
 
     text: str = ""
@@ -78,6 +82,8 @@ class GenerationChunk:
     completion_tokens: int | None = None
     audio: NDArray[Any] | None = None
     sample_rate: int | None = None
+    stage_compute_ms: float | None = None
+    stage_metrics: dict[str, Any] | None = None
 
 
 
@@ -105,12 +111,16 @@ class ImageJob:
 @dataclass(frozen=True)
 class GeneratedImage:
     """One generated image: ``uint8 [H, W, 3]`` RGB pixels, its seed, the denoising steps run and
-    the wall time (seconds) of the denoiser call it was part of."""
+    the wall time (seconds) of the denoiser call it was part of; ``stage_compute_ms``: each
+    ensemble step's own compute for this image (its ``STAGE_COMPUTE_MS``, ms; steps that sent
+    none are absent) and ``wall_s``: the ensemble request's wall time seen by the frontend."""
 
     pixels: NDArray[Any]
     seed: int
     steps: int
     denoise_seconds: float
+    stage_compute_ms: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
 
 
 

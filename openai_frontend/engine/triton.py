@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import sys
 import time
@@ -41,7 +42,16 @@ from omni_triton.contracts import image as image_contract
 from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.contracts import speech as speech_contract
 from omni_triton.contracts import video as video_contract
-from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, infer_input, scalar_array, utf8_array, wrap_inputs
+from omni_triton.contracts.tensors import (
+    INVALID_INPUT_PREFIX,
+    STAGE_COMPUTE_MS,
+    STAGE_METRICS,
+    infer_input,
+    scalar_array,
+    step_compute_output,
+    utf8_array,
+    wrap_inputs,
+)
 from omni_triton.media.image import pixels_from_png_base64
 from omni_triton.serve import on_demand as od
 
@@ -890,8 +900,13 @@ class TritonEngine:
         is cancelled: client disconnect), which cancels their gRPC calls.
         """
 
+        info = self._config_cache.get(model)
+        steps_of = info.ensemble_steps if info is not None else ()
+
         async def one(i: int) -> GeneratedImage:
+            start = time.monotonic()
             result = await self._unary(model, _image_inputs(job, i), f"{uuid.uuid4().hex}-{i}")
+            wall_s = time.monotonic() - start
             pixels = result.as_numpy(image_contract.IMAGE)
             if pixels is None:
                 raise InferenceError(f"{model}: no {image_contract.IMAGE} in the response")
@@ -902,6 +917,9 @@ class TritonEngine:
                 seed=job.seed + i,
                 steps=int(steps.reshape(-1)[0]) if steps is not None else job.steps,
                 denoise_seconds=float(seconds.reshape(-1)[0]) if seconds is not None else 0.0,
+                stage_compute_ms={step: float(value) for step in steps_of
+                                  if (value := _first(result, step_compute_output(step))) is not None},
+                wall_s=wall_s,
             )
 
         # All n in flight; the first failure cancels the rest and is raised as it is. (Not
@@ -1017,6 +1035,8 @@ def chunk_from_result(result: grpcclient.InferResult, default_rate: int | None =
     completion_tokens = _first(result, chat_contract.COMPLETION_TOKENS)
     audio = result.as_numpy(chat_contract.AUDIO)
     rate = _first(result, chat_contract.SAMPLE_RATE)
+    compute = _first(result, STAGE_COMPUTE_MS)
+    stage_metrics = _first(result, STAGE_METRICS)
 
     def _str(v: object) -> str:
         if v is None:
@@ -1030,7 +1050,22 @@ def chunk_from_result(result: grpcclient.InferResult, default_rate: int | None =
         completion_tokens=int(completion_tokens) if completion_tokens is not None else None,
         audio=np.asarray(audio, dtype=np.float32).reshape(-1) if audio is not None and audio.size else None,
         sample_rate=int(rate) if rate is not None else default_rate,
+        stage_compute_ms=float(compute) if compute is not None else None,
+        stage_metrics=_json_object(stage_metrics),
     )
+
+
+def _json_object(value: object) -> dict[str, Any] | None:
+    """A ``STAGE_METRICS`` element parsed (a JSON object), None when absent or malformed (the
+    metrics are an extra: a bad payload never fails the request; logged)."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+    except (ValueError, UnicodeDecodeError):
+        logger.warning("unreadable %s: %r", STAGE_METRICS, value)
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _cancelling(task: asyncio.Task[Any]) -> bool:

@@ -90,7 +90,7 @@ from .common import (
     sse_response,
     until_disconnect,
 )
-from .stage_metrics import StageClock
+from .stage_metrics import RequestStages
 
 if TYPE_CHECKING:
     from ..metrics import FrontendMetrics
@@ -429,7 +429,7 @@ async def _run(plan: _Plan, request: Request) -> Response | dict[str, Any]:
             metrics.audio_seconds.labels(plan.target.public_name).inc(audio)
 
     async with AdmittedRequest(state, record, cost=len(plan.requests)) as req:
-        clock = await StageClock.start(engine, plan.target, enabled=plan.stage_metrics)
+        clock = RequestStages(plan.target, enabled=plan.stage_metrics)
 
         def observe(chunk: GenerationChunk | None) -> None:
             if chunk is None or not chunk.text:
@@ -445,9 +445,10 @@ async def _run(plan: _Plan, request: Request) -> Response | dict[str, Any]:
         if not plan.stream:
             async def attempt() -> bool:
                 states[:] = [ChoiceState() for _ in plan.requests]
+                clock.reset()
                 merged = merge([engine.generate(plan.target.name, r) for r in plan.requests])
                 try:
-                    return await until_disconnect(request, _collect(merged, states, observe))
+                    return await until_disconnect(request, _collect(merged, states, observe, clock))
                 finally:
                     await merged.aclose()
 
@@ -461,7 +462,7 @@ async def _run(plan: _Plan, request: Request) -> Response | dict[str, Any]:
                 return error_json(499, ErrorDetail(message="Client disconnected", type="invalid_request_error",
                                                    code="client_disconnected"))
             response = await off_loop(_whole_response, plan, states)
-            metrics_object = await clock.metrics(_chat_summary(plan, states))
+            metrics_object = clock.metrics(_chat_summary(plan, states))
             if metrics_object is not None:
                 response["metrics"] = metrics_object
             return response  # a dict: FastAPI encodes it (the routes declare response_model=None)
@@ -498,8 +499,8 @@ async def _close_all(body: AsyncGenerator[Any, None], req: AdmittedRequest) -> N
 
 
 def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
-    """The ``pipeline`` entry of a chat request's ``stage_metrics`` (vLLM-Omni's names): what it
-    produced, from the stage's own token counts."""
+    """A chat request's summary at the top level of its ``metrics`` (vLLM-Omni's names, where its
+    client reads them): what it produced, from the stage's own token counts."""
     usage = usage_of(states, plan.prompt_of_choice)
     return {"final_output_type": "audio" if plan.audio_format else "text", "output_unit_type": "token",
             "num_tokens_in": usage.prompt_tokens, "num_tokens_out": usage.completion_tokens}
@@ -507,7 +508,7 @@ def _chat_summary(plan: _Plan, states: list[ChoiceState]) -> dict[str, Any]:
 
 async def _events(plan: _Plan, states: list[ChoiceState], buffered: Sequence[Item],
                   merged: AsyncGenerator[Item, None], observe: Callable[[GenerationChunk | None], None],
-                  req: AdmittedRequest, clock: StageClock) -> AsyncGenerator[dict[str, str], None]:
+                  req: AdmittedRequest, clock: RequestStages) -> AsyncGenerator[dict[str, str], None]:
     """The SSE events of a streamed answer: the buffered first responses, then the rest as they
     arrive; a failure after the status line is a ``data: {"error": ...}`` event. With
     ``return_stage_metrics``, a chunk without choices carrying ``metrics`` precedes the usage
@@ -525,6 +526,7 @@ async def _events(plan: _Plan, states: list[ChoiceState], buffered: Sequence[Ite
 
             async for i, chunk in items():
                 observe(chunk)
+                clock.observe(i, chunk)
                 for line in framer.on_item(i, chunk):
                     yield dict(data=line)
         except EngineError as exc:
@@ -533,7 +535,7 @@ async def _events(plan: _Plan, states: list[ChoiceState], buffered: Sequence[Ite
             yield dict(data=ErrorResponse(error=engine_error_detail(exc)).model_dump_json())
             yield dict(data="[DONE]")
             return
-        metrics_object = await clock.metrics(_chat_summary(plan, states))
+        metrics_object = clock.metrics(_chat_summary(plan, states))
         if metrics_object is not None:
             yield dict(data=framer.metrics_chunk(metrics_object))
         for line in framer.closing():
@@ -544,9 +546,10 @@ async def _events(plan: _Plan, states: list[ChoiceState], buffered: Sequence[Ite
 
 
 async def _collect(merged: AsyncGenerator[Item, None], states: list[ChoiceState],
-                   observe: Callable[[GenerationChunk | None], None]) -> None:
+                   observe: Callable[[GenerationChunk | None], None], clock: RequestStages) -> None:
     async for i, chunk in merged:
         observe(chunk)
+        clock.observe(i, chunk)
         if chunk is not None:  # END
             states[i].add(chunk)
 

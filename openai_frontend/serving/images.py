@@ -51,7 +51,7 @@ from .common import (
     resolve_model,
     retry_after_stage_restart,
 )
-from .stage_metrics import StageClock
+from .stage_metrics import image_stages
 
 logger = logging.getLogger(__name__)
 
@@ -161,28 +161,32 @@ class ImageResult:
 
 
 def pipeline_summary(result: ImageResult, job: ImageJob, stage_metrics: dict[str, Any]) -> dict[str, Any]:
-    """The ``pipeline`` entry of an image request's ``stage_metrics``, in vLLM-Omni's terms:
-    ``final_output_type``/``output_unit_type`` ``image``, ``output_unit_count`` (images),
-    ``image_pixels`` (summed), ``stage_gen_time_ms`` (the stages' mean compute times summed:
-    one image through the pipeline) and ``denoise_step_latency_ms`` (the denoiser's own
-    ``DENOISE_SECONDS`` output over its steps)."""
+    """An image request's output fields in vLLM-Omni's terms, added to every stage entry of its
+    ``stage_metrics`` (all its stages make the image: the client sums their
+    ``stage_gen_time_ms`` into the image's generation time) and to the ``metrics`` object:
+    ``final_output_type``/``output_unit_type`` ``image``, ``output_unit_count`` (images; on the
+    last stage only, so the client's sum counts each image once), ``image_pixels`` (summed,
+    last stage), ``denoise_step_latency_ms`` (the denoiser's own per-request
+    ``DENOISE_SECONDS`` output over its steps) and ``num_inference_steps``. Returns the fields
+    of the last stage."""
     n = len(result.images)
     per_call = result.seconds / max(len(set(im.denoise_seconds for im in result.images)), 1)
-    return {
-        "final_output_type": "image", "output_unit_type": "image", "output_unit_count": n,
-        "image_pixels": n * job.width * job.height,
-        "stage_gen_time_ms": round(sum(e["stage_gen_time_ms"] for e in stage_metrics.values()), 3),
-        "denoise_step_latency_ms": round(per_call * 1000 / result.steps, 3) if result.steps else 0.0,
-        "num_inference_steps": result.steps,
-    }
+    step_ms = round(per_call * 1000 / result.steps, 3) if result.steps else 0.0
+    common = {"final_output_type": "image", "output_unit_type": "image", "denoise_step_latency_ms": step_ms,
+              "num_inference_steps": result.steps}
+    last = {**common, "output_unit_count": n, "image_pixels": n * job.width * job.height}
+    keys = sorted(stage_metrics, key=int)
+    for key in keys:
+        stage_metrics[key].update(last if key == keys[-1] else {**common, "output_unit_count": 0, "image_pixels": 0})
+    return last
 
 
 async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, compression: int | None,
                    api: str, stage_metrics: bool = False) -> ImageResult:
     """Run ``job`` on the image model ``info`` under admission control (``job.n`` units) and
     encode the images in ``fmt``. ``api`` labels the request metric (``generations``, ``edits``,
-    ``chat``); ``stage_metrics``: fill ``ImageResult.metrics`` (Triton's statistics of the
-    ensemble's steps, ``serving.stage_metrics``). Raises ``OpenAIError`` (429) / ``EngineError``."""
+    ``chat``); ``stage_metrics``: fill ``ImageResult.metrics`` (each ensemble step's own compute per
+    image, ``serving.stage_metrics.image_stages``). Raises ``OpenAIError`` (429) / ``EngineError``."""
     state = request.app.state
     metrics = state.metrics
 
@@ -190,7 +194,6 @@ async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, c
         metrics.image_requests.labels(info.public_name, api, outcome).inc()
 
     async with AdmittedRequest(state, record, cost=job.n):
-        clock = await StageClock.start(state.engine, info, enabled=stage_metrics)
         # Seeded images have no side effects: retried once if a stage dies under them.
         images = await retry_after_stage_restart(
             state.engine, info.name, lambda: state.engine.generate_images(info.name, job))
@@ -198,10 +201,9 @@ async def generate(request: Request, info: ModelInfo, job: ImageJob, fmt: str, c
         steps = images[0].steps if images else 0
         seconds = round(sum(set(im.denoise_seconds for im in images)), 6)
         result = ImageResult(images, encoded, steps, seconds)
-        result.metrics = await clock.metrics()
-        if result.metrics is not None:
-            stages = result.metrics["stage_metrics"]
-            stages["pipeline"] = pipeline_summary(result, job, dict(stages))
+        if stage_metrics:
+            result.metrics = image_stages(info, images)
+            result.metrics.update(pipeline_summary(result, job, result.metrics["stage_metrics"]))
     metrics.images.labels(info.public_name).inc(len(images))
     return result
 

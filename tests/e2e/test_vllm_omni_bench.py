@@ -55,7 +55,7 @@ def _workloads(url: str, tmp) -> dict[str, list[str]]:
                 "--random-output-len", "8", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el"],
         "omni": ["--backend", "openai-chat-omni", "--endpoint", "/v1/chat/completions", "--model", "omni",
                  "--tokenizer", str(m("qwen3-omni-tiny")), "--dataset-name", "random", "--random-input-len", "8",
-                 "--random-output-len", "6", "--ignore-eos",
+                 "--random-output-len", "6", "--ignore-eos", "--print-stage",  # per-stage timing, int() stage ids
                  "--percentile-metrics", "ttft,tpot,itl,e2el,audio_ttfp,audio_rtf"],
         "speech_random": [*speech, "--dataset-name", "random", "--random-input-len", "12", "--random-output-len", "1"],
         "speech_local": [*speech, "--dataset-name", "custom", "--dataset-path", str(tmp / "prompts.jsonl"),
@@ -90,12 +90,34 @@ def bench_runs(stack, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-4000:]
     errors = json.loads((tmp / "runs.json.errors.json").read_text())
     deltas = json.loads((tmp / "runs.json.metrics.json").read_text())
+    requests = json.loads((tmp / "runs.json.requests.json").read_text())
     assert not errors, errors
     out = {}
     for i, key in enumerate(keys):
         delta = {tuple(k.split("|")): v for k, v in deltas[str(i)].items()}
-        out[key] = (json.loads((tmp / f"{key[0]}-{key[1]}.json").read_text()), delta)
+        result = json.loads((tmp / f"{key[0]}-{key[1]}.json").read_text())
+        result["_requests"] = requests[str(i)]  # the client's own per-request figures (the driver)
+        out[key] = (result, delta)
     return out
+
+
+def assert_stage_times_within_e2el(result: dict, stage_names: set[str]) -> None:
+    """Per request, as vLLM-Omni's client parsed it: every stage reported (ids only, so its
+    ``--print-stage`` can sort them) and the stage times add up to no more than that request's
+    E2EL; so do the means the client reports (``stage_durations_mean``, every key in ms) against
+    the mean E2EL (its own ``mean_e2el_ms`` where the run selected e2el, else the mean of the
+    requests' latencies it parsed)."""
+    assert result["_requests"] and all(r["success"] for r in result["_requests"])
+    for r in result["_requests"]:
+        print(f"client: E2EL {r['e2el_ms']:.1f} ms, stage times {r['stage_gen_time_ms']} "
+              f"(sum {sum(r['stage_gen_time_ms'].values()):.1f} ms)")
+        assert r["stage_gen_time_ms"] and all(k.isdigit() for k in r["stage_gen_time_ms"])
+        assert sum(r["stage_gen_time_ms"].values()) <= r["e2el_ms"], r
+    means = result["stage_durations_mean"]
+    assert all(k.endswith("_ms") for k in means) and {f"{n}_ms" for n in stage_names} <= set(means)
+    requests = result["_requests"]
+    mean_e2el = result.get("mean_e2el_ms", sum(r["e2el_ms"] for r in requests) / len(requests))
+    assert sum(means[f"{n}_ms"] for n in stage_names) <= mean_e2el
 
 
 def _run(bench_runs, name, concurrency, prompts):
@@ -126,6 +148,8 @@ def test_omni_chat_with_audio(bench_runs, concurrency, prompts):
     assert r["total_audio_duration_s"] == pytest.approx(audio, abs=1e-3)  # every WAV chunk counted
     assert 0 < r["mean_ttft_ms"] <= r["mean_audio_ttfp_ms"] <= r["mean_e2el_ms"]  # text, then speech
     assert r["mean_audio_rtf"] > 0
+    # return_stage_metrics (the client asks for tpot/itl): per request, within its E2EL
+    assert_stage_times_within_e2el(r, {"qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav"})
 
 
 @pytest.mark.parametrize("name", ["speech_random", "speech_local"])
@@ -145,5 +169,4 @@ def test_images(bench_runs, concurrency, prompts):
     assert r["total_images"] == prompts == sent[("omni_frontend_images_total", "qwen_image")]
     assert r["average_pixels_per_image"] == 64 * 64
     assert r["mean_denoise_step_latency_ms"] > 0  # from return_stage_metrics (the client always asks)
-    assert set(r["stage_durations_mean"]) >= {"qwen_image_text_encoder", "qwen_image_denoiser",
-                                              "qwen_image_vae_decoder"}
+    assert_stage_times_within_e2el(r, {"qwen_image_text_encoder", "qwen_image_denoiser", "qwen_image_vae_decoder"})

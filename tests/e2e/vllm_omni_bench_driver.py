@@ -11,6 +11,12 @@ Run with the benchmark venv's interpreter (scripts/setup_bench.sh)::
 With ``--metrics-url`` the frontend's ``omni_frontend_*_total{model=...}`` counters are read
 before and after each run; ``<runs.json>.metrics.json`` holds ``{run index: {"metric|model":
 increase}}`` (what the server counted as sent during that run).
+
+``<runs.json>.requests.json``: ``{run index: [{"e2el_ms", "success", "stage_gen_time_ms": {stage id:
+ms}, "stage_durations": {...}}, ...]}``, the per-request figures the client itself parsed from
+each response (its ``RequestFuncOutput`` objects, read as they reach its ``calculate_metrics``;
+nothing of the client is changed), so a test can check each request's stage times against its
+E2EL (docs/vllm_omni_compat.md "Stage metrics: what each number is").
 """
 
 from __future__ import annotations
@@ -39,11 +45,28 @@ def main() -> int:
     path = sys.argv[1]
     url = sys.argv[sys.argv.index("--metrics-url") + 1] if "--metrics-url" in sys.argv else None
     runs = json.load(open(path))
+    from vllm_omni.benchmarks.patch import patch as bench_patch
     from vllm_omni.entrypoints.cli.main import main as vllm_omni_main
 
-    errors, deltas = {}, {}
+    seen: list[dict] = []
+    calculate = bench_patch.calculate_metrics
+
+    def recording_calculate_metrics(*args, **kwargs):
+        outputs = kwargs.get("outputs", args[1] if len(args) > 1 else [])
+        for out in outputs:
+            stages = getattr(out, "stage_metrics", None) or {}
+            seen.append({"e2el_ms": float(getattr(out, "latency", 0.0) or 0.0) * 1000.0,
+                         "success": bool(getattr(out, "success", False)),
+                         "stage_gen_time_ms": {str(k): float((v or {}).get("stage_gen_time_ms") or 0.0)
+                                               for k, v in stages.items() if isinstance(v, dict)},
+                         "stage_durations": dict(getattr(out, "stage_durations", None) or {})})
+        return calculate(*args, **kwargs)
+
+    bench_patch.calculate_metrics = recording_calculate_metrics
+    errors, deltas, requests = {}, {}, {}
     for i, argv in enumerate(runs):
         sys.argv = ["vllm-omni", *argv]
+        seen.clear()
         before = counters(url)
         try:
             vllm_omni_main()
@@ -52,7 +75,9 @@ def main() -> int:
             print(errors[i], file=sys.stderr, flush=True)
         after = counters(url)
         deltas[i] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+        requests[i] = list(seen)
     json.dump(errors, open(path + ".errors.json", "w"))
+    json.dump(requests, open(path + ".requests.json", "w"))
     json.dump(deltas, open(path + ".metrics.json", "w"))
     return 0
 

@@ -72,6 +72,9 @@ class ChatFakeEngine(EngineStub):
         self.block_at: int | None = None
         self.reached_block = asyncio.Event()
         self.stats: dict = {}
+        #: end each stream with a BLS's per-request report (STAGE_COMPUTE_MS + STAGE_METRICS),
+        #: every number proportional to the request's tokens (test_vllm_omni_compat)
+        self.report_stages = False
 
     async def stage_statistics(self, models):
         return {m: self.stats[m] for m in models if m in self.stats}
@@ -123,6 +126,11 @@ class ChatFakeEngine(EngineStub):
                 if self.audio_chunks(model, request) and (i % 2 == 1 or last):
                     yield GenerationChunk(audio=pcm(i), sample_rate=SR, prompt_tokens=len(source) // 4,
                                           completion_tokens=i + 1)
+            if self.report_stages:  # what a BLS sends on its last response, 1 ms per token and stage
+                n = len(tokens)
+                yield GenerationChunk(stage_compute_ms=0.1 * n, stage_metrics={"stages": [
+                    {"stage": "llm", "compute_ms": 0.9 * n, "wall_ms": 1.0 * n, "calls": 1},
+                    {"stage": "piper", "compute_ms": None, "wall_ms": 0.5 * n, "calls": n}], "own_compute_ms": 0.1 * n})
             done = True
             self.completed += 1
             from test_images_frontend import count_stage

@@ -62,3 +62,38 @@ def test_the_first_failure_is_raised_and_cancels_the_others():
         assert sorted(started) == [0, 1, 2] and sorted(cancelled) == [0, 2]
 
     asyncio.run(main())
+
+
+def test_each_step_compute_is_read_per_image():
+    """The ensemble's ``<STEP>_COMPUTE_MS`` outputs become ``GeneratedImage.stage_compute_ms``
+    (each image its own: seed 7 took 7 ms in the denoiser, seed 8 8 ms) with the call's wall time."""
+    import dataclasses
+
+    from omni_triton.contracts.tensors import step_compute_output
+    from openai_frontend.engine.model_info import ModelInfo
+
+    steps = ("qwen_image_text_encoder", "qwen_image_denoiser", "qwen_image_vae_decoder")
+
+    class Timed(_Result):
+        def __init__(self, seed):
+            self.seed = seed
+
+        def as_numpy(self, name):
+            if name == step_compute_output("qwen_image_denoiser"):
+                return np.array([[float(self.seed)]], np.float32)
+            if name == step_compute_output("qwen_image_text_encoder"):
+                return np.array([[1.5]], np.float32)
+            return super().as_numpy(name)  # the decoder sent none: absent
+
+    async def unary(model, inputs, request_id):
+        return Timed(7 + int(request_id.rsplit("-", 1)[1]))
+
+    engine = _engine(unary)
+    fields = {f.name for f in dataclasses.fields(ModelInfo)}
+    engine._config_cache["qwen_image"] = ModelInfo(**{k: v for k, v in {
+        "name": "qwen_image", "state": "READY", "ensemble_steps": steps}.items() if k in fields})
+    images = asyncio.run(engine.generate_images("qwen_image", ImageJob("p", 4, 4, 2, seed=7, n=2)))
+    assert [im.stage_compute_ms for im in images] == [
+        {"qwen_image_text_encoder": 1.5, "qwen_image_denoiser": 7.0},
+        {"qwen_image_text_encoder": 1.5, "qwen_image_denoiser": 8.0}]
+    assert all(im.wall_s > 0 for im in images)

@@ -96,8 +96,11 @@ class FakeImageEngine(EngineStub):
         self.inflight -= 1
         for name in self.models[model].ensemble_steps:
             count_stage(self.stats, name, job.n, *FAKE_STAGE_MS[name])
+        # each step's own compute per image (STAGE_COMPUTE_MS), growing with the steps asked for
+        compute = {name: FAKE_STAGE_MS[name][1] * job.steps for name in self.models[model].ensemble_steps
+                   if name in FAKE_STAGE_MS}
         return [GeneratedImage(pixels_for(job.seed + i, job.width, job.height), job.seed + i,
-                               job.steps, 0.5) for i in range(job.n)]
+                               job.steps, 0.5, stage_compute_ms=compute, wall_s=0.01) for i in range(job.n)]
 
     async def generate(self, model, request):  # pragma: no cover - image-only fake
         raise NotImplementedError

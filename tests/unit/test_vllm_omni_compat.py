@@ -247,35 +247,34 @@ async def test_streaming_chat_on_image_model(engine):
 
 
 # ------------------------------------------------------------------ 7. stage metrics
-def assert_stage_entries(stages: dict, names: tuple[str, ...], queue_ms: list, compute_ms: list, requests: int):
-    for i, name in enumerate(names):
-        e = stages[str(i)]
-        assert e["stage"] == name and e["requests"] == requests
-        assert e["queue_time_ms"] == pytest.approx(queue_ms[i]) and e["compute_time_ms"] == pytest.approx(compute_ms[i])
-        assert e["stage_gen_time_ms"] == e["compute_time_ms"]
-
-
-async def test_image_stage_metrics_from_the_stages_statistics(engine):
+async def test_image_stage_metrics_are_each_steps_own_compute(engine):
+    """Each ensemble step's STAGE_COMPUTE_MS per image (an ensemble output each), summed over
+    the request's images; another request's numbers never enter (the statistics delta did)."""
     from test_images_frontend import FAKE_STAGE_MS, T2I
 
     async with client(engine) as c:
         await c.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "before", "n": 3})
         r = await c.post("/v1/images/generations", json={"model": "qwen_image", "prompt": "a fox", "n": 2,
-                                                         "size": "64x48", "return_stage_metrics": True})
+                                                         "size": "64x48", "num_inference_steps": 3,
+                                                         "return_stage_metrics": True})
     assert r.status_code == 200, r.text
     body = r.json()
-    stages = body["metrics"]["stage_metrics"]
+    metrics = body["metrics"]
+    stages = metrics["stage_metrics"]
     names = T2I.ensemble_steps
-    assert_stage_entries(stages, names, [FAKE_STAGE_MS[n][0] for n in names], [FAKE_STAGE_MS[n][1] for n in names], 2)
-    pipeline = stages["pipeline"]
-    assert pipeline["final_output_type"] == "image" and pipeline["output_unit_count"] == 2
-    assert pipeline["image_pixels"] == 2 * 64 * 48
-    assert pipeline["stage_gen_time_ms"] == pytest.approx(sum(FAKE_STAGE_MS[n][1] for n in names))
-    steps = body["usage"]["num_inference_steps"]
-    assert pipeline["denoise_step_latency_ms"] == pytest.approx(0.5 * 1000 / steps)  # the fake's DENOISE_SECONDS
-    assert body["stage_durations"] == body["metrics"]["stage_durations"] == {
-        **{f"stage_{i}_gen_ms": FAKE_STAGE_MS[n][1] for i, n in enumerate(names)},
-        **{n: FAKE_STAGE_MS[n][1] for n in names}}
+    assert sorted(stages) == ["0", "1", "2"]  # stage ids only: vLLM-Omni's --print-stage sorts them by int()
+    for i, name in enumerate(names):
+        e = stages[str(i)]
+        assert e["stage_id"] == i and e["stage_name"] == name and e["calls"] == 2 and e["wall_ms"] is None
+        assert e["compute_ms"] == e["stage_gen_time_ms"] == pytest.approx(2 * 3 * FAKE_STAGE_MS[name][1])
+    assert all(e["final_output_type"] == "image" for e in stages.values())
+    assert [e["output_unit_count"] for e in stages.values()] == [0, 0, 2]  # each image counted once
+    assert stages["2"]["image_pixels"] == metrics["image_pixels"] == 2 * 64 * 48
+    assert metrics["denoise_step_latency_ms"] == pytest.approx(0.5 * 1000 / 3, abs=1e-3)  # the fake's DENOISE_SECONDS
+    assert metrics["request_wall_ms"] == pytest.approx(10.0) and metrics["source"] == "pipeline"
+    assert body["stage_durations"] == metrics["stage_durations"] == {
+        **{f"stage_{i}_gen_ms": 6 * FAKE_STAGE_MS[n][1] for i, n in enumerate(names)},
+        **{f"{n}_ms": 6 * FAKE_STAGE_MS[n][1] for n in names}}  # units in every key
     # not asked for: no metrics
     r = await post(engine, "/v1/images/generations", {"model": "qwen_image", "prompt": "a fox"})
     assert "metrics" not in r.json() and "stage_durations" not in r.json()
@@ -287,29 +286,66 @@ async def test_image_chat_stage_metrics(engine):
             "model": "qwen_image", "messages": [{"role": "user", "content": "a fox"}], "stream": stream,
             "return_stage_metrics": True})
         metrics = chunks_of(r)[0]["metrics"] if stream else r.json()["metrics"]
-        assert metrics["stage_metrics"]["pipeline"]["output_unit_count"] == 1
-        assert metrics["stage_metrics"]["1"]["stage"] == "qwen_image_denoiser"
+        assert metrics["stage_metrics"]["2"]["output_unit_count"] == 1
+        assert metrics["stage_metrics"]["1"]["stage_name"] == "qwen_image_denoiser"
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_chat_stage_metrics(engine, stream):
-    await post(engine, "/v1/chat/completions", {"model": "llm_tts", "messages": USER})  # stats before: not 0
+async def _chat_metrics(engine, stream: bool, max_tokens: int | None = None) -> tuple[dict, dict]:
     r = await post(engine, "/v1/chat/completions", {
         "model": "llm", "messages": USER, "stream": stream, "return_stage_metrics": True,
-        "modalities": ["text", "audio"], **({"stream_options": {"include_usage": True}} if stream else {})})
+        "modalities": ["text", "audio"], **({"max_tokens": max_tokens} if max_tokens else {}),
+        **({"stream_options": {"include_usage": True}} if stream else {})})
     assert r.status_code == 200, r.text
     if stream:
         chunks = chunks_of(r)
         metrics_chunk, usage_chunk = chunks[-2], chunks[-1]
         assert metrics_chunk["choices"] == [] and "usage" in usage_chunk
-        metrics, usage = metrics_chunk["metrics"], usage_chunk["usage"]
-    else:
-        metrics, usage = r.json()["metrics"], r.json()["usage"]
+        return metrics_chunk["metrics"], usage_chunk["usage"]
+    return r.json()["metrics"], r.json()["usage"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_chat_stage_metrics(engine, stream):
+    """A BLS's per-request report (STAGE_COMPUTE_MS + STAGE_METRICS on its last response) becomes
+    vLLM-Omni's ``metrics``: the BLS first (its own compute is its exclusive time), then each stage
+    it called with the wall time the BLS waited on it as ``stage_gen_time_ms``."""
+    engine.report_stages = True
+    await post(engine, "/v1/chat/completions", {"model": "llm_tts", "messages": USER})  # another request before
+    metrics, usage = await _chat_metrics(engine, stream)
+    n = usage["completion_tokens"]
     stages = metrics["stage_metrics"]
-    # the speech twin llm_tts serves it; its stages are itself (fake: no depends_on)
-    assert_stage_entries(stages, ("llm_tts",), [3.0], [20.0], 1)
-    assert stages["pipeline"] == {"final_output_type": "audio", "output_unit_type": "token",
-                                  "num_tokens_in": usage["prompt_tokens"], "num_tokens_out": usage["completion_tokens"]}
+    assert [stages[k]["stage_name"] for k in sorted(stages, key=int)] == ["llm_tts", "llm", "piper"]
+    bls, llm, piper = (stages[k] for k in ("0", "1", "2"))
+    assert bls["calls"] == 1 and bls["compute_ms"] == bls["stage_gen_time_ms"] == pytest.approx(0.1 * n)
+    assert bls["wall_ms"] == pytest.approx(metrics["request_wall_ms"]) and bls["wall_ms"] > 0
+    assert llm == {"stage_id": 1, "stage_name": "llm", "calls": 1, "wall_ms": pytest.approx(1.0 * n),
+                   "compute_ms": pytest.approx(0.9 * n), "stage_gen_time_ms": pytest.approx(1.0 * n)}
+    assert piper["calls"] == n and piper["compute_ms"] is None and piper["stage_gen_time_ms"] == pytest.approx(0.5 * n)
+    assert metrics["stage_total_ms"] == pytest.approx(1.6 * n)
+    assert metrics["stage_durations"]["llm_ms"] == pytest.approx(1.0 * n) and metrics["source"] == "pipeline"
+    assert {k: metrics[k] for k in ("final_output_type", "output_unit_type", "num_tokens_in", "num_tokens_out")} == {
+        "final_output_type": "audio", "output_unit_type": "token", "num_tokens_in": usage["prompt_tokens"],
+        "num_tokens_out": usage["completion_tokens"]}
+
+
+async def test_chat_stage_metrics_are_per_request_under_concurrency(engine):
+    """Two requests at once, 2 and 6 tokens: each gets its own numbers (the global statistics
+    delta gave both the mean of both)."""
+    import asyncio
+
+    engine.report_stages = True
+    (small, _), (large, _) = await asyncio.gather(_chat_metrics(engine, False, 2), _chat_metrics(engine, True, 6))
+    assert small["stage_metrics"]["1"]["wall_ms"] == pytest.approx(2.0)
+    assert large["stage_metrics"]["1"]["wall_ms"] == pytest.approx(6.0)
+    assert small["stage_metrics"]["2"]["calls"] == 2 and large["stage_metrics"]["2"]["calls"] == 6
+
+
+async def test_a_single_stage_is_timed_by_the_frontend(engine):
+    """No BLS report (``llm``: vLLM's engine loop reports no compute): the model's own wall time."""
+    metrics, _ = await _chat_metrics(engine, False)
+    (only,) = metrics["stage_metrics"].values()
+    assert only["stage_name"] == "llm_tts" and only["compute_ms"] is None
+    assert only["stage_gen_time_ms"] == only["wall_ms"] == metrics["stage_total_ms"] == metrics["request_wall_ms"]
 
 
 # ------------------------------------------------------------------ 7. /tokenize, /detokenize
