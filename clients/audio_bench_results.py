@@ -297,7 +297,7 @@ def _fmt(x, nd: int = 1) -> str:
 
 def format_table(results: dict, ratios: dict) -> str:
     """Readable stdout table of :func:`summarize` results and :func:`all_ratios`."""
-    head = (f"{'model':<10} {'path':<10} {'conc':>4} {'ok/n':>6} | {'TTFP mean':>9} {'p50':>8} "
+    head = (f"{'model':<10} {'path':<18} {'conc':>4} {'ok/n':>6} | {'TTFP mean':>9} {'p50':>8} "
             f"{'p90':>8} | {'E2E mean':>9} {'p50':>8} {'p90':>8} | {'audio s':>7} {'RTF':>6} "
             f"{'audio s/s':>9} {'req/s':>6} | {'underrun s':>10} {'contin.':>7}")
     lines = ["Latency in ms; RTF = E2E / audio duration; audio s/s = audio seconds per wall second",
@@ -307,7 +307,7 @@ def format_table(results: dict, ratios: dict) -> str:
         for path in sorted(paths, key=lambda lb: (order.get(split_label(lb)[0], 99), lb)):
             for c, s in sorted(paths[path].items(), key=lambda kv: int(kv[0])):
                 lines.append(
-                    f"{model:<10} {path:<10} {c:>4} {s['ok']:>3}/{s['requests']:<2} | "
+                    f"{model:<10} {path:<18} {c:>4} {s['ok']:>3}/{s['requests']:<2} | "
                     f"{_fmt(s['ttfp_ms']['mean']):>9} {_fmt(s['ttfp_ms']['p50']):>8} "
                     f"{_fmt(s['ttfp_ms']['p90']):>8} | {_fmt(s['e2e_ms']['mean']):>9} "
                     f"{_fmt(s['e2e_ms']['p50']):>8} {_fmt(s['e2e_ms']['p90']):>8} | "
@@ -315,7 +315,7 @@ def format_table(results: dict, ratios: dict) -> str:
                     f"{_fmt(s['throughput_audio_s_per_s'], 2):>9} {_fmt(s['requests_per_s'], 2):>6} | "
                     f"{_fmt(s.get('underrun_s_total'), 2):>10} {_fmt(s.get('continuity_rate'), 2):>7}")
     if ratios:
-        rhead = (f"{'model':<10} {'conc':>4} {'ratio':<30} | {'TTFP mean':>9} {'TTFP p50':>8} | "
+        rhead = (f"{'model':<10} {'conc':>4} {'ratio':<34} | {'TTFP mean':>9} {'TTFP p50':>8} | "
                  f"{'E2E mean':>8} {'E2E p50':>8} | {'RTF':>6} | {'thrpt':>6}")
         lines += ["", "Serving overhead (served / baseline; thrpt < 1: less audio per second)",
                   rhead, "-" * len(rhead)]
@@ -323,7 +323,7 @@ def format_table(results: dict, ratios: dict) -> str:
             for c, pairs in sorted(levels.items(), key=lambda kv: int(kv[0])):
                 for name, r in pairs.items():
                     lines.append(
-                        f"{model:<10} {c:>4} {name:<30} | {_fmt(r['ttfp_mean'], 2):>9} "
+                        f"{model:<10} {c:>4} {name:<34} | {_fmt(r['ttfp_mean'], 2):>9} "
                         f"{_fmt(r['ttfp_p50'], 2):>8} | {_fmt(r['e2e_mean'], 2):>8} "
                         f"{_fmt(r['e2e_p50'], 2):>8} | {_fmt(r['rtf_mean'], 2):>6} | "
                         f"{_fmt(r['throughput'], 2):>6}")

@@ -6,6 +6,9 @@ Run::
     python -m clients.bench_tts --models piper --concurrency 1,4 --requests 8
     python -m clients.bench_tts --frontend-url http://127.0.0.1:9000 --triton-grpc-url 127.0.0.1:8001
     python -m clients.bench_tts --paths frontend --concurrency 1,8 --out ttfp.json   # issue 13 item 4
+    python -m clients.bench_tts --models piper,csm --concurrency 1,8 --scheduling deadline \
+        --paths inprocess,transformers,frontend,whole       # issue 29's targets, short (< 3 min)
+    python -m clients.bench_tts --pacing realtime --listen --paths frontend   # paced listeners
     python -m clients.bench_tts --qwen3-tts   # the Qwen3-TTS forms (clients/bench_qwen3_tts.py)
 
 In the spirit of vLLM-Omni's TTS serving benchmarks and CosyVoice's Triton client (which report
@@ -15,14 +18,22 @@ worker sends its next request as soon as its previous one finished) through thre
 after another, never overlapping (they share the same CPU cores):
 
 ``inprocess``
-    the same pipeline called in this process without Triton: ``PiperSpeaker.synthesize``
-    (sentence streaming) for ``piper``; for ``csm`` the streamed in-process variant of
+    the project's own pipeline without Triton, in as many worker processes as the served path
+    has (``clients.bench_common.ProcessWorkers``, spawned, one torch thread each: not threads
+    sharing one GIL), each process running one request at a time; waiting for a free process
+    counts in TTFP and E2E. ``PiperSpeaker.synthesize`` (sentence streaming) for ``piper``, in
+    ``workers`` x instances processes (2); for ``csm`` the streamed in-process variant of
     ``omni_triton.stages.csm`` (``CodecTalker.stream`` -> ``ChunkSchedule`` with the chunk
     parameters of the ``csm`` config -> ``CodecDecoder.decode`` per chunk, i.e. the streamed part of
     ``synthesize_reference`` without its extra one-shot full decode, which the served path does
-    not do either). The same parallelism as the served models: one talker object per
-    ``csm_talker`` instance (2), one decoder per ``csm_code2wav`` instance, at most ``workers`` x
-    instances Piper syntheses at once (``clients.bench_common.InstancePool``, ``instance_count``).
+    not do either) in ``csm_talker`` + ``csm_code2wav`` instances processes (3), each a whole
+    talker + decoder (:func:`baseline_processes`). Chunk times are taken in the worker against
+    the parent's send time (``time.perf_counter``: ``CLOCK_MONOTONIC``, one clock for all processes).
+``transformers`` (``csm`` only)
+    the real peer: transformers' ``CsmForConditionalGeneration.generate(output_audio=True)`` on
+    the same tiny checkpoint, greedy, with the talker's frame cap for the text and its minimum
+    frames (so every path makes the same frames), in the same number of processes; one clip per
+    request, not streamed (its TTFP is its E2E).
 ``triton``
     Triton gRPC streaming straight to the model (``clients.tts_grpc_stream``: its
     ``build_inputs`` and the same stream handling as ``stream_tts``, plus the final response time).
@@ -30,13 +41,28 @@ after another, never overlapping (they share the same CPU cores):
     the user path: ``POST /v1/audio/speech`` on the OpenAI frontend with ``stream: true``,
     ``response_format: "pcm"`` (16-bit mono; samples = bytes / 2, rate from ``X-Sample-Rate``),
     read with httpx streaming. ``qwen3_omni``: ``POST /v1/chat/completions`` with ``modalities: ["text",
-    "audio"]``, ``audio.format: "pcm16"``, streamed (SSE ``delta.audio.data``); its only path.
+    "audio"]``, ``audio.format: "pcm16"``, streamed (SSE ``delta.audio.data``).
+    Streams are sent unpaced (``stream_pacing: "none"``: as fast as the server makes them, the
+    default of the API) unless ``--pacing realtime`` (``stream_pacing: "realtime"``; on the
+    ``triton`` path ``PACED: true``): the ratios and targets are for unpaced runs; the paced form
+    is for continuity and listener studies (with ``--listen``).
+``whole``
+    the same frontend request with ``stream: false`` (the whole clip in one response), at
+    ``--whole-levels`` (default c=1): the non-streamed E2E the streamed one is compared with.
 
 Scheduling (issue 13 item 4, docs/scheduling.md): with its own stack the served paths run once
 per ``--scheduling`` mode, each on a fresh server: ``deadline`` (the configs as shipped: Piper and
 the talkers step their open requests earliest playback deadline first) and ``fifo``
-(``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: the previous behaviour). Results
-are keyed ``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON compares them.
+(``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: each stage's dispatch of today
+without the deadline order, whole requests in arrival order, no pacing). Results are keyed
+``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON compares them.
+
+Targets (issue 29, ``targets`` in the JSON and the last table: each target, measured value, limit,
+``met`` true / false / null when it does not apply; ``audio_bench_results.audio_targets``), all from
+the one run, on ``frontend:deadline``: at c=1 streamed E2E p50 <= 1.2 x the ``whole`` E2E p50;
+Piper's TTFP p50 <= 0.2 x its ``whole`` E2E p50; TTFP p50 growth c=1 -> c=8 <= 2 (saturating
+clients, or listening ones with ``--listen``); continuity >= 0.95 at the highest level where the
+pipeline's capacity (audio s/s, from the fifo run where there is one) covers its listeners.
 
 Every path gets ``--warmup`` untimed requests per model before its first level.
 Unless ``--frontend-url``/``--triton-grpc-url`` are given, the benchmark starts its own
@@ -83,7 +109,9 @@ there is one, at least the highest level's listeners) and ``target_met``
 (growth <= 2 and, when faster than real time, no underrun at the highest level).
 
 Ratios (``ratios.<model>.<C>``), served path over baseline at the same concurrency:
-``frontend_vs_inprocess``, ``triton_vs_inprocess``, ``frontend_vs_triton``, each with
+``frontend_vs_inprocess``, ``triton_vs_inprocess``, ``frontend_vs_triton``, ``frontend_vs_whole``
+(streamed / non-streamed), ``frontend_vs_transformers``, ``whole_vs_transformers``,
+``inprocess_vs_transformers`` (``audio_bench_results.RATIO_PAIRS``), each with
 ``ttfp_mean``, ``ttfp_p50``, ``e2e_mean``, ``e2e_p50``, ``rtf_mean`` (> 1: the served path is
 slower) and ``throughput`` (served / baseline audio-seconds per second; < 1: the served path
 generates less audio per second).
