@@ -203,7 +203,7 @@ def test_process_workers_run_calls_in_their_own_processes():
 
 
 def test_target_met_missed_and_not_applicable():
-    assert bc.target("x", 1.1, 1.2)["met"] is True
+    assert bc.target("x", 1.1, 1.2)["met"] is True and bc.target("x", 1.2, 1.2)["met"] is True  # <= inclusive
     assert bc.target("x", 1.3, 1.2)["met"] is False
     assert bc.target("c", 0.96, 0.95, ">=")["met"] is True and bc.target("c", 0.9, 0.95, ">=")["met"] is False
     assert bc.target("x", None, 1.2)["met"] is None  # nothing measured
