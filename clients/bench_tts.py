@@ -6,7 +6,7 @@ Run::
     python -m clients.bench_tts --models piper --concurrency 1,4 --requests 8
     python -m clients.bench_tts --frontend-url http://127.0.0.1:9000 --triton-grpc-url 127.0.0.1:8001
     python -m clients.bench_tts --paths frontend --concurrency 1,8 --out ttfp.json   # issue 13 item 4
-    python -m clients.bench_tts --models piper,csm --concurrency 1,8 --scheduling deadline \
+    python -m clients.bench_tts --models piper,csm --concurrency 1,8 --requests 4 --scheduling deadline \
         --paths inprocess,transformers,frontend,whole       # issue 29's targets, short (< 3 min)
     python -m clients.bench_tts --pacing realtime --listen --paths frontend   # paced listeners
     python -m clients.bench_tts --qwen3-tts   # the Qwen3-TTS forms (clients/bench_qwen3_tts.py)
@@ -14,7 +14,7 @@ Run::
 In the spirit of vLLM-Omni's TTS serving benchmarks and CosyVoice's Triton client (which report
 RTF). For each model (``piper``, ``csm``, ``qwen3_omni``: ``MODEL_PATHS``) and each concurrency level ``C`` it sends
 ``N = max(--requests, C)`` streaming requests from a closed loop of ``C`` worker threads (each
-worker sends its next request as soon as its previous one finished) through three paths, one
+worker sends its next request as soon as its previous one finished) through up to five paths, one
 after another, never overlapping (they share the same CPU cores):
 
 ``inprocess``
@@ -53,8 +53,9 @@ after another, never overlapping (they share the same CPU cores):
 Scheduling (issue 13 item 4, docs/scheduling.md): with its own stack the served paths run once
 per ``--scheduling`` mode, each on a fresh server: ``deadline`` (the configs as shipped: Piper and
 the talkers step their open requests earliest playback deadline first) and ``fifo``
-(``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: each stage's dispatch of today
-without the deadline order, whole requests in arrival order, no pacing). Results are keyed
+(``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: each stage's plain dispatch (whole
+requests in arrival order, PACED ignored; the rest of the configs as shipped: docs/scheduling.md
+"The knobs")). Results are keyed
 ``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON compares them.
 
 Targets (issue 29, ``targets`` in the JSON and the last table: each target, measured value, limit,
@@ -180,7 +181,9 @@ MODEL_PATHS = {
 }
 MODELS = tuple(MODEL_PATHS)
 #: ``--scheduling`` modes: ``deadline`` = the configs as shipped (``scheduling: "deadline"``),
-#: ``fifo`` = ``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment (``SCHEDULING_HELP``).
+#: ``fifo`` = ``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: each stage's plain dispatch
+#: (whole requests in arrival order, PACED ignored; the rest of the configs as shipped:
+#: docs/scheduling.md "The knobs"; ``SCHEDULING_HELP``).
 SCHEDULING_MODES = ("deadline", "fifo")
 #: packages whose versions go into the report
 TTS_PACKAGES = ("torch", "transformers", "onnxruntime", "piper-tts", "tritonclient", "httpx", "numpy",
@@ -761,10 +764,11 @@ def run_served(bench: Bench, args, served: list[str], mode: str | None, started:
 PACINGS = ("none", "realtime")
 #: the help of ``--scheduling`` (docs/scheduling.md "The knobs")
 SCHEDULING_HELP = ("comma separated scheduling modes, one own stack each: deadline (the configs as shipped: "
-                   "work-conserving, earliest playback deadline first), fifo (OMNI_TRITON_SCHEDULING=fifo: "
-                   "each stage's dispatch of today without the deadline order: whole requests in arrival "
-                   "order, no pacing); default deadline,fifo with an own stack, the server as it runs with "
-                   "--*-url")
+                   "each stage's `scheduling` parameter), fifo (OMNI_TRITON_SCHEDULING=fifo: every stage "
+                   "configured `scheduling: deadline` uses its plain dispatch, whole requests in arrival "
+                   "order, PACED ignored; instance counts, emit_frames, chunk schedules and "
+                   "qwen3_tts_talker's batching stay as configured, so it is not an earlier release); "
+                   "default deadline,fifo with an own stack, the server as it runs with --*-url")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
