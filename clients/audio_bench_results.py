@@ -19,8 +19,10 @@ from omni_triton.runtime.playback import CONTINUITY_STALL_S, PlaybackClock
 #: ``generate`` on the same checkpoint), the served paths, and ``whole`` (the frontend with
 #: ``stream: false``: the non-streamed request the streamed one is compared with)
 PATHS = ("inprocess", "transformers", "triton", "frontend", "whole")
-#: paths that do not run under a server scheduling mode (their result key has no ``:mode``)
-BASELINES = ("inprocess", "transformers")
+#: paths that do not run under a server scheduling mode (their result key has no ``:mode``) and are
+#: no served stream: the project's stage code and the real peers (``qwen_tts``: the qwen-tts
+#: package's own generate loop, ``clients/bench_qwen3_tts.py``)
+BASELINES = ("inprocess", "transformers", "qwen_tts")
 #: paths left out of the scheduling summary: baselines and the non-streamed requests
 NOT_STREAMED_SERVED = (*BASELINES, "whole")
 #: served pipeline name of each benchmark model key (issue 29's names; others are their own)

@@ -279,6 +279,7 @@ def test_growth_target_applies_only_from_c1_to_at_least_c8():
 
 def test_baseline_and_whole_paths_are_not_scheduling_modes():
     results = {"csm": {"transformers": {"1": _level([1.0], 1.0)}, "inprocess": {"1": _level([0.1], 1.0)},
+                       "qwen_tts": {"1": _level([1.0], 1.0)},  # bench_qwen3_tts's peer
                        "whole:deadline": {"1": _level([1.0], 1.0)},
                        "frontend:deadline": {"1": _level([0.1], 1.1)}}}
     assert set(b.scheduling_summary(results)["csm"]) == {"frontend:deadline"}
