@@ -11,11 +11,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clients.bench_common import describe, ratio
+from clients.bench_common import describe, ratio, target
 from omni_triton.runtime.playback import CONTINUITY_STALL_S, PlaybackClock
 
-#: the paths a pipeline can be measured on, in table order
-PATHS = ("inprocess", "triton", "frontend")
+#: the paths a pipeline can be measured on, in table order: the baselines (``inprocess``: the
+#: project's own stage code in processes; ``transformers``: the real peer, transformers'
+#: ``generate`` on the same checkpoint), the served paths, and ``whole`` (the frontend with
+#: ``stream: false``: the non-streamed request the streamed one is compared with)
+PATHS = ("inprocess", "transformers", "triton", "frontend", "whole")
+#: paths that do not run under a server scheduling mode (their result key has no ``:mode``) and are
+#: no served stream: the project's stage code and the real peers (``qwen_tts``: the qwen-tts
+#: package's own generate loop, ``clients/bench_qwen3_tts.py``)
+BASELINES = ("inprocess", "transformers", "qwen_tts")
+#: paths left out of the scheduling summary: baselines and the non-streamed requests
+NOT_STREAMED_SERVED = (*BASELINES, "whole")
+#: served pipeline name of each benchmark model key (issue 29's names; others are their own)
+PIPELINE_NAMES = {"piper": "piper_tts", "csm": "tts", "qwen3_omni": "omni"}
 
 
 @dataclass
@@ -134,13 +145,17 @@ def compare(served: dict, base: dict) -> dict:
 
 RATIO_PAIRS = (("frontend_vs_inprocess", "frontend", "inprocess"),
                ("triton_vs_inprocess", "triton", "inprocess"),
-               ("frontend_vs_triton", "frontend", "triton"))
+               ("frontend_vs_triton", "frontend", "triton"),
+               ("frontend_vs_whole", "frontend", "whole"),  # streamed / non-streamed, same server
+               ("frontend_vs_transformers", "frontend", "transformers"),
+               ("whole_vs_transformers", "whole", "transformers"),
+               ("inprocess_vs_transformers", "inprocess", "transformers"))
 
 
 def path_label(path: str, mode: str | None) -> str:
     """Result key of a path run under a scheduling mode: ``frontend:fifo``; ``path`` alone for
-    the in-process path and runs without a mode."""
-    return path if mode is None or path == "inprocess" else f"{path}:{mode}"
+    the baselines (``BASELINES``) and runs without a mode."""
+    return path if mode is None or path in BASELINES else f"{path}:{mode}"
 
 
 def split_label(label: str) -> tuple[str, str | None]:
@@ -155,15 +170,16 @@ def all_ratios(results: dict) -> dict:
     out: dict = {}
     for model, paths in results.items():
         levels = sorted({c for p in paths.values() for c in p}, key=int)
-        modes = sorted({split_label(lb)[1] for lb in paths if split_label(lb)[0] != "inprocess"},
+        modes = sorted({split_label(lb)[1] for lb in paths if split_label(lb)[0] not in BASELINES},
                        key=lambda m: m or "") or [None]
         for c in levels:
             for mode in modes:
                 for name, served, base in RATIO_PAIRS:
                     s_lb, b_lb = path_label(served, mode), path_label(base, mode)
+                    plain = mode is None or (served in BASELINES and base in BASELINES)
                     if c in paths.get(s_lb, {}) and c in paths.get(b_lb, {}):
                         out.setdefault(model, {}).setdefault(c, {})[
-                            name if mode is None else f"{name}:{mode}"] = compare(paths[s_lb][c], paths[b_lb][c])
+                            name if plain else f"{name}:{mode}"] = compare(paths[s_lb][c], paths[b_lb][c])
     return out
 
 
@@ -234,7 +250,7 @@ def scheduling_summary(results: dict) -> dict:
     for model, paths in results.items():
         for label, levels in paths.items():
             path, mode = split_label(label)
-            if path == "inprocess" or not levels:
+            if path in NOT_STREAMED_SERVED or not levels:
                 continue
             cs = sorted(levels, key=int)
             lo, hi = levels[cs[0]], levels[cs[-1]]
@@ -283,7 +299,7 @@ def _fmt(x, nd: int = 1) -> str:
 
 def format_table(results: dict, ratios: dict) -> str:
     """Readable stdout table of :func:`summarize` results and :func:`all_ratios`."""
-    head = (f"{'model':<10} {'path':<10} {'conc':>4} {'ok/n':>6} | {'TTFP mean':>9} {'p50':>8} "
+    head = (f"{'model':<10} {'path':<18} {'conc':>4} {'ok/n':>6} | {'TTFP mean':>9} {'p50':>8} "
             f"{'p90':>8} | {'E2E mean':>9} {'p50':>8} {'p90':>8} | {'audio s':>7} {'RTF':>6} "
             f"{'audio s/s':>9} {'req/s':>6} | {'underrun s':>10} {'contin.':>7}")
     lines = ["Latency in ms; RTF = E2E / audio duration; audio s/s = audio seconds per wall second",
@@ -293,7 +309,7 @@ def format_table(results: dict, ratios: dict) -> str:
         for path in sorted(paths, key=lambda lb: (order.get(split_label(lb)[0], 99), lb)):
             for c, s in sorted(paths[path].items(), key=lambda kv: int(kv[0])):
                 lines.append(
-                    f"{model:<10} {path:<10} {c:>4} {s['ok']:>3}/{s['requests']:<2} | "
+                    f"{model:<10} {path:<18} {c:>4} {s['ok']:>3}/{s['requests']:<2} | "
                     f"{_fmt(s['ttfp_ms']['mean']):>9} {_fmt(s['ttfp_ms']['p50']):>8} "
                     f"{_fmt(s['ttfp_ms']['p90']):>8} | {_fmt(s['e2e_ms']['mean']):>9} "
                     f"{_fmt(s['e2e_ms']['p50']):>8} {_fmt(s['e2e_ms']['p90']):>8} | "
@@ -301,7 +317,7 @@ def format_table(results: dict, ratios: dict) -> str:
                     f"{_fmt(s['throughput_audio_s_per_s'], 2):>9} {_fmt(s['requests_per_s'], 2):>6} | "
                     f"{_fmt(s.get('underrun_s_total'), 2):>10} {_fmt(s.get('continuity_rate'), 2):>7}")
     if ratios:
-        rhead = (f"{'model':<10} {'conc':>4} {'ratio':<30} | {'TTFP mean':>9} {'TTFP p50':>8} | "
+        rhead = (f"{'model':<10} {'conc':>4} {'ratio':<34} | {'TTFP mean':>9} {'TTFP p50':>8} | "
                  f"{'E2E mean':>8} {'E2E p50':>8} | {'RTF':>6} | {'thrpt':>6}")
         lines += ["", "Serving overhead (served / baseline; thrpt < 1: less audio per second)",
                   rhead, "-" * len(rhead)]
@@ -309,8 +325,84 @@ def format_table(results: dict, ratios: dict) -> str:
             for c, pairs in sorted(levels.items(), key=lambda kv: int(kv[0])):
                 for name, r in pairs.items():
                     lines.append(
-                        f"{model:<10} {c:>4} {name:<30} | {_fmt(r['ttfp_mean'], 2):>9} "
+                        f"{model:<10} {c:>4} {name:<34} | {_fmt(r['ttfp_mean'], 2):>9} "
                         f"{_fmt(r['ttfp_p50'], 2):>8} | {_fmt(r['e2e_mean'], 2):>8} "
                         f"{_fmt(r['e2e_p50'], 2):>8} | {_fmt(r['rtf_mean'], 2):>6} | "
                         f"{_fmt(r['throughput'], 2):>6}")
     return "\n".join(lines)
+
+
+#: Issue 29's targets (benchmarks on this machine): streamed E2E at c=1 at most this many times the
+#: non-streamed E2E; Piper's TTFP at most this share of its non-streamed E2E; continuity at least
+#: this where the pipeline's capacity covers its listeners (TTFP growth: ``TTFP_GROWTH_TARGET``).
+STREAM_E2E_TARGET = 1.2
+PIPER_TTFP_TARGET = 0.2
+CONTINUITY_TARGET = 0.95
+
+
+def primary_label(paths: dict, path: str = "frontend") -> str | None:
+    """The result key the targets are read from: ``path`` under ``deadline`` (the configs as
+    shipped), else ``path`` run without a mode (a running server), else any mode of it."""
+    for label in (path_label(path, "deadline"), path):
+        if paths.get(label):
+            return label
+    return next((lb for lb in sorted(paths) if split_label(lb)[0] == path and paths[lb]), None)
+
+
+def audio_targets(results: dict, sched: dict, pacing: str = "none", listen: bool = False) -> list[dict]:
+    """Issue 29's targets of the streamed-audio pipelines, each a :func:`clients.bench_common.target`
+    dict with ``pipeline`` added, all read from one run's ``results`` (``{model: {label: {C:
+    summary}}}``) and its :func:`scheduling_summary` ``sched``, on the frontend path under
+    ``deadline`` (:func:`primary_label`; the Triton path where there is no frontend run):
+
+    - ``c=1 streamed E2E p50 / non-streamed``: the streamed request's E2E p50 at the lowest level
+      over the ``whole`` (``stream: false``) request's at the same level and mode, <=
+      ``STREAM_E2E_TARGET`` (1.2);
+    - Piper only, ``c=1 TTFP p50 / non-streamed E2E p50`` <= ``PIPER_TTFP_TARGET`` (0.2);
+    - ``TTFP p50 growth c=lo->c=hi`` <= ``TTFP_GROWTH_TARGET`` (2); it applies when the levels are
+      1 and at least 8 (saturating clients unless ``listen``);
+    - ``continuity at c=hi`` >= ``CONTINUITY_TARGET`` (0.95); it applies only when the capacity
+      (``sched``'s ``capacity_audio_s_per_s``, from the fifo run where there is one) covers the
+      ``hi`` listeners.
+
+    ``pacing`` other than ``"none"``: the served streams were paced to real time, so every target
+    gets a note that the issue's figures are unpaced ones. Missing figures give ``measured:
+    None`` (``met: None``) rather than no entry, so a partial run still lists every target.
+    """
+    out: list[dict] = []
+    paced_note = "" if pacing == "none" else f"stream_pacing {pacing}: the issue's targets are for unpaced runs"
+    clients = "listening" if listen else "saturating"
+
+    def add(pipeline: str, t: dict) -> None:
+        if paced_note:
+            t["note"] = "; ".join(x for x in (t["note"], paced_note) if x)
+        out.append({"pipeline": pipeline, **t})
+
+    for model, paths in results.items():
+        name = PIPELINE_NAMES.get(model, model)
+        label = primary_label(paths) or primary_label(paths, "triton")
+        if label is None:
+            continue
+        levels = paths[label]
+        cs = sorted(levels, key=int)
+        lo, hi = cs[0], cs[-1]
+        whole = paths.get(path_label("whole", split_label(label)[1]), {}).get(lo)
+        e2e_s, ttfp_s = levels[lo]["e2e_ms"]["p50"], levels[lo]["ttfp_ms"]["p50"]
+        e2e_w = whole["e2e_ms"]["p50"] if whole else None
+        note = f"{label} vs whole at c={lo}" + ("" if whole else "; no non-streamed run (--paths whole)")
+        add(name, target(f"{name}: c={lo} streamed E2E p50 / non-streamed", ratio(e2e_s, e2e_w),
+                         STREAM_E2E_TARGET, "<=", applies=lo == "1", note=note))
+        if model == "piper":
+            add(name, target(f"{name}: c={lo} TTFP p50 / non-streamed E2E p50", ratio(ttfp_s, e2e_w),
+                             PIPER_TTFP_TARGET, "<=", applies=lo == "1", note=note))
+        s = sched.get(model, {}).get(label, {})
+        add(name, target(f"{name}: TTFP p50 growth c={lo}->{hi} ({clients})", s.get("ttfp_p50_growth"),
+                         TTFP_GROWTH_TARGET, "<=", applies=lo == "1" and int(hi) >= 8,
+                         note=label + ("" if lo == "1" and int(hi) >= 8 else "; needs levels 1 and >= 8")))
+        capacity = s.get("capacity_audio_s_per_s")
+        covers = capacity is not None and capacity >= int(hi)
+        add(name, target(f"{name}: continuity at c={hi} ({clients})", levels[hi].get("continuity_rate"),
+                         CONTINUITY_TARGET, ">=", applies=covers,
+                         note=f"{label}; capacity {_fmt(capacity, 2)} audio s/s for {hi} listeners"
+                              + ("" if covers else ": below them, the target does not apply")))
+    return out

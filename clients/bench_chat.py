@@ -40,8 +40,10 @@ Aggregates per server and level (successful requests): ``ttft_ms`` / ``itl_ms`` 
 ``e2e_ms`` as ``{mean, p50, p90, min, max}`` (percentiles: numpy's linear method), ``wall_s``
 (first request sent to last one ended), ``output_tokens_per_s`` = all output tokens / ``wall_s``,
 ``requests_per_s``. Ratios ``ratios.<C>.triton_vs_vllm`` = Triton / vLLM for ``ttft_mean``,
-``ttft_p50``, ``itl_mean``, ``tpot_mean``, ``e2e_mean`` (> 1: Triton slower) and
-``output_tokens_per_s`` (< 1: Triton generates fewer tokens per second).
+``ttft_p50``, ``itl_mean``, ``itl_p50``, ``itl_p90``, ``tpot_mean``, ``e2e_mean`` (> 1: Triton
+slower) and ``output_tokens_per_s`` (< 1: Triton generates fewer tokens per second), in every
+run with both servers. ``targets``: issue 29's ``ITL p90 at c=8 <= 1.2 x vLLM's own server``
+(:func:`chat_targets`), printed after the table.
 
 Omni (model ``qwen3_omni``, when the model repository has it and it loads): streamed chat requests
 with ``modalities: ["text", "audio"]`` (``pcm16``) through the frontend at concurrency 1:
@@ -65,11 +67,13 @@ from pathlib import Path
 from clients.bench_common import (
     closed_loop,
     describe_ms,
+    format_targets,
     machine_info,
     package_versions,
     parse_concurrency,
     ratio,
     stop_all_on_sigterm,
+    target,
 )
 
 SERVERS = ("triton", "vllm")
@@ -166,6 +170,8 @@ def compare(served: dict, base: dict) -> dict:
         "ttft_mean": ratio(served["ttft_ms"]["mean"], base["ttft_ms"]["mean"]),
         "ttft_p50": ratio(served["ttft_ms"]["p50"], base["ttft_ms"]["p50"]),
         "itl_mean": ratio(served["itl_ms"]["mean"], base["itl_ms"]["mean"]),
+        "itl_p50": ratio(served["itl_ms"]["p50"], base["itl_ms"]["p50"]),
+        "itl_p90": ratio(served["itl_ms"]["p90"], base["itl_ms"]["p90"]),
         "tpot_mean": ratio(served["tpot_ms"]["mean"], base["tpot_ms"]["mean"]),
         "e2e_mean": ratio(served["e2e_ms"]["mean"], base["e2e_ms"]["mean"]),
         "output_tokens_per_s": ratio(served["output_tokens_per_s"], base["output_tokens_per_s"]),
@@ -178,6 +184,26 @@ def all_ratios(results: dict) -> dict:
     for c in sorted(set(results.get("triton", {})) & set(results.get("vllm", {})), key=int):
         out[c] = {"triton_vs_vllm": compare(results["triton"][c], results["vllm"][c])}
     return out
+
+
+#: Issue 29's target: Triton's ITL p90 at c=8 at most this many times vLLM's own server's, same run.
+ITL_P90_TARGET = 1.2
+#: the level the target is read at
+TARGET_LEVEL = "8"
+
+
+def chat_targets(ratios: dict) -> list[dict]:
+    """Issue 29's LLM target as :func:`clients.bench_common.target` dicts (``pipeline: llm``):
+    ``ratios[TARGET_LEVEL].triton_vs_vllm.itl_p90`` <= ``ITL_P90_TARGET``. Without a c=8 level
+    (or without both servers) it is read at the highest common level and does not apply
+    (``met: None``, the note says why)."""
+    level = TARGET_LEVEL if TARGET_LEVEL in ratios else max(ratios, key=int, default=None)
+    measured = ratios[level]["triton_vs_vllm"]["itl_p90"] if level is not None else None
+    note = ("no level run by both servers" if level is None
+            else "" if level == TARGET_LEVEL else f"read at c={level}: the target is at c={TARGET_LEVEL}")
+    return [{"pipeline": "llm", **target(f"llm: ITL p90 at c={level or TARGET_LEVEL} / vLLM server",
+                                          measured, ITL_P90_TARGET, "<=", applies=level == TARGET_LEVEL,
+                                          note=note)}]
 
 
 def parse_sse_data(lines: Iterable[str]) -> Iterable[str]:
@@ -249,12 +275,13 @@ def format_table(results: dict, ratios: dict, omni: dict | None) -> str:
                 f"{f(s['output_tokens_per_s']):>9}")
     if ratios:
         lines += ["", "Triton / vLLM (> 1: Triton slower; tok/s < 1: Triton fewer tokens per second)",
-                  f"{'conc':>4} | {'TTFT':>6} {'TTFT p50':>8} | {'ITL':>6} | {'TPOT':>6} | {'E2E':>6} | {'tok/s':>6}"]
+                  f"{'conc':>4} | {'TTFT':>6} {'TTFT p50':>8} | {'ITL':>6} {'ITL p90':>7} | {'TPOT':>6} | "
+                  f"{'E2E':>6} | {'tok/s':>6}"]
         for c, pair in ratios.items():
             r = pair["triton_vs_vllm"]
             lines.append(f"{c:>4} | {f(r['ttft_mean'], 2):>6} {f(r['ttft_p50'], 2):>8} | "
-                         f"{f(r['itl_mean'], 2):>6} | {f(r['tpot_mean'], 2):>6} | {f(r['e2e_mean'], 2):>6} | "
-                         f"{f(r['output_tokens_per_s'], 2):>6}")
+                         f"{f(r['itl_mean'], 2):>6} {f(r.get('itl_p90'), 2):>7} | {f(r['tpot_mean'], 2):>6} | "
+                         f"{f(r['e2e_mean'], 2):>6} | {f(r['output_tokens_per_s'], 2):>6}")
     if omni is not None:
         lines.append("")
         if omni.get("skipped"):
@@ -517,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.stop()
 
     ratios = all_ratios(results)
+    targets = chat_targets(ratios)
     machine["loadavg_at_end"] = os.getloadavg()
     report = {
         "config": {
@@ -531,12 +559,14 @@ def main(argv: list[str] | None = None) -> int:
             "notes": ["the two servers run one after the other on the same cores, never together",
                       "TTFT/ITL are measured at the HTTP client (httpx), same client code for both"],
         },
-        "results": results, "ratios": ratios, "qwen3_omni": omni, "stack": stack,
+        "results": results, "ratios": ratios, "targets": targets, "qwen3_omni": omni, "stack": stack,
         "wall_s": round(time.perf_counter() - t_start, 2), "errors": errors,
     }
     Path(args.out).write_text(json.dumps(report, indent=1))
     print()
     print(format_table(results, ratios, omni))
+    print()
+    print(format_targets(targets))
     print(f"\nwrote {args.out}; total wall time {report['wall_s']:.1f} s")
     return 1 if errors else 0
 

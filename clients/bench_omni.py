@@ -10,13 +10,18 @@ For each concurrency level ``C`` it sends ``N = max(--requests, C)`` chat reques
 paths, one after the other (they share the CPU cores):
 
 ``inprocess``
-    ``omni_triton.stages.qwen3_omni.run_pipeline`` in this process (thinker -> talker ->
-    ChunkSchedule -> code2wav, the chunk and talker settings of the served configs) with the
-    served parallelism: one stage object per Triton instance of that stage (``qwen3_omni_thinker`` 1,
-    ``qwen3_omni_talker`` 2, ``qwen3_omni_code2wav`` 1; ``clients.bench_common.InstancePool``), each held by
-    one request at a time and only while that stage works for it, so one request's talker runs
-    while another's thinker does, as in Triton. Also gives the per-stage cost (thinker, talker,
-    code2wav seconds).
+    ``omni_triton.stages.qwen3_omni.run_pipeline`` without Triton (thinker -> talker ->
+    ChunkSchedule -> code2wav, the chunk and talker settings of the served configs) in as many
+    worker processes as the served stages have instances (``qwen3_omni_thinker`` 1,
+    ``qwen3_omni_talker`` 2, ``qwen3_omni_code2wav`` 1: 4; ``clients.bench_common.ProcessWorkers``,
+    one torch thread each, not threads under one GIL), each a whole pipeline running one request
+    at a time; waiting for a free process counts in the times. Also gives the per-stage cost
+    (thinker, talker, code2wav seconds).
+``transformers``
+    the real peer (``--baselines``): transformers' ``Qwen3OmniMoeForConditionalGeneration.generate(...,
+    return_audio=True)`` on the same checkpoint, in the same number of processes, greedy with the
+    served talker's frame limits; the whole answer at once (TTFT = TTFP = E2E); levels only.
+    ``ratios_triton_vs_transformers`` in the JSON.
 ``triton``
     Triton gRPC streaming to the BLS model ``qwen3_omni`` (``clients.omni_grpc_stream.stream_chat``).
 ``qwen2_5_omni``
@@ -47,7 +52,7 @@ import json
 import os
 import time
 
-from clients.bench_common import InstancePool, closed_loop, describe, instance_count, parse_concurrency
+from clients.bench_common import ProcessWorkers, closed_loop, describe, instance_count, parse_concurrency
 
 QUESTIONS = ["What is the capital of France?", "Tell me a story about a cat.", "Hello, how are you today?",
              "What is the weather like?"]
@@ -62,34 +67,77 @@ def run_level(run_one, concurrency: int, n: int) -> tuple[list[dict], float]:
     return closed_loop(run_one, concurrency, n, on_error=lambda i, exc: {"error": str(exc)})  # reported, not fatal
 
 
-class _TalkerPool:
-    """``OmniTalker`` objects used as ``run_pipeline``'s talker: each ``stream`` holds a free one
-    for the whole generation (one decoupled talker instance per request), then gives it back."""
+def _omni_worker(path: str, settings: dict, bls: dict) -> object:
+    """Factory of one in-process baseline process (``ProcessWorkers``): its own thinker, talker
+    and code2wav (``omni_triton.stages.qwen3_omni``) with the served talker ``settings`` and the
+    BLS chunk parameters ``bls``; the callable ``(i, max_tokens, min_tokens, async_chunk, t0)``
+    runs ``run_pipeline`` for question ``i`` and returns its times in seconds from ``t0`` (the
+    parent's ``time.perf_counter()`` at the send: the wait for a free process counts)."""
+    from omni_triton.stages import qwen3_omni as qo
 
-    def __init__(self, talkers):
-        self.pool = InstancePool(talkers)
-        self.num_code_groups = talkers[0].num_code_groups
+    thinker = qo.OmniThinker.from_pretrained(path)
+    talker = qo.OmniTalker.from_pretrained(path)
+    decoder = qo.OmniCode2Wav.from_pretrained(path)
+    talker_settings = qo.TalkerSettings(**settings)
 
-    def stream(self, *args, **kwargs):
-        with self.pool.take() as talker:
-            yield from talker.stream(*args, **kwargs)
+    def run(i: int, max_tokens: int, min_tokens: int, async_chunk: bool, t0: float) -> dict:
+        ids = thinker.encode(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
+        start = time.perf_counter() - t0
+        r = qo.run_pipeline(thinker, talker, decoder, ids,
+                            qo.SamplingSettings(max_tokens=max_tokens, min_tokens=min_tokens),
+                            "Ethan", talker_settings, first_chunk_frames=int(bls["first_chunk_frames"]),
+                            chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]),
+                            async_chunk=async_chunk)
+        e2e = time.perf_counter() - t0
+        kinds = [k for k, _ in r.events]
 
-    def stream_while_thinking(self, *args, **kwargs):
-        with self.pool.take() as talker:
-            yield from talker.stream_while_thinking(*args, **kwargs)
+        def late(key):
+            v = r.timings.get(key)
+            return None if v is None else v + start
+
+        return {"ttft_s": late("ttft_s"), "ttfp_s": late("ttfp_s"), "e2e_s": e2e,
+                "audio_s": r.audio.size / decoder.sampling_rate, "thinker_s": r.timings["thinker_s"],
+                "talker_s": r.timings.get("talker_s", 0.0), "code2wav_s": r.timings.get("code2wav_s", 0.0),
+                "audio_before_last_text": "audio" in kinds and "text" in kinds
+                and kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("text")}
+
+    return run
 
 
-class _LockedDecoder:
-    """``OmniCode2Wav`` objects used as ``run_pipeline``'s decoder: each ``decode`` holds one
-    (one Triton instance executes one batch at a time)."""
+def _omni_transformers_worker(path: str, settings: dict) -> object:
+    """Factory of one process of the real peer: transformers'
+    ``Qwen3OmniMoeForConditionalGeneration.generate(..., return_audio=True)`` on the same tiny
+    checkpoint with the served talker's greedy settings and frame limits (the reference the stages
+    reproduce: tests/unit/test_qwen3_omni.py). Whole answer at once: its TTFT and TTFP are its E2E.
+    The callable ``(i, max_tokens, min_tokens, async_chunk, t0)`` ignores ``min_tokens`` and
+    ``async_chunk`` (the levels only)."""
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    def __init__(self, decoders):
-        self.pool = InstancePool(decoders)
-        self.sampling_rate = decoders[0].sampling_rate
+    from omni_triton.stages import qwen3_omni as qo
 
-    def decode(self, *args, **kwargs):
-        with self.pool.take() as decoder:
-            return decoder.decode(*args, **kwargs)
+    thinker = qo.OmniThinker.from_pretrained(path)  # its chat template and EOS only
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
+
+    def run(i: int, max_tokens: int, min_tokens: int, async_chunk: bool, t0: float) -> dict:
+        ids = thinker.encode(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
+        with torch.inference_mode():
+            _, wav = model.generate(torch.tensor([ids]), speaker="Ethan", return_audio=True,
+                                    thinker_max_new_tokens=max_tokens, thinker_eos_token_id=thinker.eos_token_id,
+                                    talker_do_sample=settings["do_sample"],
+                                    talker_max_new_tokens=settings["max_frames"],
+                                    talker_min_new_tokens=settings["min_frames"])
+        e2e = time.perf_counter() - t0
+        samples = 0 if wav is None else int(wav.numel())
+        return {"ttft_s": e2e, "ttfp_s": e2e if samples else None, "e2e_s": e2e, "audio_s": samples / 24000}
+
+    return run
+
+
+def baseline_processes(counts: dict[str, int]) -> int:
+    """Processes of the in-process baseline: as many as the served stages have instances
+    (``qwen3_omni_thinker`` + ``_talker`` + ``_code2wav``), each process a whole pipeline."""
+    return sum(counts.values())
 
 
 def summarize(results: list[dict], wall_s: float) -> dict:
@@ -121,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--lengths", default="16,64,256", help="answer lengths (tokens) for TTFP vs length; '' skips")
     p.add_argument("--length-requests", type=int, default=3)
+    p.add_argument("--baselines", default="inprocess,transformers",
+                   help="inprocess (always) and transformers (Qwen3OmniMoeForConditionalGeneration.generate "
+                        "with return_audio=True, the real peer; levels only)")
     args = p.parse_args(argv)
+    args.baselines = [x.strip() for x in args.baselines.split(",") if x.strip()]
     levels = parse_concurrency(args.concurrency) if args.concurrency.strip() else []
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -131,7 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     from clients.omni_grpc_stream import build_chat_inputs, stream_chat
     from omni_triton.checkpoints import qwen3_omni as ckpt
     from omni_triton.serve.repository import available_models, model_parameters
-    from omni_triton.stages import qwen3_omni as qo
 
     torch.set_num_threads(1)
     models = available_models()
@@ -146,41 +197,23 @@ def main(argv: list[str] | None = None) -> int:
                                                                 "left_context_frames")],
                                "cpus": os.cpu_count()}, "results": {}}
 
-    # 1) in-process, one stage object per served instance
+    # 1) in-process: as many worker processes as the served stages have instances (one torch
+    #    thread each), each process a whole pipeline running one request at a time
     counts = {stage: instance_count(stage) for stage in ("qwen3_omni_thinker", "qwen3_omni_talker",
                                                          "qwen3_omni_code2wav")}
     report["config"]["instances"] = counts
-    if counts["qwen3_omni_thinker"] != 1:
-        raise SystemExit("bench_omni: run_pipeline takes one thinker object; qwen3_omni_thinker has "
-                         f"{counts['qwen3_omni_thinker']} instances")
-    thinker = qo.OmniThinker.from_pretrained(path)  # generates one request at a time (its own lock)
-    talker = _TalkerPool([qo.OmniTalker.from_pretrained(path) for _ in range(counts["qwen3_omni_talker"])])
-    decoder = _LockedDecoder([qo.OmniCode2Wav.from_pretrained(path) for _ in range(counts["qwen3_omni_code2wav"])])
-    settings = qo.TalkerSettings(max_frames=int(tp["default_max_frames"]), min_frames=int(tp["default_min_frames"]),
-                                 do_sample=tp["do_sample"] == "true",
-                                 repetition_penalty=float(tp["repetition_penalty"]))
-
+    n_proc = baseline_processes(counts)
+    report["config"]["baseline_processes"] = n_proc
+    settings = {"max_frames": int(tp["default_max_frames"]), "min_frames": int(tp["default_min_frames"]),
+                "do_sample": tp["do_sample"] == "true", "repetition_penalty": float(tp["repetition_penalty"])}
     default_async = bls.get("async_chunk", "false").lower() == "true"
+    workers = ProcessWorkers(n_proc, "clients.bench_omni:_omni_worker", (str(path), settings, dict(bls)))
 
     def inprocess(i, max_tokens=args.max_tokens, min_tokens=0, async_chunk=default_async):
-        ids = thinker.encode(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
-        t = time.perf_counter()
-        # waiting for a busy stage object counts in TTFT/TTFP/E2E, as queueing in Triton does
-        r = qo.run_pipeline(thinker, talker, decoder, ids,
-                            qo.SamplingSettings(max_tokens=max_tokens, min_tokens=min_tokens),
-                            "Ethan", settings, first_chunk_frames=int(bls["first_chunk_frames"]),
-                            chunk_frames=int(bls["chunk_frames"]), left_context_frames=int(bls["left_context_frames"]),
-                            async_chunk=async_chunk)
-        e2e = time.perf_counter() - t
-        kinds = [k for k, _ in r.events]
-        return {"ttft_s": r.timings.get("ttft_s"), "ttfp_s": r.timings.get("ttfp_s"), "e2e_s": e2e,
-                "audio_s": r.audio.size / decoder.sampling_rate, "thinker_s": r.timings["thinker_s"],
-                "talker_s": r.timings.get("talker_s", 0.0), "code2wav_s": r.timings.get("code2wav_s", 0.0),
-                "audio_before_last_text": "audio" in kinds and "text" in kinds
-                and kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("text")}
+        return workers.call(i, max_tokens, min_tokens, async_chunk, time.perf_counter())
 
-    def run_path(name, fn):
-        for i in range(args.warmup):
+    def run_path(name, fn, warmup=args.warmup, lengths=lengths):
+        for i in range(warmup):  # sequential calls rotate through the baseline's processes
             fn(i)
         for c in levels:
             results, wall = run_level(fn, c, max(args.requests, c))
@@ -200,8 +233,16 @@ def main(argv: list[str] | None = None) -> int:
                       f"ttft_ms p50 {row['ttft_ms']['p50']} e2e_ms p50 {row['e2e_ms']['p50']} "
                       f"audio_before_last_text {row['audio_before_last_text']}/{row['ok']}", flush=True)
 
-    run_path("inprocess", inprocess)
-    thinker = talker = decoder = None  # the stage objects go before the Triton part (inprocess is done)
+    try:
+        run_path("inprocess", inprocess, max(args.warmup, n_proc) if args.warmup else 0)
+    finally:
+        workers.close()  # the baseline's processes end before the next part
+    if "transformers" in args.baselines:  # the real peer, the levels only (no streaming)
+        workers = ProcessWorkers(n_proc, "clients.bench_omni:_omni_transformers_worker", (str(path), settings))
+        try:
+            run_path("transformers", inprocess, max(args.warmup, n_proc) if args.warmup else 0, lengths=[])
+        finally:
+            workers.close()
 
     # 2) Triton gRPC
     server = None
@@ -258,6 +299,13 @@ def main(argv: list[str] | None = None) -> int:
             ratios[c] = {k: round(a[k]["mean"] / b[k]["mean"], 3) if a[k]["mean"] and b[k]["mean"] else None
                          for k in ("ttft_ms", "ttfp_ms", "e2e_ms")}
     report["ratios_triton_vs_inprocess"] = ratios
+    peer = {}
+    for c in map(str, levels):
+        a, b = report["results"].get("triton", {}).get(c), report["results"].get("transformers", {}).get(c)
+        if a and b:
+            peer[c] = {k: round(a[k]["mean"] / b[k]["mean"], 3) if a[k]["mean"] and b[k]["mean"] else None
+                       for k in ("ttfp_ms", "e2e_ms")}
+    report["ratios_triton_vs_transformers"] = peer
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"\n{'path':10} {'C':>3} {'TTFT ms':>9} {'TTFP ms':>9} {'E2E ms':>9} {'RTF':>7} {'audio s':>8}")
@@ -269,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode, rows in modes.items():
             print(f"TTFP p50 ms vs answer length, {path}, async_chunk={mode}: "
                   + ", ".join(f"L={n}: {r['ttfp_ms']['p50']}" for n, r in rows.items()))
-    print(f"ratios triton/inprocess (means): {json.dumps(ratios)}\nwrote {args.out}")
+    print(f"ratios triton/inprocess (means): {json.dumps(ratios)}")
+    print(f"ratios triton/transformers generate (means; its TTFP is its E2E): {json.dumps(peer)}\nwrote {args.out}")
     return 0
 
 

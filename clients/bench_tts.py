@@ -6,23 +6,34 @@ Run::
     python -m clients.bench_tts --models piper --concurrency 1,4 --requests 8
     python -m clients.bench_tts --frontend-url http://127.0.0.1:9000 --triton-grpc-url 127.0.0.1:8001
     python -m clients.bench_tts --paths frontend --concurrency 1,8 --out ttfp.json   # issue 13 item 4
+    python -m clients.bench_tts --models piper,csm --concurrency 1,8 --requests 4 --scheduling deadline \
+        --paths inprocess,transformers,frontend,whole       # issue 29's targets, short (< 3 min)
+    python -m clients.bench_tts --pacing realtime --listen --paths frontend   # paced listeners
     python -m clients.bench_tts --qwen3-tts   # the Qwen3-TTS forms (clients/bench_qwen3_tts.py)
 
 In the spirit of vLLM-Omni's TTS serving benchmarks and CosyVoice's Triton client (which report
 RTF). For each model (``piper``, ``csm``, ``qwen3_omni``: ``MODEL_PATHS``) and each concurrency level ``C`` it sends
 ``N = max(--requests, C)`` streaming requests from a closed loop of ``C`` worker threads (each
-worker sends its next request as soon as its previous one finished) through three paths, one
+worker sends its next request as soon as its previous one finished) through up to five paths, one
 after another, never overlapping (they share the same CPU cores):
 
 ``inprocess``
-    the same pipeline called in this process without Triton: ``PiperSpeaker.synthesize``
-    (sentence streaming) for ``piper``; for ``csm`` the streamed in-process variant of
+    the project's own pipeline without Triton, in as many worker processes as the served path
+    has (``clients.bench_common.ProcessWorkers``, spawned, one torch thread each: not threads
+    sharing one GIL), each process running one request at a time; waiting for a free process
+    counts in TTFP and E2E. ``PiperSpeaker.synthesize`` (sentence streaming) for ``piper``, in
+    ``workers`` x instances processes (2); for ``csm`` the streamed in-process variant of
     ``omni_triton.stages.csm`` (``CodecTalker.stream`` -> ``ChunkSchedule`` with the chunk
     parameters of the ``csm`` config -> ``CodecDecoder.decode`` per chunk, i.e. the streamed part of
     ``synthesize_reference`` without its extra one-shot full decode, which the served path does
-    not do either). The same parallelism as the served models: one talker object per
-    ``csm_talker`` instance (2), one decoder per ``csm_code2wav`` instance, at most ``workers`` x
-    instances Piper syntheses at once (``clients.bench_common.InstancePool``, ``instance_count``).
+    not do either) in ``csm_talker`` + ``csm_code2wav`` instances processes (3), each a whole
+    talker + decoder (:func:`baseline_processes`). Chunk times are taken in the worker against
+    the parent's send time (``time.perf_counter``: ``CLOCK_MONOTONIC``, one clock for all processes).
+``transformers`` (``csm`` only)
+    the real peer: transformers' ``CsmForConditionalGeneration.generate(output_audio=True)`` on
+    the same tiny checkpoint, greedy, with the talker's frame cap for the text and its minimum
+    frames (so every path makes the same frames), in the same number of processes; one clip per
+    request, not streamed (its TTFP is its E2E).
 ``triton``
     Triton gRPC streaming straight to the model (``clients.tts_grpc_stream``: its
     ``build_inputs`` and the same stream handling as ``stream_tts``, plus the final response time).
@@ -30,13 +41,29 @@ after another, never overlapping (they share the same CPU cores):
     the user path: ``POST /v1/audio/speech`` on the OpenAI frontend with ``stream: true``,
     ``response_format: "pcm"`` (16-bit mono; samples = bytes / 2, rate from ``X-Sample-Rate``),
     read with httpx streaming. ``qwen3_omni``: ``POST /v1/chat/completions`` with ``modalities: ["text",
-    "audio"]``, ``audio.format: "pcm16"``, streamed (SSE ``delta.audio.data``); its only path.
+    "audio"]``, ``audio.format: "pcm16"``, streamed (SSE ``delta.audio.data``).
+    Streams are sent unpaced (``stream_pacing: "none"``: as fast as the server makes them, the
+    default of the API) unless ``--pacing realtime`` (``stream_pacing: "realtime"``; on the
+    ``triton`` path ``PACED: true``): the ratios and targets are for unpaced runs; the paced form
+    is for continuity and listener studies (with ``--listen``).
+``whole``
+    the same frontend request with ``stream: false`` (the whole clip in one response), at
+    ``--whole-levels`` (default c=1): the non-streamed E2E the streamed one is compared with.
 
 Scheduling (issue 13 item 4, docs/scheduling.md): with its own stack the served paths run once
 per ``--scheduling`` mode, each on a fresh server: ``deadline`` (the configs as shipped: Piper and
 the talkers step their open requests earliest playback deadline first) and ``fifo``
-(``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: the previous behaviour). Results
-are keyed ``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON compares them.
+(``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: each stage's plain dispatch (whole
+requests in arrival order, PACED ignored; the rest of the configs as shipped: docs/scheduling.md
+"The knobs")). Results are keyed
+``<path>:<mode>`` (``frontend:fifo``); ``scheduling`` in the JSON compares them.
+
+Targets (issue 29, ``targets`` in the JSON and the last table: each target, measured value, limit,
+``met`` true / false / null when it does not apply; ``audio_bench_results.audio_targets``), all from
+the one run, on ``frontend:deadline``: at c=1 streamed E2E p50 <= 1.2 x the ``whole`` E2E p50;
+Piper's TTFP p50 <= 0.2 x its ``whole`` E2E p50; TTFP p50 growth c=1 -> c=8 <= 2 (saturating
+clients, or listening ones with ``--listen``); continuity >= 0.95 at the highest level where the
+pipeline's capacity (audio s/s, from the fifo run where there is one) covers its listeners.
 
 Every path gets ``--warmup`` untimed requests per model before its first level.
 Unless ``--frontend-url``/``--triton-grpc-url`` are given, the benchmark starts its own
@@ -83,7 +110,9 @@ there is one, at least the highest level's listeners) and ``target_met``
 (growth <= 2 and, when faster than real time, no underrun at the highest level).
 
 Ratios (``ratios.<model>.<C>``), served path over baseline at the same concurrency:
-``frontend_vs_inprocess``, ``triton_vs_inprocess``, ``frontend_vs_triton``, each with
+``frontend_vs_inprocess``, ``triton_vs_inprocess``, ``frontend_vs_triton``, ``frontend_vs_whole``
+(streamed / non-streamed), ``frontend_vs_transformers``, ``whole_vs_transformers``,
+``inprocess_vs_transformers`` (``audio_bench_results.RATIO_PAIRS``), each with
 ``ttfp_mean``, ``ttfp_p50``, ``e2e_mean``, ``e2e_p50``, ``rtf_mean`` (> 1: the served path is
 slower) and ``throughput`` (served / baseline audio-seconds per second; < 1: the served path
 generates less audio per second).
@@ -101,12 +130,13 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import argparse
 import json
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from clients.audio_bench_results import (  # noqa: F401 - re-exported for the tests and callers
+    BASELINES,
+    PATHS,
     RATIO_PAIRS,
     TTFP_GROWTH_TARGET,
     RequestResult,
@@ -114,6 +144,7 @@ from clients.audio_bench_results import (  # noqa: F401 - re-exported for the te
     _round,
     add_load_args,
     all_ratios,
+    audio_targets,
     compare,
     format_scheduling,
     format_table,
@@ -125,8 +156,9 @@ from clients.audio_bench_results import (  # noqa: F401 - re-exported for the te
     summarize,
 )
 from clients.bench_common import (
-    InstancePool,
+    ProcessWorkers,
     closed_loop,
+    format_targets,
     git_commit,
     instance_count,
     machine_info,
@@ -143,18 +175,19 @@ from omni_triton.runtime.scheduling import SCHEDULING_ENV
 #: Qwen3-TTS BLS): a row here, its texts (``TEXTS`` is shared) and voices in ``VOICES``, and for a
 #: non-speech frontend API a ``frontend_run_one`` branch (``qwen3_omni`` uses chat completions).
 MODEL_PATHS = {
-    "piper": ("inprocess", "triton", "frontend"),
-    "csm": ("inprocess", "triton", "frontend"),
-    "qwen3_omni": ("frontend",),  # POST /v1/chat/completions, text + streamed pcm16 audio
+    "piper": ("inprocess", "triton", "frontend", "whole"),
+    "csm": ("inprocess", "transformers", "triton", "frontend", "whole"),
+    "qwen3_omni": ("frontend", "whole"),  # POST /v1/chat/completions, text + pcm16 audio
 }
 MODELS = tuple(MODEL_PATHS)
 #: ``--scheduling`` modes: ``deadline`` = the configs as shipped (``scheduling: "deadline"``),
-#: ``fifo`` = the previous behaviour (``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment).
+#: ``fifo`` = ``OMNI_TRITON_SCHEDULING=fifo`` in tritonserver's environment: each stage's plain dispatch
+#: (whole requests in arrival order, PACED ignored; the rest of the configs as shipped:
+#: docs/scheduling.md "The knobs"; ``SCHEDULING_HELP``).
 SCHEDULING_MODES = ("deadline", "fifo")
 #: packages whose versions go into the report
 TTS_PACKAGES = ("torch", "transformers", "onnxruntime", "piper-tts", "tritonclient", "httpx", "numpy",
                 "nvidia-pytriton", "fastapi", "uvicorn")
-PATHS = ("inprocess", "triton", "frontend")
 
 #: Fixed English texts, several sentences each (~7-8 s of Piper audio). Request ``i`` uses
 #: ``TEXTS[i % len(TEXTS)]``.
@@ -224,78 +257,158 @@ def _set_torch_threads() -> dict:
             "torch_num_interop_threads": torch.get_num_interop_threads()}
 
 
-class InProcessPiper:
-    """``PiperSpeaker`` loaded as the ``piper`` model loads it (one intra-op thread), running
-    at most as many syntheses at once as the served model does (``workers`` threads per instance
-    times its instances), so concurrency levels compare equal parallelism."""
-
-    def __init__(self, parallel: int):
-        from omni_triton.paths import model_dir
-        from omni_triton.stages.piper import PiperSpeaker, discover_voices
-
-        self.speaker = PiperSpeaker(discover_voices(model_dir("piper-voices")), intra_op_threads=1)
-        self.parallel = parallel
-        self._slots = threading.BoundedSemaphore(parallel)
-
-    def run_one(self, index: int, text: str, voice: str) -> RequestResult:
-        with self._slots:  # waiting for a slot counts, as queueing in Triton does
-            return _timed_stream(index, ((s.audio.size, s.sample_rate)
-                                         for s in self.speaker.synthesize(text, voice=voice)))
+def _events_result(index: int, events: list[tuple[float, int, int]], e2e_s: float) -> RequestResult:
+    """A :class:`RequestResult` from a worker's ``(t_s, samples, sample_rate)`` per chunk and its
+    end ``e2e_s`` (seconds from the parent's start of the request)."""
+    r = RequestResult(index=index)
+    for t, n, sr in events:
+        r.on_audio(t, n, sr)
+    r.e2e_s = e2e_s
+    return r
 
 
-class InProcessCodec:
-    """The ``csm`` pipeline in-process: talker stream -> ChunkedDecoder (the BLS model's chunk
+def _timed_events(t0: float, chunks: Iterable[tuple[int, int]]) -> tuple[list, float]:
+    """``(events, e2e_s)`` of a chunk iterator, timed from ``t0`` (the parent's
+    ``time.perf_counter()``: the same clock in every process, ``bench_common.ProcessWorkers``)."""
+    events = [(time.perf_counter() - t0, n, sr) for n, sr in chunks]
+    return events, time.perf_counter() - t0
+
+
+def _piper_worker() -> Callable:
+    """Factory of a Piper baseline process (``ProcessWorkers``): ``PiperSpeaker`` loaded as the
+    ``piper`` model loads it (one intra-op thread); its callable ``(text, voice, t0) -> (events,
+    e2e_s)`` synthesises sentence by sentence."""
+    from omni_triton.paths import model_dir
+    from omni_triton.stages.piper import PiperSpeaker, discover_voices
+
+    speaker = PiperSpeaker(discover_voices(model_dir("piper-voices")), intra_op_threads=1)
+
+    def run(text: str, voice: str, t0: float) -> tuple[list, float]:
+        return _timed_events(t0, ((s.audio.size, s.sample_rate) for s in speaker.synthesize(text, voice=voice)))
+
+    return run
+
+
+def _codec_worker(codec: dict) -> Callable:
+    """Factory of a ``csm`` baseline process: the streamed in-process pipeline (:class:`CodecStream`)
+    with the chunk parameters and frame limits ``codec`` (:func:`codec_settings`) of the served
+    models; callable ``(text, voice, t0) -> (events, e2e_s)``."""
+    stream = CodecStream(codec)
+
+    def run(text: str, voice: str, t0: float) -> tuple[list, float]:
+        return _timed_events(t0, stream.stream(text, int(voice)))
+
+    return run
+
+
+def _transformers_csm_worker(codec: dict) -> Callable:
+    """Factory of a process of the real peer of ``csm``: transformers'
+    ``CsmForConditionalGeneration.generate(output_audio=True)`` on the same tiny checkpoint (greedy,
+    ``max_new_tokens`` = the talker's frame cap for the text, the served talker's minimum frames,
+    so every path makes the same frames), one clip per call, no streaming: its TTFP is its E2E.
+    Loaded as ``CodecTalker.from_pretrained`` loads it (transformers 5.19 drops the depth
+    decoder's generation config on load; ``_restore_depth_decoder_generation_config``)."""
+    from transformers import LogitsProcessorList
+
+    from omni_triton.contracts.csm import FrameBudget
+    from omni_triton.paths import model_dir
+    from omni_triton.stages.csm import CodecTalker
+    from omni_triton.stages.csm.talker import _MinFramesLogitsProcessor
+
+    talker = CodecTalker.from_pretrained(model_dir("csm-tiny"))
+    model = talker.model
+    rate = int(model.config.codec_config.sampling_rate)
+    budget = FrameBudget(codec["max_frames_per_char"], codec["min_max_frames"])
+
+    def run(text: str, voice: str, t0: float) -> tuple[list, float]:
+        import torch
+
+        with torch.inference_mode():
+            audio = model.generate(**talker.prompt_ids(text, int(voice)), max_new_tokens=budget.for_text(text),
+                                   do_sample=False, output_audio=True,
+                                   logits_processor=LogitsProcessorList(
+                                       [_MinFramesLogitsProcessor(codec["min_frames"], talker.codebook_eos_id)]))
+        t = time.perf_counter() - t0
+        return [(t, int(sum(a.numel() for a in audio)), rate)], time.perf_counter() - t0
+
+    return run
+
+
+class CodecStream:
+    """The ``csm`` pipeline in one process: talker stream -> ChunkedDecoder (the BLS model's chunk
     loop) -> Mimi decode per chunk, with the chunk parameters and frame limits the served models
-    use (``budget``: the talker's cap for a text, ``omni_triton.contracts.csm.FrameBudget``),
-    and the served parallelism: one ``CodecTalker`` object per ``csm_talker`` instance (a request
-    holds one for its whole generation, as a decoupled talker instance does) and one
-    ``CodecDecoder`` per ``csm_code2wav`` instance (a chunk holds one while it decodes)."""
+    use (``codec``: :func:`codec_settings`; ``FrameBudget``: the talker's cap for a text)."""
 
-    def __init__(self, first_chunk: int, chunk: int, left_context: int,
-                 min_frames: int, budget, talker_instances: int, code2wav_instances: int,
-                 low_water_s: float = 0.0):
+    def __init__(self, codec: dict):
         from omni_triton.paths import model_dir
         from omni_triton.stages.csm import CodecDecoder, CodecTalker
 
         path = model_dir("csm-tiny")
-        self.talkers = InstancePool([CodecTalker.from_pretrained(path) for _ in range(talker_instances)])
-        self.decoders = InstancePool([CodecDecoder.from_pretrained(path) for _ in range(code2wav_instances)])
-        self.sampling_rate = self.decoders.instances[0].sampling_rate
-        self.first_chunk, self.chunk, self.left_context = first_chunk, chunk, left_context
-        self.low_water_s = low_water_s  # the tts config's low_water_ms: early chunks as served
-        self.min_frames, self.budget = min_frames, budget
+        self.talker = CodecTalker.from_pretrained(path)
+        self.decoder = CodecDecoder.from_pretrained(path)
+        self.sampling_rate = self.decoder.sampling_rate
+        self.first_chunk, self.chunk = codec["first_chunk_frames"], codec["chunk_frames"]
+        self.left_context = codec["left_context_frames"]
+        self.low_water_s = codec["low_water_ms"] / 1000.0  # the tts config's low_water_ms
+        self.min_frames = codec["min_frames"]
+        self.budget = FrameBudget(codec["max_frames_per_char"], codec["min_max_frames"])
 
     def stream(self, text: str, speaker: int) -> Iterator[tuple[int, int]]:
         """``(samples, sample_rate)`` per decoded chunk, exactly the BLS model's schedule."""
         from omni_triton.stages.chunking import ChunkedDecoder, ChunkSchedule
 
         def decode(codes, left):
-            with self.decoders.take() as decoder:
-                return decoder.decode([codes], [left])[0]
+            return self.decoder.decode([codes], [left])[0]
 
         chunked = ChunkedDecoder(ChunkSchedule(self.first_chunk, self.chunk, self.left_context,
                                                low_water_s=self.low_water_s), decode)
         sr = self.sampling_rate
-        with self.talkers.take() as talker:
-            for new in talker.stream(text, speaker, self.min_frames, self.budget.for_text(text)):
-                for pcm in chunked.push(new):
-                    yield pcm.size, sr
+        for new in self.talker.stream(text, speaker, self.min_frames, self.budget.for_text(text)):
+            for pcm in chunked.push(new):
+                yield pcm.size, sr
         if chunked.total:
             for pcm in chunked.flush():
                 yield pcm.size, sr
 
+
+class Baseline:
+    """An in-process baseline in ``processes`` worker processes (``ProcessWorkers``, one torch
+    thread each): a request holds one process for its whole run, and waiting for a free process
+    counts in its TTFP and E2E, as queueing in Triton does. ``factory``: ``_piper_worker``,
+    ``_codec_worker`` or ``_transformers_csm_worker`` (``"clients.bench_tts:<name>"``)."""
+
+    def __init__(self, processes: int, factory: str, args: tuple = ()):
+        self.workers = ProcessWorkers(processes, factory, args)
+
     def run_one(self, index: int, text: str, voice: str) -> RequestResult:
-        return _timed_stream(index, self.stream(text, int(voice)))
+        events, e2e = self.workers.call(text, voice, time.perf_counter())
+        return _events_result(index, events, e2e)
+
+    def close(self) -> None:
+        self.workers.close()
+
+
+def baseline_processes(model: str, codec: dict | None = None) -> int:
+    """Processes of a model's in-process baselines: as many as the served path runs for it.
+    ``piper``: its ``workers`` x instances (each process one synthesis at a time, as each served
+    worker thread); ``csm``: the ``csm_talker`` plus ``csm_code2wav`` instances (each process a
+    whole talker + decoder: the baseline's requests never wait for a shared decoder)."""
+    if model == "piper":
+        return piper_parallelism()
+    return instance_count("csm_talker") + instance_count("csm_code2wav")
 
 
 # --------------------------------------------------------------------------------- served
 
 
-def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: float) -> RequestResult:
+def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: float,
+                      paced: bool = False) -> RequestResult:
     """Like ``clients.tts_grpc_stream.stream_tts`` (same inputs and stream handling) but also
-    records the final response's arrival, which ``stream_tts`` does not expose."""
+    records the final response's arrival, which ``stream_tts`` does not expose. ``paced``: send
+    ``PACED: true`` (``--pacing realtime``: computed just ahead of a real-time listener)."""
     import queue
 
+    import numpy as np
     import tritonclient.grpc as grpcclient
 
     from clients.tts_grpc_stream import build_inputs
@@ -307,7 +420,12 @@ def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: fl
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         t0 = time.perf_counter()
-        client.async_stream_infer(model, build_inputs(text, voice), enable_empty_final_response=True)
+        inputs = build_inputs(text, voice)
+        if paced:
+            flag = grpcclient.InferInput(speech.PACED, [1], "BOOL")
+            flag.set_data_from_numpy(np.array([True], dtype=bool))
+            inputs.append(flag)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
             try:
                 res, err = responses.get(timeout=timeout_s)
@@ -332,24 +450,34 @@ def _stream_tts_timed(url: str, model: str, text: str, voice: str, timeout_s: fl
     return r
 
 
-def grpc_run_one(url: str, model: str, timeout_s: float) -> RunOne:
+def grpc_run_one(url: str, model: str, timeout_s: float, pacing: str = "none") -> RunOne:
     def run_one(index: int, text: str, voice: str) -> RequestResult:
-        r = _stream_tts_timed(url, model, text, voice, timeout_s)
+        r = _stream_tts_timed(url, model, text, voice, timeout_s, paced=pacing == "realtime")
         r.index = index
         return r
 
     return run_one
 
 
-def frontend_run_one(client, base_url: str, model: str) -> RunOne:
-    """The user path of ``model``: ``/v1/audio/speech`` (pcm, streamed) or, for ``qwen3_omni``,
-    :func:`chat_run_one`. Each HTTP read feeds the stream's real-time player."""
+def speech_body(model: str, text: str, voice: str, stream: bool = True, pacing: str = "none") -> dict:
+    """The ``/v1/audio/speech`` body of one request: pcm; ``stream_pacing`` (``"none"``: as fast
+    as the server makes it, ``"realtime"``: paced to a listener) with ``stream: true`` only."""
+    body = {"model": model, "input": text, "voice": voice, "response_format": "pcm", "stream": stream}
+    if stream:
+        body["stream_pacing"] = pacing
+    return body
+
+
+def frontend_run_one(client, base_url: str, model: str, stream: bool = True, pacing: str = "none") -> RunOne:
+    """The user path of ``model``: ``/v1/audio/speech`` (pcm; ``stream``: streamed, else the
+    whole clip in one response, the ``whole`` path) or, for ``qwen3_omni``, :func:`chat_run_one`.
+    Each HTTP read feeds the stream's real-time player (a non-streamed body is read as it
+    arrives too: its first audio comes once the whole clip is made)."""
     if model == "qwen3_omni":
-        return chat_run_one(client, base_url, model)
+        return chat_run_one(client, base_url, model, stream, pacing)
 
     def run_one(index: int, text: str, voice: str) -> RequestResult:
-        body = {"model": model, "input": text, "voice": voice, "response_format": "pcm",
-                "stream": True}
+        body = speech_body(model, text, voice, stream, pacing)
         r = RequestResult(index=index)
         t0 = time.perf_counter()
         with client.stream("POST", f"{base_url}/v1/audio/speech", json=body) as resp:
@@ -369,18 +497,39 @@ def frontend_run_one(client, base_url: str, model: str) -> RunOne:
     return run_one
 
 
-def chat_run_one(client, base_url: str, model: str) -> RunOne:
+def chat_body(model: str, text: str, voice: str, stream: bool = True, pacing: str = "none") -> dict:
+    """The ``/v1/chat/completions`` body of one spoken answer (``pcm16``, ``OMNI_MAX_TOKENS``);
+    ``stream_pacing`` with ``stream: true`` only."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}],
+            "modalities": ["text", "audio"], "audio": {"format": "pcm16", "voice": voice},
+            "max_tokens": OMNI_MAX_TOKENS, "stream": stream}
+    if stream:
+        body["stream_pacing"] = pacing
+    return body
+
+
+def chat_run_one(client, base_url: str, model: str, stream: bool = True, pacing: str = "none") -> RunOne:
     """``POST /v1/chat/completions`` with ``modalities: ["text", "audio"]``, ``audio.format:
-    pcm16``, ``stream: true``; every SSE chunk's ``delta.audio.data`` (base64 s16le at
-    ``OMNI_SAMPLE_RATE``) feeds the player. The request's text is the user message."""
+    pcm16``; streamed, every SSE chunk's ``delta.audio.data`` (base64 s16le at
+    ``OMNI_SAMPLE_RATE``) feeds the player; not streamed, ``message.audio.data`` is the whole
+    clip (its TTFP is its E2E). The request's text is the user message."""
     import base64
 
     def run_one(index: int, text: str, voice: str) -> RequestResult:
-        body = {"model": model, "messages": [{"role": "user", "content": text}],
-                "modalities": ["text", "audio"], "audio": {"format": "pcm16", "voice": voice},
-                "max_tokens": OMNI_MAX_TOKENS, "stream": True}
+        body = chat_body(model, text, voice, stream, pacing)
         r = RequestResult(index=index, sample_rate=OMNI_SAMPLE_RATE)
         t0 = time.perf_counter()
+        if not stream:
+            resp = client.post(f"{base_url}/v1/chat/completions", json=body)
+            if resp.status_code != 200:
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            t = time.perf_counter() - t0
+            for choice in resp.json().get("choices", []):
+                data = ((choice.get("message") or {}).get("audio") or {}).get("data")
+                if data:
+                    r.on_audio(t, len(base64.b64decode(data)) // 2, OMNI_SAMPLE_RATE)
+            r.e2e_s = time.perf_counter() - t0
+            return r
         with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
                 resp.read()
@@ -475,17 +624,20 @@ class Bench:
         e2e = low["e2e_ms"]["mean"]
         return (e2e + (low.get("listen_wait_ms_mean") or 0.0)) / 1000.0 if e2e else 0.0
 
-    def run_path(self, model: str, path: str, run_one: RunOne) -> None:
-        """Warm-up, then each level; with ``--listen`` each client waits until its answer has
-        played to the end (``listen_to_end``) and the highest level runs once more without it,
-        for the level's ``capacity_audio_s_per_s`` (the target's "faster than real time")."""
-        for i in range(self.args.warmup):
+    def run_path(self, model: str, path: str, run_one: RunOne, levels: list[int] | None = None,
+                 listen: bool | None = None, warmup: int | None = None) -> None:
+        """Warm-up, then each level (``levels``, default ``--concurrency``); with ``--listen``
+        (``listen``, default the option) each client waits until its answer has played to the
+        end (``listen_to_end``) and the highest level runs once more without it, for the level's
+        ``capacity_audio_s_per_s`` (the target's "faster than real time")."""
+        levels = self.levels if levels is None else levels
+        for i in range(self.args.warmup if warmup is None else warmup):
             try:
                 run_one(-1 - i, TEXTS[i % len(TEXTS)], VOICES[model][0])
             except Exception as exc:
                 self.log(f"  warm-up failed: {exc}")
-        listen = getattr(self.args, "listen", False)
-        for c in self.levels:
+        listen = getattr(self.args, "listen", False) if listen is None else listen
+        for c in levels:
             n = self.n_requests(c)
             stagger = self.stagger_s(model, path, c)
             waits: list[float] = []
@@ -503,7 +655,7 @@ class Bench:
             s["listen"] = listen
             if listen:
                 s["listen_wait_ms_mean"] = _round(sum(waits) / len(waits) * 1000.0, 1) if waits else 0.0
-                if c == max(self.levels):
+                if c == max(levels):
                     res_cap, wall_cap = run_level(run_one, model, c, n, 0.0)
                     s["capacity_audio_s_per_s"] = summarize(res_cap, wall_cap)["throughput_audio_s_per_s"]
                     self.log(f"  {model:<10} {path:<10} c={c:<2} without listening (capacity): "
@@ -552,7 +704,7 @@ def run_served(bench: Bench, args, served: list[str], mode: str | None, started:
             server.wait_ready(timeout=args.ready_timeout)
             info["triton_ready_s"] = round(time.perf_counter() - t, 2)
             grpc_url = server.grpc_url
-            if "frontend" in served:
+            if "frontend" in served or "whole" in served:
                 frontend = Frontend(grpc_url, port=free_port(), models=list(args.models),
                                     log_path=logs / f"{tag}-frontend.log", admin_key=server.admin_key)
                 started.append(frontend)
@@ -580,11 +732,19 @@ def run_served(bench: Bench, args, served: list[str], mode: str | None, started:
                           limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)) as http:
             for model in args.models:
                 if "triton" in served and grpc_url and "triton" in MODEL_PATHS[model]:
-                    log(f"Triton gRPC streaming ({mode or 'as served'})")
-                    bench.run_path(model, path_label("triton", mode), grpc_run_one(grpc_url, model, args.timeout))
+                    log(f"Triton gRPC streaming ({mode or 'as served'}; pacing {args.pacing})")
+                    bench.run_path(model, path_label("triton", mode),
+                                   grpc_run_one(grpc_url, model, args.timeout, args.pacing))
                 if "frontend" in served and frontend_url and "frontend" in MODEL_PATHS[model]:
-                    log(f"OpenAI frontend (httpx streaming, pcm; {mode or 'as served'})")
-                    bench.run_path(model, path_label("frontend", mode), frontend_run_one(http, frontend_url, model))
+                    log(f"OpenAI frontend (httpx streaming, pcm; {mode or 'as served'}; pacing {args.pacing})")
+                    bench.run_path(model, path_label("frontend", mode),
+                                   frontend_run_one(http, frontend_url, model, pacing=args.pacing))
+                whole_levels = [c for c in bench.levels if c in args.whole_levels]
+                if "whole" in served and frontend_url and "whole" in MODEL_PATHS[model] and whole_levels:
+                    log(f"OpenAI frontend, stream: false ({mode or 'as served'})")
+                    bench.run_path(model, path_label("whole", mode),
+                                   frontend_run_one(http, frontend_url, model, stream=False),
+                                   levels=whole_levels, listen=False)
     except Exception as exc:  # keep what was measured; report the failure
         info["error"] = f"{type(exc).__name__}: {exc}"
         print(f"error: {info['error']}", file=sys.stderr)
@@ -600,19 +760,35 @@ def run_served(bench: Bench, args, served: list[str], mode: str | None, started:
     return info, codec
 
 
-def main(argv: list[str] | None = None) -> int:
-    if "--qwen3-tts" in (sys.argv[1:] if argv is None else argv):  # the Qwen3-TTS forms: clients/bench_qwen3_tts.py
-        import subprocess  # its own process: benchmarks do not import each other (test_bench_common)
+#: ``--pacing`` values, sent as the request field ``stream_pacing`` (frontend) or ``PACED`` (gRPC)
+PACINGS = ("none", "realtime")
+#: the help of ``--scheduling`` (docs/scheduling.md "The knobs")
+SCHEDULING_HELP = ("comma separated scheduling modes, one own stack each: deadline (the configs as shipped: "
+                   "each stage's `scheduling` parameter), fifo (OMNI_TRITON_SCHEDULING=fifo: every stage "
+                   "configured `scheduling: deadline` uses its plain dispatch, whole requests in arrival "
+                   "order, PACED ignored; instance counts, emit_frames, chunk schedules and "
+                   "qwen3_tts_talker's batching stay as configured, so it is not an earlier release); "
+                   "default deadline,fifo with an own stack, the server as it runs with --*-url")
 
-        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--qwen3-tts"]
-        return subprocess.call([sys.executable, "-m", "clients.bench_qwen3_tts", *rest])
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """The command line of :func:`main`: ``(args, paths to run)``; ``args.models``,
+    ``args.scheduling`` and ``args.whole_levels`` come back as lists. With ``--frontend-url`` /
+    ``--triton-grpc-url`` only the baselines and the paths whose endpoint was given remain.
+
+    Raises:
+        SystemExit: an unknown model, path, scheduling mode or pacing (argparse's error, code 2).
+    """
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench_tts.json", help="JSON output file")
     p.add_argument("--models", default=",".join(MODELS), help="comma separated: " + ",".join(MODELS))
-    p.add_argument("--paths", default=",".join(PATHS), help="comma separated: inprocess,triton,frontend")
+    p.add_argument("--paths", default=",".join(PATHS), help="comma separated: " + ",".join(PATHS)
+                   + " (whole: the frontend with stream: false, at --whole-levels)")
     p.add_argument("--concurrency", default="1,4,8", help="comma separated levels")
     p.add_argument("--requests", type=int, default=8,
                    help="requests per level (at least the concurrency)")
+    p.add_argument("--whole-levels", default="1",
+                   help="levels (of --concurrency) the non-streamed whole path runs at (the c=1 target)")
     p.add_argument("--warmup", type=int, default=1, help="untimed requests per model and path")
     p.add_argument("--frontend-url", help="use this running frontend (no own stack)")
     p.add_argument("--triton-grpc-url", help="use this running Triton gRPC host:port (no own stack)")
@@ -620,10 +796,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-timeout", type=float, default=600.0, help="own stack start-up timeout, s")
     p.add_argument("--quiet", action="store_true", help="only the final table")
     add_load_args(p)
-    p.add_argument("--scheduling", default=None,
-                   help="comma separated scheduling modes, one own stack each: deadline (configs as "
-                        "shipped), fifo (OMNI_TRITON_SCHEDULING=fifo: the previous behaviour); default "
-                        "deadline,fifo with an own stack, the server as it runs with --*-url")
+    p.add_argument("--pacing", default="none", choices=PACINGS,
+                   help="none (default): streams sent unpaced, as fast as the server makes them (the "
+                        "overhead ratios and targets); realtime: stream_pacing realtime / PACED, each "
+                        "stream computed just ahead of a real-time listener (continuity and listener "
+                        "studies, with --listen)")
+    p.add_argument("--scheduling", default=None, help=SCHEDULING_HELP)
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
@@ -633,6 +811,10 @@ def main(argv: list[str] | None = None) -> int:
     for x in paths:
         if x not in PATHS:
             p.error(f"unknown path {x!r}; choose from {', '.join(PATHS)}")
+    try:
+        args.whole_levels = parse_concurrency(args.whole_levels)
+    except ValueError as exc:
+        p.error(f"--whole-levels: {exc}")
     external = bool(args.frontend_url or args.triton_grpc_url)
     if args.scheduling is None:
         args.scheduling = [] if external else list(SCHEDULING_MODES)
@@ -644,8 +826,19 @@ def main(argv: list[str] | None = None) -> int:
     if external and len(args.scheduling) > 1:
         p.error("one running server has one scheduling mode: give at most one with --*-url")
     if external:  # only the paths whose endpoints were given
-        paths = [x for x in paths if x == "inprocess"
-                 or (x == "triton" and args.triton_grpc_url) or (x == "frontend" and args.frontend_url)]
+        paths = [x for x in paths if x in BASELINES or (x == "triton" and args.triton_grpc_url)
+                 or (x in ("frontend", "whole") and args.frontend_url)]
+    return args, paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    if "--qwen3-tts" in (sys.argv[1:] if argv is None else argv):  # the Qwen3-TTS forms: clients/bench_qwen3_tts.py
+        import subprocess  # its own process: benchmarks do not import each other (test_bench_common)
+
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--qwen3-tts"]
+        return subprocess.call([sys.executable, "-m", "clients.bench_qwen3_tts", *rest])
+    args, paths = parse_args(argv)
+    external = bool(args.frontend_url or args.triton_grpc_url)
 
     started = stop_all_on_sigterm()  # what this run starts, stopped in `finally` and on SIGTERM
 
@@ -658,28 +851,29 @@ def main(argv: list[str] | None = None) -> int:
     stack_info: dict = {"own_stack": not external}
     stack_error = None
 
-    # 1) in-process baseline, before any server runs (never overlapping the served runs)
-    if "inprocess" in paths:
-        log("in-process (no Triton)")
-        for model in [m for m in args.models if "inprocess" in MODEL_PATHS[m]]:
+    # 1) baselines, before any server runs (never overlapping the served runs), each in as many
+    #    processes as the served path has (Baseline / ProcessWorkers, one torch thread each)
+    baseline_info: dict = {}
+    for path in [x for x in BASELINES if x in paths]:
+        log(f"baseline {path} (no Triton; worker processes)")
+        for model in [m for m in args.models if path in MODEL_PATHS[m]]:
             t = time.perf_counter()
-            if model == "piper":
-                engine = InProcessPiper(piper_parallelism())
-            else:
-                engine = InProcessCodec(codec["first_chunk_frames"], codec["chunk_frames"],
-                                        codec["left_context_frames"], codec["min_frames"],
-                                        FrameBudget(codec["max_frames_per_char"], codec["min_max_frames"]),
-                                        instance_count("csm_talker"), instance_count("csm_code2wav"),
-                                        codec["low_water_ms"] / 1000.0)
-            log(f"  {model}: loaded in {time.perf_counter() - t:.1f} s")
-            bench.run_path(model, "inprocess", engine.run_one)
-            del engine
-        import gc
-
-        gc.collect()
+            n_proc = baseline_processes(model, codec)
+            factory = {("inprocess", "piper"): ("_piper_worker", ()),
+                       ("inprocess", "csm"): ("_codec_worker", (codec,)),
+                       ("transformers", "csm"): ("_transformers_csm_worker", (codec,))}[(path, model)]
+            engine = Baseline(n_proc, f"clients.bench_tts:{factory[0]}", factory[1])
+            try:
+                baseline_info.setdefault(model, {})[path] = {"processes": n_proc, "pids": engine.workers.pids,
+                                                             "load_s": round(time.perf_counter() - t, 2)}
+                log(f"  {model}: {n_proc} processes loaded in {time.perf_counter() - t:.1f} s")
+                # every process warmed up (calls rotate through the free processes)
+                bench.run_path(model, path, engine.run_one, warmup=max(args.warmup, n_proc) if args.warmup else 0)
+            finally:
+                engine.close()
 
     # 2) served paths, once per scheduling mode (own stack: one server per mode, one after another)
-    served = [x for x in paths if x != "inprocess"]
+    served = [x for x in paths if x not in BASELINES]
     modes = args.scheduling or [None]
     stack_info["per_mode"] = {}
     if served:
@@ -693,6 +887,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ratios = all_ratios(bench.results)
     sched = scheduling_summary(bench.results)
+    targets = audio_targets(bench.results, sched, args.pacing, getattr(args, "listen", False))
     machine["loadavg_at_end"] = os.getloadavg()
     config = {
         "command": " ".join([Path(sys.executable).name, "-m", "clients.bench_tts", *(argv or sys.argv[1:])]),
@@ -711,6 +906,11 @@ def main(argv: list[str] | None = None) -> int:
                                      else ": worker k's first request k/C of the lowest level's mean E2E later"),
         "tts_codec": codec,
         "scheduling_modes": args.scheduling or ["as served"],
+        "pacing": args.pacing + (": streams sent without stream_pacing/PACED pacing, as fast as the server "
+                                 "makes them" if args.pacing == "none" else
+                                 ": stream_pacing realtime (frontend) / PACED true (gRPC)"),
+        "whole_levels": args.whole_levels,
+        "baselines": baseline_info,
         "playback_model": "per stream a real-time player with no jitter buffer "
                           "(omni_triton.runtime.playback.PlaybackClock): playback starts at the first "
                           "chunk; a chunk arriving after the audio before it finished playing stalls it; "
@@ -728,21 +928,24 @@ def main(argv: list[str] | None = None) -> int:
             "in-process and served runs use the same CPU cores and run one after another",
             "tts: frame counts are the talker defaults (MAX_FRAMES is not sent: the OpenAI "
             "frontend cannot send it), so every path generates the same frames",
-            "same parallelism in-process as served: tts uses one talker object per csm_talker "
-            "instance (each generates one request at a time) and one decoder per csm_code2wav "
-            "instance; piper runs at most `workers` x instances syntheses at once on one "
-            "onnxruntime session, as the served model does",
+            "baselines run in worker processes, one torch thread each, as many as the served path has: "
+            "csm: csm_talker + csm_code2wav instances, each process a whole talker + decoder running "
+            "one request at a time; piper: workers x instances processes, one synthesis each",
+            "transformers (csm only): the real peer, CsmForConditionalGeneration.generate(output_audio=True) "
+            "on the same checkpoint, greedy, the same frame cap and minimum frames; whole clip, TTFP = E2E",
+            "whole: the frontend with stream: false (the non-streamed request of the c=1 target)",
             "tts served: code2wav chunks of concurrent streams are dynamically batched; "
             "in-process decodes each chunk alone (the batching is what serving adds)",
             "frontend chunks count HTTP reads, not model chunks",
             "with scheduling deadline the served talkers interleave their open requests frame by "
-            "frame (earliest playback deadline first); the in-process codec baseline still "
-            "generates one request at a time per talker object",
+            "frame (earliest playback deadline first); each baseline process generates one request "
+            "at a time",
             f"omni: chat completions, {OMNI_MAX_TOKENS} text tokens, streamed pcm16 at "
             f"{OMNI_SAMPLE_RATE} Hz; the request text is the user message",
         ],
     }
     report = {"config": config, "results": bench.results, "ratios": ratios, "scheduling": sched,
+              "targets": targets,
               "wall_s": round(time.perf_counter() - t_start, 2), "error": stack_error}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print()
@@ -750,6 +953,9 @@ def main(argv: list[str] | None = None) -> int:
     if sched:
         print()
         print(format_scheduling(sched))
+    if targets:
+        print()
+        print(format_targets(targets))
     print(f"\nwrote {args.out}; total wall time {report['wall_s']:.1f} s")
     return 1 if stack_error else 0
 

@@ -93,3 +93,23 @@ def test_chat_payload_fixed_length_text_and_omni_audio():
     assert p["stream_options"] == {"include_usage": True}
     o = b.chat_payload(0, "omni", 8, audio=True)
     assert o["modalities"] == ["text", "audio"] and o["audio"]["format"] == "pcm16" and "ignore_eos" not in o
+
+
+def test_itl_p90_ratio_and_the_llm_target():
+    """ITL gaps 0.1 and 0.3 s on Triton (p90 0.28 s, p50 0.2 s) vs 0.05 s on vLLM: ITL p90 ratio
+    5.6, p50 4.0; at c=8 the target (ITL p90 <= 1.2 x vLLM) is missed; equal servers meet it;
+    without c=8 it does not apply."""
+    slow = b.summarize([_r(0, [0.1, 0.2, 0.5], 0.5, 3)], wall_s=1.0)
+    fast = b.summarize([_r(0, [0.05, 0.1, 0.15], 0.15, 3)], wall_s=1.0)
+    ratios = b.all_ratios({"triton": {"1": slow, "8": slow}, "vllm": {"1": fast, "8": fast}})
+    r = ratios["8"]["triton_vs_vllm"]
+    assert r["itl_p90"] == pytest.approx(5.6) and r["itl_p50"] == pytest.approx(4.0)
+    (t,) = b.chat_targets(ratios)
+    assert t["target"] == "llm: ITL p90 at c=8 / vLLM server" and t["measured"] == pytest.approx(5.6)
+    assert t["met"] is False
+    (same,) = b.chat_targets(b.all_ratios({"triton": {"8": fast}, "vllm": {"8": fast}}))
+    assert same["measured"] == 1.0 and same["met"] is True
+    (only1,) = b.chat_targets(b.all_ratios({"triton": {"1": fast}, "vllm": {"1": fast}}))
+    assert only1["met"] is None and "c=1" in only1["note"]
+    assert b.chat_targets({})[0]["measured"] is None
+    assert "ITL p90" in b.format_table({"triton": {"8": slow}, "vllm": {"8": fast}}, ratios, None)

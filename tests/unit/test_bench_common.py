@@ -182,3 +182,34 @@ def test_metric_total_finds_triton_counters_written_without_total():
     assert metric_total(text, "nv_inference_request_success_total") == 10
     assert metric_total(text, "nv_inference_exec_count", model="qwen_image_denoiser") == 3
     assert metric_total(text, "nv_inference_request") == 0
+
+
+def test_process_workers_run_calls_in_their_own_processes():
+    """Each worker is a process of its own (spawn), not a thread of this one; calls rotate through
+    the free ones; a failing call and a failing factory are raised here with their message."""
+    import os
+
+    with bc.ProcessWorkers(2, "functools:partial", (os.getpid,)) as workers:  # call() -> the worker's pid
+        assert len(workers) == 2 and len(set(workers.pids)) == 2 and os.getpid() not in workers.pids
+        assert {workers.call(), workers.call()} == set(workers.pids)
+    with bc.ProcessWorkers(1, "functools:partial", (int,)) as workers:
+        assert workers.call("7") == 7
+        with pytest.raises(RuntimeError, match="ValueError"):
+            workers.call("x")
+    with pytest.raises(RuntimeError, match="ModuleNotFoundError"):
+        bc.ProcessWorkers(1, "no_such_module_here:f")
+    with pytest.raises(ValueError):
+        bc.ProcessWorkers(0, "functools:partial", (int,))
+
+
+def test_target_met_missed_and_not_applicable():
+    assert bc.target("x", 1.1, 1.2)["met"] is True and bc.target("x", 1.2, 1.2)["met"] is True  # <= inclusive
+    assert bc.target("x", 1.3, 1.2)["met"] is False
+    assert bc.target("c", 0.96, 0.95, ">=")["met"] is True and bc.target("c", 0.9, 0.95, ">=")["met"] is False
+    assert bc.target("x", None, 1.2)["met"] is None  # nothing measured
+    na = bc.target("c", 0.1, 0.95, ">=", applies=False, note="capacity below listeners")
+    assert na["met"] is None and na["measured"] == 0.1
+    with pytest.raises(ValueError):
+        bc.target("x", 1.0, 1.0, "<")
+    text = bc.format_targets([bc.target("a", 1.1, 1.2), bc.target("b", 1.3, 1.2), na])
+    assert "met    a" in text and "MISSED b" in text and "n/a    c" in text and "capacity below" in text

@@ -20,44 +20,10 @@ def test_rtf_mean_over_requests_with_audio_only():
     assert bo.summarize([{"e2e_s": 1.0, "audio_s": 0.0}], 1.0)["rtf_mean"] is None
 
 
-def test_stage_pools_hold_one_object_per_instance():
-    class Talker:
-        num_code_groups = 4
+def test_the_baseline_gets_one_process_per_served_stage_instance():
+    """thinker 1 + talker 2 + code2wav 1 served instances: 4 baseline processes (not threads)."""
+    from clients.bench_common import instance_count
 
-        def __init__(self):
-            self.streams = 0
-
-        def stream(self, n):
-            self.streams += 1
-            yield from range(n)
-
-    class Decoder:
-        sampling_rate = 24000
-
-        def decode(self, codes, left):
-            return [len(codes)]
-
-    talkers = [Talker(), Talker()]
-    pool = bo._TalkerPool(talkers)
-    assert pool.num_code_groups == 4 and list(pool.stream(3)) == [0, 1, 2]
-    first = pool.stream(2)
-    next(first)  # holds one talker while it streams
-    assert list(pool.stream(1)) == [0]  # the other one serves a second request meanwhile
-    list(first)
-    assert sorted(t.streams for t in talkers) == [1, 2]
-    dec = bo._LockedDecoder([Decoder()])
-    assert dec.sampling_rate == 24000 and dec.decode([1, 2], [0]) == [2]
-
-
-def test_talker_pool_speaks_while_thinking_on_one_held_talker():
-    class Talker:
-        num_code_groups = 4
-
-        def stream_while_thinking(self, steps, *args, **kwargs):
-            yield from steps
-
-    pool = bo._TalkerPool([Talker()])
-    first = pool.stream_while_thinking(iter([1, 2]))
-    assert next(first) == 1
-    assert pool.pool._free.empty()  # held while it streams
-    assert list(first) == [2] and not pool.pool._free.empty()
+    counts = {s: instance_count(s) for s in ("qwen3_omni_thinker", "qwen3_omni_talker", "qwen3_omni_code2wav")}
+    assert counts == {"qwen3_omni_thinker": 1, "qwen3_omni_talker": 2, "qwen3_omni_code2wav": 1}
+    assert bo.baseline_processes(counts) == 4

@@ -212,3 +212,116 @@ def test_a_listening_level_is_judged_by_the_fifo_runs_listen_free_capacity():
                        "frontend:fifo": {"1": level(100, None), "8": level(900, 12.0)}}}
     got = scheduling_summary(results)["csm"]["frontend:deadline"]
     assert got["capacity_audio_s_per_s"] == 12.0 and got["faster_than_real_time"] and not got["target_met"]
+
+
+def _level(ttfps, e2e, wall_s=3.0, stall=0.0, seconds=1.0):
+    """A summary of requests with first audio at each ``ttfps`` (s), two chunks of ``seconds`` at
+    1 kHz (the second ``stall`` s late), ending at ``e2e`` (s)."""
+    rs = []
+    for i, t in enumerate(ttfps):
+        x = b.RequestResult(index=i)
+        x.on_audio(t, int(1000 * seconds), 1000)
+        x.on_audio(t + seconds + stall, int(1000 * seconds), 1000)
+        x.e2e_s = e2e
+        rs.append(x)
+    return b.summarize(rs, wall_s=wall_s)
+
+
+def test_targets_are_computed_side_by_side_from_one_run():
+    """piper: streamed E2E 1.1 s vs whole 1.0 s (1.1 <= 1.2: met), TTFP 0.15 s vs 1.0 s (0.15 <=
+    0.2: met), TTFP p50 0.15 -> 0.6 s (growth 4 > 2: missed); 8 streams of 2 s in 1 s of wall
+    (16 audio s/s >= 8 listeners), one of them stalled: continuity 0.875 < 0.95, missed. csm: its
+    capacity (2 s x 8 in 8 s = 2 audio s/s) is below 8 listeners, so continuity does not apply."""
+    dl, wh = b.path_label("frontend", "deadline"), b.path_label("whole", "deadline")
+    results = {
+        "piper": {"inprocess": {"1": _level([0.1], 1.0)},
+                  dl: {"1": _level([0.15], 1.1), "8": _level([0.6] * 7 + [0.6], 1.0, wall_s=1.0)},
+                  wh: {"1": _level([1.0], 1.0)}},
+        "csm": {dl: {"1": _level([0.1], 1.3), "8": _level([0.15] * 8, 8.0, wall_s=8.0, stall=0.5)},
+                wh: {"1": _level([1.0], 1.0)}},
+    }
+    # one stalled stream out of 8 at piper's top level
+    stalled = [b.RequestResult(index=i) for i in range(8)]
+    for i, x in enumerate(stalled):
+        x.on_audio(0.6, 1000, 1000)
+        x.on_audio(1.6 + (0.5 if i == 0 else 0.0), 1000, 1000)
+        x.e2e_s = 1.0
+    results["piper"][dl]["8"] = b.summarize(stalled, wall_s=1.0)
+    sched = b.scheduling_summary(results)
+    got = {t["target"]: t for t in b.audio_targets(results, sched)}
+    e2e = got["piper_tts: c=1 streamed E2E p50 / non-streamed"]
+    assert e2e["measured"] == pytest.approx(1.1) and e2e["met"] is True and e2e["pipeline"] == "piper_tts"
+    ttfp = got["piper_tts: c=1 TTFP p50 / non-streamed E2E p50"]
+    assert ttfp["measured"] == pytest.approx(0.15) and ttfp["met"] is True
+    growth = got["piper_tts: TTFP p50 growth c=1->8 (saturating)"]
+    assert growth["measured"] == pytest.approx(4.0) and growth["met"] is False
+    cont = got["piper_tts: continuity at c=8 (saturating)"]
+    assert cont["measured"] == 0.875 and cont["met"] is False
+    assert got["tts: c=1 streamed E2E p50 / non-streamed"]["met"] is False  # 1.3 > 1.2
+    assert "tts: c=1 TTFP p50 / non-streamed E2E p50" not in got  # Piper's target only
+    tts_cont = got["tts: continuity at c=8 (saturating)"]
+    assert tts_cont["measured"] == 0.0 and tts_cont["met"] is None and "below them" in tts_cont["note"]
+    # a paced run says that the issue's figures are unpaced ones; no whole run: nothing to divide by
+    del results["csm"][wh]
+    paced = {t["target"]: t for t in b.audio_targets(results, sched, pacing="realtime", listen=True)}
+    assert all("unpaced" in t["note"] for t in paced.values())
+    assert paced["tts: c=1 streamed E2E p50 / non-streamed"]["measured"] is None
+    assert "piper_tts: TTFP p50 growth c=1->8 (listening)" in paced
+
+
+def test_growth_target_applies_only_from_c1_to_at_least_c8():
+    dl = b.path_label("frontend", "deadline")
+    results = {"csm": {dl: {"1": _level([0.1], 1.0), "4": _level([0.1] * 4, 1.0)}}}
+    got = {t["target"]: t for t in b.audio_targets(results, b.scheduling_summary(results))}
+    g = got["tts: TTFP p50 growth c=1->4 (saturating)"]
+    assert g["measured"] == pytest.approx(1.0) and g["met"] is None and "needs levels" in g["note"]
+
+
+def test_baseline_and_whole_paths_are_not_scheduling_modes():
+    results = {"csm": {"transformers": {"1": _level([1.0], 1.0)}, "inprocess": {"1": _level([0.1], 1.0)},
+                       "qwen_tts": {"1": _level([1.0], 1.0)},  # bench_qwen3_tts's peer
+                       "whole:deadline": {"1": _level([1.0], 1.0)},
+                       "frontend:deadline": {"1": _level([0.1], 1.1)}}}
+    assert set(b.scheduling_summary(results)["csm"]) == {"frontend:deadline"}
+    assert b.path_label("transformers", "fifo") == "transformers"
+    r = b.all_ratios(results)["csm"]["1"]
+    assert r["frontend_vs_whole:deadline"]["e2e_p50"] == pytest.approx(1.1)
+    assert r["frontend_vs_transformers:deadline"]["ttfp_p50"] == pytest.approx(0.1)
+    assert "inprocess_vs_transformers" in r and "inprocess_vs_transformers:deadline" not in r
+
+
+def test_parse_args_sends_unpaced_by_default_and_checks_its_values():
+    args, paths = b.parse_args([])
+    assert args.pacing == "none" and args.whole_levels == [1] and args.scheduling == ["deadline", "fifo"]
+    assert paths == ["inprocess", "transformers", "triton", "frontend", "whole"]
+    args, _ = b.parse_args(["--pacing", "realtime", "--scheduling", "deadline", "--whole-levels", "1,8"])
+    assert args.pacing == "realtime" and args.scheduling == ["deadline"] and args.whole_levels == [1, 8]
+    for bad in (["--pacing", "fast"], ["--paths", "frontend,nope"], ["--scheduling", "lifo"],
+                ["--models", "piper,nope"], ["--whole-levels", "0"]):
+        with pytest.raises(SystemExit):
+            b.parse_args(bad)
+    _, paths = b.parse_args(["--frontend-url", "http://x:9000"])  # no gRPC URL: no triton path
+    assert paths == ["inprocess", "transformers", "frontend", "whole"]
+    assert "fifo" in b.SCHEDULING_HELP and "previous behaviour" not in b.SCHEDULING_HELP
+
+
+def test_request_bodies_carry_the_pacing_only_when_streamed():
+    body = b.speech_body("piper", "Hi.", "joe")
+    assert body["stream"] is True and body["stream_pacing"] == "none" and body["response_format"] == "pcm"
+    assert b.speech_body("piper", "Hi.", "joe", pacing="realtime")["stream_pacing"] == "realtime"
+    whole = b.speech_body("piper", "Hi.", "joe", stream=False)
+    assert whole["stream"] is False and "stream_pacing" not in whole
+    chat = b.chat_body("qwen3_omni", "Hi.", "Ethan", pacing="realtime")
+    assert chat["stream_pacing"] == "realtime" and chat["audio"] == {"format": "pcm16", "voice": "Ethan"}
+    assert "stream_pacing" not in b.chat_body("qwen3_omni", "Hi.", "Ethan", stream=False)
+
+
+def test_baselines_get_as_many_processes_as_the_served_path():
+    assert b.baseline_processes("piper") == 2  # workers 2 x 1 instance
+    assert b.baseline_processes("csm") == 3  # csm_talker 2 + csm_code2wav 1
+
+
+def test_a_worker_result_keeps_the_chunk_times():
+    r = b._events_result(3, [(0.2, 1000, 1000), (1.5, 1000, 1000)], 1.6)
+    assert r.index == 3 and r.ttfp_s == 0.2 and r.e2e_s == 1.6 and r.audio_s == 2.0
+    assert r.underrun_s == pytest.approx(0.3)
