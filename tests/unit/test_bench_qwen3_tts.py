@@ -28,7 +28,7 @@ def test_bench_tts_hands_qwen3_tts_over(monkeypatch):
 
 
 def test_served_requests_are_paced_and_played_in_real_time(monkeypatch):
-    """The served path sends PACED (unless --unpaced) and feeds each stream's chunks, at their
+    """The served path sends PACED only when asked (--paced) and feeds each stream's chunks, at their
     arrival times, to a real-time player: a chunk arriving after the audio before it ended is an
     underrun."""
     import argparse
