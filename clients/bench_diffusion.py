@@ -252,7 +252,8 @@ def format_table(results: dict, rat: dict) -> str:
                  f"{rat.get('batching_gain_throughput')}")
     lines.append(f"throughput vs in-process stage split (C=1): {rat.get('throughput_vs_inprocess')}")
     lines.append(f"frontend C=1 p50 / plain diffusers __call__ p50: {rat.get('latency_p50_vs_diffusers_call')}")
-    lines.append(f"throughput vs diffusers __call__ in processes at the same C: {rat.get('throughput_vs_diffusers_call')}")
+    lines.append("throughput vs diffusers __call__ in processes at the same C: "
+                 f"{rat.get('throughput_vs_diffusers_call')}")
     return "\n".join(lines)
 
 

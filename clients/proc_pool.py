@@ -64,7 +64,7 @@ def _worker_main(factory: Callable[..., Callable[[Any], Any]], args: tuple, inbo
     _limit_threads()
     try:
         handle = factory(*args)
-    except BaseException as exc:  # noqa: BLE001 - reported to the client, which raises
+    except BaseException as exc:  # reported to the client, which raises
         outbox.put(("ready", False, f"{type(exc).__name__}: {exc}"))
         return
     outbox.put(("ready", True, os.getpid()))
@@ -72,7 +72,7 @@ def _worker_main(factory: Callable[..., Callable[[Any], Any]], args: tuple, inbo
     def answer(rid, payload):
         try:
             outbox.put((rid, True, handle(payload)))
-        except BaseException as exc:  # noqa: BLE001 - one bad request must not end the worker
+        except BaseException as exc:  # one bad request must not end the worker
             outbox.put((rid, False, f"{type(exc).__name__}: {exc}"[:300]))
 
     threads = []
@@ -111,8 +111,8 @@ class ProcessPool:
         self._outbox = ctx.Queue()
         shared = ctx.Queue()
         self._inboxes = [ctx.Queue() if concurrent else shared for _ in range(n)]
-        self._procs = [ctx.Process(target=_worker_main, args=(factory, args, self._inboxes[k], self._outbox, concurrent),
-                                   daemon=True) for k in range(n)]
+        self._procs = [ctx.Process(target=_worker_main, daemon=True,
+                                   args=(factory, args, self._inboxes[k], self._outbox, concurrent)) for k in range(n)]
         for p in self._procs:
             p.start()
         self.pids: list[int] = []
