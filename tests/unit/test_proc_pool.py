@@ -18,6 +18,14 @@ def echo_worker(tag):
     return handle
 
 
+def threads_worker():
+    def handle(_):
+        import torch
+
+        return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    return handle
+
+
 def broken_worker():
     raise OSError("no weights")
 
@@ -57,3 +65,9 @@ def test_requests_run_in_separate_processes_and_errors_come_back(concurrent):
 def test_a_worker_that_cannot_start_is_reported():
     with pytest.raises(RuntimeError, match="OSError: no weights"):
         proc_pool.ProcessPool(1, broken_worker, ready_timeout_s=120)
+
+
+def test_each_worker_computes_with_one_torch_thread():
+    """As each Triton stub: one torch thread per process (and OMP_NUM_THREADS=1 for its pools)."""
+    with proc_pool.ProcessPool(1, threads_worker, ready_timeout_s=120) as pool:
+        assert pool.call(None, timeout_s=60) == (1, "1")
