@@ -124,7 +124,9 @@ def test_targets_judge_the_served_ttfp_growth_with_saturating_clients():
     t = b.targets(scaling, listen=False)
     assert set(t) == {"ttfp_p50_growth:q3-custom", "ttfp_p50_growth:q3-design", "ttfp_p50_growth:q3-clone"}
     assert t["ttfp_p50_growth:q3-custom"] == {"target": "<= 2.0", "measured": 1.8, "levels": "c8<-c1",
-                                              "clients": "saturating", "met": True}
+                                              "clients": "saturating", "met": True,
+                                              "same_machine": {"qwen_tts": 9.0}}
+    assert t["ttfp_p50_growth:q3-design"]["same_machine"] == {}
     assert t["ttfp_p50_growth:q3-design"]["met"] is False and t["ttfp_p50_growth:q3-clone"]["met"] is None
     assert b.targets(scaling, listen=True)["ttfp_p50_growth:q3-custom"]["met"] is None
 
