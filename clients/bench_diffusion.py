@@ -10,15 +10,18 @@ In the spirit of vLLM-Omni's diffusion serving benchmark. Two paths, one after t
 share the CPU cores, never overlapping):
 
 ``inprocess_call``
-    the plain diffusers ``QwenImagePipeline.__call__`` in this process on the same prepared
-    weights (``omni_triton.stages.qwen_image.reference_images``), called sequentially (``C=1``):
-    the baseline without Triton, without the stage split and without batching.
+    the real peer: the plain diffusers ``QwenImagePipeline.__call__`` (+ PNG encode) on the same
+    prepared weights (``omni_triton.stages.qwen_image.reference_images``) in as many worker
+    processes as the served ensemble computes in (text encoder + denoiser + VAE decoder
+    instances, :func:`served_processes`; ``--processes`` overrides), one torch thread each
+    (``clients.proc_pool``: one request at a time per process, the next one waits as in a server's
+    queue), at every ``--concurrency`` level: the baseline without Triton, without the stage split
+    and without batching, with the served parallelism.
 ``inprocess``
     the served stage split in this process (text encoder -> denoiser -> VAE decoder functions
-    of ``omni_triton.stages.qwen_image``) at every ``--concurrency`` level, with one lock per
-    stage: one instance per stage, as the ensemble's stages have, so requests overlap in
-    different stages as in Triton; what it lacks is only Triton (IPC, scheduling) and dynamic
-    batching. Ratios at equal concurrency compare equal parallelism.
+    of ``omni_triton.stages.qwen_image``) at ``C=1`` only: what one request costs without Triton
+    (IPC, scheduling) when alone. It is not run at higher levels: its threads would share one GIL
+    while the served stages are separate processes.
 ``frontend``
     the user path: ``POST /v1/images/generations`` (``n=1``, PNG, ``b64_json``) on the OpenAI
     frontend over the ``qwen_image`` ensemble, from a closed loop of ``C`` threads (each sends
@@ -53,8 +56,10 @@ Ratios (``ratios``):
 - ``latency_p50_vs_diffusers_call``: frontend ``C=1`` p50 / plain ``__call__`` p50;
 - ``batching_gain_throughput``: frontend at the highest ``C`` / frontend ``C=1`` requests/s
   (> 1: concurrent requests batched by Triton's dynamic batchers served faster);
-- ``throughput_vs_inprocess`` per level: frontend requests/s / in-process stage split
-  requests/s at the same concurrency (> 1: batching outweighs the serving overhead).
+- ``throughput_vs_diffusers_call`` and ``latency_p50_vs_diffusers_call_by_level`` per level:
+  frontend / ``__call__`` in processes at the same concurrency (throughput > 1: batching and
+  pipelining outweigh the serving overhead at equal parallelism);
+- ``throughput_vs_inprocess`` per level where the stage split ran (``C=1``).
 
 No timing is asserted anywhere: this is a benchmark, not a test.
 """
@@ -79,6 +84,7 @@ from clients.bench_common import (  # noqa: F401 - Result/summarize/metric_sum r
     Result,
     closed_loop,
     git_commit,
+    instance_count,
     machine_info,
     measure_level,
     metric_sum,
@@ -112,9 +118,15 @@ def ratios(results: dict) -> dict:
         top = levels[-1]
         out["batching_gain_throughput"] = ratio(front[top]["requests_per_s"], front["1"]["requests_per_s"])
         out["batching_gain_at_concurrency"] = int(top)
-    if inproc:  # same concurrency on both sides: the same parallelism, see inprocess_run_one
+    if inproc:
         out["throughput_vs_inprocess"] = {c: ratio(front[c]["requests_per_s"], inproc[c]["requests_per_s"])
                                           for c in levels if c in inproc}
+    calls = results.get("inprocess_call", {})
+    if calls:  # same concurrency and the served process count on both sides
+        out["throughput_vs_diffusers_call"] = {c: ratio(front[c]["requests_per_s"], calls[c]["requests_per_s"])
+                                               for c in levels if c in calls}
+        out["latency_p50_vs_diffusers_call_by_level"] = {
+            c: ratio(front[c]["latency_ms"]["p50"], calls[c]["latency_ms"]["p50"]) for c in levels if c in calls}
     return out
 
 
@@ -133,21 +145,37 @@ def _load_pipeline():
     return load_pipeline(model_dir(ASSET))
 
 
-def call_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
-    """The plain diffusers ``__call__`` + PNG encode, one request at a time (path ``inprocess_call``)."""
+STAGES = ("qwen_image_text_encoder", "qwen_image_denoiser", "qwen_image_vae_decoder")
+
+
+def served_processes() -> int:
+    """Processes that compute in the served ``qwen_image`` ensemble: the instances of its three
+    stages (each a Triton Python stub with one torch thread), from the model repository."""
+    return sum(instance_count(m) for m in STAGES)
+
+
+def call_worker(width: int, height: int, steps: int):
+    """Worker of path ``inprocess_call`` (one process of a :class:`clients.proc_pool.ProcessPool`):
+    loads the pipeline once; ``handle(i)`` runs the plain diffusers ``__call__`` for request ``i``
+    (prompt ``PROMPTS[i % len]``, seed ``i``) and encodes the PNG, as the frontend does."""
     from omni_triton.media.image import encode_image
     from omni_triton.stages.qwen_image import reference_images
 
     pipe = _load_pipeline()
-    lock = threading.Lock()
 
+    def handle(i: int) -> int:
+        pixels = reference_images(pipe, PROMPTS[i % len(PROMPTS)], height=height, width=width, steps=steps, seed=i)
+        return len(encode_image(pixels, "png").data)
+
+    return handle
+
+
+def call_run_one(pool, timeout_s: float) -> Callable[[int], Result]:
+    """Request ``i`` on the ``__call__`` worker processes (path ``inprocess_call``), timed here."""
     def run_one(i: int) -> Result:
         t = time.perf_counter()
         try:
-            with lock:
-                pixels = reference_images(pipe, PROMPTS[i % len(PROMPTS)], height=height, width=width,
-                                          steps=steps, seed=i)
-            encode_image(pixels, "png")
+            pool.call(i, timeout_s=timeout_s)
             return Result(i, time.perf_counter() - t)
         except Exception as exc:
             return Result(i, error=f"{type(exc).__name__}: {exc}")
@@ -222,8 +250,10 @@ def format_table(results: dict, rat: dict) -> str:
     lines.append(f"serving overhead (frontend C=1 p50 / in-process p50): {rat.get('serving_overhead_latency_p50')}")
     lines.append(f"batching gain (frontend C={rat.get('batching_gain_at_concurrency')} / C=1 req/s): "
                  f"{rat.get('batching_gain_throughput')}")
-    lines.append(f"throughput vs in-process stage split at the same C: {rat.get('throughput_vs_inprocess')}")
+    lines.append(f"throughput vs in-process stage split (C=1): {rat.get('throughput_vs_inprocess')}")
     lines.append(f"frontend C=1 p50 / plain diffusers __call__ p50: {rat.get('latency_p50_vs_diffusers_call')}")
+    lines.append("throughput vs diffusers __call__ in processes at the same C: "
+                 f"{rat.get('throughput_vs_diffusers_call')}")
     return "\n".join(lines)
 
 
@@ -240,8 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frontend-url", help="use this running frontend (no own stack)")
     p.add_argument("--metrics-url", help="Triton metrics URL of that running server (for the mean batch)")
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--processes", type=int, default=0,
+                   help="worker processes of the diffusers __call__ path (0: the served ensemble's stage instances)")
+    p.add_argument("--quick", action="store_true",
+                   help="short form (< 3 min): --size 64x64 --steps 2 --concurrency 1,4 --requests 8 --warmup 1")
     p.add_argument("--ready-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
+    if args.quick:
+        args.size, args.steps, args.concurrency, args.requests, args.warmup = "64x64", 2, "1,4", 8, 1
     width, height = (int(v) for v in args.size.lower().split("x"))
     levels = parse_concurrency(args.concurrency)
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
@@ -271,14 +307,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {path:<14} C={c} n={n} ok={s['ok']} {s['requests_per_s']} req/s "
                   f"p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms", flush=True)
 
+    processes = args.processes or served_processes()
     if "inprocess" in paths:
+        from clients.proc_pool import ProcessPool
         from omni_triton.checkpoints.qwen_image import checkpoint_dir
 
         checkpoint_dir(ASSET)
-        print("in-process diffusers __call__ (sequential)", flush=True)
-        run_path("inprocess_call", call_run_one(width, height, args.steps), [1])
-        print("in-process stage split, one lock per stage (the served parallelism)", flush=True)
-        run_path("inprocess", inprocess_run_one(width, height, args.steps), levels)
+        print(f"in-process diffusers __call__ in {processes} processes (the served stage count)", flush=True)
+        with ProcessPool(processes, call_worker, (width, height, args.steps)) as pool:
+            run_path("inprocess_call", call_run_one(pool, args.timeout), levels)
+        print("in-process stage split, C=1 (one request alone)", flush=True)
+        run_path("inprocess", inprocess_run_one(width, height, args.steps), [1])
     stack: dict = {"own_stack": not args.frontend_url}
     try:
         if "frontend" in paths:
@@ -329,9 +368,10 @@ def main(argv: list[str] | None = None) -> int:
             "slo_ms": args.slo_ms, "prompts": list(PROMPTS), "seed": "request index",
             "load_pattern": "closed loop: C threads, each sends its next request when the previous ended",
             "machine": machine_info(), "git_commit": git_commit(), "stack": stack,
-            "notes": ["inprocess_call: plain diffusers __call__ + PNG encode, one torch thread, sequential",
-                      "inprocess: the stage split with one lock per stage (one instance each, as "
-                      "served), C threads, one torch thread for the process; no batching",
+            "inprocess_call_processes": processes,
+            "notes": [f"inprocess_call: plain diffusers __call__ + PNG encode in {processes} worker processes "
+                      "(the served stage instances), one torch thread each, one request at a time per process",
+                      "inprocess: the stage split in this process at C=1 only (one request alone; no batching)",
                       "served: text encoder, denoiser and VAE decoder each one instance, one torch "
                       "thread each, dynamic batching (config.pbtxt)",
                       "tiny random-weight checkpoint: compute per image is small, so fixed "

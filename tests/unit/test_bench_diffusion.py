@@ -38,3 +38,33 @@ def test_metric_sum():
             'nv_inference_exec_count{model="qwen_image_vae_decoder",version="1"} 7\n'
             '# HELP nv_inference_exec_count x\n')
     assert metric_sum(text, "nv_inference_exec_count", "qwen_image_denoiser") == 3.0
+
+
+def test_ratios_against_diffusers_call_in_processes_at_each_level():
+    """The peer (diffusers ``__call__`` in the served process count) runs at every level: the
+    frontend is compared with it at the same concurrency."""
+    def lvl(p50, rps):
+        return {"latency_ms": {"p50": p50, "mean": p50}, "requests_per_s": rps}
+
+    r = ratios({"inprocess_call": {"1": lvl(40, 25), "4": lvl(80, 40)}, "inprocess": {"1": lvl(50, 20)},
+                "frontend": {"1": lvl(100, 10), "4": lvl(160, 60)}})
+    assert r["throughput_vs_diffusers_call"] == {"1": 0.4, "4": 1.5}
+    assert r["latency_p50_vs_diffusers_call_by_level"] == {"1": 2.5, "4": 2.0}
+    assert r["latency_p50_vs_diffusers_call"] == 2.5 and r["throughput_vs_inprocess"] == {"1": 0.5}
+
+
+def test_the_peer_gets_the_served_process_count_and_failures_are_results():
+    from clients import bench_diffusion as b
+
+    assert b.served_processes() == 3  # text encoder, denoiser, VAE decoder: one instance each
+
+    class Pool:
+        def call(self, i, timeout_s):
+            if i == 1:
+                raise RuntimeError("ValueError: bad")
+            return 10
+
+    run_one = b.call_run_one(Pool(), 5.0)
+    ok, bad = run_one(0), run_one(1)
+    assert ok.error is None and ok.latency_s >= 0
+    assert bad.latency_s is None and "ValueError: bad" in bad.error

@@ -28,7 +28,7 @@ def test_bench_tts_hands_qwen3_tts_over(monkeypatch):
 
 
 def test_served_requests_are_paced_and_played_in_real_time(monkeypatch):
-    """The served path sends PACED (unless --unpaced) and feeds each stream's chunks, at their
+    """The served path sends PACED only when asked (--paced) and feeds each stream's chunks, at their
     arrival times, to a real-time player: a chunk arriving after the audio before it ended is an
     underrun."""
     import argparse
@@ -112,3 +112,85 @@ def test_requests_per_client_keeps_every_client_of_a_level_busy(monkeypatch):
     bench = tts.Bench(argparse.Namespace(concurrency="1,8", models=["tts"], quiet=True, requests=4,
                                          requests_per_client=3))
     assert [bench.n_requests(c) for c in bench.levels] == [4, 24]
+
+
+def test_targets_judge_the_served_ttfp_growth_with_saturating_clients():
+    """``targets``: the served path's TTFP p50 growth c=lowest -> c=highest against 2x; met only
+    with saturating clients and a measured value; in-process paths are not judged."""
+    scaling = {"q3-custom": {"triton": {"ttfp_p50_c8_over_c1": 1.8}, "qwen_tts": {"ttfp_p50_c8_over_c1": 9.0}},
+               "q3-design": {"triton": {"ttfp_p50_c8_over_c1": 2.4}},
+               "q3-clone": {"triton": {"ttfp_p50_c8_over_c1": None}},
+               "q3-other": {"inprocess": {"ttfp_p50_c8_over_c1": 1.0}}}
+    t = b.targets(scaling, listen=False)
+    assert set(t) == {"ttfp_p50_growth:q3-custom", "ttfp_p50_growth:q3-design", "ttfp_p50_growth:q3-clone"}
+    assert t["ttfp_p50_growth:q3-custom"] == {"target": "<= 2.0", "measured": 1.8, "levels": "c8<-c1",
+                                              "clients": "saturating", "met": True,
+                                              "same_machine": {"qwen_tts": 9.0}}
+    assert t["ttfp_p50_growth:q3-design"]["same_machine"] == {}
+    assert t["ttfp_p50_growth:q3-design"]["met"] is False and t["ttfp_p50_growth:q3-clone"]["met"] is None
+    assert b.targets(scaling, listen=True)["ttfp_p50_growth:q3-custom"]["met"] is None
+
+
+def _summary(ttfp, e2e, thr):
+    return {"ttfp_ms": {"mean": ttfp, "p50": ttfp}, "e2e_ms": {"mean": e2e, "p50": e2e}, "rtf_mean": e2e / 1000,
+            "throughput_audio_s_per_s": thr}
+
+
+def test_peer_ratios_are_served_over_the_qwen_tts_package_at_equal_levels():
+    results = {"q3-custom": {"triton": {"1": _summary(50, 200, 4.0), "8": _summary(90, 400, 16.0)},
+                             "qwen_tts": {"1": _summary(100, 100, 8.0)}}}
+    r = b.peer_ratios(results)["q3-custom"]
+    assert list(r) == ["1"]  # only the levels both ran
+    assert r["1"]["triton_vs_qwen_tts"]["ttfp_p50"] == 0.5 and r["1"]["triton_vs_qwen_tts"]["throughput"] == 0.5
+    assert b.peer_ratios({"m": {"triton": {"1": _summary(1, 1, 1)}}}) == {}
+
+
+def test_worker_answers_become_results_on_the_clients_clock():
+    """A worker's chunk times (its perf_counter) become times since the client's send."""
+    r = b.to_result(3, 10.0, {"audio": [(10.25, 12000), (10.75, 12000)], "sample_rate": 24000, "end": 10.8})
+    assert (r.index, r.ttfp_s, r.samples, r.chunks, r.sample_rate) == (3, 0.25, 24000, 2, 24000)
+    assert abs(r.e2e_s - 0.8) < 1e-9 and r.continuous  # the second half arrives while the first plays
+
+
+def test_main_runs_the_inprocess_paths_in_processes_and_the_served_path_unpaced(monkeypatch, tmp_path):
+    """main: the in-process paths go to the Qwen3-TTS subprocess with the served pipeline's process
+    count; the served path is unpaced unless --paced; --quick is the short form."""
+    import json
+    import subprocess
+
+    seen = {}
+    real_run = subprocess.run
+
+    def fake_run(cmd, *a, **kw):
+        if "--inprocess-only" not in cmd:  # git_commit, machine_info
+            return real_run(cmd, *a, **kw)
+        seen["cmd"] = cmd
+        out = cmd[cmd.index("--out") + 1]
+        one = _summary(100, 100, 8.0)
+        json.dump({"q3-custom": {"inprocess": {"1": one, "8": one}, "qwen_tts": {"1": one, "8": one}}},
+                  open(out, "w"))
+
+    def fake_served(args, url):
+        seen["paced"] = args.paced
+        return {"q3-custom": {"1": _summary(50, 100, 8.0), "8": _summary(150, 300, 8.0)}}
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(b, "served", fake_served)
+    monkeypatch.setattr(b, "scheduling_summary", lambda results: {})
+    monkeypatch.setattr(b, "format_scheduling", lambda s: "")
+    monkeypatch.setattr(b, "format_table", lambda results, ratios: "")
+    out = tmp_path / "r.json"
+    assert b.main(["--quick", "--triton-grpc-url", "x:1", "--out", str(out)]) == 0
+    cmd = seen["cmd"]
+    arg = lambda k: cmd[cmd.index(k) + 1]  # noqa: E731
+    assert arg("--paths") == "inprocess,qwen_tts" and arg("--processes") == str(b.served_processes())
+    assert (arg("--concurrency"), arg("--forms"), arg("--max-frames")) == ("1,8", "custom_voice", "24")
+    assert b.served_processes() == 2  # talker + code2wav, one instance each (model_repository)
+    assert seen["paced"] is False
+    report = json.loads(out.read_text())
+    assert report["targets"]["ttfp_p50_growth:q3-custom"]["measured"] == 3.0
+    assert report["targets"]["ttfp_p50_growth:q3-custom"]["met"] is False
+    assert report["ratios"]["q3-custom"]["1"]["triton_vs_qwen_tts"]["ttfp_p50"] == 0.5
+    assert report["config"]["paced"] is False
+    b.main(["--quick", "--triton-grpc-url", "x:1", "--out", str(out), "--paced", "--paths", "triton"])
+    assert seen["paced"] is True
