@@ -75,6 +75,9 @@ class ModelInfo:
     #: ``omni_triton.serve.on_demand``); its ``state`` is then ``READY``, ``LOADING``,
     #: ``UNLOADED`` or ``FAILED``, and ``/health`` does not wait for it.
     on_demand: bool = False
+    #: Real-time-paced streams the model serves at once (config parameter ``max_paced_streams``;
+    #: a paced request above it is served unpaced: ``engine.paced_slots``); None: no bound.
+    max_paced_streams: int | None = None
     #: Every config parameter as a string (video models read theirs in ``serving.videos``).
     parameters: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -260,6 +263,7 @@ def model_info_from_config(config: Any, state: str = "READY", reason: str = "") 
         ensemble_steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
         assets=tuple(a.strip() for a in params.get("assets", "").split(",") if a.strip()),
         voice_aliases=_voice_aliases(config.name, params.get("openai_voices", ""), voices),
+        max_paced_streams=_int("max_paced_streams"),
         parameters=dict(params),
     )
 

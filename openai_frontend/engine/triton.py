@@ -44,6 +44,7 @@ from omni_triton.contracts import speech as speech_contract
 from omni_triton.contracts import video as video_contract
 from omni_triton.contracts.tensors import (
     INVALID_INPUT_PREFIX,
+    PACED,
     STAGE_COMPUTE_MS,
     STAGE_METRICS,
     infer_input,
@@ -68,6 +69,7 @@ from .errors import (
     TritonUnavailableError,
 )
 from .model_info import ModelInfo, model_info_from_config, unready_dependencies
+from .paced_slots import PacedSlots
 from .protocol import (
     AudioChunk,
     GeneratedImage,
@@ -317,6 +319,8 @@ class TritonEngine:
         # calls of a stage that died, recording request id -> dead stage in _aborted.
         self._inflight: dict[str, tuple[str, Callable[[], object]]] = {}
         self._aborted: dict[str, str] = {}
+        #: open PACED streams per model, bounded by each model's ``max_paced_streams``
+        self.paced_slots = PacedSlots()
 
     def _hold(self, model: str) -> contextlib.AbstractContextManager[None]:
         """The on-demand policy's in-flight hold of ``model`` for one Triton call (a busy
@@ -625,22 +629,24 @@ class TritonEngine:
         """
         info = self._config_cache.get(model)
         declared = info.inputs if info is not None else _SPEECH_INPUTS
-        inputs = _infer_inputs(speech_contract.speech_inputs(
-            text,
-            voice=voice if speech_contract.VOICE in declared else None,
-            speed=speed if speech_contract.SPEED in declared else None,
-            paced=True if paced and speech_contract.PACED in declared else None,
-        ))
-        if options:
-            inputs += _infer_inputs(qwen3_speech_inputs(options, declared))
-        async for result in self._stream(model, inputs, uuid.uuid4().hex):
-            audio = result.as_numpy(speech_contract.AUDIO)
-            if audio is not None and audio.size:
-                rate = result.as_numpy(speech_contract.SAMPLE_RATE)
-                sample_rate = int(rate.reshape(-1)[0]) if rate is not None and rate.size else None
-                if sample_rate is None:
-                    sample_rate = info.sample_rate if info and info.sample_rate else 0
-                yield np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate
+        paced = paced and PACED in declared
+        with self.paced_slots.take(model, paced, info.max_paced_streams if info else None) as paced:
+            inputs = _infer_inputs(speech_contract.speech_inputs(
+                text,
+                voice=voice if speech_contract.VOICE in declared else None,
+                speed=speed if speech_contract.SPEED in declared else None,
+                paced=True if paced else None,
+            ))
+            if options:
+                inputs += _infer_inputs(qwen3_speech_inputs(options, declared))
+            async for result in self._stream(model, inputs, uuid.uuid4().hex):
+                audio = result.as_numpy(speech_contract.AUDIO)
+                if audio is not None and audio.size:
+                    rate = result.as_numpy(speech_contract.SAMPLE_RATE)
+                    sample_rate = int(rate.reshape(-1)[0]) if rate is not None and rate.size else None
+                    if sample_rate is None:
+                        sample_rate = info.sample_rate if info and info.sample_rate else 0
+                    yield np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate
 
     async def _stream(self, model: str, inputs: list[InferInput],
                       request_id: str) -> AsyncGenerator[grpcclient.InferResult, None]:
@@ -948,9 +954,13 @@ class TritonEngine:
         """
         info = self._config_cache.get(model)
         declared = info.inputs if info is not None else _CHAT_INPUTS
-        inputs = chat_inputs(request, declared)
-        async for result in self._stream(model, inputs, request.request_id or uuid.uuid4().hex):
-            yield chunk_from_result(result, info.sample_rate if info else None)
+        paced = request.paced and PACED in declared
+        with self.paced_slots.take(model, paced, info.max_paced_streams if info else None) as paced:
+            if paced != request.paced:
+                request = dataclasses.replace(request, paced=paced)
+            inputs = chat_inputs(request, declared)
+            async for result in self._stream(model, inputs, request.request_id or uuid.uuid4().hex):
+                yield chunk_from_result(result, info.sample_rate if info else None)
 
 
 def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
@@ -989,6 +999,10 @@ def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> Eng
     gRPC status the RPC ended with."""
     if _STUB_DOWN in message:  # the launcher reloads the model within seconds
         return ModelNotReadyError(f"{model}: {message} (being restarted)", param="model")
+    if _MODEL_UNAVAILABLE in message:
+        # Triton's own answer for a model it has no READY version of: the model is being
+        # reloaded (a killed stub) or was unloaded since the readiness check; not the transport
+        return ModelNotReadyError(f"{model}: {message}", param="model")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequestError(message)
     if INVALID_INPUT_PREFIX in message:  # a stage's INVALID_ARG that arrived in-band, code lost

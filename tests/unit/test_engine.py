@@ -266,3 +266,52 @@ async def test_the_stream_half_closes_only_after_the_final_response(triton, mode
         assert not triton.cancelled.is_set()
     finally:
         await engine.close()
+
+
+async def test_paced_streams_above_max_paced_streams_are_served_unpaced(triton):
+    """A BLS pipeline holds one instance per stream for the stream's whole life, a paced one for
+    its playback (docs/scheduling.md "What a paced stream holds"): with ``max_paced_streams`` 1,
+    a second paced request while the first is open goes without ``PACED`` (it gets its audio
+    sooner and frees its instance after generation), and once the first has ended the next one
+    is paced again. Red when the engine sends PACED regardless of the open count."""
+    cfg = speech_config("tts", voices="0", sample_rate="24000", max_paced_streams="1")
+    cfg.input.add(name="PACED")
+    triton.configs["tts"] = cfg
+    triton.mode = "endless"
+    engine = TritonEngine(triton.url)
+
+    def paced_sent(i: int) -> bool:
+        return "PACED" in [x.name for x in triton.requests[i].inputs]
+
+    try:
+        assert (await engine.get_model("tts")).max_paced_streams == 1
+        first = engine.synthesize("tts", "a long answer", paced=True)
+        await first.__anext__()  # open, holding the one paced slot
+        assert paced_sent(0) and engine.paced_slots.open_count("tts") == 1
+        second = engine.synthesize("tts", "another", paced=True)
+        await second.__anext__()
+        assert not paced_sent(1) and engine.paced_slots.open_count("tts") == 1
+        await second.aclose()
+        await first.aclose()
+        assert engine.paced_slots.open_count("tts") == 0
+        third = engine.synthesize("tts", "later", paced=True)
+        await third.__anext__()
+        assert paced_sent(2)
+        await third.aclose()
+        assert engine.paced_slots.open_count("tts") == 0
+    finally:
+        await engine.close()
+
+
+def test_paced_slots_without_a_bound_or_without_pacing():
+    """No ``max_paced_streams`` (piper: its own scheduler interleaves every open request): every
+    paced request is paced; an unpaced one takes no slot."""
+    from openai_frontend.engine.paced_slots import PacedSlots
+
+    slots = PacedSlots()
+    with slots.take("piper", True, None) as a, slots.take("piper", True, None) as b:
+        assert a and b and slots.open_count("piper") == 2
+    with slots.take("tts", False, 1) as c:
+        assert not c and slots.open_count("tts") == 0
+    with slots.take("tts", True, 0) as d:
+        assert not d

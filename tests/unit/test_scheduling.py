@@ -804,3 +804,26 @@ def test_closing_the_scheduler_ends_every_queued_stream_parked_ones_too():
     sched.submit(iter([1.0]), AudioDeadline(100.0), float, ends.append, paced=True)  # due at 100 s: parked
     sched.close()
     assert len(ends) == 1 and isinstance(ends[0], RuntimeError), ends
+
+
+def test_every_bls_that_takes_paced_keeps_instances_free_of_paced_streams():
+    """A BLS pipeline serves one request per instance for the stream's whole life, a PACED one for
+    its playback: every BLS model that declares ``PACED`` sets ``max_paced_streams`` below its
+    instance count, so paced listeners never take every instance (docs/scheduling.md "What a
+    paced stream holds"; the frontend serves a paced request above the bound unpaced). Red when
+    a BLS config drops the parameter or sets it to its instance count."""
+    import re
+
+    from omni_triton.serve.repository import available_models, model_parameters
+
+    checked = []
+    for name, path in available_models().items():
+        params = model_parameters(path)
+        text = (path / "config.pbtxt").read_text()
+        if not params.get("depends_on") or 'name: "PACED"' not in text:
+            continue
+        count = int(re.search(r"instance_group\s*\[\s*\{\s*count:\s*(\d+)", text).group(1))
+        assert "max_paced_streams" in params, name
+        assert 0 < int(params["max_paced_streams"]) < count, (name, params["max_paced_streams"], count)
+        checked.append(name)
+    assert {"csm", "qwen3_omni", "qwen3_tts"} <= set(checked)
