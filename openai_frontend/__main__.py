@@ -24,6 +24,7 @@ from .engine import TritonEngine
 from .engine.replicas import parse_target, pinned_index
 from .media_store import MediaUrlError
 from .quiet_server import QuietServer
+from .serving.speech import install_quiet_stream_aborted
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                             ws_max_size=args.max_body_bytes)
     install_log_redaction()  # after uvicorn configured its loggers: no key in any logged URL
+    install_quiet_stream_aborted()  # a raw-audio stream aborted on purpose: one warning, no traceback
     server = QuietServer(config)  # uvicorn.Server ticking once a second, not ten times: idle costs nothing
     server.run()
     if not server.started:

@@ -179,7 +179,8 @@ class SpeechRequest(BaseModel):
 
     OpenAI fields: ``model``, ``input``, ``voice``, ``response_format``, ``speed``,
     ``instructions``, ``stream_format``. Extension (as in vLLM-Omni): ``stream``.
-    Unknown fields are rejected (400, like OpenAI's "Unrecognized request argument").
+    Unknown fields are ignored and named in ``X-Ignored-Fields`` (vLLM); a 400 with
+    ``--strict-params`` (OpenAI's "Unrecognized request argument").
 
     * ``model``: optional only when the frontend serves exactly one speech model.
     * ``voice``: optional; default is the model's ``default_voice``.
@@ -346,7 +347,8 @@ class ImageGenerationRequest(BaseModel):
     ``b64_json``), ``output_format``, ``output_compression``; accepted and ignored when at their
     no-op values: ``quality``, ``style``, ``background``, ``moderation``, ``user``.
     Extensions (vLLM-Omni's names): ``seed``, ``negative_prompt``, ``num_inference_steps``,
-    ``guidance_scale``, ``true_cfg_scale``. Unknown fields are rejected (400).
+    ``guidance_scale``, ``true_cfg_scale``. Unknown fields: ignored (``X-Ignored-Fields``), 400 with
+    ``--strict-params``.
     """
 
     model_config = REQUEST_CONFIG

@@ -87,6 +87,33 @@ class StreamAborted(RuntimeError):
     """Raised out of a raw-audio response body after Triton failed mid-stream."""
 
 
+def _is_stream_aborted(exc: BaseException | None) -> bool:
+    """``exc`` is a :class:`StreamAborted`, or an exception group holding only such (read by its
+    ``exceptions`` tuple: the GPU image's Python 3.10 has no builtin ``BaseExceptionGroup``)."""
+    group = getattr(exc, "exceptions", None)
+    if isinstance(group, tuple) and group:
+        return all(_is_stream_aborted(e) for e in group)
+    return isinstance(exc, StreamAborted)
+
+
+class QuietStreamAborted(logging.Filter):
+    """Drops the server's "Exception in ASGI application" traceback of a :class:`StreamAborted`:
+    the abort is deliberate (the only way left to tell a raw-audio client that its stream broke)
+    and already logged as one warning line by ``_raw_audio``. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not _is_stream_aborted(exc)
+
+
+def install_quiet_stream_aborted(logger_names: tuple[str, ...] = ("uvicorn.error",)) -> None:
+    """Adds one :class:`QuietStreamAborted` to each named logger (idempotent)."""
+    for name in logger_names:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, QuietStreamAborted) for f in log.filters):
+            log.addFilter(QuietStreamAborted())
+
+
 def check_input(text: str, info: ModelInfo, default_max_chars: int) -> None:
     """400 ``empty_input`` / ``input_too_long`` (over the model's ``max_input_chars``, else
     ``default_max_chars``) for the text to speak."""

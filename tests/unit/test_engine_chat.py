@@ -229,6 +229,19 @@ async def test_stub_down_is_model_not_ready():
     assert isinstance(err, ModelNotReadyError) and err.status_code == 503
 
 
+async def test_a_model_triton_has_no_version_of_is_model_not_ready():
+    """A request that reaches Triton while the model reloads (a killed stub; the newcomer trial
+    saw it on the WebSocket's queued sentences) is a 503 model_not_ready, in-band or as the RPC's
+    UNAVAILABLE status, not a 500 inference_error nor a Triton outage. Red without the
+    ``_MODEL_UNAVAILABLE`` case in ``_stream_error``."""
+    from openai_frontend.engine.triton import _stream_error
+
+    message = "Request for unknown model: 'piper' has no available versions"
+    for code in (None, grpc.StatusCode.UNAVAILABLE):
+        err = _stream_error("piper", message, code)
+        assert isinstance(err, ModelNotReadyError) and err.status_code == 503 and err.code == "model_not_ready"
+
+
 async def test_closing_generate_cancels_the_grpc_stream(triton):
     triton.mode = "endless"
     engine = TritonEngine(triton.url)

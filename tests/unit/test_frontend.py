@@ -481,6 +481,32 @@ async def test_raw_stream_error_mid_stream_aborts(engine):
     assert engine.cancelled == 1
 
 
+def test_an_aborted_raw_stream_logs_no_asgi_traceback():
+    """The abort is deliberate: uvicorn's "Exception in ASGI application" record of a
+    StreamAborted (bare or in an exception group) is dropped; any other exception's record and
+    plain records pass. Red when the filter passes everything."""
+    import logging
+    import sys
+
+    from openai_frontend.serving.speech import QuietStreamAborted, StreamAborted
+
+    def record(exc):
+        try:
+            raise exc
+        except BaseException:
+            info = sys.exc_info()
+        return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, "Exception in ASGI application",
+                                 None, info)
+
+    quiet = QuietStreamAborted()
+    assert not quiet.filter(record(StreamAborted("stage restarted")))
+    if sys.version_info >= (3, 11):
+        assert not quiet.filter(record(ExceptionGroup("g", [StreamAborted("x")])))  # noqa: F821
+        assert quiet.filter(record(ExceptionGroup("g", [StreamAborted("x"), ValueError("y")])))  # noqa: F821
+    assert quiet.filter(record(ValueError("a real bug")))
+    assert quiet.filter(logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Started", None, None))
+
+
 # ------------------------------------------------------------------ cancellation
 async def run_until_disconnect(app, payload: dict, engine: FakeEngine):
     """Drive the ASGI app by hand: send the request, then disconnect after the first body chunk."""
