@@ -67,33 +67,17 @@ def test_the_talker_s_first_response_is_the_first_chunk_and_later_chunks_stay_on
 
 
 def test_the_csm_talker_sends_and_schedules_the_request_s_first_chunk():
-    from omni_triton.adapters.csm import CsmTalkerStage
     from omni_triton.contracts import csm as cs
     from omni_triton.contracts.codec import CODES
     from omni_triton.runtime.stage_policy import PlaybackPolicy
+    from tests.helpers.fake_csm_talker import OpenStream, fake_csm_talker_stage
 
-    class FakeTalker:
-        def stream(self, text, speaker, min_frames, max_frames, should_stop, paced):
-            for i in range(12):
-                yield np.full((1, 8), i, np.int64)
-
-    class Counter:
-        def count(self, *args):
-            pass
-
-    class Stream:
-        cancel_seen = False
-
-        def cancelled(self):
-            return False
-
-    stage = CsmTalkerStage.__new__(CsmTalkerStage)
-    stage.talker, stage.emit_frames, stage.metrics, stage.step_scheduler = FakeTalker(), 5, Counter(), object()
+    stage = fake_csm_talker_stage(12, 5)
     stage.playback = PlaybackPolicy("csm_talker", {"deadline_unit": "frames", "first_chunk_frames": "5"}, CODES)
     handoff = cs.CsmToTalker.from_tensors(dict(cs.CsmToTalker("Hi.", first_chunk_frames=2).to_tensors()))
     assert handoff.first_chunk_frames == 2
     job = ("Hi.", 0, 0, 12, handoff.first_chunk_frames)
-    sizes = [len(s[CODES]) for s in stage.generate(job, Stream()) if s is not None]
+    sizes = [len(s[CODES]) for s in stage.generate(job, OpenStream()) if s is not None]
     assert sizes == [2, 5, 5]
     assert stage.playback_deadline(0.0, job).first_chunk_frames == 2
     assert stage.playback_deadline(0.0, job[:4]).first_chunk_frames == 5  # no FIRST_CHUNK_FRAMES: the config's

@@ -548,27 +548,11 @@ def test_a_grouping_codec_talker_still_takes_one_frame_per_scheduler_step():
     """csm_talker with emit_frames 5: the held frames are steps without a response (None), so the
     scheduler still interleaves open requests frame by frame; without them one step would run a
     whole group (5 frames of talker compute) while the other streams wait."""
-    from omni_triton.adapters.csm import CsmTalkerStage
     from omni_triton.contracts.codec import CODES
+    from tests.helpers.fake_csm_talker import OpenStream, fake_csm_talker_stage
 
-    class FakeTalker:
-        def stream(self, text, speaker, min_frames, max_frames, should_stop, paced):
-            for i in range(7):
-                yield np.full((1, 8), i, np.int64)
-
-    class Counter:
-        def count(self, *args):
-            pass
-
-    class Stream:
-        cancel_seen = False
-
-        def cancelled(self):
-            return False
-
-    stage = CsmTalkerStage.__new__(CsmTalkerStage)
-    stage.talker, stage.emit_frames, stage.metrics, stage.step_scheduler = FakeTalker(), 3, Counter(), object()
-    steps = list(stage.generate(("Hi.", 0, 0, 7), Stream()))
+    stage = fake_csm_talker_stage(7, 3)
+    steps = list(stage.generate(("Hi.", 0, 0, 7), OpenStream()))
     assert [None if s is None else len(s[CODES]) for s in steps] == [None, None, 3, None, None, 3, None, 1]
     assert isinstance(steps[-1], Final)
     assert np.array_equal(np.concatenate([s[CODES] for s in steps if s is not None])[:, 0], np.arange(7))
