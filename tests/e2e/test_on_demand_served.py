@@ -121,12 +121,14 @@ def test_a_failed_load_gives_503_and_leaves_the_others_serving(served):
 
 
 def _slow_stream(url: str, hold_s: float) -> tuple[bytes, int]:
-    """A streamed speech request read by a client with a tiny receive buffer that stops reading for
-    ``hold_s`` after the first bytes: the frontend cannot send, so its Triton stream stays in
-    flight that long. Returns (status line, body bytes)."""
+    """A streamed speech request, paced to real time (``stream_pacing: "realtime"``: since issue 29
+    an unpaced stream is generated in a few seconds and fits the socket buffers), of about 22 s of
+    audio (112 characters x 2.5 frames / 12.5 Hz), read by a client with a tiny receive buffer that
+    stops reading for ``hold_s`` after the first bytes: its Triton stream stays in flight for about
+    its playback less ``max_lead_ms`` (3 s), well past ``hold_s``. Returns (status line, body bytes)."""
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"model": "tts", "input": "A sentence to speak slowly.", "response_format": "pcm",
-                       "stream": True}).encode()
+    body = json.dumps({"model": "tts", "input": "A sentence to speak slowly, " * 4, "response_format": "pcm",
+                       "stream": True, "stream_pacing": "realtime"}).encode()
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
         s.connect((host, int(port)))
