@@ -345,28 +345,45 @@ def git_commit() -> str | None:
 # ------------------------------------------------------------ in-process baselines in processes
 
 
-def _spread_args_worker(factory: str, args: tuple) -> Callable:
-    """Worker factory of :class:`ProcessWorkers` (runs in the worker process): import
-    ``"module:function"``, build ``function(*args)`` and return a handle that spreads each payload
-    tuple over it as positional arguments.
-
-    Raises:
-        ImportError, AttributeError: ``factory`` does not name a function (reported by the pool).
-    """
+def _process_worker_main(conn, factory: str, args: tuple) -> None:
+    """Body of one :class:`ProcessWorkers` process: one torch thread (as a Triton stub), build the
+    callable ``factory(*args)`` (``"module:function"``), say ``("ready", pid)``, then answer each
+    ``args`` tuple received with ``("ok", result)`` or ``("error", message)`` until ``None``."""
     import importlib
 
-    module, _, name = factory.partition(":")
-    fn = getattr(importlib.import_module(module), name)(*args)
-    return lambda payload: fn(*payload)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+    try:
+        module, _, name = factory.partition(":")
+        fn = getattr(importlib.import_module(module), name)(*args)
+    except Exception as exc:  # reported to the parent, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        try:
+            conn.send(("ok", fn(*msg)))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"[:500]))
 
 
 class ProcessWorkers:
-    """``count`` processes (``spawn``, one torch thread each), each holding its own copy of a stage
-    or pipeline, used like Triton's model instances: a call runs in a free process and waits while
-    all are busy. The in-process baselines run in these so that they get as many processes as the
-    served path, instead of threads sharing one GIL. A thin front of
-    :class:`clients.proc_pool.ProcessPool` (one shared queue) whose factory is named by a string
-    and whose calls take positional arguments.
+    """``count`` processes (``spawn``), each holding its own copy of a stage or pipeline, used
+    like Triton's model instances: a call holds one free process for as long as it runs and waits
+    while all are busy. The in-process baselines run in these so that they get as many processes
+    as the served path, each with one torch thread, instead of threads sharing one GIL.
 
     Args:
         count: processes (>= 1).
@@ -375,32 +392,74 @@ class ProcessWorkers:
         args: arguments of ``factory``.
         ready_timeout_s: seconds to wait for every process to have built its callable.
 
-    Times measured inside a worker with ``time.perf_counter`` compare with the parent's
-    (:func:`clients.proc_pool.shared_clock`).
+    Times measured inside a worker with ``time.perf_counter`` compare with the parent's: on Linux
+    it reads ``CLOCK_MONOTONIC``, one clock for every process of the machine.
 
     Raises:
-        ValueError: ``count`` < 1.
-        RuntimeError: a process failed to build its callable or was not ready in time (its
-            message), or a call failed.
+        RuntimeError: a process failed to build its callable (its message), or a call failed.
+        TimeoutError: not every process was ready in ``ready_timeout_s``.
     """
 
     def __init__(self, count: int, factory: str, args: tuple = (), ready_timeout_s: float = 600.0):
-        from clients.proc_pool import ProcessPool
+        import multiprocessing as mp
 
-        self._pool = ProcessPool(count, _spread_args_worker, (factory, tuple(args)),
-                                 ready_timeout_s=ready_timeout_s)
-        self.pids = self._pool.pids
+        if count < 1:
+            raise ValueError(f"ProcessWorkers needs at least one process, got {count}")
+        ctx = mp.get_context("spawn")
+        self._procs = []
+        conns = []
+        try:
+            for k in range(count):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_process_worker_main, args=(child, factory, tuple(args)),
+                                   name=f"bench-baseline-{k}", daemon=True)
+                proc.start()
+                child.close()
+                self._procs.append(proc)
+                conns.append(parent)
+            self.pids = []
+            for conn in conns:
+                if not conn.poll(ready_timeout_s):
+                    raise TimeoutError(f"a baseline process was not ready in {ready_timeout_s} s")
+                kind, value = conn.recv()
+                if kind != "ready":
+                    raise RuntimeError(f"baseline process failed to start: {value}")
+                self.pids.append(value)
+        except BaseException:
+            self._procs_and_conns_close(conns)
+            raise
+        self._pool = InstancePool(conns)
 
     def __len__(self) -> int:
-        return len(self._pool)
+        return len(self._procs)
 
     def call(self, *args):
         """Run the workers' callable with ``args`` in a free process and return its result."""
-        return self._pool.call(args)
+        with self._pool.take() as conn:
+            conn.send(args)
+            kind, value = conn.recv()
+        if kind != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def _procs_and_conns_close(self, conns) -> None:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.send(None)
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def close(self) -> None:
-        """Stop every process (each ends after its current call); idempotent."""
-        self._pool.close()
+        """Stop every process (each ends after its current call)."""
+        if self._procs:
+            self._procs_and_conns_close(self._pool.instances)
+            self._procs = []
 
     def __enter__(self) -> ProcessWorkers:
         return self

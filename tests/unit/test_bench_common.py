@@ -185,13 +185,13 @@ def test_metric_total_finds_triton_counters_written_without_total():
 
 
 def test_process_workers_run_calls_in_their_own_processes():
-    """Each worker is a process of its own (spawn), not a thread of this one; a call runs in one
-    of them; a failing call and a failing factory are raised here with their message."""
+    """Each worker is a process of its own (spawn), not a thread of this one; calls rotate through
+    the free ones; a failing call and a failing factory are raised here with their message."""
     import os
 
     with bc.ProcessWorkers(2, "functools:partial", (os.getpid,)) as workers:  # call() -> the worker's pid
         assert len(workers) == 2 and len(set(workers.pids)) == 2 and os.getpid() not in workers.pids
-        assert {workers.call(), workers.call()} <= set(workers.pids)
+        assert {workers.call(), workers.call()} == set(workers.pids)
     with bc.ProcessWorkers(1, "functools:partial", (int,)) as workers:
         assert workers.call("7") == 7
         with pytest.raises(RuntimeError, match="ValueError"):
