@@ -177,9 +177,9 @@ def served_processes() -> int:
     """Processes that compute in the served pipeline: the instances of ``qwen3_tts_talker`` and
     ``qwen3_tts_code2wav`` (each a Triton Python stub with one torch thread; the ``qwen3_tts``
     BLS instances only forward tensors). The in-process baselines get as many processes."""
-    from omni_triton.paths import REPO_ROOT
+    from clients.bench_common import instance_count
 
-    return sum(_instances(REPO_ROOT / "model_repository" / m) for m in ("qwen3_tts_talker", "qwen3_tts_code2wav"))
+    return sum(instance_count(m) for m in ("qwen3_tts_talker", "qwen3_tts_code2wav"))
 
 
 def _load_forms():

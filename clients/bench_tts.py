@@ -236,19 +236,6 @@ def run_level(run_one: RunOne, model: str, concurrency: int, n: int,
     return closed_loop(one, concurrency, n, on_error=failed, stagger_s=stagger_s)
 
 
-def _timed_stream(index: int, chunks: Iterable[tuple[int, int]]) -> RequestResult:
-    """Consume ``(num_samples, sample_rate)`` per chunk, timing from now."""
-    r = RequestResult(index=index)
-    t0 = time.perf_counter()
-    for n, sr in chunks:
-        r.on_audio(time.perf_counter() - t0, n, sr)
-    r.e2e_s = time.perf_counter() - t0
-    return r
-
-
-# ------------------------------------------------------------------------------ in-process
-
-
 def _set_torch_threads() -> dict:
     import torch
 
@@ -388,7 +375,7 @@ class Baseline:
         self.workers.close()
 
 
-def baseline_processes(model: str, codec: dict | None = None) -> int:
+def baseline_processes(model: str) -> int:
     """Processes of a model's in-process baselines: as many as the served path runs for it.
     ``piper``: its ``workers`` x instances (each process one synthesis at a time, as each served
     worker thread); ``csm``: the ``csm_talker`` plus ``csm_code2wav`` instances (each process a
@@ -858,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"baseline {path} (no Triton; worker processes)")
         for model in [m for m in args.models if path in MODEL_PATHS[m]]:
             t = time.perf_counter()
-            n_proc = baseline_processes(model, codec)
+            n_proc = baseline_processes(model)
             factory = {("inprocess", "piper"): ("_piper_worker", ()),
                        ("inprocess", "csm"): ("_codec_worker", (codec,)),
                        ("transformers", "csm"): ("_transformers_csm_worker", (codec,))}[(path, model)]
