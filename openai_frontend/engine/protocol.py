@@ -251,9 +251,5 @@ class Engine(Protocol):
         callers then raise a 503 ``StageRestartedError``); returns how many were ended. Called by
         ``stage_watch.ServeStatusWatch``; an engine with nothing in flight returns 0."""
 
-    async def stage_statistics(self, models: list[str]) -> dict[str, StageStatistics]:
-        """Triton's cumulative statistics of each of ``models`` (missing names are left out).
-        Raises ``TritonUnavailableError``."""
-
     async def close(self) -> None:
         """Release connections."""

@@ -77,7 +77,6 @@ from .protocol import (
     GenerationRequest,
     ImageJob,
     SpeechOptions,
-    StageStatistics,
     VideoEvent,
     VideoJob,
 )
@@ -569,43 +568,12 @@ class TritonEngine:
                     f"The model '{name}' is not ready: {checked.reason}", param="model")
         return info
 
-    async def stage_statistics(self, models: list[str]) -> dict[str, StageStatistics]:
-        """Triton's model statistics API (``ModelStatistics``, one unary call per model, summed
-        over versions and over the healthy replicas): see ``StageStatistics``. A model no
-        replica knows is left out. Raises ``EngineError`` when a replica is unreachable."""
-        await self.replicas.start()
-        out: dict[str, StageStatistics] = {}
-        for replica in self.replicas.healthy():
-            for name, stats in (await self._replica_statistics(replica.client, models)).items():
-                prev = out.get(name)
-                out[name] = stats if prev is None else StageStatistics(
-                    success=prev.success + stats.success, executions=prev.executions + stats.executions,
-                    queue_ns=prev.queue_ns + stats.queue_ns, compute_ns=prev.compute_ns + stats.compute_ns)
-        return out
-
-    async def _replica_statistics(self, client: grpcclient.InferenceServerClient,
-                                  models: list[str]) -> dict[str, StageStatistics]:
-        """:meth:`stage_statistics` of one replica."""
-        out: dict[str, StageStatistics] = {}
-        for name in dict.fromkeys(models):
-            try:
-                resp = await client.get_inference_statistics(name, client_timeout=self._timeout)
-            except InferenceServerException as exc:
-                if (exc.status() or "").endswith(tuple(c.name for c in _UNAVAILABLE_CODES)):
-                    raise _translate(exc, f"statistics of {name}") from exc
-                continue  # unloaded or unknown: no statistics
-            except Exception as exc:
-                raise _translate(exc, f"statistics of {name}") from exc
-            success = executions = queue = compute = 0
-            for m in resp.model_stats:
-                stats = m.inference_stats
-                success += stats.success.count
-                executions += m.execution_count
-                queue += stats.queue.ns
-                compute += stats.compute_input.ns + stats.compute_infer.ns + stats.compute_output.ns
-            out[name] = StageStatistics(success=success, executions=executions, queue_ns=queue,
-                                        compute_ns=compute)
-        return out
+    def _paced_slot(self, model: str, info: ModelInfo | None, declared: frozenset[str],
+                    paced: bool) -> contextlib.AbstractContextManager[bool]:
+        """:meth:`PacedSlots.take` for one stream: paced only when asked, declared by the model
+        (``PACED``) and under its ``max_paced_streams``; yields whether to send ``PACED``."""
+        return self.paced_slots.take(model, paced and PACED in declared,
+                                     info.max_paced_streams if info is not None else None)
 
     async def synthesize(
         self, model: str, text: str, voice: str | None = None, speed: float | None = None,
@@ -629,8 +597,7 @@ class TritonEngine:
         """
         info = self._config_cache.get(model)
         declared = info.inputs if info is not None else _SPEECH_INPUTS
-        paced = paced and PACED in declared
-        with self.paced_slots.take(model, paced, info.max_paced_streams if info else None) as paced:
+        with self._paced_slot(model, info, declared, paced) as paced:
             inputs = _infer_inputs(speech_contract.speech_inputs(
                 text,
                 voice=voice if speech_contract.VOICE in declared else None,
@@ -954,8 +921,7 @@ class TritonEngine:
         """
         info = self._config_cache.get(model)
         declared = info.inputs if info is not None else _CHAT_INPUTS
-        paced = request.paced and PACED in declared
-        with self.paced_slots.take(model, paced, info.max_paced_streams if info else None) as paced:
+        with self._paced_slot(model, info, declared, request.paced) as paced:
             if paced != request.paced:
                 request = dataclasses.replace(request, paced=paced)
             inputs = chat_inputs(request, declared)

@@ -89,7 +89,9 @@ class RequestStages:
         """Record choice ``index``'s chunk (``None``: its end)."""
         if not self.enabled:
             return
-        choice = self.choices.setdefault(index, _Choice())
+        choice = self.choices.get(index)
+        if choice is None:  # not setdefault: that would build a _Choice on every chunk
+            choice = self.choices[index] = _Choice()
         choice.end = time.monotonic()
         if chunk is None:
             return
