@@ -19,11 +19,13 @@ import srt
 import webvtt
 from fake_engine import FakeEngine, fake_transcript
 from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
 
-from openai_frontend.engine import InferenceError, model_info_from_config
+from openai_frontend.engine import InferenceError, InvalidRequestError, TritonEngine, model_info_from_config
 from openai_frontend.engine.triton import asr_inputs
 from openai_frontend.serving import transcriptions as tr
 from openai_frontend.serving.transcriptions import TextJoiner, TranscriptionSettings
+from tests.helpers.fake_triton import StatefulTriton, fake_triton
 from tests.helpers.frontend import frontend_client
 
 pytestmark = pytest.mark.anyio
@@ -473,3 +475,60 @@ def test_asr_inputs_send_only_what_is_given_and_declared():
     assert set(dict(asr_inputs(audio, None, None, "transcribe", everything))) == {"AUDIO"}
     assert set(dict(asr_inputs(audio, "en", "hint", "transcribe", frozenset({"AUDIO"})))) == {"AUDIO"}
 
+
+
+class AsrTriton(StatefulTriton):
+    """A fake Triton serving one ASR model: ``TEXT_DELTA`` responses per request (or an in-band
+    ``INVALID_ARG`` error, as the stage's ``ASRInputError`` arrives), recording the requests."""
+
+    def __init__(self, deltas=("the capital", " of france", "")):
+        self.states = {"whisper": "READY"}
+        self.deltas = deltas
+        self.requests: list[pb.ModelInferRequest] = []
+        self.error: str | None = None
+
+    async def RepositoryIndex(self, request, context):
+        resp = pb.RepositoryIndexResponse()
+        resp.models.add(name="whisper", version="1", state="READY")
+        return resp
+
+    async def ModelConfig(self, request, context):
+        return pb.ModelConfigResponse(config=asr_config("whisper", task="transcription", max_audio_s="30",
+                                                        languages="en,de", supports_translation="true"))
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        async for req in request_iterator:
+            self.requests.append(req)
+            if self.error:
+                yield pb.ModelStreamInferResponse(error_message=self.error)
+                continue
+            for i, text in enumerate(self.deltas):
+                r = pb.ModelStreamInferResponse()
+                ir = r.infer_response
+                ir.model_name = "whisper"
+                ir.outputs.add(name="TEXT_DELTA", datatype="BYTES", shape=[1])
+                data = text.encode()
+                ir.raw_output_contents.append(len(data).to_bytes(4, "little") + data)
+                ir.parameters["triton_final_response"].bool_param = i == len(self.deltas) - 1
+                yield r
+
+
+async def test_triton_engine_streams_text_deltas_and_maps_invalid_arg_to_400_errors():
+    async with fake_triton(AsrTriton()) as triton:
+        engine = TritonEngine(triton.url)
+        try:
+            info = await engine.get_model("whisper")
+            assert info.is_transcription and info.supports_translation and info.max_audio_s == 30.0
+            audio = np.linspace(-0.5, 0.5, 1600, dtype=np.float32)
+            got = [d async for d in engine.transcribe("whisper", audio, "de", "hint", "translate")]
+            assert got == ["the capital", " of france"]  # the empty final delta is not yielded
+            req = triton.requests[0]
+            assert [i.name for i in req.inputs] == ["AUDIO", "LANGUAGE", "PROMPT", "TASK"]
+            sent = np.frombuffer(req.raw_input_contents[0], dtype="<f4")
+            assert np.array_equal(sent, audio)
+            triton.error = "invalid input: LANGUAGE 'xx' is not one of en, de"
+            with pytest.raises(InvalidRequestError, match="LANGUAGE 'xx'"):
+                async for _ in engine.transcribe("whisper", audio, "xx"):
+                    pass
+        finally:
+            await engine.close()
