@@ -37,6 +37,9 @@ def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
 #: tensors hold; beyond it vLLM failed with an empty 500).
 INT32_MAX = 2**31 - 1
 
+#: The ASR contract's ``PROMPT`` cap (characters): a transcription ``prompt``'s.
+from omni_triton.contracts.asr import MAX_PROMPT_CHARS as _ASR_MAX_PROMPT_CHARS  # noqa: E402
+
 #: Upper bound of ``true_cfg_scale`` / ``guidance_scale``: the stages apply the same contract bound
 #: (1e308 or Infinity made an all-black image; 4.0 is the default).
 from omni_triton.contracts.image import MAX_GUIDANCE_SCALE  # noqa: E402
@@ -412,9 +415,9 @@ class ImagesResponse(BaseModel):
     size: str
     usage: ImageUsage
 # --------------------------------------------------------------------------- transcriptions
-#: ``prompt`` of a transcription / translation (OpenAI: "previous text or spelling hints"; Whisper
-#: keeps its last 224 tokens)
-MAX_TRANSCRIPTION_PROMPT_CHARS = 4096
+#: ``prompt`` of a transcription / translation (OpenAI: "previous text or spelling hints"): the ASR
+#: contract's own cap (``omni_triton.contracts.asr.MAX_PROMPT_CHARS``; Whisper keeps its last 224 tokens)
+MAX_TRANSCRIPTION_PROMPT_CHARS = _ASR_MAX_PROMPT_CHARS
 #: A transcription ``prompt``
 TranscriptionPrompt = Annotated[str, max_chars(MAX_TRANSCRIPTION_PROMPT_CHARS), AfterValidator(_text)]
 #: multipart form fields are strings: numbers and booleans are parsed from them (lax), but NaN /

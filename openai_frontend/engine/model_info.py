@@ -22,10 +22,6 @@ logger = logging.getLogger(__name__)
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer",
                  "verse", "marin", "cedar")
 
-#: config parameter ``task`` of an ASR model (docs/transcription.md, ``omni_triton.contracts.asr``)
-TRANSCRIPTION_TASK = "transcription"
-
-
 @dataclass(frozen=True)
 class ModelInfo:
     """What the frontend knows about one served model.
@@ -201,8 +197,8 @@ class ModelInfo:
         """An ASR model (``omni_triton.contracts.asr``: config ``task`` ``transcription``, ``AUDIO``
         in, ``TEXT_DELTA`` out): servable by ``/v1/audio/transcriptions`` (and ``/translations``
         when ``supports_translation``)."""
-        return (self.task == TRANSCRIPTION_TASK and asr_contract.INPUT_AUDIO in self.inputs
-                and asr_contract.OUTPUT_TEXT_DELTA in self.outputs)
+        return (self.task == asr_contract.MODEL_TASK and asr_contract.AUDIO in self.inputs
+                and asr_contract.TEXT_DELTA in self.outputs)
 
     @property
     def hears(self) -> bool:

@@ -97,8 +97,7 @@ _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCE
 _SPEECH_INPUTS = frozenset({speech_contract.TEXT, speech_contract.VOICE, speech_contract.SPEED})
 _CHAT_INPUTS = frozenset({chat_contract.PROMPT, chat_contract.MESSAGES, chat_contract.SAMPLING_PARAMETERS,
                           chat_contract.MODALITIES, chat_contract.VOICE})
-_ASR_INPUTS = frozenset({asr_contract.INPUT_AUDIO, asr_contract.INPUT_LANGUAGE, asr_contract.INPUT_PROMPT,
-                         asr_contract.INPUT_TASK})
+_ASR_INPUTS = frozenset({asr_contract.AUDIO, asr_contract.LANGUAGE, asr_contract.PROMPT, asr_contract.TASK})
 #: Channel options: tritonclient's defaults (unlimited message sizes) plus a short reconnect
 #: backoff. gRPC's default backoff grows to 120 s, so after a tritonserver restart the frontend
 #: kept answering 503 for up to 28 s (measured); with these it reconnects within ~1 s of Triton
@@ -627,7 +626,7 @@ class TritonEngine:
         declared = info.inputs if info is not None else _ASR_INPUTS
         inputs = _infer_inputs(asr_inputs(audio, language, prompt, task, declared))
         async for result in self._stream(model, inputs, uuid.uuid4().hex):
-            delta = _first(result, asr_contract.OUTPUT_TEXT_DELTA)
+            delta = _first(result, asr_contract.TEXT_DELTA)
             if delta is not None:
                 text = delta.decode("utf-8", errors="replace") if isinstance(delta, bytes) else str(delta)
                 if text:
@@ -980,18 +979,13 @@ def qwen3_speech_inputs(options: SpeechOptions, declared: frozenset[str]) -> lis
 
 def asr_inputs(audio: NDArray[Any], language: str | None, prompt: str | None, task: str,
                declared: frozenset[str]) -> list[tuple[str, NDArray[Any]]]:
-    """The ASR contract's inputs (``omni_triton.contracts.asr``) as ``(name, array)`` pairs:
-    ``AUDIO`` FP32 [T] always; ``LANGUAGE`` / ``PROMPT`` BYTES [1] when given and declared;
-    ``TASK`` BYTES [1] when not the default ``transcribe`` (a model without ``TASK`` only
-    transcribes: the serving layer refuses ``translate`` for it first)."""
-    c = asr_contract
-    pairs: list[tuple[str, NDArray[Any]]] = [
-        (c.INPUT_AUDIO, np.ascontiguousarray(audio, dtype=np.float32).reshape(-1))]
-    for name, value in ((c.INPUT_LANGUAGE, language), (c.INPUT_PROMPT, prompt),
-                        (c.INPUT_TASK, task if task != c.TASKS[0] else None)):
-        if value and name in declared:
-            pairs.append((name, utf8_array(value)))
-    return pairs
+    """The ASR contract's inputs (``omni_triton.contracts.asr.asr_inputs``) as ``(name, array)``
+    pairs: ``AUDIO`` FP32 [T] always; ``LANGUAGE`` / ``PROMPT`` BYTES [1] when given and declared;
+    ``TASK`` BYTES [1] when not the default ``transcribe`` and declared (a model without ``TASK``
+    only transcribes: the serving layer refuses ``translate`` for it first)."""
+    pairs = asr_contract.asr_inputs(audio, language or None, prompt or None,
+                                    task if task != asr_contract.TASKS[0] else None)
+    return [(n, a) for n, a in pairs if n == asr_contract.AUDIO or n in declared]
 
 
 def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:

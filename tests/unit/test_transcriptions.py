@@ -363,7 +363,7 @@ WAV = speech_file([1.0])
      "temperature"),
     ({"model": "pocketsphinx", "stream": "maybe"}, {"file": ("a.wav", WAV, "audio/wav")}, 400, "invalid_value",
      "stream"),
-    ({"model": "pocketsphinx", "prompt": "x" * 5000}, {"file": ("a.wav", WAV, "audio/wav")}, 400, "invalid_value",
+    ({"model": "pocketsphinx", "prompt": "x" * 2001}, {"file": ("a.wav", WAV, "audio/wav")}, 400, "invalid_value",
      "prompt"),
     ({"model": "pocketsphinx", "file": "not a file"}, {}, 400, "invalid_file", "file"),
     ({"model": "no-such-model"}, {"file": ("a.wav", WAV, "audio/wav")}, 404, None, "model"),
