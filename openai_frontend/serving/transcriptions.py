@@ -227,7 +227,13 @@ async def _resolve(engine: Engine, name: str, default_model: str) -> ModelInfo:
         try:
             return await resolve_model(engine, name, TRANSCRIPTION)
         except ModelNotFoundError:
+            pass
+        try:
             return await resolve_model(engine, default_model, TRANSCRIPTION)
+        except ModelNotFoundError:
+            raise ModelNotFoundError(f"The model '{name}' stands for the default transcription model "
+                                     f"'{default_model}' (--transcription-model), which is not served",
+                                     param="model") from None
     return await resolve_model(engine, name, TRANSCRIPTION)
 
 

@@ -177,6 +177,9 @@ async def test_openai_model_names_use_the_default_transcription_model(alias):
     await sdk(engine, transcription=TranscriptionSettings(default_model="whisper")).audio.transcriptions.create(
         file=("a.wav", TWO, "audio/wav"), model=alias)
     assert {c[0] for c in engine.asr_calls} == {"whisper"}
+    with pytest.raises(openai.NotFoundError, match="stands for the default transcription model 'nope'"):
+        await sdk(engine, transcription=TranscriptionSettings(default_model="nope")).audio.transcriptions.create(
+            file=("a.wav", TWO, "audio/wav"), model=alias)
 
 
 async def test_omni_transcribes_through_chat_with_an_instruction():
