@@ -212,6 +212,10 @@ async def test_silence_is_an_empty_transcript_without_a_model_call():
     r = await sdk(engine).audio.transcriptions.create(file=("a.wav", buf.getvalue(), "audio/wav"),
                                                       model="pocketsphinx", response_format="verbose_json")
     assert r.text == "" and r.segments == [] and r.duration == pytest.approx(3.0)
+    stream = await sdk(engine).audio.transcriptions.create(file=("a.wav", buf.getvalue(), "audio/wav"),
+                                                           model="pocketsphinx", stream=True)
+    events = [e async for e in stream]
+    assert [(e.type, e.text) for e in events] == [("transcript.text.done", "")]
     assert not engine.asr_calls
 
 
