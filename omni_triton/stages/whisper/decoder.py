@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,6 +266,7 @@ class _Job:
     should_stop: Callable[[], bool]
     done: Callable[[str, BaseException | None], None]
     text: str = ""
+    compute_ms: float = 0.0  # this request's prefill + its share of every batched step it was in
 
 
 class DecoderScheduler:
@@ -288,11 +290,13 @@ class DecoderScheduler:
         self._thread = threading.Thread(target=self._loop, name="whisper-decoder", daemon=True)
         self._thread.start()
 
-    def submit(self, req: DecodeRequest, emit: Callable[[int, str], None], should_stop: Callable[[], bool],
+    def submit(self, req: DecodeRequest, emit: Callable[[int, str, float], None], should_stop: Callable[[], bool],
                done: Callable[[str, BaseException | None], None]) -> None:
-        """Queue ``req``: ``emit(token, text_delta)`` per generated token (``<|endoftext|>`` is not
-        emitted; ``text_delta``: the transcript's new text, possibly ""), then ``done(reason,
-        error)`` exactly once (``stop`` | ``cancelled`` | ``error``), all on the loop thread."""
+        """Queue ``req``: ``emit(token, text_delta, compute_ms)`` per generated token
+        (``<|endoftext|>`` is not emitted; ``text_delta``: the transcript's new text, possibly "";
+        ``compute_ms``: the request's compute so far: its prefill plus an equal share of each
+        batched step), then ``done(reason, error)`` exactly once (``stop`` | ``cancelled`` |
+        ``error``), all on the loop thread."""
         self._queue.put(_Job(req, emit, should_stop, done))
 
     def _admit(self, block: bool) -> None:
@@ -305,12 +309,14 @@ class DecoderScheduler:
             if job.should_stop():
                 job.done("cancelled", None)
                 continue
+            start = time.perf_counter()
             try:
                 row = self.d.prefill(job.req)
             except Exception as exc:
                 LOG.exception("whisper decoder: prefill failed")
                 job.done("error", exc)
                 continue
+            job.compute_ms += (time.perf_counter() - start) * 1000.0
             row.payload = job
             if self._emit(row, row.next_token):
                 self.batch.add(row)
@@ -329,7 +335,7 @@ class DecoderScheduler:
         delta = text[len(job.text):] if text.startswith(job.text) else ""
         job.text = text if text.startswith(job.text) else job.text
         try:
-            job.emit(token, delta)
+            job.emit(token, delta, job.compute_ms)
         except Exception as exc:
             job.done("error", exc)
             return False
@@ -344,6 +350,7 @@ class DecoderScheduler:
             if not len(self.batch):
                 continue
             rows = list(self.batch.rows)
+            start = time.perf_counter()
             try:
                 tokens = self.batch.step()
             except Exception as exc:
@@ -352,6 +359,9 @@ class DecoderScheduler:
                 for row in rows:
                     row.payload.done("error", exc)  # type: ignore[attr-defined]
                 continue
+            share = (time.perf_counter() - start) * 1000.0 / len(rows)
+            for row in rows:
+                row.payload.compute_ms += share  # type: ignore[attr-defined]
             if self.on_step is not None:
                 self.on_step(len(rows))
             self.batch.remove([row for row, token in zip(rows, tokens, strict=True) if not self._emit(row, token)])
