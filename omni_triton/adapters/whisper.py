@@ -8,10 +8,10 @@ import uuid
 
 import numpy as np
 
+from omni_triton.adapters.asr_inputs import AsrParams
 from omni_triton.adapters.batched import BatchedStage, set_torch_threads
 from omni_triton.adapters.bls import call_stage, stream_stage
 from omni_triton.adapters.stream import DecoupledStage
-from omni_triton.adapters.asr_inputs import AsrParams
 from omni_triton.adapters.triton_io import input_array, optional_input, optional_str_input, required_array
 from omni_triton.contracts import asr
 from omni_triton.contracts import whisper as wh
@@ -39,9 +39,9 @@ class WhisperEncoderStage(BatchedStage):
 
     def parse(self, request):
         audio = np.asarray(input_array(request, AUDIO), dtype=np.float32).reshape(-1)
-        if audio.size == 0 or audio.size > self.runner.max_audio_s * self.runner.sampling_rate:
-            raise asr.ASRInputError(f"{AUDIO} must hold 1 to {int(self.runner.max_audio_s * self.runner.sampling_rate)} "
-                                    f"samples, got {audio.size}")
+        most = int(self.runner.max_audio_s * self.runner.sampling_rate)
+        if audio.size == 0 or audio.size > most:
+            raise asr.ASRInputError(f"{AUDIO} must hold 1 to {most} samples, got {audio.size}")
         return audio
 
     def run(self, items):

@@ -146,7 +146,8 @@ def _build(out_dir: Path, seed: int, spec: TinyWhisperSpec, h: str) -> None:
         # the audio. Larger weights make different audio give different text.
         for mod in model.modules():
             if isinstance(mod, torch.nn.Linear) and mod is not model.proj_out:
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * spec.linear_std / mod.in_features ** 0.5)
+                std = spec.linear_std / mod.in_features ** 0.5
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * std)
         emb = model.model.decoder.embed_tokens.weight
         emb.copy_(torch.randn(emb.shape, generator=gen) * spec.embed_std)  # proj_out is tied to it
 

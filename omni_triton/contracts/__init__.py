@@ -4,7 +4,8 @@ validation, one input-error class per API, the UTF-8 BYTES helpers, input and ou
 Per API: ``chat`` (every chat model: llm, llm_tts, the omni BLS models), ``speech`` (piper and
 every speech model), ``image`` (the Qwen-Image ensembles' requests), ``video`` (the Wan2.2
 pipelines' requests). Per family, the stage tensors: ``csm``, ``qwen3_omni``, ``qwen2_5_omni``,
-``llm``, ``qwen3_tts``, ``qwen_image``, ``wan``, ``whisper``; ``asr`` (every speech-recognition model); shared by role: ``codec`` (talker -> code2wav),
+``llm``, ``qwen3_tts``, ``qwen_image``, ``wan``, ``whisper``; ``asr`` (every speech-recognition
+model); shared by role: ``codec`` (talker -> code2wav),
 ``omni_stages`` (thinker -> talker). Importable by the OpenAI frontend (which never imports
 torch), the clients, the BLS models and the stages; ``tests/unit/test_contracts.py`` checks every
 ``config.pbtxt`` against :data:`CONTRACTS`.

@@ -112,8 +112,8 @@ class WhisperDecoding:
     def detect_language(self, encoder_hidden: NDArray[np.float32]) -> str:
         """The language ``generate`` detects: argmax of the logits after ``<|startoftranscript|>``
         over the language tokens."""
-        out = self.decoder(input_ids=torch.tensor([[self.sot]]), encoder_hidden_states=self._encoder_states(encoder_hidden),
-                           use_cache=False)
+        out = self.decoder(input_ids=torch.tensor([[self.sot]]),
+                           encoder_hidden_states=self._encoder_states(encoder_hidden), use_cache=False)
         logits = self.proj_out(out.last_hidden_state[:, -1])[0]
         ids = torch.tensor(list(self.lang_to_id.values()))
         best = int(ids[int(torch.argmax(logits[ids]))])
