@@ -276,13 +276,16 @@ def _whisper_worker(folder: str) -> Callable[[bytes], str]:
 
 
 def baseline_processes(model: str) -> int:
-    """Processes of the in-process path: the served model's instances (a BLS model: the summed
-    instances of the stages it calls, its ``depends_on``)."""
+    """Processes of the in-process path: what runs the served model's requests at once, its
+    instances times its ``workers`` parameter (pocketsphinx: 1 x 2 decoder threads); a BLS model:
+    the summed instances of the stages it calls (``depends_on``; whisper: encoder + decoder)."""
     from omni_triton.serve.repository import available_models, model_parameters
 
-    depends = [d.strip() for d in model_parameters(available_models()[model]).get("depends_on", "").split(",")
-               if d.strip()]
-    return sum(instance_count(d) for d in depends) if depends else instance_count(model)
+    params = model_parameters(available_models()[model])
+    depends = [d.strip() for d in params.get("depends_on", "").split(",") if d.strip()]
+    if depends:
+        return sum(instance_count(d) for d in depends)
+    return instance_count(model) * max(1, int(params.get("workers") or 1))
 
 
 def baseline_factory(model: str) -> tuple[str, tuple]:

@@ -87,8 +87,8 @@ OMNI_MAX_TOKENS = 256
 MAX_FORM_FILES = 1
 MAX_FORM_FIELDS = 32
 MAX_FIELD_BYTES = 64 << 10
-#: an ISO-639-1 code (``en``); OpenAI's ``language`` takes nothing else
-_LANGUAGE = re.compile(r"[a-z]{2}")
+#: an ISO-639-1 code (``en``; three letters where Whisper has no two-letter one: ``haw``, ``yue``)
+_LANGUAGE = re.compile(r"[a-z]{2,3}")
 #: the multipart names of ``timestamp_granularities`` (the SDK sends ``timestamp_granularities[]``)
 _GRANULARITY_FIELDS = ("timestamp_granularities[]", "timestamp_granularities")
 
@@ -139,8 +139,15 @@ def prepare_audio(data: bytes, max_seconds: float, max_segment_s: float) -> Prep
     except media_audio.AudioDecodeError as exc:
         raise bad_request(f"'file': {exc}", param="file", code=exc.code) from None
     samples = np.ascontiguousarray(clip.samples, dtype=np.float32)
-    segments = media_vad.speech_segments(samples, SAMPLE_RATE, max_segment_s=max_segment_s)
-    return PreparedAudio(samples, clip.seconds, [(int(s), int(e)) for s, e in segments])
+    # speech_segments ends a segment silence_duration_ms after the speech stopped, minus that
+    # silence plus prefix_padding_ms; speech that runs to the end of the audio (a clip with
+    # little trailing silence) was cut 200 ms short there, and pocketsphinx lost its last word
+    # ("coffee with milk" -> "coffee with"). With that much silence appended every segment ends
+    # as one followed by a pause; segment ends are clipped to the real audio.
+    tail = np.zeros(SAMPLE_RATE * media_vad.VADConfig().silence_duration_ms // 1000, np.float32)
+    segments = media_vad.speech_segments(np.concatenate([samples, tail]), SAMPLE_RATE, max_segment_s=max_segment_s)
+    spans = [(int(s), min(int(e), samples.size)) for s, e in segments]
+    return PreparedAudio(samples, clip.seconds, [(s, e) for s, e in spans if e > s])
 
 
 def _wav_base64(samples: NDArray[np.float32]) -> str:
@@ -288,8 +295,9 @@ def check_job(body: TranslationForm, info: ModelInfo, task: str) -> Transcriptio
 
 
 def _language_name(code: str) -> str:
-    """``en`` -> ``english`` (OpenAI's ``verbose_json`` ``language``; pycountry's ISO 639 names)."""
-    lang = pycountry.languages.get(alpha_2=code)
+    """``en`` -> ``english``, ``haw`` -> ``hawaiian`` (OpenAI's ``verbose_json`` ``language``;
+    pycountry's ISO 639 names; a code it does not know is returned as is)."""
+    lang = pycountry.languages.get(**{"alpha_2" if len(code) == 2 else "alpha_3": code})
     return str(lang.name).lower() if lang is not None else code
 
 

@@ -219,6 +219,15 @@ async def test_silence_is_an_empty_transcript_without_a_model_call():
     assert not engine.asr_calls
 
 
+def test_speech_running_to_the_end_of_the_file_keeps_its_end():
+    # a voiced clip with no trailing silence: its only segment must reach the last sample
+    buf = io.BytesIO()
+    sf.write(buf, np.concatenate([np.zeros(RATE // 2, np.float32), voiced(1.5)]), RATE, format="WAV")
+    audio = tr.prepare_audio(buf.getvalue(), 60.0, 30.0)
+    assert audio.segments and audio.segments[-1][1] == audio.samples.size
+    assert all(0 <= s < e <= audio.samples.size for s, e in audio.segments)
+
+
 async def test_other_rates_and_formats_are_resampled_to_16k():
     engine = RecordingEngine()
     data = speech_file([1.0], rate=44100, fmt="FLAC")
