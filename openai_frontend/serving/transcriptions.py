@@ -209,8 +209,8 @@ class TextJoiner:
 @dataclass(frozen=True)
 class TranscriptionJob:
     """A validated request: the model, the task (``transcribe`` | ``translate``), the
-    ``language`` (ISO-639-1 or None), ``prompt``, ``temperature``, ``response_format``,
-    whether to stream, and whether ``verbose_json`` asked for segment timestamps."""
+    ``response_format``, the ``language`` (ISO-639-1 or None), ``prompt``, ``temperature``,
+    whether to stream, and the API it came through (the metric label)."""
 
     info: ModelInfo
     task: str
