@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from omni_triton.contracts import CONTRACTS, asr, chat, qwen3_tts, speech, wan
-from omni_triton.contracts import whisper as wh
 from omni_triton.contracts import codec as cd
 from omni_triton.contracts import omni_stages as om
 from omni_triton.contracts import qwen_image as qi
+from omni_triton.contracts import whisper as wh
 
 #: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
 TINY_DIMS = {
