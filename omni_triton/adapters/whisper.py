@@ -134,6 +134,7 @@ class WhisperPipeline(AsrParams, DecoupledStage):
     per_instance_metrics = True
     metric_specs = dict(
         requests=("omni_asr_requests_total", "Speech recognition requests received", "counter"),
+        invalid=("omni_asr_invalid_total", "Speech recognition requests refused (bad input)", "counter"),
         cancelled=("omni_asr_cancelled_total", "Speech recognition requests stopped by cancellation", "counter"),
         seconds=("omni_asr_audio_seconds_total", "Seconds of audio transcribed", "counter"),
     )
