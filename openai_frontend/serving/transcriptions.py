@@ -139,15 +139,8 @@ def prepare_audio(data: bytes, max_seconds: float, max_segment_s: float) -> Prep
     except media_audio.AudioDecodeError as exc:
         raise bad_request(f"'file': {exc}", param="file", code=exc.code) from None
     samples = np.ascontiguousarray(clip.samples, dtype=np.float32)
-    # speech_segments ends a segment silence_duration_ms after the speech stopped, minus that
-    # silence plus prefix_padding_ms; speech that runs to the end of the audio (a clip with
-    # little trailing silence) was cut 200 ms short there, and pocketsphinx lost its last word
-    # ("coffee with milk" -> "coffee with"). With that much silence appended every segment ends
-    # as one followed by a pause; segment ends are clipped to the real audio.
-    tail = np.zeros(SAMPLE_RATE * media_vad.VADConfig().silence_duration_ms // 1000, np.float32)
-    segments = media_vad.speech_segments(np.concatenate([samples, tail]), SAMPLE_RATE, max_segment_s=max_segment_s)
-    spans = [(int(s), min(int(e), samples.size)) for s, e in segments]
-    return PreparedAudio(samples, clip.seconds, [(s, e) for s, e in spans if e > s])
+    segments = media_vad.speech_segments(samples, SAMPLE_RATE, max_segment_s=max_segment_s)
+    return PreparedAudio(samples, clip.seconds, [(int(s), int(e)) for s, e in segments])
 
 
 def _wav_base64(samples: NDArray[np.float32]) -> str:
