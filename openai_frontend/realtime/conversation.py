@@ -174,8 +174,9 @@ def item_json(item: Item, naming: Naming) -> dict[str, Any]:
             "content": [part_json(p, naming) for p in item.parts]}
 
 
-_USER_PARTS = {"input_text": "input_text", "input_audio": "input_audio", "text": "input_text"}
-_ASSISTANT_PARTS = {"output_text": "text", "text": "text", "output_audio": "audio", "audio": "audio"}
+_USER_PARTS: dict[str, PartKind] = {"input_text": "input_text", "input_audio": "input_audio", "text": "input_text"}
+_ASSISTANT_PARTS: dict[str, PartKind] = {"output_text": "text", "text": "text", "output_audio": "audio",
+                                         "audio": "audio"}
 
 
 def parse_item(raw: Any, max_text_chars: int) -> Item:
@@ -204,7 +205,8 @@ def parse_item(raw: Any, max_text_chars: int) -> Item:
     parts = []
     for i, c in enumerate(content):
         where = f"item.content.{i}"
-        if not isinstance(c, dict) or c.get("type") not in table or (role == "system" and c.get("type") != "input_text"):
+        bad_system = role == "system" and isinstance(c, dict) and c.get("type") != "input_text"
+        if not isinstance(c, dict) or c.get("type") not in table or bad_system:
             raise RealtimeError(f"'{where}.type' must be one of {', '.join(sorted(table))} for a {role} item"
                                 if role != "system" else f"'{where}.type' must be 'input_text' for a system item",
                                 "invalid_value", f"{where}.type")

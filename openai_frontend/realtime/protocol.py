@@ -207,7 +207,7 @@ def parse_turn_detection(value: Any, param: str, current: TurnDetection | None) 
         raise RealtimeError("turn_detection.idle_timeout_ms is not supported", "unsupported_turn_detection",
                             f"{param}.idle_timeout_ms")
     base = TurnDetection()
-    out = {}
+    out: dict[str, Any] = {}
     if "threshold" in obj:
         out["threshold"] = _number(obj["threshold"], f"{param}.threshold", 0.0, 1.0)
     for key in ("prefix_padding_ms", "silence_duration_ms"):

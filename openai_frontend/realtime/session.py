@@ -226,11 +226,15 @@ class RealtimeSession:
         data = event.get("audio")
         if not isinstance(data, str):
             raise RealtimeError("'audio' must be a base64 string of PCM16 24 kHz audio", "invalid_value", "audio")
-        pcm = (await off_loop(decode_b64, data, "audio")) if len(data) > INLINE_B64_CHARS else decode_b64(data, "audio")
+        if len(data) > INLINE_B64_CHARS:
+            pcm = await off_loop(decode_b64, data, "audio")
+        else:
+            pcm = decode_b64(data, "audio")
         limit = int(self.limits.max_buffer_s * RATE) * 2
         if len(self.buffer) + len(pcm) > limit:
-            raise RealtimeError(f"The input audio buffer would hold {(len(self.buffer) + len(pcm)) / BYTES_PER_MS / 1000:.1f} s; "
-                                f"at most {self.limits.max_buffer_s:g} s: commit or clear it", "input_audio_buffer_full",
+            seconds = (len(self.buffer) + len(pcm)) / BYTES_PER_MS / 1000
+            raise RealtimeError(f"The input audio buffer would hold {seconds:.1f} s; at most "
+                                f"{self.limits.max_buffer_s:g} s: commit or clear it", "input_audio_buffer_full",
                                 "audio")
         self.buffer += pcm
         self.fed_bytes += len(pcm)
@@ -434,7 +438,8 @@ class RealtimeSession:
             value = params["instructions"]
             if not isinstance(value, str) or len(value) > self.limits.max_text_chars:
                 raise RealtimeError("'response.instructions' must be a string of at most "
-                                    f"{self.limits.max_text_chars} characters", "invalid_value", "response.instructions")
+                                    f"{self.limits.max_text_chars} characters", "invalid_value",
+                                    "response.instructions")
             out["instructions"] = value
         if "conversation" in params:
             if params["conversation"] not in ("auto", "none"):
@@ -554,7 +559,8 @@ class RealtimeSession:
     async def _run(self, resp: _Response, items: list[Item]) -> None:
         """Run ``resp`` on the engine and send its events; ends with ``response.done``."""
         resp.started = True
-        status, details = "completed", None
+        status: str = "completed"
+        details: dict[str, Any] | None = None
 
         def record(outcome: str) -> None:
             self.metrics.generation_requests.labels(self.info.public_name, "realtime", "stream", outcome).inc()
@@ -600,8 +606,9 @@ class RealtimeSession:
                 self.response = None
                 raise
             task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            uncancel = getattr(task, "uncancel", None)  # Python 3.11+: this cancel was handled
+            if uncancel is not None:
+                uncancel()
             status, details = "cancelled", {"type": "cancelled", "reason": resp.cancel_reason}
         except RealtimeError as exc:
             status, details = "failed", {"type": "failed", "error": {"type": exc.error_type, "code": exc.code,
