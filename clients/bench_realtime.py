@@ -19,10 +19,13 @@ concurrency level ``C`` (``N = max(--sessions, C)`` sessions from ``C`` closed-l
     audio delta; ``speech_end_to_first_audio_ms``: the last voiced sample sent -> first audio delta
     (includes the silence the VAD waits for).
 ``barge_in``
-    once that answer's first audio delta arrives, a second utterance is streamed in real time:
-    ``barge_in_ms``: its first voiced sample sent -> the last audio delta of the interrupted
-    response received; ``cancel_done_ms``: -> its ``response.done`` (status ``cancelled``);
-    ``late_audio_deltas``: audio deltas of it after ``response.done`` (must be 0).
+    from that answer's first audio delta on, a second utterance is streamed in real time (the rest
+    of the trailing silence is not sent): ``barge_in_ms``: its first voiced sample sent -> the last
+    audio delta of the interrupted response received; ``cancel_done_ms``: -> its
+    ``response.done`` (status ``cancelled``); both only for answers still running when the VAD
+    heard the user (``barge_in_cancelled`` counts them: an answer computed faster than the VAD
+    needs, ~150 ms of speech, was sent whole and ends ``completed``/``incomplete``);
+    ``late_audio_deltas``: audio deltas of the response after its ``response.done`` (must be 0).
 
 Aggregates per level: mean / p50 / p90 / min / max (``clients.bench_common.describe``), errors.
 The frontend's own histograms (``omni_frontend_realtime_*``, docs/metrics.md) measure the same
@@ -97,6 +100,8 @@ def summarize(results: Sequence[SessionResult], wall_s: float) -> dict:
             "speech_stop_to_first_audio_ms": ms("speech_stop_to_first_audio"),
             "speech_end_to_first_audio_ms": ms("speech_end_to_first_audio"),
             "barge_in_ms": ms("barge_in"), "cancel_done_ms": ms("cancel_done"),
+            # barge-ins that found the answer still running (the others had been sent whole)
+            "barge_in_cancelled": sum(r.barge_in is not None for r in results),
             "late_audio_deltas": sum(r.late_audio_deltas for r in results),
             "statuses": sorted({s for r in results for s in r.statuses}),
             "errors": [r.error for r in results if r.error]}
@@ -143,30 +148,29 @@ async def one_session(client, model: str, speech: Sequence[bytes], max_tokens: i
             def mark(ev) -> None:  # the receive time of the first event of each type
                 seen.setdefault(ev.type, time.perf_counter())
 
-            events = asyncio.create_task(_next(conn, "response.output_audio.delta", timeout_s, mark))
             t_start = time.perf_counter()
-            await _stream(conn, silence(lead) + speech[0] + silence(1000), realtime=True)
-            delta = await events
+            talk = asyncio.create_task(_stream(conn, silence(lead) + speech[0] + silence(1000), realtime=True))
+            delta = await _next(conn, "response.output_audio.delta", timeout_s, mark)
+            talk.cancel()  # the user talks over the answer from its first audio delta on
+            await asyncio.gather(talk, return_exceptions=True)
             t_audio = seen["response.output_audio.delta"]
-            stopped_at = [seen["input_audio_buffer.speech_stopped"]] if "input_audio_buffer.speech_stopped" in seen \
-                else []
-            if stopped_at:
-                r.speech_stop_to_first_audio = t_audio - stopped_at[0]
+            if "input_audio_buffer.speech_stopped" in seen:
+                r.speech_stop_to_first_audio = t_audio - seen["input_audio_buffer.speech_stopped"]
             r.speech_end_to_first_audio = t_audio - (t_start + (lead + first[1]) / 1000)
             response_id = delta.response_id
             second = voiced_bounds_ms(speech[1]) or (0, 0)
-            last_audio: list[float] = []
-            done_at: list[float] = []
+            last_audio: list[float] = [t_audio]
+            done: list = []
             late = [0]
 
             def watch(ev) -> None:
                 if ev.type == "response.output_audio.delta" and ev.response_id == response_id:
-                    if done_at:
+                    if done:
                         late[0] += 1
                     else:
                         last_audio.append(time.perf_counter())
                 elif ev.type == "response.done" and ev.response.id == response_id:
-                    done_at.append(time.perf_counter())
+                    done.append((time.perf_counter(), ev.response.status))
                     r.statuses.append(ev.response.status)
 
             waiter = asyncio.create_task(_next(conn, "response.done", timeout_s, watch))
@@ -174,9 +178,10 @@ async def one_session(client, model: str, speech: Sequence[bytes], max_tokens: i
             await _stream(conn, speech[1], realtime=True)
             await waiter
             t_voice = t_interrupt + second[0] / 1000
-            r.barge_in = max(0.0, (last_audio[-1] if last_audio else t_voice) - t_voice)
-            r.cancel_done = done_at[0] - t_voice
-            try:  # deltas of the cancelled response after its response.done
+            if done[0][1] == "cancelled":  # else it was all sent before the user's voice started
+                r.barge_in = max(0.0, last_audio[-1] - t_voice)
+                r.cancel_done = done[0][0] - t_voice
+            try:  # deltas of the response after its response.done
                 await _next(conn, "never", 1.0, watch)
             except TimeoutError:
                 pass

@@ -31,7 +31,7 @@ def test_summarize_reports_ms_and_errors():
     assert s["commit_to_first_audio_ms"] == {"mean": 200.0, "p50": 200.0, "p90": 280.0, "min": 100.0, "max": 300.0,
                                              "n": 2}
     assert s["barge_in_ms"]["n"] == 1 and s["speech_stop_to_first_audio_ms"]["n"] == 0
-    assert s["late_audio_deltas"] == 1 and s["errors"] == ["TimeoutError: x"]
+    assert s["barge_in_cancelled"] == 1 and s["late_audio_deltas"] == 1 and s["errors"] == ["TimeoutError: x"]
     assert s["statuses"] == ["cancelled", "completed"]
 
 
@@ -42,5 +42,5 @@ def test_one_session_against_a_fake_server(server, piper_pcm):  # noqa: F811
     r = results[0]
     assert r.error is None, r.error
     assert r.commit_to_first_audio > 0 and r.speech_stop_to_first_audio > 0 and r.speech_end_to_first_audio > 0
-    assert r.barge_in is not None and r.cancel_done > 0 and r.late_audio_deltas == 0
+    assert r.barge_in is not None and r.cancel_done > 0 and r.late_audio_deltas == 0  # the fake answers slowly
     assert "cancelled" in r.statuses
