@@ -143,8 +143,9 @@ class FrontendMetrics:
         )
         self.realtime_barge_in = Histogram(
             "omni_frontend_realtime_barge_in_seconds",
-            "Realtime barge-in: user speech start (server VAD) or response.cancel received -> the last audio "
-            "delta of the cancelled response sent (0: none after it)",
+            "Realtime barge-in: the user's first voiced audio reaching the server (server VAD; its detection "
+            "takes ~150 ms of speech) or response.cancel received -> the last audio delta of the cancelled "
+            "response sent (0: none after it)",
             ["model", "reason"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=self.registry,

@@ -21,6 +21,7 @@ import base64
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,8 @@ VAD_INLINE_BYTES = RATE * 2
 #: In server-VAD mode, audio older than this before the current speech (beyond the prefix
 #: padding) is dropped from the buffer while nobody speaks: a silent stream never fills it.
 VAD_KEEP_MS = 1000
+#: Appends whose arrival times are kept for the barge-in latency (10 s of 100 ms appends).
+ARRIVALS_KEPT = 100
 #: Reserve for the answer when ``max_output_tokens`` is ``inf``: a quarter of the context, at most this.
 DEFAULT_RESERVE_TOKENS = 256
 
@@ -152,7 +155,9 @@ class RealtimeSession:
         self.vad: StreamingVAD | None = None
         self.vad_base_ms = 0  # session position where the current VAD started
         self.speech_item_id: str | None = None  # the item the current speech will become
-        self.speech_started_at = 0.0
+        #: (session position in ms where an append ended, perf_counter time it arrived), the
+        #: last ARRIVALS_KEPT appends: when the voice that started speech reached the server
+        self.arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)
         self.response: _Response | None = None
         #: perf_counter time of the last input_audio_buffer.commit not yet answered
         self.last_commit_at: float | None = None
@@ -241,6 +246,7 @@ class RealtimeSession:
                                 "audio")
         self.buffer += pcm
         self.fed_bytes += len(pcm)
+        self.arrivals.append((self.fed_bytes // BYTES_PER_MS, time.perf_counter()))
         if self.vad is None:
             return
         vad = self.vad
@@ -260,8 +266,14 @@ class RealtimeSession:
     def _buffer_start_ms(self) -> int:
         return (self.fed_bytes - len(self.buffer)) // BYTES_PER_MS
 
+    def _arrived_at(self, position_ms: int) -> float:
+        """When the audio at session position ``position_ms`` reached the server (now if unknown)."""
+        for end_ms, at in self.arrivals:
+            if end_ms > position_ms:
+                return at
+        return time.perf_counter()
+
     async def _speech_started(self, position_ms: int) -> None:
-        self.speech_started_at = time.perf_counter()
         drop = (position_ms - self._buffer_start_ms()) * BYTES_PER_MS
         if drop > 0:
             del self.buffer[:drop]
@@ -269,7 +281,9 @@ class RealtimeSession:
         await self.emit("input_audio_buffer.speech_started", audio_start_ms=position_ms, item_id=self.speech_item_id)
         td = self.config.turn_detection
         if self.response is not None and td is not None and td.interrupt_response:
-            await self._cancel("turn_detected", self.speech_started_at)
+            # barge-in latency counts from the first voiced frame's arrival (after the padding)
+            voice_ms = position_ms + (td.prefix_padding_ms if position_ms > 0 else 0)
+            await self._cancel("turn_detected", self._arrived_at(voice_ms))
 
     async def _speech_stopped(self, position_ms: int) -> None:
         stopped_at = time.perf_counter()
@@ -649,7 +663,8 @@ class RealtimeSession:
         await self.emit("response.output_item.done", response_id=resp.id, output_index=0,
                         item=item_json(item, naming))
         if resp.cancel_reason is not None and status == "cancelled":
-            # barge-in latency: the speech start (or response.cancel) -> the last audio delta sent
+            # barge-in latency: the user's voice reaching the server (or response.cancel) -> the
+            # last audio delta sent (0 when none was sent after it)
             self.metrics.realtime_barge_in.labels(self.info.public_name, resp.cancel_reason).observe(
                 max(0.0, resp.last_audio_at - resp.cancel_at) if resp.sent_audio else 0.0)
         await self.emit("response.done", response=self._response_json(resp, status, details))

@@ -181,6 +181,13 @@ async def _serve(ws: WebSocket, sock: _Socket) -> None:
                     await sock.fatal(exc)
                     return
                 await sock.send(error_event(exc, event_id[:64] if event_id else None))
+            except (WebSocketDisconnect, asyncio.CancelledError):
+                raise
+            except Exception:  # a bug: the client is told, the session goes on
+                logger.exception("realtime event failed")
+                await sock.send(error_event(RealtimeError("The server had an error while processing the event",
+                                                          "server_error", error_type="server_error"),
+                                            event_id[:64] if event_id else None))
     finally:
         if receiver is not None and not receiver.done():
             receiver.cancel()

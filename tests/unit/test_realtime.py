@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -344,6 +345,9 @@ def test_server_vad_turn_then_barge_in(server, piper_pcm):
             return seen, done, seen2
 
     seen, done, seen2 = asyncio.run(run())
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert metric_total(metrics, "omni_frontend_realtime_barge_in_seconds_count", reason="turn_detected") == 1
+    assert metric_total(metrics, "omni_frontend_realtime_speech_stop_to_first_audio_seconds_count") == 1
     kinds = [e.type for e in seen]
     assert kinds[:4] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
                          "input_audio_buffer.committed", "conversation.item.created"], kinds
@@ -492,8 +496,6 @@ def test_api_key_is_checked_on_the_handshake(server):
 
 
 def test_metrics(server):
-    import httpx
-
     port = server(OmniEngine(words=2))
 
     async def run():
