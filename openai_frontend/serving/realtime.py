@@ -34,11 +34,16 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from ..engine import EngineError
 from ..errors import OpenAIError, engine_error_detail, public_message
+from ..offload import off_loop
 from ..realtime.protocol import RealtimeError, error_event, naming_of
 from ..realtime.session import RealtimeLimits, RealtimeSession
 from .common import resolve_model
 
 logger = logging.getLogger(__name__)
+
+#: Events longer than this (characters) are parsed off the event loop (``json.loads`` of 256 KiB
+#: takes ~0.2 ms; of the 4 MiB limit ~3.4 ms, measured).
+INLINE_PARSE_CHARS = 256 << 10
 
 
 class _Socket:
@@ -173,7 +178,9 @@ async def _serve(ws: WebSocket, sock: _Socket) -> None:
                 raw = message.get("text")
                 if raw is None:
                     raise RealtimeError("Send events as JSON text messages", "invalid_event")
-                event = _parse(raw, settings)
+                # parsing a large event (an append of seconds of audio) is CPU work: off the loop
+                event = (await off_loop(_parse, raw, settings)) if len(raw) > INLINE_PARSE_CHARS \
+                    else _parse(raw, settings)
                 event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
                 await session.handle(event)
             except RealtimeError as exc:
