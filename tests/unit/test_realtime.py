@@ -216,6 +216,42 @@ def test_next_prompt_carries_the_conversation(server):
     assert b.response.usage.input_tokens > a.response.usage.input_tokens
 
 
+def test_created_items_audio_and_text_go_into_the_prompt(server):
+    """``conversation.item.create``: a user audio item (base64 PCM16 24 kHz), an assistant text
+    item and a system item placed with ``previous_item_id``: all in the next prompt, in order."""
+    engine = OmniEngine(words=1)
+    port = server(engine)
+    pcm = pcm_tone(250)
+
+    async def run():
+        async with sdk(port).beta.realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"turn_detection": None})
+            await conn.conversation.item.create(item={"id": "u1", "type": "message", "role": "user", "content": [
+                {"type": "input_audio", "audio": b64(pcm)}, {"type": "input_text", "text": "and this"}]})
+            await conn.conversation.item.create(item={"id": "a1", "type": "message", "role": "assistant",
+                                                      "content": [{"type": "text", "text": "Earlier answer."}]})
+            await conn.conversation.item.create(previous_item_id="root", item={
+                "type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be kind."}]})
+            await conn.conversation.item.create(item={"id": "u2", "type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "Go on."}]})
+            created = [(await until(conn, "conversation.item.created"))[0] for _ in range(4)]
+            await conn.conversation.item.create(item={"id": "u2", "type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "again"}]})
+            dup, _ = await until(conn, "error")
+            await conn.response.create()
+            await until(conn, "response.done")
+            return created, dup
+
+    created, dup = asyncio.run(run())
+    assert created[0].item.content[0].type == "input_audio" and created[1].item.content[0].type == "text"
+    assert created[2].previous_item_id is None and dup.error.code == "item_already_exists"
+    messages = engine.requests[0].messages
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[0]["content"] == "Be kind." and messages[2]["content"] == "Earlier answer."
+    assert _wav_pcm(messages[1]["content"][0]["input_audio"]["data"]) == pcm
+    assert messages[1]["content"][1] == {"type": "text", "text": "and this"}
+
+
 def _text_item(i: int, chars: int = 30) -> Item:
     return Item(f"item_{i}", "user", [Part("input_text", text="x" * chars)])
 
