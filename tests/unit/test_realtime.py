@@ -545,3 +545,47 @@ def test_metrics(server):
     assert metric_total(during, "omni_frontend_realtime_sessions") == 1
     assert metric_total(during, "omni_frontend_realtime_commit_to_first_audio_seconds_count", model="omni") == 1
     assert metric_total(after, "omni_frontend_realtime_sessions") == 0
+
+
+def test_payload_sized_work_runs_off_the_event_loop(monkeypatch):
+    """Base64 decoding of a large append, its VAD pass, the parse of a large event, the WAV of the
+    committed audio and the output's resample + PCM16 + base64 run on worker threads."""
+    import threading
+
+    from starlette.testclient import TestClient
+
+    from omni_triton.media.vad import StreamingVAD
+    from openai_frontend.realtime import session as session_module
+    from openai_frontend.serving import realtime as serving_module
+
+    threads: dict[str, set[int]] = {}
+
+    def spy(name, fn, large=lambda *args: True):
+        def wrapped(*args, **kwargs):
+            if large(*args):
+                threads.setdefault(name, set()).add(threading.get_ident())
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(session_module, "decode_b64", spy("decode", session_module.decode_b64))
+    monkeypatch.setattr(session_module, "prepare_audio", spy("wav", session_module.prepare_audio))
+    monkeypatch.setattr(serving_module, "_parse", spy("parse", serving_module._parse,
+                                                      lambda raw, *_: len(raw) > serving_module.INLINE_PARSE_CHARS))
+    monkeypatch.setattr(StreamingVAD, "feed", spy("vad", StreamingVAD.feed))
+    session_class = session_module.RealtimeSession
+    monkeypatch.setattr(session_class, "_encode", spy("encode", session_class._encode))
+    with TestClient(create_app(OmniEngine(words=2), Settings())) as tc, \
+            tc.websocket_connect("/v1/realtime?model=omni") as ws:
+        loop_thread = tc.portal.call(threading.get_ident)
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_json({"type": "input_audio_buffer.append", "audio": b64(bytes(2 * RATE * 5))})  # 5 s of silence
+        ws.send_json({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"turn_detection": None}}}})
+        assert ws.receive_json()["type"] == "session.updated"
+        ws.send_json({"type": "input_audio_buffer.append", "audio": b64(pcm_tone(3000))})
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        ws.send_json({"type": "response.create"})
+        while ws.receive_json()["type"] != "response.done":
+            pass
+    for name in ("decode", "vad", "parse", "wav", "encode"):
+        assert threads.get(name) and loop_thread not in threads[name], (name, threads, loop_thread)
