@@ -239,6 +239,17 @@ class RealtimeSession:
         else:
             pcm = decode_b64(data, "audio")
         limit = int(self.limits.max_buffer_s * RATE) * 2
+        if self.vad is not None and not self.vad.speaking:  # only the last moments can start a turn
+            excess = len(self.buffer) + len(pcm) - self._vad_keep_bytes(limit)
+            if excess > 0:
+                del self.buffer[:excess]
+        if len(self.buffer) + len(pcm) > limit and self.vad is not None and self.vad.speaking and len(pcm) <= limit:
+            # a turn longer than the buffer ends here: committed (and answered) as if the speaker
+            # paused, and the VAD starts afresh (else it would never hear the end of that speech)
+            item_id = self.speech_item_id
+            self._reset_vad()
+            self.speech_item_id = item_id
+            await self._speech_stopped(self.fed_bytes // BYTES_PER_MS)
         if len(self.buffer) + len(pcm) > limit:
             seconds = (len(self.buffer) + len(pcm)) / BYTES_PER_MS / 1000
             raise RealtimeError(f"The input audio buffer would hold {seconds:.1f} s; at most "
@@ -257,11 +268,16 @@ class RealtimeSession:
                 await self._speech_started(position)
             else:
                 await self._speech_stopped(position)
-        if not self.vad.speaking:  # keep the buffer bounded while nobody speaks
-            td = self.config.turn_detection
-            keep = ((td.prefix_padding_ms if td else 0) + VAD_KEEP_MS) * BYTES_PER_MS
+        if self.vad is not None and not self.vad.speaking:  # keep the buffer bounded while nobody speaks
+            keep = self._vad_keep_bytes(limit)
             if len(self.buffer) > keep:
                 del self.buffer[:len(self.buffer) - keep]
+
+    def _vad_keep_bytes(self, limit: int) -> int:
+        """Bytes of the buffer kept while nobody speaks: the prefix padding + ``VAD_KEEP_MS``, at
+        most the buffer limit."""
+        td = self.config.turn_detection
+        return min(limit, ((td.prefix_padding_ms if td else 0) + VAD_KEEP_MS) * BYTES_PER_MS)
 
     def _buffer_start_ms(self) -> int:
         return (self.fed_bytes - len(self.buffer)) // BYTES_PER_MS

@@ -397,6 +397,37 @@ def test_server_vad_turn_then_barge_in(server, piper_pcm):
     assert abs(len(user_audio) // 2 - (stopped.audio_end_ms - started.audio_start_ms) * RATE // 1000) <= 24 * 30
 
 
+def test_speech_longer_than_the_buffer_is_committed_at_the_limit(server, piper_pcm):
+    """Server VAD, speech longer than ``--realtime-max-buffer-s``: no error; the turn is ended at
+    the limit (speech_stopped, committed) and the VAD goes on with the rest."""
+    port = server(OmniEngine(words=1), realtime_max_buffer_s=1.0)
+    speech = piper_pcm + piper_pcm  # ~4 s of speech, pauses shorter than the 500 ms silence
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {
+                "type": "server_vad", "create_response": False}}}})
+            await until(conn, "session.updated")
+            step = RATE // 10 * 2
+            for i in range(0, len(speech), step):
+                await conn.input_audio_buffer.append(audio=b64(speech[i:i + step]))
+            await conn.input_audio_buffer.append(audio=b64(bytes(RATE * 2)))  # 1 s of silence
+            events = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    async for ev in conn:
+                        events.append(ev)
+            return events
+
+    events = asyncio.run(run())
+    kinds = [e.type for e in events]
+    assert "error" not in kinds, [e for e in events if e.type == "error"]
+    stops = [e for e in events if e.type == "input_audio_buffer.speech_stopped"]
+    starts = [e for e in events if e.type == "input_audio_buffer.speech_started"]
+    assert len(stops) >= 2 and kinds.count("input_audio_buffer.committed") == len(stops)
+    assert stops[0].audio_end_ms - starts[0].audio_start_ms <= 1100  # cut at the 1 s buffer
+
+
 # --------------------------------------------------------------------------- errors, limits
 def test_malformed_events_get_error_events_and_the_session_goes_on(server):
     port = server(OmniEngine(words=2, delay_s=0.05), realtime_max_event_bytes=10_000, realtime_max_buffer_s=1.0)
