@@ -541,6 +541,7 @@ class RealtimeSession:
             self.response = None
             raise
         resp.task = asyncio.create_task(self._run(resp, prompt_items))
+        resp.task.add_done_callback(_retrieve)
 
     def _part(self, resp: _Response) -> dict[str, Any]:
         if resp.audio_out:
@@ -715,6 +716,13 @@ class RealtimeSession:
             out.update(output_modalities=["audio"] if resp.audio_out else ["text"],
                        audio={"output": {"format": {"type": "audio/pcm", "rate": RATE}, "voice": self.config.voice}})
         return out
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Done callback of a response task: its exception (the socket gone while it sent) is read
+    here, so it is not reported as never retrieved; the socket loop ends the session anyway."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("realtime response ended with %r", task.exception())
 
 
 _HANDLERS: dict[str, Callable[[RealtimeSession, dict[str, Any]], Awaitable[None]]] = {
