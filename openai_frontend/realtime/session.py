@@ -393,8 +393,14 @@ class RealtimeSession:
         await self.emit("conversation.item.deleted", item_id=item.id)
 
     async def on_item_retrieve(self, event: dict[str, Any]) -> None:
+        """The item with its user audio (base64 PCM16 24 kHz, encoded off the loop), as OpenAI
+        returns it; assistant audio is not kept (its transcript is)."""
         item = self.items[self._find(event.get("item_id"))]
-        await self.emit("conversation.item.retrieved", item=item_json(item, self.naming))
+        data = item_json(item, self.naming)
+        for part, out in zip(item.parts, data["content"], strict=True):
+            if part.kind == "input_audio":
+                out["audio"] = await off_loop(_b64, part.pcm)
+        await self.emit("conversation.item.retrieved", item=data)
 
     async def on_item_truncate(self, event: dict[str, Any]) -> None:
         """Cut an assistant item's audio to ``audio_end_ms`` (what the listener heard): its
@@ -716,6 +722,10 @@ class RealtimeSession:
             out.update(output_modalities=["audio"] if resp.audio_out else ["text"],
                        audio={"output": {"format": {"type": "audio/pcm", "rate": RATE}, "voice": self.config.voice}})
         return out
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

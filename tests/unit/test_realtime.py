@@ -238,6 +238,16 @@ def test_created_items_audio_and_text_go_into_the_prompt(server):
             await conn.conversation.item.create(item={"id": "u2", "type": "message", "role": "user",
                                                       "content": [{"type": "input_text", "text": "again"}]})
             dup, _ = await until(conn, "error")
+            await conn.conversation.item.retrieve(item_id="u1")
+            retrieved, _ = await until(conn, "conversation.item.retrieved")
+            assert base64.b64decode(retrieved.item.content[0].audio) == pcm
+            await conn.conversation.item.delete(item_id="a1")
+            deleted, _ = await until(conn, "conversation.item.deleted")
+            assert deleted.item_id == "a1"
+            await conn.conversation.item.create(previous_item_id="u1", item={
+                "id": "a1", "type": "message", "role": "assistant", "content": [
+                    {"type": "text", "text": "Earlier answer."}]})
+            await until(conn, "conversation.item.created")
             await conn.response.create()
             await until(conn, "response.done")
             return created, dup
