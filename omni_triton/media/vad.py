@@ -208,18 +208,17 @@ def speech_segments(audio: NDArray[np.float32], sample_rate: int, *, max_segment
         elif start_ms is not None:
             spans.append((start_ms, event.audio_ms))
             start_ms = None
+    # a stop position already holds silence_duration_ms of silence: keep prefix_padding_ms of it
     total_ms = samples.size * 1000 // sample_rate
-    if start_ms is not None:
-        spans.append((start_ms, total_ms))
-    # the stop position already holds silence_duration_ms of silence; keep prefix_padding_ms of it
-    pad = cfg.prefix_padding_ms
+    closed = [(s, min(total_ms, max(s, e - cfg.silence_duration_ms) + cfg.prefix_padding_ms)) for s, e in spans]
+    if start_ms is not None:  # speech runs to the end of the audio: no silence was counted, keep it all
+        closed.append((start_ms, total_ms))
     out: list[tuple[int, int]] = []
-    for s_ms, e_ms in spans:
-        e_ms = min(total_ms, max(s_ms, e_ms - cfg.silence_duration_ms) + pad)
+    for s_ms, e_ms in closed:
         start, end = s_ms * sample_rate // 1000, e_ms * sample_rate // 1000
         if out and start <= out[-1][1]:  # padding made two spans touch: merge them
             start = out.pop()[0]
-        out.append((start, end))
+        out.append((start, samples.size if e_ms == total_ms else end))
     return [piece for s, e in out for piece in _cut(samples, s, e, sample_rate, max_segment_s, cfg.frame_ms)]
 
 

@@ -91,3 +91,10 @@ def test_config_out_of_range_is_refused(field, value):
 
 def test_threshold_maps_to_webrtc_modes():
     assert [VADConfig(threshold=t).mode for t in (0.0, 0.3, 0.5, 0.8, 1.0)] == [0, 1, 2, 3, 3]
+
+
+def test_speech_that_runs_to_the_end_keeps_its_end(spoken):
+    audio, rate, begin_s, end_s = spoken
+    cut = audio[: int(end_s * rate)]  # no silence after the sentence
+    (start, end), = speech_segments(cut, rate, max_segment_s=30)
+    assert end == cut.size, "the last word must not be cut off"
