@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_triton.contracts import CONTRACTS, chat, qwen3_tts, speech, wan
+from omni_triton.contracts import CONTRACTS, asr, chat, qwen3_tts, speech, wan
 from omni_triton.contracts import codec as cd
 from omni_triton.contracts import omni_stages as om
 from omni_triton.contracts import qwen_image as qi
+from omni_triton.contracts import whisper as wh
 
 #: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
 TINY_DIMS = {
@@ -39,6 +40,7 @@ TINY_DIMS = {
     "video_vae_scale": 8,      # wan vae scale_factor_spatial (temporal: 4)
     # qwen3-omni-tiny config.json token ids: the talker finds the chat turns in SEQUENCE by them
     "omni_im_start": 1, "omni_im_end": 2, "omni_user": 282, "omni_assistant": 278,
+    "whisper_d_model": 64,     # whisper-tiny-random d_model (encoder states [1500, d_model])
 }
 
 _TEXT = "Measured with perf analyzer."
@@ -146,6 +148,13 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     table["qwen3_tts_voice_prompt"] = {
         qwen3_tts.REF_AUDIO: (np.sin(np.arange(16000) * 0.08) * 0.3).astype(np.float32),
         qwen3_tts.REF_SAMPLE_RATE: _i32(16000), qwen3_tts.X_VECTOR_ONLY: np.array([True])}
+    # ASR: 1 s of a 440 Hz tone at 16 kHz; the decoder gets zero encoder states of the tiny Whisper
+    tone = (np.sin(np.arange(asr.SAMPLE_RATE) * 2 * np.pi * 440 / asr.SAMPLE_RATE) * 0.3).astype(np.float32)
+    table["whisper"] = {speech.AUDIO: tone, asr.LANGUAGE: _u8("en")}
+    table["pocketsphinx"] = {speech.AUDIO: tone, asr.LANGUAGE: _u8("en")}
+    table["whisper_encoder"] = {speech.AUDIO: tone}
+    table["whisper_decoder"] = {wh.ENCODER_HIDDEN: np.zeros((1500, dims["whisper_d_model"]), np.float32),
+                                asr.LANGUAGE: _u8("en"), wh.MAX_NEW_TOKENS: _i32(8)}
     return table[model]
 
 

@@ -26,6 +26,11 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   12 Hz codec, from the ``qwen-tts`` package's configs, built in the Qwen3-TTS environment
   (``omni_triton.checkpoints.qwen3_tts``).
 
+- ``whisper-tiny-random``: a tiny random-weight Whisper (``WhisperForConditionalGeneration``) with a
+  locally trained tokenizer carrying Whisper's special tokens and a generation config for
+  ``generate(language=, task=)`` (``omni_triton.checkpoints.whisper``). (``pocketsphinx`` needs no
+  asset: its model ships in the wheel.)
+
 Every builder is idempotent: a finished asset is skipped, so ``prepare`` is cheap to repeat.
 """
 from __future__ import annotations
@@ -102,6 +107,12 @@ def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
     build_smollm2(dest, log)
 
 
+def _prepare_whisper_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.checkpoints.whisper import build_tiny_whisper
+
+    build_tiny_whisper(dest)
+
+
 def _prepare_qwen3_tts_tiny(dest: Path, log: Callable[[str], None]) -> None:
     import subprocess
 
@@ -125,6 +136,7 @@ ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "wan2.2-t2v-tiny": _prepare_wan_t2v_tiny,
     "wan2.2-i2v-tiny": _prepare_wan_i2v_tiny,
     "qwen3-tts-tiny": _prepare_qwen3_tts_tiny,
+    "whisper-tiny-random": _prepare_whisper_tiny,
 }
 
 

@@ -32,6 +32,7 @@ REQUESTS = {
                 "GUIDANCE_SCALE": 1.0, "SEED": 0},
     "wan_i2v": {"PROMPT": "a cat", "HEIGHT": 16, "WIDTH": 16, "NUM_FRAMES": 5, "NUM_INFERENCE_STEPS": 2,
                 "GUIDANCE_SCALE": 1.0, "SEED": 0, "INPUT_IMAGE": np.zeros((16, 16, 3), np.uint8)},
+    "whisper": {"AUDIO": np.zeros(16000, np.float32), "LANGUAGE": "en"},
 }
 
 

@@ -1,0 +1,84 @@
+"""CMU PocketSphinx speech recognition (the ``pocketsphinx`` family): real US-English ASR from the
+acoustic model, dictionary and language model shipped inside the ``pocketsphinx`` wheel (5.1.1,
+``pocketsphinx/model/en-us``), no download. It takes 16 kHz mono int16 PCM.
+
+Streaming: the segment is cut at its pauses (``omni_triton.media.vad.speech_segments``: WebRTC's
+VAD, the frontend's segmentation) and each piece is decoded as one pocketsphinx utterance, so a
+request yields one text delta per utterance; audio in which the VAD finds no speech is decoded
+whole (once). Only ``pocketsphinx.Decoder`` is imported: the package's live-audio helpers need
+``sounddevice``, which is not installed (docs/asr.md).
+"""
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: Hz of the en-us acoustic model (the Decoder's ``samprate``)
+SAMPLE_RATE = 16000
+#: samples fed to the decoder per ``process_raw`` call (0.5 s): cancellation is polled between them
+FEED_SAMPLES = 8000
+
+
+def pcm16(audio: NDArray[np.float32]) -> bytes:
+    """float32 [-1, 1] -> little-endian int16 PCM bytes (clipped)."""
+    return (np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+class SphinxRecognizer:
+    """A pool of ``pocketsphinx.Decoder`` objects (one per concurrent request: a Decoder is not
+    thread-safe), each loaded once with the wheel's en-us model (~0.25 s, ~30 MiB each).
+
+    Args:
+        decoders: how many requests may decode at once (the stage's ``workers``).
+        max_segment_s: the longest utterance the VAD cut makes, seconds (>= 1).
+    """
+
+    def __init__(self, decoders: int = 2, max_segment_s: float = 30.0):
+        from pocketsphinx import Decoder
+
+        self.max_segment_s = max(1.0, float(max_segment_s))
+        self._free: queue.Queue = queue.Queue()
+        for _ in range(max(1, decoders)):
+            self._free.put(Decoder(loglevel="FATAL"))
+
+    @contextmanager
+    def _decoder(self):
+        decoder = self._free.get()
+        try:
+            yield decoder
+        finally:
+            self._free.put(decoder)
+
+    def utterances(self, audio: NDArray[np.float32]) -> list[tuple[int, int]]:
+        """``[(start, end), ...]`` sample spans decoded as one utterance each (module docstring)."""
+        from omni_triton.media.vad import speech_segments
+
+        samples = np.asarray(audio, dtype=np.float32).reshape(-1)
+        spans = speech_segments(samples, SAMPLE_RATE, max_segment_s=self.max_segment_s)
+        return spans or [(0, samples.size)]
+
+    def transcribe(self, audio: NDArray[np.float32],
+                   should_stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
+        """Text deltas of ``audio`` (float32 [T] in [-1, 1] at 16 kHz): one per utterance that
+        recognised words, joined by single spaces (the first without a leading space); nothing
+        after ``should_stop()`` turns True (polled every :data:`FEED_SAMPLES`)."""
+        samples = np.asarray(audio, dtype=np.float32).reshape(-1)
+        said = False
+        with self._decoder() as decoder:
+            for start, end in self.utterances(samples):
+                decoder.start_utt()
+                for pos in range(start, end, FEED_SAMPLES):
+                    if should_stop():
+                        decoder.end_utt()
+                        return
+                    decoder.process_raw(pcm16(samples[pos:min(end, pos + FEED_SAMPLES)]), False, False)
+                decoder.end_utt()
+                hyp = decoder.hyp()
+                text = " ".join((hyp.hypstr if hyp is not None else "").split())
+                if text:
+                    yield (" " if said else "") + text
+                    said = True
