@@ -25,6 +25,7 @@ from .engine.replicas import parse_target, pinned_index
 from .media_store import MediaUrlError
 from .quiet_server import QuietServer
 from .serving.speech import install_quiet_stream_aborted
+from .serving.transcriptions import TranscriptionSettings
 from .storage_lock import StorageLockedError
 from .video_jobs import JobSettings
 from .voice_store import VoiceSettings
@@ -168,6 +169,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "frontends running at once (default: <hostname>-<pid>)")
     p.add_argument("--batch-concurrency", type=int, default=4,
                    help="items of one /v1/audio/speech/batch synthesised at once")
+    p.add_argument("--transcription-model", default="pocketsphinx",
+                   help="the model OpenAI's names whisper-1, gpt-4o-transcribe and gpt-4o-mini-transcribe stand "
+                        "for on /v1/audio/transcriptions and /translations (docs/transcription.md)")
+    p.add_argument("--transcription-max-audio-s", type=float, default=600.0,
+                   help="longest upload of /v1/audio/transcriptions and /translations, in seconds of decoded audio")
+    p.add_argument("--transcription-concurrency", type=int, default=4,
+                   help="segments of one transcription sent to the model at once")
     p.add_argument("--media-url-allowed-hosts", default="",
                    help="comma-separated hosts (or *.domain) whose http(s) image_url/video_url parts are fetched; "
                         "empty (default): data URLs only")
@@ -293,6 +301,9 @@ def main(argv: list[str] | None = None) -> None:
             max_stored_bytes=args.voice_max_stored_bytes, max_prompt_chars=args.voice_max_prompt_chars),
         media_url=args.media_url,
         batch_concurrency=args.batch_concurrency,
+        transcription=TranscriptionSettings(default_model=args.transcription_model,
+                                            max_audio_s=args.transcription_max_audio_s,
+                                            concurrency=max(1, args.transcription_concurrency)),
         max_prompt_chars=args.max_prompt_chars,
         max_json_values=args.max_json_values,
         speech_stream_max_pending_chars=args.speech_stream_max_pending_chars,

@@ -38,6 +38,7 @@ from .openapi import install_openapi
 from .routers import audio, chat, images, models, observability, realtime, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
+from .serving.transcriptions import TranscriptionSettings
 from .stage_watch import ServeStatusWatch
 from .storage_lock import lock_unless_shared
 from .video_jobs import JobSettings, PostgresJobStore, SqliteJobStore, VideoJobs
@@ -113,6 +114,9 @@ class Settings:
         leases). None: SQLite files in the storage folders (one frontend per folder).
     frontend_id: this frontend's id in the shared database's job leases (and logs); None:
         ``<hostname>-<pid>``.
+    transcription: ``/v1/audio/transcriptions`` and ``/translations`` settings
+        (``serving.transcriptions.TranscriptionSettings``); the ``file`` part is bounded by
+        ``max_upload_bytes``.
     """
 
     max_inflight: int = 16
@@ -149,6 +153,8 @@ class Settings:
     send_timeout_s: float = 20.0
     database_url: str | None = None
     frontend_id: str | None = None
+    #: ``/v1/audio/transcriptions`` / ``translations``: default model, audio length, segment concurrency
+    transcription: TranscriptionSettings = field(default_factory=TranscriptionSettings)
 
 
 class _FrontendApp(FastAPI):

@@ -156,6 +156,19 @@ class FrontendMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.transcription_requests = Counter(
+            "omni_frontend_transcription_requests",
+            "Transcription / translation requests by model, API (transcriptions|translations), mode "
+            "(whole|stream) and outcome",
+            ["model", "api", "mode", "outcome"],
+            registry=self.registry,
+        )
+        self.transcribed_audio_seconds = Counter(
+            "omni_frontend_transcribed_audio_seconds",
+            "Seconds of uploaded audio transcribed or translated (requests that succeeded)",
+            ["model"],
+            registry=self.registry,
+        )
         self.image_requests = Counter(
             "omni_frontend_image_requests",
             "Image requests by model, API (generations/edits) and outcome",

@@ -6,7 +6,8 @@ FastAPI describes the routes whose body is a pydantic model. This module adds wh
 
 * the request bodies of the routes that read the request themselves: the multipart forms of
   ``/v1/images/edits``, ``/v1/videos``, ``/v1/videos/sync``, ``/v1/audio/voices``,
-  ``/v1/audio/voice_consents`` (+ rename), and the multipart form of ``/v1/audio/speech``
+  ``/v1/audio/voice_consents`` (+ rename), ``/v1/audio/transcriptions``,
+  ``/v1/audio/translations``, and the multipart form of ``/v1/audio/speech``
   (``middleware.SpeechFormToJson``); file parts are ``format: binary`` strings;
 * the success responses: JSON objects (videos, voices, consents, batches, chat), raw audio
   (``audio/wav``, ``audio/mpeg``...), MP4 (``video/mp4``), server-sent events
@@ -30,7 +31,15 @@ from pydantic import BaseModel, Field
 from omni_triton.media.audio import SUPPORTED_FORMATS
 from omni_triton.media.video import MIME_TYPE as VIDEO_MIME_TYPE
 
-from .schemas import ChatCompletion, Completion, ErrorResponse, ImageEditForm, SpeechRequest
+from .schemas import (
+    ChatCompletion,
+    Completion,
+    ErrorResponse,
+    ImageEditForm,
+    SpeechRequest,
+    TranscriptionForm,
+    TranslationForm,
+)
 from .serving.videos import VideoCreateForm
 
 REF = "#/components/schemas/{model}"
@@ -211,6 +220,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     components.pop("ValidationError", None)
 
     image_file = {**BINARY, "description": "an image (PNG, JPEG, WebP...)"}
+    audio_file = {**BINARY, "description": "an audio file (WAV, FLAC, MP3, OGG, M4A, WebM...)"}
     video_form = _form(VideoCreateForm, components, {"input_reference": image_file})
     video_json = _inline(VideoCreateForm, components)
     video_json["properties"]["input_reference"] = {"anyOf": [
@@ -232,6 +242,10 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             "multipart/form-data": {"schema": _form(VoiceConsentRename, components)},
             **_json(_inline(VoiceConsentRename, components))},
         ("post", "/v1/audio/speech"): {"multipart/form-data": {"schema": speech_form}},
+        ("post", "/v1/audio/transcriptions"): {"multipart/form-data": {"schema": _form(
+            TranscriptionForm, components, {"file": audio_file}, required_files=("file",))}},
+        ("post", "/v1/audio/translations"): {"multipart/form-data": {"schema": _form(
+            TranslationForm, components, {"file": audio_file}, required_files=("file",))}},
     }
     # server-sent events, described per event (how schemathesis reads them): ``data`` is the JSON
     # chunk (or ``[DONE]``), ``event`` its kind where the API names one (speech: ``speech.audio.delta``...)
@@ -260,6 +274,11 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         ("post", "/v1/chat/completions"): {**_content(ChatCompletion), **sse},
         ("post", "/v1/completions"): {**_content(Completion), **sse},
         ("get", "/metrics"): {"text/plain": {"schema": {"type": "string"}}},
+        # json / verbose_json objects, text / srt / vtt as text, stream=true as events
+        ("post", "/v1/audio/transcriptions"): {**_json({"type": "object"}),
+                                               "text/plain": {"schema": {"type": "string"}}, **sse},
+        ("post", "/v1/audio/translations"): {**_json({"type": "object"}),
+                                             "text/plain": {"schema": {"type": "string"}}},
     }
     error = {"description": "an error in the OpenAI shape", "content": _content(ErrorResponse)}
     for path, operations in doc.get("paths", {}).items():

@@ -37,6 +37,9 @@ def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
 #: tensors hold; beyond it vLLM failed with an empty 500).
 INT32_MAX = 2**31 - 1
 
+#: The ASR contract's ``PROMPT`` cap (characters): a transcription ``prompt``'s.
+from omni_triton.contracts.asr import MAX_PROMPT_CHARS as _ASR_MAX_PROMPT_CHARS  # noqa: E402
+
 #: Upper bound of ``true_cfg_scale`` / ``guidance_scale``: the stages apply the same contract bound
 #: (1e308 or Infinity made an all-black image; 4.0 is the default).
 from omni_triton.contracts.image import MAX_GUIDANCE_SCALE  # noqa: E402
@@ -411,6 +414,41 @@ class ImagesResponse(BaseModel):
     output_format: str
     size: str
     usage: ImageUsage
+# --------------------------------------------------------------------------- transcriptions
+#: ``prompt`` of a transcription / translation (OpenAI: "previous text or spelling hints"): the ASR
+#: contract's own cap (``omni_triton.contracts.asr.MAX_PROMPT_CHARS``; Whisper keeps its last 224 tokens)
+MAX_TRANSCRIPTION_PROMPT_CHARS = _ASR_MAX_PROMPT_CHARS
+#: A transcription ``prompt``
+TranscriptionPrompt = Annotated[str, max_chars(MAX_TRANSCRIPTION_PROMPT_CHARS), AfterValidator(_text)]
+#: multipart form fields are strings: numbers and booleans are parsed from them (lax), but NaN /
+#: Infinity are still rejected; unknown fields are kept (``X-Ignored-Fields``, or a 400 with
+#: ``--strict-params``)
+FORM_CONFIG = ConfigDict(extra="allow", strict=False, allow_inf_nan=False, populate_by_name=True)
+
+
+class TranslationForm(BaseModel):
+    """The non-file fields of ``POST /v1/audio/translations`` (OpenAI's, docs/transcription.md):
+    the ``file`` part comes beside them."""
+
+    model_config = FORM_CONFIG
+
+    model: Name
+    prompt: TranscriptionPrompt | None = None
+    #: ``json`` (default), ``text``, ``srt``, ``verbose_json``, ``vtt``: checked by the serving
+    #: layer (400 ``unsupported_format`` naming them)
+    response_format: Name | None = None
+    temperature: float | None = Field(default=None, ge=0, le=1)
+
+
+class TranscriptionForm(TranslationForm):
+    """The non-file fields of ``POST /v1/audio/transcriptions`` (OpenAI's; docs/transcription.md).
+    ``timestamp_granularities[]`` is how the OpenAI SDK sends the list (one part per value)."""
+
+    language: Name | None = None
+    timestamp_granularities: list[Name] | None = Field(default=None, alias="timestamp_granularities[]")
+    stream: bool | None = None
+
+
 # --------------------------------------------------------------------------- chat / completions
 #: Roles a chat message may have. ``developer`` (OpenAI's newer name for ``system``) is sent to
 #: the stage as ``system``; tool / function messages are not supported (no tool calling).

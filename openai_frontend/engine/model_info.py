@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_triton.contracts import asr as asr_contract
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
 from omni_triton.contracts import speech as speech_contract
@@ -20,7 +21,6 @@ logger = logging.getLogger(__name__)
 #: (``"alloy=joe,echo=joe,..."``, docs/voices.md), else its ``default_voice``.
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer",
                  "verse", "marin", "cedar")
-
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -78,6 +78,13 @@ class ModelInfo:
     #: Real-time-paced streams the model serves at once (config parameter ``max_paced_streams``;
     #: a paced request above it is served unpaced: ``engine.paced_slots``); None: no bound.
     max_paced_streams: int | None = None
+    #: ASR models (``task`` ``transcription``, ``omni_triton.contracts.asr``): longest ``AUDIO``
+    #: one request may carry (config parameter ``max_audio_s``, seconds), the ISO-639-1 codes
+    #: ``LANGUAGE`` takes (``languages``; empty: any) and whether ``TASK=translate`` is served
+    #: (``supports_translation``).
+    max_audio_s: float | None = None
+    languages: tuple[str, ...] = ()
+    supports_translation: bool = False
     #: Every config parameter as a string (video models read theirs in ``serving.videos``).
     parameters: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -126,14 +133,16 @@ class ModelInfo:
 
     @property
     def is_completion(self) -> bool:
-        """``PROMPT`` in, ``TEXT_DELTA`` out: servable by ``/v1/completions``."""
-        return chat_contract.PROMPT in self.inputs and chat_contract.TEXT_DELTA in self.outputs
+        """``PROMPT`` in, ``TEXT_DELTA`` out: servable by ``/v1/completions`` (an ASR model also
+        takes a ``PROMPT``, its transcription hint: not a completion model)."""
+        return (chat_contract.PROMPT in self.inputs and chat_contract.TEXT_DELTA in self.outputs
+                and not self.is_transcription)
 
     @property
     def output_modalities(self) -> tuple[str, ...]:
         """What the model can answer with: the ``modalities`` parameter, else ``("audio",)`` for
         a speech model, ``("image",)`` for a diffusion ensemble, ``("text",)`` for a chat/completion
-        model, ``()`` for internal stages."""
+        or transcription model, ``()`` for internal stages."""
         if self.modalities:
             return self.modalities
         if self.is_image:
@@ -142,7 +151,7 @@ class ModelInfo:
             return ("video",)
         if self.is_speech:
             return ("audio",)
-        if self.is_chat or self.is_completion:
+        if self.is_chat or self.is_completion or self.is_transcription:
             return ("text",)
         return ()
 
@@ -182,6 +191,20 @@ class ModelInfo:
     def is_image_edit(self) -> bool:
         """An image model that takes a condition image (``INPUT_IMAGE``)."""
         return self.is_image and image_contract.INPUT_IMAGE in self.inputs
+
+    @property
+    def is_transcription(self) -> bool:
+        """An ASR model (``omni_triton.contracts.asr``: config ``task`` ``transcription``, ``AUDIO``
+        in, ``TEXT_DELTA`` out): servable by ``/v1/audio/transcriptions`` (and ``/translations``
+        when ``supports_translation``)."""
+        return (self.task == asr_contract.MODEL_TASK and asr_contract.AUDIO in self.inputs
+                and asr_contract.TEXT_DELTA in self.outputs)
+
+    @property
+    def hears(self) -> bool:
+        """A chat model that takes ``input_audio`` parts (``audio`` in its ``input_modalities``:
+        ``omni``): it transcribes through ``/v1/chat/completions``' path with an instruction."""
+        return self.is_chat and "audio" in self.input_modalities
 
     @property
     def modality(self) -> str:
@@ -264,6 +287,9 @@ def model_info_from_config(config: Any, state: str = "READY", reason: str = "") 
         assets=tuple(a.strip() for a in params.get("assets", "").split(",") if a.strip()),
         voice_aliases=_voice_aliases(config.name, params.get("openai_voices", ""), voices),
         max_paced_streams=_int("max_paced_streams"),
+        max_audio_s=_float("max_audio_s"),
+        languages=tuple(x.strip().lower() for x in params.get("languages", "").split(",") if x.strip()),
+        supports_translation=params.get("supports_translation", "").lower() in ("true", "1", "yes"),
         parameters=dict(params),
     )
 

@@ -236,6 +236,21 @@ class Engine(Protocol):
         ended without frames), ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
         """
 
+    def transcribe(self, model: str, audio: NDArray[Any], language: str | None = None, prompt: str | None = None,
+                   task: str = "transcribe") -> AsyncGenerator[str, None]:
+        """Stream the text of one ASR request (``omni_triton.contracts.asr``) as the model makes it.
+
+        ``audio``: float32 mono [T] in [-1, 1] at 16 kHz (``contracts.asr.SAMPLE_RATE``), at most
+        the model's ``max_audio_s`` (one segment: the serving layer cuts longer audio at VAD
+        pauses); ``language``: ISO-639-1 or None; ``prompt``: OpenAI's ``prompt`` or None;
+        ``task``: ``transcribe`` | ``translate``. Yields the ``TEXT_DELTA`` of each response (text
+        since the previous one; a model that cannot stream yields its whole text once).
+
+        Closing the iterator early must cancel the request in the server. Raises
+        ``InvalidRequestError`` (the model rejected an input: ``ASRInputError``),
+        ``InferenceError``, ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
+        """
+
     async def voice_prompt(self, model: str, audio: NDArray[Any], sample_rate: int, ref_text: str | None,
                            x_vector_only: bool) -> tuple[bytes, float]:
         """Compute a voice-clone prompt once on ``model`` (``qwen3_tts_voice_prompt``).

@@ -37,6 +37,7 @@ from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from omni_triton import triton_admin
+from omni_triton.contracts import asr as asr_contract
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
 from omni_triton.contracts import qwen3_tts as qwen3_contract
@@ -96,6 +97,7 @@ _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCE
 _SPEECH_INPUTS = frozenset({speech_contract.TEXT, speech_contract.VOICE, speech_contract.SPEED})
 _CHAT_INPUTS = frozenset({chat_contract.PROMPT, chat_contract.MESSAGES, chat_contract.SAMPLING_PARAMETERS,
                           chat_contract.MODALITIES, chat_contract.VOICE})
+_ASR_INPUTS = frozenset({asr_contract.AUDIO, asr_contract.LANGUAGE, asr_contract.PROMPT, asr_contract.TASK})
 #: Channel options: tritonclient's defaults (unlimited message sizes) plus a short reconnect
 #: backoff. gRPC's default backoff grows to 120 s, so after a tritonserver restart the frontend
 #: kept answering 503 for up to 28 s (measured); with these it reconnects within ~1 s of Triton
@@ -615,6 +617,21 @@ class TritonEngine:
                         sample_rate = info.sample_rate if info and info.sample_rate else 0
                     yield np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate
 
+    async def transcribe(self, model: str, audio: NDArray[Any], language: str | None = None,
+                         prompt: str | None = None, task: str = "transcribe") -> AsyncGenerator[str, None]:
+        """One ``ModelStreamInfer`` RPC on an ASR model (``Engine.transcribe``): ``AUDIO`` plus the
+        optional ``LANGUAGE`` / ``PROMPT`` / ``TASK`` the model declares (``asr_inputs``); yields
+        each response's ``TEXT_DELTA``. Cancellation and errors as :meth:`synthesize`."""
+        info = self._config_cache.get(model)
+        declared = info.inputs if info is not None else _ASR_INPUTS
+        inputs = _infer_inputs(asr_inputs(audio, language, prompt, task, declared))
+        async for result in self._stream(model, inputs, uuid.uuid4().hex):
+            delta = _first(result, asr_contract.TEXT_DELTA)
+            if delta is not None:
+                text = delta.decode("utf-8", errors="replace") if isinstance(delta, bytes) else str(delta)
+                if text:
+                    yield text
+
     async def _stream(self, model: str, inputs: list[InferInput],
                       request_id: str) -> AsyncGenerator[grpcclient.InferResult, None]:
         """One ``ModelStreamInfer`` RPC carrying one request; yields each response's
@@ -958,6 +975,17 @@ def qwen3_speech_inputs(options: SpeechOptions, declared: frozenset[str]) -> lis
     if options.x_vector_only is not None:
         pairs.append((c.X_VECTOR_ONLY, scalar_array(bool(options.x_vector_only), "BOOL")))
     return [(n, a) for n, a in pairs if n in declared]
+
+
+def asr_inputs(audio: NDArray[Any], language: str | None, prompt: str | None, task: str,
+               declared: frozenset[str]) -> list[tuple[str, NDArray[Any]]]:
+    """The ASR contract's inputs (``omni_triton.contracts.asr.asr_inputs``) as ``(name, array)``
+    pairs: ``AUDIO`` FP32 [T] always; ``LANGUAGE`` / ``PROMPT`` BYTES [1] when given and declared;
+    ``TASK`` BYTES [1] when not the default ``transcribe`` and declared (a model without ``TASK``
+    only transcribes: the serving layer refuses ``translate`` for it first)."""
+    pairs = asr_contract.asr_inputs(audio, language or None, prompt or None,
+                                    task if task != asr_contract.TASKS[0] else None)
+    return [(n, a) for n, a in pairs if n == asr_contract.AUDIO or n in declared]
 
 
 def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> EngineError:

@@ -1,6 +1,6 @@
-"""``/v1/audio/speech`` (+ ``/batch``, WebSocket ``/stream``), ``/v1/audio/voices`` and
-``/v1/audio/voice_consents``: bindings to ``serving.speech``, ``serving.speech_stream`` and
-``serving.voices``."""
+"""``/v1/audio/speech`` (+ ``/batch``, WebSocket ``/stream``), ``/v1/audio/voices``,
+``/v1/audio/voice_consents``, ``/v1/audio/transcriptions`` and ``/v1/audio/translations``: bindings
+to ``serving.speech``, ``serving.speech_stream``, ``serving.voices`` and ``serving.transcriptions``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import Response
 
 from ..schemas import SpeechBatchRequest, SpeechRequest, VoiceList
-from ..serving import speech, speech_stream, voices
+from ..serving import speech, speech_stream, transcriptions, voices
 from ..serving.speech import StreamAborted  # noqa: F401 - raised out of raw-audio bodies
 
 router = APIRouter(tags=["audio"])
@@ -29,6 +29,16 @@ async def create_speech_batch(body: SpeechBatchRequest, request: Request) -> dic
 @router.websocket("/v1/audio/speech/stream")
 async def speech_stream_ws(websocket: WebSocket) -> None:
     await speech_stream.speech_stream(websocket)
+
+
+@router.post("/v1/audio/transcriptions", response_model=None)
+async def create_transcription(request: Request) -> Response:
+    return await transcriptions.create_transcription(request, "transcribe")
+
+
+@router.post("/v1/audio/translations", response_model=None)
+async def create_translation(request: Request) -> Response:
+    return await transcriptions.create_transcription(request, "translate")
 
 
 @router.get("/v1/audio/voices", response_model=VoiceList)

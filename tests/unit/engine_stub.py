@@ -60,6 +60,11 @@ class EngineStub:
         raise _missing(model)
         yield
 
+    async def transcribe(self, model: str, audio: np.ndarray, language: str | None = None, prompt: str | None = None,
+                         task: str = "transcribe") -> AsyncGenerator[str, None]:
+        raise _missing(model)
+        yield
+
     async def voice_prompt(self, model: str, audio: np.ndarray, sample_rate: int, ref_text: str | None,
                            x_vector_only: bool) -> tuple[bytes, float]:
         raise _missing(model)

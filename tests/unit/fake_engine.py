@@ -3,7 +3,9 @@ of every kind the frontend knows, and a runner that serves the real app on it.
 
 Models: ``llm`` (chat/completions), ``llm_tts`` (chat that speaks), ``piper_tts`` and
 ``qwen3_tts`` (speech; qwen3 takes the Qwen3-TTS extras), ``qwen3_tts_voice_prompt`` (clone
-prompts), ``qwen_image`` / ``qwen_image_edit`` (images), ``wan_t2v`` / ``wan_i2v`` (videos).
+prompts), ``qwen_image`` / ``qwen_image_edit`` (images), ``wan_t2v`` / ``wan_i2v`` (videos),
+``pocketsphinx`` / ``whisper`` (ASR: ``omni_triton.contracts.asr``; whisper translates) and
+``omni`` (a chat model that hears audio: ``input_modalities`` with ``audio``).
 Outputs are tiny (a few tokens, 0.1 s of audio, the requested pixels/frames from a seeded RNG),
 so a request costs milliseconds: the frontend's own validation, serialization and stores are
 what runs. Limits are small (images <= 64 px, videos <= 32 px and 9 frames) to keep generated
@@ -76,6 +78,28 @@ MODELS = (
               default_size=(32, 32), parameters={**VIDEO_PARAMS, "task": "image-to-video"}),
 )
 
+ASR_INPUTS = frozenset({"AUDIO", "LANGUAGE", "PROMPT", "TASK"})
+ASR_OUTPUTS = frozenset({"TEXT_DELTA", "STAGE_COMPUTE_MS"})
+ASR_MODELS = (
+    ModelInfo(name="pocketsphinx", inputs=ASR_INPUTS, outputs=ASR_OUTPUTS, decoupled=True, task="transcription",
+              sample_rate=16000, max_audio_s=30.0, languages=("en",), supports_translation=False),
+    ModelInfo(name="whisper", inputs=ASR_INPUTS, outputs=ASR_OUTPUTS, decoupled=True, task="transcription",
+              sample_rate=16000, max_audio_s=30.0, languages=("en", "de", "fr"), supports_translation=True),
+    ModelInfo(name="qwen3_omni", inputs=CHAT_INPUTS | {"MODALITIES", "VOICE"}, outputs=TEXT_OUTPUTS | SPEECH_OUT,
+              decoupled=True, modalities=("text", "audio"), served_model_name="omni", voices=("Ethan",),
+              default_voice="Ethan", sample_rate=24000, max_model_len=4096,
+              parameters={"input_modalities": "text,audio,image,video"}),
+)
+MODELS = MODELS + ASR_MODELS
+
+
+def fake_transcript(audio: np.ndarray, language: str | None, prompt: str | None, task: str) -> list[str]:
+    """What the fake ASR models "hear" in a 16 kHz segment: its length in words, as deltas
+    (``"heard 1.50 seconds"``; ``translate``: ``"translated 1.50 seconds"``)."""
+    seconds = len(audio) / 16000
+    return ["translated" if task == "translate" else "heard", f" {seconds:.2f}", " seconds"]
+
+
 ANSWER = ["The", " capital", " of", " France", " is", " Paris", "."]
 MAX_PROMPT_CHARS = 4000  # the fake's "context": longer input -> INVALID_ARG, as the stage does
 
@@ -86,6 +110,19 @@ def _wire(*texts) -> None:
     for text in texts:
         if isinstance(text, str):
             text.encode("utf-8")
+
+
+def _without_media(messages: list) -> list:
+    """``messages`` with the base64 data of ``input_audio`` parts left out (the fake's context
+    counts text; the real stages count an audio part's tokens from its length)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = [{"type": "input_audio"} if isinstance(p, dict) and p.get("type") == "input_audio" else p
+                       for p in content]
+        out.append({**m, "content": content})
+    return out
 
 
 def _noise(seed: int, n: int) -> np.ndarray:
@@ -124,6 +161,20 @@ class FakeEngine(EngineStub):
         _wire(model, ref_text)
         return b"PROMPT" + np.asarray(audio[:16], np.float32).tobytes(), len(audio) / sample_rate
 
+    async def transcribe(self, model, audio, language=None, prompt=None, task="transcribe"):
+        self.calls += 1
+        _wire(model, language, prompt, task)
+        info = self.models[model]
+        if language is not None and info.languages and language not in info.languages:
+            raise InvalidRequestError(f"LANGUAGE '{language}' is not one of {', '.join(info.languages)}")
+        if len(audio) > (info.max_audio_s or 30) * 16000 or not len(audio):
+            raise InvalidRequestError(f"AUDIO holds {len(audio)} samples")
+        # shorter segments answer later: the serving layer must still stream them in order
+        await asyncio.sleep(0.02 / max(len(audio) / 16000, 0.1))
+        for delta in fake_transcript(audio, language, prompt, task):
+            await asyncio.sleep(0)
+            yield delta
+
     async def generate_images(self, model, job):
         self.calls += 1
         _wire(model, job.prompt, job.negative_prompt)
@@ -135,7 +186,7 @@ class FakeEngine(EngineStub):
     async def generate(self, model, request):
         self.calls += 1
         _wire(model, request.prompt, request.voice, json.dumps(request.messages, ensure_ascii=False))
-        source = json.dumps(request.messages) if request.messages is not None else request.prompt
+        source = json.dumps(_without_media(request.messages)) if request.messages is not None else request.prompt
         if len(source) > MAX_PROMPT_CHARS:
             raise InvalidRequestError(f"prompt has {len(source)} tokens; the context is {MAX_PROMPT_CHARS}")
         limit = max(1, min(int(request.sampling.get("max_tokens") or len(ANSWER)), len(ANSWER)))

@@ -32,7 +32,10 @@ FORMS = {("post", "/v1/images/edits"): {"image", "mask", "prompt", "model", "siz
          ("post", "/v1/videos/sync"): {"input_reference", "prompt", "model", "size"},
          ("post", "/v1/audio/voices"): {"audio_sample", "name", "type", "prompt", "consent", "ref_text"},
          ("post", "/v1/audio/voice_consents"): {"recording", "name", "language"},
-         ("post", "/v1/audio/speech"): {"ref_audio", "input", "model", "voice", "speed", "stream"}}
+         ("post", "/v1/audio/speech"): {"ref_audio", "input", "model", "voice", "speed", "stream"},
+         ("post", "/v1/audio/transcriptions"): {"file", "model", "language", "prompt", "response_format",
+                                                "temperature", "timestamp_granularities[]", "stream"},
+         ("post", "/v1/audio/translations"): {"file", "model", "prompt", "response_format", "temperature"}}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ def test_forms_are_described_with_their_file_parts(schema, key):
     form = schema["paths"][path][method]["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert FORMS[key] <= set(form["properties"]), set(form["properties"])
     binary = {n for n, p in form["properties"].items() if p.get("format") == "binary"}
-    assert binary and binary <= {"image", "mask", "input_reference", "audio_sample", "recording", "ref_audio"}
+    assert binary and binary <= {"image", "mask", "input_reference", "audio_sample", "recording", "ref_audio", "file"}
 
 
 @pytest.mark.parametrize("method, path, types", [
@@ -69,6 +72,8 @@ def test_forms_are_described_with_their_file_parts(schema, key):
     ("get", "/v1/videos/{video_id}/content", {"video/mp4"}),
     ("post", "/v1/chat/completions", {"application/json", "text/event-stream"}),
     ("get", "/metrics", {"text/plain"}),
+    ("post", "/v1/audio/transcriptions", {"application/json", "text/plain", "text/event-stream"}),
+    ("post", "/v1/audio/translations", {"application/json", "text/plain"}),
 ])
 def test_binary_audio_and_sse_responses_are_described(schema, method, path, types):
     assert types <= set(schema["paths"][path][method]["responses"]["200"]["content"])

@@ -59,3 +59,15 @@ def test_silence_and_cancel(spoken):
     rec = SphinxRecognizer(decoders=1)
     assert "".join(rec.transcribe(np.zeros(16000, np.float32))) == ""
     assert list(rec.transcribe(spoken[0], should_stop=lambda: True)) == []
+
+
+def test_a_clip_reads_the_same_whatever_the_decoder_heard_before(spoken):
+    """One Decoder (as in the stage's pool): the same clip before and after other speech and noise
+    gives the same text (per-utterance CMN; with live CMN carried over, it did not)."""
+    rec = SphinxRecognizer(decoders=1)
+    noise = (np.random.default_rng(0).standard_normal(16000) * 0.3).astype(np.float32)
+    first = "".join(rec.transcribe(spoken[0]))
+    for other in (spoken[1], noise, spoken[2]):
+        list(rec.transcribe(other))
+        assert "".join(rec.transcribe(spoken[0])) == first
+    assert jiwer.wer(_words(SENTENCES[0]), _words(first)) <= 0.5, first

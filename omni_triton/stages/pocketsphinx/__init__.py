@@ -4,8 +4,9 @@ acoustic model, dictionary and language model shipped inside the ``pocketsphinx`
 
 Streaming: the segment is cut at its pauses (``omni_triton.media.vad.speech_segments``: WebRTC's
 VAD, the frontend's segmentation) and each piece is decoded as one pocketsphinx utterance, so a
-request yields one text delta per utterance; audio in which the VAD finds no speech is decoded
-whole (once). Only ``pocketsphinx.Decoder`` is imported: the package's live-audio helpers need
+request yields one text delta per utterance; audio in which the VAD finds no speech yields no
+text (decoded whole, digital silence came back as "dog" once CMN ran per utterance). Only
+``pocketsphinx.Decoder`` is imported: the package's live-audio helpers need
 ``sounddevice``, which is not installed (docs/asr.md).
 """
 from __future__ import annotations
@@ -19,8 +20,6 @@ from numpy.typing import NDArray
 
 #: Hz of the en-us acoustic model (the Decoder's ``samprate``)
 SAMPLE_RATE = 16000
-#: samples fed to the decoder per ``process_raw`` call (0.5 s): cancellation is polled between them
-FEED_SAMPLES = 8000
 
 
 def pcm16(audio: NDArray[np.float32]) -> bytes:
@@ -59,23 +58,26 @@ class SphinxRecognizer:
 
         samples = np.asarray(audio, dtype=np.float32).reshape(-1)
         spans = speech_segments(samples, SAMPLE_RATE, max_segment_s=self.max_segment_s)
-        return spans or [(0, samples.size)]
+        return spans
 
     def transcribe(self, audio: NDArray[np.float32],
                    should_stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
         """Text deltas of ``audio`` (float32 [T] in [-1, 1] at 16 kHz): one per utterance that
         recognised words, joined by single spaces (the first without a leading space); nothing
-        after ``should_stop()`` turns True (polled every :data:`FEED_SAMPLES`)."""
+        after ``should_stop()`` turns True (polled before each utterance).
+
+        Each utterance is fed whole (``process_raw(..., full_utt=True)``): cepstral mean
+        normalisation then runs over that utterance alone. Fed in pieces (live CMN), the estimate
+        carried over from whatever the pooled Decoder heard before, so one clip came back as
+        "the capital of france this paris" once and "... is paris" the next time."""
         samples = np.asarray(audio, dtype=np.float32).reshape(-1)
         said = False
         with self._decoder() as decoder:
             for start, end in self.utterances(samples):
+                if should_stop():
+                    return
                 decoder.start_utt()
-                for pos in range(start, end, FEED_SAMPLES):
-                    if should_stop():
-                        decoder.end_utt()
-                        return
-                    decoder.process_raw(pcm16(samples[pos:min(end, pos + FEED_SAMPLES)]), False, False)
+                decoder.process_raw(pcm16(samples[start:end]), False, True)
                 decoder.end_utt()
                 hyp = decoder.hyp()
                 text = " ".join((hyp.hypstr if hyp is not None else "").split())
