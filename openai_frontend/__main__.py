@@ -199,6 +199,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="close a speech WebSocket session (error idle_timeout + close 1008) without a "
                         "session.config this long after the handshake, or without a message this long "
                         "while it has nothing queued or being spoken")
+    p.add_argument("--realtime-max-sessions", type=int, default=32,
+                   help="WS /v1/realtime sessions open at once (one more: error too_many_sessions + close 1013)")
+    p.add_argument("--realtime-max-session-s", type=float, default=1800.0,
+                   help="seconds one realtime session lasts (then error session_expired + close 1008)")
+    p.add_argument("--realtime-idle-timeout-s", type=float, default=120.0,
+                   help="close a realtime session (error idle_timeout + close 1008) without a client event "
+                        "this long while no response runs")
+    p.add_argument("--realtime-max-event-bytes", type=int, default=4 << 20,
+                   help="characters of one realtime client event (error event_too_large beyond; the session goes on)")
+    p.add_argument("--realtime-max-buffer-s", type=float, default=60.0,
+                   help="seconds of uncommitted realtime input audio (error input_audio_buffer_full beyond)")
+    p.add_argument("--realtime-max-items", type=int, default=64,
+                   help="conversation items one realtime session keeps (oldest deleted beyond)")
+    p.add_argument("--realtime-max-audio-s", type=float, default=600.0,
+                   help="seconds of user audio one realtime conversation keeps (oldest items deleted beyond)")
     g = p.add_argument_group("on-demand models (docs/running.md \"On-demand models\"; omni-triton serve passes these)")
     on_demand.add_arguments(g, "", "comma-separated pipelines (Triton or OpenAI names) loaded on their first "
                             "request and unloaded when idle; served beside --models (which stay loaded: "
@@ -294,6 +309,13 @@ def main(argv: list[str] | None = None) -> None:
         speech_stream_max_pending_chars=args.speech_stream_max_pending_chars,
         speech_stream_max_sessions=args.speech_stream_max_sessions,
         speech_stream_idle_timeout_s=args.speech_stream_idle_timeout_s,
+        realtime_max_sessions=args.realtime_max_sessions,
+        realtime_max_session_s=args.realtime_max_session_s,
+        realtime_idle_timeout_s=args.realtime_idle_timeout_s,
+        realtime_max_event_bytes=args.realtime_max_event_bytes,
+        realtime_max_buffer_s=args.realtime_max_buffer_s,
+        realtime_max_items=args.realtime_max_items,
+        realtime_max_audio_s=args.realtime_max_audio_s,
         send_timeout_s=args.send_timeout_s,
         database_url=db_url,
         frontend_id=args.frontend_id,

@@ -35,7 +35,7 @@ from .middleware import (
     UnexpectedErrors,
 )
 from .openapi import install_openapi
-from .routers import audio, chat, images, models, observability, videos
+from .routers import audio, chat, images, models, observability, realtime, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
 from .serving.transcriptions import TranscriptionSettings
@@ -99,6 +99,12 @@ class Settings:
     speech_stream_idle_timeout_s: a speech WebSocket session without a ``session.config`` this
         long after the handshake, or without a message this long while nothing of it is queued
         or being spoken, gets an ``error`` event (``idle_timeout``) and is closed (1008).
+    realtime_max_sessions / realtime_max_session_s / realtime_idle_timeout_s /
+        realtime_max_event_bytes / realtime_max_buffer_s / realtime_max_items / realtime_max_audio_s:
+        the ``WS /v1/realtime`` limits (``serving.realtime``, docs/realtime.md "Limits"): sessions
+        open at once, seconds one session lasts, seconds without a client event while no response
+        runs, characters of one client event, seconds of uncommitted input audio, conversation
+        items and seconds of user audio kept per session.
     send_timeout_s: seconds one ``send()`` of an HTTP response message (a body chunk) may take;
         a client that stops reading for longer gets its response abandoned (streams cancelled,
         admission slot released) and its connection dropped (``middleware.SendTimeout``);
@@ -137,6 +143,13 @@ class Settings:
     speech_stream_max_pending_chars: int = 1 << 16
     speech_stream_max_sessions: int = 64
     speech_stream_idle_timeout_s: float = 30.0
+    realtime_max_sessions: int = 32
+    realtime_max_session_s: float = 1800.0
+    realtime_idle_timeout_s: float = 120.0
+    realtime_max_event_bytes: int = 4 << 20
+    realtime_max_buffer_s: float = 60.0
+    realtime_max_items: int = 64
+    realtime_max_audio_s: float = 600.0
     send_timeout_s: float = 20.0
     database_url: str | None = None
     frontend_id: str | None = None
@@ -261,6 +274,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.include_router(images.router)
     app.include_router(videos.router)
     app.include_router(chat.router)
+    app.include_router(realtime.router)
     app.include_router(models.router)
     app.include_router(observability.router)
     install_openapi(app)  # /openapi.json describes the forms, media types and error shape too

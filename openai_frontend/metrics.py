@@ -122,6 +122,34 @@ class FrontendMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
             registry=self.registry,
         )
+        self.realtime_sessions = Gauge(
+            "omni_frontend_realtime_sessions",
+            "WS /v1/realtime sessions open",
+            registry=self.registry,
+        )
+        self.realtime_commit_to_first_audio = Histogram(
+            "omni_frontend_realtime_commit_to_first_audio_seconds",
+            "Realtime: input_audio_buffer.commit received -> first audio delta of the response after it sent",
+            ["model"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.realtime_speech_stop_to_first_audio = Histogram(
+            "omni_frontend_realtime_speech_stop_to_first_audio_seconds",
+            "Realtime server VAD: speech stop detected -> first audio delta of the response it created sent",
+            ["model"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.realtime_barge_in = Histogram(
+            "omni_frontend_realtime_barge_in_seconds",
+            "Realtime barge-in: the user's first voiced audio reaching the server (server VAD; its detection "
+            "takes ~150 ms of speech) or response.cancel received -> the last audio delta of the cancelled "
+            "response sent (0: none after it)",
+            ["model", "reason"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
         self.completion_tokens = Counter(
             "omni_frontend_completion_tokens",
             "Completion tokens generated (as reported by the stage)",

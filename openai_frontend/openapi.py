@@ -16,8 +16,8 @@ FastAPI describes the routes whose body is a pydantic model. This module adds wh
   (``{"error": {"message", "type", "param", "code"}}``) and FastAPI's ``422`` is gone (this
   server answers 400).
 
-The WebSocket ``/v1/audio/speech/stream`` is not an OpenAPI operation; its messages are in
-docs/voices.md ("Streaming speech over a WebSocket").
+The WebSockets ``/v1/audio/speech/stream`` and ``/v1/realtime`` are not OpenAPI operations;
+their messages are in docs/voices.md ("Streaming speech over a WebSocket") and docs/realtime.md.
 """
 
 from __future__ import annotations
@@ -203,7 +203,9 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                       description="OpenAI-compatible API of Omni-Triton (docs/ in the repository). Not listed "
                                   "here, as OpenAPI has no WebSocket operations: WS /v1/audio/speech/stream "
                                   "(session.config, input.text, input.done, session.close in; audio.start, "
-                                  "binary audio, audio.done, session.done, error out: docs/voices.md).")
+                                  "binary audio, audio.done, session.done, error out: docs/voices.md) and "
+                                  "WS /v1/realtime?model=omni (OpenAI's Realtime API, GA and beta namings: "
+                                  "docs/realtime.md).")
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     models = (ErrorResponse, Video, VideoList, Deleted, Voice, VoiceConsent, VoiceConsentList, SpeechBatchResponse,
               ChatCompletion, Completion)

@@ -1,0 +1,250 @@
+"""The items of one Realtime session and how they become the next response's prompt.
+
+Items are messages (``user``, ``assistant``, ``system``); their content parts, stored once in a
+naming-neutral form (:class:`Part`):
+
+* ``input_text`` (user/system text), ``input_audio`` (user speech: PCM16 24 kHz, kept with its
+  WAV base64 made once off the event loop, the form the omni stage decodes);
+* ``text`` / ``audio`` (assistant: the text, or the audio's transcript and its length in ms; the
+  audio itself is not kept, the prompt carries the transcript).
+
+**Prompt rule** (:func:`select_items`, docs/realtime.md "Context"): every item goes into the
+next prompt, in order, as a chat message (user audio as an ``input_audio`` WAV part, assistant
+items as their text or transcript, a truncated one as the words heard). When the estimate of
+the prompt exceeds ``max_model_len - reserve`` (``reserve``: the response's
+``max_output_tokens``, else a quarter of the context up to 256 tokens), or holds more audio parts
+than the model takes (``max_media_parts``), the **oldest whole items** are left out first; the
+newest item is always kept, and a prompt whose newest item alone does not fit fails the response
+(``context_length_exceeded``). The estimate (:func:`item_tokens`) is an upper bound made without
+a tokenizer: 1 token per 3 characters of text, 25 tokens per second of audio (Qwen2.5-Omni's
+audio encoder rate, above Qwen3-Omni's 13), 8 per message for the chat template.
+
+The session keeps at most ``max_items`` items and ``max_audio_s`` seconds of user audio in
+memory; beyond, the oldest whole items are deleted (``conversation.item.deleted``).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from omni_triton.media.audio import encode_audio
+
+from .protocol import BYTES_PER_MS, RATE, Naming, RealtimeError, new_id
+
+#: Estimate of prompt tokens (an upper bound for the omni models' tokenizers and audio encoders).
+CHARS_PER_TOKEN = 3
+AUDIO_TOKENS_PER_S = 25
+MESSAGE_OVERHEAD_TOKENS = 8
+
+PartKind = Literal["input_text", "input_audio", "text", "audio"]
+
+
+@dataclass
+class Part:
+    """One content part. ``text``: the text, or an audio part's transcript (None: none).
+    ``pcm``: a user audio part's PCM16 24 kHz bytes; ``wav_b64``: the same as a base64 WAV
+    (the prompt's ``input_audio`` data, made by :func:`prepare_audio`). ``audio_ms``: the audio's
+    length (user audio: of ``pcm``; assistant audio: of what was sent)."""
+
+    kind: PartKind
+    text: str | None = None
+    pcm: bytes = b""
+    wav_b64: str = ""
+    audio_ms: int = 0
+
+
+@dataclass
+class Item:
+    """One conversation item (``type: "message"``)."""
+
+    id: str
+    role: Literal["user", "assistant", "system"]
+    parts: list[Part] = field(default_factory=list)
+    status: Literal["completed", "incomplete", "in_progress"] = "completed"
+
+    @property
+    def audio_ms(self) -> int:
+        return sum(p.audio_ms for p in self.parts if p.kind == "input_audio")
+
+    @property
+    def media_parts(self) -> int:
+        return sum(p.kind == "input_audio" for p in self.parts)
+
+
+def prepare_audio(pcm: bytes) -> str:
+    """Base64 of a WAV file (16-bit mono, 24 kHz) holding ``pcm`` (int16 LE). CPU work linear in
+    ``len(pcm)``: run it off the event loop."""
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    return base64.b64encode(encode_audio(samples, RATE, "wav")).decode("ascii")
+
+
+def decode_b64(data: str, param: str) -> bytes:
+    """Strict base64 of PCM16 (an even number of bytes). Raises ``RealtimeError`` ``invalid_base64``
+    / ``invalid_audio``. Linear in ``len(data)`` (bounded by the event size limit)."""
+    try:
+        pcm = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise RealtimeError(f"'{param}' is not valid base64", "invalid_base64", param) from None
+    if len(pcm) % 2:
+        raise RealtimeError(f"'{param}' is not 16-bit PCM (an odd number of bytes)", "invalid_audio", param)
+    return pcm
+
+
+def item_tokens(item: Item) -> int:
+    """Upper-bound estimate of ``item``'s prompt tokens (module docstring)."""
+    tokens = MESSAGE_OVERHEAD_TOKENS
+    for p in item.parts:
+        if p.kind == "input_audio":
+            tokens += math.ceil(p.audio_ms / 1000 * AUDIO_TOKENS_PER_S) + 2
+        else:
+            tokens += math.ceil(len(prompt_text(p)) / CHARS_PER_TOKEN)
+    return tokens
+
+
+def text_tokens(text: str) -> int:
+    """The estimate for a message of ``text`` (the instructions)."""
+    return MESSAGE_OVERHEAD_TOKENS + math.ceil(len(text) / CHARS_PER_TOKEN) if text else 0
+
+
+def prompt_text(part: Part) -> str:
+    return part.text or ""
+
+
+def select_items(items: list[Item], budget: int, max_media_parts: int | None) -> list[Item]:
+    """The newest items that fit ``budget`` tokens and ``max_media_parts`` audio parts, in order:
+    the oldest whole items are left out first (module docstring). Raises ``RealtimeError``
+    ``context_length_exceeded`` when the newest item alone does not fit."""
+    kept: list[Item] = []
+    tokens = media = 0
+    for item in reversed(items):
+        t, m = item_tokens(item), item.media_parts
+        if tokens + t > budget or (max_media_parts is not None and media + m > max_media_parts):
+            break
+        kept.append(item)
+        tokens, media = tokens + t, media + m
+    if items and not kept:
+        raise RealtimeError(f"The newest conversation item needs about {item_tokens(items[-1])} tokens; the "
+                            f"model's context leaves {budget} for the prompt", "context_length_exceeded")
+    return kept[::-1]
+
+
+def messages_of(items: list[Item], instructions: str) -> list[dict[str, Any]]:
+    """The chat ``MESSAGES`` (docs/chat_contracts.md) of ``items`` after a system message with
+    ``instructions``. Assistant items without text (cancelled before any) are left out."""
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    for item in items:
+        if item.role == "user":
+            parts: list[dict[str, Any]] = []
+            for p in item.parts:
+                if p.kind == "input_audio":
+                    parts.append({"type": "input_audio", "input_audio": {"data": p.wav_b64, "format": "wav"}})
+                elif p.text:
+                    parts.append({"type": "text", "text": p.text})
+            if parts:
+                out.append({"role": "user", "content": parts})
+        else:
+            text = "".join(prompt_text(p) for p in item.parts)
+            if text:
+                out.append({"role": item.role, "content": text})
+    return out
+
+
+# --------------------------------------------------------------------------- JSON
+def part_json(part: Part, naming: Naming) -> dict[str, Any]:
+    """A content part as the protocol shows it (audio data left out, as OpenAI's events do)."""
+    if part.kind == "input_text":
+        return {"type": "input_text", "text": part.text or ""}
+    if part.kind == "input_audio":
+        return {"type": "input_audio", "transcript": part.text}
+    if part.kind == "text":
+        return {"type": naming.out_text, "text": part.text or ""}
+    return {"type": naming.out_audio, "transcript": part.text or ""}
+
+
+def item_json(item: Item, naming: Naming) -> dict[str, Any]:
+    """An item as the protocol shows it (``realtime.item``)."""
+    return {"id": item.id, "object": "realtime.item", "type": "message", "role": item.role, "status": item.status,
+            "content": [part_json(p, naming) for p in item.parts]}
+
+
+_USER_PARTS: dict[str, PartKind] = {"input_text": "input_text", "input_audio": "input_audio", "text": "input_text"}
+_ASSISTANT_PARTS: dict[str, PartKind] = {"output_text": "text", "text": "text", "output_audio": "audio",
+                                         "audio": "audio"}
+
+
+def parse_item(raw: Any, max_text_chars: int) -> Item:
+    """An item of ``conversation.item.create`` (``type: "message"``; roles ``user`` with
+    ``input_text`` / ``input_audio`` parts, ``assistant`` with ``output_text`` / ``text`` /
+    ``output_audio`` / ``audio`` parts (audio parts carry their ``transcript``), ``system`` with
+    ``input_text``). ``input_audio`` data is base64 PCM16 24 kHz (decoded here: the caller runs
+    this off the event loop when the event is large). Raises ``RealtimeError``."""
+    if not isinstance(raw, dict):
+        raise RealtimeError("'item' must be an object", "invalid_type", "item")
+    if raw.get("type", "message") != "message":
+        raise RealtimeError(f"Items of type {str(raw.get('type'))[:40]!r} are not supported (no tools); "
+                            "only 'message'", "unsupported_item_type", "item.type")
+    role = raw.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise RealtimeError("'item.role' must be 'user', 'assistant' or 'system'", "invalid_value", "item.role")
+    item_id = raw.get("id")
+    if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 64):
+        raise RealtimeError("'item.id' must be a string of 1 to 64 characters", "invalid_value", "item.id")
+    content = raw.get("content")
+    if not isinstance(content, list) or not content:
+        raise RealtimeError("'item.content' must be a non-empty list", "invalid_value", "item.content")
+    if len(content) > 16:
+        raise RealtimeError("'item.content' has more than 16 parts", "invalid_value", "item.content")
+    table = _ASSISTANT_PARTS if role == "assistant" else _USER_PARTS
+    parts = []
+    for i, c in enumerate(content):
+        where = f"item.content.{i}"
+        bad_system = role == "system" and isinstance(c, dict) and c.get("type") != "input_text"
+        if not isinstance(c, dict) or c.get("type") not in table or bad_system:
+            raise RealtimeError(f"'{where}.type' must be one of {', '.join(sorted(table))} for a {role} item"
+                                if role != "system" else f"'{where}.type' must be 'input_text' for a system item",
+                                "invalid_value", f"{where}.type")
+        kind = table[c["type"]]
+        if kind == "input_audio":
+            data = c.get("audio")
+            if not isinstance(data, str) or not data:
+                raise RealtimeError(f"'{where}.audio' must be base64 PCM16 24 kHz audio", "invalid_value",
+                                    f"{where}.audio")
+            pcm = decode_b64(data, f"{where}.audio")
+            if len(pcm) < 100 * BYTES_PER_MS:
+                raise RealtimeError(f"'{where}.audio' holds less than 100 ms of audio", "invalid_value",
+                                    f"{where}.audio")
+            parts.append(Part("input_audio", pcm=pcm, wav_b64=prepare_audio(pcm), audio_ms=len(pcm) // BYTES_PER_MS))
+        elif kind == "audio":
+            transcript = c.get("transcript", "")
+            parts.append(Part("audio", text=_text(transcript, f"{where}.transcript", max_text_chars)))
+        else:
+            parts.append(Part(kind, text=_text(c.get("text"), f"{where}.text", max_text_chars)))
+    return Item(item_id or new_id("item"), role, parts)
+
+
+def _text(value: Any, param: str, max_chars: int) -> str:
+    if not isinstance(value, str):
+        raise RealtimeError(f"'{param}' must be a string", "invalid_type", param)
+    if len(value) > max_chars:
+        raise RealtimeError(f"'{param}' is {len(value)} characters; at most {max_chars}", "string_above_max_length",
+                            param)
+    if "\x00" in value or any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        raise RealtimeError(f"'{param}' must be valid Unicode text without NUL", "invalid_characters", param)
+    return value
+
+
+def heard_prefix(transcript: str, kept_ms: int, total_ms: int) -> str:
+    """The words of ``transcript`` the listener heard when its audio (``total_ms`` long) was cut
+    at ``kept_ms``: the same share of its words (the pipeline has no word timing; documented
+    approximation, docs/realtime.md "Truncation")."""
+    if total_ms <= 0 or kept_ms >= total_ms:
+        return transcript
+    words = transcript.split()
+    return " ".join(words[:int(len(words) * kept_ms / total_ms)])

@@ -1,0 +1,632 @@
+"""The Realtime API (``WS /v1/realtime``, docs/realtime.md) on a fake omni engine, through real
+uvicorn and the official SDK's realtime clients: GA (``client.realtime.connect``) and beta
+(``client.beta.realtime.connect``, ``OpenAI-Beta: realtime=v1``). Covers the event sequences of
+both namings, history in the next prompt, the truncation rule, ``conversation.item.truncate``,
+cancel and barge-in (the engine's generator closed; no audio after ``response.done``), error
+events for malformed events (the session goes on), the limits (error event, then close), auth
+and the metrics."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+from fake_engine import CHAT_INPUTS, SPEECH_OUT, TEXT_OUTPUTS, FakeEngine
+from websockets.exceptions import ConnectionClosed
+
+from clients.bench_common import metric_total
+from openai_frontend.app import Settings, create_app
+from openai_frontend.engine import GenerationChunk, ModelInfo
+from openai_frontend.realtime.conversation import Item, Part, heard_prefix, item_tokens, select_items
+from openai_frontend.realtime.protocol import RealtimeError
+from tests.helpers.frontend import serve_in_thread
+
+RATE = 24000
+OMNI_PARAMS = {"input_modalities": "text,audio", "max_media_parts": "8", "frame_rate_hz": "12.5"}
+OMNI = ModelInfo(name="qwen3_omni", served_model_name="omni", inputs=CHAT_INPUTS | {"MODALITIES", "VOICE"},
+                 outputs=TEXT_OUTPUTS | SPEECH_OUT, decoupled=True, modalities=("text", "audio"),
+                 voices=("Ethan", "Chelsie"), default_voice="Ethan", sample_rate=22050, max_model_len=1024,
+                 voice_aliases=(("alloy", "Ethan"),), parameters=OMNI_PARAMS)
+TEXT_ONLY_IN = ModelInfo(name="qwen2_5_omni", served_model_name="qwen25_omni", inputs=OMNI.inputs,
+                         outputs=OMNI.outputs, decoupled=True, modalities=("text", "audio"), voices=("Chelsie",),
+                         default_voice="Chelsie", sample_rate=24000, max_model_len=1024)
+SMALL = ModelInfo(name="small_omni", inputs=OMNI.inputs, outputs=OMNI.outputs, decoupled=True,
+                  modalities=("text", "audio"), voices=("Ethan",), default_voice="Ethan", sample_rate=24000,
+                  max_model_len=160, parameters=OMNI_PARAMS)
+LLM = ModelInfo(name="llm", inputs=CHAT_INPUTS, outputs=TEXT_OUTPUTS, decoupled=True, modalities=("text",))
+
+
+class OmniEngine(FakeEngine):
+    """Answers every request with ``words`` text deltas, each followed by ``chunk_s`` of audio at
+    the model's rate, ``delay_s`` apart; records the requests and counts streams closed early."""
+
+    def __init__(self, words: int = 4, delay_s: float = 0.0, chunk_s: float = 0.1):
+        super().__init__((OMNI, TEXT_ONLY_IN, SMALL, LLM))
+        self.words, self.delay_s, self.chunk_s = words, delay_s, chunk_s
+        self.requests: list = []
+        self.cancelled = 0
+
+    async def generate(self, model, request):
+        self.requests.append(request)
+        rate = self.models[model].sample_rate or 24000
+        prompt = len(json.dumps(request.messages)) // 100
+        done = False
+        try:
+            for i in range(self.words):
+                await asyncio.sleep(self.delay_s)
+                last = i == self.words - 1
+                yield GenerationChunk(text=f"word{i} ", finish_reason="stop" if last else None, prompt_tokens=prompt,
+                                      completion_tokens=i + 1)
+                if "audio" in (request.modalities or ()):
+                    yield GenerationChunk(audio=np.full(int(self.chunk_s * rate), 0.1, np.float32), sample_rate=rate)
+            done = True
+        finally:
+            if not done:
+                self.cancelled += 1
+
+
+@pytest.fixture()
+def server():
+    """Start a frontend on an engine: ``server(engine, **settings) -> port``."""
+    started = []
+
+    def start(engine, **settings):
+        srv, thread, port = serve_in_thread(create_app(engine, Settings(**settings)))
+        started.append((srv, thread))
+        return port
+
+    yield start
+    for srv, thread in started:
+        srv.should_exit = True
+        thread.join(10)
+
+
+def sdk(port: int, key: str = "unused") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", websocket_base_url=f"ws://127.0.0.1:{port}/v1",
+                              api_key=key, max_retries=0)
+
+
+def pcm_tone(ms: int, amplitude: int = 3000) -> bytes:
+    n = ms * RATE // 1000
+    return (np.sin(np.arange(n) * 2 * np.pi * 220 / RATE) * amplitude).astype("<i2").tobytes()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+async def until(conn, kind: str, timeout_s: float = 10.0):
+    """(the first event of type ``kind``, every event up to it)."""
+    seen = []
+    async with asyncio.timeout(timeout_s):
+        async for ev in conn:
+            seen.append(ev)
+            if ev.type == kind:
+                return ev, seen
+    raise AssertionError(f"closed before {kind}: {[e.type for e in seen]}")
+
+
+NO_VAD_GA = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+async def turn(conn, pcm: bytes, response: dict | None = None):
+    await conn.input_audio_buffer.append(audio=b64(pcm))
+    await conn.input_audio_buffer.commit()
+    await conn.response.create(**({"response": response} if response else {}))
+    return await until(conn, "response.done")
+
+
+# --------------------------------------------------------------------------- namings
+def test_ga_event_sequence_and_audio(server):
+    engine = OmniEngine(words=3)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            created, _ = await until(conn, "session.created")
+            await conn.session.update(session=NO_VAD_GA)
+            updated, _ = await until(conn, "session.updated")
+            done, events = await turn(conn, pcm_tone(500))
+            return created, updated, done, events
+
+    created, updated, done, events = asyncio.run(run())
+    assert created.session.model == "omni" and created.session.output_modalities == ["audio"]
+    assert created.session.audio.input.turn_detection.type == "server_vad"  # OpenAI's default
+    assert updated.session.audio.input.turn_detection is None
+    kinds = [e.type for e in events]
+    deltas = [k for k in kinds if k.endswith(".delta")]
+    head = [k for k in kinds if not k.endswith(".delta")]
+    assert head == ["input_audio_buffer.committed", "conversation.item.created", "response.created",
+                    "response.output_item.added", "conversation.item.created", "response.content_part.added",
+                    "response.output_audio.done", "response.output_audio_transcript.done",
+                    "response.content_part.done", "response.output_item.done", "response.done"], head
+    assert set(deltas) == {"response.output_audio.delta", "response.output_audio_transcript.delta"}
+    audio = b"".join(base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta")
+    # 3 x 0.1 s at 22050 Hz, resampled to 24 kHz PCM16
+    assert abs(len(audio) // 2 - int(0.3 * RATE)) <= 24
+    item = done.response.output[0]
+    assert done.response.status == "completed" and item.status == "completed"
+    assert item.content[0].type == "output_audio" and item.content[0].transcript == "word0 word1 word2 "
+    assert done.response.usage.input_tokens > 0 and done.response.usage.output_token_details.text_tokens == 3
+    assert done.response.usage.output_token_details.audio_tokens == 4  # 0.3 s x 12.5 frames/s, rounded up
+    request = engine.requests[0]
+    assert request.modalities == ("text", "audio") and request.voice == "Ethan" and request.paced
+
+
+def test_beta_event_names_text_and_audio(server):
+    port = server(OmniEngine(words=2))
+
+    async def run():
+        async with sdk(port).beta.realtime.connect(model="omni") as conn:
+            created, _ = await until(conn, "session.created")
+            await conn.session.update(session={"turn_detection": None, "modalities": ["text"], "voice": "Chelsie"})
+            await until(conn, "session.updated")
+            await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "hi"}]})
+            await conn.response.create()
+            text_done, text_events = await until(conn, "response.done")
+            await conn.response.create(response={"modalities": ["text", "audio"]})
+            audio_done, audio_events = await until(conn, "response.done")
+            return created, text_done, text_events, audio_done, audio_events
+
+    created, text_done, text_events, audio_done, audio_events = asyncio.run(run())
+    assert created.session.input_audio_format == "pcm16" and created.session.modalities == ["text", "audio"]
+    assert {"response.text.delta", "response.text.done"} <= {e.type for e in text_events}
+    assert text_done.response.output[0].content[0].type == "text"
+    kinds = {e.type for e in audio_events}
+    assert {"response.audio.delta", "response.audio_transcript.delta", "response.audio.done",
+            "response.audio_transcript.done"} <= kinds, kinds
+    assert audio_done.response.output[0].content[0].type == "audio"
+    assert not any(k.startswith("response.output_") and "item" not in k for k in kinds)
+
+
+# --------------------------------------------------------------------------- conversation
+def _wav_pcm(data_b64: str) -> bytes:
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(data_b64)), dtype="int16")
+    assert rate == RATE
+    return samples.astype("<i2").tobytes()
+
+
+def test_next_prompt_carries_the_conversation(server):
+    engine = OmniEngine(words=2)
+    port = server(engine)
+    first, second = pcm_tone(400), pcm_tone(300, 5000)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={**NO_VAD_GA, "instructions": "Answer briefly."})
+            a, _ = await turn(conn, first)
+            b, _ = await turn(conn, second)
+            return a, b
+
+    a, b = asyncio.run(run())
+    messages = engine.requests[1].messages
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[0]["content"] == "Answer briefly."
+    assert _wav_pcm(messages[1]["content"][0]["input_audio"]["data"]) == first
+    assert messages[2]["content"] == "word0 word1 "
+    assert _wav_pcm(messages[3]["content"][0]["input_audio"]["data"]) == second
+    assert b.response.usage.input_tokens > a.response.usage.input_tokens
+
+
+def test_created_items_audio_and_text_go_into_the_prompt(server):
+    """``conversation.item.create``: a user audio item (base64 PCM16 24 kHz), an assistant text
+    item and a system item placed with ``previous_item_id``: all in the next prompt, in order."""
+    engine = OmniEngine(words=1)
+    port = server(engine)
+    pcm = pcm_tone(250)
+
+    async def run():
+        async with sdk(port).beta.realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"turn_detection": None})
+            await conn.conversation.item.create(item={"id": "u1", "type": "message", "role": "user", "content": [
+                {"type": "input_audio", "audio": b64(pcm)}, {"type": "input_text", "text": "and this"}]})
+            await conn.conversation.item.create(item={"id": "a1", "type": "message", "role": "assistant",
+                                                      "content": [{"type": "text", "text": "Earlier answer."}]})
+            await conn.conversation.item.create(previous_item_id="root", item={
+                "type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be kind."}]})
+            await conn.conversation.item.create(item={"id": "u2", "type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "Go on."}]})
+            created = [(await until(conn, "conversation.item.created"))[0] for _ in range(4)]
+            await conn.conversation.item.create(item={"id": "u2", "type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "again"}]})
+            dup, _ = await until(conn, "error")
+            await conn.conversation.item.retrieve(item_id="u1")
+            retrieved, _ = await until(conn, "conversation.item.retrieved")
+            assert base64.b64decode(retrieved.item.content[0].audio) == pcm
+            await conn.conversation.item.delete(item_id="a1")
+            deleted, _ = await until(conn, "conversation.item.deleted")
+            assert deleted.item_id == "a1"
+            await conn.conversation.item.create(previous_item_id="u1", item={
+                "id": "a1", "type": "message", "role": "assistant", "content": [
+                    {"type": "text", "text": "Earlier answer."}]})
+            await until(conn, "conversation.item.created")
+            await conn.response.create()
+            await until(conn, "response.done")
+            return created, dup
+
+    created, dup = asyncio.run(run())
+    assert created[0].item.content[0].type == "input_audio" and created[1].item.content[0].type == "text"
+    assert created[2].previous_item_id is None and dup.error.code == "item_already_exists"
+    messages = engine.requests[0].messages
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[0]["content"] == "Be kind." and messages[2]["content"] == "Earlier answer."
+    assert _wav_pcm(messages[1]["content"][0]["input_audio"]["data"]) == pcm
+    assert messages[1]["content"][1] == {"type": "text", "text": "and this"}
+
+
+def _text_item(i: int, chars: int = 30) -> Item:
+    return Item(f"item_{i}", "user", [Part("input_text", text="x" * chars)])
+
+
+def test_truncation_rule_drops_the_oldest_whole_items():
+    items = [_text_item(i) for i in range(10)]
+    per = item_tokens(items[0])  # 8 + 30 / 3 = 18
+    assert per == 18
+    kept = select_items(items, budget=per * 4 + 5, max_media_parts=None)
+    assert [i.id for i in kept] == [f"item_{i}" for i in range(6, 10)]  # the newest 4, in order
+    audio = [Item(f"a{i}", "user", [Part("input_audio", audio_ms=1000)]) for i in range(5)]
+    assert [i.id for i in select_items(audio, budget=10_000, max_media_parts=3)] == ["a2", "a3", "a4"]
+    with pytest.raises(RealtimeError) as err:
+        select_items([_text_item(0, chars=3000)], budget=100, max_media_parts=None)
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_truncation_in_a_session_keeps_the_newest_items(server):
+    engine = OmniEngine(words=1)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="small_omni") as conn:
+            await conn.session.update(session={**NO_VAD_GA, "output_modalities": ["text"]})
+            for i in range(10):
+                await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": f"turn {i} " + "y" * 20}]})
+            await conn.response.create(response={"max_output_tokens": 16})
+            return await until(conn, "response.done")
+
+    done, _ = asyncio.run(run())
+    assert done.response.status == "completed"
+    texts = [m["content"][0]["text"] for m in engine.requests[0].messages]
+    # context 160 - 16 reserved = 144 tokens; 8 + 27 chars / 3 = 17 per item: the newest 8 fit (136)
+    assert texts == [f"turn {i} " + "y" * 20 for i in range(2, 10)]
+
+
+def test_item_truncate_cuts_the_transcript_to_what_was_heard(server):
+    engine = OmniEngine(words=4)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session=NO_VAD_GA)
+            done, _ = await turn(conn, pcm_tone(300))
+            item = done.response.output[0]
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=200)
+            truncated, _ = await until(conn, "conversation.item.truncated")
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=99_999)
+            too_far, _ = await until(conn, "error")
+            await conn.response.create()
+            await until(conn, "response.done")
+            return item, truncated, too_far
+
+    item, truncated, too_far = asyncio.run(run())
+    assert truncated.item_id == item.id and truncated.audio_end_ms == 200
+    assert too_far.error.code == "invalid_value" and too_far.error.param == "audio_end_ms"
+    assistant = [m for m in engine.requests[1].messages if m["role"] == "assistant"]
+    assert assistant == [{"role": "assistant", "content": "word0 word1"}]  # 200 of 400 ms: half the words
+    assert heard_prefix("a b c d", 100, 400) == "a"
+
+
+# --------------------------------------------------------------------------- cancel, barge-in
+def test_response_cancel_stops_the_engine_and_no_audio_follows_done(server):
+    engine = OmniEngine(words=50, delay_s=0.05)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session=NO_VAD_GA)
+            await conn.input_audio_buffer.append(audio=b64(pcm_tone(300)))
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            first, before = await until(conn, "response.output_audio.delta")
+            await conn.response.cancel()
+            done, during = await until(conn, "response.done")
+            late = []
+            try:
+                async with asyncio.timeout(0.5):
+                    async for ev in conn:
+                        late.append(ev)
+            except TimeoutError:
+                pass
+            await conn.response.cancel()
+            nothing, _ = await until(conn, "error")
+            return done, before + during, late, nothing
+
+    done, events, late, nothing = asyncio.run(run())
+    assert done.response.status == "cancelled" and done.response.status_details.reason == "client_cancelled"
+    assert engine.cancelled == 1
+    item = done.response.output[0]
+    sent = sum(len(base64.b64decode(e.delta)) for e in events if e.type == "response.output_audio.delta")
+    assert item.status == "incomplete" and sent > 0
+    assert not [e for e in late if e.type.endswith(".delta")]
+    assert nothing.error.code == "response_cancel_not_active"
+
+
+@pytest.fixture(scope="module")
+def piper_pcm():
+    """Piper's "The capital of France is Paris." as PCM16 24 kHz."""
+    from omni_triton.media.audio import float_to_pcm16, resample
+    from omni_triton.paths import model_dir
+    from omni_triton.stages.piper import PiperSpeaker, discover_voices
+
+    voices = discover_voices(model_dir("piper-voices"))
+    if not voices:
+        pytest.skip("Piper voice not prepared (omni-triton prepare --models piper_tts)")
+    parts = list(PiperSpeaker(voices).synthesize("The capital of France is Paris."))
+    audio = np.concatenate([p.audio for p in parts])
+    return float_to_pcm16(resample(audio, parts[0].sample_rate, RATE))
+
+
+def test_server_vad_turn_then_barge_in(server, piper_pcm):
+    """Server VAD: speech -> speech_started/stopped -> committed -> a response; speech during
+    the response cancels it (``turn_detected``), the engine's stream is closed."""
+    engine = OmniEngine(words=100, delay_s=0.05)
+    port = server(engine)
+    silence = bytes(RATE * 2)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await until(conn, "session.created")
+            await conn.input_audio_buffer.append(audio=b64(silence + piper_pcm + silence))
+            _, seen = await until(conn, "response.output_audio.delta")
+            await conn.input_audio_buffer.append(audio=b64(piper_pcm))
+            done, seen2 = await until(conn, "response.done")
+            return seen, done, seen2
+
+    seen, done, seen2 = asyncio.run(run())
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert metric_total(metrics, "omni_frontend_realtime_barge_in_seconds_count", reason="turn_detected") == 1
+    assert metric_total(metrics, "omni_frontend_realtime_speech_stop_to_first_audio_seconds_count") == 1
+    kinds = [e.type for e in seen]
+    assert kinds[:4] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed", "conversation.item.created"], kinds
+    started, stopped = seen[0], seen[1]
+    assert 600 <= started.audio_start_ms <= 900  # 1000 ms of silence - 300 ms prefix padding
+    assert seen2[0].type == "input_audio_buffer.speech_started"
+    assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
+    assert engine.cancelled == 1
+    # the user item holds the speech: from the speech start (prefix padded) to the speech stop
+    user_audio = _wav_pcm(engine.requests[0].messages[-1]["content"][0]["input_audio"]["data"])
+    assert abs(len(user_audio) // 2 - (stopped.audio_end_ms - started.audio_start_ms) * RATE // 1000) <= 24 * 30
+
+
+def test_speech_longer_than_the_buffer_is_committed_at_the_limit(server, piper_pcm):
+    """Server VAD, speech longer than ``--realtime-max-buffer-s``: no error; the turn is ended at
+    the limit (speech_stopped, committed) and the VAD goes on with the rest."""
+    port = server(OmniEngine(words=1), realtime_max_buffer_s=1.0)
+    speech = piper_pcm + piper_pcm  # ~4 s of speech, pauses shorter than the 500 ms silence
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {
+                "type": "server_vad", "create_response": False}}}})
+            await until(conn, "session.updated")
+            step = RATE // 10 * 2
+            for i in range(0, len(speech), step):
+                await conn.input_audio_buffer.append(audio=b64(speech[i:i + step]))
+            await conn.input_audio_buffer.append(audio=b64(bytes(RATE * 2)))  # 1 s of silence
+            events = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    async for ev in conn:
+                        events.append(ev)
+            return events
+
+    events = asyncio.run(run())
+    kinds = [e.type for e in events]
+    assert "error" not in kinds, [e for e in events if e.type == "error"]
+    stops = [e for e in events if e.type == "input_audio_buffer.speech_stopped"]
+    starts = [e for e in events if e.type == "input_audio_buffer.speech_started"]
+    assert len(stops) >= 2 and kinds.count("input_audio_buffer.committed") == len(stops)
+    assert stops[0].audio_end_ms - starts[0].audio_start_ms <= 1100  # cut at the 1 s buffer
+
+
+# --------------------------------------------------------------------------- errors, limits
+def test_malformed_events_get_error_events_and_the_session_goes_on(server):
+    port = server(OmniEngine(words=2, delay_s=0.05), realtime_max_event_bytes=10_000, realtime_max_buffer_s=1.0)
+
+    async def run():
+        codes = []
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session=NO_VAD_GA)  # the buffer holds every append
+            await until(conn, "session.updated")
+            for raw in ("{not json", "[1, 2]", '{"type": "nope", "event_id": "ev1"}',
+                        '{"type": "input_audio_buffer.append", "audio": "@@@"}',
+                        '{"type": "input_audio_buffer.append", "audio": "AA=="}',  # 1 byte: not PCM16
+                        json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 20_000}),
+                        json.dumps({"type": "input_audio_buffer.commit"}),
+                        json.dumps({"type": "session.update", "session": {"type": "realtime", "bogus": 1}}),
+                        json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+                            "input": {"format": {"type": "audio/pcmu"}}}}}),
+                        json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+                            "input": {"turn_detection": {"type": "semantic_vad"}}}}}),
+                        json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+                            "output": {"voice": "nobody"}}}}),
+                        json.dumps({"type": "conversation.item.create", "item": {"type": "function_call"}}),
+                        json.dumps({"type": "conversation.item.delete", "item_id": "item_missing"})):
+                await conn.send_raw(raw)
+                err, _ = await until(conn, "error")
+                codes.append((err.error.code, err.error.param, err.error.event_id))
+            for _ in range(11):  # 11 x 0.1 s: over the 1 s buffer
+                await conn.input_audio_buffer.append(audio=b64(pcm_tone(100)))
+            full, _ = await until(conn, "error")
+            await conn.input_audio_buffer.clear()
+            await until(conn, "input_audio_buffer.cleared")
+            await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "hi"}]})
+            await conn.response.create()
+            await until(conn, "response.created")
+            await conn.response.create()
+            busy, _ = await until(conn, "error")
+            done, _ = await until(conn, "response.done")
+        return codes, full, busy, done
+
+    codes, full, busy, done = asyncio.run(run())
+    assert codes == [("invalid_json", None, None), ("invalid_event", None, None), ("invalid_value", "type", "ev1"),
+                     ("invalid_base64", "audio", None), ("invalid_audio", "audio", None),
+                     ("event_too_large", None, None), ("input_audio_buffer_commit_empty", None, None),
+                     ("unknown_parameter", "session.bogus", None),
+                     ("unsupported_audio_format", "session.audio.input.format", None),
+                     ("unsupported_turn_detection", "session.audio.input.turn_detection.type", None),
+                     ("invalid_voice", "session.audio.output.voice", None),
+                     ("unsupported_item_type", "item.type", None), ("item_not_found", "item_id", None)]
+    assert full.error.code == "input_audio_buffer_full"
+    assert busy.error.code == "conversation_already_has_active_response"
+    assert done.response.status == "completed"
+
+
+async def _closed(client, model: str = "omni", before=None) -> tuple[str, int | None]:
+    """(the error code, the close code) of a new session the server ends; ``before(conn)`` runs first."""
+    conn = await client.realtime.connect(model=model).enter()
+    try:
+        if before is not None:
+            await before(conn)
+        err, _ = await until(conn, "error")
+        with pytest.raises(ConnectionClosed) as closed:
+            await conn.recv()
+        return err.error.code, closed.value.rcvd.code if closed.value.rcvd else None
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+
+def test_limits_error_then_close_and_the_server_keeps_serving(server):
+    port = server(OmniEngine(words=2), realtime_max_sessions=1, realtime_idle_timeout_s=0.5,
+                  realtime_max_session_s=2.0)
+
+    async def busy(conn):  # events often enough not to idle out, until the session length ends it
+        await until(conn, "session.created")
+        for _ in range(20):
+            await asyncio.sleep(0.3)
+            try:
+                await conn.input_audio_buffer.append(audio=b64(bytes(480)))
+            except ConnectionClosed:  # expired meanwhile: its error event is still to be read
+                return
+
+    async def run():
+        client = sdk(port)
+        results = {}
+
+        async def second(conn):
+            await until(conn, "session.created")
+            results["too_many"] = await _closed(client)
+
+        results["idle"] = await _closed(client, before=second)
+        results["expired"] = await _closed(client, before=busy)  # the slot was free again
+        results["unknown"] = await _closed(client, "nope")
+        results["no_voice"] = await _closed(client, "llm")
+        return results
+
+    r = asyncio.run(run())
+    too_many, idle, expired, unknown, no_voice = (r[k] for k in ("too_many", "idle", "expired", "unknown",
+                                                                    "no_voice"))
+
+    assert too_many == ("too_many_sessions", 1013)
+    assert idle == ("idle_timeout", 1008)
+    assert expired == ("session_expired", 1008)
+    assert unknown[0] == "model_not_found" and no_voice[0] == "model_not_supported"
+
+
+def test_text_input_model_fails_audio_turns(server):
+    port = server(OmniEngine(words=1))
+
+    async def run():
+        async with sdk(port).realtime.connect(model="qwen25_omni") as conn:
+            await conn.session.update(session=NO_VAD_GA)
+            return await turn(conn, pcm_tone(300))
+
+    done, _ = asyncio.run(run())
+    assert done.response.status == "failed"
+    assert done.response.status_details.error.code == "unsupported_content_part"
+
+
+def test_api_key_is_checked_on_the_handshake(server):
+    port = server(OmniEngine(words=1), api_key="secret")
+
+    async def run():
+        with pytest.raises(Exception) as refused:
+            async with sdk(port, key="wrong").realtime.connect(model="omni") as conn:
+                await until(conn, "session.created")
+        async with sdk(port, key="secret").realtime.connect(model="omni") as conn:
+            created, _ = await until(conn, "session.created")
+        return refused.value, created
+
+    refused, created = asyncio.run(run())
+    assert "401" in str(refused) and created.session.id
+
+
+def test_metrics(server):
+    port = server(OmniEngine(words=2))
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session=NO_VAD_GA)
+            await turn(conn, pcm_tone(300))
+            return httpx.get(f"http://127.0.0.1:{port}/metrics").text
+
+    during = asyncio.run(run())
+    after = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert metric_total(during, "omni_frontend_realtime_sessions") == 1
+    assert metric_total(during, "omni_frontend_realtime_commit_to_first_audio_seconds_count", model="omni") == 1
+    assert metric_total(after, "omni_frontend_realtime_sessions") == 0
+
+
+def test_payload_sized_work_runs_off_the_event_loop(monkeypatch):
+    """Base64 decoding of a large append, its VAD pass, the parse of a large event, the WAV of the
+    committed audio and the output's resample + PCM16 + base64 run on worker threads."""
+    import threading
+
+    from starlette.testclient import TestClient
+
+    from omni_triton.media.vad import StreamingVAD
+    from openai_frontend.realtime import session as session_module
+    from openai_frontend.serving import realtime as serving_module
+
+    threads: dict[str, set[int]] = {}
+
+    def spy(name, fn, large=lambda *args: True):
+        def wrapped(*args, **kwargs):
+            if large(*args):
+                threads.setdefault(name, set()).add(threading.get_ident())
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(session_module, "decode_b64", spy("decode", session_module.decode_b64))
+    monkeypatch.setattr(session_module, "prepare_audio", spy("wav", session_module.prepare_audio))
+    monkeypatch.setattr(serving_module, "_parse", spy("parse", serving_module._parse,
+                                                      lambda raw, *_: len(raw) > serving_module.INLINE_PARSE_CHARS))
+    monkeypatch.setattr(StreamingVAD, "feed", spy("vad", StreamingVAD.feed))
+    session_class = session_module.RealtimeSession
+    monkeypatch.setattr(session_class, "_encode", spy("encode", session_class._encode))
+    with TestClient(create_app(OmniEngine(words=2), Settings())) as tc, \
+            tc.websocket_connect("/v1/realtime?model=omni") as ws:
+        loop_thread = tc.portal.call(threading.get_ident)
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_json({"type": "input_audio_buffer.append", "audio": b64(bytes(2 * RATE * 5))})  # 5 s of silence
+        ws.send_json({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"turn_detection": None}}}})
+        assert ws.receive_json()["type"] == "session.updated"
+        ws.send_json({"type": "input_audio_buffer.append", "audio": b64(pcm_tone(3000))})
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        ws.send_json({"type": "response.create"})
+        while ws.receive_json()["type"] != "response.done":
+            pass
+    for name in ("decode", "vad", "parse", "wav", "encode"):
+        assert threads.get(name) and loop_thread not in threads[name], (name, threads, loop_thread)
