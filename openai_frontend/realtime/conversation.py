@@ -15,9 +15,17 @@ the prompt exceeds ``max_model_len - reserve`` (``reserve``: the response's
 ``max_output_tokens``, else a quarter of the context up to 256 tokens), or holds more audio parts
 than the model takes (``max_media_parts``), the **oldest whole items** are left out first; the
 newest item is always kept, and a prompt whose newest item alone does not fit fails the response
-(``context_length_exceeded``). The estimate (:func:`item_tokens`) is an upper bound made without
-a tokenizer: 1 token per 3 characters of text, 25 tokens per second of audio (Qwen2.5-Omni's
-audio encoder rate, above Qwen3-Omni's 13), 8 per message for the chat template.
+(``context_length_exceeded``). The estimate (:func:`item_tokens`) is a true upper bound made
+without a tokenizer: 1 token per UTF-8 **byte** of text (the omni models' tokenizers are byte-level
+BPE: every token holds at least one byte, special tokens excepted, and those are counted apart),
+``MESSAGE_OVERHEAD_TOKENS`` per message and ``GENERATION_PROMPT_TOKENS`` for the chat template's
+markup, and per audio part ``ceil(25 * seconds) + AUDIO_PART_TOKENS`` (25/s: Qwen2.5-Omni's
+audio encoder rate; Qwen3-Omni's encoder gives at most 13 per started second, below it).
+
+**Recovery** (:func:`context_error_tokens`, :func:`shrunk_budget`): when the model still refuses
+the prompt as too long (its message names the real count), the response is retried once with the
+budget scaled by estimate/real, leaving out more old items; a response that fails anyway leaves the
+session usable (each prompt is selected afresh).
 
 The session keeps at most ``max_items`` items and ``max_audio_s`` seconds of user audio in
 memory; beyond, the oldest whole items are deleted (``conversation.item.deleted``).
@@ -27,6 +35,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,10 +45,21 @@ from omni_triton.media.audio import encode_audio
 
 from .protocol import BYTES_PER_MS, RATE, Naming, RealtimeError, new_id
 
-#: Estimate of prompt tokens (an upper bound for the omni models' tokenizers and audio encoders).
-CHARS_PER_TOKEN = 3
+#: Estimate of prompt tokens, an upper bound for the omni models' byte-level BPE tokenizers and
+#: audio encoders (module docstring): text counts 1 token per UTF-8 byte.
 AUDIO_TOKENS_PER_S = 25
-MESSAGE_OVERHEAD_TOKENS = 8
+#: An audio part's fixed cost: ``<|audio_start|>`` / ``<|audio_end|>`` and Qwen3-Omni's last,
+#: partial second (up to 13 tokens, ``_get_feat_extract_output_lengths``).
+AUDIO_PART_TOKENS = 16
+#: Chat-template markup of one message: ``<|im_start|>`` + role + ``\n`` ... ``<|im_end|>\n``
+#: (2 special tokens + at most 11 bytes for the longest role, ``assistant``), with a margin.
+MESSAGE_OVERHEAD_TOKENS = 16
+#: The generation prompt (``<|im_start|>assistant\n``: 1 special token + 10 bytes), with a margin.
+GENERATION_PROMPT_TOKENS = 16
+#: The model's refusal of a too-long prompt (omni_triton/stages/qwen3_omni/thinker.py,
+#: omni_triton/stages/llm/request.py): ``the prompt has N tokens; ...`` or ``prompt (N tokens) +
+#: max_tokens (M) exceeds max_model_len=...``.
+_CONTEXT_ERROR = re.compile(r"prompt(?: has | \()(\d+) tokens.*(?:context|max_model_len)", re.DOTALL)
 
 PartKind = Literal["input_text", "input_audio", "text", "audio"]
 
@@ -95,20 +115,56 @@ def decode_b64(data: str, param: str) -> bytes:
     return pcm
 
 
+def text_bytes(text: str) -> int:
+    """UTF-8 bytes of ``text``: an upper bound of its byte-level BPE tokens."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def item_tokens(item: Item) -> int:
-    """Upper-bound estimate of ``item``'s prompt tokens (module docstring)."""
+    """Upper bound of ``item``'s prompt tokens (module docstring)."""
     tokens = MESSAGE_OVERHEAD_TOKENS
     for p in item.parts:
         if p.kind == "input_audio":
-            tokens += math.ceil(p.audio_ms / 1000 * AUDIO_TOKENS_PER_S) + 2
+            tokens += math.ceil(p.audio_ms / 1000 * AUDIO_TOKENS_PER_S) + AUDIO_PART_TOKENS
         else:
-            tokens += math.ceil(len(prompt_text(p)) / CHARS_PER_TOKEN)
+            tokens += text_bytes(prompt_text(p))
     return tokens
 
 
 def text_tokens(text: str) -> int:
-    """The estimate for a message of ``text`` (the instructions)."""
-    return MESSAGE_OVERHEAD_TOKENS + math.ceil(len(text) / CHARS_PER_TOKEN) if text else 0
+    """Upper bound of the fixed part of a prompt: the system message of ``text`` (the
+    instructions; none when empty) and the generation prompt."""
+    return GENERATION_PROMPT_TOKENS + (MESSAGE_OVERHEAD_TOKENS + text_bytes(text) if text else 0)
+
+
+def check_max_output_tokens(value: int | None, max_model_len: int | None, param: str) -> None:
+    """Refuse a ``max_output_tokens`` that leaves no room for a prompt: at most ``max_model_len``
+    minus the smallest prompt (:func:`text_tokens` + one empty message). Raises ``RealtimeError``
+    ``invalid_value`` naming ``max_model_len``; None (``inf``) or an unknown context passes."""
+    if value is None or not max_model_len:
+        return
+    most = max_model_len - text_tokens("") - MESSAGE_OVERHEAD_TOKENS
+    if value > most:
+        raise RealtimeError(f"'{param}' is {value} but this model's context is max_model_len={max_model_len} "
+                            f"tokens: at most {max(most, 0)}, to leave room for the prompt", "invalid_value", param)
+
+
+def context_error_tokens(message: str) -> int | None:
+    """The real prompt length named by the model's refusal of a too-long prompt
+    (``_CONTEXT_ERROR``), or None when ``message`` is not such a refusal."""
+    m = _CONTEXT_ERROR.search(message)
+    return int(m.group(1)) if m else None
+
+
+def shrunk_budget(budget: int, fixed: int, estimate: int, actual: int) -> int:
+    """The item budget of a retry after the model counted ``actual`` tokens for a prompt estimated
+    at ``estimate`` (items + the ``fixed`` part, :func:`text_tokens`) when the items had ``budget``:
+    the room ``budget + fixed`` scaled by ``estimate / actual`` (the model's real tokens per
+    estimated token), less the fixed part, and always below the items' estimate that was sent, so
+    at least one more old item is left out."""
+    if actual <= 0 or estimate <= 0:
+        return budget
+    return min(math.floor((budget + fixed) * estimate / actual) - fixed, estimate - fixed - 1, budget - 1)
 
 
 def prompt_text(part: Part) -> str:

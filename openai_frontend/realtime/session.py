@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,20 +32,24 @@ from numpy.typing import NDArray
 from omni_triton.media.audio import StreamResampler, float_to_pcm16
 from omni_triton.media.vad import StreamingVAD, VADConfig
 
-from ..engine import EngineError, GenerationRequest, ModelInfo
+from ..engine import EngineError, GenerationChunk, GenerationRequest, ModelInfo
 from ..errors import OpenAIError, engine_error_detail, public_message
 from ..offload import off_loop
 from ..serving.common import AdmittedRequest
 from .conversation import (
     Item,
     Part,
+    check_max_output_tokens,
+    context_error_tokens,
     decode_b64,
     heard_prefix,
     item_json,
+    item_tokens,
     messages_of,
     parse_item,
     prepare_audio,
     select_items,
+    shrunk_budget,
     text_tokens,
 )
 from .protocol import (
@@ -122,6 +126,8 @@ class _Response:
     sent_audio: bool = False
     started: bool = False  # its task ran (a task cancelled before its first step never does)
     finishing: bool = False  # its closing events are being sent: a cancel waits for them
+    #: the prompt's item budget and estimate (fixed part, whole), for the context retry
+    budget: tuple[int, int, int] | None = None
 
 
 class RealtimeSession:
@@ -223,6 +229,8 @@ class RealtimeSession:
                                       self.limits.max_text_chars)
         if config.voice != self.config.voice:
             self._check_voice(config.voice, "session.voice" if self.naming.beta else "session.audio.output.voice")
+        check_max_output_tokens(config.max_output_tokens, self.info.max_model_len, "session.max_response_output_tokens"
+                                if self.naming.beta else "session.max_output_tokens")
         vad_changed = config.turn_detection != self.config.turn_detection
         self.config = config
         if vad_changed:
@@ -493,6 +501,7 @@ class RealtimeSession:
         key = "max_response_output_tokens" if beta else "max_output_tokens"
         if key in params:
             out["max_output_tokens"] = parse_max_tokens(params[key], f"response.{key}")
+            check_max_output_tokens(out["max_output_tokens"], self.info.max_model_len, f"response.{key}")
         if beta:
             if "voice" in params:
                 out["voice"] = self._check_voice(str(params["voice"])[:64], "response.voice")
@@ -554,8 +563,9 @@ class RealtimeSession:
             return {"type": "audio", "transcript": "".join(resp.text)}
         return {"type": "text", "text": "".join(resp.text)}
 
-    def _messages(self, resp: _Response, items: list[Item]) -> list[dict[str, Any]]:
-        """The prompt of ``resp`` (``conversation`` module docstring: the truncation rule)."""
+    def _messages(self, resp: _Response, items: list[Item], budget: int | None = None) -> list[dict[str, Any]]:
+        """The prompt of ``resp`` (``conversation`` module docstring: the truncation rule);
+        ``budget``: the items' token budget of a retry (``shrunk_budget``)."""
         if any(i.media_parts for i in items) and "audio" not in self.info.input_modalities:
             raise RealtimeError(f"The model '{self.info.public_name}' does not take audio input "
                                 f"(it takes {', '.join(self.info.input_modalities)}); send text items",
@@ -565,9 +575,12 @@ class RealtimeSession:
             kept = items
         else:
             reserve = resp.max_output_tokens or min(DEFAULT_RESERVE_TOKENS, context // 4)
-            budget = context - reserve - text_tokens(resp.instructions)
+            fixed = text_tokens(resp.instructions)
+            if budget is None:
+                budget = context - reserve - fixed
             max_media = self.info.parameters.get("max_media_parts")
             kept = select_items(items, budget, int(max_media) if max_media and max_media.isdigit() else None)
+            resp.budget = (budget, fixed, fixed + sum(item_tokens(i) for i in kept))
         messages = messages_of(kept, resp.instructions)
         if not any(m["role"] == "user" for m in messages):
             raise RealtimeError("The conversation has no user item to answer; commit audio or create an item first",
@@ -609,13 +622,9 @@ class RealtimeSession:
 
         try:
             messages = self._messages(resp, items)
-            request = GenerationRequest(messages=messages, sampling=resp.sampling,
-                                        modalities=("text", "audio") if resp.audio_out else ("text",),
-                                        voice=resp.voice, request_id=resp.id,
-                                        paced=resp.audio_out and self.limits.paced)
             async with AdmittedRequest(self.state, record) as req:
                 resampler: StreamResampler | None = None
-                gen = self.engine.generate(self.info.name, request)
+                gen = self._generate(resp, items, messages)
                 try:
                     async for chunk in gen:
                         if chunk.prompt_tokens is not None:
@@ -668,6 +677,34 @@ class RealtimeSession:
             await self._finish(resp, status, details)
         finally:
             self.response = None
+
+    async def _generate(self, resp: _Response, items: list[Item],
+                        messages: list[dict[str, Any]]) -> AsyncGenerator[GenerationChunk, None]:
+        """The engine's chunks for ``resp``. When the model refuses the prompt as too long before
+        any chunk (the estimate was not an upper bound for it), retried once with fewer old items
+        (``conversation.shrunk_budget``, docs/realtime.md "Context")."""
+        for attempt in range(2):
+            request = GenerationRequest(messages=messages, sampling=resp.sampling,
+                                        modalities=("text", "audio") if resp.audio_out else ("text",),
+                                        voice=resp.voice, request_id=resp.id,
+                                        paced=resp.audio_out and self.limits.paced)
+            gen = self.engine.generate(self.info.name, request)
+            started = False
+            try:
+                async for chunk in gen:
+                    started = True
+                    yield chunk
+                return
+            except (EngineError, OpenAIError) as exc:
+                message = exc.message if isinstance(exc, EngineError) else exc.detail.message
+                actual = context_error_tokens(message)
+                if started or attempt or actual is None or resp.budget is None:
+                    raise
+                logger.info("realtime response %s: the model counted %d prompt tokens (estimate %d); retrying "
+                            "with fewer items", resp.id, actual, resp.budget[2])
+                messages = self._messages(resp, items, shrunk_budget(*resp.budget, actual))
+            finally:
+                await gen.aclose()
 
     async def _finish(self, resp: _Response, status: str, details: dict[str, Any] | None) -> None:
         item, naming = resp.item, self.naming

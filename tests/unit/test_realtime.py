@@ -23,8 +23,15 @@ from websockets.exceptions import ConnectionClosed
 
 from clients.bench_common import metric_total
 from openai_frontend.app import Settings, create_app
-from openai_frontend.engine import GenerationChunk, ModelInfo
-from openai_frontend.realtime.conversation import Item, Part, heard_prefix, item_tokens, select_items
+from openai_frontend.engine import GenerationChunk, InvalidRequestError, ModelInfo
+from openai_frontend.realtime.conversation import (
+    Item,
+    Part,
+    context_error_tokens,
+    heard_prefix,
+    item_tokens,
+    select_items,
+)
 from openai_frontend.realtime.protocol import RealtimeError
 from tests.helpers.frontend import serve_in_thread
 
@@ -268,8 +275,8 @@ def _text_item(i: int, chars: int = 30) -> Item:
 
 def test_truncation_rule_drops_the_oldest_whole_items():
     items = [_text_item(i) for i in range(10)]
-    per = item_tokens(items[0])  # 8 + 30 / 3 = 18
-    assert per == 18
+    per = item_tokens(items[0])  # 16 (template) + 30 bytes
+    assert per == 46
     kept = select_items(items, budget=per * 4 + 5, max_media_parts=None)
     assert [i.id for i in kept] == [f"item_{i}" for i in range(6, 10)]  # the newest 4, in order
     audio = [Item(f"a{i}", "user", [Part("input_audio", audio_ms=1000)]) for i in range(5)]
@@ -295,8 +302,9 @@ def test_truncation_in_a_session_keeps_the_newest_items(server):
     done, _ = asyncio.run(run())
     assert done.response.status == "completed"
     texts = [m["content"][0]["text"] for m in engine.requests[0].messages]
-    # context 160 - 16 reserved = 144 tokens; 8 + 27 chars / 3 = 17 per item: the newest 8 fit (136)
-    assert texts == [f"turn {i} " + "y" * 20 for i in range(2, 10)]
+    # context 160 - 16 reserved - 16 generation prompt = 128 tokens; 16 + 27 bytes = 43 per item:
+    # the newest 2 fit (86)
+    assert texts == [f"turn {i} " + "y" * 20 for i in range(8, 10)]
 
 
 def test_item_truncate_cuts_the_transcript_to_what_was_heard(server):
@@ -630,3 +638,147 @@ def test_payload_sized_work_runs_off_the_event_loop(monkeypatch):
             pass
     for name in ("decode", "vad", "parse", "wav", "encode"):
         assert threads.get(name) and loop_thread not in threads[name], (name, threads, loop_thread)
+
+
+class CountingEngine(OmniEngine):
+    """Counts each prompt as the omni thinker does with a byte-level BPE tokenizer and Qwen's chat
+    template (``<|im_start|>role\\n...<|im_end|>\\n``, audio 13 tokens per started second), times
+    ``per_byte``, and refuses it with the thinker's messages
+    (omni_triton/stages/qwen3_omni/thinker.py) when it does not fit ``max_model_len``."""
+
+    def __init__(self, per_byte: int = 1, **kw):
+        super().__init__(**kw)
+        self.per_byte = per_byte
+        self.refused = 0
+
+    def count(self, messages) -> int:
+        n = 1 + 10  # <|im_start|>assistant\n
+        for m in messages:
+            n += 3 + len(m["role"].encode())
+            parts = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+            for p in parts:
+                if p["type"] == "text":
+                    n += len(p["text"].encode()) * self.per_byte
+                else:
+                    pcm = _wav_pcm(p["input_audio"]["data"])
+                    n += 2 + 13 * -(-len(pcm) // (2 * RATE))
+        return n
+
+    async def generate(self, model, request):
+        ctx = self.models[model].max_model_len
+        n = self.count(request.messages)
+        max_tokens = request.sampling.get("max_tokens", ctx - n)
+        if n >= ctx or n + max_tokens > ctx:
+            self.requests.append(request)
+            self.refused += 1
+            raise InvalidRequestError(f"the prompt has {n} tokens; this model's context is max_model_len={ctx}"
+                                      if n >= ctx else
+                                      f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds max_model_len={ctx}")
+        async for chunk in super().generate(model, request):
+            yield chunk
+
+
+def _user_text(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+async def _respond(conn, **params):
+    await conn.response.create(**({"response": params} if params else {}))
+    done, _ = await until(conn, "response.done")
+    return done.response
+
+
+def test_cjk_history_is_left_out_not_failed(server):
+    """An older 720-character Chinese item (2160 UTF-8 bytes, 1 token per byte for a byte-level
+    BPE) then "你好" with max_output_tokens 256 on a 1024-token model: the old item is left out."""
+    engine = CountingEngine(words=1)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={**NO_VAD_GA, "output_modalities": ["text"], "max_output_tokens": 256})
+            for text in ["北京是中国的首都。" * 80, "你好"]:
+                await conn.conversation.item.create(item=_user_text(text))
+            return [await _respond(conn), await _respond(conn)]
+
+    for resp in asyncio.run(run()):
+        assert resp.status == "completed", resp.status_details
+    assert engine.refused == 0
+    assert [m["content"][0]["text"] for m in engine.requests[0].messages] == ["你好"]
+
+
+def test_long_english_history_after_a_barge_in_fits(server):
+    """After a barge-in (an assistant audio item truncated to what was heard) with a long English
+    transcript, the next turn with max_output_tokens 512 leaves the old items out (the estimate of
+    1 token per 3 characters was below the byte-level count: 'prompt (790 tokens) + max_tokens
+    (512) exceeds max_model_len=1024')."""
+    engine = CountingEngine(words=1)
+    port = server(engine)
+    story = " ".join(f"word{i}" for i in range(120))  # 7 bytes a word
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={**NO_VAD_GA, "output_modalities": ["text"], "max_output_tokens": 512,
+                                               "instructions": "Answer briefly. " * 4})
+            await conn.conversation.item.create(item=_user_text("Tell me a long story please."))
+            await conn.conversation.item.create(item={"type": "message", "role": "assistant", "content": [
+                {"type": "output_audio", "transcript": story}]})
+            created, _ = await until(conn, "conversation.item.created")
+            await conn.conversation.item.truncate(item_id=created.item.id, content_index=0, audio_end_ms=0)
+            await conn.conversation.item.create(item=_user_text("Stop. " + "What is the capital of France? " * 8))
+            return await _respond(conn)
+
+    resp = asyncio.run(run())
+    assert resp.status == "completed", resp.status_details
+    assert engine.refused == 0
+
+
+def test_context_refusal_is_retried_with_fewer_items_and_the_session_goes_on(server):
+    """A model whose tokens outnumber the estimate (2 per byte here): its refusal names the real
+    count; the response is retried once with fewer old items, and later responses fit."""
+    engine = CountingEngine(per_byte=2, words=1)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={**NO_VAD_GA, "output_modalities": ["text"], "max_output_tokens": 256})
+            for i in range(6):
+                await conn.conversation.item.create(item=_user_text(f"turn {i} " + "z" * 100))
+            first = await _respond(conn)
+            await conn.conversation.item.create(item=_user_text("and now? " + "q" * 100))
+            return first, await _respond(conn)
+
+    first, second = asyncio.run(run())
+    assert first.status == "completed", first.status_details
+    assert second.status == "completed", second.status_details
+    refused, retried = engine.requests[0], engine.requests[1]
+    assert engine.refused >= 1 and len(retried.messages) < len(refused.messages)
+    assert retried.messages[-1] == refused.messages[-1]  # the newest item kept
+
+
+def test_context_error_tokens_reads_the_models_refusals():
+    assert context_error_tokens("the prompt has 2179 tokens; this model's context is max_model_len=1024") == 2179
+    assert context_error_tokens("qwen3_omni_thinker: prompt (790 tokens) + max_tokens (512) exceeds "
+                                "max_model_len=1024") == 790
+    assert context_error_tokens("the prompt has 2 media placeholders but the request carries {}") is None
+
+
+def test_max_output_tokens_above_the_context_is_refused(server):
+    engine = OmniEngine(words=1)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={**NO_VAD_GA, "output_modalities": ["text"], "max_output_tokens": 4096})
+            err, _ = await until(conn, "error")
+            await conn.conversation.item.create(item=_user_text("hi"))
+            await conn.response.create(response={"max_output_tokens": 2000})
+            err2, _ = await until(conn, "error")
+            ok = await _respond(conn)
+            return err, err2, ok
+
+    err, err2, ok = asyncio.run(run())
+    assert err.error.code == "invalid_value" and err.error.param == "session.max_output_tokens"
+    assert "max_model_len=1024" in err.error.message
+    assert err2.error.code == "invalid_value" and err2.error.param == "response.max_output_tokens"
+    assert ok.status == "completed" and ok.max_output_tokens == "inf"  # the session kept its old value
