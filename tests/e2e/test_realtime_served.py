@@ -325,3 +325,34 @@ def test_frontend_metrics_count_realtime(stack, served):
                        "omni_frontend_realtime_sessions") != 0:
         assert time.monotonic() < deadline, "realtime sessions gauge never went back to 0"
         time.sleep(0.2)
+
+
+def test_cjk_history_is_left_out_and_max_output_tokens_is_checked(stack):
+    """The tiny omni thinker's byte-level tokenizer counts a 720-character Chinese item as ~2160
+    tokens: with "你好" after it and max_output_tokens 256 on max_model_len 1024, the old item is
+    left out (docs/realtime.md "Context") and later responses work; max_output_tokens 4096 is
+    refused at session.update with invalid_value naming max_model_len."""
+    if "omni" not in _served(stack):
+        pytest.skip("needs omni (qwen3_omni)")
+
+    async def run():
+        async with client(stack).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                               "max_output_tokens": 4096, "audio": {"input": {"turn_detection": None}}})
+            refused, _ = await until(conn, "error")
+            await conn.session.update(session={"type": "realtime", "max_output_tokens": 256})
+            for text in ["北京是中国的首都。" * 80, "你好"]:
+                await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": text}]})
+            done = []
+            for params in ({}, {"max_output_tokens": MAX_TOKENS}):
+                await conn.response.create(**({"response": params} if params else {}))
+                ev, _ = await until(conn, "response.done")
+                done.append(ev.response)
+            return refused, done
+
+    refused, done = asyncio.run(run())
+    assert refused.error.code == "invalid_value" and "max_model_len=1024" in refused.error.message
+    for resp in done:
+        assert resp.status in ("completed", "incomplete"), resp.status_details
+        assert 0 < resp.usage.input_tokens < 1024 - 256
