@@ -15,8 +15,10 @@ the prompt exceeds ``max_model_len - reserve`` (``reserve``: the response's
 ``max_output_tokens``, else a quarter of the context up to 256 tokens), or holds more audio parts
 than the model takes (``max_media_parts``), the **oldest whole items** are left out first; the
 newest item is always kept, and a prompt whose newest item alone does not fit fails the response
-(``context_length_exceeded``). The estimate (:func:`item_tokens`) is a true upper bound made
-without a tokenizer: 1 token per UTF-8 **byte** of text (the omni models' tokenizers are byte-level
+(``context_length_exceeded``). The estimate (:func:`item_tokens`) is an upper bound: text is
+counted with the model's own tokenizer when the frontend can load it (``tokenizer.json`` of the
+model's ``assets``, as ``/tokenize`` does: :func:`load_text_counter`), else at 1 token per UTF-8
+**byte** (the omni models' tokenizers are byte-level
 BPE: every token holds at least one byte, special tokens excepted, and those are counted apart),
 ``MESSAGE_OVERHEAD_TOKENS`` per message and ``GENERATION_PROMPT_TOKENS`` for the chat template's
 markup, and per audio part ``ceil(25 * seconds) + AUDIO_PART_TOKENS`` (25/s: Qwen2.5-Omni's
@@ -34,8 +36,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,7 +47,16 @@ import numpy as np
 
 from omni_triton.media.audio import encode_audio
 
+from ..engine import Engine, ModelInfo
+from ..errors import OpenAIError
+from ..offload import off_loop
+from ..serving.tokenize import load_tokenizer, tokenizer_folder
 from .protocol import BYTES_PER_MS, RATE, Naming, RealtimeError, new_id
+
+logger = logging.getLogger(__name__)
+
+#: Counts the prompt tokens of a text (the model's tokenizer, or :func:`text_bytes`).
+TextCounter = Callable[[str], int]
 
 #: Estimate of prompt tokens, an upper bound for the omni models' byte-level BPE tokenizers and
 #: audio encoders (module docstring): text counts 1 token per UTF-8 byte.
@@ -120,21 +133,53 @@ def text_bytes(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def item_tokens(item: Item) -> int:
-    """Upper bound of ``item``'s prompt tokens (module docstring)."""
+#: The loaded text counters, by Triton model name (:func:`load_text_counter`).
+_COUNTERS: dict[str, TextCounter] = {}
+
+
+async def load_text_counter(engine: Engine, info: ModelInfo) -> None:
+    """Load (once per model; off the event loop) the model's tokenizer for :func:`text_counter`:
+    that of its ``assets`` folder or its first ``depends_on`` stage with a ``tokenizer.json``
+    (``serving.tokenize.tokenizer_folder``). Without one (or when it fails to load) the counter is
+    :func:`text_bytes`."""
+    if info.name in _COUNTERS:
+        return
+    try:
+        tok = await off_loop(load_tokenizer, str(await tokenizer_folder(engine, info)))
+    except (OpenAIError, OSError, ValueError, RuntimeError) as exc:
+        logger.info("realtime: no tokenizer for %s (%s); prompts are estimated at 1 token per UTF-8 byte",
+                     info.name, exc)
+        _COUNTERS[info.name] = text_bytes
+        return
+    tokenizer = tok.tokenizer
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+    _COUNTERS[info.name] = count
+
+
+def text_counter(model: str) -> TextCounter:
+    """The counter :func:`load_text_counter` loaded for ``model``, else :func:`text_bytes`."""
+    return _COUNTERS.get(model, text_bytes)
+
+
+def item_tokens(item: Item, count: TextCounter = text_bytes) -> int:
+    """Upper bound of ``item``'s prompt tokens (module docstring), its text counted by ``count``.
+    CPU work linear in the item's text (a tokenizer: run it off the event loop)."""
     tokens = MESSAGE_OVERHEAD_TOKENS
     for p in item.parts:
         if p.kind == "input_audio":
             tokens += math.ceil(p.audio_ms / 1000 * AUDIO_TOKENS_PER_S) + AUDIO_PART_TOKENS
         else:
-            tokens += text_bytes(prompt_text(p))
+            tokens += count(prompt_text(p))
     return tokens
 
 
-def text_tokens(text: str) -> int:
+def text_tokens(text: str, count: TextCounter = text_bytes) -> int:
     """Upper bound of the fixed part of a prompt: the system message of ``text`` (the
     instructions; none when empty) and the generation prompt."""
-    return GENERATION_PROMPT_TOKENS + (MESSAGE_OVERHEAD_TOKENS + text_bytes(text) if text else 0)
+    return GENERATION_PROMPT_TOKENS + (MESSAGE_OVERHEAD_TOKENS + count(text) if text else 0)
 
 
 def check_max_output_tokens(value: int | None, max_model_len: int | None, param: str) -> None:
@@ -171,20 +216,22 @@ def prompt_text(part: Part) -> str:
     return part.text or ""
 
 
-def select_items(items: list[Item], budget: int, max_media_parts: int | None) -> list[Item]:
-    """The newest items that fit ``budget`` tokens and ``max_media_parts`` audio parts, in order:
-    the oldest whole items are left out first (module docstring). Raises ``RealtimeError``
-    ``context_length_exceeded`` when the newest item alone does not fit."""
+def select_items(items: list[Item], budget: int, max_media_parts: int | None,
+                 count: TextCounter = text_bytes) -> list[Item]:
+    """The newest items that fit ``budget`` tokens (their text counted by ``count``) and
+    ``max_media_parts`` audio parts, in order: the oldest whole items are left out first (module
+    docstring). Raises ``RealtimeError`` ``context_length_exceeded`` when the newest item alone
+    does not fit."""
     kept: list[Item] = []
     tokens = media = 0
     for item in reversed(items):
-        t, m = item_tokens(item), item.media_parts
+        t, m = item_tokens(item, count), item.media_parts
         if tokens + t > budget or (max_media_parts is not None and media + m > max_media_parts):
             break
         kept.append(item)
         tokens, media = tokens + t, media + m
     if items and not kept:
-        raise RealtimeError(f"The newest conversation item needs about {item_tokens(items[-1])} tokens; the "
+        raise RealtimeError(f"The newest conversation item needs about {item_tokens(items[-1], count)} tokens; the "
                             f"model's context leaves {budget} for the prompt", "context_length_exceeded")
     return kept[::-1]
 

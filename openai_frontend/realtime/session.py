@@ -45,11 +45,13 @@ from .conversation import (
     heard_prefix,
     item_json,
     item_tokens,
+    load_text_counter,
     messages_of,
     parse_item,
     prepare_audio,
     select_items,
     shrunk_budget,
+    text_counter,
     text_tokens,
 )
 from .protocol import (
@@ -565,7 +567,8 @@ class RealtimeSession:
 
     def _messages(self, resp: _Response, items: list[Item], budget: int | None = None) -> list[dict[str, Any]]:
         """The prompt of ``resp`` (``conversation`` module docstring: the truncation rule);
-        ``budget``: the items' token budget of a retry (``shrunk_budget``)."""
+        ``budget``: the items' token budget of a retry (``shrunk_budget``). CPU work (the
+        tokenizer counts every item): run it off the event loop."""
         if any(i.media_parts for i in items) and "audio" not in self.info.input_modalities:
             raise RealtimeError(f"The model '{self.info.public_name}' does not take audio input "
                                 f"(it takes {', '.join(self.info.input_modalities)}); send text items",
@@ -575,12 +578,13 @@ class RealtimeSession:
             kept = items
         else:
             reserve = resp.max_output_tokens or min(DEFAULT_RESERVE_TOKENS, context // 4)
-            fixed = text_tokens(resp.instructions)
+            count = text_counter(self.info.name)
+            fixed = text_tokens(resp.instructions, count)
             if budget is None:
                 budget = context - reserve - fixed
             max_media = self.info.parameters.get("max_media_parts")
-            kept = select_items(items, budget, int(max_media) if max_media and max_media.isdigit() else None)
-            resp.budget = (budget, fixed, fixed + sum(item_tokens(i) for i in kept))
+            kept = select_items(items, budget, int(max_media) if max_media and max_media.isdigit() else None, count)
+            resp.budget = (budget, fixed, fixed + sum(item_tokens(i, count) for i in kept))
         messages = messages_of(kept, resp.instructions)
         if not any(m["role"] == "user" for m in messages):
             raise RealtimeError("The conversation has no user item to answer; commit audio or create an item first",
@@ -621,7 +625,8 @@ class RealtimeSession:
             self.metrics.generation_requests.labels(self.info.public_name, "realtime", "stream", outcome).inc()
 
         try:
-            messages = self._messages(resp, items)
+            await load_text_counter(self.engine, self.info)
+            messages = await off_loop(self._messages, resp, items)
             async with AdmittedRequest(self.state, record) as req:
                 resampler: StreamResampler | None = None
                 gen = self._generate(resp, items, messages)
@@ -702,7 +707,7 @@ class RealtimeSession:
                     raise
                 logger.info("realtime response %s: the model counted %d prompt tokens (estimate %d); retrying "
                             "with fewer items", resp.id, actual, resp.budget[2])
-                messages = self._messages(resp, items, shrunk_budget(*resp.budget, actual))
+                messages = await off_loop(self._messages, resp, items, shrunk_budget(*resp.budget, actual))
             finally:
                 await gen.aclose()
 

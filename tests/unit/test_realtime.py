@@ -19,9 +19,11 @@ import openai
 import pytest
 import soundfile as sf
 from fake_engine import CHAT_INPUTS, SPEECH_OUT, TEXT_OUTPUTS, FakeEngine
+from tokenizers import Tokenizer
 from websockets.exceptions import ConnectionClosed
 
 from clients.bench_common import metric_total
+from omni_triton.paths import model_dir
 from openai_frontend.app import Settings, create_app
 from openai_frontend.engine import GenerationChunk, InvalidRequestError, ModelInfo
 from openai_frontend.realtime.conversation import (
@@ -30,7 +32,10 @@ from openai_frontend.realtime.conversation import (
     context_error_tokens,
     heard_prefix,
     item_tokens,
+    load_text_counter,
     select_items,
+    text_bytes,
+    text_counter,
 )
 from openai_frontend.realtime.protocol import RealtimeError
 from tests.helpers.frontend import serve_in_thread
@@ -782,3 +787,23 @@ def test_max_output_tokens_above_the_context_is_refused(server):
     assert "max_model_len=1024" in err.error.message
     assert err2.error.code == "invalid_value" and err2.error.param == "response.max_output_tokens"
     assert ok.status == "completed" and ok.max_output_tokens == "inf"  # the session kept its old value
+
+
+def test_text_is_counted_with_the_models_tokenizer_when_it_is_reachable():
+    """A model whose ``assets`` folder holds ``tokenizer.json`` (the tiny Qwen3-Omni that
+    scripts/setup.sh prepares) is counted with it, as /tokenize does; one without falls back to
+    UTF-8 bytes."""
+    folder = model_dir("qwen3-omni-tiny")
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip("qwen3-omni-tiny is not prepared (scripts/setup.sh)")
+    info = ModelInfo(name="rt_count_omni", inputs=OMNI.inputs, outputs=OMNI.outputs, decoupled=True,
+                     assets=("qwen3-omni-tiny",), max_model_len=1024)
+    bare = ModelInfo(name="rt_count_bare", inputs=OMNI.inputs, outputs=OMNI.outputs, decoupled=True)
+    engine = FakeEngine((info, bare))
+    asyncio.run(load_text_counter(engine, info))
+    asyncio.run(load_text_counter(engine, bare))
+    reference = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for text in ["北京是中国的首都。" * 80, "What is the capital of France? " * 10, ""]:
+        real = len(reference.encode(text, add_special_tokens=False).ids)
+        assert text_counter("rt_count_omni")(text) == real <= text_bytes(text)
+        assert text_counter("rt_count_bare")(text) == text_bytes(text)
