@@ -356,3 +356,32 @@ def test_cjk_history_is_left_out_and_max_output_tokens_is_checked(stack):
     for resp in done:
         assert resp.status in ("completed", "incomplete"), resp.status_details
         assert 0 < resp.usage.input_tokens < 1024 - 256
+
+
+def test_the_turn_after_a_barge_in_fits_the_context(stack, served):
+    """max_output_tokens 512 on max_model_len 1024 (the tester's case: the turn after a barge-in
+    failed with 'prompt (790 tokens) + max_tokens (512) exceeds max_model_len=1024'): the
+    response to the interrupting turn starts (old items left out as needed, docs/realtime.md
+    "Context"); it is cancelled once it has sent something."""
+    turn, interrupt = speak(stack, TURN_1), speak(stack, TURN_2)
+
+    async def run():
+        async with client(stack).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"type": "realtime", "max_output_tokens": 512, "audio": {"input": {
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 400}}}})
+            await until(conn, "session.updated")
+            await append(conn, silence(500) + turn + silence(800))
+            first, _ = await until(conn, "response.output_audio.delta")
+            await append(conn, silence(200) + interrupt + silence(800))
+            async with asyncio.timeout(180):
+                async for ev in conn:
+                    if ev.type == "response.done" and ev.response.id != first.response_id:
+                        return ev.response.status, ev.response.status_details
+                    if ev.type.startswith("response.output_audio") and ev.response_id != first.response_id:
+                        await conn.response.cancel()
+                        done, _ = await until(conn, "response.done")
+                        return done.response.status, done.response.status_details
+            raise AssertionError("the connection closed")
+
+    status, details = asyncio.run(run())
+    assert status in ("completed", "incomplete", "cancelled"), details
