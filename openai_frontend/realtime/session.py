@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 import math
 import time
@@ -47,8 +48,13 @@ from ..engine import EngineError, GenerationRequest, ModelInfo
 from ..errors import OpenAIError, engine_error_detail, public_message
 from ..offload import off_loop
 from ..serving.common import AdmittedRequest
-from ..serving.transcriptions import PreparedAudio, TranscriptionJob, prepare_samples, transcript_deltas, \
-    transcription_job
+from ..serving.transcriptions import (
+    PreparedAudio,
+    TranscriptionJob,
+    prepare_samples,
+    transcript_deltas,
+    transcription_job,
+)
 from .conversation import (
     Item,
     Part,
@@ -450,7 +456,7 @@ class RealtimeSession:
                 continue
             task = asyncio.create_task(self._transcribe(item, index, config))
             self.transcribing[key] = task
-            task.add_done_callback(lambda t, key=key: self._transcribed(key, t))
+            task.add_done_callback(functools.partial(self._transcribed, key))
 
     def _transcribed(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
         if self.transcribing.get(key) is task:

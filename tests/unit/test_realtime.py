@@ -613,7 +613,8 @@ def test_input_audio_transcription_events(server, piper_pcm, beta):
     item_id = events[committed].item_id
     assert {(e.item_id, e.content_index) for e in [*deltas, completed]} == {(item_id, 0)}
     assert completed.transcript == "".join(e.delta for e in deltas) == _heard(pcm)
-    assert completed.usage.type == "duration" and completed.usage.seconds == pytest.approx(len(pcm) / 2 / RATE, abs=1e-3)
+    assert completed.usage.type == "duration"
+    assert completed.usage.seconds == pytest.approx(len(pcm) / 2 / RATE, abs=1e-3)
     # concurrently with the response: the transcription ended while it ran (the fake answers in 0.15 s)
     assert kinds.index(TRANSCRIPTION_EVENTS[1]) < kinds.index("response.done")
     assert retrieved.item.content[0].transcript == completed.transcript
