@@ -336,6 +336,7 @@ def test_input_audio_transcription_of_a_spoken_turn(stack, served):
     assert completed.item_id == item_id and completed.content_index == 0
     assert "".join(deltas) == completed.transcript
     wer = jiwer.wer(_words(TURN_1), _words(completed.transcript))
+    print(f"realtime transcription: {completed.transcript!r} WER {wer:.2f}")
     assert wer <= 0.5, (completed.transcript, wer)
     assert completed.usage.type == "duration" and completed.usage.seconds > 1.0
 
