@@ -242,6 +242,19 @@ async def test_a_model_triton_has_no_version_of_is_model_not_ready():
         assert isinstance(err, ModelNotReadyError) and err.status_code == 503 and err.code == "model_not_ready"
 
 
+async def test_a_bls_stage_being_restarted_is_model_not_ready():
+    """A BLS whose stage stub was killed answers "Model 'whisper_decoder' is not ready." in-band
+    until serve has reloaded it (the issue-26 trial: a transcription got 500 inference_error): a
+    503 stage_restarted, which ``retry_after_stage_restart`` retries once the model is READY again.
+    Red without the ``_STAGE_NOT_READY`` case."""
+    from openai_frontend.engine.errors import StageRestartedError
+    from openai_frontend.engine.triton import _stream_error
+
+    message = "Failed for execute the inference request. Model 'whisper_decoder' is not ready."
+    err = _stream_error("whisper", message, None)
+    assert isinstance(err, StageRestartedError) and err.status_code == 503 and err.code == "stage_restarted"
+
+
 async def test_closing_generate_cancels_the_grpc_stream(triton):
     triton.mode = "endless"
     engine = TritonEngine(triton.url)
