@@ -285,7 +285,7 @@ class RealtimeSession:
             item_id = self.speech_item_id
             self._reset_vad()
             self.speech_item_id = item_id
-            await self._speech_stopped(self.fed_bytes // BYTES_PER_MS)
+            await self._speech_stopped(self.fed_bytes // BYTES_PER_MS, whole_buffer=True)
         if len(self.buffer) + len(pcm) > limit:
             seconds = (len(self.buffer) + len(pcm)) / BYTES_PER_MS / 1000
             raise RealtimeError(f"The input audio buffer would hold {seconds:.1f} s; at most "
@@ -337,12 +337,15 @@ class RealtimeSession:
             voice_ms = position_ms + (td.prefix_padding_ms if position_ms > 0 else 0)
             await self._cancel("turn_detected", self._arrived_at(voice_ms))
 
-    async def _speech_stopped(self, position_ms: int) -> None:
+    async def _speech_stopped(self, position_ms: int, whole_buffer: bool = False) -> None:
+        """Speech stopped at session position ``position_ms``: commit the buffer up to it (all of
+        it with ``whole_buffer``: a turn cut at the buffer limit, where rounding the position to
+        whole ms would leave a few bytes behind and the append that follows over the limit)."""
         stopped_at = time.perf_counter()
         item_id = self.speech_item_id or new_id("item")
         self.speech_item_id = None
         await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=position_ms, item_id=item_id)
-        cut = max(0, (position_ms - self._buffer_start_ms()) * BYTES_PER_MS)
+        cut = len(self.buffer) if whole_buffer else max(0, (position_ms - self._buffer_start_ms()) * BYTES_PER_MS)
         if cut < 100 * BYTES_PER_MS:
             return
         await self._commit(cut, item_id)
