@@ -996,7 +996,8 @@ def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> Eng
     """Typed error for a failed stream: ``message`` of an in-band error (``code`` None) or the
     gRPC status the RPC ended with."""
     if _STUB_DOWN in message:  # the launcher reloads the model within seconds
-        return ModelNotReadyError(f"{model}: {message} (being restarted)", param="model")
+        # the stub died under this request: serve reloads it (retried once where that is safe)
+        return StageRestartedError(f"{model}: {message} (being restarted)", param="model")
     if _STAGE_NOT_READY.search(message):
         return StageRestartedError(f"{model}: {message} (a stage it calls is being restarted)", param="model")
     if _MODEL_UNAVAILABLE in message:
