@@ -67,6 +67,7 @@ from .errors import (
     ModelNotFoundError,
     ModelNotReadyError,
     ModelTooLargeError,
+    StageDownError,
     StageRestartedError,
     TritonUnavailableError,
 )
@@ -997,9 +998,9 @@ def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> Eng
     gRPC status the RPC ended with."""
     if _STUB_DOWN in message:  # the launcher reloads the model within seconds
         # the stub died under this request: serve reloads it (retried once where that is safe)
-        return StageRestartedError(f"{model}: {message} (being restarted)", param="model")
+        return StageDownError(f"{model}: {message} (being restarted)", param="model")
     if _STAGE_NOT_READY.search(message):
-        return StageRestartedError(f"{model}: {message} (a stage it calls is being restarted)", param="model")
+        return StageDownError(f"{model}: {message} (a stage it calls is being restarted)", param="model")
     if _MODEL_UNAVAILABLE in message:
         # Triton's own answer for a model it has no READY version of: the model is being
         # reloaded (a killed stub) or was unloaded since the readiness check; not the transport
