@@ -1,6 +1,7 @@
 """``TritonPythonModel`` of the ``pocketsphinx`` family (contract: ``omni_triton.contracts.asr``;
-docs/asr.md): AUDIO (16 kHz) -> one TEXT_DELTA response per recognised utterance, requests decoded
-concurrently on ``workers`` threads, one ``pocketsphinx.Decoder`` each. Stub-only imports; the logic
+docs/asr.md): AUDIO (16 kHz) -> one TEXT_DELTA response per recognised utterance, requests taken
+concurrently on ``workers`` threads and decoded in ``processes`` worker processes, one
+``pocketsphinx.Decoder`` each (pocketsphinx holds the GIL while decoding). Stub-only imports; the logic
 lives in ``omni_triton.stages.pocketsphinx``."""
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class PocketsphinxStage(AsrParams, DecoupledStage):
         from omni_triton.stages.pocketsphinx import SphinxRecognizer
 
         self.read_asr_params(params)
-        self.recognizer = SphinxRecognizer(int(params.get("workers", self.workers)), self.max_audio_s)
+        self.recognizer = SphinxRecognizer(int(params.get("workers", self.workers)), self.max_audio_s,
+                                           processes=int(params.get("processes", "2")))
 
     def parse(self, request):
         return self.parse_asr(request)
@@ -43,3 +45,7 @@ class PocketsphinxStage(AsrParams, DecoupledStage):
             yield {asr.TEXT_DELTA: utf8_array(delta)}
         if not sent and not stream.cancel_seen:
             yield {asr.TEXT_DELTA: utf8_array("")}
+
+    def finalize(self):
+        self.recognizer.close()
+        super().finalize()

@@ -50,6 +50,12 @@ class StageRestartedError(ModelNotReadyError):
     code = "stage_restarted"
 
 
+class StageDownError(StageRestartedError):
+    """The request reached a stage that was already dead or reloading (Triton: "Stub process ...
+    is not healthy", a BLS's "Model '...' is not ready"): it never ran. The same 503; a retry
+    waits for the reload and does not count it as a second death."""
+
+
 class InvalidRequestError(EngineError):
     """The model rejected the request's content (Triton ``INVALID_ARG``, e.g. a prompt longer
     than the model's context): the client's fault, HTTP 400."""

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 import sys
 import time
 import uuid
@@ -66,6 +67,7 @@ from .errors import (
     ModelNotFoundError,
     ModelNotReadyError,
     ModelTooLargeError,
+    StageDownError,
     StageRestartedError,
     TritonUnavailableError,
 )
@@ -90,6 +92,9 @@ logger = logging.getLogger(__name__)
 #: Triton 2.51's error when a model's Python stub process died; the model stays READY until it
 #: is loaded again (``omni-triton serve`` does that), so the request is retryable: 503.
 _STUB_DOWN = "is not healthy"
+#: A BLS model's call to a stage Triton is reloading (a killed stub): python_backend's
+#: "Model 'whisper_decoder' is not ready." reaches the caller in-band
+_STAGE_NOT_READY = re.compile(r"Model '[^']+' is not ready")
 #: Triton's answer to a restricted call without the right key (omni_triton.triton_admin)
 _RESTRICTED = "is restricted, expecting header"
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -992,7 +997,10 @@ def _stream_error(model: str, message: str, code: grpc.StatusCode | None) -> Eng
     """Typed error for a failed stream: ``message`` of an in-band error (``code`` None) or the
     gRPC status the RPC ended with."""
     if _STUB_DOWN in message:  # the launcher reloads the model within seconds
-        return ModelNotReadyError(f"{model}: {message} (being restarted)", param="model")
+        # the stub died under this request: serve reloads it (retried once where that is safe)
+        return StageDownError(f"{model}: {message} (being restarted)", param="model")
+    if _STAGE_NOT_READY.search(message):
+        return StageDownError(f"{model}: {message} (a stage it calls is being restarted)", param="model")
     if _MODEL_UNAVAILABLE in message:
         # Triton's own answer for a model it has no READY version of: the model is being
         # reloaded (a killed stub) or was unloaded since the readiness check; not the transport

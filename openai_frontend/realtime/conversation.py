@@ -4,13 +4,15 @@ Items are messages (``user``, ``assistant``, ``system``); their content parts, s
 naming-neutral form (:class:`Part`):
 
 * ``input_text`` (user/system text), ``input_audio`` (user speech: PCM16 24 kHz, kept with its
-  WAV base64 made once off the event loop, the form the omni stage decodes);
+  WAV base64 made once off the event loop, the form the omni stage decodes, and its transcript
+  once input audio transcription made one);
 * ``text`` / ``audio`` (assistant: the text, or the audio's transcript and its length in ms; the
   audio itself is not kept, the prompt carries the transcript).
 
 **Prompt rule** (:func:`select_items`, docs/realtime.md "Context"): every item goes into the
 next prompt, in order, as a chat message (user audio as an ``input_audio`` WAV part, assistant
-items as their text or transcript, a truncated one as the words heard). When the estimate of
+items as their text or transcript, a truncated one as the words heard; for a model without audio
+input, user audio as its transcript: docs/realtime.md "Models without audio input"). When the estimate of
 the prompt exceeds ``max_model_len - reserve`` (``reserve``: the response's
 ``max_output_tokens``, else a quarter of the context up to 256 tokens), or holds more audio parts
 than the model takes (``max_media_parts``), the **oldest whole items** are left out first; the
@@ -164,12 +166,13 @@ def text_counter(model: str) -> TextCounter:
     return _COUNTERS.get(model, text_bytes)
 
 
-def item_tokens(item: Item, count: TextCounter = text_bytes) -> int:
-    """Upper bound of ``item``'s prompt tokens (module docstring), its text counted by ``count``.
+def item_tokens(item: Item, count: TextCounter = text_bytes, audio_as_text: bool = False) -> int:
+    """Upper bound of ``item``'s prompt tokens (module docstring), its text counted by ``count``
+    (``audio_as_text``: user audio counted as its transcript, as :func:`messages_of` sends it).
     CPU work linear in the item's text (a tokenizer: run it off the event loop)."""
     tokens = MESSAGE_OVERHEAD_TOKENS
     for p in item.parts:
-        if p.kind == "input_audio":
+        if p.kind == "input_audio" and not audio_as_text:
             tokens += math.ceil(p.audio_ms / 1000 * AUDIO_TOKENS_PER_S) + AUDIO_PART_TOKENS
         else:
             tokens += count(prompt_text(p))
@@ -217,7 +220,7 @@ def prompt_text(part: Part) -> str:
 
 
 def select_items(items: list[Item], budget: int, max_media_parts: int | None,
-                 count: TextCounter = text_bytes) -> list[Item]:
+                 count: TextCounter = text_bytes, audio_as_text: bool = False) -> list[Item]:
     """The newest items that fit ``budget`` tokens (their text counted by ``count``) and
     ``max_media_parts`` audio parts, in order: the oldest whole items are left out first (module
     docstring). Raises ``RealtimeError`` ``context_length_exceeded`` when the newest item alone
@@ -225,20 +228,23 @@ def select_items(items: list[Item], budget: int, max_media_parts: int | None,
     kept: list[Item] = []
     tokens = media = 0
     for item in reversed(items):
-        t, m = item_tokens(item, count), item.media_parts
+        t, m = item_tokens(item, count, audio_as_text), 0 if audio_as_text else item.media_parts
         if tokens + t > budget or (max_media_parts is not None and media + m > max_media_parts):
             break
         kept.append(item)
         tokens, media = tokens + t, media + m
     if items and not kept:
-        raise RealtimeError(f"The newest conversation item needs about {item_tokens(items[-1], count)} tokens; the "
+        need = item_tokens(items[-1], count, audio_as_text)
+        raise RealtimeError(f"The newest conversation item needs about {need} tokens; the "
                             f"model's context leaves {budget} for the prompt", "context_length_exceeded")
     return kept[::-1]
 
 
-def messages_of(items: list[Item], instructions: str) -> list[dict[str, Any]]:
+def messages_of(items: list[Item], instructions: str, audio_as_text: bool = False) -> list[dict[str, Any]]:
     """The chat ``MESSAGES`` (docs/chat_contracts.md) of ``items`` after a system message with
-    ``instructions``. Assistant items without text (cancelled before any) are left out."""
+    ``instructions``. Assistant items without text (cancelled before any) are left out.
+    ``audio_as_text`` (a model without audio input): each user audio part is sent as a text part
+    holding its transcript (a part without one is left out, a message left empty too)."""
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
@@ -246,7 +252,10 @@ def messages_of(items: list[Item], instructions: str) -> list[dict[str, Any]]:
         if item.role == "user":
             parts: list[dict[str, Any]] = []
             for p in item.parts:
-                if p.kind == "input_audio":
+                if p.kind == "input_audio" and audio_as_text:
+                    if p.text:
+                        parts.append({"type": "text", "text": p.text})
+                elif p.kind == "input_audio":
                     parts.append({"type": "input_audio", "input_audio": {"data": p.wav_b64, "format": "wav"}})
                 elif p.text:
                     parts.append({"type": "text", "text": p.text})

@@ -114,6 +114,23 @@ class TurnDetection:
 
 
 @dataclass(frozen=True)
+class TranscriptionConfig:
+    """``input_audio_transcription`` (beta) / ``audio.input.transcription`` (GA): the model that
+    transcribes committed user audio (an OpenAI name such as ``whisper-1`` is the server's
+    default transcription model, as on ``/v1/audio/transcriptions``), the ``language``
+    (ISO-639-1) and the ``prompt`` (spelling hints), both optional. Checked against the model
+    by the session (``serving.transcriptions.transcription_job``)."""
+
+    model: str = "whisper-1"
+    language: str | None = None
+    prompt: str | None = None
+
+    def json(self) -> dict[str, Any]:
+        """As ``session.created`` / ``session.updated`` show it."""
+        return {"model": self.model, "language": self.language, "prompt": self.prompt}
+
+
+@dataclass(frozen=True)
 class SessionConfig:
     """A session's settings, the same for both namings.
 
@@ -131,6 +148,8 @@ class SessionConfig:
     max_output_tokens: int | None = None
     temperature: float | None = None
     truncation: Literal["auto", "disabled"] = "auto"
+    #: input audio transcription; None: off (docs/realtime.md "Input audio transcription")
+    transcription: TranscriptionConfig | None = None
 
 
 def _obj(value: Any, param: str) -> dict[str, Any]:
@@ -249,10 +268,22 @@ def _tools(value: Any, param: str) -> None:
         raise RealtimeError("Tools are not supported by this server", "unsupported_tools", param)
 
 
-def _transcription(value: Any, param: str) -> None:
-    if value is not None:
-        raise RealtimeError("Input audio transcription is not supported by this server; set it to null",
-                            "unsupported_transcription", param)
+def parse_transcription(value: Any, param: str, max_chars: int) -> TranscriptionConfig | None:
+    """``{"model", "language", "prompt"}`` (all optional; ``model`` defaults to ``whisper-1``)
+    or null (off). Types and lengths are checked here (``prompt`` at most ``max_chars``); the
+    model, language and prompt against the served models by the session, as
+    ``/v1/audio/transcriptions`` checks its form."""
+    if value is None:
+        return None
+    obj = _obj(value, param)
+    _check_keys(obj, frozenset({"model", "language", "prompt"}), param)
+    model = _string(obj.get("model", "whisper-1"), f"{param}.model", 256)
+    language = prompt = None
+    if obj.get("language") is not None:
+        language = _string(obj["language"], f"{param}.language", 16).strip().lower() or None
+    if obj.get("prompt") is not None:
+        prompt = _string(obj["prompt"], f"{param}.prompt", max_chars) or None
+    return TranscriptionConfig(model=model, language=language, prompt=prompt)
 
 
 def apply_session_update(config: SessionConfig, session: Any, naming: Naming, model_names: frozenset[str],
@@ -262,7 +293,7 @@ def apply_session_update(config: SessionConfig, session: Any, naming: Naming, mo
 
     Raises:
         RealtimeError: an unknown field, a bad value, or a feature this server lacks (tools,
-            transcription, semantic VAD, G.711, another model).
+            semantic VAD, G.711, another model).
     """
     obj = _obj(session, "session")
     out: dict[str, Any] = {}
@@ -288,7 +319,8 @@ def apply_session_update(config: SessionConfig, session: Any, naming: Naming, mo
             out["turn_detection"] = parse_turn_detection(obj["turn_detection"], "session.turn_detection",
                                                          config.turn_detection)
         if "input_audio_transcription" in obj:
-            _transcription(obj["input_audio_transcription"], "session.input_audio_transcription")
+            out["transcription"] = parse_transcription(obj["input_audio_transcription"],
+                                                       "session.input_audio_transcription", max_instructions_chars)
         if "temperature" in obj:
             out["temperature"] = _number(obj["temperature"], "session.temperature", 0.0, 2.0)
         if "max_response_output_tokens" in obj:
@@ -322,7 +354,8 @@ def apply_session_update(config: SessionConfig, session: Any, naming: Naming, mo
                                                              "session.audio.input.turn_detection",
                                                              config.turn_detection)
             if "transcription" in inp:
-                _transcription(inp["transcription"], "session.audio.input.transcription")
+                out["transcription"] = parse_transcription(inp["transcription"], "session.audio.input.transcription",
+                                                           max_instructions_chars)
         if "output" in audio:
             output = _obj(audio["output"], "session.audio.output")
             _check_keys(output, frozenset({"format", "voice", "speed"}), "session.audio.output")
@@ -345,11 +378,12 @@ def session_json(config: SessionConfig, naming: Naming, session_id: str, model: 
                  expires_at: int) -> dict[str, Any]:
     """The ``session`` object of ``session.created`` / ``session.updated`` in ``naming``."""
     max_tokens: int | str = "inf" if config.max_output_tokens is None else config.max_output_tokens
+    transcription = config.transcription.json() if config.transcription is not None else None
     if naming.beta:
         return {"id": session_id, "object": "realtime.session", "model": model,
                 "modalities": ["text", "audio"] if config.audio_out else ["text"],
                 "instructions": config.instructions, "voice": config.voice, "input_audio_format": "pcm16",
-                "output_audio_format": "pcm16", "input_audio_transcription": None,
+                "output_audio_format": "pcm16", "input_audio_transcription": transcription,
                 "turn_detection": _turn_json(config.turn_detection), "tools": [], "tool_choice": "auto",
                 "temperature": config.temperature if config.temperature is not None else 0.8,
                 "max_response_output_tokens": max_tokens, "expires_at": expires_at}
@@ -357,7 +391,7 @@ def session_json(config: SessionConfig, naming: Naming, session_id: str, model: 
     return {"type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
             "output_modalities": ["audio"] if config.audio_out else ["text"],
             "instructions": config.instructions,
-            "audio": {"input": {"format": fmt, "transcription": None, "noise_reduction": None,
+            "audio": {"input": {"format": fmt, "transcription": transcription, "noise_reduction": None,
                                 "turn_detection": _turn_json(config.turn_detection)},
                       "output": {"format": fmt, "voice": config.voice, "speed": 1.0}},
             "tools": [], "tool_choice": "auto", "max_output_tokens": max_tokens, "truncation": config.truncation,

@@ -10,6 +10,16 @@ generator, which cancels the gRPC stream, so Triton's thinker and talker stop at
 response ends with ``response.done`` status ``cancelled``; its assistant item keeps the text and
 audio actually sent, status ``incomplete``, and no audio delta follows ``response.done``.
 
+Input audio transcription (docs/realtime.md "Input audio transcription"): when the session's
+``transcription`` is set, each user audio part without a transcript (a committed buffer, an
+``input_audio`` item) is transcribed by a task of its own, concurrently with the response, on
+``/v1/audio/transcriptions``' path (``serving.transcriptions``: VAD segments, then
+``Engine.transcribe``); it sends ``conversation.item.input_audio_transcription.delta`` events,
+then ``.completed`` (the part's transcript is set) or ``.failed``. A model without audio input
+(``qwen25_omni``) has transcription on by default, and its responses wait (at most
+``RealtimeLimits.transcript_wait_s``) for the transcripts of the items in their prompt, which
+carries them as text. Closing the session, or deleting the item, cancels its transcription.
+
 Work that grows with a payload runs off the event loop (``offload.off_loop``): base64 decoding
 of large appends, WAV encoding of committed audio, resampling + PCM16 + base64 of output chunks.
 WebRTC's VAD costs ~0.2 ms per 100 ms append (on the loop); appends over 1 s go off the loop.
@@ -18,11 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 import math
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +48,13 @@ from ..engine import EngineError, GenerationChunk, GenerationRequest, ModelInfo
 from ..errors import OpenAIError, engine_error_detail, public_message
 from ..offload import off_loop
 from ..serving.common import AdmittedRequest
+from ..serving.transcriptions import (
+    PreparedAudio,
+    TranscriptionJob,
+    prepare_samples,
+    transcript_deltas,
+    transcription_job,
+)
 from .conversation import (
     Item,
     Part,
@@ -60,6 +79,7 @@ from .protocol import (
     Naming,
     RealtimeError,
     SessionConfig,
+    TranscriptionConfig,
     apply_session_update,
     new_id,
     parse_max_tokens,
@@ -93,6 +113,8 @@ class RealtimeLimits:
         whole items are deleted (``conversation.item.deleted``).
     max_text_chars: characters of one text field (instructions, an item's text).
     paced: responses computed just ahead of playback (``PACED``, docs/scheduling.md "Pacing").
+    transcript_wait_s: how long a response on a model without audio input waits for the
+        transcripts of its prompt's user audio (then it fails: ``input_audio_transcription_timeout``).
     """
 
     max_buffer_s: float = 60.0
@@ -100,6 +122,7 @@ class RealtimeLimits:
     max_audio_s: float = 600.0
     max_text_chars: int = 32_768
     paced: bool = True
+    transcript_wait_s: float = 30.0
 
 
 @dataclass
@@ -155,7 +178,14 @@ class RealtimeSession:
         self.id = new_id("sess")
         self.conversation_id = new_id("conv")
         self.expires_at = expires_at
-        self.config = SessionConfig(voice=self._default_voice())
+        #: the model takes ``input_audio`` parts; if not, user audio goes in as its transcript
+        self.hears = "audio" in info.input_modalities
+        self.transcription_settings = state.settings.transcription
+        default = None if self.hears else TranscriptionConfig(self.transcription_settings.default_model)
+        self.config = SessionConfig(voice=self._default_voice(), transcription=default)
+        #: running transcriptions by (item id, content index)
+        self.transcribing: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._job: tuple[TranscriptionConfig, TranscriptionJob] | None = None
         self.items: list[Item] = []
         self.buffer = bytearray()
         #: bytes of input audio appended during the session (positions of VAD events)
@@ -209,11 +239,15 @@ class RealtimeSession:
         await self.emit("session.created", session=self._session_json())
 
     async def close(self) -> None:
-        """The socket is gone: cancel the running response (its Triton request) without events."""
+        """The socket is gone: cancel the running response and transcriptions (their Triton
+        requests) without events."""
+        tasks = list(self.transcribing.values())
         resp = self.response
         if resp is not None and resp.task is not None and not resp.task.done():
-            resp.task.cancel()
-            await asyncio.gather(resp.task, return_exceptions=True)
+            tasks.append(resp.task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def handle(self, event: dict[str, Any]) -> None:
         """Serve one client event. Raises ``RealtimeError`` (sent as an error event by the caller)."""
@@ -233,6 +267,8 @@ class RealtimeSession:
             self._check_voice(config.voice, "session.voice" if self.naming.beta else "session.audio.output.voice")
         check_max_output_tokens(config.max_output_tokens, self.info.max_model_len, "session.max_response_output_tokens"
                                 if self.naming.beta else "session.max_output_tokens")
+        if config.transcription is not None and config.transcription != self.config.transcription:
+            await self._transcription_job(config.transcription)  # refused here if the model cannot serve it
         vad_changed = config.turn_detection != self.config.turn_detection
         self.config = config
         if vad_changed:
@@ -259,7 +295,7 @@ class RealtimeSession:
             item_id = self.speech_item_id
             self._reset_vad()
             self.speech_item_id = item_id
-            await self._speech_stopped(self.fed_bytes // BYTES_PER_MS)
+            await self._speech_stopped(self.fed_bytes // BYTES_PER_MS, whole_buffer=True)
         if len(self.buffer) + len(pcm) > limit:
             seconds = (len(self.buffer) + len(pcm)) / BYTES_PER_MS / 1000
             raise RealtimeError(f"The input audio buffer would hold {seconds:.1f} s; at most "
@@ -311,12 +347,15 @@ class RealtimeSession:
             voice_ms = position_ms + (td.prefix_padding_ms if position_ms > 0 else 0)
             await self._cancel("turn_detected", self._arrived_at(voice_ms))
 
-    async def _speech_stopped(self, position_ms: int) -> None:
+    async def _speech_stopped(self, position_ms: int, whole_buffer: bool = False) -> None:
+        """Speech stopped at session position ``position_ms``: commit the buffer up to it (all of
+        it with ``whole_buffer``: a turn cut at the buffer limit, where rounding the position to
+        whole ms would leave a few bytes behind and the append that follows over the limit)."""
         stopped_at = time.perf_counter()
         item_id = self.speech_item_id or new_id("item")
         self.speech_item_id = None
         await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=position_ms, item_id=item_id)
-        cut = max(0, (position_ms - self._buffer_start_ms()) * BYTES_PER_MS)
+        cut = len(self.buffer) if whole_buffer else max(0, (position_ms - self._buffer_start_ms()) * BYTES_PER_MS)
         if cut < 100 * BYTES_PER_MS:
             return
         await self._commit(cut, item_id)
@@ -342,6 +381,7 @@ class RealtimeSession:
         previous = self.items[-1].id if self.items else None
         await self.emit("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
         await self._add_item(item, previous)
+        self._start_transcriptions(item)
 
     async def on_clear(self, event: dict[str, Any]) -> None:
         self.buffer.clear()
@@ -367,6 +407,7 @@ class RealtimeSession:
             if self.items[0].id == running or len(self.items) == 1:
                 break
             old = self.items.pop(0)
+            self._stop_transcriptions(old)
             await self.emit("conversation.item.deleted", item_id=old.id)
 
     def _find(self, item_id: Any, param: str = "item_id") -> int:
@@ -394,12 +435,112 @@ class RealtimeSession:
         else:
             index = self._find(previous, "previous_item_id")
             await self._add_item(item, previous, index + 1)
+        if item.role == "user":
+            self._start_transcriptions(item)
+
+    # ------------------------------------------------------------------ input audio transcription
+    def _transcription_param(self) -> str:
+        return "session.input_audio_transcription" if self.naming.beta else "session.audio.input.transcription"
+
+    async def _transcription_job(self, config: TranscriptionConfig) -> TranscriptionJob:
+        """The job of ``config`` (model resolved and fields checked as ``/v1/audio/transcriptions``
+        does; cached per config). Raises ``RealtimeError`` naming the session field."""
+        if self._job is not None and self._job[0] == config:
+            return self._job[1]
+        try:
+            job = await transcription_job(self.engine, config.model, config.language, config.prompt,
+                                          self.transcription_settings.default_model, "realtime")
+        except (OpenAIError, EngineError) as exc:
+            d = engine_error_detail(exc) if isinstance(exc, EngineError) else exc.detail
+            field_name = d.param if d.param in ("language", "prompt") else "model"
+            raise RealtimeError(public_message(d.message), d.code or "invalid_value",
+                                f"{self._transcription_param()}.{field_name}") from None
+        self._job = (config, job)
+        return job
+
+    def _start_transcriptions(self, item: Item) -> None:
+        """Start transcribing ``item``'s audio parts that have no transcript (transcription on)."""
+        config = self.config.transcription
+        if config is None:
+            return
+        for index, part in enumerate(item.parts):
+            key = (item.id, index)
+            if part.kind != "input_audio" or part.text is not None or key in self.transcribing:
+                continue
+            task = asyncio.create_task(self._transcribe(item, index, config))
+            self.transcribing[key] = task
+            task.add_done_callback(functools.partial(self._transcribed, key))
+
+    def _transcribed(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+        if self.transcribing.get(key) is task:
+            del self.transcribing[key]
+        _retrieve(task)
+
+    def _stop_transcriptions(self, item: Item) -> None:
+        """``item`` left the conversation: its transcriptions are cancelled (no events follow)."""
+        for index in range(len(item.parts)):
+            task = self.transcribing.pop((item.id, index), None)
+            if task is not None:
+                task.cancel()
+
+    async def _transcribe(self, item: Item, index: int, config: TranscriptionConfig) -> None:
+        """Transcribe part ``index`` of ``item``: delta events, then ``.completed`` (the part's
+        transcript set) or ``.failed`` with the error (the session goes on)."""
+        part = item.parts[index]
+        head = {"item_id": item.id, "content_index": index}
+        try:
+            job = await self._transcription_job(config)
+            audio: PreparedAudio = await off_loop(_prepare_pcm, part.pcm, job.max_segment_s)
+            concurrency = max(1, self.transcription_settings.concurrency)
+            metrics = self.metrics
+
+            def record(outcome: str) -> None:
+                metrics.transcription_requests.labels(job.info.public_name, "realtime", "stream", outcome).inc()
+                if outcome == "ok":
+                    metrics.transcribed_audio_seconds.labels(job.info.public_name).inc(audio.seconds)
+
+            text: list[str] = []
+            async with AdmittedRequest(self.state, record, cost=min(max(len(audio.segments), 1), concurrency)) as req:
+                async with aclosing(transcript_deltas(self.engine, job, audio, concurrency)) as deltas:
+                    async for delta in deltas:
+                        text.append(delta)
+                        await self.emit("conversation.item.input_audio_transcription.delta", **head, delta=delta)
+                req.outcome = "ok"
+            part.text = "".join(text)
+            await self.emit("conversation.item.input_audio_transcription.completed", **head, transcript=part.text,
+                            usage={"type": "duration", "seconds": round(audio.seconds, 3)})
+            return
+        except RealtimeError as exc:
+            error = {"type": exc.error_type, "code": exc.code, "message": exc.message, "param": exc.param}
+        except (EngineError, OpenAIError) as exc:
+            d = engine_error_detail(exc) if isinstance(exc, EngineError) else exc.detail
+            error = {"type": d.type, "code": d.code, "message": public_message(d.message), "param": d.param}
+        except Exception:
+            logger.exception("realtime transcription of %s failed", item.id)
+            error = {"type": "server_error", "code": "server_error", "message": "The server had an error",
+                     "param": None}
+        await self.emit("conversation.item.input_audio_transcription.failed", **head, error=error)
+
+    async def _await_transcripts(self, items: list[Item]) -> None:
+        """Wait (at most ``limits.transcript_wait_s``) for the running transcriptions of ``items``.
+        Raises ``RealtimeError`` ``input_audio_transcription_timeout``. Cancelling the caller
+        leaves the transcriptions running."""
+        tasks = [task for item in items if item.role == "user" for index in range(len(item.parts))
+                 if (task := self.transcribing.get((item.id, index))) is not None]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=self.limits.transcript_wait_s)
+        if pending:
+            raise RealtimeError(f"The transcript of the user audio was not ready within "
+                                f"{self.limits.transcript_wait_s:g} s", "input_audio_transcription_timeout",
+                                error_type="server_error")
 
     async def on_item_delete(self, event: dict[str, Any]) -> None:
         index = self._find(event.get("item_id"))
         if self.response is not None and self.items[index].id == self.response.item.id:
             raise RealtimeError("The item of the running response cannot be deleted", "invalid_value", "item_id")
         item = self.items.pop(index)
+        self._stop_transcriptions(item)
         await self.emit("conversation.item.deleted", item_id=item.id)
 
     async def on_item_retrieve(self, event: dict[str, Any]) -> None:
@@ -566,13 +707,23 @@ class RealtimeSession:
         return {"type": "text", "text": "".join(resp.text)}
 
     def _messages(self, resp: _Response, items: list[Item], budget: int | None = None) -> list[dict[str, Any]]:
-        """The prompt of ``resp`` (``conversation`` module docstring: the truncation rule);
-        ``budget``: the items' token budget of a retry (``shrunk_budget``). CPU work (the
-        tokenizer counts every item): run it off the event loop."""
-        if any(i.media_parts for i in items) and "audio" not in self.info.input_modalities:
-            raise RealtimeError(f"The model '{self.info.public_name}' does not take audio input "
-                                f"(it takes {', '.join(self.info.input_modalities)}); send text items",
-                                "unsupported_content_part")
+        """The prompt of ``resp`` (``conversation`` module docstring: the truncation rule). On a
+        model without audio input user audio goes in as its transcript; the newest user item's
+        audio must have one (older audio without one is left out). ``budget``: the items' token
+        budget of a retry (``shrunk_budget``). CPU work (the tokenizer counts every item): run it
+        off the event loop."""
+        newest = next((i for i in reversed(items) if i.role == "user"), None)
+        if not self.hears and newest is not None and any(p.kind == "input_audio" and p.text is None
+                                                         for p in newest.parts):
+            if self.config.transcription is None:
+                raise RealtimeError(f"The model '{self.info.public_name}' does not take audio input "
+                                    f"(it takes {', '.join(self.info.input_modalities)}); send text items or "
+                                    "turn input audio transcription on (its transcript is sent instead)",
+                                    "unsupported_content_part")
+            raise RealtimeError(f"The audio of item {newest.id} has no transcript (its transcription failed: see "
+                                "conversation.item.input_audio_transcription.failed), and the model "
+                                f"'{self.info.public_name}' does not take audio input",
+                                "input_audio_transcription_failed")
         context = self.info.max_model_len or 0
         if not context or self.config.truncation == "disabled":
             kept = items
@@ -583,9 +734,10 @@ class RealtimeSession:
             if budget is None:
                 budget = context - reserve - fixed
             max_media = self.info.parameters.get("max_media_parts")
-            kept = select_items(items, budget, int(max_media) if max_media and max_media.isdigit() else None, count)
-            resp.budget = (budget, fixed, fixed + sum(item_tokens(i, count) for i in kept))
-        messages = messages_of(kept, resp.instructions)
+            kept = select_items(items, budget, int(max_media) if max_media and max_media.isdigit() else None, count,
+                                audio_as_text=not self.hears)
+            resp.budget = (budget, fixed, fixed + sum(item_tokens(i, count, not self.hears) for i in kept))
+        messages = messages_of(kept, resp.instructions, audio_as_text=not self.hears)
         if not any(m["role"] == "user" for m in messages):
             raise RealtimeError("The conversation has no user item to answer; commit audio or create an item first",
                                 "conversation_empty")
@@ -625,6 +777,8 @@ class RealtimeSession:
             self.metrics.generation_requests.labels(self.info.public_name, "realtime", "stream", outcome).inc()
 
         try:
+            if not self.hears:
+                await self._await_transcripts(items)
             await load_text_counter(self.engine, self.info)
             messages = await off_loop(self._messages, resp, items)
             async with AdmittedRequest(self.state, record) as req:
@@ -764,6 +918,13 @@ class RealtimeSession:
             out.update(output_modalities=["audio"] if resp.audio_out else ["text"],
                        audio={"output": {"format": {"type": "audio/pcm", "rate": RATE}, "voice": self.config.voice}})
         return out
+
+
+def _prepare_pcm(pcm: bytes, max_segment_s: float) -> PreparedAudio:
+    """PCM16 24 kHz user audio as ``/v1/audio/transcriptions`` prepares an upload (16 kHz, VAD
+    segments of at most ``max_segment_s``). CPU work linear in the audio: off the event loop."""
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    return prepare_samples(samples, RATE, max_segment_s)
 
 
 def _b64(data: bytes) -> str:

@@ -23,7 +23,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..engine import EngineError, ModelInfo, ModelNotFoundError
-from ..engine.errors import StageRestartedError
+from ..engine.errors import StageDownError, StageRestartedError
 from ..errors import OpenAIError, bad_request
 from ..middleware import format_field_names
 from ..schemas import ChatMessage, ignored_fields, is_text
@@ -405,14 +405,26 @@ async def retry_after_stage_restart(engine: Engine, model: str, attempt: Callabl
 
     For requests without side effects whose answer does not depend on the try (speech, seeded
     images, greedy or seeded chat): the client gets the answer it would have got, late, instead
-    of a 503. A second failure, or ``model`` not READY within ``wait_s`` seconds, raises the
-    503 (``StageRestartedError``, with ``Retry-After``).
+    of a 503. A retry that reaches the stage before serve has reloaded it
+    (:class:`StageDownError`: Triton still lists the model READY for a moment after its stub
+    died) never ran, so it is not a second death: it waits and tries again. A second death, or
+    ``model`` not served again within ``wait_s`` seconds, raises the first 503
+    (``StageRestartedError``, with ``Retry-After``).
     """
-    try:
-        return await attempt()
-    except StageRestartedError as first:
-        logger.warning("%s: %s; retrying once when it is READY again", model, first.message)
-        deadline = time.monotonic() + wait_s
+    first: StageRestartedError | None = None
+    deadline = 0.0  # wait_s from the first failure (the first try may run for minutes)
+    while True:
+        try:
+            return await attempt()
+        except StageRestartedError as exc:
+            if first is not None and not isinstance(exc, StageDownError):
+                raise first from None  # it ran again and a stage died under it again
+            if first is None:
+                first, deadline = exc, time.monotonic() + wait_s
+            if time.monotonic() > deadline:
+                raise first from None
+            logger.warning("%s: %s; retrying when it is READY again", model, exc.message)
+        await asyncio.sleep(poll_s)
         while True:
             try:
                 await engine.get_model(model)
@@ -421,4 +433,3 @@ async def retry_after_stage_restart(engine: Engine, model: str, attempt: Callabl
                 if time.monotonic() > deadline:
                     raise first from None
                 await asyncio.sleep(poll_s)
-        return await attempt()

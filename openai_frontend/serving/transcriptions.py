@@ -35,7 +35,7 @@ import re
 import zlib
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,7 @@ from omni_triton.media import audio as media_audio
 from omni_triton.media import vad as media_vad
 
 from ..engine import Engine, EngineError, GenerationRequest, ModelInfo, ModelNotFoundError
-from ..errors import OpenAIError, bad_request, engine_error_detail, error_json
+from ..errors import OpenAIError, bad_request, engine_error_detail, error_json, validation_detail
 from ..offload import off_loop
 from ..schemas import ErrorDetail, TranscriptionForm, TranslationForm
 from .common import (
@@ -138,9 +138,23 @@ def prepare_audio(data: bytes, max_seconds: float, max_segment_s: float) -> Prep
         clip = media_audio.decode_audio(data, SAMPLE_RATE, limits)
     except media_audio.AudioDecodeError as exc:
         raise bad_request(f"'file': {exc}", param="file", code=exc.code) from None
-    samples = np.ascontiguousarray(clip.samples, dtype=np.float32)
+    return prepare_samples(clip.samples, SAMPLE_RATE, max_segment_s, clip.seconds)
+
+
+def prepare_samples(samples: NDArray[np.float32], sample_rate: int, max_segment_s: float,
+                    seconds: float | None = None) -> PreparedAudio:
+    """Mono float32 ``samples`` [T] in [-1, 1] at ``sample_rate`` Hz, resampled to 16 kHz (soxr)
+    and cut at VAD pauses into segments of at most ``max_segment_s`` seconds, as
+    :func:`prepare_audio` does with an upload (the Realtime API's committed PCM16 24 kHz audio
+    comes this way). ``seconds``: the length to report (default: of ``samples``). Blocking
+    (linear in the audio): call it off the event loop."""
+    if seconds is None:
+        seconds = len(samples) / sample_rate
+    if sample_rate != SAMPLE_RATE:
+        samples = media_audio.resample(samples, sample_rate, SAMPLE_RATE)
+    samples = np.ascontiguousarray(samples, dtype=np.float32)
     segments = media_vad.speech_segments(samples, SAMPLE_RATE, max_segment_s=max_segment_s)
-    return PreparedAudio(samples, clip.seconds, [(int(s), int(e)) for s, e in segments])
+    return PreparedAudio(samples, seconds, [(int(s), int(e)) for s, e in segments])
 
 
 def _wav_base64(samples: NDArray[np.float32]) -> str:
@@ -287,6 +301,26 @@ def check_job(body: TranslationForm, info: ModelInfo, task: str) -> Transcriptio
                             api="translations" if task == "translate" else "transcriptions")
 
 
+async def transcription_job(engine: Engine, model: str, language: str | None, prompt: str | None,
+                            default_model: str, api: str) -> TranscriptionJob:
+    """The job of a transcription asked for outside ``/v1/audio/transcriptions`` (the Realtime
+    API's ``input_audio_transcription``): ``model`` resolved as the route resolves it (OpenAI's
+    names are ``default_model``), ``language`` and ``prompt`` checked as the form's fields are;
+    ``api`` is the metric label.
+
+    Raises:
+        ModelNotFoundError / OpenAIError (400) as the route does, also for a field the form
+        schema refuses (too long, not text).
+    """
+    info = await _resolve(engine, model, default_model)
+    try:
+        form = TranscriptionForm.model_validate({"model": model, "language": language, "prompt": prompt})
+    except ValidationError as exc:
+        d = validation_detail(list(exc.errors()))
+        raise OpenAIError(400, d.message, param=d.param, code=d.code) from None
+    return replace(check_job(form, info, "transcribe"), api=api)
+
+
 def _language_name(code: str) -> str:
     """``en`` -> ``english``, ``haw`` -> ``hawaiian`` (OpenAI's ``verbose_json`` ``language``;
     pycountry's ISO 639 names; a code it does not know is returned as is)."""
@@ -378,6 +412,22 @@ async def ordered_deltas(source: Callable[[NDArray[np.float32]], AsyncGenerator[
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def transcript_deltas(engine: Engine, job: TranscriptionJob, audio: PreparedAudio,
+                            concurrency: int) -> AsyncGenerator[str, None]:
+    """The transcript of ``audio`` as text deltas, in order: its segments through
+    :func:`segment_source` and :func:`ordered_deltas` (at most ``concurrency`` at once), joined
+    by :class:`TextJoiner` (the concatenation of the deltas is the whole text; audio without
+    speech yields nothing). Errors are raised as :func:`ordered_deltas` raises them; closing the
+    generator cancels the segments still running."""
+    joiner = TextJoiner()
+    source = segment_source(engine, job)
+    async with aclosing(ordered_deltas(source, audio.samples, audio.segments, concurrency)) as deltas:
+        async for i, delta in deltas:
+            out = joiner.feed(i, delta)
+            if out:
+                yield out
 
 
 # --------------------------------------------------------------------------- rendering

@@ -4,7 +4,7 @@ beta) -> frontend -> Triton's omni BLS (thinker -> talker -> code2wav).
 
 User speech is real speech: Piper (``piper_tts``) speaks the turns, at 24 kHz PCM16 as the
 protocol carries it. Run with ``OMNI_TRITON_E2E_MODELS=piper,qwen3_omni`` (add ``qwen2_5_omni``
-for its text-input session).
+and ``pocketsphinx`` for the text-input model's sessions and input audio transcription).
 """
 from __future__ import annotations
 
@@ -287,28 +287,94 @@ def test_too_many_sessions_error_then_close_and_the_server_keeps_serving(stack, 
     assert again.session.id
 
 
-def test_qwen25_omni_text_session(stack, served):
-    """``qwen25_omni`` (text input only): a text turn answered with audio; a spoken turn fails
-    its response with ``unsupported_content_part``."""
-    if "qwen25_omni" not in served:
-        pytest.skip("qwen25_omni not served")
-    pcm = speak(stack, TURN_1)
+def _words(text: str) -> str:
+    """Lower case, letters, digits and single spaces (what WER compares)."""
+    return " ".join("".join(c for c in text.lower() if c.isalnum() or c.isspace()).split())
+
+
+async def until_all(conn, kinds: set[str], timeout_s: float = 120.0) -> list:
+    """Events until one of each type in ``kinds`` has come, in any order."""
+    seen, waiting = [], set(kinds)
+    async with asyncio.timeout(timeout_s):
+        async for ev in conn:
+            seen.append(ev)
+            waiting.discard(ev.type)
+            if not waiting:
+                return seen
+    raise AssertionError(f"the connection closed before {waiting}: {[e.type for e in seen]}")
+
+
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+
+
+def test_input_audio_transcription_of_a_spoken_turn(stack, served):
+    """``audio.input.transcription`` {model: whisper-1} (the default transcription model,
+    pocketsphinx): a committed Piper turn gets delta events and a ``.completed`` transcript close
+    to the text (WER by jiwer, loose bound), alongside the response."""
+    if "pocketsphinx" not in served:
+        pytest.skip("pocketsphinx not served")
+    import jiwer
+
+    pcm = silence(300) + speak(stack, TURN_1) + silence(300)
+
+    async def run():
+        async with client(stack).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"], "audio": {
+                "input": {"turn_detection": None, "transcription": {"model": "whisper-1", "language": "en"}}}})
+            updated, _ = await until(conn, "session.updated")
+            await append(conn, pcm, chunk_ms=500)
+            await conn.input_audio_buffer.commit()
+            await conn.response.create(response={"max_output_tokens": MAX_TOKENS})
+            return updated, await until_all(conn, {"response.done", COMPLETED})
+
+    updated, events = asyncio.run(run())
+    assert updated.session.audio.input.transcription.model == "whisper-1"
+    assert not [e for e in events if e.type.endswith(".failed")], events
+    item_id = next(e for e in events if e.type == "input_audio_buffer.committed").item_id
+    completed = next(e for e in events if e.type == COMPLETED)
+    deltas = [e.delta for e in events if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert completed.item_id == item_id and completed.content_index == 0
+    assert "".join(deltas) == completed.transcript
+    wer = jiwer.wer(_words(TURN_1), _words(completed.transcript))
+    print(f"realtime transcription: {completed.transcript!r} WER {wer:.2f}")
+    assert wer <= 0.5, (completed.transcript, wer)
+    assert completed.usage.type == "duration" and completed.usage.seconds > 1.0
+
+
+def test_qwen25_omni_text_and_spoken_turns(stack, served):
+    """``qwen25_omni`` (text input only): a text turn answered with audio; a spoken turn is
+    transcribed (transcription on by default, pocketsphinx) and answered from its transcript:
+    a response with text (docs/realtime.md "Models without audio input")."""
+    if "qwen25_omni" not in served or "pocketsphinx" not in served:
+        pytest.skip("qwen25_omni and pocketsphinx not served")
+    pcm = silence(300) + speak(stack, TURN_1) + silence(300)
 
     async def run():
         async with client(stack).realtime.connect(model="qwen25_omni") as conn:
+            created, _ = await until(conn, "session.created")
             await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
             await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": TURN_1}]})
             await conn.response.create(response={"max_output_tokens": MAX_TOKENS})
             text_done, events = await until(conn, "response.done")
-            spoken_done, _ = await spoken_turn(conn, pcm)
-            return text_done, events, spoken_done
+            await append(conn, pcm, chunk_ms=500)
+            await conn.input_audio_buffer.commit()
+            await conn.response.create(response={"max_output_tokens": MAX_TOKENS, "output_modalities": ["text"]})
+            spoken = await until_all(conn, {"response.done", COMPLETED})
+            return created, text_done, events, spoken
 
-    text_done, events, spoken_done = asyncio.run(run())
+    created, text_done, events, spoken = asyncio.run(run())
+    assert created.session.audio.input.transcription.model == "pocketsphinx"
     assert text_done.response.status in ("completed", "incomplete")
     assert any(e.type == "response.output_audio.delta" for e in events)
-    assert spoken_done.response.status == "failed"
-    assert spoken_done.response.status_details.error.code == "unsupported_content_part"
+    kinds = [e.type for e in spoken]
+    done = next(e for e in spoken if e.type == "response.done")
+    # the tiny random thinker rarely says EOS: MAX_TOKENS may end it (incomplete, max_output_tokens)
+    assert done.response.status in ("completed", "incomplete"), done.response.status_details
+    assert kinds.index(COMPLETED) < kinds.index("response.output_text.delta")  # the prompt waited for it
+    text = "".join(e.delta for e in spoken if e.type == "response.output_text.delta")
+    assert text and done.response.output[0].content[0].text == text
+    assert "capital" in next(e for e in spoken if e.type == COMPLETED).transcript
 
 
 def test_frontend_metrics_count_realtime(stack, served):

@@ -137,3 +137,31 @@ def test_a_second_stage_death_is_the_503():
     with pytest.raises(StageRestartedError):  # never READY again within wait_s
         asyncio.run(retry_after_stage_restart(ReloadingEngine(10**6), "m", attempt, wait_s=0.05,
                                               poll_s=0.01))
+
+
+def test_a_retry_that_finds_the_stage_still_down_waits_for_the_reload():
+    """Triton lists a model READY for a moment after its stub died, so the retry can reach the
+    dead stub ("not healthy": StageDownError, it never ran): it is tried again, not answered
+    503 (the issue-26 trial: a killed pocketsphinx's transcription got the 503 every time).
+    Red with StageDownError counted as a second death."""
+    from openai_frontend.engine.errors import StageDownError
+    from openai_frontend.serving.common import retry_after_stage_restart
+
+    tries = []
+
+    async def attempt():
+        tries.append(1)
+        if len(tries) == 1:
+            raise StageRestartedError("died under the request")
+        if len(tries) < 4:
+            raise StageDownError("Stub process 'm_0_0' is not healthy.")
+        return "text"
+
+    assert asyncio.run(retry_after_stage_restart(ReloadingEngine(0), "m", attempt, poll_s=0)) == "text"
+    assert len(tries) == 4
+
+    async def down():
+        raise StageDownError("still down")
+
+    with pytest.raises(StageDownError):  # bounded by wait_s
+        asyncio.run(retry_after_stage_restart(ReloadingEngine(0), "m", down, wait_s=0.05, poll_s=0.01))

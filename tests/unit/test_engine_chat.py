@@ -25,6 +25,7 @@ from openai_frontend.engine import (
     ModelNotReadyError,
     TritonEngine,
 )
+from openai_frontend.engine.errors import StageRestartedError
 from tests.helpers.fake_triton import fake_triton
 
 pytestmark = pytest.mark.anyio
@@ -226,7 +227,9 @@ async def test_stub_down_is_model_not_ready():
 
     err = _stream_error("llm", "Failed to process the request(s) for model 'llm', message: Stub process "
                         "'llm_0_0' is not healthy.", grpc.StatusCode.INTERNAL)
-    assert isinstance(err, ModelNotReadyError) and err.status_code == 503
+    # stage_restarted: side-effect-free requests retry once when it is READY again (the issue-26
+    # trial's transcription got a 503 at once)
+    assert isinstance(err, StageRestartedError) and err.status_code == 503 and err.code == "stage_restarted"
 
 
 async def test_a_model_triton_has_no_version_of_is_model_not_ready():
@@ -240,6 +243,18 @@ async def test_a_model_triton_has_no_version_of_is_model_not_ready():
     for code in (None, grpc.StatusCode.UNAVAILABLE):
         err = _stream_error("piper", message, code)
         assert isinstance(err, ModelNotReadyError) and err.status_code == 503 and err.code == "model_not_ready"
+
+
+async def test_a_bls_stage_being_restarted_is_model_not_ready():
+    """A BLS whose stage stub was killed answers "Model 'whisper_decoder' is not ready." in-band
+    until serve has reloaded it (the issue-26 trial: a transcription got 500 inference_error): a
+    503 stage_restarted, which ``retry_after_stage_restart`` retries once the model is READY again.
+    Red without the ``_STAGE_NOT_READY`` case."""
+    from openai_frontend.engine.triton import _stream_error
+
+    message = "Failed for execute the inference request. Model 'whisper_decoder' is not ready."
+    err = _stream_error("whisper", message, None)
+    assert isinstance(err, StageRestartedError) and err.status_code == 503 and err.code == "stage_restarted"
 
 
 async def test_closing_generate_cancels_the_grpc_stream(triton):

@@ -71,3 +71,22 @@ def test_a_clip_reads_the_same_whatever_the_decoder_heard_before(spoken):
         list(rec.transcribe(other))
         assert "".join(rec.transcribe(spoken[0])) == first
     assert jiwer.wer(_words(SENTENCES[0]), _words(first)) <= 0.5, first
+
+
+def test_worker_processes_read_what_the_stub_threads_read(spoken):
+    """``processes`` (the served stage's configuration, pocketsphinx holding the GIL): the same
+    words as decoding in this process, for requests taken on two threads at once."""
+    import os
+
+    import psutil
+
+    local = SphinxRecognizer(decoders=1)
+    expected = ["".join(local.transcribe(a)) for a in spoken]
+    rec = SphinxRecognizer(decoders=2, processes=2)
+    try:
+        children = {p.pid for p in psutil.Process(os.getpid()).children()}
+        assert len(children) >= 2, "the Decoders live in worker processes"
+        with ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(lambda a: "".join(rec.transcribe(a)), spoken)) == expected
+    finally:
+        rec.close()

@@ -4,7 +4,8 @@ uvicorn and the official SDK's realtime clients: GA (``client.realtime.connect``
 both namings, history in the next prompt, the truncation rule, ``conversation.item.truncate``,
 cancel and barge-in (the engine's generator closed; no audio after ``response.done``), error
 events for malformed events (the session goes on), the limits (error event, then close), auth
-and the metrics."""
+and the metrics; input audio transcription (events, both namings, failures, cancellation) and
+spoken turns on a model without audio input (sent as their transcript)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from fake_engine import CHAT_INPUTS, SPEECH_OUT, TEXT_OUTPUTS, FakeEngine
+from fake_engine import ASR_MODELS, CHAT_INPUTS, SPEECH_OUT, TEXT_OUTPUTS, FakeEngine, fake_transcript
 from tokenizers import Tokenizer
 from websockets.exceptions import ConnectionClosed
 
@@ -53,6 +54,7 @@ SMALL = ModelInfo(name="small_omni", inputs=OMNI.inputs, outputs=OMNI.outputs, d
                   modalities=("text", "audio"), voices=("Ethan",), default_voice="Ethan", sample_rate=24000,
                   max_model_len=160, parameters=OMNI_PARAMS)
 LLM = ModelInfo(name="llm", inputs=CHAT_INPUTS, outputs=TEXT_OUTPUTS, decoupled=True, modalities=("text",))
+POCKETSPHINX = ASR_MODELS[0]  # the default transcription model (``whisper-1`` stands for it)
 
 
 class OmniEngine(FakeEngine):
@@ -60,7 +62,7 @@ class OmniEngine(FakeEngine):
     the model's rate, ``delay_s`` apart; records the requests and counts streams closed early."""
 
     def __init__(self, words: int = 4, delay_s: float = 0.0, chunk_s: float = 0.1):
-        super().__init__((OMNI, TEXT_ONLY_IN, SMALL, LLM))
+        super().__init__((OMNI, TEXT_ONLY_IN, SMALL, LLM, POCKETSPHINX))
         self.words, self.delay_s, self.chunk_s = words, delay_s, chunk_s
         self.requests: list = []
         self.cancelled = 0
@@ -557,17 +559,205 @@ def test_limits_error_then_close_and_the_server_keeps_serving(server):
     assert unknown[0] == "model_not_found" and no_voice[0] == "model_not_supported"
 
 
-def test_text_input_model_fails_audio_turns(server):
+TRANSCRIPTION_EVENTS = ("conversation.item.input_audio_transcription.delta",
+                        "conversation.item.input_audio_transcription.completed",
+                        "conversation.item.input_audio_transcription.failed")
+
+
+async def collect(conn, done_kinds: set[str], timeout_s: float = 10.0) -> list:
+    """Every event until one of each type in ``done_kinds`` has come (in any order)."""
+    seen, waiting = [], set(done_kinds)
+    async with asyncio.timeout(timeout_s):
+        async for ev in conn:
+            seen.append(ev)
+            waiting.discard(ev.type)
+            if not waiting:
+                return seen
+    raise AssertionError(f"closed before {waiting}: {[e.type for e in seen]}")
+
+
+def _heard(pcm: bytes) -> str:
+    """The fake ASR's transcript of ``pcm``'s VAD segments, joined as the server joins them."""
+    from openai_frontend.serving.transcriptions import prepare_samples
+    audio = prepare_samples(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768, RATE, 30.0)
+    assert audio.segments, "the VAD found no speech"
+    return " ".join("".join(fake_transcript(audio.samples[a:b], None, None, "transcribe")).strip()
+                    for a, b in audio.segments)
+
+
+@pytest.mark.parametrize("beta", [False, True], ids=["ga", "beta"])
+def test_input_audio_transcription_events(server, piper_pcm, beta):
+    """``transcription`` on: the committed item is transcribed (delta events, then ``.completed``
+    with the whole transcript and usage) concurrently with the response; the item's part gets
+    the transcript (``conversation.item.retrieve``); GA and beta field names."""
+    engine = OmniEngine(words=3, delay_s=0.05)
+    port = server(engine)
+    pcm = bytes(RATE) + piper_pcm + bytes(RATE)
+    transcription = {"model": "whisper-1", "language": "en"}
+
+    async def run():
+        client = sdk(port)
+        connect = client.beta.realtime.connect if beta else client.realtime.connect
+        async with connect(model="omni") as conn:
+            if beta:
+                await conn.session.update(session={"turn_detection": None, "input_audio_transcription": transcription})
+            else:
+                await conn.session.update(session={"type": "realtime", "audio": {"input": {
+                    "turn_detection": None, "transcription": transcription}}})
+            updated, _ = await until(conn, "session.updated")
+            await conn.input_audio_buffer.append(audio=b64(pcm))
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            events = await collect(conn, {"response.done", TRANSCRIPTION_EVENTS[1]})
+            item_id = next(e for e in events if e.type == "input_audio_buffer.committed").item_id
+            await conn.conversation.item.retrieve(item_id=item_id)
+            retrieved, _ = await until(conn, "conversation.item.retrieved")
+            return updated, events, retrieved
+
+    updated, events, retrieved = asyncio.run(run())
+    shown = updated.session.input_audio_transcription if beta else updated.session.audio.input.transcription
+    assert shown.model == "whisper-1" and shown.language == "en"
+    kinds = [e.type for e in events]
+    committed = kinds.index("input_audio_buffer.committed")
+    assert kinds[committed + 1] == "conversation.item.created"
+    deltas = [e for e in events if e.type == TRANSCRIPTION_EVENTS[0]]
+    completed = next(e for e in events if e.type == TRANSCRIPTION_EVENTS[1])
+    assert deltas and committed < kinds.index(TRANSCRIPTION_EVENTS[0]) < kinds.index(TRANSCRIPTION_EVENTS[1])
+    item_id = events[committed].item_id
+    assert {(e.item_id, e.content_index) for e in [*deltas, completed]} == {(item_id, 0)}
+    assert completed.transcript == "".join(e.delta for e in deltas) == _heard(pcm)
+    assert completed.usage.type == "duration"
+    assert completed.usage.seconds == pytest.approx(len(pcm) / 2 / RATE, abs=1e-3)
+    # concurrently with the response: the transcription ended while it ran (the fake answers in 0.15 s)
+    assert kinds.index(TRANSCRIPTION_EVENTS[1]) < kinds.index("response.done")
+    assert retrieved.item.content[0].transcript == completed.transcript
+    assert "input_audio" in json.dumps(engine.requests[0].messages)  # omni hears the audio itself
+
+
+class FailingASR(OmniEngine):
+    """Transcription fails (the model refuses the audio), or hangs until cancelled (``hang``)."""
+
+    def __init__(self, hang: bool = False, **kw):
+        super().__init__(**kw)
+        self.hang, self.asr_cancelled = hang, 0
+
+    async def transcribe(self, model, audio, language=None, prompt=None, task="transcribe"):
+        if not self.hang:
+            raise InvalidRequestError("AUDIO is not speech the model knows")
+        try:
+            await asyncio.sleep(60)
+            yield "never"
+        except asyncio.CancelledError:
+            self.asr_cancelled += 1
+            raise
+
+
+def test_failed_transcription_sends_failed_and_the_session_goes_on(server, piper_pcm):
+    engine = FailingASR(words=2)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {
+                "turn_detection": None, "transcription": {"model": "whisper-1"}}}})
+            await until(conn, "session.updated")
+            await conn.input_audio_buffer.append(audio=b64(piper_pcm))
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            first = await collect(conn, {"response.done", TRANSCRIPTION_EVENTS[2]})
+            second, _ = await turn(conn, piper_pcm)
+            # a model without audio input cannot answer audio whose transcript failed
+            async with sdk(port).realtime.connect(model="qwen25_omni") as conn2:
+                await conn2.session.update(session=NO_VAD_GA)
+                text_only, _ = await turn(conn2, piper_pcm)
+            return first, second, text_only
+
+    first, second, text_only = asyncio.run(run())
+    failed = next(e for e in first if e.type == TRANSCRIPTION_EVENTS[2])
+    assert failed.content_index == 0 and failed.item_id == next(
+        e for e in first if e.type == "input_audio_buffer.committed").item_id
+    assert failed.error.code == "invalid_value" and "not speech" in failed.error.message
+    assert not [e for e in first if e.type == TRANSCRIPTION_EVENTS[1]]
+    assert next(e for e in first if e.type == "response.done").response.status == "completed"
+    assert second.response.status == "completed"
+    assert text_only.response.status == "failed"
+    assert text_only.response.status_details.error.code == "input_audio_transcription_failed"
+
+
+def test_closing_the_session_cancels_running_transcriptions(server, piper_pcm):
+    engine = FailingASR(hang=True, words=1)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {
+                "turn_detection": None, "transcription": {"model": "pocketsphinx"}}}})
+            await until(conn, "session.updated")
+            await conn.input_audio_buffer.append(audio=b64(piper_pcm))
+            await conn.input_audio_buffer.commit()
+            await until(conn, "conversation.item.created")
+            await asyncio.sleep(0.3)  # the transcription is waiting in the engine
+        for _ in range(50):
+            if engine.asr_cancelled:
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(run())
+    assert engine.asr_cancelled == 1
+
+
+def test_bad_transcription_settings_get_error_events(server):
     port = server(OmniEngine(words=1))
 
     async def run():
-        async with sdk(port).realtime.connect(model="qwen25_omni") as conn:
-            await conn.session.update(session=NO_VAD_GA)
-            return await turn(conn, pcm_tone(300))
+        codes = []
+        async with sdk(port).realtime.connect(model="omni") as conn:
+            for transcription in ({"model": "nope"}, {"model": "whisper-1", "language": "xx"},
+                                  {"model": "pocketsphinx", "bogus": 1}, {"model": 5}):
+                await conn.send_raw(json.dumps({"type": "session.update", "session": {
+                    "type": "realtime", "audio": {"input": {"transcription": transcription}}}}))
+                err, _ = await until(conn, "error")
+                codes.append((err.error.code, err.error.param))
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"transcription": None}}})
+            updated, _ = await until(conn, "session.updated")
+        return codes, updated
 
-    done, _ = asyncio.run(run())
-    assert done.response.status == "failed"
-    assert done.response.status_details.error.code == "unsupported_content_part"
+    codes, updated = asyncio.run(run())
+    param = "session.audio.input.transcription"
+    assert codes == [("model_not_found", f"{param}.model"), ("unsupported_language", f"{param}.language"),
+                     ("unknown_parameter", f"{param}.bogus"), ("invalid_type", f"{param}.model")]
+    assert updated.session.audio.input.transcription is None
+
+
+def test_model_without_audio_input_gets_the_transcript(server, piper_pcm):
+    """``qwen25_omni`` (no ``audio`` input): transcription is on by default (the default
+    transcription model), the response waits for the transcript and its prompt carries it as
+    text; with transcription turned off a spoken turn fails (``unsupported_content_part``)."""
+    engine = OmniEngine(words=2)
+    port = server(engine)
+
+    async def run():
+        async with sdk(port).realtime.connect(model="qwen25_omni") as conn:
+            created, _ = await until(conn, "session.created")
+            await conn.session.update(session=NO_VAD_GA)
+            await until(conn, "session.updated")
+            done, events = await turn(conn, piper_pcm)
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"transcription": None}}})
+            await until(conn, "session.updated")
+            off, _ = await turn(conn, piper_pcm)
+        return created, done, events, off
+
+    created, done, events, off = asyncio.run(run())
+    assert created.session.audio.input.transcription.model == "pocketsphinx"
+    completed = next(e for e in events if e.type == TRANSCRIPTION_EVENTS[1])
+    assert done.response.status == "completed"
+    kinds = [e.type for e in events]
+    assert kinds.index(TRANSCRIPTION_EVENTS[1]) < kinds.index("response.output_audio_transcript.delta")
+    user = engine.requests[0].messages[-1]
+    assert user == {"role": "user", "content": [{"type": "text", "text": completed.transcript}]}
+    assert completed.transcript.startswith("heard")
+    assert off.response.status == "failed"
+    assert off.response.status_details.error.code == "unsupported_content_part"
 
 
 def test_api_key_is_checked_on_the_handshake(server):
@@ -603,7 +793,8 @@ def test_metrics(server):
 
 def test_payload_sized_work_runs_off_the_event_loop(monkeypatch):
     """Base64 decoding of a large append, its VAD pass, the parse of a large event, the WAV of the
-    committed audio and the output's resample + PCM16 + base64 run on worker threads."""
+    committed audio, its transcription's resample + VAD segmentation and the output's resample +
+    PCM16 + base64 run on worker threads."""
     import threading
 
     from starlette.testclient import TestClient
@@ -623,6 +814,7 @@ def test_payload_sized_work_runs_off_the_event_loop(monkeypatch):
 
     monkeypatch.setattr(session_module, "decode_b64", spy("decode", session_module.decode_b64))
     monkeypatch.setattr(session_module, "prepare_audio", spy("wav", session_module.prepare_audio))
+    monkeypatch.setattr(session_module, "_prepare_pcm", spy("transcribe", session_module._prepare_pcm))
     monkeypatch.setattr(serving_module, "_parse", spy("parse", serving_module._parse,
                                                       lambda raw, *_: len(raw) > serving_module.INLINE_PARSE_CHARS))
     monkeypatch.setattr(StreamingVAD, "feed", spy("vad", StreamingVAD.feed))
@@ -634,14 +826,15 @@ def test_payload_sized_work_runs_off_the_event_loop(monkeypatch):
         assert ws.receive_json()["type"] == "session.created"
         ws.send_json({"type": "input_audio_buffer.append", "audio": b64(bytes(2 * RATE * 5))})  # 5 s of silence
         ws.send_json({"type": "session.update", "session": {"type": "realtime", "audio": {
-            "input": {"turn_detection": None}}}})
+            "input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}}}})
         assert ws.receive_json()["type"] == "session.updated"
         ws.send_json({"type": "input_audio_buffer.append", "audio": b64(pcm_tone(3000))})
         ws.send_json({"type": "input_audio_buffer.commit"})
         ws.send_json({"type": "response.create"})
-        while ws.receive_json()["type"] != "response.done":
-            pass
-    for name in ("decode", "vad", "parse", "wav", "encode"):
+        waiting = {"response.done", "conversation.item.input_audio_transcription.completed"}
+        while waiting:
+            waiting.discard(ws.receive_json()["type"])
+    for name in ("decode", "vad", "parse", "wav", "encode", "transcribe"):
         assert threads.get(name) and loop_thread not in threads[name], (name, threads, loop_thread)
 
 

@@ -11,9 +11,10 @@ text (decoded whole, digital silence came back as "dog" once CMN ran per utteran
 """
 from __future__ import annotations
 
+import multiprocessing
 import queue
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,28 +28,71 @@ def pcm16(audio: NDArray[np.float32]) -> bytes:
     return (np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
+#: the Decoder of a worker process (``processes`` > 0): one per process, loaded by its initializer
+_WORKER_DECODER = None
+
+
+def _load_worker_decoder() -> None:
+    global _WORKER_DECODER
+    from pocketsphinx import Decoder
+
+    _WORKER_DECODER = Decoder(loglevel="FATAL")
+
+
+def _decode_utterance(decoder, pcm: bytes) -> str:
+    """One utterance (int16 LE PCM at 16 kHz) fed whole: its words, single-spaced ("" for none)."""
+    decoder.start_utt()
+    decoder.process_raw(pcm, False, True)
+    decoder.end_utt()
+    hyp = decoder.hyp()
+    return " ".join((hyp.hypstr if hyp is not None else "").split())
+
+
+def _decode_in_worker(pcm: bytes) -> str:
+    return _decode_utterance(_WORKER_DECODER, pcm)
+
+
 class SphinxRecognizer:
-    """A pool of ``pocketsphinx.Decoder`` objects (one per concurrent request: a Decoder is not
-    thread-safe), each loaded once with the wheel's en-us model (~0.25 s, ~30 MiB each).
+    """``pocketsphinx.Decoder`` objects, one per concurrent request (a Decoder is not thread-safe),
+    each loaded once with the wheel's en-us model (~0.25 s, ~30 MiB each).
+
+    pocketsphinx holds the GIL while it decodes (measured: two 5 s utterances on two threads of one
+    process 3.7 s, one after the other 3.0 s), so with ``processes`` > 0 the Decoders live in that
+    many spawned worker processes (children of the stub: serve's supervisor ends them with it) and
+    the calling threads only wait on them; with 0 they are decoded on the calling threads (tests).
 
     Args:
         decoders: how many requests may decode at once (the stage's ``workers``).
         max_segment_s: the longest utterance the VAD cut makes, seconds (>= 1).
+        processes: worker processes to decode in (0: in this process).
     """
 
-    def __init__(self, decoders: int = 2, max_segment_s: float = 30.0):
-        from pocketsphinx import Decoder
-
+    def __init__(self, decoders: int = 2, max_segment_s: float = 30.0, processes: int = 0):
         self.max_segment_s = max(1.0, float(max_segment_s))
         self._free: queue.Queue = queue.Queue()
+        self._pool: ProcessPoolExecutor | None = None
+        if processes > 0:
+            self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_load_worker_decoder)
+            # load every worker now (not on the first requests): one call per process at once
+            list(self._pool.map(_decode_in_worker, [b"\0\0" * 160] * processes))
+            return
+        from pocketsphinx import Decoder
+
         for _ in range(max(1, decoders)):
             self._free.put(Decoder(loglevel="FATAL"))
 
-    @contextmanager
-    def _decoder(self):
+    def close(self) -> None:
+        """End the worker processes (a stage's ``finalize``)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _decode(self, pcm: bytes) -> str:
+        if self._pool is not None:
+            return self._pool.submit(_decode_in_worker, pcm).result()
         decoder = self._free.get()
         try:
-            yield decoder
+            return _decode_utterance(decoder, pcm)
         finally:
             self._free.put(decoder)
 
@@ -72,15 +116,10 @@ class SphinxRecognizer:
         "the capital of france this paris" once and "... is paris" the next time."""
         samples = np.asarray(audio, dtype=np.float32).reshape(-1)
         said = False
-        with self._decoder() as decoder:
-            for start, end in self.utterances(samples):
-                if should_stop():
-                    return
-                decoder.start_utt()
-                decoder.process_raw(pcm16(samples[start:end]), False, True)
-                decoder.end_utt()
-                hyp = decoder.hyp()
-                text = " ".join((hyp.hypstr if hyp is not None else "").split())
-                if text:
-                    yield (" " if said else "") + text
-                    said = True
+        for start, end in self.utterances(samples):
+            if should_stop():
+                return
+            text = self._decode(pcm16(samples[start:end]))
+            if text:
+                yield (" " if said else "") + text
+                said = True
