@@ -53,7 +53,7 @@ from ..engine import Engine, ModelInfo
 from ..errors import OpenAIError
 from ..offload import off_loop
 from ..serving.tokenize import load_tokenizer, tokenizer_folder
-from .protocol import BYTES_PER_MS, RATE, Naming, RealtimeError, new_id
+from .protocol import BYTES_PER_MS, RATE, Naming, RealtimeError, checked_string, new_id
 
 logger = logging.getLogger(__name__)
 
@@ -335,21 +335,10 @@ def parse_item(raw: Any, max_text_chars: int) -> Item:
             parts.append(Part("input_audio", pcm=pcm, wav_b64=prepare_audio(pcm), audio_ms=len(pcm) // BYTES_PER_MS))
         elif kind == "audio":
             transcript = c.get("transcript", "")
-            parts.append(Part("audio", text=_text(transcript, f"{where}.transcript", max_text_chars)))
+            parts.append(Part("audio", text=checked_string(transcript, f"{where}.transcript", max_text_chars)))
         else:
-            parts.append(Part(kind, text=_text(c.get("text"), f"{where}.text", max_text_chars)))
+            parts.append(Part(kind, text=checked_string(c.get("text"), f"{where}.text", max_text_chars)))
     return Item(item_id or new_id("item"), role, parts)
-
-
-def _text(value: Any, param: str, max_chars: int) -> str:
-    if not isinstance(value, str):
-        raise RealtimeError(f"'{param}' must be a string", "invalid_type", param)
-    if len(value) > max_chars:
-        raise RealtimeError(f"'{param}' is {len(value)} characters; at most {max_chars}", "string_above_max_length",
-                            param)
-    if "\x00" in value or any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
-        raise RealtimeError(f"'{param}' must be valid Unicode text without NUL", "invalid_characters", param)
-    return value
 
 
 def heard_prefix(transcript: str, kept_ms: int, total_ms: int) -> str:

@@ -165,7 +165,13 @@ def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str], param: str) -> 
                                 f"{param}.{str(key)[:64]}")
 
 
-def _string(value: Any, param: str, max_chars: int) -> str:
+def checked_string(value: Any, param: str, max_chars: int) -> str:
+    """``value`` if it is a str of at most ``max_chars`` characters of valid Unicode without NUL.
+
+    Raises:
+        RealtimeError: ``invalid_type``, ``string_above_max_length`` or ``invalid_characters``
+            (``param`` names the field).
+    """
     if not isinstance(value, str):
         raise RealtimeError(f"'{param}' must be a string", "invalid_type", param)
     if len(value) > max_chars:
@@ -253,7 +259,7 @@ def _format_beta(value: Any, param: str) -> None:
 def _voice(value: Any, param: str) -> str:
     if isinstance(value, dict):  # GA: {"id": "..."} (custom voice id)
         value = value.get("id")
-    return _string(value, param, 64)
+    return checked_string(value, param, 64)
 
 
 #: Fields accepted and not used (the answer does not depend on them); docs/realtime.md.
@@ -277,12 +283,12 @@ def parse_transcription(value: Any, param: str, max_chars: int) -> Transcription
         return None
     obj = _obj(value, param)
     _check_keys(obj, frozenset({"model", "language", "prompt"}), param)
-    model = _string(obj.get("model", "whisper-1"), f"{param}.model", 256)
+    model = checked_string(obj.get("model", "whisper-1"), f"{param}.model", 256)
     language = prompt = None
     if obj.get("language") is not None:
-        language = _string(obj["language"], f"{param}.language", 16).strip().lower() or None
+        language = checked_string(obj["language"], f"{param}.language", 16).strip().lower() or None
     if obj.get("prompt") is not None:
-        prompt = _string(obj["prompt"], f"{param}.prompt", max_chars) or None
+        prompt = checked_string(obj["prompt"], f"{param}.prompt", max_chars) or None
     return TranscriptionConfig(model=model, language=language, prompt=prompt)
 
 
@@ -301,7 +307,7 @@ def apply_session_update(config: SessionConfig, session: Any, naming: Naming, mo
         raise RealtimeError("The session's model is the one named in the URL; it cannot change", "invalid_value",
                             "session.model")
     if "instructions" in obj:
-        out["instructions"] = _string(obj["instructions"], "session.instructions", max_instructions_chars)
+        out["instructions"] = checked_string(obj["instructions"], "session.instructions", max_instructions_chars)
     if "tools" in obj:
         _tools(obj["tools"], "session.tools")
     if naming.beta:
