@@ -42,6 +42,12 @@ from omni_triton.stages.qwen_image.denoiser import (  # noqa: F401
     denoise,
     denoise_key,
 )
+from omni_triton.stages.qwen_image.lora import (  # noqa: F401
+    LoraCache,
+    LoraLoadError,
+    LoraSpec,
+    write_manifest,
+)
 from omni_triton.stages.qwen_image.loading import (  # noqa: F401
     MAX_CONDITION_ASPECT_RATIO,
     check_condition_image,

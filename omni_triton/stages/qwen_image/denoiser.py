@@ -1,5 +1,6 @@
 """Denoiser stage: the diffusers pipeline's own loop (``output_type="latent"``), compatible
-requests batched into one call, each with its own seed.
+requests batched into one call, each with its own seed (and, per call, one LoRA adapter at one
+scale or none: ``omni_triton.stages.qwen_image.lora``).
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from omni_triton.stages.qwen_image.lora import LoraCache, LoraLoadError, LoraSpec
 
 LOGGER = logging.getLogger("omni_triton.diffusion")
 
@@ -33,6 +36,8 @@ class DenoiseItem:
         cancelled: ``() -> bool``, polled after every step (the Triton request's cancellation);
             when it is True for every item of a pipeline call, the call stops at that step
             boundary (``pipe._interrupt``) instead of running to its end for clients that left.
+        lora: the LoRA adapter and scale of this item (``None``: no adapter); items with another
+            adapter or scale never share a pipeline call.
     """
 
     prompt_embeds: np.ndarray
@@ -46,6 +51,7 @@ class DenoiseItem:
     image: object | None = None
     image_latents: np.ndarray | None = None
     cancelled: Callable[[], bool] | None = None
+    lora: LoraSpec | None = None
 
     @property
     def cfg(self) -> bool:
@@ -66,12 +72,14 @@ class DenoiseResult:
 
 
 def denoise_key(item: DenoiseItem) -> tuple:
-    """Items with equal keys can share one pipeline call (one batch)."""
+    """Items with equal keys can share one pipeline call (one batch): same size, steps, CFG and
+    scale, guidance, condition size, and the same LoRA adapter at the same scale (or none)."""
     cond = None
     if item.image is not None:
         cond = item.image.size
+    lora = (item.lora.id, float(item.lora.scale)) if item.lora is not None else None
     return (item.height, item.width, item.steps, item.cfg,
-            item.true_cfg_scale if item.cfg else None, item.guidance_scale, cond)
+            item.true_cfg_scale if item.cfg else None, item.guidance_scale, cond, lora)
 
 
 def _pad(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +129,8 @@ class _ProgressLog:
 
 
 def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
-            progress_interval_s: float = 2.0) -> list[DenoiseResult]:
+            progress_interval_s: float = 2.0,
+            loras: LoraCache | None = None) -> list[DenoiseResult | LoraLoadError]:
     """Run the diffusion loop for ``items``: one ``pipe(...)`` call per compatible group.
 
     Each call is the pipeline's own ``__call__`` with ``prompt_embeds`` (+ mask),
@@ -130,16 +139,30 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
     VAE-encode stage's latents replace the pipeline's own ``_encode_vae_image`` call (the only
     hook: diffusers has no ``image_latents`` argument).
 
+    LoRA: before each call ``loras.activate(first.lora)`` makes that group's adapter the only
+    active one at its scale, or switches adapters off (``None``); a group whose adapter cannot be
+    loaded gets the :class:`LoraLoadError` in place of its results, the other groups still run.
+
     Returns:
-        one :class:`DenoiseResult` per item, in order.
+        one :class:`DenoiseResult` (or ``LoraLoadError``) per item, in order.
     """
     groups: dict[tuple, list[int]] = {}
     for i, item in enumerate(items):
         groups.setdefault(denoise_key(item), []).append(i)
-    results: list[DenoiseResult | None] = [None] * len(items)
+    results: list[DenoiseResult | LoraLoadError | None] = [None] * len(items)
     for idx in groups.values():
         group = [items[i] for i in idx]
         first = group[0]
+        if loras is not None:
+            try:
+                loras.activate(first.lora)
+            except LoraLoadError as exc:
+                LOGGER.warning("%s: %s (%d request(s) refused)", label, exc, len(group))
+                for i in idx:
+                    results[i] = exc
+                continue
+        elif first.lora is not None:
+            raise ValueError("an item names a LoRA adapter but this denoiser has no LoRA cache")
         embeds, mask = _pad([g.prompt_embeds for g in group])
         kwargs = dict(prompt_embeds=embeds, prompt_embeds_mask=mask,
                       height=first.height, width=first.width, num_inference_steps=first.steps,

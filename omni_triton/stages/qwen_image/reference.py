@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from omni_triton.stages.qwen_image.denoiser import DenoiseItem, denoise
+from omni_triton.stages.qwen_image.lora import LoraCache, LoraSpec
 from omni_triton.stages.qwen_image.text_encoder import encode_prompts
 from omni_triton.stages.qwen_image.vae import condition_image, vae_decode, vae_encode
 
@@ -27,8 +28,10 @@ def reference_images(pipe, prompt: str, *, height: int, width: int, steps: int, 
 
 def staged_images(pipe, prompt: str, *, height: int, width: int, steps: int, seed: int,
                   negative_prompt: str | None = None, true_cfg_scale: float = 4.0,
-                  guidance_scale: float | None = None, image=None) -> np.ndarray:
-    """The Triton stage split run in-process for one request (same order as the ensemble)."""
+                  guidance_scale: float | None = None, image=None, lora: LoraSpec | None = None,
+                  loras: LoraCache | None = None) -> np.ndarray:
+    """The Triton stage split run in-process for one request (same order as the ensemble);
+    ``lora`` (with the denoiser's ``loras`` cache) selects an adapter and scale."""
     cond = resized = None
     if image is not None:
         resized, _ = condition_image(pipe, image)
@@ -36,9 +39,11 @@ def staged_images(pipe, prompt: str, *, height: int, width: int, steps: int, see
     embeds = encode_prompts(pipe, [prompt], cond)[0]
     cfg = negative_prompt is not None and true_cfg_scale > 1
     neg = encode_prompts(pipe, [negative_prompt], cond)[0] if cfg else None
-    item = DenoiseItem(embeds, height, width, steps, seed, neg, true_cfg_scale, guidance_scale)
+    item = DenoiseItem(embeds, height, width, steps, seed, neg, true_cfg_scale, guidance_scale, lora=lora)
     if image is not None:
         item.image = image
         item.image_latents = vae_encode(pipe, [image])[0]
-    result = denoise(pipe, [item])[0]
+    result = denoise(pipe, [item], loras=loras)[0]
+    if isinstance(result, Exception):
+        raise result
     return vae_decode(pipe, [result.latents], [(height, width)])[0]
