@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from omni_triton import triton_admin
+from omni_triton.contracts.lora import lora_dir
 from omni_triton.media.fetch import UrlFetchPolicy
 from omni_triton.paths import cache_dir
 from omni_triton.serve import on_demand
@@ -22,6 +23,7 @@ from .db import ENV as DATABASE_ENV
 from .db import DatabaseError, database_url
 from .engine import TritonEngine
 from .engine.replicas import parse_target, pinned_index
+from .lora_store import LoraSettings
 from .media_store import MediaUrlError
 from .quiet_server import QuietServer
 from .serving.speech import install_quiet_stream_aborted
@@ -154,6 +156,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bytes of clips, prompts and consent recordings kept; 400 quota_exceeded beyond")
     p.add_argument("--voice-max-prompt-chars", type=int, default=4096,
                    help="characters of a designed voice's prompt; 400 prompt_too_long beyond")
+    g = p.add_argument_group("LoRA adapters of the diffusion denoisers (docs/lora.md)")
+    g.add_argument("--lora-dir", default=None,
+                   help="the LoRA directory shared with the denoisers (adapter files, loras.sqlite); default "
+                        "$OMNI_TRITON_LORA_DIR or $OMNI_TRITON_CACHE/loras; 'none': LoRA disabled")
+    g.add_argument("--lora-allowed-dirs", default="",
+                   help="comma-separated server folders from which POST /v1/loras {\"path\"} and "
+                        "/v1/load_lora_adapter may register adapters (symlinks resolved); '': paths refused")
+    g.add_argument("--lora-max-bytes", type=int, default=2 << 30, help="largest adapter file (413 beyond)")
+    g.add_argument("--lora-max-adapters", type=int, default=256, help="registered adapters at most")
+    g.add_argument("--lora-max-stored-bytes", type=int, default=50 << 30, help="bytes of stored adapters at most")
+    g.add_argument("--lora-max-rank", type=int, default=256, help="largest LoRA rank accepted")
     g = p.add_argument_group("several frontends on one database (docs/running.md \"Several frontends\")")
     g.add_argument("--database-url", default=None,
                    help=f"PostgreSQL URL (postgresql://user:pw@host:5432/db) holding the video jobs and the "
@@ -245,6 +258,17 @@ def shared_database_url(args: argparse.Namespace) -> str | None:
     return url
 
 
+def lora_settings(args: argparse.Namespace) -> LoraSettings | None:
+    """The LoRA registry's settings from ``--lora-*`` (None with ``--lora-dir none``)."""
+    if (args.lora_dir or "").lower() == "none":
+        return None
+    return LoraSettings(
+        directory=Path(args.lora_dir) if args.lora_dir else lora_dir(),
+        allowed_dirs=tuple(Path(d.strip()) for d in args.lora_allowed_dirs.split(",") if d.strip()),
+        max_upload_bytes=args.lora_max_bytes, max_loras=args.lora_max_adapters,
+        max_stored_bytes=args.lora_max_stored_bytes, max_rank=args.lora_max_rank)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     db_url = shared_database_url(args)
@@ -319,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         send_timeout_s=args.send_timeout_s,
         database_url=db_url,
         frontend_id=args.frontend_id,
+        loras=lora_settings(args),
     )
     try:
         app = create_app(engine, settings)

@@ -20,6 +20,7 @@ from .auth import ApiKeyCheck
 from .db import Database, default_frontend_id
 from .engine import Engine
 from .errors import install_error_handlers, install_store_unavailable_handler
+from .lora_store import LoraSettings, LoraStore
 from .media_store import open_media_url
 from .metrics import FrontendMetrics
 from .middleware import (
@@ -35,9 +36,10 @@ from .middleware import (
     UnexpectedErrors,
 )
 from .openapi import install_openapi
-from .routers import audio, chat, images, models, observability, realtime, videos
+from .routers import audio, chat, images, loras, models, observability, realtime, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
+from .serving.loras import FORM_SLACK_BYTES
 from .serving.transcriptions import TranscriptionSettings
 from .stage_watch import ServeStatusWatch
 from .storage_lock import lock_unless_shared
@@ -114,6 +116,8 @@ class Settings:
         leases). None: SQLite files in the storage folders (one frontend per folder).
     frontend_id: this frontend's id in the shared database's job leases (and logs); None:
         ``<hostname>-<pid>``.
+    loras: the LoRA adapter registry's settings (``openai_frontend.lora_store.LoraSettings``,
+        docs/lora.md); None: ``/v1/loras`` answers 404 and image requests with ``lora`` 404.
     transcription: ``/v1/audio/transcriptions`` and ``/translations`` settings
         (``serving.transcriptions.TranscriptionSettings``); the ``file`` part is bounded by
         ``max_upload_bytes``.
@@ -155,6 +159,8 @@ class Settings:
     frontend_id: str | None = None
     #: ``/v1/audio/transcriptions`` / ``translations``: default model, audio length, segment concurrency
     transcription: TranscriptionSettings = field(default_factory=TranscriptionSettings)
+    #: LoRA adapters for the diffusion denoisers (``/v1/loras``); None: disabled
+    loras: LoraSettings | None = None
 
 
 class _FrontendApp(FastAPI):
@@ -227,6 +233,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
         finally:
             if _app.state.voice_store is not None:
                 _app.state.voice_store.close()
+            if _app.state.lora_store is not None:
+                _app.state.lora_store.close()
             if getattr(_app.state, "video_jobs", None) is not None:
                 await _app.state.video_jobs.stop()
             if video_lock is not None:
@@ -264,6 +272,14 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
             if database is not None:
                 database.close()
             raise
+    # the LoRA registry: like the voice store, one that cannot be opened makes /v1/loras 503
+    app.state.lora_store, app.state.lora_store_error = None, None
+    if settings.loras is not None:
+        try:
+            app.state.lora_store = LoraStore(settings.loras)
+        except (sqlite3.DatabaseError, OSError) as exc:
+            app.state.lora_store_error = f"{type(exc).__name__}: {exc}"
+            logger.error("LoRA registry %s cannot be opened: %s", settings.loras.directory, exc)
     app.state.admission = AdmissionController(settings.max_inflight, settings.retry_after_s)
     app.state.metrics = FrontendMetrics(app.state.admission)
     app.state.started_at = int(time.time())
@@ -272,6 +288,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
         install_store_unavailable_handler(app, database.unavailable_errors)
     app.include_router(audio.router)
     app.include_router(images.router)
+    app.include_router(loras.router)
     app.include_router(videos.router)
     app.include_router(chat.router)
     app.include_router(realtime.router)
@@ -282,7 +299,9 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.add_middleware(SpeechFormToJson, json_fields=frozenset(SpeechRequest.model_fields) - _SPEECH_TEXT_FIELDS)
     app.add_middleware(JsonValueLimit, limit=settings.max_json_values)
     app.add_middleware(IgnoredFieldsHeader, state_key=IGNORED_FIELDS_STATE)
-    app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    lora_upload = ({("POST", "/v1/loras"): max(settings.max_body_bytes, settings.loras.max_upload_bytes
+                                                 + FORM_SLACK_BYTES)} if settings.loras is not None else {})
+    app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes, overrides=lora_upload)
     app.add_middleware(ControlCharsInUrl)  # before any route reads a path parameter or cursor
     app.add_middleware(ApiKey, check=app.state.api_key_check, exempt=tuple(settings.auth_exempt_paths))
     if not settings.api_key:  # with a key, a page cannot authenticate a write it forges

@@ -385,19 +385,23 @@ class BodyTooLarge(HTTPException):
 
 class BodySizeLimit:
     """413 (OpenAI error body, ``payload_too_large``) when the request body exceeds ``limit``
-    bytes, judged by ``Content-Length`` or, for chunked bodies, by counting while it is read."""
+    bytes, judged by ``Content-Length`` or, for chunked bodies, by counting while it is read.
+    ``overrides``: ``{(method, path): limit}`` for the few routes that take larger bodies (a LoRA
+    upload, ``POST /v1/loras``)."""
 
-    def __init__(self, app: ASGIApp, limit: int):
+    def __init__(self, app: ASGIApp, limit: int, overrides: dict[tuple[str, str], int] | None = None):
         self.app = app
         self.limit = limit
+        self.overrides = dict(overrides or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.overrides.get((scope.get("method", ""), scope.get("path", "")), self.limit)
         headers = dict(scope.get("headers") or ())
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await self._reject(scope, receive, send)
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await self._reject(scope, receive, send, limit)
         seen = 0
 
         async def limited_receive() -> Message:
@@ -405,8 +409,8 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge(self.limit)
+                if seen > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         sent = _TrackingSend(send)
@@ -415,10 +419,10 @@ class BodySizeLimit:
         except BodyTooLarge:
             if sent.started:
                 raise
-            await self._reject(scope, receive, send)
+            await self._reject(scope, receive, send, limit)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        detail = ErrorDetail(message=f"Request body larger than {self.limit} bytes",
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        detail = ErrorDetail(message=f"Request body larger than {limit} bytes",
                              type="invalid_request_error", code="payload_too_large")
         await error_json(413, detail, {"Connection": "close"})(scope, receive, send)
 

@@ -350,8 +350,9 @@ class ImageGenerationRequest(BaseModel):
     ``b64_json``), ``output_format``, ``output_compression``; accepted and ignored when at their
     no-op values: ``quality``, ``style``, ``background``, ``moderation``, ``user``.
     Extensions (vLLM-Omni's names): ``seed``, ``negative_prompt``, ``num_inference_steps``,
-    ``guidance_scale``, ``true_cfg_scale``. Unknown fields: ignored (``X-Ignored-Fields``), 400 with
-    ``--strict-params``.
+    ``guidance_scale``, ``true_cfg_scale``, ``lora`` (``{"name", "scale"}``: a registered adapter,
+    docs/lora.md; checked by ``serving.loras.parse_selection``). Unknown fields: ignored
+    (``X-Ignored-Fields``), 400 with ``--strict-params``.
     """
 
     model_config = REQUEST_CONFIG
@@ -371,6 +372,8 @@ class ImageGenerationRequest(BaseModel):
     stream: bool = False
     #: vLLM-Omni's extension: the response carries ``metrics`` / ``stage_durations``.
     return_stage_metrics: bool = False
+    #: vLLM-Omni's per-request LoRA: ``{"name": registered name, "scale": weight}`` (docs/lora.md)
+    lora: dict[str, Any] | None = None
     quality: Name | None = None
     style: Name | None = None
     background: Name | None = None
@@ -387,6 +390,9 @@ class ImageEditForm(ImageGenerationRequest):
     model_config = ConfigDict(extra="allow", strict=False, allow_inf_nan=False)
 
     input_fidelity: Name | None = None
+    #: a form field holds ``lora`` as a JSON string; the SDK's ``lora[name]`` / ``lora[scale]``
+    #: fields are gathered into an object first (``serving.images.edit_image``)
+    lora: dict[str, Any] | str | None = None  # type: ignore[assignment]
 
 
 class ImageData(BaseModel):

@@ -8,6 +8,8 @@ config parameter ``model_name``), so each ``model_repository/qwen_image*_<stage>
 only binds one of these classes. Importable only inside the Triton Python stub; the logic they
 call lives in ``omni_triton.stages.qwen_image`` and is unit-tested without Triton.
 """
+from pathlib import Path
+
 import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage
@@ -18,8 +20,9 @@ from omni_triton.adapters.diffusion_stages import (
     DiffusionVaeDecoder,
     DiffusionVaeEncoder,
 )
-from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, is_cancelled, scalar_input
+from omni_triton.adapters.triton_io import forward_logs_to_triton, input_array, is_cancelled, log, scalar_input
 from omni_triton.contracts import qwen_image as im
+from omni_triton.contracts.lora import check_id, check_scale
 
 
 class QwenImageStage(DiffusionPipelineStage):
@@ -95,6 +98,15 @@ class QwenImageDenoiser(QwenImageStage, DiffusionDenoiser, BatchedStage):
         forward_logs_to_triton("omni_triton.diffusion")  # per-step progress in Triton's log
         super().setup(args, params)
         self.progress_s = float(params.get("progress_log_interval_s", 2.0))
+        # per-request LoRA (docs/lora.md): adapters only from the LoRA directory, LRU within max_loras
+        from omni_triton.contracts.lora import lora_dir
+
+        directory = Path(params.get("lora_dir") or lora_dir())
+        self.loras = self.d.LoraCache(self.pipe, directory, max_loras=int(params.get("max_loras", 4)))
+        try:  # the frontend validates uploads against this list of the transformer's Linear layers
+            self.d.write_manifest(self.pipe, directory, args["model_name"])
+        except OSError as exc:
+            log("warn", f"{args['model_name']}: LoRA manifest not written to {directory}: {exc}")
 
     def parse(self, request):
         height, width = scalar_input(request, im.HEIGHT, int), scalar_input(request, im.WIDTH, int)
@@ -109,6 +121,10 @@ class QwenImageDenoiser(QwenImageStage, DiffusionDenoiser, BatchedStage):
             guidance_scale=guidance if guidance and guidance > 0 else None,
             # a started batch stops at the next step once all its clients left
             cancelled=lambda: is_cancelled(request))
+        lora_id = scalar_input(request, im.LORA_ID, str, required=False)
+        if lora_id:
+            scale = scalar_input(request, im.LORA_SCALE, float, required=False)
+            item.lora = self.d.LoraSpec(check_id(lora_id), check_scale(1.0 if scale is None else scale))
         if self.edit:
             item.image = self.d.image_from_array(input_array(request, im.IMAGE))
             self.d.check_condition_image(self.pipe, item.image)
@@ -116,9 +132,13 @@ class QwenImageDenoiser(QwenImageStage, DiffusionDenoiser, BatchedStage):
         return item
 
     def run(self, items):
-        results = self.d.denoise(self.pipe, items, label=self.name, progress_interval_s=self.progress_s)
+        # a request whose adapter cannot be loaded gets its LoraLoadError (INVALID_ARG) alone
+        results = self.d.denoise(self.pipe, items, label=self.name, progress_interval_s=self.progress_s,
+                                 loras=self.loras)
         calls = {}  # the requests of one pipeline call share its steps and seconds
         for r in results:
+            if isinstance(r, Exception):
+                continue
             calls.setdefault((id(r.seconds), r.steps), (r.steps, r.seconds))
         for steps, seconds in calls.values():
             if steps:
@@ -131,10 +151,12 @@ class QwenImageDenoiser(QwenImageStage, DiffusionDenoiser, BatchedStage):
         (requests of one call share the ``seconds`` object), in ms; calls of other step counts or
         shapes in the same batch are not charged to it."""
         sizes: dict[tuple[int, int], int] = {}
-        for r in results:
+        done = [r for r in results if not isinstance(r, Exception)]
+        for r in done:
             key = (id(r.seconds), r.steps)
             sizes[key] = sizes.get(key, 0) + 1
-        return [r.seconds * 1000.0 / sizes[(id(r.seconds), r.steps)] for r in results]
+        return [0.0 if isinstance(r, Exception) else r.seconds * 1000.0 / sizes[(id(r.seconds), r.steps)]
+                for r in results]
 
     def outputs(self, r):
         return self.final_outputs(r.latents, r.steps, r.seconds)

@@ -271,7 +271,8 @@ def batched_execute(requests, stage: str, parse, run, outputs) -> list:
         parse: ``request -> item``; an :class:`InputError` (or ``ValueError``,
             ``UnicodeDecodeError``) becomes that request's INVALID_ARG error response, the others
             still run.
-        run: ``list[item] -> list[result]`` for the valid items (one batched call).
+        run: ``list[item] -> list[result]`` for the valid items (one batched call); a result that
+            is an ``Exception`` answers its item alone with that error (:func:`batch_responses`).
         outputs: ``result -> list[pb_utils.Tensor]`` (or ``{name: array}``).
 
     Returns:
@@ -311,6 +312,9 @@ def batch_responses(items: list, stage: str, run, outputs) -> list:
             results = run(group_items)
             done = []
             for result in results:
+                if isinstance(result, Exception):  # run answered this item alone with an error
+                    done.append(pb.InferenceResponse(error=_item_error(pb, stage, result)))
+                    continue
                 out = outputs(result)
                 done.append(pb.InferenceResponse(
                     output_tensors=tensors(out) if isinstance(out, Mapping) else out))
@@ -329,6 +333,15 @@ def batch_responses(items: list, stage: str, run, outputs) -> list:
                 error = pb.TritonError(f"{stage} failed: {exc}")
             responses[group_idx[0]] = pb.InferenceResponse(error=error)
     return responses
+
+
+def _item_error(pb, stage: str, exc: Exception):
+    """The error of one item that ``run`` returned as an exception instead of a result (e.g. the
+    denoiser's ``LoraLoadError``: the other items of the batch still get their results):
+    INVALID_ARG for an input error or ``ValueError``, INTERNAL otherwise."""
+    if isinstance(exc, (InputError, ValueError)):
+        return pb.TritonError(f"{stage}: {exc}", pb.TritonError.INVALID_ARG)
+    return pb.TritonError(f"{stage} failed: {exc}")
 
 
 # ------------------------------------------------------------------------------------ logging

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omni_triton.contracts.lora import LORA_ID, LORA_SCALE
 from omni_triton.contracts.tensors import Array, InputError, TensorSpec
 
 PROMPT = "PROMPT"
@@ -80,9 +81,12 @@ class Limits:
 
 def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int, negative_prompt: str = "",
                  true_cfg_scale: float = 4.0, guidance_scale: float = 0.0,
-                 image: Array | None = None) -> list[tuple[str, Array]]:
+                 image: Array | None = None, lora_id: str | None = None,
+                 lora_scale: float = 1.0) -> list[tuple[str, Array]]:
     """The inputs of one image of a diffusion ensemble as ``(name, array)`` pairs, each with the
-    batch dimension 1; ``image`` (``uint8 [H, W, 3]`` RGB) is the edit ensemble's INPUT_IMAGE."""
+    batch dimension 1; ``image`` (``uint8 [H, W, 3]`` RGB) is the edit ensemble's INPUT_IMAGE;
+    ``lora_id`` (an adapter's hex SHA-256, ``omni_triton.contracts.lora``) adds the optional
+    LORA_ID / LORA_SCALE inputs (left out without an adapter)."""
     pairs = [
         (PROMPT, np.array([[prompt.encode("utf-8")]], dtype=np.object_)),
         (NEGATIVE_PROMPT, np.array([[negative_prompt.encode("utf-8")]], dtype=np.object_)),
@@ -94,6 +98,9 @@ def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int,
     ]
     if image is not None:
         pairs.append((INPUT_IMAGE, np.ascontiguousarray(image, dtype=np.uint8)[None]))
+    if lora_id:
+        pairs.append((LORA_ID, np.array([[lora_id.encode("ascii")]], dtype=np.object_)))
+        pairs.append((LORA_SCALE, np.array([[lora_scale]], np.float32)))
     return pairs
 
 

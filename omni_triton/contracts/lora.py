@@ -265,10 +265,10 @@ def inspect(header: Header, *, max_rank: int = 256, adapter_config: dict[str, An
                             code="unsupported_lora_format")
     fmt = formats.pop()
     modules: dict[str, tuple[int, int, int]] = {}
-    for module, ab in halves.items():
-        if set(ab) != {"A", "B"}:
-            raise LoraFileError(f"module {module[:200]!r} has lora_{''.join(ab)} but not both lora_A and lora_B")
-        (r_a, in_f), (out_f, r_b) = ab["A"].shape, ab["B"].shape
+    for module, pair in halves.items():
+        if set(pair) != {"A", "B"}:
+            raise LoraFileError(f"module {module[:200]!r} has lora_{''.join(pair)} but not both lora_A and lora_B")
+        (r_a, in_f), (out_f, r_b) = pair["A"].shape, pair["B"].shape
         if r_a != r_b:
             raise LoraFileError(f"rank mismatch in {module[:200]!r}: lora_A has rank {r_a}, lora_B {r_b}")
         if not 1 <= r_a <= max_rank:

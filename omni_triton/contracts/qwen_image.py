@@ -33,6 +33,7 @@ from omni_triton.contracts.image import (  # noqa: F401 (re-exported for the ada
     Limits,
     check_guidance,
 )
+from omni_triton.contracts.lora import LORA_ID, LORA_SCALE
 from omni_triton.contracts.tensors import StageContract, TensorSpec
 
 PROMPT_EMBEDS = "PROMPT_EMBEDS"  #: FP32 [L, D]
@@ -56,20 +57,24 @@ _DENOISE_IN = (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "
                _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"), _t(NUM_INFERENCE_STEPS, "INT32"),
                _t(TRUE_CFG_SCALE, "FP32", optional=True), _t(GUIDANCE_SCALE, "FP32", optional=True),
                _t(SEED, "INT64"))
+#: per-request LoRA (``omni_triton.contracts.lora``, docs/lora.md): optional in the ensembles and
+#: the denoisers; absent or LORA_ID "" = no adapter
+LORA_IN = (_t(LORA_ID, "BYTES", optional=True), _t(LORA_SCALE, "FP32", optional=True))
 _EDIT_DENOISE_IN = _DENOISE_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)))
 _DENOISE_OUT = (_t(LATENTS, "FP32", (-1, -1)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
 _VAE_DECODER = StageContract((_t(LATENTS, "FP32", (-1, -1)), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32")),
                              (_t(IMAGE, "UINT8", (-1, -1, 3)),), batched=True)
 
-QWEN_IMAGE = StageContract(ENSEMBLE_IN, ENSEMBLE_OUT, batched=True)
-QWEN_IMAGE_EDIT = StageContract(ENSEMBLE_IN + (_t(INPUT_IMAGE, "UINT8", (-1, -1, 3)),), ENSEMBLE_OUT, batched=True)
+QWEN_IMAGE = StageContract(ENSEMBLE_IN + LORA_IN, ENSEMBLE_OUT, batched=True)
+QWEN_IMAGE_EDIT = StageContract(ENSEMBLE_IN + (_t(INPUT_IMAGE, "UINT8", (-1, -1, 3)),) + LORA_IN, ENSEMBLE_OUT,
+                                batched=True)
 TEXT_ENCODER = StageContract(_TEXT_IN, _EMBEDS_OUT, batched=True)
 EDIT_TEXT_ENCODER = StageContract(_TEXT_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)),), _EMBEDS_OUT, batched=True)
 EDIT_VAE_ENCODER = StageContract((_t(IMAGE, "UINT8", (-1, -1, 3)),),
                                  (_t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)), _t(CHECKED_IMAGE, "UINT8", (-1, -1, 3))),
                                  batched=True)
-DENOISER = StageContract(_DENOISE_IN, _DENOISE_OUT, batched=True)
-EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN, _DENOISE_OUT, batched=True)
+DENOISER = StageContract(_DENOISE_IN + LORA_IN, _DENOISE_OUT, batched=True)
+EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN + LORA_IN, _DENOISE_OUT, batched=True)
 VAE_DECODER = _VAE_DECODER
 
 #: model name -> contract (stages in ``model_repository/``, ensembles in ``ensembles/``).

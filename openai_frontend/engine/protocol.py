@@ -93,7 +93,9 @@ class ImageJob:
 
     Image ``i`` uses seed ``seed + i``, so each image equals a single-image request with that
     seed whatever else is batched with it. ``negative_prompt`` ``None`` (or ``""``) turns true CFG
-    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model.
+    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model;
+    ``lora_id`` (hex SHA-256 of a registered adapter, docs/lora.md) and ``lora_scale`` select a
+    LoRA adapter for the denoiser (None: none).
     """
 
     prompt: str
@@ -106,6 +108,8 @@ class ImageJob:
     true_cfg_scale: float = 4.0
     guidance_scale: float | None = None
     image: NDArray[Any] | None = None
+    lora_id: str | None = None
+    lora_scale: float = 1.0
 
 
 @dataclass(frozen=True)

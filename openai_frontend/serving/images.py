@@ -42,6 +42,7 @@ from ..engine.model_info import parse_size
 from ..errors import OpenAIError, bad_request
 from ..offload import off_loop
 from ..schemas import ImageData, ImageEditForm, ImageGenerationRequest, ImagesResponse, ImageUsage
+from . import loras
 from .common import (
     IMAGE_EDIT,
     TEXT_TO_IMAGE,
@@ -233,11 +234,21 @@ async def _respond(request: Request, info: ModelInfo, job: ImageJob, fmt: str, c
     return JSONResponse(content, headers=denoise_headers(result))
 
 
+async def with_lora(request: Request, info: ModelInfo, job: ImageJob, lora: Any) -> ImageJob:
+    """``job`` with the adapter id and scale of the request's ``lora`` field (docs/lora.md);
+    unchanged without one. Raises ``OpenAIError`` (``serving.loras.resolve``)."""
+    selected = await loras.resolve(request, info, loras.parse_selection(lora))
+    if selected is None:
+        return job
+    return dataclasses.replace(job, lora_id=selected[0], lora_scale=selected[1])
+
+
 async def create_image(body: ImageGenerationRequest, request: Request) -> JSONResponse:
     """``POST /v1/images/generations``."""
     check_fields(body, request)
     info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_IMAGE)
     job, fmt = plan(body, info)
+    job = await with_lora(request, info, job, body.lora)
     return await _respond(request, info, job, fmt, body.output_compression, "generations",
                           body.return_stage_metrics)
 
@@ -278,6 +289,18 @@ async def edit_image(request: Request) -> JSONResponse:
                 raise bad_request(f"Field '{key}' given more than once", param=key)
             else:
                 fields[key] = value
+        lora_parts: dict[str, Any] = {k[5:-1]: fields.pop(k) for k in list(fields)
+                                      if k.startswith("lora[") and k.endswith("]")}
+        if lora_parts:  # the SDK's extra_body={"lora": {...}} arrives as lora[name], lora[scale]
+            if "lora" in fields:
+                raise bad_request("Give 'lora' either as one JSON field or as lora[name]/lora[scale]", param="lora")
+            if "scale" in lora_parts:
+                try:
+                    lora_parts["scale"] = float(lora_parts["scale"])
+                except ValueError:
+                    raise bad_request("'lora.scale' must be a number", param="lora.scale",
+                                      code="invalid_value") from None
+            fields["lora"] = lora_parts  # type: ignore[assignment]
         if "prompt" not in fields:
             raise bad_request("Missing required parameter: 'prompt'", param="prompt", code="invalid_value")
         try:
@@ -296,6 +319,7 @@ async def edit_image(request: Request) -> JSONResponse:
             raise bad_request(f"The model '{info.public_name}' takes at most {max_inputs} input image(s); "
                               f"got {len(images)}", param="image", code="too_many_images")
         job, fmt = plan(body, info)
+        job = await with_lora(request, info, job, body.lora)
         for upload in images:
             if upload.size is not None and upload.size > settings.max_upload_bytes:
                 raise OpenAIError(413, f"The uploaded image is {upload.size} bytes; at most "

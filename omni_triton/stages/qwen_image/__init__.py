@@ -42,12 +42,6 @@ from omni_triton.stages.qwen_image.denoiser import (  # noqa: F401
     denoise,
     denoise_key,
 )
-from omni_triton.stages.qwen_image.lora import (  # noqa: F401
-    LoraCache,
-    LoraLoadError,
-    LoraSpec,
-    write_manifest,
-)
 from omni_triton.stages.qwen_image.loading import (  # noqa: F401
     MAX_CONDITION_ASPECT_RATIO,
     check_condition_image,
@@ -57,6 +51,12 @@ from omni_triton.stages.qwen_image.loading import (  # noqa: F401
     is_edit_pipeline,
     load_pipeline,
     size_multiple,
+)
+from omni_triton.stages.qwen_image.lora import (  # noqa: F401
+    LoraCache,
+    LoraLoadError,
+    LoraSpec,
+    write_manifest,
 )
 from omni_triton.stages.qwen_image.reference import (  # noqa: F401
     reference_images,
