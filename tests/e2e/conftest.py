@@ -30,6 +30,7 @@ import pytest
 
 from clients.bench_common import metric_total
 from omni_triton import triton_admin
+from omni_triton.contracts import lora as lora_contract
 from omni_triton.paths import cache_dir
 from omni_triton.serve.process import free_port
 from tests.helpers.crash_watch import CrashWatch, crash_logs
@@ -55,6 +56,8 @@ class Stack:
     serve_pid: int = 0  # the ``omni-triton serve`` process
     triton_log: str = ""  # tritonserver's own log (``<cache>/logs/tritonserver-<http port>.log``)
     admin_key: str = ""  # the key of Triton's restricted APIs (serve got it in OMNI_TRITON_ADMIN_KEY)
+    lora_dir: str = ""  # the LoRA directory of this session (OMNI_TRITON_LORA_DIR)
+    lora_sources: str = ""  # the folder --lora-allowed-dirs names
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -140,6 +143,9 @@ _CRASH_WATCH = pytest.StashKey[CrashWatch]()
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory, request):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    # this session's LoRA directory (registry + adapter files; the denoisers read it through the
+    # same environment variable), not the shared cache's
+    lora_dir, lora_sources = tmp_path_factory.mktemp("loras"), tmp_path_factory.mktemp("lora-sources")
     ports = {name: free_port() for name in ("http", "grpc", "metrics", "frontend")}
     cmd = [
         sys.executable, "-m", "omni_triton", "serve", "--models", E2E_MODELS,
@@ -153,13 +159,15 @@ def stack(tmp_path_factory, request):
         f"--frontend-arg=--video-storage-dir={tmp_path_factory.mktemp('videos')}",
         # and its voices and consents (the fuzzer of test_malformed.py creates and deletes some)
         f"--frontend-arg=--voice-storage-dir={tmp_path_factory.mktemp('voices')}",
+        # LoRA adapters may be registered by path from this folder (test_lora_served.py)
+        f"--frontend-arg=--lora-allowed-dirs={lora_sources}",
     ]
     triton_log = cache_dir() / "logs" / f"tritonserver-{ports['http']}.log"  # TritonServer's default
     old_crash_logs = crash_logs(triton_log)
     log = open(log_path, "wb")
     admin_key = triton_admin.new_key()  # known to the tests: serve takes it from its environment
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, triton_admin.ENV: admin_key})
+                            env={**os.environ, triton_admin.ENV: admin_key, lora_contract.ENV: str(lora_dir)})
     url = f"http://127.0.0.1:{ports['frontend']}"
     shm_regions: set[str] = set()
     shm_before = set(os.listdir("/dev/shm"))
@@ -179,6 +187,8 @@ def stack(tmp_path_factory, request):
             serve_pid=proc.pid,
             triton_log=str(triton_log),
             admin_key=admin_key,
+            lora_dir=str(lora_dir),
+            lora_sources=str(lora_sources),
         )
         watch = CrashWatch(str(log_path), str(triton_log), proc.pid, tritons[0].pid, old_crash_logs)
         request.config.stash[_CRASH_WATCH] = watch
