@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                     name = f"bench-{k}"
                     http.delete(f"{url}/v1/loras/{name}")  # a rerun against a running server
                     path = write_lora(Path(tmp) / f"{k}.safetensors", manifest, rank=args.rank, seed=100 + k)
-                    r = http.post(f"{url}/v1/loras", data={"name": name}, files={"file": (path.name, path.read_bytes())})
+                    r = http.post(f"{url}/v1/loras", data={"name": name},
+                                  files={"file": (path.name, path.read_bytes())})
                     r.raise_for_status()
 
             def counts():

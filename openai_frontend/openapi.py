@@ -7,7 +7,8 @@ FastAPI describes the routes whose body is a pydantic model. This module adds wh
 * the request bodies of the routes that read the request themselves: the multipart forms of
   ``/v1/images/edits``, ``/v1/videos``, ``/v1/videos/sync``, ``/v1/audio/voices``,
   ``/v1/audio/voice_consents`` (+ rename), ``/v1/audio/transcriptions``,
-  ``/v1/audio/translations``, and the multipart form of ``/v1/audio/speech``
+  ``/v1/audio/translations``, ``/v1/loras`` (and its JSON form, vLLM's ``/v1/load_lora_adapter``),
+  and the multipart form of ``/v1/audio/speech``
   (``middleware.SpeechFormToJson``); file parts are ``format: binary`` strings;
 * the success responses: JSON objects (videos, voices, consents, batches, chat), raw audio
   (``audio/wav``, ``audio/mpeg``...), MP4 (``video/mp4``), server-sent events
@@ -132,7 +133,62 @@ class SpeechBatchResponse(BaseModel):
     failed: int
 
 
+class Lora(BaseModel):
+    """A registered LoRA adapter (``lora_store.StoredLora.to_openai``; docs/lora.md)."""
+
+    object: Literal["lora"] = "lora"
+    name: str
+    id: str
+    created_at: int
+    bytes: int
+    format: Literal["diffusers", "peft"]
+    rank: int
+    modules: int
+    source: Literal["upload", "path"]
+    path: str | None = None
+    error: str | None = None
+
+
+class LoraList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Lora]
+
+
+class LoraDeleted(BaseModel):
+    object: Literal["lora.deleted"] = "lora.deleted"
+    name: str
+    id: str
+    deleted: bool
+
+
 # --------------------------------------------------------------------------- request forms
+class LoraUploadForm(BaseModel):
+    """``POST /v1/loras`` (multipart): the adapter's ``name`` (+ the ``file``; optional
+    ``adapter_config``: PEFT's JSON)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    adapter_config: str | None = None
+
+
+class LoraPathBody(BaseModel):
+    """``POST /v1/loras`` (JSON): a server-side ``.safetensors`` or PEFT folder under ``--lora-allowed-dirs``."""
+
+    name: str = Field(min_length=1, max_length=128)
+    path: str = Field(min_length=1)
+
+
+class VllmLoadLora(BaseModel):
+    """vLLM's ``POST /v1/load_lora_adapter``."""
+
+    lora_name: str
+    lora_path: str
+
+
+class VllmUnloadLora(BaseModel):
+    """vLLM's ``POST /v1/unload_lora_adapter``."""
+
+    lora_name: str
+
 class VoiceCreateForm(BaseModel):
     """``POST /v1/audio/voices``: a clone (``audio_sample`` + ``consent`` [+ ``ref_text``]) or a
     designed voice (``type=prompt`` + ``prompt``); docs/voices.md."""
@@ -208,7 +264,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                                   "docs/realtime.md).")
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     models = (ErrorResponse, Video, VideoList, Deleted, Voice, VoiceConsent, VoiceConsentList, SpeechBatchResponse,
-              ChatCompletion, Completion)
+              ChatCompletion, Completion, Lora, LoraList, LoraDeleted)
     for model in models:
         components[model.__name__] = _inline(model, components)
     # an image model's chat answer carries image_url parts as its content
@@ -246,6 +302,11 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             TranscriptionForm, components, {"file": audio_file}, required_files=("file",))}},
         ("post", "/v1/audio/translations"): {"multipart/form-data": {"schema": _form(
             TranslationForm, components, {"file": audio_file}, required_files=("file",))}},
+        ("post", "/v1/loras"): {"multipart/form-data": {"schema": _form(
+            LoraUploadForm, components, {"file": {**BINARY, "description": "a LoRA .safetensors"}},
+            required_files=("file",))}, **_json(_inline(LoraPathBody, components))},
+        ("post", "/v1/load_lora_adapter"): _json(_inline(VllmLoadLora, components)),
+        ("post", "/v1/unload_lora_adapter"): _json(_inline(VllmUnloadLora, components)),
     }
     # server-sent events, described per event (how schemathesis reads them): ``data`` is the JSON
     # chunk (or ``[DONE]``), ``event`` its kind where the API names one (speech: ``speech.audio.delta``...)
@@ -274,6 +335,12 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         ("post", "/v1/chat/completions"): {**_content(ChatCompletion), **sse},
         ("post", "/v1/completions"): {**_content(Completion), **sse},
         ("get", "/metrics"): {"text/plain": {"schema": {"type": "string"}}},
+        ("post", "/v1/loras"): _content(Lora),
+        ("get", "/v1/loras"): _content(LoraList),
+        ("get", "/v1/loras/{name}"): _content(Lora),
+        ("delete", "/v1/loras/{name}"): _content(LoraDeleted),
+        ("post", "/v1/load_lora_adapter"): {"text/plain": {"schema": {"type": "string"}}},
+        ("post", "/v1/unload_lora_adapter"): {"text/plain": {"schema": {"type": "string"}}},
         # json / verbose_json objects, text / srt / vtt as text, stream=true as events
         ("post", "/v1/audio/transcriptions"): {**_json({"type": "object"}),
                                                "text/plain": {"schema": {"type": "string"}}, **sse},
