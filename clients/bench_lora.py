@@ -22,7 +22,8 @@ Modes, each ``--rounds`` bursts of ``--batch`` concurrent ``POST /v1/images/gene
 
 Per mode: ``burst_s`` (wall time of a burst: first request sent to last answered) mean and
 max, ``images_per_s``, request latency percentiles, ``denoiser_mean_batch`` (requests /
-executions of ``qwen_image_denoiser`` from Triton's metrics). Ratios: ``mixed_vs_single_burst_s``
+executions of ``qwen_image_denoiser`` from Triton's metrics: the size of Triton's batches, each of
+which the denoiser splits into one pipeline call per adapter and scale). Ratios: ``mixed_vs_single_burst_s``
 (> 1: the cost of mixing adapters), ``single_vs_none_burst_s`` (the cost of an active adapter).
 The first burst of each mode is a warm-up (adapters are loaded then; ``max_loras`` must be at
 least ``--adapters`` for the later bursts to load nothing). No timing is asserted anywhere.
