@@ -5,7 +5,7 @@ Files live in the LoRA directory shared with the denoisers (``omni_triton.contra
 thing Triton is ever sent. The registry is ``<dir>/loras.sqlite`` (WAL, ``synchronous=FULL``):
 one row per name; two names may share one file (same bytes). Nothing is lost on a restart: a
 file is written (temp file, fsync, rename) before its row is committed; at start, temp files of
-an interrupted upload are removed. A row whose file is missing is listed with an ``error`` and
+an interrupted upload older than an hour are removed. A row whose file is missing is listed with an ``error`` and
 refused on use (:class:`LoraUnavailable`).
 
 Sources: an upload (a file object the caller already bounded by size) or a server-side path,
@@ -45,6 +45,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 PEFT_WEIGHTS, PEFT_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 #: largest ``adapter_config.json`` read (bytes)
 MAX_CONFIG_BYTES = 1 << 20
+#: age (seconds) after which a temp file of an upload is an orphan of a crash, removed at start
+STALE_UPLOAD_S = 3600.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS loras (
@@ -167,8 +169,14 @@ class LoraStore:
         self._db.executescript(_SCHEMA)
         self._allowed = tuple(Path(os.path.realpath(d)) for d in settings.allowed_dirs)
         self._manifests: dict[str, tuple[float, dict[str, list[int]]]] = {}
-        for tmp in self.directory.glob(".upload-*"):  # an upload interrupted by a crash
-            tmp.unlink(missing_ok=True)
+        # an upload interrupted by a crash; only old ones: another frontend on this folder may
+        # be writing one now
+        for tmp in self.directory.glob(".upload-*"):
+            try:
+                if time.time() - tmp.stat().st_mtime > STALE_UPLOAD_S:
+                    tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
 
     def close(self) -> None:
         with self._lock:

@@ -376,3 +376,16 @@ async def test_disabled(engine):
         assert (await client.get("/v1/loras")).status_code == 404
         r = await client.post("/v1/images/generations", json={"prompt": "x", "lora": {"name": "a"}})
         assert r.status_code == 400 or r.status_code == 404
+
+
+def test_start_removes_only_stale_upload_temp_files(settings):
+    import time as _time
+
+    settings.directory.mkdir(parents=True, exist_ok=True)
+    old, young = settings.directory / ".upload-old", settings.directory / ".upload-young"
+    old.write_bytes(b"x")
+    young.write_bytes(b"y")
+    past = _time.time() - 2 * 3600
+    os.utime(old, (past, past))
+    LoraStore(settings).close()
+    assert not old.exists() and young.exists()  # another frontend may be writing the young one
