@@ -19,18 +19,22 @@ from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
 def image_inputs(prompt: str, *, width: int = 64, height: int = 64, steps: int = 2, seed: int = 0,
                  negative_prompt: str = "", true_cfg_scale: float = 4.0,
-                 guidance_scale: float = 0.0, image: np.ndarray | None = None) -> list:
+                 guidance_scale: float = 0.0, image: np.ndarray | None = None, lora_id: str | None = None,
+                 lora_scale: float = 1.0) -> list:
     """``tritonclient.grpc.InferInput`` list for one image of a diffusion ensemble
     (``omni_triton.contracts.image.image_inputs``).
 
     ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of ``qwen_image_edit``
-    (``INPUT_IMAGE``); every tensor gets the batch dimension 1 (the ensembles batch).
+    (``INPUT_IMAGE``); ``lora_id`` (a registered adapter's id, ``GET /v1/loras``) and
+    ``lora_scale`` select a LoRA adapter (docs/lora.md); every tensor gets the batch dimension 1
+    (the ensembles batch).
     """
     import tritonclient.grpc as grpcclient
 
     pairs = contract.image_inputs(prompt, width=width, height=height, steps=steps, seed=seed,
                                   negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
-                                  guidance_scale=guidance_scale, image=image)
+                                  guidance_scale=guidance_scale, image=image, lora_id=lora_id,
+                                  lora_scale=lora_scale)
     return wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput))
 
 
@@ -55,6 +59,8 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--true-cfg-scale", type=float, default=4.0)
     p.add_argument("--image", help="condition image (edit models)")
+    p.add_argument("--lora-id", help="a registered LoRA adapter's id (GET /v1/loras): docs/lora.md")
+    p.add_argument("--lora-scale", type=float, default=1.0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     width, height = (int(v) for v in args.size.lower().split("x"))
@@ -63,7 +69,8 @@ def main(argv=None) -> None:
     pixels, steps, seconds = generate(client, args.model, args.prompt, width=width, height=height,
                                       steps=args.steps, seed=args.seed,
                                       negative_prompt=args.negative_prompt,
-                                      true_cfg_scale=args.true_cfg_scale, image=image)
+                                      true_cfg_scale=args.true_cfg_scale, image=image,
+                                      lora_id=args.lora_id, lora_scale=args.lora_scale)
     Image.fromarray(pixels).save(args.out)
     print(f"{args.out}: {pixels.shape[1]}x{pixels.shape[0]}, {steps} steps, denoiser {seconds:.3f} s")
 

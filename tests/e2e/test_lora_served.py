@@ -219,3 +219,22 @@ def test_delete_then_unknown(stack, sdk, adapters):
         assert client.delete("/v1/loras/temp").json()["deleted"] is True
     with pytest.raises(openai.NotFoundError):
         generate(sdk, {"name": "temp"})
+
+
+def test_triton_grpc_takes_only_an_id(stack, adapters, reference):
+    """Straight to Triton: LORA_ID of a registered adapter equals the SDK path; anything that is
+    not a 64-hex id (a path) is INVALID_ARG, never a file read."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from clients.image_grpc import generate as grpc_generate
+
+    client = grpcclient.InferenceServerClient(stack.triton_grpc_url)
+    lora_id = httpx.get(f"{stack.frontend_url}/v1/loras/style-a", timeout=10).json()["id"]
+    pixels, _, _ = grpc_generate(client, "qwen_image", PROMPT, width=64, height=48, steps=2, seed=3,
+                                 lora_id=lora_id, lora_scale=0.7)
+    ref = reference("qwen-image-tiny", PROMPT, lora=(adapters["style-a"], 0.7), height=48, width=64, steps=2, seed=3)
+    np.testing.assert_array_equal(pixels, ref)
+    for bad in ("../../../../etc/passwd", "/etc/passwd", "A" * 64):
+        with pytest.raises(InferenceServerException, match="LORA_ID must be 64 lowercase hex"):
+            grpc_generate(client, "qwen_image", PROMPT, width=64, height=48, steps=2, seed=3, lora_id=bad)
