@@ -387,6 +387,9 @@ class ImageEditForm(ImageGenerationRequest):
     model_config = ConfigDict(extra="allow", strict=False, allow_inf_nan=False)
 
     input_fidelity: Name | None = None
+    #: extension (diffusers' inpainting ``strength``, mask requests only): how far the image is
+    #: noised, in (0, 1]; default: the model's ``default_strength`` (its pipeline's default)
+    strength: float | None = Field(None, gt=0, le=1)
 
 
 class ImageData(BaseModel):

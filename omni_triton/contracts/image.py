@@ -30,7 +30,7 @@ IMAGE = "IMAGE"  #: UINT8 [H, W, 3]: a stage's image (condition image in, result
 MASK = "MASK"
 #: FP64 [1]: inpainting strength in (0, 1] (``QwenImageInpaintPipeline``'s ``strength``). FP64,
 #: not FP32: the pipeline runs ``steps - int(steps - steps * strength)`` steps, and 0.6 as FP32
-#: (0.6000000238) gives 5 * s = 3.0000001 -> 3 steps where the float 0.6 gives 2
+#: (0.6000000238) with 5 steps gives 5 - int(1.9999999) = 4 steps where Python's 0.6 gives 3
 STRENGTH = "STRENGTH"
 NUM_STEPS = "NUM_STEPS"  #: INT32 [1]
 DENOISE_SECONDS = "DENOISE_SECONDS"  #: FP32 [1]

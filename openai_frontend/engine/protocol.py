@@ -93,7 +93,9 @@ class ImageJob:
 
     Image ``i`` uses seed ``seed + i``, so each image equals a single-image request with that
     seed whatever else is batched with it. ``negative_prompt`` ``None`` (or ``""``) turns true CFG
-    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model.
+    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model, or with
+    ``mask`` (``uint8 [H, W]``, the image's size, 255 = repaint: diffusers' convention) the image an
+    inpaint model repaints with ``strength`` in (0, 1].
     """
 
     prompt: str
@@ -106,6 +108,8 @@ class ImageJob:
     true_cfg_scale: float = 4.0
     guidance_scale: float | None = None
     image: NDArray[Any] | None = None
+    mask: NDArray[Any] | None = None
+    strength: float | None = None
 
 
 @dataclass(frozen=True)

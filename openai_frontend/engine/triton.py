@@ -954,12 +954,13 @@ class TritonEngine:
 def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
     """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md):
     ``contracts.image.image_inputs``, every tensor with the batch dimension 1 (the ensembles have
-    ``max_batch_size > 0``), seed ``job.seed + index``, ``INPUT_IMAGE`` only for an edit job."""
+    ``max_batch_size > 0``), seed ``job.seed + index``, ``INPUT_IMAGE`` only for an edit job,
+    ``MASK``/``STRENGTH`` only for an inpaint job."""
     return _infer_inputs(image_contract.image_inputs(
         job.prompt, width=job.width, height=job.height, steps=job.steps, seed=job.seed + index,
         negative_prompt=job.negative_prompt or "", true_cfg_scale=job.true_cfg_scale,
         guidance_scale=job.guidance_scale if job.guidance_scale is not None else 0.0,
-        image=job.image,
+        image=job.image, mask=job.mask, strength=job.strength,
     ))
 
 
