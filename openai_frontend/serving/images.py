@@ -321,7 +321,7 @@ async def edit_image(request: Request) -> JSONResponse:
     """``POST /v1/images/edits`` (``multipart/form-data``: ``image`` file part(s), optional
     ``mask``, the generation fields as form fields). With a ``mask`` (models with
     ``supports_mask``: masked inpainting) the mask's fully transparent pixels mark the area to
-    repaint (docs/image_contracts.md "Masks")."""
+    repaint (docs/image_contracts.md "Masked inpainting")."""
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
         raise bad_request("POST /v1/images/edits takes multipart/form-data (fields 'image', "
