@@ -175,7 +175,8 @@ def decode_mask(data: bytes) -> NDArray[Any]:
     return diffusers_mask_from_alpha(alpha)
 
 
-async def check_mask_support(request: Request, info: ModelInfo, mask: Any, body: ImageEditForm) -> float | None:
+async def check_mask_support(request: Request, info: ModelInfo, mask: UploadFile | None,
+                             body: ImageEditForm) -> float | None:
     """Whether ``mask`` (the form's ``mask`` part or None) and ``strength`` fit the model.
 
     Returns:
@@ -185,8 +186,8 @@ async def check_mask_support(request: Request, info: ModelInfo, mask: Any, body:
     Raises:
         OpenAIError: 400 ``param: mask``: ``unsupported_mask`` (the model has no
             ``supports_mask``; the message names the served models that have it),
-            ``missing_mask`` (an inpaint model without a mask) or ``invalid_mask`` (not a file
-            part); 400 ``param: strength`` (``invalid_value``) for ``strength`` without a mask.
+            ``missing_mask`` (an inpaint model without a mask); 400 ``param: strength``
+            (``invalid_value``) for ``strength`` without a mask.
     """
     if mask is not None and not info.supports_mask:
         others = sorted(m.public_name for m in await request.app.state.engine.list_models() if m.supports_mask)
@@ -202,8 +203,6 @@ async def check_mask_support(request: Request, info: ModelInfo, mask: Any, body:
         if body.strength is not None:
             raise bad_request("'strength' applies to masked edits only", param="strength", code="invalid_value")
         return None
-    if not isinstance(mask, UploadFile):
-        raise bad_request("'mask' must be a file part", param="mask", code="invalid_mask")
     if body.strength is not None:
         return body.strength
     try:
@@ -331,7 +330,7 @@ async def edit_image(request: Request) -> JSONResponse:
                            max_part_size=MAX_FIELD_BYTES)
     try:
         images: list[UploadFile] = []
-        mask = None
+        mask: UploadFile | None = None
         fields: dict[str, str] = {}
         for key, value in form.multi_items():
             if key in _IMAGE_FIELDS:
@@ -341,6 +340,8 @@ async def edit_image(request: Request) -> JSONResponse:
             elif key == "mask":
                 if mask is not None:
                     raise bad_request("Field 'mask' given more than once", param="mask", code="invalid_mask")
+                if not isinstance(value, UploadFile):
+                    raise bad_request("'mask' must be a file part", param="mask", code="invalid_mask")
                 mask = value
             elif isinstance(value, UploadFile):
                 raise bad_request(f"Unexpected file field '{key}'", param=key)

@@ -141,8 +141,9 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
     and ``output_type="latent"``; for edits ``image`` is the condition images and the
     VAE-encode stage's latents replace the pipeline's own ``_encode_vae_image`` call (the only
     hook: diffusers has no ``image_latents`` argument); for inpainting (items with a ``mask``)
-    ``image``/``mask_image``/``strength`` go in and ``vae.encode`` answers from the VAE-encode
-    stage's posteriors (``masked_image_latents``: an unused placeholder) (:func:`~omni_triton.stages.qwen_image.inpaint.precomputed_posteriors`).
+    ``image``/``mask_image``/``strength`` go in, ``masked_image_latents`` is an unused placeholder
+    and ``vae.encode`` answers from the VAE-encode stage's posteriors
+    (:func:`~omni_triton.stages.qwen_image.inpaint.precomputed_posteriors`).
 
     Returns:
         one :class:`DenoiseResult` per item, in order.
