@@ -121,6 +121,16 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
                                    qi.HEIGHT: _i32(_SIZE), qi.WIDTH: _i32(_SIZE)},
     }
     table["qwen_image_edit_vae_decoder"] = table["qwen_image_vae_decoder"]
+    # inpaint: a grey 32x32 image, its top half to repaint (MASK 255, diffusers' convention)
+    mask = np.zeros((_SIZE, _SIZE), np.uint8)
+    mask[: _SIZE // 2] = 255
+    strength = np.array([0.6], np.float64)
+    table["qwen_image_inpaint"] = {**image_in, qi.INPUT_IMAGE: rgb, qi.MASK: mask, qi.STRENGTH: strength}
+    table["qwen_image_inpaint_vae_encoder"] = {qi.IMAGE: rgb, qi.MASK: mask, qi.HEIGHT: _i32(_SIZE),
+                                               qi.WIDTH: _i32(_SIZE), qi.PROMPT: image_in[qi.PROMPT]}
+    table["qwen_image_inpaint_denoiser"] = {**denoise, qi.IMAGE: rgb, qi.MASK: mask, qi.STRENGTH: strength,
+                                            qi.IMAGE_MOMENTS: np.zeros((2 * dims["image_z_dim"], 1, lat, lat),
+                                                                       np.float32)}
     # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
     omni = ("qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker")
     table.update({f"qwen2_5_{k[len('qwen3_'):]}": table[k] for k in omni})

@@ -393,6 +393,9 @@ class ImageEditForm(ImageGenerationRequest):
     #: a form field holds ``lora`` as a JSON string; the SDK's ``lora[name]`` / ``lora[scale]``
     #: fields are gathered into an object first (``serving.images.edit_image``)
     lora: dict[str, Any] | str | None = None  # type: ignore[assignment]
+    #: extension (diffusers' inpainting ``strength``, mask requests only): how far the image is
+    #: noised, in (0, 1]; default: the model's ``default_strength`` (its pipeline's default)
+    strength: float | None = Field(None, gt=0, le=1)
 
 
 class ImageData(BaseModel):

@@ -3,8 +3,9 @@
 roles of ``adapters/diffusion_stages.py`` with the Qwen-Image differences (the edit's condition
 image, true CFG, packed latents decoded at a HEIGHT x WIDTH).
 
-The text-to-image and edit pipelines run the same stage code on different checkpoints (the
-config parameter ``model_name``), so each ``model_repository/qwen_image*_<stage>/1/model.py``
+The text-to-image, edit and inpaint pipelines run the same stage code on different checkpoints
+(the config parameter ``model_name``; ``pipeline`` names another diffusers class to load the
+folder with: ``QwenImageInpaintPipeline``), so each ``model_repository/qwen_image*_<stage>/1/model.py``
 only binds one of these classes. Importable only inside the Triton Python stub; the logic they
 call lives in ``omni_triton.stages.qwen_image`` and is unit-tested without Triton.
 """
@@ -26,8 +27,10 @@ from omni_triton.contracts.lora import check_id, check_scale
 
 
 class QwenImageStage(DiffusionPipelineStage):
-    """The Qwen-Image family hooks: the image contract, its checkpoint, ``self.edit`` (True on
-    a ``QwenImageEditPipeline``) and :class:`~omni_triton.contracts.qwen_image.Limits`."""
+    """The Qwen-Image family hooks: the image contract, its checkpoint (config parameters
+    ``model_name`` and the optional ``pipeline`` class), ``self.edit`` (True on a
+    ``QwenImageEditPipeline``), ``self.inpaint`` (True on a ``QwenImageInpaintPipeline``) and
+    :class:`~omni_triton.contracts.qwen_image.Limits`."""
 
     contract = im
     input_error = im.ImageInputError
@@ -36,11 +39,12 @@ class QwenImageStage(DiffusionPipelineStage):
         from omni_triton.checkpoints.qwen_image import checkpoint_dir
         from omni_triton.stages import qwen_image
 
-        return qwen_image, qwen_image.load_pipeline(checkpoint_dir(params["model_name"]))
+        return qwen_image, qwen_image.load_pipeline(checkpoint_dir(params["model_name"]), params.get("pipeline"))
 
     def setup_pipeline(self, params):
         super().setup_pipeline(params)
         self.edit = self.d.is_edit_pipeline(self.pipe)
+        self.inpaint = self.d.is_inpaint_pipeline(self.pipe)
 
     def stage_limits(self, params):
         return im.Limits(self.d.size_multiple(self.pipe), int(params.get("max_size", 1024)),
@@ -87,6 +91,30 @@ class QwenImageVaeEncoder(QwenImageStage, DiffusionVaeEncoder):
         return {im.IMAGE_LATENTS: latents[None], im.CHECKED_IMAGE: np.ascontiguousarray(pixels)[None]}
 
 
+class QwenImageInpaintVaeEncoder(QwenImageStage, DiffusionVaeEncoder):
+    """VAE encoder stage (inpaint; the inpaint ensemble's first step): IMAGE uint8 [H, W, 3] +
+    MASK uint8 [H, W] (255 = repaint, the image's size) + HEIGHT/WIDTH (the output size the image
+    is resized to) + PROMPT -> IMAGE_MOMENTS (the image's VAE posterior parameters, float32
+    [2z, 1, H/8, W/8]) and CHECKED_PROMPT (PROMPT once image, mask and size were checked: the
+    ensemble's text encoder reads it, so the steps form a chain). Logic:
+    ``omni_triton.stages.qwen_image.image_posteriors``."""
+
+    def parse(self, request):
+        height, width = scalar_input(request, im.HEIGHT, int), scalar_input(request, im.WIDTH, int)
+        self.limits.check(height, width)
+        image = self.d.image_from_array(input_array(request, im.IMAGE))
+        self.d.check_mask(image, self.d.mask_from_array(input_array(request, im.MASK)))
+        return image, (height, width), input_array(request, im.PROMPT)
+
+    def run(self, items):
+        moments = self.d.image_posteriors(self.pipe, [i[0] for i in items], [i[1] for i in items])
+        return [(m, prompt) for m, (_, _, prompt) in zip(moments, items, strict=True)]
+
+    def outputs(self, result):
+        moments, prompt = result
+        return {im.IMAGE_MOMENTS: moments[None], im.CHECKED_PROMPT: np.asarray(prompt, dtype=np.object_)[None]}
+
+
 class QwenImageDenoiser(QwenImageStage, DiffusionDenoiser, BatchedStage):
     """Denoiser stage: the diffusers pipeline's own loop (``output_type="latent"``); compatible
     requests share one pipeline call, each with its own seed. Outputs LATENTS (packed, float32),
@@ -129,6 +157,13 @@ class QwenImageDenoiser(QwenImageStage, DiffusionDenoiser, BatchedStage):
             item.image = self.d.image_from_array(input_array(request, im.IMAGE))
             self.d.check_condition_image(self.pipe, item.image)
             item.image_latents = input_array(request, im.IMAGE_LATENTS)
+        if self.inpaint:
+            item.image = self.d.image_from_array(input_array(request, im.IMAGE))
+            item.mask = self.d.mask_from_array(input_array(request, im.MASK))
+            self.d.check_mask(item.image, item.mask)
+            item.strength = scalar_input(request, im.STRENGTH, float)
+            im.check_strength(item.strength)
+            item.image_moments = input_array(request, im.IMAGE_MOMENTS)
         return item
 
     def run(self, items):

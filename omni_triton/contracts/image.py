@@ -26,6 +26,13 @@ GUIDANCE_SCALE = "GUIDANCE_SCALE"
 SEED = "SEED"
 INPUT_IMAGE = "INPUT_IMAGE"  #: UINT8 [H, W, 3]: the edit ensemble's condition image
 IMAGE = "IMAGE"  #: UINT8 [H, W, 3]: a stage's image (condition image in, result out)
+#: UINT8 [H, W]: the inpaint ensemble's mask in diffusers' convention (255 = repaint, 0 = keep),
+#: the size of INPUT_IMAGE (:func:`diffusers_mask_from_alpha` makes it from OpenAI's mask)
+MASK = "MASK"
+#: FP64 [1]: inpainting strength in (0, 1] (``QwenImageInpaintPipeline``'s ``strength``). FP64,
+#: not FP32: the pipeline runs ``steps - int(steps - steps * strength)`` steps, and 0.6 as FP32
+#: (0.6000000238) with 5 steps gives 5 - int(1.9999999) = 4 steps where Python's 0.6 gives 3
+STRENGTH = "STRENGTH"
 NUM_STEPS = "NUM_STEPS"  #: INT32 [1]
 DENOISE_SECONDS = "DENOISE_SECONDS"  #: FP32 [1]
 
@@ -79,14 +86,43 @@ class Limits:
             raise ImageInputError(f"num_inference_steps={steps}: must be in [{MIN_INFERENCE_STEPS}, {self.max_steps}]")
 
 
+def check_strength(strength: float) -> None:
+    """Raise ``ValueError`` unless ``strength`` is a finite number in (0, 1] (0 would leave the
+    inpaint pipeline no step: ``int(steps - steps * 0) == steps``; diffusers refuses > 1)."""
+    if not 0.0 < strength <= 1.0:
+        raise ValueError(f"strength={strength}: must be in (0, 1]")
+
+
+def diffusers_mask_from_alpha(alpha: Array) -> Array:
+    """OpenAI's edit mask -> diffusers' inpainting mask.
+
+    OpenAI: the mask is a PNG with an alpha channel; its *fully transparent* pixels (alpha 0) mark
+    where the image is edited, every other pixel is kept. diffusers (``mask_image`` of
+    ``QwenImageInpaintPipeline``): white pixels are repainted, black ones kept (the pipeline
+    binarises at 0.5 after resizing). So: 255 where ``alpha == 0``, else 0.
+
+    Args:
+        alpha: ``uint8 [H, W]``, the mask's alpha channel.
+
+    Returns:
+        ``uint8 [H, W]`` (the :data:`MASK` tensor).
+    """
+    a = np.asarray(alpha)
+    if a.dtype != np.uint8 or a.ndim != 2:
+        raise ValueError(f"alpha must be uint8 [H, W], got {a.dtype} {list(a.shape)}")
+    return np.where(a == 0, np.uint8(255), np.uint8(0))
+
+
 def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int, negative_prompt: str = "",
                  true_cfg_scale: float = 4.0, guidance_scale: float = 0.0,
                  image: Array | None = None, lora_id: str | None = None,
-                 lora_scale: float = 1.0) -> list[tuple[str, Array]]:
+                 lora_scale: float = 1.0, mask: Array | None = None,
+                 strength: float | None = None) -> list[tuple[str, Array]]:
     """The inputs of one image of a diffusion ensemble as ``(name, array)`` pairs, each with the
     batch dimension 1; ``image`` (``uint8 [H, W, 3]`` RGB) is the edit ensemble's INPUT_IMAGE;
-    ``lora_id`` (an adapter's hex SHA-256, ``omni_triton.contracts.lora``) adds the optional
-    LORA_ID / LORA_SCALE inputs (left out without an adapter)."""
+    ``mask`` (``uint8 [H, W]``, 255 = repaint) and ``strength`` are the inpaint ensemble's MASK
+    and STRENGTH; ``lora_id`` (an adapter's hex SHA-256, ``omni_triton.contracts.lora``) adds the
+    optional LORA_ID / LORA_SCALE inputs (left out without an adapter)."""
     pairs = [
         (PROMPT, np.array([[prompt.encode("utf-8")]], dtype=np.object_)),
         (NEGATIVE_PROMPT, np.array([[negative_prompt.encode("utf-8")]], dtype=np.object_)),
@@ -101,6 +137,10 @@ def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int,
     if lora_id:
         pairs.append((LORA_ID, np.array([[lora_id.encode("ascii")]], dtype=np.object_)))
         pairs.append((LORA_SCALE, np.array([[lora_scale]], np.float32)))
+    if mask is not None:
+        pairs.append((MASK, np.ascontiguousarray(mask, dtype=np.uint8)[None]))
+    if strength is not None:
+        pairs.append((STRENGTH, np.array([[strength]], np.float64)))
     return pairs
 
 

@@ -1,7 +1,9 @@
 """The Qwen-Image family's stage contracts (``docs/image_contracts.md``): the ensembles
-``qwen_image`` (text-to-image) and ``qwen_image_edit`` (the image contract of
+``qwen_image`` (text-to-image), ``qwen_image_edit`` and ``qwen_image_inpaint`` (masked
+inpainting: ``QwenImageInpaintPipeline`` on the Qwen-Image weights; the image contract of
 ``omni_triton.contracts.image``) and their stages, text encoder -> (VAE encoder) -> denoiser ->
-VAE decoder.
+VAE decoder. ``qwen_image_inpaint`` shares ``qwen_image``'s text encoder and VAE decoder models
+(same weights, same code) and adds its own VAE encoder and denoiser.
 
 All stages are dynamically batched: dims exclude the batch dimension, and every request carries
 its own ``[1, ...]`` tensors. The API tensor names, :class:`Limits` and the input-error class are
@@ -20,6 +22,7 @@ from omni_triton.contracts.image import (  # noqa: F401 (re-exported for the ada
     HEIGHT,
     IMAGE,
     INPUT_IMAGE,
+    MASK,
     MAX_GUIDANCE_SCALE,
     MIN_INFERENCE_STEPS,
     NEGATIVE_PROMPT,
@@ -27,11 +30,13 @@ from omni_triton.contracts.image import (  # noqa: F401 (re-exported for the ada
     NUM_STEPS,
     PROMPT,
     SEED,
+    STRENGTH,
     TRUE_CFG_SCALE,
     WIDTH,
     ImageInputError,
     Limits,
     check_guidance,
+    check_strength,
 )
 from omni_triton.contracts.lora import LORA_ID, LORA_SCALE
 from omni_triton.contracts.tensors import StageContract, TensorSpec
@@ -45,6 +50,13 @@ IMAGE_LATENTS = "IMAGE_LATENTS"  #: FP32 [C, 1, h, w]: normalised VAE latents of
 #: step failed while another step of it was running)
 CHECKED_IMAGE = "CHECKED_IMAGE"
 LATENTS = "LATENTS"  #: FP32 [N, C]: packed latents
+#: FP32 [2 * z, 1, h, w]: the inpaint VAE encoder's posterior parameters of the image (mean, then
+#: log-variance; ``vae.encode(x).latent_dist.parameters``): the denoiser's pipeline call samples
+#: them with the request's generator (``omni_triton.stages.qwen_image.inpaint``)
+IMAGE_MOMENTS = "IMAGE_MOMENTS"
+#: BYTES [1]: the inpaint VAE encoder's PROMPT, passed on once the image and mask were checked; the
+#: inpaint ensemble's text encoder reads it, so the steps form a chain (as CHECKED_IMAGE above)
+CHECKED_PROMPT = "CHECKED_PROMPT"
 
 
 def _t(name: str, datatype: str, dims: Iterable[int] = (1,), optional: bool = False) -> TensorSpec:
@@ -61,6 +73,8 @@ _DENOISE_IN = (_t(PROMPT_EMBEDS, "FP32", (-1, -1)), _t(NEGATIVE_PROMPT_EMBEDS, "
 #: the denoisers; absent or LORA_ID "" = no adapter
 LORA_IN = (_t(LORA_ID, "BYTES", optional=True), _t(LORA_SCALE, "FP32", optional=True))
 _EDIT_DENOISE_IN = _DENOISE_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)))
+_INPAINT_DENOISE_IN = _DENOISE_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(MASK, "UINT8", (-1, -1)),
+                                     _t(IMAGE_MOMENTS, "FP32", (-1, 1, -1, -1)), _t(STRENGTH, "FP64"))
 _DENOISE_OUT = (_t(LATENTS, "FP32", (-1, -1)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
 _VAE_DECODER = StageContract((_t(LATENTS, "FP32", (-1, -1)), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32")),
                              (_t(IMAGE, "UINT8", (-1, -1, 3)),), batched=True)
@@ -74,6 +88,13 @@ EDIT_VAE_ENCODER = StageContract((_t(IMAGE, "UINT8", (-1, -1, 3)),),
                                  (_t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)), _t(CHECKED_IMAGE, "UINT8", (-1, -1, 3))),
                                  batched=True)
 DENOISER = StageContract(_DENOISE_IN + LORA_IN, _DENOISE_OUT, batched=True)
+QWEN_IMAGE_INPAINT = StageContract(ENSEMBLE_IN + (_t(INPUT_IMAGE, "UINT8", (-1, -1, 3)), _t(MASK, "UINT8", (-1, -1)),
+                                                  _t(STRENGTH, "FP64")), ENSEMBLE_OUT, batched=True)
+INPAINT_VAE_ENCODER = StageContract(
+    (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(MASK, "UINT8", (-1, -1)), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"),
+     _t(PROMPT, "BYTES")),
+    (_t(IMAGE_MOMENTS, "FP32", (-1, 1, -1, -1)), _t(CHECKED_PROMPT, "BYTES")), batched=True)
+INPAINT_DENOISER = StageContract(_INPAINT_DENOISE_IN, _DENOISE_OUT, batched=True)
 EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN + LORA_IN, _DENOISE_OUT, batched=True)
 VAE_DECODER = _VAE_DECODER
 
@@ -84,4 +105,6 @@ CONTRACTS = {
     "qwen_image_vae_decoder": VAE_DECODER,
     "qwen_image_edit_text_encoder": EDIT_TEXT_ENCODER, "qwen_image_edit_vae_encoder": EDIT_VAE_ENCODER,
     "qwen_image_edit_denoiser": EDIT_DENOISER, "qwen_image_edit_vae_decoder": VAE_DECODER,
+    "qwen_image_inpaint": QWEN_IMAGE_INPAINT, "qwen_image_inpaint_vae_encoder": INPAINT_VAE_ENCODER,
+    "qwen_image_inpaint_denoiser": INPAINT_DENOISER,
 }

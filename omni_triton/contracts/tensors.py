@@ -70,7 +70,7 @@ class InputError(ValueError):
 #: Triton datatype name -> numpy dtype (BYTES tensors hold ``bytes`` objects).
 NUMPY_DTYPES: dict[str, type] = {
     "BYTES": np.object_, "BOOL": np.bool_, "UINT8": np.uint8, "INT32": np.int32, "INT64": np.int64,
-    "FP32": np.float32,
+    "FP32": np.float32, "FP64": np.float64,
 }
 
 

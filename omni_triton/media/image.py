@@ -6,7 +6,9 @@ ensembles, docs/image_contracts.md).
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +31,11 @@ class InvalidImageError(ValueError):
 
 class ImageTooLargeError(InvalidImageError):
     """An uploaded image has more pixels than allowed."""
+
+
+class MaskWithoutAlphaError(InvalidImageError):
+    """An uploaded edit mask has no alpha channel (OpenAI: the mask's transparent pixels mark
+    the area to edit)."""
 
 
 @dataclass(frozen=True)
@@ -98,10 +105,16 @@ def _limit_png_text() -> None:
     PngImagePlugin.MAX_TEXT_CHUNK = min(PngImagePlugin.MAX_TEXT_CHUNK, MAX_PNG_TEXT_BYTES)
 
 
-def open_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose: bool = False):
+def _rgb(img):
+    return img.convert("RGB")
+
+
+def open_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose: bool = False,
+               convert: Callable[[Any], Any] = _rgb):
     """A client's image file -> RGB ``PIL.Image`` (alpha dropped; ``exif_transpose``: a camera
-    photo's EXIF orientation applied first): the one image decoder of the project, safe against
-    decompression bombs:
+    photo's EXIF orientation applied first; ``convert``: what is made of the decoded frame
+    instead of its RGB copy, e.g. its alpha channel, :func:`decode_mask_alpha`): the one image
+    decoder of the project, safe against decompression bombs:
 
     - only :data:`UPLOAD_FORMATS` are probed (no TIFF/PSD/ICO... parsers for client bytes);
     - the size is read from the header (``Image.open`` is lazy) and ``width * height`` checked
@@ -143,7 +156,7 @@ def open_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpose:
                 from PIL import ImageOps
 
                 img = ImageOps.exif_transpose(img)
-            return img.convert("RGB")
+            return convert(img)
         except InvalidImageError:
             raise
         except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
@@ -159,6 +172,27 @@ def decode_image(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS, exif_transpos
         InvalidImageError: empty, not an image Pillow can read, truncated.
     """
     return np.asarray(open_image(data, max_pixels, exif_transpose), dtype=np.uint8)
+
+
+def _alpha(img):
+    """The frame's alpha channel as an ``L`` image; :class:`MaskWithoutAlphaError` when it has
+    none (an RGBA/LA/PA frame, or a palette/grey/RGB one with a ``transparency`` entry, has one)."""
+    if not img.has_transparency_data:
+        raise MaskWithoutAlphaError(f"the mask has no alpha channel (mode {img.mode}); OpenAI's mask is a "
+                                    "PNG whose fully transparent pixels (alpha 0) mark the area to edit")
+    return img.convert("RGBA").getchannel("A")
+
+
+def decode_mask_alpha(data: bytes, max_pixels: int = MAX_UPLOAD_PIXELS) -> np.ndarray:
+    """An uploaded edit mask -> its alpha channel ``uint8 [H, W]`` (0 = fully transparent),
+    decoded by :func:`open_image` with its limits (header size checked before decoding).
+
+    Raises:
+        ImageTooLargeError: over ``max_pixels``.
+        MaskWithoutAlphaError: the image has no alpha channel.
+        InvalidImageError: empty, not an image Pillow can read, truncated.
+    """
+    return np.asarray(open_image(data, max_pixels, convert=_alpha), dtype=np.uint8)
 
 
 def fit_image(pixels: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -9,12 +9,24 @@ from pathlib import Path
 import torch
 
 
-def load_float32_pipeline(path: Path | str, **kwargs):
+def load_float32_pipeline(path: Path | str, pipeline_class: str | None = None, **kwargs):
     """``DiffusionPipeline.from_pretrained(path, dtype=torch.float32, **kwargs)`` with the
-    progress bar disabled. Returns whatever pipeline class ``model_index.json`` names."""
-    from diffusers import DiffusionPipeline
+    progress bar disabled. Returns whatever pipeline class ``model_index.json`` names, or
+    ``pipeline_class`` (a diffusers class name, e.g. ``QwenImageInpaintPipeline``) loaded from the
+    same folder: the way diffusers documents running one checkpoint with another pipeline of its
+    family (``QwenImageInpaintPipeline.from_pretrained("Qwen/Qwen-Image")``).
 
-    pipe = DiffusionPipeline.from_pretrained(str(path), dtype=torch.float32, **kwargs)
+    Raises:
+        ValueError: ``pipeline_class`` is not a diffusers pipeline class.
+    """
+    import diffusers
+
+    cls = diffusers.DiffusionPipeline
+    if pipeline_class:
+        cls = getattr(diffusers, pipeline_class, None)
+        if not (isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline)):
+            raise ValueError(f"{pipeline_class!r} is not a diffusers pipeline class")
+    pipe = cls.from_pretrained(str(path), dtype=torch.float32, **kwargs)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

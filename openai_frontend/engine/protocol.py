@@ -93,9 +93,10 @@ class ImageJob:
 
     Image ``i`` uses seed ``seed + i``, so each image equals a single-image request with that
     seed whatever else is batched with it. ``negative_prompt`` ``None`` (or ``""``) turns true CFG
-    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model;
-    ``lora_id`` (hex SHA-256 of a registered adapter, docs/lora.md) and ``lora_scale`` select a
-    LoRA adapter for the denoiser (None: none).
+    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model, or with
+    ``mask`` (``uint8 [H, W]``, the image's size, 255 = repaint: diffusers' convention) the image an
+    inpaint model repaints with ``strength`` in (0, 1]; ``lora_id`` (hex SHA-256 of a registered
+    adapter, docs/lora.md) and ``lora_scale`` select a LoRA adapter for the denoiser (None: none).
     """
 
     prompt: str
@@ -110,6 +111,8 @@ class ImageJob:
     image: NDArray[Any] | None = None
     lora_id: str | None = None
     lora_scale: float = 1.0
+    mask: NDArray[Any] | None = None
+    strength: float | None = None
 
 
 @dataclass(frozen=True)

@@ -955,12 +955,13 @@ def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
     """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md):
     ``contracts.image.image_inputs``, every tensor with the batch dimension 1 (the ensembles have
     ``max_batch_size > 0``), seed ``job.seed + index``, ``INPUT_IMAGE`` only for an edit job,
-    ``LORA_ID``/``LORA_SCALE`` only with an adapter."""
+    ``LORA_ID``/``LORA_SCALE`` only with an adapter, ``MASK``/``STRENGTH`` only for an inpaint job."""
     return _infer_inputs(image_contract.image_inputs(
         job.prompt, width=job.width, height=job.height, steps=job.steps, seed=job.seed + index,
         negative_prompt=job.negative_prompt or "", true_cfg_scale=job.true_cfg_scale,
         guidance_scale=job.guidance_scale if job.guidance_scale is not None else 0.0,
-        image=job.image, lora_id=job.lora_id, lora_scale=job.lora_scale,
+        image=job.image, lora_id=job.lora_id, lora_scale=job.lora_scale, mask=job.mask,
+        strength=job.strength,
     ))
 
 

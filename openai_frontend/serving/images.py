@@ -27,12 +27,14 @@ from numpy.typing import NDArray
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from omni_triton.contracts.image import MIN_INFERENCE_STEPS
+from omni_triton.contracts.image import MIN_INFERENCE_STEPS, diffusers_mask_from_alpha
 from omni_triton.media.image import (
     ImageTooLargeError,
     InvalidImageError,
+    MaskWithoutAlphaError,
     UnsupportedImageFormatError,
     decode_image,
+    decode_mask_alpha,
     encode_image,
     normalise_format,
 )
@@ -145,6 +147,69 @@ def check_aspect_ratio(pixels: NDArray[Any]) -> None:
     if max(h, w) > MAX_CONDITION_ASPECT_RATIO * min(h, w):
         raise bad_request(f"The uploaded image is {w}x{h}; its aspect ratio must be at most "
                           f"{MAX_CONDITION_ASPECT_RATIO}:1", param="image", code="invalid_image")
+
+
+#: ``strength`` of an inpaint model whose config has no ``default_strength``:
+#: ``QwenImageInpaintPipeline.__call__``'s default
+DEFAULT_STRENGTH = 0.6
+
+
+def decode_mask(data: bytes) -> NDArray[Any]:
+    """An OpenAI edit mask file -> the ``MASK`` tensor ``uint8 [H, W]`` (255 = repaint): its alpha
+    channel through the safe decoder (``omni_triton.media.image.decode_mask_alpha``, the upload
+    pixel limit checked from the header first), then ``diffusers_mask_from_alpha`` (alpha 0 ->
+    255). Run off the event loop.
+
+    Raises:
+        OpenAIError: 400 ``param: mask``: ``mask_too_large``, ``mask_without_alpha`` or
+            ``invalid_mask`` (empty, not a readable image).
+    """
+    try:
+        alpha = decode_mask_alpha(data)
+    except ImageTooLargeError as exc:
+        raise bad_request(str(exc).replace("uploaded image", "mask"), param="mask", code="mask_too_large") from None
+    except MaskWithoutAlphaError as exc:
+        raise bad_request(str(exc), param="mask", code="mask_without_alpha") from None
+    except InvalidImageError as exc:
+        raise bad_request(str(exc).replace("uploaded image", "mask").replace("uploaded file", "mask"),
+                          param="mask", code="invalid_mask") from None
+    return diffusers_mask_from_alpha(alpha)
+
+
+async def check_mask_support(request: Request, info: ModelInfo, mask: UploadFile | None,
+                             body: ImageEditForm) -> float | None:
+    """Whether ``mask`` (the form's ``mask`` part or None) and ``strength`` fit the model.
+
+    Returns:
+        the strength to send (the request's, else the model's ``default_strength``) for a mask
+        request; None without a mask.
+
+    Raises:
+        OpenAIError: 400 ``param: mask``: ``unsupported_mask`` (the model has no
+            ``supports_mask``; the message names the served models that have it),
+            ``missing_mask`` (an inpaint model without a mask); 400 ``param: strength``
+            (``invalid_value``) for ``strength`` without a mask.
+    """
+    if mask is not None and not info.supports_mask:
+        others = sorted(m.public_name for m in await request.app.state.engine.list_models() if m.supports_mask)
+        hint = (f"; use {' or '.join(repr(n) for n in others)}" if others
+                else "; no served model supports masks")
+        raise bad_request(f"The model '{info.public_name}' does not support 'mask' (its pipeline has "
+                          f"no inpainting){hint}", param="mask", code="unsupported_mask")
+    if mask is None and info.supports_mask:
+        raise bad_request(f"The model '{info.public_name}' inpaints: it needs a 'mask' (a PNG with an "
+                          "alpha channel, the image's size; alpha 0 marks the area to edit)",
+                          param="mask", code="missing_mask")
+    if mask is None:
+        if body.strength is not None:
+            raise bad_request("'strength' applies to masked edits only", param="strength", code="invalid_value")
+        return None
+    if body.strength is not None:
+        return body.strength
+    try:
+        return float(info.parameters.get("default_strength", DEFAULT_STRENGTH))
+    except ValueError:
+        return DEFAULT_STRENGTH
 
 
 @dataclass
@@ -264,7 +329,9 @@ _IMAGE_FIELDS = ("image", "image[]")
 
 async def edit_image(request: Request) -> JSONResponse:
     """``POST /v1/images/edits`` (``multipart/form-data``: ``image`` file part(s), optional
-    ``mask``, the generation fields as form fields)."""
+    ``mask``, the generation fields as form fields). With a ``mask`` (models with
+    ``supports_mask``: masked inpainting) the mask's fully transparent pixels mark the area to
+    repaint (docs/image_contracts.md "Masked inpainting")."""
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
         raise bad_request("POST /v1/images/edits takes multipart/form-data (fields 'image', "
@@ -274,7 +341,7 @@ async def edit_image(request: Request) -> JSONResponse:
                            max_part_size=MAX_FIELD_BYTES)
     try:
         images: list[UploadFile] = []
-        mask = None
+        mask: UploadFile | None = None
         fields: dict[str, str] = {}
         for key, value in form.multi_items():
             if key in _IMAGE_FIELDS:
@@ -282,6 +349,10 @@ async def edit_image(request: Request) -> JSONResponse:
                     raise bad_request("'image' must be a file part", param="image", code="invalid_image")
                 images.append(value)
             elif key == "mask":
+                if mask is not None:
+                    raise bad_request("Field 'mask' given more than once", param="mask", code="invalid_mask")
+                if not isinstance(value, UploadFile):
+                    raise bad_request("'mask' must be a file part", param="mask", code="invalid_mask")
                 mask = value
             elif isinstance(value, UploadFile):
                 raise bad_request(f"Unexpected file field '{key}'", param=key)
@@ -311,19 +382,17 @@ async def edit_image(request: Request) -> JSONResponse:
         if not images:
             raise bad_request("Missing required parameter: 'image'", param="image", code="invalid_value")
         info = await resolve_model(request.app.state.engine, body.model, IMAGE_EDIT)
-        if mask is not None and not info.supports_mask:
-            raise bad_request(f"The model '{info.public_name}' does not support 'mask' (its pipeline has "
-                              "no inpainting)", param="mask", code="unsupported_mask")
+        strength = await check_mask_support(request, info, mask, body)
         max_inputs = info.max_input_images or 1
         if len(images) > max_inputs:
             raise bad_request(f"The model '{info.public_name}' takes at most {max_inputs} input image(s); "
                               f"got {len(images)}", param="image", code="too_many_images")
         job, fmt = plan(body, info)
         job = await with_lora(request, info, job, body.lora)
-        for upload in images:
+        for upload, param in [(i, "image") for i in images] + ([(mask, "mask")] if mask is not None else []):
             if upload.size is not None and upload.size > settings.max_upload_bytes:
-                raise OpenAIError(413, f"The uploaded image is {upload.size} bytes; at most "
-                                  f"{settings.max_upload_bytes}", param="image", code="payload_too_large")
+                raise OpenAIError(413, f"The uploaded {param} is {upload.size} bytes; at most "
+                                  f"{settings.max_upload_bytes}", param=param, code="payload_too_large")
         data = await images[0].read()
         try:
             pixels = await off_loop(decode_image, data)
@@ -332,8 +401,15 @@ async def edit_image(request: Request) -> JSONResponse:
         except InvalidImageError as exc:
             raise bad_request(str(exc), param="image", code="invalid_image") from None
         check_aspect_ratio(pixels)
+        mask_pixels = None
+        if mask is not None:
+            mask_pixels = await off_loop(decode_mask, await mask.read())
+            if mask_pixels.shape != pixels.shape[:2]:
+                raise bad_request(f"The mask is {mask_pixels.shape[1]}x{mask_pixels.shape[0]}; it must have "
+                                  f"the image's size {pixels.shape[1]}x{pixels.shape[0]}", param="mask",
+                                  code="mask_size_mismatch")
     finally:
         await form.close()
-    job = dataclasses.replace(job, image=pixels)
+    job = dataclasses.replace(job, image=pixels, mask=mask_pixels, strength=strength)
     return await _respond(request, info, job, fmt, body.output_compression, "edits",
                           body.return_stage_metrics)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "perf_analyzer_configs"
 SERVED = sorted(p.parent.name for p in [*ROOT.glob("model_repository/*/config.pbtxt"),
                                         *ROOT.glob("ensembles/*/config.pbtxt")])
-_PY_TYPES = {"BYTES": str, "BOOL": bool, "FP32": float, "INT32": int, "INT64": int, "UINT8": int}
+_PY_TYPES = {"BYTES": str, "BOOL": bool, "FP32": float, "FP64": float, "INT32": int, "INT64": int, "UINT8": int}
 
 
 def test_every_served_model_has_data_and_a_run_script():

@@ -32,7 +32,11 @@ pipelines of the real architectures (locally trained byte-level BPE tokenizer wi
 special tokens) and saves them with ``save_pretrained``; the stages load them with
 ``from_pretrained`` exactly as they would load ``Qwen/Qwen-Image`` / ``Qwen/Qwen-Image-Edit``.
 
-Layout: ``loading``, ``text_encoder``, ``vae``, ``denoiser``, ``reference``; the tiny checkpoint
+Inpainting (``QwenImageInpaintPipeline`` on the Qwen-Image weights, ``inpaint``): the VAE-encode
+stage returns the image's VAE posterior; the denoiser's pipeline call samples it with the
+request's generator (see ``inpaint``'s docstring for why, and why the masked image is not encoded).
+
+Layout: ``loading``, ``text_encoder``, ``vae``, ``inpaint``, ``denoiser``, ``reference``; the tiny checkpoint
 builder is ``omni_triton.checkpoints.qwen_image``.
 """
 from omni_triton.contracts.image import MAX_GUIDANCE_SCALE, check_guidance  # noqa: F401
@@ -42,6 +46,13 @@ from omni_triton.stages.qwen_image.denoiser import (  # noqa: F401
     denoise,
     denoise_key,
 )
+from omni_triton.stages.qwen_image.inpaint import (  # noqa: F401
+    check_mask,
+    image_posteriors,
+    mask_from_array,
+    masked_image_placeholder,
+    precomputed_posteriors,
+)
 from omni_triton.stages.qwen_image.loading import (  # noqa: F401
     MAX_CONDITION_ASPECT_RATIO,
     check_condition_image,
@@ -49,6 +60,7 @@ from omni_triton.stages.qwen_image.loading import (  # noqa: F401
     image_from_array,
     image_only_processor_class,
     is_edit_pipeline,
+    is_inpaint_pipeline,
     load_pipeline,
     size_multiple,
 )
@@ -61,6 +73,7 @@ from omni_triton.stages.qwen_image.lora import (  # noqa: F401
 from omni_triton.stages.qwen_image.reference import (  # noqa: F401
     reference_images,
     staged_images,
+    staged_inpaint,
 )
 from omni_triton.stages.qwen_image.text_encoder import (  # noqa: F401
     encode_prompts,

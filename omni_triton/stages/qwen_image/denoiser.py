@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from omni_triton.stages.qwen_image.lora import LoraCache, LoraLoadError, LoraSpec
+from omni_triton.stages.qwen_image.inpaint import masked_image_placeholder, precomputed_posteriors
 
 LOGGER = logging.getLogger("omni_triton.diffusion")
 
@@ -33,6 +34,12 @@ class DenoiseItem:
         guidance_scale: guidance-distilled models only (``None`` otherwise).
         image: edit only: the condition image (PIL) as the client sent it.
         image_latents: edit only: its :func:`vae_encode` latents ``[z, 1, h, w]``.
+        mask: inpaint only: PIL ``L`` mask of ``image``'s size, diffusers' convention (white =
+            repaint); ``image`` is then the image to inpaint.
+        strength: inpaint only: how far the image is noised, in (0, 1]; the pipeline runs the
+            last ``steps * strength`` of its ``steps`` timesteps.
+        image_moments: inpaint only: the VAE-encode stage's posterior of the image ``float32
+            [2z, 1, h, w]`` (``image_posteriors``).
         cancelled: ``() -> bool``, polled after every step (the Triton request's cancellation);
             when it is True for every item of a pipeline call, the call stops at that step
             boundary (``pipe._interrupt``) instead of running to its end for clients that left.
@@ -52,6 +59,9 @@ class DenoiseItem:
     image_latents: np.ndarray | None = None
     cancelled: Callable[[], bool] | None = None
     lora: LoraSpec | None = None
+    mask: object | None = None
+    strength: float | None = None
+    image_moments: np.ndarray | None = None
 
     @property
     def cfg(self) -> bool:
@@ -79,7 +89,8 @@ def denoise_key(item: DenoiseItem) -> tuple:
         cond = item.image.size
     lora = (item.lora.id, float(item.lora.scale)) if item.lora is not None else None
     return (item.height, item.width, item.steps, item.cfg,
-            item.true_cfg_scale if item.cfg else None, item.guidance_scale, cond, lora)
+            item.true_cfg_scale if item.cfg else None, item.guidance_scale, cond, lora,
+            item.mask is not None, item.strength)
 
 
 def _pad(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +148,10 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
     ``negative_prompt_embeds`` (true CFG), ``generator=[torch.Generator().manual_seed(seed_i)]``
     and ``output_type="latent"``; for edits ``image`` is the condition images and the
     VAE-encode stage's latents replace the pipeline's own ``_encode_vae_image`` call (the only
-    hook: diffusers has no ``image_latents`` argument).
+    hook: diffusers has no ``image_latents`` argument); for inpainting (items with a ``mask``)
+    ``image``/``mask_image``/``strength`` go in, ``masked_image_latents`` is an unused placeholder
+    and ``vae.encode`` answers from the VAE-encode stage's posteriors
+    (:func:`~omni_triton.stages.qwen_image.inpaint.precomputed_posteriors`).
 
     LoRA: before each call ``loras.activate(first.lora)`` makes that group's adapter the only
     active one at its scale, or switches adapters off (``None``); a group whose adapter cannot be
@@ -179,7 +193,13 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
         kwargs["callback_on_step_end"] = progress
         start = time.perf_counter()
         with torch.no_grad():
-            if first.image is not None:
+            if first.mask is not None:  # inpaint: the VAE-encode stage's posteriors, sampled here
+                moments = [g.image_moments for g in group]
+                kwargs.update(image=[g.image for g in group], mask_image=[g.mask for g in group],
+                              strength=first.strength, masked_image_latents=masked_image_placeholder(moments))
+                with precomputed_posteriors(pipe, moments):
+                    latents = pipe(**kwargs).images
+            elif first.image is not None:
                 kwargs["image"] = [g.image for g in group]
                 latents = _with_image_latents(pipe, [g.image_latents for g in group], kwargs)
             else:

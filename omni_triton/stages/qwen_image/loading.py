@@ -16,10 +16,12 @@ LOGGER = logging.getLogger("omni_triton.diffusion")
 
 
 # --------------------------------------------------------------------------- loading
-def load_pipeline(path: Path | str):
+def load_pipeline(path: Path | str, pipeline_class: str | None = None):
     """``DiffusionPipeline.from_pretrained`` on a prepared folder (float32, CPU), progress bars off.
 
-    Returns a ``QwenImagePipeline`` or ``QwenImageEditPipeline`` (what ``model_index.json`` names).
+    Returns a ``QwenImagePipeline`` or ``QwenImageEditPipeline`` (what ``model_index.json`` names),
+    or ``pipeline_class`` loaded from the same folder (``QwenImageInpaintPipeline`` on a
+    Qwen-Image folder: the inpaint stages; config parameter ``pipeline``).
     Without torchvision the edit pipeline's processor is loaded image-only
     (:func:`image_only_processor_class`) and passed in; with it, the folder loads unchanged.
     """
@@ -30,12 +32,18 @@ def load_pipeline(path: Path | str):
     index = json.loads((path / "model_index.json").read_text())
     if "processor" in index and importlib.util.find_spec("torchvision") is None:
         kwargs["processor"] = image_only_processor_class().from_pretrained(str(path / "processor"))
-    return load_float32_pipeline(path, **kwargs)
+    return load_float32_pipeline(path, pipeline_class, **kwargs)
 
 
 def is_edit_pipeline(pipe) -> bool:
     """True for pipelines that condition on an input image (``QwenImageEditPipeline``)."""
     return hasattr(pipe, "processor") and getattr(pipe, "processor", None) is not None
+
+
+def is_inpaint_pipeline(pipe) -> bool:
+    """True for the masked-inpainting pipelines (``QwenImageInpaintPipeline``: they have a
+    ``mask_processor`` and take ``mask_image``/``strength``)."""
+    return getattr(pipe, "mask_processor", None) is not None
 
 
 def size_multiple(pipe) -> int:

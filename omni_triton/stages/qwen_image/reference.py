@@ -7,6 +7,7 @@ import torch
 
 from omni_triton.stages.qwen_image.denoiser import DenoiseItem, denoise
 from omni_triton.stages.qwen_image.lora import LoraCache, LoraSpec
+from omni_triton.stages.qwen_image.inpaint import image_posteriors
 from omni_triton.stages.qwen_image.text_encoder import encode_prompts
 from omni_triton.stages.qwen_image.vae import condition_image, vae_decode, vae_encode
 
@@ -14,14 +15,22 @@ from omni_triton.stages.qwen_image.vae import condition_image, vae_decode, vae_e
 # --------------------------------------------------------------------------- reference
 def reference_images(pipe, prompt: str, *, height: int, width: int, steps: int, seed: int,
                      negative_prompt: str | None = None, true_cfg_scale: float = 4.0,
-                     guidance_scale: float | None = None, image=None) -> np.ndarray:
-    """The plain diffusers ``__call__`` (what the Triton stages must equal): ``uint8 [H, W, 3]``."""
+                     guidance_scale: float | None = None, image=None, mask=None,
+                     strength: float | None = None) -> np.ndarray:
+    """The plain diffusers ``__call__`` (what the Triton stages must equal): ``uint8 [H, W, 3]``.
+
+    ``image``: the edit's condition image, or with ``mask`` (PIL ``L``, white = repaint) the
+    image an inpaint pipeline repaints; ``strength`` None: the pipeline's default."""
     kwargs = dict(prompt=prompt, height=height, width=width, num_inference_steps=steps,
                   negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
                   guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed),
                   output_type="pil")
     if image is not None:
         kwargs["image"] = image
+    if mask is not None:
+        kwargs["mask_image"] = mask
+    if strength is not None:
+        kwargs["strength"] = strength
     with torch.no_grad():
         return np.asarray(pipe(**kwargs).images[0], dtype=np.uint8)
 
@@ -29,9 +38,14 @@ def reference_images(pipe, prompt: str, *, height: int, width: int, steps: int, 
 def staged_images(pipe, prompt: str, *, height: int, width: int, steps: int, seed: int,
                   negative_prompt: str | None = None, true_cfg_scale: float = 4.0,
                   guidance_scale: float | None = None, image=None, lora: LoraSpec | None = None,
-                  loras: LoraCache | None = None) -> np.ndarray:
+                  loras: LoraCache | None = None, mask=None, strength: float | None = None) -> np.ndarray:
     """The Triton stage split run in-process for one request (same order as the ensemble);
     ``lora`` (with the denoiser's ``loras`` cache) selects an adapter and scale."""
+    if mask is not None:
+        return staged_inpaint(pipe, [prompt], height=height, width=width, steps=steps, seeds=[seed],
+                              negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
+                              guidance_scale=guidance_scale, images=[image], masks=[mask],
+                              strength=strength)[0]
     cond = resized = None
     if image is not None:
         resized, _ = condition_image(pipe, image)
@@ -47,3 +61,24 @@ def staged_images(pipe, prompt: str, *, height: int, width: int, steps: int, see
     if isinstance(result, Exception):
         raise result
     return vae_decode(pipe, [result.latents], [(height, width)])[0]
+
+
+def staged_inpaint(pipe, prompts: list[str], *, height: int, width: int, steps: int, seeds: list[int],
+                   images: list, masks: list, negative_prompt: str | None = None, true_cfg_scale: float = 4.0,
+                   guidance_scale: float | None = None, strength: float | None = None) -> list[np.ndarray]:
+    """The inpaint ensemble's stages in-process (VAE encode, text encode, denoise, VAE decode),
+    the ``len(prompts)`` requests batched together in every stage: ``uint8 [H, W, 3]`` each.
+    ``strength`` None: the pipeline's ``__call__`` default."""
+    import inspect
+
+    if strength is None:
+        strength = inspect.signature(type(pipe).__call__).parameters["strength"].default
+    posteriors = image_posteriors(pipe, images, [(height, width)] * len(images))
+    embeds = encode_prompts(pipe, prompts)
+    cfg = negative_prompt is not None and true_cfg_scale > 1
+    negs = encode_prompts(pipe, [negative_prompt] * len(prompts)) if cfg else [None] * len(prompts)
+    items = [DenoiseItem(e, height, width, steps, seed, n, true_cfg_scale, guidance_scale, image=im, mask=m,
+                         strength=strength, image_moments=p)
+             for e, n, seed, im, m, p in zip(embeds, negs, seeds, images, masks, posteriors, strict=True)]
+    results = denoise(pipe, items)
+    return vae_decode(pipe, [r.latents for r in results], [(height, width)] * len(items))
