@@ -22,7 +22,7 @@ import numpy as np
 
 from omni_triton.adapters.batched import BatchedStage
 from omni_triton.adapters.batched_stream import BatchedDecoupledStage
-from omni_triton.adapters.bls import call_stage, stream_stage
+from omni_triton.adapters.bls import StageError, call_stage, stream_stage
 from omni_triton.adapters.diffusion_stages import DiffusionDenoiser, DiffusionPipelineStage
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import input_array, optional_str_input, scalar_input
@@ -51,8 +51,11 @@ class StableAudioStage(DiffusionPipelineStage):
         return stable_audio, stable_audio.load_pipeline(checkpoint_dir(params["model_name"]))
 
     def stage_limits(self, params):
-        """The config's limits, refused (the load fails) when they exceed the checkpoint's."""
-        limits = _limits(params)
+        """The config's limits (absent ones: the checkpoint's), refused (the load fails) when they
+        exceed the checkpoint's."""
+        have = self.d.limits(self.pipe)
+        limits = _limits({"max_seconds": have.max_seconds, "min_seconds": have.min_value,
+                          "max_seconds_value": have.max_value, **params})
         self.d.check_config_limits(self.pipe, limits.max_seconds, limits.min_value, limits.max_value)
         return limits
 
@@ -240,7 +243,8 @@ class StableAudioPipeline(DecoupledStage):
     input_error = ac.AudioGenerateInputError
     reads_bls_streams = True  # one request per instance at a time (omni_triton/adapters/bls.py, "One thread")
     per_instance_metrics = True  # several instances (stub processes)
-    text_encoder, denoiser, vae_decoder = "stable_audio_text_encoder", "stable_audio_denoiser", "stable_audio_vae_decoder"
+    text_encoder, denoiser = "stable_audio_text_encoder", "stable_audio_denoiser"
+    vae_decoder = "stable_audio_vae_decoder"
     metric_specs = dict(
         requests=("omni_audio_generate_requests_total", "Text-to-audio requests received", "counter"),
         invalid=("omni_audio_generate_invalid_total", "Text-to-audio requests refused as invalid", "counter"),
@@ -263,8 +267,13 @@ class StableAudioPipeline(DecoupledStage):
         text_in = [(ac.PROMPT, utf8_array(job.prompt)[None])]
         if job.negative is not None and s["guidance_scale"] > 1.0:
             text_in.append((ac.NEGATIVE_PROMPT, utf8_array(job.negative)[None]))
-        emb = call_stage(self.text_encoder, text_in, [ac.PROMPT_EMBEDS, ac.ATTENTION_MASK, ac.NEGATIVE_PROMPT_EMBEDS,
-                                                      ac.NEGATIVE_ATTENTION_MASK])
+        try:  # the text encoder refuses a prompt longer than its tokenizer keeps: INVALID_ARG here too
+            emb = call_stage(self.text_encoder, text_in, [ac.PROMPT_EMBEDS, ac.ATTENTION_MASK,
+                                                          ac.NEGATIVE_PROMPT_EMBEDS, ac.NEGATIVE_ATTENTION_MASK])
+        except StageError as exc:
+            if exc.invalid:
+                raise ac.AudioGenerateInputError(str(exc)) from exc
+            raise
         inputs = [(ac.PROMPT_EMBEDS, emb[ac.PROMPT_EMBEDS]), (ac.ATTENTION_MASK, emb[ac.ATTENTION_MASK])]
         if emb[ac.NEGATIVE_PROMPT_EMBEDS].shape[1] > 0:
             inputs += [(ac.NEGATIVE_PROMPT_EMBEDS, emb[ac.NEGATIVE_PROMPT_EMBEDS]),

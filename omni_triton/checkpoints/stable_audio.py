@@ -98,7 +98,12 @@ def build_tiny_stable_audio(out_dir: Path, seed: int = 0, spec: TinyStableAudioS
 
 
 def _build(out_dir: Path, seed: int, spec: TinyStableAudioSpec, h: str) -> None:
-    from diffusers import AutoencoderOobleck, CosineDPMSolverMultistepScheduler, StableAudioDiTModel, StableAudioPipeline
+    from diffusers import (
+        AutoencoderOobleck,
+        CosineDPMSolverMultistepScheduler,
+        StableAudioDiTModel,
+        StableAudioPipeline,
+    )
     from diffusers.pipelines.stable_audio import StableAudioProjectionModel
     from transformers import T5Config, T5EncoderModel
 

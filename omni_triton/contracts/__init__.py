@@ -13,7 +13,19 @@ torch), the clients, the BLS models and the stages; ``tests/unit/test_contracts.
 """
 from dataclasses import replace
 
-from omni_triton.contracts import asr, csm, llm, qwen2_5_omni, qwen3_omni, qwen3_tts, qwen_image, speech, stable_audio, wan, whisper
+from omni_triton.contracts import (
+    asr,
+    csm,
+    llm,
+    qwen2_5_omni,
+    qwen3_omni,
+    qwen3_tts,
+    qwen_image,
+    speech,
+    stable_audio,
+    wan,
+    whisper,
+)
 from omni_triton.contracts.tensors import (  # noqa: F401
     INVALID_INPUT_PREFIX,
     REPORTS_STAGE_METRICS,

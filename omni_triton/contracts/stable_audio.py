@@ -91,7 +91,8 @@ def audio_generate_inputs(prompt: str, *, audio_start_s: float, audio_end_s: flo
     the BLS model has ``max_batch_size: 0``); ``NEGATIVE_PROMPT`` only when given."""
     pairs = [(PROMPT, np.array([prompt.encode("utf-8")], dtype=np.object_)),
              (AUDIO_START_S, np.array([audio_start_s], np.float64)), (AUDIO_END_S, np.array([audio_end_s], np.float64)),
-             (NUM_INFERENCE_STEPS, np.array([steps], np.int32)), (GUIDANCE_SCALE, np.array([guidance_scale], np.float32)),
+             (NUM_INFERENCE_STEPS, np.array([steps], np.int32)),
+             (GUIDANCE_SCALE, np.array([guidance_scale], np.float32)),
              (SEED, np.array([seed], np.int64))]
     if negative_prompt is not None:
         pairs.insert(1, (NEGATIVE_PROMPT, np.array([negative_prompt.encode("utf-8")], dtype=np.object_)))

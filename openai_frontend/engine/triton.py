@@ -76,6 +76,8 @@ from .model_info import ModelInfo, model_info_from_config, unready_dependencies
 from .paced_slots import PacedSlots
 from .protocol import (
     AudioChunk,
+    AudioGenerateEvent,
+    AudioGenerateJob,
     GeneratedImage,
     GenerationChunk,
     GenerationRequest,
@@ -83,8 +85,6 @@ from .protocol import (
     SpeechOptions,
     VideoEvent,
     VideoJob,
-    AudioGenerateEvent,
-    AudioGenerateJob,
 )
 from .replicas import Replica, ReplicaSet, Resolver, pinned_index
 from .triton_private import infer_result, open_stream

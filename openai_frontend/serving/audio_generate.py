@@ -93,6 +93,9 @@ def plan(body: AudioGenerateRequest, info: ModelInfo) -> tuple[AudioGenerateJob,
     else:
         end = start + limits.max_seconds
     param = "audio_end_in_s" if body.audio_end_in_s is not None else "audio_length"
+    if not end > start:
+        raise bad_request(f"audio_end_in_s={end:g} must be greater than the start {start:g}", param=param,
+                          code="invalid_audio_length")
     if end - start > limits.max_seconds + 1e-9:
         raise bad_request(f"audio length {end - start:g} s: the model '{info.public_name}' makes at most "
                           f"{limits.max_seconds:g} s", param=param, code="invalid_audio_length")

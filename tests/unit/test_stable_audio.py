@@ -49,7 +49,12 @@ def pipe(model_dir):
 
 
 def test_builder_writes_a_stable_audio_folder(model_dir, pipe):
-    from diffusers import AutoencoderOobleck, CosineDPMSolverMultistepScheduler, StableAudioDiTModel, StableAudioPipeline
+    from diffusers import (
+        AutoencoderOobleck,
+        CosineDPMSolverMultistepScheduler,
+        StableAudioDiTModel,
+        StableAudioPipeline,
+    )
 
     assert type(pipe) is StableAudioPipeline
     assert isinstance(pipe.transformer, StableAudioDiTModel) and isinstance(pipe.vae, AutoencoderOobleck)
@@ -167,9 +172,8 @@ def test_wav_and_flac_round_trip_the_waveform_exactly(pipe):
     equal the PCM16 quantisation of the float waveform."""
     import soundfile as sf
 
-    from omni_triton.media.audio import float_to_pcm16
+    from omni_triton.media.audio import float_to_pcm16, get_format
     from openai_frontend.serving.audio_generate import encode_clip
-    from omni_triton.media.audio import get_format
 
     audio = sa.staged_audio(pipe, PROMPT, audio_end_s=1.5, steps=3, seed=2)
     want = np.frombuffer(float_to_pcm16(audio.T), "<i2").reshape(-1, 2)
