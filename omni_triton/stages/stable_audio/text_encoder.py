@@ -35,7 +35,7 @@ def encode_prompts(pipe, prompts: Sequence[str], negative: Sequence[bool]) -> li
     return out
 
 
-def check_prompt_tokens(pipe, text: str, name: str = "PROMPT") -> int:
+def check_prompt_tokens(pipe, text: str, name: str = "the prompt") -> int:
     """Tokens of ``text`` untruncated (``</s>`` included); returns the count.
 
     Raises:
