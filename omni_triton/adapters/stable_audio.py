@@ -27,7 +27,7 @@ from omni_triton.adapters.diffusion_stages import DiffusionDenoiser, DiffusionPi
 from omni_triton.adapters.stream import DecoupledStage, Final
 from omni_triton.adapters.triton_io import input_array, optional_str_input, scalar_input
 from omni_triton.contracts import stable_audio as ac
-from omni_triton.contracts.tensors import MAX_DIFFUSION_PROMPT_CHARS, scalar_array, utf8_array
+from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX, MAX_DIFFUSION_PROMPT_CHARS, scalar_array, utf8_array
 
 LOGGER = logging.getLogger("omni_triton.audio_generate")
 
@@ -83,7 +83,12 @@ class StableAudioTextEncoder(StableAudioStage, BatchedStage):
         prompt, negative = _prompts(request, self.input_error)
         for name, text in ((ac.PROMPT, prompt), (ac.NEGATIVE_PROMPT, negative)):
             if text is not None:
-                self.d.check_prompt_tokens(self.pipe, text, name)
+                try:
+                    self.d.check_prompt_tokens(self.pipe, text, name)
+                except ac.AudioGenerateInputError as exc:
+                    # 2.51 hands a BLS caller this stage's INVALID_ARG as INTERNAL: the prefix is
+                    # how the stable_audio BLS (StageError.invalid) still answers INVALID_ARG
+                    raise ac.AudioGenerateInputError(f"{INVALID_INPUT_PREFIX}{exc}") from None
         return prompt, negative
 
     def run(self, items):

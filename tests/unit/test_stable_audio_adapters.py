@@ -109,3 +109,23 @@ def test_stage_limits_default_to_the_checkpoint_and_refuse_more():
     assert stage.stage_limits({"max_seconds": "2"}).max_seconds == 2.0
     with pytest.raises(ValueError, match="max_seconds"):
         stage.stage_limits({"max_seconds": "47.55"})
+
+
+def test_text_encoder_refuses_too_many_tokens_as_invalid_input():
+    """The refusal carries ``invalid input: `` (2.51 delivers a BLS callee's INVALID_ARG as INTERNAL;
+    the BLS's ``StageError.invalid`` reads the prefix) so the client gets a 400."""
+    from omni_triton.contracts.tensors import INVALID_INPUT_PREFIX
+    from omni_triton.stages import stable_audio
+
+    class Tokenizer:
+        model_max_length = 4
+
+        def __call__(self, text):
+            return types.SimpleNamespace(input_ids=text.split() + ["</s>"])
+
+    stage = adapter.StableAudioTextEncoder.__new__(adapter.StableAudioTextEncoder)
+    stage.d, stage.pipe, stage.input_error = stable_audio, types.SimpleNamespace(tokenizer=Tokenizer()), \
+        ac.AudioGenerateInputError
+    assert stage.parse(_request(PROMPT="a b c", NEGATIVE_PROMPT="d")) == ("a b c", "d")
+    with pytest.raises(ac.AudioGenerateInputError, match=f"^{INVALID_INPUT_PREFIX}.*NEGATIVE_PROMPT has 6 tokens"):
+        stage.parse(_request(PROMPT="a", NEGATIVE_PROMPT="a b c d e"))
