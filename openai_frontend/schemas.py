@@ -792,3 +792,68 @@ class DetokenizeRequest(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+class AudioGenerateRequest(BaseModel):
+    """``POST /v1/audio/generate`` body (vLLM-Omni's Audio Generate API, docs/audio_generation.md).
+
+    vLLM-Omni fields: ``input`` (required), ``model``, ``response_format`` (``wav`` default,
+    ``flac``, ``mp3``, ``pcm``, ``opus``), ``audio_length`` (seconds; default: the model's
+    longest clip, as ``StableAudioPipeline``'s ``audio_end_in_s`` default), ``audio_start``
+    (seconds, default 0), ``negative_prompt``, ``guidance_scale``, ``num_inference_steps``,
+    ``seed``, ``speed`` (1.0 only: no time stretching here), ``stream_format``. The diffusion
+    names ``audio_start_in_s`` / ``audio_end_in_s`` (vLLM-Omni's ``extra`` of the diffusion
+    chat form, diffusers' own) are accepted too. Extension: ``stream=true`` (or
+    ``stream_format="sse"``) answers Server-Sent Events: ``audio.generate.progress`` per
+    denoising step, then ``audio.generate.done`` with the encoded clip in base64.
+    """
+
+    model_config = REQUEST_CONFIG
+
+    input: Text
+    model: Name | None = None
+    response_format: Name = "wav"
+    audio_length: float | None = Field(None, gt=0, allow_inf_nan=False)
+    audio_start: float | None = Field(None, ge=0, allow_inf_nan=False)
+    audio_start_in_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    audio_end_in_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    negative_prompt: Text | None = None
+    guidance_scale: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    num_inference_steps: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    speed: float | None = Field(None, ge=0.25, le=4.0)
+    stream: bool = False
+    stream_format: Literal["audio", "sse"] | None = None
+
+    @property
+    def sse(self) -> bool:
+        return self.stream or self.stream_format == "sse"
+
+
+class AudioGenerateProgress(BaseModel):
+    """SSE event of ``/v1/audio/generate`` with ``stream=true``: ``step`` of ``total_steps``
+    denoising steps finished (``progress``: percent, as the video jobs report it)."""
+
+    type: Literal["audio.generate.progress"] = "audio.generate.progress"
+    step: int
+    total_steps: int
+    progress: int
+
+
+class AudioGenerateDone(BaseModel):
+    """The last SSE event of a streamed ``/v1/audio/generate``: the encoded clip."""
+
+    type: Literal["audio.generate.done"] = "audio.generate.done"
+    audio: str  #: base64 of the ``response_format`` file
+    response_format: str
+    sample_rate: int
+    channels: int
+    audio_seconds: float
+    num_inference_steps: int
+
+
+class AudioGenerateError(BaseModel):
+    """An error after the SSE stream began (a failed stage)."""
+
+    type: Literal["audio.generate.error"] = "audio.generate.error"
+    error: ErrorDetail

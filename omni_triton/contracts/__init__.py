@@ -4,7 +4,8 @@ validation, one input-error class per API, the UTF-8 BYTES helpers, input and ou
 Per API: ``chat`` (every chat model: llm, llm_tts, the omni BLS models), ``speech`` (piper and
 every speech model), ``image`` (the Qwen-Image ensembles' requests), ``video`` (the Wan2.2
 pipelines' requests). Per family, the stage tensors: ``csm``, ``qwen3_omni``, ``qwen2_5_omni``,
-``llm``, ``qwen3_tts``, ``qwen_image``, ``wan``, ``whisper``; ``asr`` (every speech-recognition
+``llm``, ``qwen3_tts``, ``qwen_image``, ``wan``, ``whisper``, ``stable_audio`` (also the
+text-to-audio API's request contract); ``asr`` (every speech-recognition
 model); shared by role: ``codec`` (talker -> code2wav),
 ``omni_stages`` (thinker -> talker). Importable by the OpenAI frontend (which never imports
 torch), the clients, the BLS models and the stages; ``tests/unit/test_contracts.py`` checks every
@@ -12,7 +13,19 @@ torch), the clients, the BLS models and the stages; ``tests/unit/test_contracts.
 """
 from dataclasses import replace
 
-from omni_triton.contracts import asr, csm, llm, qwen2_5_omni, qwen3_omni, qwen3_tts, qwen_image, speech, wan, whisper
+from omni_triton.contracts import (
+    asr,
+    csm,
+    llm,
+    qwen2_5_omni,
+    qwen3_omni,
+    qwen3_tts,
+    qwen_image,
+    speech,
+    stable_audio,
+    wan,
+    whisper,
+)
 from omni_triton.contracts.tensors import (  # noqa: F401
     INVALID_INPUT_PREFIX,
     REPORTS_STAGE_METRICS,
@@ -53,4 +66,5 @@ def _with_stage_metrics(name: str, contract: StageContract) -> StageContract:
 #: model name -> :class:`StageContract`, every model of ``model_repository/`` and ``ensembles/``.
 CONTRACTS: dict[str, StageContract] = {name: _with_stage_metrics(name, c) for name, c in {
     **llm.CONTRACTS, **qwen3_omni.CONTRACTS, **qwen2_5_omni.CONTRACTS, **speech.CONTRACTS, **csm.CONTRACTS,
-    **qwen3_tts.CONTRACTS, **qwen_image.CONTRACTS, **wan.CONTRACTS, **asr.CONTRACTS, **whisper.CONTRACTS}.items()}
+    **qwen3_tts.CONTRACTS, **qwen_image.CONTRACTS, **wan.CONTRACTS, **asr.CONTRACTS, **whisper.CONTRACTS,
+    **stable_audio.CONTRACTS}.items()}

@@ -50,7 +50,7 @@ STAGE_METRICS = "STAGE_METRICS"
 #: not in a family contract, because the generic BLS helper (``omni_triton.adapters.bls``) asks
 #: these callees for it.
 REPORTS_STAGE_METRICS = frozenset({"csm", "llm_tts", "qwen3_omni", "qwen2_5_omni", "qwen3_tts", "wan_t2v", "wan_i2v",
-                                   "qwen3_omni_talker", "whisper"})
+                                   "qwen3_omni_talker", "whisper", "stable_audio"})
 
 
 def step_compute_output(model: str) -> str:

@@ -125,10 +125,11 @@ def get_format(name: str, sample_rate: int | None = None) -> AudioFormat:
 
 
 def encode_audio(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes:
-    """Encode one whole mono clip.
+    """Encode one whole clip.
 
     Args:
-        samples: float32 [T] in [-1, 1] (clipped), mono.
+        samples: float32 [T] in [-1, 1] (clipped), mono; or [T, C] for C channels (interleaved
+            in the output, as libsndfile writes frames).
         sample_rate: Hz.
         response_format: a key of ``SUPPORTED_FORMATS``.
     Returns:
@@ -137,13 +138,15 @@ def encode_audio(samples: np.ndarray, sample_rate: int, response_format: str) ->
         WAV payload equals the ``pcm`` bytes and equals a streamed WAV's payload.
     """
     fmt = get_format(response_format, sample_rate)
+    channels = samples.shape[1] if np.ndim(samples) == 2 else 1
     pcm = float_to_pcm16(samples)
     if fmt.sf_format is None:
         return pcm
     buf = io.BytesIO()
+    frames = np.frombuffer(pcm, dtype="<i2")
     sf.write(
         buf,
-        np.frombuffer(pcm, dtype="<i2"),
+        frames.reshape(-1, channels) if channels > 1 else frames,
         int(sample_rate),
         format=fmt.sf_format,
         subtype=fmt.sf_subtype,

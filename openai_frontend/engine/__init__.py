@@ -19,6 +19,8 @@ from .errors import (
 from .model_info import ModelInfo, model_info_from_config, parse_size, unready_dependencies
 from .protocol import (
     AudioChunk,
+    AudioGenerateEvent,
+    AudioGenerateJob,
     Engine,
     GeneratedImage,
     GenerationChunk,
@@ -36,5 +38,5 @@ __all__ = [
     "ImageJob", "InferenceError", "InvalidRequestError", "ModelInfo", "ModelNotFoundError",
     "ModelNotReadyError", "SpeechOptions", "StageStatistics", "TritonEngine", "TritonUnavailableError", "chat_inputs",
     "chunk_from_result", "model_info_from_config", "parse_size", "unready_dependencies",
-    "VideoEvent", "VideoJob",
+    "VideoEvent", "VideoJob", "AudioGenerateEvent", "AudioGenerateJob",
 ]

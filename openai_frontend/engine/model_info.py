@@ -12,6 +12,7 @@ from omni_triton.contracts import asr as asr_contract
 from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
 from omni_triton.contracts import speech as speech_contract
+from omni_triton.contracts import stable_audio as audio_generate_contract
 from omni_triton.contracts import video as video_contract
 
 logger = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class ModelInfo:
             return ("image",)
         if self.is_video:
             return ("video",)
-        if self.is_speech:
+        if self.is_speech or self.is_audio_generation:
             return ("audio",)
         if self.is_chat or self.is_completion or self.is_transcription:
             return ("text",)
@@ -165,7 +166,8 @@ class ModelInfo:
     @property
     def can_speak(self) -> bool:
         """A chat model that can answer with audio (``AUDIO`` out, ``audio`` in its modalities)."""
-        return "audio" in self.output_modalities and chat_contract.AUDIO in self.outputs
+        return ("audio" in self.output_modalities and chat_contract.AUDIO in self.outputs
+                and not self.is_audio_generation)
 
     @property
     def is_speech(self) -> bool:
@@ -181,6 +183,13 @@ class ModelInfo:
     def is_video(self) -> bool:
         """Prompt in, frames out (``PROMPT`` -> ``VIDEO``, the Wan BLS): servable by ``/v1/videos``."""
         return video_contract.PROMPT in self.inputs and video_contract.VIDEO in self.outputs
+
+    @property
+    def is_audio_generation(self) -> bool:
+        """Prompt and seconds in, waveform out (``PROMPT`` + ``AUDIO_END_S`` -> ``AUDIO``, the
+        ``stable_audio`` BLS): servable by ``/v1/audio/generate`` (docs/audio_generation.md)."""
+        ac = audio_generate_contract
+        return ac.PROMPT in self.inputs and ac.AUDIO_END_S in self.inputs and ac.AUDIO in self.outputs
 
     @property
     def is_image_to_video(self) -> bool:

@@ -183,6 +183,35 @@ class VideoEvent:
     denoise_seconds: float | None = None
 
 
+@dataclass(frozen=True)
+class AudioGenerateJob:
+    """What to generate on a text-to-audio model (``docs/audio_generation.md``): the clip
+    ``[audio_start_s, audio_end_s)`` (seconds conditioning and cut) for ``prompt`` with ``steps``
+    denoising steps, CFG ``guidance_scale`` and ``seed``; ``negative_prompt`` None: none."""
+
+    prompt: str
+    audio_start_s: float
+    audio_end_s: float
+    steps: int
+    seed: int
+    guidance_scale: float
+    negative_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class AudioGenerateEvent:
+    """One response of a text-to-audio model: progress (``step`` of ``total`` denoising steps
+    finished), or the last one with ``audio`` (``float32 [channels, samples]``), its
+    ``sample_rate`` (Hz), the steps run and the denoiser's wall time (s)."""
+
+    step: int = 0
+    total: int = 0
+    audio: NDArray[Any] | None = None
+    sample_rate: int = 0
+    num_steps: int | None = None
+    denoise_seconds: float | None = None
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What the routers need from a backend (``TritonEngine``; the unit tests' fakes).
@@ -241,6 +270,15 @@ class Engine(Protocol):
         Closing the iterator early must cancel the request in the server (the denoiser stops at
         its next step). Raises ``InvalidRequestError``, ``InferenceError`` (also: the stream
         ended without frames), ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
+        """
+
+    def generate_audio(self, model: str, job: AudioGenerateJob) -> AsyncGenerator[AudioGenerateEvent, None]:
+        """Stream the events of one text-to-audio request on ``model``: an
+        :class:`AudioGenerateEvent` per finished denoising step, then one with the audio.
+
+        Closing the iterator early must cancel the request in the server (the denoiser stops at
+        its next step). Raises ``InvalidRequestError``, ``InferenceError`` (also: the stream
+        ended without audio), ``ModelNotReadyError`` or ``TritonUnavailableError`` while iterating.
         """
 
     def transcribe(self, model: str, audio: NDArray[Any], language: str | None = None, prompt: str | None = None,

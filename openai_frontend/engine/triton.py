@@ -43,6 +43,7 @@ from omni_triton.contracts import chat as chat_contract
 from omni_triton.contracts import image as image_contract
 from omni_triton.contracts import qwen3_tts as qwen3_contract
 from omni_triton.contracts import speech as speech_contract
+from omni_triton.contracts import stable_audio as audio_generate_contract
 from omni_triton.contracts import video as video_contract
 from omni_triton.contracts.tensors import (
     INVALID_INPUT_PREFIX,
@@ -75,6 +76,8 @@ from .model_info import ModelInfo, model_info_from_config, unready_dependencies
 from .paced_slots import PacedSlots
 from .protocol import (
     AudioChunk,
+    AudioGenerateEvent,
+    AudioGenerateJob,
     GeneratedImage,
     GenerationChunk,
     GenerationRequest,
@@ -803,6 +806,39 @@ class TritonEngine:
                                  total=int(total.reshape(-1)[0]) if total is not None else job.steps)
         if not got_frames:
             raise InferenceError(f"{model}: the stream ended without a video")
+
+    async def generate_audio(self, model: str, job: AudioGenerateJob) -> AsyncGenerator[AudioGenerateEvent, None]:
+        """One ``ModelStreamInfer`` RPC on the text-to-audio BLS ``model``: an
+        :class:`AudioGenerateEvent` per finished denoising step, then one with the audio. Closing
+        the iterator (or cancelling the task) cancels the RPC, which stops the denoiser at its
+        next step boundary.
+
+        Raises:
+            EngineError: as :meth:`_stream`; ``InferenceError`` when the stream ends without audio.
+        """
+        ac = audio_generate_contract
+        inputs = _infer_inputs(ac.audio_generate_inputs(
+            job.prompt, audio_start_s=job.audio_start_s, audio_end_s=job.audio_end_s, steps=job.steps, seed=job.seed,
+            guidance_scale=job.guidance_scale, negative_prompt=job.negative_prompt))
+        got_audio = False
+        async for result in self._stream(model, inputs, uuid.uuid4().hex):
+            audio = result.as_numpy(ac.AUDIO)
+            if audio is not None:
+                got_audio = True
+                rate, steps = result.as_numpy(ac.SAMPLE_RATE), result.as_numpy(ac.NUM_STEPS)
+                seconds = result.as_numpy(ac.DENOISE_SECONDS)
+                yield AudioGenerateEvent(audio=np.asarray(audio, dtype=np.float32),
+                                         sample_rate=int(rate.reshape(-1)[0]) if rate is not None else 0,
+                                         num_steps=int(steps.reshape(-1)[0]) if steps is not None else None,
+                                         denoise_seconds=float(seconds.reshape(-1)[0]) if seconds is not None else None)
+                continue
+            step = result.as_numpy(ac.STEP)
+            if step is not None:
+                total = result.as_numpy(ac.TOTAL_STEPS)
+                yield AudioGenerateEvent(step=int(step.reshape(-1)[0]),
+                                         total=int(total.reshape(-1)[0]) if total is not None else job.steps)
+        if not got_audio:
+            raise InferenceError(f"{model}: the stream ended without audio")
 
     async def _unary(self, model: str, inputs: list[InferInput], request_id: str) -> grpcclient.InferResult:
         """One unary ``ModelInfer`` on ``model``; returns its ``InferResult``.

@@ -1,6 +1,7 @@
 """``/v1/audio/speech`` (+ ``/batch``, WebSocket ``/stream``), ``/v1/audio/voices``,
-``/v1/audio/voice_consents``, ``/v1/audio/transcriptions`` and ``/v1/audio/translations``: bindings
-to ``serving.speech``, ``serving.speech_stream``, ``serving.voices`` and ``serving.transcriptions``."""
+``/v1/audio/voice_consents``, ``/v1/audio/transcriptions``, ``/v1/audio/translations`` and
+``/v1/audio/generate`` (text-to-audio): bindings to ``serving.speech``, ``serving.speech_stream``,
+``serving.voices``, ``serving.transcriptions`` and ``serving.audio_generate``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import Response
 
-from ..schemas import SpeechBatchRequest, SpeechRequest, VoiceList
-from ..serving import speech, speech_stream, transcriptions, voices
+from ..schemas import AudioGenerateRequest, SpeechBatchRequest, SpeechRequest, VoiceList
+from ..serving import audio_generate, speech, speech_stream, transcriptions, voices
 from ..serving.speech import StreamAborted  # noqa: F401 - raised out of raw-audio bodies
 
 router = APIRouter(tags=["audio"])
@@ -80,3 +81,8 @@ async def update_consent(request: Request, consent_id: str) -> dict[str, Any]:
 @router.delete("/v1/audio/voice_consents/{consent_id}", response_model=None)
 async def delete_consent(request: Request, consent_id: str) -> dict[str, Any]:
     return await voices.delete_consent(request, consent_id)
+
+
+@router.post("/v1/audio/generate", response_model=None)
+async def create_audio_generation(body: AudioGenerateRequest, request: Request) -> Response:
+    return await audio_generate.create_audio(body, request)

@@ -33,6 +33,8 @@ REQUESTS = {
     "wan_i2v": {"PROMPT": "a cat", "HEIGHT": 16, "WIDTH": 16, "NUM_FRAMES": 5, "NUM_INFERENCE_STEPS": 2,
                 "GUIDANCE_SCALE": 1.0, "SEED": 0, "INPUT_IMAGE": np.zeros((16, 16, 3), np.uint8)},
     "whisper": {"AUDIO": np.zeros(16000, np.float32), "LANGUAGE": "en"},
+    "stable_audio": {"PROMPT": "rain", "AUDIO_START_S": np.array([0.0]), "AUDIO_END_S": np.array([1.0]),
+                     "NUM_INFERENCE_STEPS": 2, "GUIDANCE_SCALE": 7.0, "SEED": 0},
 }
 
 

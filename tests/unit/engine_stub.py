@@ -14,6 +14,8 @@ import numpy as np
 
 from openai_frontend.engine import (
     AudioChunk,
+    AudioGenerateEvent,
+    AudioGenerateJob,
     Engine,
     GeneratedImage,
     GenerationChunk,
@@ -57,6 +59,10 @@ class EngineStub:
         yield
 
     async def generate_video(self, model: str, job: VideoJob, request_id: str = "") -> AsyncGenerator[VideoEvent, None]:
+        raise _missing(model)
+        yield
+
+    async def generate_audio(self, model: str, job: AudioGenerateJob) -> AsyncGenerator[AudioGenerateEvent, None]:
         raise _missing(model)
         yield
 

@@ -12,7 +12,7 @@ from openai_frontend.engine.model_info import model_info_from_config
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("llm", "piper", "csm", "qwen3_omni", "qwen2_5_omni", "qwen3_tts", "qwen_image", "wan", "whisper",
-            "pocketsphinx")
+            "pocketsphinx", "stable_audio")
 # Triton name -> the OpenAI name it had before the rename (config parameter served_model_name)
 RENAMED = {"csm": "tts", "qwen3_omni": "omni", "qwen2_5_omni": "qwen25_omni", "piper": "piper_tts"}
 
