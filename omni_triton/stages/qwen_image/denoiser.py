@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omni_triton.stages.qwen_image.lora import LoraCache, LoraLoadError, LoraSpec
 from omni_triton.stages.qwen_image.inpaint import masked_image_placeholder, precomputed_posteriors
+from omni_triton.stages.qwen_image.lora import LoraCache, LoraLoadError, LoraSpec
 
 LOGGER = logging.getLogger("omni_triton.diffusion")
 

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from omni_triton.stages.qwen_image.denoiser import DenoiseItem, denoise
-from omni_triton.stages.qwen_image.lora import LoraCache, LoraSpec
 from omni_triton.stages.qwen_image.inpaint import image_posteriors
+from omni_triton.stages.qwen_image.lora import LoraCache, LoraSpec
 from omni_triton.stages.qwen_image.text_encoder import encode_prompts
 from omni_triton.stages.qwen_image.vae import condition_image, vae_decode, vae_encode
 
