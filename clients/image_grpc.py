@@ -3,6 +3,8 @@
     python -m clients.image_grpc --url 127.0.0.1:8001 --model qwen_image \
         --prompt "a red fox in the snow" --size 64x64 --steps 2 --seed 7 --out /tmp/fox.png
     python -m clients.image_grpc --model qwen_image_edit --image in.png --prompt "make it blue" --out /tmp/e.png
+    python -m clients.image_grpc --model qwen_image_edit_plus --image a.png --image b.png \
+        --prompt "the cat of picture 1 on the sofa of picture 2" --out /tmp/p.png
 
 The ensembles' inputs and outputs are in docs/image_contracts.md.
 """
@@ -19,18 +21,21 @@ from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
 def image_inputs(prompt: str, *, width: int = 64, height: int = 64, steps: int = 2, seed: int = 0,
                  negative_prompt: str = "", true_cfg_scale: float = 4.0,
-                 guidance_scale: float = 0.0, image: np.ndarray | None = None) -> list:
+                 guidance_scale: float = 0.0, image: np.ndarray | None = None,
+                 images: list[np.ndarray] | None = None) -> list:
     """``tritonclient.grpc.InferInput`` list for one image of a diffusion ensemble
     (``omni_triton.contracts.image.image_inputs``).
 
     ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of ``qwen_image_edit``
-    (``INPUT_IMAGE``); every tensor gets the batch dimension 1 (the ensembles batch).
+    (``INPUT_IMAGE``); ``images`` the condition images of ``qwen_image_edit_plus``
+    (``INPUT_IMAGES`` + ``INPUT_IMAGE_SIZES``); every tensor gets the batch dimension 1 (the
+    ensembles batch).
     """
     import tritonclient.grpc as grpcclient
 
     pairs = contract.image_inputs(prompt, width=width, height=height, steps=steps, seed=seed,
                                   negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
-                                  guidance_scale=guidance_scale, image=image)
+                                  guidance_scale=guidance_scale, image=image, images=images)
     return wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput))
 
 
@@ -54,16 +59,20 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--true-cfg-scale", type=float, default=4.0)
-    p.add_argument("--image", help="condition image (edit models)")
+    p.add_argument("--image", action="append",
+                   help="condition image (edit models); repeat for qwen_image_edit_plus (1-3 images)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     width, height = (int(v) for v in args.size.lower().split("x"))
-    image = np.asarray(Image.open(args.image).convert("RGB")) if args.image else None
+    images = [np.asarray(Image.open(path).convert("RGB")) for path in args.image or ()]
+    multi = args.model == "qwen_image_edit_plus" or len(images) > 1
     client = grpcclient.InferenceServerClient(args.url)
     pixels, steps, seconds = generate(client, args.model, args.prompt, width=width, height=height,
                                       steps=args.steps, seed=args.seed,
                                       negative_prompt=args.negative_prompt,
-                                      true_cfg_scale=args.true_cfg_scale, image=image)
+                                      true_cfg_scale=args.true_cfg_scale,
+                                      image=images[0] if images and not multi else None,
+                                      images=images if images and multi else None)
     Image.fromarray(pixels).save(args.out)
     print(f"{args.out}: {pixels.shape[1]}x{pixels.shape[0]}, {steps} steps, denoiser {seconds:.3f} s")
 

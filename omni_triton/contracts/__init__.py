@@ -31,6 +31,8 @@ ENSEMBLES: dict[str, tuple[str, ...]] = {
     "qwen_image": ("qwen_image_text_encoder", "qwen_image_denoiser", "qwen_image_vae_decoder"),
     "qwen_image_edit": ("qwen_image_edit_vae_encoder", "qwen_image_edit_text_encoder", "qwen_image_edit_denoiser",
                         "qwen_image_edit_vae_decoder"),
+    "qwen_image_edit_plus": ("qwen_image_edit_plus_vae_encoder", "qwen_image_edit_plus_text_encoder",
+                             "qwen_image_edit_plus_denoiser", "qwen_image_edit_plus_vae_decoder"),
 }
 
 

@@ -93,7 +93,9 @@ class ImageJob:
 
     Image ``i`` uses seed ``seed + i``, so each image equals a single-image request with that
     seed whatever else is batched with it. ``negative_prompt`` ``None`` (or ``""``) turns true CFG
-    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model.
+    off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model;
+    ``more_images`` the 2nd, 3rd... condition images of a multi-image edit model (its
+    ``max_input_images`` > 1: ``qwen_image_edit_plus``), in order.
     """
 
     prompt: str
@@ -106,6 +108,12 @@ class ImageJob:
     true_cfg_scale: float = 4.0
     guidance_scale: float | None = None
     image: NDArray[Any] | None = None
+    more_images: tuple[NDArray[Any], ...] = ()
+
+    @property
+    def condition_images(self) -> tuple[NDArray[Any], ...]:
+        """Every condition image in order (``image`` then ``more_images``); empty without."""
+        return ((self.image,) if self.image is not None else ()) + self.more_images
 
 
 @dataclass(frozen=True)

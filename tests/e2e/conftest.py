@@ -37,8 +37,8 @@ from tests.helpers.serve_process import wait_healthy
 
 E2E_MODELS = os.environ.get(  # dev knob: fewer models
     "OMNI_TRITON_E2E_MODELS",
-    "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni,whisper,"
-    "pocketsphinx")
+    "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,qwen_image_edit_plus,wan_t2v,wan_i2v,qwen3_tts,"
+    "qwen2_5_omni,whisper,pocketsphinx")
 READY_TIMEOUT_S = 600
 
 
