@@ -1,13 +1,14 @@
-"""``TritonPythonModel`` classes of the Qwen-Image, Qwen-Image-Edit and Qwen-Image-Edit-Plus stages (contract:
-``omni_triton.contracts.qwen_image``), all dynamically batched (:class:`BatchedStage`): the diffusion
-roles of ``adapters/diffusion_stages.py`` with the Qwen-Image differences (the edit's condition
-image, true CFG, packed latents decoded at a HEIGHT x WIDTH).
+"""``TritonPythonModel`` classes of the Qwen-Image, Qwen-Image-Edit and Qwen-Image-Edit-Plus stages
+(contract: ``omni_triton.contracts.qwen_image``), all dynamically batched (:class:`BatchedStage`):
+the diffusion roles of ``adapters/diffusion_stages.py`` with the Qwen-Image differences (the
+edit's condition image(s), true CFG, packed latents decoded at a HEIGHT x WIDTH).
 
 The text-to-image and edit pipelines run the same stage code on different checkpoints (the
 config parameter ``model_name``; a ``QwenImageEditPlusPipeline`` checkpoint makes the stages read
-the multi-image tensors IMAGES + IMAGE_SIZES, up to the config's ``max_input_images``), so each ``model_repository/qwen_image*_<stage>/1/model.py``
-only binds one of these classes. Importable only inside the Triton Python stub; the logic they
-call lives in ``omni_triton.stages.qwen_image`` and is unit-tested without Triton.
+the multi-image tensors IMAGES + IMAGE_SIZES, up to the config's ``max_input_images``), so each
+``model_repository/qwen_image*_<stage>/1/model.py`` only binds one of these classes. Importable
+only inside the Triton Python stub; the logic they call lives in ``omni_triton.stages.qwen_image``
+and is unit-tested without Triton.
 """
 import numpy as np
 

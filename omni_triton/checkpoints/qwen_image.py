@@ -221,8 +221,8 @@ _BUILD_KIND = {"qwen-image-tiny": KIND_T2I, "qwen-image-edit-tiny": KIND_EDIT,
 def checkpoint_dir(name: str) -> Path:
     """Folder of the pipeline ``name`` in the cache (``omni_triton.paths.model_dir``).
 
-    The tiny assets (``qwen-image-tiny``, ``qwen-image-edit-tiny``, ``qwen-image-edit-plus-tiny``) are (re)built here if missing
-    (idempotent, about a second); any other name must already be there (e.g. a real
+    The tiny assets (``qwen-image-tiny``, ``qwen-image-edit-tiny``, ``qwen-image-edit-plus-tiny``)
+    are (re)built here if missing (idempotent, about a second); any other name must already be there (e.g. a real
     ``Qwen/Qwen-Image`` folder copied into the cache).
     """
     from omni_triton.paths import model_dir

@@ -182,9 +182,8 @@ def test_a_bad_second_image_is_a_400_and_serving_goes_on(stack):
 def test_triton_refuses_a_malformed_image_pack(triton):
     """Straight to Triton (no frontend): sizes that do not match the pixels, and 4 images, are
     INVALID_ARG from the first step; the model serves on."""
-    from tritonclient.utils import InferenceServerException
-
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     from omni_triton.contracts import image as contract
     from omni_triton.contracts.tensors import infer_input, wrap_inputs

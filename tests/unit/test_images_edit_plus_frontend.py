@@ -12,7 +12,7 @@ import pytest
 from test_images_frontend import EDIT, T2I, FakeImageEngine, assert_error, png_bytes
 
 from omni_triton.contracts import image as image_contract
-from openai_frontend.engine import ImageJob, ModelInfo, TritonEngine
+from openai_frontend.engine import ImageJob, TritonEngine
 from openai_frontend.serving import images as serving
 from tests.helpers.frontend import frontend_client as client
 
@@ -55,7 +55,8 @@ async def test_images_reach_the_job_in_order(engine, field):
 
 async def test_one_image_on_a_multi_image_model(engine):
     async with client(engine) as c:
-        r = await c.post("/v1/images/edits", files=parts((40, 30)), data={"prompt": "x", "model": "qwen_image_edit_plus"})
+        r = await c.post("/v1/images/edits", files=parts((40, 30)),
+                         data={"prompt": "x", "model": "qwen_image_edit_plus"})
     assert r.status_code == 200, r.text
     assert engine.jobs[0][1].more_images == ()
 
@@ -67,7 +68,8 @@ async def test_too_many_images_names_the_limit(engine):
         assert_error(r, 400, "image", "too_many_images")
         assert "'qwen_image_edit_plus' takes at most 3 input image(s); got 4" in r.json()["error"]["message"]
         assert "no model served here takes that many" in r.json()["error"]["message"]
-        r = await c.post("/v1/images/edits", files=parts((8, 8), (8, 8)), data={"prompt": "x", "model": "qwen_image_edit"})
+        r = await c.post("/v1/images/edits", files=parts((8, 8), (8, 8)),
+                         data={"prompt": "x", "model": "qwen_image_edit"})
         assert_error(r, 400, "image", "too_many_images")
         assert "models that take 2: 'qwen_image_edit_plus' (up to 3)" in r.json()["error"]["message"]
     assert engine.jobs == []

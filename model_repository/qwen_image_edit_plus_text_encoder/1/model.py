@@ -1,4 +1,5 @@
-"""Triton adapter: Qwen-Image-Edit-Plus text encoder (Qwen2.5-VL with its vision tower) -> prompt (+ negative) embeddings.
+"""Triton adapter: Qwen-Image-Edit-Plus text encoder (Qwen2.5-VL with its vision tower)
+-> prompt (+ negative) embeddings.
 Dynamic batching; logic in omni_triton.stages.qwen_image.encode_prompts (edit: also the image)."""
 import locale
 
