@@ -5,6 +5,13 @@ Run::
     python -m clients.bench_diffusion --out bench_diffusion.json
     python -m clients.bench_diffusion --size 128x128 --steps 4 --concurrency 1,4 --requests 16
     python -m clients.bench_diffusion --frontend-url http://127.0.0.1:9000   # a running server
+    python -m clients.bench_diffusion --pipeline qwen_image_edit_plus --quick --out bench_edit_plus.json
+
+``--pipeline`` picks what is measured (:data:`PIPELINES`): ``qwen_image`` (text-to-image,
+``POST /v1/images/generations``, default) or ``qwen_image_edit_plus`` (multi-image edit,
+``QwenImageEditPlusPipeline``: every request edits the same two condition images,
+:data:`CONDITION_SIZES`, sent as two ``image[]`` parts of ``POST /v1/images/edits``; the peer is
+``QwenImageEditPlusPipeline.__call__`` with ``image=[a, b]``, the stage split adds the VAE encoder).
 
 In the spirit of vLLM-Omni's diffusion serving benchmark. Two paths, one after the other (they
 share the CPU cores, never overlapping):
@@ -78,6 +85,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from clients.bench_common import (  # noqa: F401 - Result/summarize/metric_sum re-exported
@@ -98,6 +106,40 @@ MODEL = "qwen_image"
 ASSET = "qwen-image-tiny"
 PROMPTS = ("a red fox in the snow, golden hour", "a lighthouse on a cliff at night",
            "a bowl of fruit on a wooden table", "a cat wearing a hat")
+EDIT_PROMPTS = ("put the cat of picture 1 on the sofa of picture 2", "make picture 1 look like picture 2",
+                "add a rainbow", "a watercolor painting of both pictures")
+#: (width, height) of the multi-image edit's condition images (random pixels, seeds 1 and 2)
+CONDITION_SIZES = ((64, 48), (48, 64))
+
+
+@dataclass(frozen=True)
+class BenchPipeline:
+    """What one ``--pipeline`` measures: the ensemble, its prepared asset, its stage models (in
+    order), the prompts, and the (width, height) of the condition images every request sends
+    (empty: text-to-image)."""
+
+    model: str
+    asset: str
+    stages: tuple[str, ...]
+    prompts: tuple[str, ...]
+    condition_sizes: tuple[tuple[int, int], ...] = ()
+
+    def condition_pixels(self) -> list:
+        """The condition images, ``uint8 [h, w, 3]`` each (deterministic)."""
+        import numpy as np
+
+        return [np.random.default_rng(k + 1).integers(0, 256, (h, w, 3), dtype=np.uint8)
+                for k, (w, h) in enumerate(self.condition_sizes)]
+
+
+PIPELINES = {
+    "qwen_image": BenchPipeline(MODEL, ASSET, ("qwen_image_text_encoder", "qwen_image_denoiser",
+                                               "qwen_image_vae_decoder"), PROMPTS),
+    "qwen_image_edit_plus": BenchPipeline(
+        "qwen_image_edit_plus", "qwen-image-edit-plus-tiny",
+        ("qwen_image_edit_plus_vae_encoder", "qwen_image_edit_plus_text_encoder", "qwen_image_edit_plus_denoiser",
+         "qwen_image_edit_plus_vae_decoder"), EDIT_PROMPTS, CONDITION_SIZES),
+}
 
 
 def ratios(results: dict) -> dict:
@@ -135,36 +177,46 @@ def run_level(run_one: Callable[[int], Result], concurrency: int, n: int) -> tup
     return closed_loop(run_one, concurrency, n)
 
 
-def _load_pipeline():
+def _load_pipeline(asset: str = ASSET):
     import torch
 
     from omni_triton.paths import model_dir
     from omni_triton.stages.qwen_image import load_pipeline
 
     torch.set_num_threads(1)
-    return load_pipeline(model_dir(ASSET))
+    return load_pipeline(model_dir(asset))
 
 
-STAGES = ("qwen_image_text_encoder", "qwen_image_denoiser", "qwen_image_vae_decoder")
+STAGES = PIPELINES["qwen_image"].stages
 
 
-def served_processes() -> int:
-    """Processes that compute in the served ``qwen_image`` ensemble: the instances of its three
-    stages (each a Triton Python stub with one torch thread), from the model repository."""
-    return sum(instance_count(m) for m in STAGES)
+def served_processes(pipeline: str = "qwen_image") -> int:
+    """Processes that compute in the served ensemble ``pipeline``: the instances of its stages
+    (each a Triton Python stub with one torch thread), from the model repository."""
+    return sum(instance_count(m) for m in PIPELINES[pipeline].stages)
 
 
-def call_worker(width: int, height: int, steps: int):
+def _pil(pixels_list: list) -> list:
+    from PIL import Image
+
+    return [Image.fromarray(p, "RGB") for p in pixels_list]
+
+
+def call_worker(width: int, height: int, steps: int, pipeline: str = "qwen_image"):
     """Worker of path ``inprocess_call`` (one process of a :class:`clients.proc_pool.ProcessPool`):
     loads the pipeline once; ``handle(i)`` runs the plain diffusers ``__call__`` for request ``i``
-    (prompt ``PROMPTS[i % len]``, seed ``i``) and encodes the PNG, as the frontend does."""
+    (prompt ``prompts[i % len]``, seed ``i``, the condition images as ``image=[...]`` for an
+    edit) and encodes the PNG, as the frontend does."""
     from omni_triton.media.image import encode_image
     from omni_triton.stages.qwen_image import reference_images
 
-    pipe = _load_pipeline()
+    spec = PIPELINES[pipeline]
+    pipe = _load_pipeline(spec.asset)
+    extra = {"image": _pil(spec.condition_pixels())} if spec.condition_sizes else {}
 
     def handle(i: int) -> int:
-        pixels = reference_images(pipe, PROMPTS[i % len(PROMPTS)], height=height, width=width, steps=steps, seed=i)
+        pixels = reference_images(pipe, spec.prompts[i % len(spec.prompts)], height=height, width=width,
+                                  steps=steps, seed=i, **extra)
         return len(encode_image(pixels, "png").data)
 
     return handle
@@ -183,27 +235,38 @@ def call_run_one(pool, timeout_s: float) -> Callable[[int], Result]:
     return run_one
 
 
-def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Result]:
-    """The served stage split in this process (path ``inprocess``): text encoder -> denoiser ->
-    VAE decoder of ``omni_triton.stages.qwen_image`` on one pipeline, with one lock per stage, i.e.
-    one instance per stage as ``qwen_image``'s stages have: concurrent requests overlap in
-    different stages as they do in Triton, without dynamic batching and without Triton."""
+def inprocess_run_one(width: int, height: int, steps: int, pipeline: str = "qwen_image") -> Callable[[int], Result]:
+    """The served stage split in this process (path ``inprocess``): (VAE encoder ->) text encoder
+    -> denoiser -> VAE decoder of ``omni_triton.stages.qwen_image`` on one pipeline, with one lock
+    per stage, i.e. one instance per stage as the served stages have: concurrent requests overlap
+    in different stages as they do in Triton, without dynamic batching and without Triton. The
+    edit's latents go through the packed form the stages exchange."""
     from omni_triton.media.image import encode_image
-    from omni_triton.stages.qwen_image import DenoiseItem, denoise, encode_prompts, vae_decode
+    from omni_triton.stages import qwen_image as d
 
-    pipe = _load_pipeline()
-    text_lock, denoise_lock, vae_lock = threading.Lock(), threading.Lock(), threading.Lock()
+    spec = PIPELINES[pipeline]
+    pipe = _load_pipeline(spec.asset)
+    images = _pil(spec.condition_pixels())
+    text_lock, denoise_lock, vae_lock, enc_lock = (threading.Lock() for _ in range(4))
 
     def run_one(i: int) -> Result:
         t = time.perf_counter()
         try:
+            latents = conds = None
+            if images:
+                with enc_lock:
+                    packed = d.pack_image_latents(pipe, d.vae_encode(pipe, images))
+                    latents = d.unpack_image_latents(pipe, packed, [im.size for im in images])
+                conds = [[d.condition_image(pipe, im)[0] for im in images]]
             with text_lock:
-                embeds = encode_prompts(pipe, [PROMPTS[i % len(PROMPTS)]])[0]
-            item = DenoiseItem(embeds, height, width, steps, i, None)  # no negative prompt: CFG off
+                embeds = d.encode_prompts(pipe, [spec.prompts[i % len(spec.prompts)]], conds)[0]
+            item = d.DenoiseItem(embeds, height, width, steps, i, None)  # no negative prompt: CFG off
+            if images:
+                item.image, item.image_latents = list(images), latents
             with denoise_lock:
-                latents = denoise(pipe, [item])[0].latents
+                latents = d.denoise(pipe, [item])[0].latents
             with vae_lock:
-                pixels = vae_decode(pipe, [latents], [(height, width)])[0]
+                pixels = d.vae_decode(pipe, [latents], [(height, width)])[0]
             encode_image(pixels, "png")
             return Result(i, time.perf_counter() - t)
         except Exception as exc:
@@ -212,13 +275,26 @@ def inprocess_run_one(width: int, height: int, steps: int) -> Callable[[int], Re
     return run_one
 
 
-def frontend_run_one(http, url: str, width: int, height: int, steps: int) -> Callable[[int], Result]:
+def frontend_run_one(http, url: str, width: int, height: int, steps: int,
+                     pipeline: str = "qwen_image") -> Callable[[int], Result]:
+    """Request ``i`` through the OpenAI frontend: ``/v1/images/generations`` (JSON), or for an
+    edit ``/v1/images/edits`` with the condition images as ``image[]`` PNG parts (the OpenAI
+    SDK's field name for a list), encoded once here."""
+    from omni_triton.media.image import encode_image
+
+    spec = PIPELINES[pipeline]
+    pngs = [encode_image(p, "png").data for p in spec.condition_pixels()]
+
     def run_one(i: int) -> Result:
         t = time.perf_counter()
+        fields = {"model": spec.model, "prompt": spec.prompts[i % len(spec.prompts)], "size": f"{width}x{height}",
+                  "num_inference_steps": steps, "seed": i, "response_format": "b64_json"}
         try:
-            r = http.post(f"{url}/v1/images/generations", json={
-                "model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "size": f"{width}x{height}",
-                "num_inference_steps": steps, "seed": i, "response_format": "b64_json"})
+            if pngs:
+                r = http.post(f"{url}/v1/images/edits", data={k: str(v) for k, v in fields.items()},
+                              files=[("image[]", (f"{k}.png", data, "image/png")) for k, data in enumerate(pngs)])
+            else:
+                r = http.post(f"{url}/v1/images/generations", json=fields)
             elapsed = time.perf_counter() - t
             if r.status_code != 200:
                 return Result(i, error=f"HTTP {r.status_code}: {r.text[:200]}")
@@ -260,6 +336,8 @@ def format_table(results: dict, rat: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench_diffusion.json", help="JSON output file")
+    p.add_argument("--pipeline", default="qwen_image", choices=sorted(PIPELINES),
+                   help="what to measure (qwen_image_edit_plus: two condition images per request)")
     p.add_argument("--size", default="128x128", help="WIDTHxHEIGHT of every image")
     p.add_argument("--steps", type=int, default=4, help="denoising steps of every image")
     p.add_argument("--concurrency", default="1,4", help="frontend levels, comma separated")
@@ -279,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.size, args.steps, args.concurrency, args.requests, args.warmup = "64x64", 2, "1,4", 8, 1
     width, height = (int(v) for v in args.size.lower().split("x"))
+    spec = PIPELINES[args.pipeline]
     levels = parse_concurrency(args.concurrency)
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
     started = stop_all_on_sigterm()  # what this run starts, stopped in `finally` and on SIGTERM
@@ -294,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         import httpx
 
         text = httpx.get(metrics_url["url"], timeout=10).text
-        return (metric_sum(text, "nv_inference_request_success", "qwen_image_denoiser"),
-                metric_sum(text, "nv_inference_exec_count", "qwen_image_denoiser"))
+        denoiser = f"{spec.model}_denoiser"
+        return (metric_sum(text, "nv_inference_request_success", denoiser),
+                metric_sum(text, "nv_inference_exec_count", denoiser))
 
     def run_path(path: str, run_one, level_list):
         for i in range(args.warmup):
@@ -307,17 +387,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {path:<14} C={c} n={n} ok={s['ok']} {s['requests_per_s']} req/s "
                   f"p50 {s['latency_ms']['p50']} ms p99 {s['latency_ms']['p99']} ms", flush=True)
 
-    processes = args.processes or served_processes()
+    processes = args.processes or served_processes(args.pipeline)
     if "inprocess" in paths:
         from clients.proc_pool import ProcessPool
         from omni_triton.checkpoints.qwen_image import checkpoint_dir
 
-        checkpoint_dir(ASSET)
+        checkpoint_dir(spec.asset)
         print(f"in-process diffusers __call__ in {processes} processes (the served stage count)", flush=True)
-        with ProcessPool(processes, call_worker, (width, height, args.steps)) as pool:
+        with ProcessPool(processes, call_worker, (width, height, args.steps, args.pipeline)) as pool:
             run_path("inprocess_call", call_run_one(pool, args.timeout), levels)
         print("in-process stage split, C=1 (one request alone)", flush=True)
-        run_path("inprocess", inprocess_run_one(width, height, args.steps), [1])
+        run_path("inprocess", inprocess_run_one(width, height, args.steps, args.pipeline), [1])
     stack: dict = {"own_stack": not args.frontend_url}
     try:
         if "frontend" in paths:
@@ -330,12 +410,12 @@ def main(argv: list[str] | None = None) -> int:
                 logs = cache_dir() / "logs"
                 tag = f"bench-diffusion-{os.getpid()}"
                 t = time.perf_counter()
-                server = TritonServer([MODEL], http_port=free_port(), grpc_port=free_port(),
+                server = TritonServer([spec.model], http_port=free_port(), grpc_port=free_port(),
                                       metrics_port=free_port(), log_path=logs / f"{tag}-tritonserver.log")
                 started.append(server)
                 server.start()
                 server.wait_ready(timeout=args.ready_timeout)
-                frontend = Frontend(server.grpc_url, port=free_port(), models=[MODEL],
+                frontend = Frontend(server.grpc_url, port=free_port(), models=[spec.model],
                                     log_path=logs / f"{tag}-frontend.log", admin_key=server.admin_key)
                 started.append(frontend)
                 frontend.start()
@@ -350,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             limit = max(levels) + 2
             with httpx.Client(timeout=httpx.Timeout(args.timeout, connect=10.0),
                               limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)) as http:
-                run_path("frontend", frontend_run_one(http, url, width, height, args.steps), levels)
+                run_path("frontend", frontend_run_one(http, url, width, height, args.steps, args.pipeline), levels)
     except Exception as exc:  # keep what was measured; report the failure
         error = f"{type(exc).__name__}: {exc}"
         print(f"error: {error}", file=sys.stderr)
@@ -363,16 +443,17 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "command": " ".join([Path(sys.executable).name, "-m", "clients.bench_diffusion",
                                  *(argv if argv is not None else sys.argv[1:])]),
-            "model": MODEL, "asset": ASSET, "size": f"{width}x{height}", "steps": args.steps,
+            "model": spec.model, "asset": spec.asset, "size": f"{width}x{height}", "steps": args.steps,
+            "condition_images": [f"{w}x{h}" for w, h in spec.condition_sizes],
             "concurrency": levels, "requests_per_level": args.requests, "warmup": args.warmup,
-            "slo_ms": args.slo_ms, "prompts": list(PROMPTS), "seed": "request index",
+            "slo_ms": args.slo_ms, "prompts": list(spec.prompts), "seed": "request index",
             "load_pattern": "closed loop: C threads, each sends its next request when the previous ended",
             "machine": machine_info(), "git_commit": git_commit(), "stack": stack,
             "inprocess_call_processes": processes,
             "notes": [f"inprocess_call: plain diffusers __call__ + PNG encode in {processes} worker processes "
                       "(the served stage instances), one torch thread each, one request at a time per process",
                       "inprocess: the stage split in this process at C=1 only (one request alone; no batching)",
-                      "served: text encoder, denoiser and VAE decoder each one instance, one torch "
+                      f"served: {', '.join(spec.stages)}: each one instance, one torch "
                       "thread each, dynamic batching (config.pbtxt)",
                       "tiny random-weight checkpoint: compute per image is small, so fixed "
                       "per-request costs weigh more than they would with real weights"],

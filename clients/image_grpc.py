@@ -5,6 +5,8 @@
     python -m clients.image_grpc --model qwen_image_edit --image in.png --prompt "make it blue" --out /tmp/e.png
     python -m clients.image_grpc --model qwen_image_inpaint --image in.png --mask mask.png \
         --prompt "a red balloon" --strength 0.8 --out /tmp/i.png   (mask: OpenAI's, alpha 0 = repaint)
+    python -m clients.image_grpc --model qwen_image_edit_plus --image a.png --image b.png \
+        --prompt "the cat of picture 1 on the sofa of picture 2" --out /tmp/p.png
 
 The ensembles' inputs and outputs are in docs/image_contracts.md.
 """
@@ -21,7 +23,8 @@ from omni_triton.contracts.tensors import infer_input, wrap_inputs
 
 def image_inputs(prompt: str, *, width: int = 64, height: int = 64, steps: int = 2, seed: int = 0,
                  negative_prompt: str = "", true_cfg_scale: float = 4.0,
-                 guidance_scale: float = 0.0, image: np.ndarray | None = None, lora_id: str | None = None,
+                 guidance_scale: float = 0.0, image: np.ndarray | None = None,
+                 images: list[np.ndarray] | None = None, lora_id: str | None = None,
                  lora_scale: float = 1.0, mask: np.ndarray | None = None,
                  strength: float | None = None) -> list:
     """``tritonclient.grpc.InferInput`` list for one image of a diffusion ensemble
@@ -30,15 +33,17 @@ def image_inputs(prompt: str, *, width: int = 64, height: int = 64, steps: int =
     ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of ``qwen_image_edit``
     (``INPUT_IMAGE``), or the image ``qwen_image_inpaint`` repaints where ``mask`` (``uint8
     [H, W]``, diffusers' convention: 255 = repaint) is white, with ``strength`` in (0, 1];
-    ``lora_id`` (a registered adapter's id, ``GET /v1/loras``) and ``lora_scale`` select a LoRA
-    adapter (docs/lora.md); every tensor gets the batch dimension 1 (the ensembles batch).
+    ``images`` the condition images of ``qwen_image_edit_plus`` (``INPUT_IMAGES`` +
+    ``INPUT_IMAGE_SIZES``); ``lora_id`` (a registered adapter's id, ``GET /v1/loras``) and
+    ``lora_scale`` select a LoRA adapter (docs/lora.md); every tensor gets the batch dimension 1
+    (the ensembles batch).
     """
     import tritonclient.grpc as grpcclient
 
     pairs = contract.image_inputs(prompt, width=width, height=height, steps=steps, seed=seed,
                                   negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
-                                  guidance_scale=guidance_scale, image=image, lora_id=lora_id,
-                                  lora_scale=lora_scale, mask=mask, strength=strength)
+                                  guidance_scale=guidance_scale, image=image, images=images,
+                                  lora_id=lora_id, lora_scale=lora_scale, mask=mask, strength=strength)
     return wrap_inputs(pairs, partial(infer_input, grpcclient.InferInput))
 
 
@@ -62,7 +67,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--true-cfg-scale", type=float, default=4.0)
-    p.add_argument("--image", help="condition image (edit models)")
+    p.add_argument("--image", action="append",
+                   help="condition image (edit models); repeat for qwen_image_edit_plus (1-3 images)")
     p.add_argument("--lora-id", help="a registered LoRA adapter's id (GET /v1/loras): docs/lora.md")
     p.add_argument("--lora-scale", type=float, default=1.0)
     p.add_argument("--mask", help="OpenAI mask (PNG with alpha; alpha 0 = repaint) for qwen_image_inpaint")
@@ -70,7 +76,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     width, height = (int(v) for v in args.size.lower().split("x"))
-    image = np.asarray(Image.open(args.image).convert("RGB")) if args.image else None
+    images = [np.asarray(Image.open(path).convert("RGB")) for path in args.image or ()]
+    multi = args.model == "qwen_image_edit_plus" or len(images) > 1
     mask = None
     if args.mask:
         from omni_triton.media.image import decode_mask_alpha
@@ -81,7 +88,9 @@ def main(argv=None) -> None:
     pixels, steps, seconds = generate(client, args.model, args.prompt, width=width, height=height,
                                       steps=args.steps, seed=args.seed,
                                       negative_prompt=args.negative_prompt,
-                                      true_cfg_scale=args.true_cfg_scale, image=image,
+                                      true_cfg_scale=args.true_cfg_scale,
+                                      image=images[0] if images and not multi else None,
+                                      images=images if images and multi else None,
                                       lora_id=args.lora_id, lora_scale=args.lora_scale, mask=mask,
                                       strength=args.strength if mask is not None else None)
     Image.fromarray(pixels).save(args.out)

@@ -19,8 +19,8 @@ from omni_triton.serve import on_demand
 from omni_triton.serve.repository import available_models, dependencies
 
 #: Every pipeline a client can call (``prepare``'s default; ``serve --on-demand all``).
-PIPELINES = ("piper,csm,llm,llm_tts,qwen3_omni,qwen2_5_omni,qwen_image,qwen_image_edit,qwen_image_inpaint,"
-             "wan_t2v,wan_i2v,qwen3_tts,whisper,pocketsphinx,stable_audio")
+PIPELINES = ("piper,csm,llm,llm_tts,qwen3_omni,qwen2_5_omni,qwen_image,qwen_image_edit,qwen_image_edit_plus,"
+             "qwen_image_inpaint,wan_t2v,wan_i2v,qwen3_tts,whisper,pocketsphinx,stable_audio")
 #: What ``serve`` loads at start and keeps loaded: Piper (the README's first example answers at
 #: once, ~0.13 GiB). Every other pipeline loads on its first request (``--on-demand``, issue 28):
 #: pinning ``llm`` too would keep vLLM's ~2.9 GiB and its idle worker (~2% of a core) resident and

@@ -131,6 +131,18 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     table["qwen_image_inpaint_denoiser"] = {**denoise, qi.IMAGE: rgb, qi.MASK: mask, qi.STRENGTH: strength,
                                             qi.IMAGE_MOMENTS: np.zeros((2 * dims["image_z_dim"], 1, lat, lat),
                                                                        np.float32)}
+    # Qwen-Image-Edit-Plus: one condition image, packed (contracts.image.pack_images)
+    pixels, sizes = qi.pack_images([rgb])
+    plus_images = {qi.IMAGES: pixels, qi.IMAGE_SIZES: sizes}
+    cond = dims["edit_condition_latent"] // 2  # 2x2 patches of the ~1024x1024 px condition latents
+    table.update({
+        "qwen_image_edit_plus": {**image_in, qi.INPUT_IMAGES: pixels, qi.INPUT_IMAGE_SIZES: sizes},
+        "qwen_image_edit_plus_vae_encoder": plus_images,
+        "qwen_image_edit_plus_text_encoder": {qi.PROMPT: image_in[qi.PROMPT], **plus_images},
+        "qwen_image_edit_plus_denoiser": {**denoise, **plus_images, qi.IMAGE_LATENTS: np.zeros(
+            (cond * cond, dims["image_packed_channels"]), np.float32)},
+        "qwen_image_edit_plus_vae_decoder": table["qwen_image_vae_decoder"],
+    })
     # Qwen2.5-Omni: the omni tensors (qwen2.5-omni-tiny has qwen3-omni-tiny's ChatML ids and H = 64)
     omni = ("qwen3_omni", "qwen3_omni_thinker", "qwen3_omni_talker")
     table.update({f"qwen2_5_{k[len('qwen3_'):]}": table[k] for k in omni})

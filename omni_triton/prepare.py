@@ -11,8 +11,9 @@ Each Triton model names the folders it needs in its ``config.pbtxt`` parameter `
   code2wav) with a locally trained ChatML tokenizer (``omni_triton.checkpoints.qwen3_omni``).
 - ``qwen2.5-omni-tiny``: a tiny random-weight Qwen2.5-Omni (thinker, talker, token2wav DiT + BigVGAN,
   ``spk_dict.pt`` with Chelsie/Ethan) (``omni_triton.checkpoints.qwen2_5_omni``).
-- ``qwen-image-tiny`` / ``qwen-image-edit-tiny``: tiny random-weight diffusers
-  ``QwenImagePipeline`` / ``QwenImageEditPipeline`` folders (``omni_triton.checkpoints.qwen_image``).
+- ``qwen-image-tiny`` / ``qwen-image-edit-tiny`` / ``qwen-image-edit-plus-tiny``: tiny random-weight
+  diffusers ``QwenImagePipeline`` / ``QwenImageEditPipeline`` / ``QwenImageEditPlusPipeline``
+  folders (``omni_triton.checkpoints.qwen_image``).
 - ``wan2.2-t2v-tiny``: a tiny random-weight diffusers ``WanPipeline`` (Wan2.2 two-expert form:
   ``transformer_2``, ``boundary_ratio``) with a locally trained UMT5 tokenizer
   (``omni_triton.checkpoints.wan``).
@@ -92,6 +93,12 @@ def _prepare_qwen_image_edit_tiny(dest: Path, log: Callable[[str], None]) -> Non
     build_tiny_qwen_image(dest, KIND_EDIT)
 
 
+def _prepare_qwen_image_edit_plus_tiny(dest: Path, log: Callable[[str], None]) -> None:
+    from omni_triton.checkpoints.qwen_image import KIND_EDIT_PLUS, build_tiny_qwen_image
+
+    build_tiny_qwen_image(dest, KIND_EDIT_PLUS)
+
+
 def _prepare_wan_t2v_tiny(dest: Path, log: Callable[[str], None]) -> None:
     from omni_triton.checkpoints.wan import KIND_T2V, build_tiny_wan
 
@@ -141,6 +148,7 @@ ASSET_BUILDERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "qwen2.5-omni-tiny": _prepare_qwen2_5_omni_tiny,
     "qwen-image-tiny": _prepare_qwen_image_tiny,
     "qwen-image-edit-tiny": _prepare_qwen_image_edit_tiny,
+    "qwen-image-edit-plus-tiny": _prepare_qwen_image_edit_plus_tiny,
     "smollm2": _prepare_smollm2,
     "wan2.2-t2v-tiny": _prepare_wan_t2v_tiny,
     "wan2.2-i2v-tiny": _prepare_wan_i2v_tiny,

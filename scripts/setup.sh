@@ -56,4 +56,4 @@ if ! "$VENV/bin/python" -m pip install --no-deps --no-build-isolation -e "$ROOT"
   cat "$VENV/install.log"; exit 1
 fi
 bash "$ROOT/scripts/setup_qwen3_tts.sh"  # the Qwen3-TTS environment (second venv, cached)
-"$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,csm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,qwen_image_inpaint,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni,whisper,pocketsphinx,stable_audio}"
+"$VENV/bin/omni-triton" prepare --models "${OMNI_TRITON_PREPARE_MODELS:-piper_tts,csm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,qwen_image_edit_plus,qwen_image_inpaint,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni,whisper,pocketsphinx,stable_audio}"

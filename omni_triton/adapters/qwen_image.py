@@ -1,13 +1,15 @@
-"""``TritonPythonModel`` classes of the Qwen-Image and Qwen-Image-Edit stages (contract:
-``omni_triton.contracts.qwen_image``), all dynamically batched (:class:`BatchedStage`): the diffusion
-roles of ``adapters/diffusion_stages.py`` with the Qwen-Image differences (the edit's condition
-image, true CFG, packed latents decoded at a HEIGHT x WIDTH).
+"""``TritonPythonModel`` classes of the Qwen-Image, Qwen-Image-Edit and Qwen-Image-Edit-Plus stages
+(contract: ``omni_triton.contracts.qwen_image``), all dynamically batched (:class:`BatchedStage`):
+the diffusion roles of ``adapters/diffusion_stages.py`` with the Qwen-Image differences (the
+edit's condition image(s), true CFG, packed latents decoded at a HEIGHT x WIDTH).
 
-The text-to-image, edit and inpaint pipelines run the same stage code on different checkpoints
-(the config parameter ``model_name``; ``pipeline`` names another diffusers class to load the
-folder with: ``QwenImageInpaintPipeline``), so each ``model_repository/qwen_image*_<stage>/1/model.py``
-only binds one of these classes. Importable only inside the Triton Python stub; the logic they
-call lives in ``omni_triton.stages.qwen_image`` and is unit-tested without Triton.
+The text-to-image, edit, multi-image edit and inpaint pipelines run the same stage code on
+different checkpoints (the config parameter ``model_name``; a ``QwenImageEditPlusPipeline``
+checkpoint makes the stages read the multi-image tensors IMAGES + IMAGE_SIZES, up to the config's
+``max_input_images``; ``pipeline`` names another diffusers class to load the folder with:
+``QwenImageInpaintPipeline``), so each ``model_repository/qwen_image*_<stage>/1/model.py`` only
+binds one of these classes. Importable only inside the Triton Python stub; the logic they call
+lives in ``omni_triton.stages.qwen_image`` and is unit-tested without Triton.
 """
 from pathlib import Path
 
@@ -45,6 +47,27 @@ class QwenImageStage(DiffusionPipelineStage):
         super().setup_pipeline(params)
         self.edit = self.d.is_edit_pipeline(self.pipe)
         self.inpaint = self.d.is_inpaint_pipeline(self.pipe)
+        #: QwenImageEditPlusPipeline: IMAGES + IMAGE_SIZES (1..max_input_images) instead of IMAGE
+        self.multi = self.d.is_multi_image_pipeline(self.pipe)
+        self.max_input_images = int(params.get("max_input_images", 1))
+
+    def condition_images(self, request, pixels_name: str = im.IMAGES) -> tuple[list, np.ndarray]:
+        """A multi-image request's condition images: (PIL images in order, the ``uint8 [P, 3]``
+        pixels as sent), each checked by ``check_condition_image``.
+
+        Raises:
+            ImageInputError: a malformed pair (``im.unpack_images``), more than
+                ``max_input_images`` images, or an image the pipeline cannot encode.
+        """
+        pixels = input_array(request, pixels_name)
+        arrays = im.unpack_images(pixels, input_array(request, im.IMAGE_SIZES), self.max_input_images)
+        images = [self.d.image_from_array(a) for a in arrays]
+        for k, image in enumerate(images):
+            try:
+                self.d.check_condition_image(self.pipe, image)
+            except ValueError as exc:
+                raise im.ImageInputError(f"image {k + 1}: {exc}") from None
+        return images, pixels
 
     def stage_limits(self, params):
         return im.Limits(self.d.size_multiple(self.pipe), int(params.get("max_size", 1024)),
@@ -61,6 +84,9 @@ class QwenImageTextEncoder(QwenImageStage, DiffusionTextEncoder):
     def condition(self, request):
         if not self.edit:
             return None
+        if self.multi:  # the VAE encoder checked them (CHECKED_IMAGES)
+            images, _ = self.condition_images(request)
+            return [self.d.condition_image(self.pipe, image)[0] for image in images]
         original = self.d.image_from_array(input_array(request, im.IMAGE))
         self.d.check_condition_image(self.pipe, original)  # per item: see its docstring
         return self.d.condition_image(self.pipe, original)[0]
@@ -77,18 +103,25 @@ class QwenImageVaeEncoder(QwenImageStage, DiffusionVaeEncoder):
     Logic: ``omni_triton.stages.qwen_image.vae_encode``."""
 
     def parse(self, request):
+        if self.multi:  # per item; the ensemble's first step
+            return self.condition_images(request)
         pixels = input_array(request, im.IMAGE)
         image = self.d.image_from_array(pixels)
         self.d.check_condition_image(self.pipe, image)  # per item; the ensemble's first step
         return image, pixels
 
     def run(self, items):
+        if self.multi:  # every image of the batch in one call (image by image inside), regrouped
+            latents = iter(self.d.vae_encode(self.pipe, [image for images, _ in items for image in images]))
+            return [(self.d.pack_image_latents(self.pipe, [next(latents) for _ in images]), pixels)
+                    for images, pixels in items]
         latents = self.d.vae_encode(self.pipe, [image for image, _ in items])
         return [(lat, pixels) for lat, (_, pixels) in zip(latents, items, strict=False)]
 
     def outputs(self, result):
         latents, pixels = result
-        return {im.IMAGE_LATENTS: latents[None], im.CHECKED_IMAGE: np.ascontiguousarray(pixels)[None]}
+        checked = im.CHECKED_IMAGES if self.multi else im.CHECKED_IMAGE
+        return {im.IMAGE_LATENTS: latents[None], checked: np.ascontiguousarray(pixels)[None]}
 
 
 class QwenImageInpaintVaeEncoder(QwenImageStage, DiffusionVaeEncoder):
@@ -153,7 +186,14 @@ class QwenImageDenoiser(QwenImageStage, DiffusionDenoiser, BatchedStage):
         if lora_id:
             scale = scalar_input(request, im.LORA_SCALE, float, required=False)
             item.lora = self.d.LoraSpec(check_id(lora_id), check_scale(1.0 if scale is None else scale))
-        if self.edit:
+        if self.multi:
+            item.image, _ = self.condition_images(request)
+            try:
+                item.image_latents = self.d.unpack_image_latents(
+                    self.pipe, input_array(request, im.IMAGE_LATENTS), [i.size for i in item.image])
+            except ValueError as exc:
+                raise im.ImageInputError(str(exc)) from None
+        elif self.edit:
             item.image = self.d.image_from_array(input_array(request, im.IMAGE))
             self.d.check_condition_image(self.pipe, item.image)
             item.image_latents = input_array(request, im.IMAGE_LATENTS)

@@ -1,5 +1,5 @@
-"""Tiny random-weight Qwen-Image / Qwen-Image-Edit pipelines (diffusers), saved with
-``save_pretrained``.
+"""Tiny random-weight Qwen-Image / Qwen-Image-Edit / Qwen-Image-Edit-Plus (2509) pipelines
+(diffusers), saved with ``save_pretrained``.
 """
 from __future__ import annotations
 
@@ -38,6 +38,11 @@ def image_only_processor_class():
 BUILDER_VERSION = 1
 KIND_T2I = "t2i"
 KIND_EDIT = "edit"
+#: ``QwenImageEditPlusPipeline`` (Qwen-Image-Edit-2509: 1..3 condition images). The same components
+#: as the edit pipeline (Qwen/Qwen-Image-Edit-2509 ships the same text encoder, processor, DiT and
+#: VAE architectures), so the tiny one has the edit one's weights; its own folder because
+#: ``model_index.json`` names the pipeline class the stages load.
+KIND_EDIT_PLUS = "edit_plus"
 
 # Small English text the tiny byte-level BPE tokenizer is trained on (byte-level BPE encodes every
 # string; merges only make common words shorter).
@@ -104,7 +109,8 @@ def build_tiny_qwen_image(out_dir: Path, kind: str = KIND_T2I, seed: int = 0,
 
     ``kind="t2i"`` saves a ``QwenImagePipeline``; ``kind="edit"`` a ``QwenImageEditPipeline``
     (adds the ``Qwen2VLProcessor`` the edit prompt template needs: its image processor feeds the
-    Qwen2.5-VL vision tower). Both are built from the same seed, so their weights are equal.
+    Qwen2.5-VL vision tower); ``kind="edit_plus"`` a ``QwenImageEditPlusPipeline`` of the same
+    components. All are built from the same seed, so their weights are equal.
     Writes ``manifest.json`` (seed, config hash, defaults) last; idempotent (returns at once when
     the manifest's hash matches). Several processes may call it at once: one builds under a lock.
     """
@@ -117,6 +123,7 @@ def _build(out_dir: Path, kind: str, seed: int, spec: TinyQwenImageSpec, h: str)
         AutoencoderKLQwenImage,
         FlowMatchEulerDiscreteScheduler,
         QwenImageEditPipeline,
+        QwenImageEditPlusPipeline,
         QwenImagePipeline,
         QwenImageTransformer2DModel,
     )
@@ -172,18 +179,19 @@ def _build(out_dir: Path, kind: str, seed: int, spec: TinyQwenImageSpec, h: str)
         time_shift_type="exponential", use_dynamic_shifting=True)
     components = dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder,
                       tokenizer=tokenizer, transformer=transformer)
-    if kind == KIND_EDIT:
+    if kind in (KIND_EDIT, KIND_EDIT_PLUS):
         # Small max_pixels: the condition image becomes at most 4x4 merged vision tokens.
         image_processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112,
                                                 patch_size=14, merge_size=2, temporal_patch_size=2)
         processor = image_only_processor_class()(image_processor=image_processor, tokenizer=tokenizer)
-        pipe = QwenImageEditPipeline(processor=processor, **components)
+        cls = QwenImageEditPipeline if kind == KIND_EDIT else QwenImageEditPlusPipeline
+        pipe = cls(processor=processor, **components)
     elif kind == KIND_T2I:
         pipe = QwenImagePipeline(**components)
     else:
         raise ValueError(f"unknown pipeline kind {kind!r}")
     pipe.save_pretrained(out_dir)
-    if kind == KIND_EDIT:
+    if kind in (KIND_EDIT, KIND_EDIT_PLUS):
         _name_processor_as_upstream(out_dir)
     manifest = {"config_hash": h, "seed": seed, "kind": kind, "builder_version": BUILDER_VERSION,
                 "pipeline": type(pipe).__name__, "default_steps": spec.default_steps,
@@ -206,14 +214,15 @@ def _name_processor_as_upstream(out_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------- serving helpers
-_BUILD_KIND = {"qwen-image-tiny": KIND_T2I, "qwen-image-edit-tiny": KIND_EDIT}
+_BUILD_KIND = {"qwen-image-tiny": KIND_T2I, "qwen-image-edit-tiny": KIND_EDIT,
+               "qwen-image-edit-plus-tiny": KIND_EDIT_PLUS}
 
 
 def checkpoint_dir(name: str) -> Path:
     """Folder of the pipeline ``name`` in the cache (``omni_triton.paths.model_dir``).
 
-    The tiny assets (``qwen-image-tiny``, ``qwen-image-edit-tiny``) are (re)built here if missing
-    (idempotent, about a second); any other name must already be there (e.g. a real
+    The tiny assets (``qwen-image-tiny``, ``qwen-image-edit-tiny``, ``qwen-image-edit-plus-tiny``)
+    are (re)built here if missing (idempotent, about a second); any other name must already be there (e.g. a real
     ``Qwen/Qwen-Image`` folder copied into the cache).
     """
     from omni_triton.paths import model_dir

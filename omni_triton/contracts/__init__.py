@@ -46,6 +46,8 @@ ENSEMBLES: dict[str, tuple[str, ...]] = {
                         "qwen_image_edit_vae_decoder"),
     "qwen_image_inpaint": ("qwen_image_inpaint_vae_encoder", "qwen_image_text_encoder", "qwen_image_inpaint_denoiser",
                            "qwen_image_vae_decoder"),
+    "qwen_image_edit_plus": ("qwen_image_edit_plus_vae_encoder", "qwen_image_edit_plus_text_encoder",
+                             "qwen_image_edit_plus_denoiser", "qwen_image_edit_plus_vae_decoder"),
 }
 
 

@@ -8,7 +8,7 @@ The stage tensors (text encoder -> (VAE encoder) -> denoiser -> VAE decoder) and
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +25,12 @@ TRUE_CFG_SCALE = "TRUE_CFG_SCALE"
 GUIDANCE_SCALE = "GUIDANCE_SCALE"
 SEED = "SEED"
 INPUT_IMAGE = "INPUT_IMAGE"  #: UINT8 [H, W, 3]: the edit ensemble's condition image
+#: UINT8 [P, 3]: a multi-image edit ensemble's condition images (``qwen_image_edit_plus``), the RGB
+#: pixels of each image row by row, one image after the other (:func:`pack_images`);
+#: ``P = sum(h_k * w_k)``
+INPUT_IMAGES = "INPUT_IMAGES"
+#: INT32 [N, 2]: (height, width) of each image in INPUT_IMAGES, in order (N = number of images)
+INPUT_IMAGE_SIZES = "INPUT_IMAGE_SIZES"
 IMAGE = "IMAGE"  #: UINT8 [H, W, 3]: a stage's image (condition image in, result out)
 #: UINT8 [H, W]: the inpaint ensemble's mask in diffusers' convention (255 = repaint, 0 = keep),
 #: the size of INPUT_IMAGE (:func:`diffusers_mask_from_alpha` makes it from OpenAI's mask)
@@ -111,18 +117,63 @@ def diffusers_mask_from_alpha(alpha: Array) -> Array:
     if a.dtype != np.uint8 or a.ndim != 2:
         raise ValueError(f"alpha must be uint8 [H, W], got {a.dtype} {list(a.shape)}")
     return np.where(a == 0, np.uint8(255), np.uint8(0))
+def pack_images(images: Sequence[Array]) -> tuple[Array, Array]:
+    """Condition images ``uint8 [H_k, W_k, 3]`` -> (``uint8 [P, 3]`` pixels, ``int32 [N, 2]``
+    (height, width) per image): the INPUT_IMAGES / INPUT_IMAGE_SIZES encoding (one tensor pair
+    carries 1..N images of different sizes; Triton has no list-of-tensors type).
+
+    Raises:
+        ImageInputError: no image, or one that is not ``uint8 [H, W, 3]`` with H, W >= 1.
+    """
+    if not images:
+        raise ImageInputError("no condition image")
+    for im in images:
+        if im.dtype != np.uint8 or im.ndim != 3 or im.shape[2] != 3 or min(im.shape[:2]) < 1:
+            raise ImageInputError(f"a condition image must be uint8 [H, W, 3], got {im.dtype} {list(im.shape)}")
+    pixels = np.concatenate([np.ascontiguousarray(im).reshape(-1, 3) for im in images])
+    sizes = np.array([im.shape[:2] for im in images], dtype=np.int32)
+    return pixels, sizes
+
+
+def unpack_images(pixels: Array, sizes: Array, max_images: int) -> list[Array]:
+    """Inverse of :func:`pack_images`: ``uint8 [P, 3]`` + ``int32 [N, 2]`` -> N views
+    ``uint8 [h_k, w_k, 3]``, checked before any copy.
+
+    Raises:
+        ImageInputError: wrong dtypes/shapes, N outside [1, ``max_images``], a size below 1, or
+            ``P != sum(h_k * w_k)``.
+    """
+    if pixels.dtype != np.uint8 or pixels.ndim != 2 or pixels.shape[1] != 3:
+        raise ImageInputError(f"IMAGES must be uint8 [P, 3], got {pixels.dtype} {list(pixels.shape)}")
+    if sizes.ndim != 2 or sizes.shape[1] != 2 or not np.issubdtype(sizes.dtype, np.integer):
+        raise ImageInputError(f"IMAGE_SIZES must be int32 [N, 2], got {sizes.dtype} {list(sizes.shape)}")
+    if not 1 <= sizes.shape[0] <= max_images:
+        raise ImageInputError(f"{sizes.shape[0]} condition images; this model takes 1 to {max_images}")
+    if (sizes < 1).any():
+        raise ImageInputError(f"IMAGE_SIZES {sizes.tolist()}: every height and width must be at least 1")
+    counts = [int(h) * int(w) for h, w in sizes.tolist()]
+    if sum(counts) != pixels.shape[0]:
+        raise ImageInputError(f"IMAGES holds {pixels.shape[0]} pixels but IMAGE_SIZES {sizes.tolist()} "
+                              f"says {sum(counts)}")
+    out, start = [], 0
+    for (h, w), count in zip(sizes.tolist(), counts, strict=True):
+        out.append(pixels[start:start + count].reshape(int(h), int(w), 3))
+        start += count
+    return out
 
 
 def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int, negative_prompt: str = "",
                  true_cfg_scale: float = 4.0, guidance_scale: float = 0.0,
-                 image: Array | None = None, lora_id: str | None = None,
-                 lora_scale: float = 1.0, mask: Array | None = None,
+                 image: Array | None = None, images: Sequence[Array] | None = None,
+                 lora_id: str | None = None, lora_scale: float = 1.0, mask: Array | None = None,
                  strength: float | None = None) -> list[tuple[str, Array]]:
     """The inputs of one image of a diffusion ensemble as ``(name, array)`` pairs, each with the
-    batch dimension 1; ``image`` (``uint8 [H, W, 3]`` RGB) is the edit ensemble's INPUT_IMAGE;
-    ``mask`` (``uint8 [H, W]``, 255 = repaint) and ``strength`` are the inpaint ensemble's MASK
-    and STRENGTH; ``lora_id`` (an adapter's hex SHA-256, ``omni_triton.contracts.lora``) adds the
-    optional LORA_ID / LORA_SCALE inputs (left out without an adapter)."""
+    batch dimension 1; ``image`` (``uint8 [H, W, 3]`` RGB) is the edit ensemble's INPUT_IMAGE,
+    ``images`` the multi-image edit ensemble's condition images (INPUT_IMAGES +
+    INPUT_IMAGE_SIZES, :func:`pack_images`); ``mask`` (``uint8 [H, W]``, 255 = repaint) and
+    ``strength`` are the inpaint ensemble's MASK and STRENGTH; ``lora_id`` (an adapter's hex
+    SHA-256, ``omni_triton.contracts.lora``) adds the optional LORA_ID / LORA_SCALE inputs (left
+    out without an adapter)."""
     pairs = [
         (PROMPT, np.array([[prompt.encode("utf-8")]], dtype=np.object_)),
         (NEGATIVE_PROMPT, np.array([[negative_prompt.encode("utf-8")]], dtype=np.object_)),
@@ -141,6 +192,9 @@ def image_inputs(prompt: str, *, width: int, height: int, steps: int, seed: int,
         pairs.append((MASK, np.ascontiguousarray(mask, dtype=np.uint8)[None]))
     if strength is not None:
         pairs.append((STRENGTH, np.array([[strength]], np.float64)))
+    if images is not None:
+        pixels, sizes = pack_images(images)
+        pairs += [(INPUT_IMAGES, pixels[None]), (INPUT_IMAGE_SIZES, sizes[None])]
     return pairs
 
 

@@ -1,6 +1,7 @@
 """The Qwen-Image family's stage contracts (``docs/image_contracts.md``): the ensembles
-``qwen_image`` (text-to-image), ``qwen_image_edit`` and ``qwen_image_inpaint`` (masked
-inpainting: ``QwenImageInpaintPipeline`` on the Qwen-Image weights; the image contract of
+``qwen_image`` (text-to-image), ``qwen_image_edit``, ``qwen_image_edit_plus`` (1 to
+``max_input_images`` condition images, packed by ``pack_images``) and ``qwen_image_inpaint``
+(masked inpainting: ``QwenImageInpaintPipeline`` on the Qwen-Image weights; the image contract of
 ``omni_triton.contracts.image``) and their stages, text encoder -> (VAE encoder) -> denoiser ->
 VAE decoder. ``qwen_image_inpaint`` shares ``qwen_image``'s text encoder and VAE decoder models
 (same weights, same code) and adds its own VAE encoder and denoiser.
@@ -23,6 +24,8 @@ from omni_triton.contracts.image import (  # noqa: F401 (re-exported for the ada
     IMAGE,
     INPUT_IMAGE,
     MASK,
+    INPUT_IMAGE_SIZES,
+    INPUT_IMAGES,
     MAX_GUIDANCE_SCALE,
     MIN_INFERENCE_STEPS,
     NEGATIVE_PROMPT,
@@ -37,6 +40,8 @@ from omni_triton.contracts.image import (  # noqa: F401 (re-exported for the ada
     Limits,
     check_guidance,
     check_strength,
+    pack_images,
+    unpack_images,
 )
 from omni_triton.contracts.lora import LORA_ID, LORA_SCALE
 from omni_triton.contracts.tensors import StageContract, TensorSpec
@@ -57,6 +62,12 @@ IMAGE_MOMENTS = "IMAGE_MOMENTS"
 #: BYTES [1]: the inpaint VAE encoder's PROMPT, passed on once the image and mask were checked; the
 #: inpaint ensemble's text encoder reads it, so the steps form a chain (as CHECKED_IMAGE above)
 CHECKED_PROMPT = "CHECKED_PROMPT"
+# Multi-image edit (``qwen_image_edit_plus``) stage tensors: the images as ``pack_images`` encodes them.
+IMAGES = "IMAGES"  #: UINT8 [P, 3]: the condition images' pixels, one image after the other
+IMAGE_SIZES = "IMAGE_SIZES"  #: INT32 [N, 2]: (height, width) of each image in IMAGES
+#: UINT8 [P, 3]: the multi-image VAE encoder's IMAGES, passed on once every image was checked
+#: (the text encoder reads them, so the two steps run one after the other, as CHECKED_IMAGE)
+CHECKED_IMAGES = "CHECKED_IMAGES"
 
 
 def _t(name: str, datatype: str, dims: Iterable[int] = (1,), optional: bool = False) -> TensorSpec:
@@ -75,6 +86,10 @@ LORA_IN = (_t(LORA_ID, "BYTES", optional=True), _t(LORA_SCALE, "FP32", optional=
 _EDIT_DENOISE_IN = _DENOISE_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(IMAGE_LATENTS, "FP32", (-1, 1, -1, -1)))
 _INPAINT_DENOISE_IN = _DENOISE_IN + (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(MASK, "UINT8", (-1, -1)),
                                      _t(IMAGE_MOMENTS, "FP32", (-1, 1, -1, -1)), _t(STRENGTH, "FP64"))
+_IMAGES_IN = (_t(IMAGES, "UINT8", (-1, 3)), _t(IMAGE_SIZES, "INT32", (-1, 2)))
+#: IMAGE_LATENTS of a multi-image edit: FP32 [S_c, 4z], each image's latents packed into 2x2 patches
+#: (``_pack_latents``) and concatenated in image order: the condition tokens the DiT reads
+_PLUS_LATENTS = _t(IMAGE_LATENTS, "FP32", (-1, -1))
 _DENOISE_OUT = (_t(LATENTS, "FP32", (-1, -1)), _t(NUM_STEPS, "INT32"), _t(DENOISE_SECONDS, "FP32"))
 _VAE_DECODER = StageContract((_t(LATENTS, "FP32", (-1, -1)), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32")),
                              (_t(IMAGE, "UINT8", (-1, -1, 3)),), batched=True)
@@ -95,6 +110,13 @@ INPAINT_VAE_ENCODER = StageContract(
      _t(PROMPT, "BYTES")),
     (_t(IMAGE_MOMENTS, "FP32", (-1, 1, -1, -1)), _t(CHECKED_PROMPT, "BYTES")), batched=True)
 INPAINT_DENOISER = StageContract(_INPAINT_DENOISE_IN, _DENOISE_OUT, batched=True)
+QWEN_IMAGE_EDIT_PLUS = StageContract(
+    ENSEMBLE_IN + (_t(INPUT_IMAGES, "UINT8", (-1, 3)), _t(INPUT_IMAGE_SIZES, "INT32", (-1, 2))),
+    ENSEMBLE_OUT, batched=True)
+EDIT_PLUS_TEXT_ENCODER = StageContract(_TEXT_IN + _IMAGES_IN, _EMBEDS_OUT, batched=True)
+EDIT_PLUS_VAE_ENCODER = StageContract(_IMAGES_IN, (_PLUS_LATENTS, _t(CHECKED_IMAGES, "UINT8", (-1, 3))),
+                                      batched=True)
+EDIT_PLUS_DENOISER = StageContract(_DENOISE_IN + _IMAGES_IN + (_PLUS_LATENTS,), _DENOISE_OUT, batched=True)
 EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN + LORA_IN, _DENOISE_OUT, batched=True)
 VAE_DECODER = _VAE_DECODER
 
@@ -107,4 +129,8 @@ CONTRACTS = {
     "qwen_image_edit_denoiser": EDIT_DENOISER, "qwen_image_edit_vae_decoder": VAE_DECODER,
     "qwen_image_inpaint": QWEN_IMAGE_INPAINT, "qwen_image_inpaint_vae_encoder": INPAINT_VAE_ENCODER,
     "qwen_image_inpaint_denoiser": INPAINT_DENOISER,
+    "qwen_image_edit_plus": QWEN_IMAGE_EDIT_PLUS,
+    "qwen_image_edit_plus_text_encoder": EDIT_PLUS_TEXT_ENCODER,
+    "qwen_image_edit_plus_vae_encoder": EDIT_PLUS_VAE_ENCODER,
+    "qwen_image_edit_plus_denoiser": EDIT_PLUS_DENOISER, "qwen_image_edit_plus_vae_decoder": VAE_DECODER,
 }

@@ -198,8 +198,10 @@ class ModelInfo:
 
     @property
     def is_image_edit(self) -> bool:
-        """An image model that takes a condition image (``INPUT_IMAGE``)."""
-        return self.is_image and image_contract.INPUT_IMAGE in self.inputs
+        """An image model that takes a condition image (``INPUT_IMAGE``) or several
+        (``INPUT_IMAGES``, up to ``max_input_images``)."""
+        return self.is_image and (image_contract.INPUT_IMAGE in self.inputs
+                                  or image_contract.INPUT_IMAGES in self.inputs)
 
     @property
     def is_transcription(self) -> bool:

@@ -95,8 +95,10 @@ class ImageJob:
     seed whatever else is batched with it. ``negative_prompt`` ``None`` (or ``""``) turns true CFG
     off; ``image`` (``uint8 [H, W, 3]`` RGB) is the condition image of an edit model, or with
     ``mask`` (``uint8 [H, W]``, the image's size, 255 = repaint: diffusers' convention) the image an
-    inpaint model repaints with ``strength`` in (0, 1]; ``lora_id`` (hex SHA-256 of a registered
-    adapter, docs/lora.md) and ``lora_scale`` select a LoRA adapter for the denoiser (None: none).
+    inpaint model repaints with ``strength`` in (0, 1]; ``more_images`` the 2nd, 3rd... condition
+    images of a multi-image edit model (its ``max_input_images`` > 1: ``qwen_image_edit_plus``), in
+    order; ``lora_id`` (hex SHA-256 of a registered adapter, docs/lora.md) and ``lora_scale``
+    select a LoRA adapter for the denoiser (None: none).
     """
 
     prompt: str
@@ -113,6 +115,12 @@ class ImageJob:
     lora_scale: float = 1.0
     mask: NDArray[Any] | None = None
     strength: float | None = None
+    more_images: tuple[NDArray[Any], ...] = ()
+
+    @property
+    def condition_images(self) -> tuple[NDArray[Any], ...]:
+        """Every condition image in order (``image`` then ``more_images``); empty without."""
+        return ((self.image,) if self.image is not None else ()) + self.more_images
 
 
 @dataclass(frozen=True)

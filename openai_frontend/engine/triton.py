@@ -933,10 +933,12 @@ class TritonEngine:
 
         info = self._config_cache.get(model)
         steps_of = info.ensemble_steps if info is not None else ()
+        # a multi-image edit ensemble takes INPUT_IMAGES + INPUT_IMAGE_SIZES, even for one image
+        multi = (image_contract.INPUT_IMAGES in info.inputs) if info is not None else bool(job.more_images)
 
         async def one(i: int) -> GeneratedImage:
             start = time.monotonic()
-            result = await self._unary(model, _image_inputs(job, i), f"{uuid.uuid4().hex}-{i}")
+            result = await self._unary(model, _image_inputs(job, i, multi), f"{uuid.uuid4().hex}-{i}")
             wall_s = time.monotonic() - start
             pixels = result.as_numpy(image_contract.IMAGE)
             if pixels is None:
@@ -987,17 +989,20 @@ class TritonEngine:
                 yield chunk_from_result(result, info.sample_rate if info else None)
 
 
-def _image_inputs(job: ImageJob, index: int) -> list[InferInput]:
+def _image_inputs(job: ImageJob, index: int, multi: bool = False) -> list[InferInput]:
     """The diffusion ensemble's inputs for image ``index`` of ``job`` (docs/image_contracts.md):
     ``contracts.image.image_inputs``, every tensor with the batch dimension 1 (the ensembles have
-    ``max_batch_size > 0``), seed ``job.seed + index``, ``INPUT_IMAGE`` only for an edit job,
+    ``max_batch_size > 0``), seed ``job.seed + index``, ``INPUT_IMAGE`` only for an edit job;
+    ``multi`` (a multi-image edit model): its condition images as INPUT_IMAGES + INPUT_IMAGE_SIZES;
     ``LORA_ID``/``LORA_SCALE`` only with an adapter, ``MASK``/``STRENGTH`` only for an inpaint job."""
+    images = job.condition_images
     return _infer_inputs(image_contract.image_inputs(
         job.prompt, width=job.width, height=job.height, steps=job.steps, seed=job.seed + index,
         negative_prompt=job.negative_prompt or "", true_cfg_scale=job.true_cfg_scale,
         guidance_scale=job.guidance_scale if job.guidance_scale is not None else 0.0,
-        image=job.image, lora_id=job.lora_id, lora_scale=job.lora_scale, mask=job.mask,
-        strength=job.strength,
+        image=None if multi else job.image,
+        images=images if multi and images else None,
+        lora_id=job.lora_id, lora_scale=job.lora_scale, mask=job.mask, strength=job.strength,
     ))
 
 

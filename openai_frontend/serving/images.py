@@ -29,6 +29,7 @@ from starlette.datastructures import UploadFile
 
 from omni_triton.contracts.image import MIN_INFERENCE_STEPS, diffusers_mask_from_alpha
 from omni_triton.media.image import (
+    MAX_UPLOAD_PIXELS,
     ImageTooLargeError,
     InvalidImageError,
     MaskWithoutAlphaError,
@@ -140,12 +141,12 @@ def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
 MAX_CONDITION_ASPECT_RATIO = 100
 
 
-def check_aspect_ratio(pixels: NDArray[Any]) -> None:
+def check_aspect_ratio(pixels: NDArray[Any], which: str = "The uploaded image") -> None:
     """400 ``invalid_image`` when the ``uint8 [H, W, 3]`` upload is more elongated than
-    :data:`MAX_CONDITION_ASPECT_RATIO`."""
+    :data:`MAX_CONDITION_ASPECT_RATIO`; ``which`` names it in the message."""
     h, w = pixels.shape[:2]
     if max(h, w) > MAX_CONDITION_ASPECT_RATIO * min(h, w):
-        raise bad_request(f"The uploaded image is {w}x{h}; its aspect ratio must be at most "
+        raise bad_request(f"{which} is {w}x{h}; its aspect ratio must be at most "
                           f"{MAX_CONDITION_ASPECT_RATIO}:1", param="image", code="invalid_image")
 
 
@@ -210,6 +211,57 @@ async def check_mask_support(request: Request, info: ModelInfo, mask: UploadFile
         return float(info.parameters.get("default_strength", DEFAULT_STRENGTH))
     except ValueError:
         return DEFAULT_STRENGTH
+#: Decoded pixels of all the condition images of one edit together: what one image may have
+#: (``MAX_UPLOAD_PIXELS``, 4096x4096), so a multi-image edit never holds more decoded pixels
+#: than a single-image one (~4 bytes per pixel while decoding). Checked from each file's header
+#: before it is decoded; the files' bytes are bounded by ``max_upload_bytes`` each and the body
+#: cap (``max_body_bytes``, 413) in all.
+MAX_EDIT_TOTAL_PIXELS = MAX_UPLOAD_PIXELS
+
+
+async def too_many_images(engine: Any, info: ModelInfo, count: int) -> OpenAIError:
+    """The 400 ``too_many_images`` for ``count`` images on ``info`` (its ``max_input_images``),
+    naming the served image-edit models that take more (on-demand ones included)."""
+    most = info.max_input_images or 1
+    try:
+        others = sorted(f"'{m.public_name}' (up to {m.max_input_images})" for m in await engine.list_models()
+                        if m.is_image_edit and (m.max_input_images or 1) >= count and m.name != info.name)
+    except Exception:  # the hint is a courtesy: the 400 stands without it
+        others = []
+    hint = (f"; models that take {count}: {', '.join(others)}" if others
+            else "; no model served here takes that many")
+    return bad_request(f"The model '{info.public_name}' takes at most {most} input image(s); got {count}"
+                       + hint, param="image", code="too_many_images")
+
+
+async def decode_condition_images(uploads: list[UploadFile]) -> list[NDArray[Any]]:
+    """Read and decode an edit's condition images, one after the other, each through the safe
+    decoder (``decode_image``: header checked before decoding) with at most what is left of
+    :data:`MAX_EDIT_TOTAL_PIXELS`, and each checked by :func:`check_aspect_ratio`.
+
+    Raises:
+        OpenAIError: 400 ``image_too_large`` (one image over ``MAX_UPLOAD_PIXELS`` or all together
+            over ``MAX_EDIT_TOTAL_PIXELS``), ``invalid_image``.
+    """
+    out: list[NDArray[Any]] = []
+    left = MAX_EDIT_TOTAL_PIXELS
+    for k, upload in enumerate(uploads):
+        which = "The uploaded image" if len(uploads) == 1 else f"Image {k + 1}"
+        data = await upload.read()
+        try:
+            pixels = await off_loop(decode_image, data, left)
+        except ImageTooLargeError as exc:
+            if k:  # what is left is below one image's limit: say it is the total
+                exc = ImageTooLargeError(f"{which} makes the condition images larger than "
+                                         f"{MAX_EDIT_TOTAL_PIXELS} pixels in all ({exc})")
+            raise bad_request(str(exc), param="image", code="image_too_large") from None
+        except InvalidImageError as exc:
+            raise bad_request(f"{which}: {exc}" if len(uploads) > 1 else str(exc), param="image",
+                              code="invalid_image") from None
+        check_aspect_ratio(pixels, which)
+        left -= pixels.shape[0] * pixels.shape[1]
+        out.append(pixels)
+    return out
 
 
 @dataclass
@@ -329,9 +381,11 @@ _IMAGE_FIELDS = ("image", "image[]")
 
 async def edit_image(request: Request) -> JSONResponse:
     """``POST /v1/images/edits`` (``multipart/form-data``: ``image`` file part(s), optional
-    ``mask``, the generation fields as form fields). With a ``mask`` (models with
-    ``supports_mask``: masked inpainting) the mask's fully transparent pixels mark the area to
-    repaint (docs/image_contracts.md "Masked inpainting")."""
+    ``mask``, the generation fields as form fields). Several ``image`` / ``image[]`` parts (the
+    OpenAI SDK's ``image=[a, b]``) go to a multi-image model in order, up to its
+    ``max_input_images`` (400 ``too_many_images`` beyond, naming the models that take more). With a
+    ``mask`` (models with ``supports_mask``: masked inpainting) the mask's fully transparent pixels
+    mark the area to repaint (docs/image_contracts.md "Masked inpainting")."""
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
         raise bad_request("POST /v1/images/edits takes multipart/form-data (fields 'image', "
@@ -383,24 +437,15 @@ async def edit_image(request: Request) -> JSONResponse:
             raise bad_request("Missing required parameter: 'image'", param="image", code="invalid_value")
         info = await resolve_model(request.app.state.engine, body.model, IMAGE_EDIT)
         strength = await check_mask_support(request, info, mask, body)
-        max_inputs = info.max_input_images or 1
-        if len(images) > max_inputs:
-            raise bad_request(f"The model '{info.public_name}' takes at most {max_inputs} input image(s); "
-                              f"got {len(images)}", param="image", code="too_many_images")
+        if len(images) > (info.max_input_images or 1):
+            raise await too_many_images(request.app.state.engine, info, len(images))
         job, fmt = plan(body, info)
         job = await with_lora(request, info, job, body.lora)
         for upload, param in [(i, "image") for i in images] + ([(mask, "mask")] if mask is not None else []):
             if upload.size is not None and upload.size > settings.max_upload_bytes:
                 raise OpenAIError(413, f"The uploaded {param} is {upload.size} bytes; at most "
                                   f"{settings.max_upload_bytes}", param=param, code="payload_too_large")
-        data = await images[0].read()
-        try:
-            pixels = await off_loop(decode_image, data)
-        except ImageTooLargeError as exc:
-            raise bad_request(str(exc), param="image", code="image_too_large") from None
-        except InvalidImageError as exc:
-            raise bad_request(str(exc), param="image", code="invalid_image") from None
-        check_aspect_ratio(pixels)
+        pixels, *more = await decode_condition_images(images)
         mask_pixels = None
         if mask is not None:
             mask_pixels = await off_loop(decode_mask, await mask.read())
@@ -410,6 +455,6 @@ async def edit_image(request: Request) -> JSONResponse:
                                   code="mask_size_mismatch")
     finally:
         await form.close()
-    job = dataclasses.replace(job, image=pixels, mask=mask_pixels, strength=strength)
+    job = dataclasses.replace(job, image=pixels, more_images=tuple(more), mask=mask_pixels, strength=strength)
     return await _respond(request, info, job, fmt, body.output_compression, "edits",
                           body.return_stage_metrics)

@@ -38,8 +38,8 @@ from tests.helpers.serve_process import wait_healthy
 
 E2E_MODELS = os.environ.get(  # dev knob: fewer models
     "OMNI_TRITON_E2E_MODELS",
-    "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,qwen_image_inpaint,wan_t2v,wan_i2v,qwen3_tts,qwen2_5_omni,whisper,"
-    "pocketsphinx,stable_audio")
+    "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,qwen_image_edit_plus,qwen_image_inpaint,wan_t2v,wan_i2v,"
+    "qwen3_tts,qwen2_5_omni,whisper,pocketsphinx,stable_audio")
 READY_TIMEOUT_S = 600
 
 

@@ -1,4 +1,5 @@
-"""Diffusion stages (diffusers ``QwenImagePipeline`` / ``QwenImageEditPipeline``) split for Triton.
+"""Diffusion stages (diffusers ``QwenImagePipeline`` / ``QwenImageEditPipeline`` /
+``QwenImageEditPlusPipeline``) split for Triton.
 
 The pipeline is cut where diffusers itself allows it (``prompt_embeds`` in, ``output_type="latent"``
 out), so each cut is a Triton model with its own instances and dynamic batching:
@@ -18,7 +19,8 @@ Data contract per request (one image; what ``model_repository/qwen_image_*`` car
 - latents: ``float32 [S, 4 * z_dim]``, packed 2x2 patches as the pipeline's ``_pack_latents``
   makes them (``S = (H / 16) * (W / 16)`` for the 8x VAE);
 - condition-image latents (edit): ``float32 [z_dim, 1, h, w]``, normalised like the pipeline's
-  ``_encode_vae_image`` (``(x - latents_mean) / latents_std``);
+  ``_encode_vae_image`` (``(x - latents_mean) / latents_std``); the multi-image edit exchanges a
+  request's images' latents packed (``pack_image_latents``: ``float32 [S_c, 4 * z_dim]``);
 - images: ``uint8 [H, W, 3]`` RGB, ``round(x * 255)`` of the pipeline's ``postprocess`` output.
 
 Batching: requests are compatible when :func:`denoise_key` is equal (same size, steps, CFG scale,
@@ -61,8 +63,11 @@ from omni_triton.stages.qwen_image.loading import (  # noqa: F401
     image_only_processor_class,
     is_edit_pipeline,
     is_inpaint_pipeline,
+    is_multi_image_pipeline,
     load_pipeline,
+    max_prompts_per_call,
     size_multiple,
+    vae_condition_size,
 )
 from omni_triton.stages.qwen_image.lora import (  # noqa: F401
     LoraCache,
@@ -80,6 +85,8 @@ from omni_triton.stages.qwen_image.text_encoder import (  # noqa: F401
 )
 from omni_triton.stages.qwen_image.vae import (  # noqa: F401
     condition_image,
+    pack_image_latents,
+    unpack_image_latents,
     vae_decode,
     vae_encode,
 )

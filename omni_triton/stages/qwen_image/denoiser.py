@@ -40,6 +40,10 @@ class DenoiseItem:
             last ``steps * strength`` of its ``steps`` timesteps.
         image_moments: inpaint only: the VAE-encode stage's posterior of the image ``float32
             [2z, 1, h, w]`` (``image_posteriors``).
+        image: edit only: the condition image (PIL) as the client sent it; for a multi-image
+            pipeline (``QwenImageEditPlusPipeline``) the list of condition images, in order.
+        image_latents: edit only: its :func:`vae_encode` latents ``[z, 1, h, w]``; multi-image:
+            the list of each image's latents, in the same order.
         cancelled: ``() -> bool``, polled after every step (the Triton request's cancellation);
             when it is True for every item of a pipeline call, the call stops at that step
             boundary (``pipe._interrupt``) instead of running to its end for clients that left.
@@ -85,7 +89,9 @@ def denoise_key(item: DenoiseItem) -> tuple:
     """Items with equal keys can share one pipeline call (one batch): same size, steps, CFG and
     scale, guidance, condition size, and the same LoRA adapter at the same scale (or none)."""
     cond = None
-    if item.image is not None:
+    if isinstance(item.image, list):
+        cond = tuple(im.size for im in item.image)
+    elif item.image is not None:
         cond = item.image.size
     lora = (item.lora.id, float(item.lora.scale)) if item.lora is not None else None
     return (item.height, item.width, item.steps, item.cfg,
@@ -142,7 +148,9 @@ class _ProgressLog:
 def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
             progress_interval_s: float = 2.0,
             loras: LoraCache | None = None) -> list[DenoiseResult | LoraLoadError]:
-    """Run the diffusion loop for ``items``: one ``pipe(...)`` call per compatible group.
+    """Run the diffusion loop for ``items``: one ``pipe(...)`` call per compatible group (groups
+    split to the pipeline's :func:`max_prompts_per_call`: one item per call for
+    ``QwenImageEditPlusPipeline``).
 
     Each call is the pipeline's own ``__call__`` with ``prompt_embeds`` (+ mask),
     ``negative_prompt_embeds`` (true CFG), ``generator=[torch.Generator().manual_seed(seed_i)]``
@@ -160,11 +168,15 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
     Returns:
         one :class:`DenoiseResult` (or ``LoraLoadError``) per item, in order.
     """
+    from omni_triton.stages.qwen_image.loading import max_prompts_per_call
+
     groups: dict[tuple, list[int]] = {}
     for i, item in enumerate(items):
         groups.setdefault(denoise_key(item), []).append(i)
+    limit = max_prompts_per_call(pipe) or len(items)
+    calls = [idx[k:k + limit] for idx in groups.values() for k in range(0, len(idx), limit)]
     results: list[DenoiseResult | LoraLoadError | None] = [None] * len(items)
-    for idx in groups.values():
+    for idx in calls:
         group = [items[i] for i in idx]
         first = group[0]
         if loras is not None:
@@ -199,9 +211,12 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
                               strength=first.strength, masked_image_latents=masked_image_placeholder(moments))
                 with precomputed_posteriors(pipe, moments):
                     latents = pipe(**kwargs).images
+            elif isinstance(first.image, list):  # one item (max_prompts_per_call), its images in order
+                kwargs["image"] = list(first.image)
+                latents = _with_image_latents(pipe, [[lat] for lat in first.image_latents], kwargs)
             elif first.image is not None:
                 kwargs["image"] = [g.image for g in group]
-                latents = _with_image_latents(pipe, [g.image_latents for g in group], kwargs)
+                latents = _with_image_latents(pipe, [[g.image_latents for g in group]], kwargs)
             else:
                 latents = pipe(**kwargs).images
         seconds = time.perf_counter() - start
@@ -210,13 +225,28 @@ def denoise(pipe, items: Sequence[DenoiseItem], label: str = "denoise",
     return results  # type: ignore[return-value]
 
 
-def _with_image_latents(pipe, image_latents: list[np.ndarray], kwargs: dict):
-    """Call the edit pipeline with the VAE-encode stage's latents in place of its own VAE encode."""
-    stacked = torch.from_numpy(np.stack(image_latents).astype(np.float32))
+def _with_image_latents(pipe, per_call: list[list[np.ndarray]], kwargs: dict):
+    """Call the edit pipeline with the VAE-encode stage's latents in place of its own VAE encode.
+
+    ``per_call[k]`` answers the pipeline's ``k``-th ``_encode_vae_image`` call (one latent
+    ``[z, 1, h, w]`` per batch row): ``QwenImageEditPipeline`` calls it once for the whole batch,
+    ``QwenImageEditPlusPipeline`` once per condition image, in image order. Each answer must
+    match the call's image count and latent size (``h, w`` = the image tensor's / 8), so latents
+    given in another order or count than the images fail loudly instead of conditioning wrongly.
+    """
+    answers = [torch.from_numpy(np.stack(lats).astype(np.float32)) for lats in per_call]
+    calls = iter(answers)
+    vsf = pipe.vae_scale_factor
 
     def precomputed(image, generator):
-        if image.shape[0] != stacked.shape[0]:
-            raise ValueError(f"{image.shape[0]} images but {stacked.shape[0]} image latents")
+        stacked = next(calls, None)
+        if stacked is None:
+            raise ValueError(f"more condition images than the {len(answers)} image latents given")
+        want = (image.shape[0], image.shape[-2] // vsf, image.shape[-1] // vsf)
+        got = (stacked.shape[0], *stacked.shape[-2:])
+        if want != got:
+            raise ValueError(f"condition image {list(image.shape)} needs latents [n, h, w] = {list(want)}, "
+                             f"got {list(got)}")
         return stacked
 
     pipe._encode_vae_image = precomputed

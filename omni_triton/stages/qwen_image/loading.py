@@ -19,9 +19,10 @@ LOGGER = logging.getLogger("omni_triton.diffusion")
 def load_pipeline(path: Path | str, pipeline_class: str | None = None):
     """``DiffusionPipeline.from_pretrained`` on a prepared folder (float32, CPU), progress bars off.
 
-    Returns a ``QwenImagePipeline`` or ``QwenImageEditPipeline`` (what ``model_index.json`` names),
-    or ``pipeline_class`` loaded from the same folder (``QwenImageInpaintPipeline`` on a
-    Qwen-Image folder: the inpaint stages; config parameter ``pipeline``).
+    Returns a ``QwenImagePipeline``, ``QwenImageEditPipeline`` or ``QwenImageEditPlusPipeline``
+    (what ``model_index.json`` names), or ``pipeline_class`` loaded from the same folder
+    (``QwenImageInpaintPipeline`` on a Qwen-Image folder: the inpaint stages; config parameter
+    ``pipeline``).
     Without torchvision the edit pipeline's processor is loaded image-only
     (:func:`image_only_processor_class`) and passed in; with it, the folder loads unchanged.
     """
@@ -36,7 +37,8 @@ def load_pipeline(path: Path | str, pipeline_class: str | None = None):
 
 
 def is_edit_pipeline(pipe) -> bool:
-    """True for pipelines that condition on an input image (``QwenImageEditPipeline``)."""
+    """True for pipelines that condition on input images (``QwenImageEditPipeline``,
+    ``QwenImageEditPlusPipeline``)."""
     return hasattr(pipe, "processor") and getattr(pipe, "processor", None) is not None
 
 
@@ -44,6 +46,20 @@ def is_inpaint_pipeline(pipe) -> bool:
     """True for the masked-inpainting pipelines (``QwenImageInpaintPipeline``: they have a
     ``mask_processor`` and take ``mask_image``/``strength``)."""
     return getattr(pipe, "mask_processor", None) is not None
+def is_multi_image_pipeline(pipe) -> bool:
+    """True for ``QwenImageEditPlusPipeline`` (Qwen-Image-Edit-2509): its ``image`` argument is a
+    list of condition images of one prompt ("Picture 1: ... Picture 2: ..." in the prompt
+    template), not one image per prompt as in ``QwenImageEditPipeline``."""
+    from diffusers import QwenImageEditPlusPipeline
+
+    return isinstance(pipe, QwenImageEditPlusPipeline)
+
+
+def max_prompts_per_call(pipe) -> int | None:
+    """Most prompts one ``__call__`` takes (None: no limit). ``QwenImageEditPlusPipeline.__call__``
+    raises for ``batch_size > 1`` (diffusers 0.42.1: "currently only supports batch_size=1"), so
+    its denoiser runs one pipeline call per request."""
+    return 1 if is_multi_image_pipeline(pipe) else None
 
 
 def size_multiple(pipe) -> int:
@@ -53,12 +69,32 @@ def size_multiple(pipe) -> int:
 
 
 def edit_condition_size(pipe, image_size: tuple[int, int]) -> tuple[int, int]:
-    """(width, height) the edit pipeline resizes a condition image of ``image_size`` (w, h) to:
-    ``calculate_dimensions(1024 * 1024, w / h)`` as in ``QwenImageEditPipeline.__call__``."""
+    """(width, height) the edit pipeline resizes a condition image of ``image_size`` (w, h) to
+    for its text encoder: ``calculate_dimensions(1024 * 1024, w / h)`` as in
+    ``QwenImageEditPipeline.__call__``; ``calculate_dimensions(CONDITION_IMAGE_SIZE = 384 * 384,
+    w / h)`` as in ``QwenImageEditPlusPipeline.__call__``."""
+    if is_multi_image_pipeline(pipe):
+        from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+        w, h = plus.calculate_dimensions(plus.CONDITION_IMAGE_SIZE, image_size[0] / image_size[1])
+        return int(w), int(h)
     from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
     w, h, _ = calculate_dimensions(1024 * 1024, image_size[0] / image_size[1])
     return int(w), int(h)
+
+
+def vae_condition_size(pipe, image_size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) the pipeline VAE-encodes a condition image of ``image_size`` (w, h) at: the
+    text encoder's size (:func:`edit_condition_size`) for ``QwenImageEditPipeline``;
+    ``calculate_dimensions(VAE_IMAGE_SIZE = 1024 * 1024, w / h)`` for ``QwenImageEditPlusPipeline``
+    (multiples of 32, so the latents pack into 2x2 patches)."""
+    if is_multi_image_pipeline(pipe):
+        from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+        w, h = plus.calculate_dimensions(plus.VAE_IMAGE_SIZE, image_size[0] / image_size[1])
+        return int(w), int(h)
+    return edit_condition_size(pipe, image_size)
 
 
 #: Qwen2.5-VL's image processor (``smart_resize``) refuses images more elongated than this; the
@@ -71,9 +107,11 @@ def check_condition_image(pipe, image) -> None:
     resized to :func:`edit_condition_size`, it must be at least 1 pixel each way and at most
     :data:`MAX_CONDITION_ASPECT_RATIO` times longer than wide (either way). Checked per request
     while parsing, so one such image is answered alone instead of failing its whole batch (a 4096x4
-    upload failed the 11 good edits batched with it)."""
+    upload failed the 11 good edits batched with it). The multi-image pipeline's VAE size
+    (:func:`vae_condition_size`) must be at least 1 pixel each way too."""
     w, h = edit_condition_size(pipe, image.size)
-    if min(w, h) < 1 or max(w, h) > MAX_CONDITION_ASPECT_RATIO * min(w, h):
+    vw, vh = vae_condition_size(pipe, image.size)
+    if min(w, h, vw, vh) < 1 or max(w, h) > MAX_CONDITION_ASPECT_RATIO * min(w, h):
         raise ValueError(f"condition image {image.size[0]}x{image.size[1]} is too elongated "
                          f"(resized to {w}x{h}; the aspect ratio must be at most "
                          f"{MAX_CONDITION_ASPECT_RATIO}:1)")

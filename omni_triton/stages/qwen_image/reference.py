@@ -9,7 +9,13 @@ from omni_triton.stages.qwen_image.denoiser import DenoiseItem, denoise
 from omni_triton.stages.qwen_image.inpaint import image_posteriors
 from omni_triton.stages.qwen_image.lora import LoraCache, LoraSpec
 from omni_triton.stages.qwen_image.text_encoder import encode_prompts
-from omni_triton.stages.qwen_image.vae import condition_image, vae_decode, vae_encode
+from omni_triton.stages.qwen_image.vae import (
+    condition_image,
+    pack_image_latents,
+    unpack_image_latents,
+    vae_decode,
+    vae_encode,
+)
 
 
 # --------------------------------------------------------------------------- reference
@@ -39,22 +45,30 @@ def staged_images(pipe, prompt: str, *, height: int, width: int, steps: int, see
                   negative_prompt: str | None = None, true_cfg_scale: float = 4.0,
                   guidance_scale: float | None = None, image=None, lora: LoraSpec | None = None,
                   loras: LoraCache | None = None, mask=None, strength: float | None = None) -> np.ndarray:
-    """The Triton stage split run in-process for one request (same order as the ensemble);
-    ``lora`` (with the denoiser's ``loras`` cache) selects an adapter and scale."""
+    """The Triton stage split run in-process for one request (same order as the ensemble).
+    ``image``: the edit's PIL condition image, or a list of them for a multi-image pipeline (whose
+    latents then go through the packed ``IMAGE_LATENTS`` form the Triton stages exchange), or with
+    ``mask`` the image to inpaint; ``lora`` (with the denoiser's ``loras`` cache) selects an
+    adapter and scale."""
     if mask is not None:
         return staged_inpaint(pipe, [prompt], height=height, width=width, steps=steps, seeds=[seed],
                               negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
                               guidance_scale=guidance_scale, images=[image], masks=[mask],
                               strength=strength)[0]
-    cond = resized = None
+    cond = None
+    multi = isinstance(image, list)
     if image is not None:
-        resized, _ = condition_image(pipe, image)
-        cond = [resized]
+        resized = [condition_image(pipe, im)[0] for im in (image if multi else [image])]
+        cond = [resized] if multi else resized
     embeds = encode_prompts(pipe, [prompt], cond)[0]
     cfg = negative_prompt is not None and true_cfg_scale > 1
     neg = encode_prompts(pipe, [negative_prompt], cond)[0] if cfg else None
     item = DenoiseItem(embeds, height, width, steps, seed, neg, true_cfg_scale, guidance_scale, lora=lora)
-    if image is not None:
+    if multi:
+        item.image = list(image)
+        packed = pack_image_latents(pipe, vae_encode(pipe, image))
+        item.image_latents = unpack_image_latents(pipe, packed, [im.size for im in image])
+    elif image is not None:
         item.image = image
         item.image_latents = vae_encode(pipe, [image])[0]
     result = denoise(pipe, [item], loras=loras)[0]

@@ -16,7 +16,8 @@ def encode_prompts(pipe, prompts: Sequence[str], images: Sequence | None = None)
         pipe: a loaded pipeline (text encoder + tokenizer [+ processor]).
         prompts: texts (the pipeline wraps each in its prompt template).
         images: edit pipelines only: one PIL condition image per prompt, already resized to
-            :func:`edit_condition_size` as ``__call__`` does before encoding.
+            :func:`edit_condition_size` as ``__call__`` does before encoding; for a multi-image
+            pipeline (``QwenImageEditPlusPipeline``) a list of such images per prompt.
 
     Returns:
         one ``float32 [L_i, D]`` array per prompt (padding removed: the pipeline pads a batch to
@@ -24,17 +25,24 @@ def encode_prompts(pipe, prompts: Sequence[str], images: Sequence | None = None)
 
     Prompts of equal token length are encoded together in one forward pass; different lengths
     in separate passes, so no prompt is ever padded (a padded forward differs from an unpadded one
-    in float rounding, which would break bit-exact parity with ``__call__``).
+    in float rounding, which would break bit-exact parity with ``__call__``). A multi-image
+    pipeline encodes prompt by prompt: its ``encode_prompt`` reads an image list as the pictures
+    of one prompt.
     """
+    from omni_triton.stages.qwen_image.loading import is_multi_image_pipeline
+
+    multi = images is not None and is_multi_image_pipeline(pipe)
     out: list[np.ndarray | None] = [None] * len(prompts)
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(prompts):
-        key = (_token_length(pipe, p), None if images is None else images[i].size)
+        key = (i,) if multi else (_token_length(pipe, p), None if images is None else images[i].size)
         groups.setdefault(key, []).append(i)
     with torch.no_grad():
         for idx in groups.values():
             kwargs = {}
-            if images is not None:
+            if multi:
+                kwargs["image"] = list(images[idx[0]])
+            elif images is not None:
                 kwargs["image"] = [images[i] for i in idx]
             embeds, mask = pipe.encode_prompt(prompt=[prompts[i] for i in idx], device="cpu", **kwargs)
             for j, i in enumerate(idx):

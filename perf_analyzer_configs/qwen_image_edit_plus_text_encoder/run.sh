@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# perf_analyzer on qwen_image_edit_plus_text_encoder (options: see ../run.sh), e.g. --concurrency-range 1:4
+exec "$(dirname "${BASH_SOURCE[0]}")/../run.sh" qwen_image_edit_plus_text_encoder "$@"
