@@ -212,9 +212,14 @@ class Clip:
     seconds: float
 
 
-def piper_corpus(sentences: Sequence[str], voice: str | None = None) -> list[Clip]:
+def piper_corpus(sentences: Sequence[str], voice: str | None = None, noise: bool = True) -> list[Clip]:
     """Each sentence spoken by Piper in this process (the ``piper`` model's voices, one
-    onnxruntime thread), as WAV and as 16 kHz PCM (``omni_triton.media.audio.resample``)."""
+    onnxruntime thread), as WAV and as 16 kHz PCM (``omni_triton.media.audio.resample``).
+
+    ``noise``: VITS' sampling noise at the voice's own scales (the default, as served: every run
+    differs a little, and a recogniser may hear one word differently from run to run); False sets
+    both noise scales to 0, so the clip is the same on every run (what a test that asserts a
+    transcript needs)."""
     import numpy as np
     import soundfile as sf
 
@@ -222,7 +227,8 @@ def piper_corpus(sentences: Sequence[str], voice: str | None = None) -> list[Cli
     from omni_triton.paths import model_dir
     from omni_triton.stages.piper import PiperSpeaker, discover_voices
 
-    speaker = PiperSpeaker(discover_voices(model_dir("piper-voices")), intra_op_threads=1)
+    quiet = {} if noise else {"noise_scale": 0.0, "noise_w_scale": 0.0}
+    speaker = PiperSpeaker(discover_voices(model_dir("piper-voices")), intra_op_threads=1, **quiet)
     clips = []
     for text in sentences:
         parts = list(speaker.synthesize(text, voice=voice))

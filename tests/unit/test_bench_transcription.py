@@ -62,7 +62,8 @@ def test_pocketsphinx_baseline_hears_a_piper_sentence():
 
     if not model_dir("piper-voices").exists():
         pytest.skip("piper voices not prepared (omni-triton prepare --models piper)")
-    clip = b.piper_corpus(["The capital of France is Paris."])[0]
+    # noise off: Piper's sampling noise made one run in many read "france disparate" (WER 0.33)
+    clip = b.piper_corpus(["The capital of France is Paris."], noise=False)[0]
     assert 1.0 < clip.seconds < 5.0 and clip.wav[:4] == b"RIFF"
     assert len(clip.pcm16) == pytest.approx(2 * clip.seconds * b.SAMPLE_RATE, rel=0.01)
     heard = b._pocketsphinx_worker()(clip.pcm16)
