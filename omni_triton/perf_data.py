@@ -23,6 +23,7 @@ from omni_triton.contracts import CONTRACTS, asr, chat, qwen3_tts, speech, wan
 from omni_triton.contracts import codec as cd
 from omni_triton.contracts import omni_stages as om
 from omni_triton.contracts import qwen_image as qi
+from omni_triton.contracts import stable_audio as sa
 from omni_triton.contracts import whisper as wh
 
 #: Sizes of the embedded tiny checkpoints that inter-stage tensors must match.
@@ -38,6 +39,10 @@ TINY_DIMS = {
     "video_text_dim": 32,      # wan2.2-t2v-tiny UMT5 d_model = transformer text_dim
     "video_z_dim": 16,         # wan vae z_dim = transformer in_channels
     "video_vae_scale": 8,      # wan vae scale_factor_spatial (temporal: 4)
+    "audio_text_dim": 32,      # stable-audio-open-tiny T5 d_model
+    "audio_text_len": 64,      # its tokenizer's model_max_length (the pipeline pads to it)
+    "audio_latent_channels": 16,  # its transformer in_channels = Oobleck decoder_input_channels
+    "audio_latent_len": 256,   # its transformer sample_size (the longest clip's latent frames)
     # qwen3-omni-tiny config.json token ids: the talker finds the chat turns in SEQUENCE by them
     "omni_im_start": 1, "omni_im_end": 2, "omni_user": 282, "omni_assistant": 278,
     "whisper_d_model": 64,     # whisper-tiny-random d_model (encoder states [1500, d_model])
@@ -177,6 +182,21 @@ def example_inputs(model: str, dims: dict[str, int] = TINY_DIMS) -> dict[str, np
     table["whisper_encoder"] = {speech.AUDIO: tone}
     table["whisper_decoder"] = {wh.ENCODER_HIDDEN: np.zeros((1500, dims["whisper_d_model"]), np.float32),
                                 asr.LANGUAGE: _u8("en"), wh.MAX_NEW_TOKENS: _i32(8)}
+    # Stable Audio Open: a 1 s clip, 4 steps, CFG with a blank negative prompt (unconditional
+    # embeddings and masks zero-filled at the tiny checkpoint's sizes)
+    span = {sa.AUDIO_START_S: np.array([0.0]), sa.AUDIO_END_S: np.array([1.0])}
+    audio_req = {**span, sa.NUM_INFERENCE_STEPS: _i32(4), sa.GUIDANCE_SCALE: _f32(7.0),
+                 sa.SEED: np.array([0], np.int64)}
+    text_len, text_dim = dims["audio_text_len"], dims["audio_text_dim"]
+    embeds = np.zeros((text_len, text_dim), np.float32)
+    mask = np.ones(text_len, np.int64)
+    table["stable_audio"] = {sa.PROMPT: _u8("rain on a tin roof"), **audio_req}
+    table["stable_audio_text_encoder"] = {sa.PROMPT: _u8("rain on a tin roof"), sa.NEGATIVE_PROMPT: _u8("")}
+    table["stable_audio_denoiser"] = {sa.PROMPT_EMBEDS: embeds, sa.ATTENTION_MASK: mask,
+                                      sa.NEGATIVE_PROMPT_EMBEDS: embeds, sa.NEGATIVE_ATTENTION_MASK: mask,
+                                      **audio_req}
+    table["stable_audio_vae_decoder"] = {
+        sa.LATENTS: np.zeros((dims["audio_latent_channels"], dims["audio_latent_len"]), np.float32), **span}
     return table[model]
 
 

@@ -43,7 +43,8 @@ def test_generated_config_matches_contract(gpu_repo, model):
 def test_every_heavy_stage_is_on_the_gpu():
     """The stages that hold model weights (diffusion, Omni, the vLLM LLM) are profiled KIND_GPU."""
     heavy = [m for m in deploy.served_configs()
-             if m.startswith(("qwen_image", "qwen3_omni_")) and m not in ("qwen_image", "qwen_image_edit")] + ["llm"]
+             if m.startswith(("qwen_image", "qwen3_omni_", "stable_audio_"))
+             and m not in ("qwen_image", "qwen_image_edit", "qwen_image_edit_plus", "qwen_image_inpaint")] + ["llm"]
     # the prefixes must keep matching after a rename (they matched nothing after tts/omni became csm/qwen3_omni)
     assert {"qwen3_omni_thinker", "qwen3_omni_talker", "qwen_image_denoiser"} <= set(heavy)
     for model in heavy:
