@@ -90,7 +90,8 @@ def adapters(stack, manifests, tmp_path_factory):
            "style-b": write_lora(src / "b.safetensors", manifest, seed=2, rank=8)}
     with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
         for name, path in out.items():
-            r = client.post("/v1/loras", data={"name": name}, files={"file": (f"{name}.safetensors", path.read_bytes())})
+            r = client.post("/v1/loras", data={"name": name},
+                            files={"file": (f"{name}.safetensors", path.read_bytes())})
             assert r.status_code == 200, r.text
     return out
 
