@@ -104,19 +104,21 @@ EDIT_VAE_ENCODER = StageContract((_t(IMAGE, "UINT8", (-1, -1, 3)),),
                                  batched=True)
 DENOISER = StageContract(_DENOISE_IN + LORA_IN, _DENOISE_OUT, batched=True)
 QWEN_IMAGE_INPAINT = StageContract(ENSEMBLE_IN + (_t(INPUT_IMAGE, "UINT8", (-1, -1, 3)), _t(MASK, "UINT8", (-1, -1)),
-                                                  _t(STRENGTH, "FP64")), ENSEMBLE_OUT, batched=True)
+                                                  _t(STRENGTH, "FP64")) + LORA_IN, ENSEMBLE_OUT,
+                                batched=True)
 INPAINT_VAE_ENCODER = StageContract(
     (_t(IMAGE, "UINT8", (-1, -1, 3)), _t(MASK, "UINT8", (-1, -1)), _t(HEIGHT, "INT32"), _t(WIDTH, "INT32"),
      _t(PROMPT, "BYTES")),
     (_t(IMAGE_MOMENTS, "FP32", (-1, 1, -1, -1)), _t(CHECKED_PROMPT, "BYTES")), batched=True)
-INPAINT_DENOISER = StageContract(_INPAINT_DENOISE_IN, _DENOISE_OUT, batched=True)
+INPAINT_DENOISER = StageContract(_INPAINT_DENOISE_IN + LORA_IN, _DENOISE_OUT, batched=True)
 QWEN_IMAGE_EDIT_PLUS = StageContract(
-    ENSEMBLE_IN + (_t(INPUT_IMAGES, "UINT8", (-1, 3)), _t(INPUT_IMAGE_SIZES, "INT32", (-1, 2))),
+    ENSEMBLE_IN + (_t(INPUT_IMAGES, "UINT8", (-1, 3)), _t(INPUT_IMAGE_SIZES, "INT32", (-1, 2))) + LORA_IN,
     ENSEMBLE_OUT, batched=True)
 EDIT_PLUS_TEXT_ENCODER = StageContract(_TEXT_IN + _IMAGES_IN, _EMBEDS_OUT, batched=True)
 EDIT_PLUS_VAE_ENCODER = StageContract(_IMAGES_IN, (_PLUS_LATENTS, _t(CHECKED_IMAGES, "UINT8", (-1, 3))),
                                       batched=True)
-EDIT_PLUS_DENOISER = StageContract(_DENOISE_IN + _IMAGES_IN + (_PLUS_LATENTS,), _DENOISE_OUT, batched=True)
+EDIT_PLUS_DENOISER = StageContract(_DENOISE_IN + _IMAGES_IN + (_PLUS_LATENTS,) + LORA_IN, _DENOISE_OUT,
+                                   batched=True)
 EDIT_DENOISER = StageContract(_EDIT_DENOISE_IN + LORA_IN, _DENOISE_OUT, batched=True)
 VAE_DECODER = _VAE_DECODER
 

@@ -54,7 +54,7 @@ def staged_images(pipe, prompt: str, *, height: int, width: int, steps: int, see
         return staged_inpaint(pipe, [prompt], height=height, width=width, steps=steps, seeds=[seed],
                               negative_prompt=negative_prompt, true_cfg_scale=true_cfg_scale,
                               guidance_scale=guidance_scale, images=[image], masks=[mask],
-                              strength=strength)[0]
+                              strength=strength, lora=lora, loras=loras)[0]
     cond = None
     multi = isinstance(image, list)
     if image is not None:
@@ -79,10 +79,12 @@ def staged_images(pipe, prompt: str, *, height: int, width: int, steps: int, see
 
 def staged_inpaint(pipe, prompts: list[str], *, height: int, width: int, steps: int, seeds: list[int],
                    images: list, masks: list, negative_prompt: str | None = None, true_cfg_scale: float = 4.0,
-                   guidance_scale: float | None = None, strength: float | None = None) -> list[np.ndarray]:
+                   guidance_scale: float | None = None, strength: float | None = None,
+                   lora: LoraSpec | None = None, loras: LoraCache | None = None) -> list[np.ndarray]:
     """The inpaint ensemble's stages in-process (VAE encode, text encode, denoise, VAE decode),
     the ``len(prompts)`` requests batched together in every stage: ``uint8 [H, W, 3]`` each.
-    ``strength`` None: the pipeline's ``__call__`` default."""
+    ``strength`` None: the pipeline's ``__call__`` default; ``lora`` (with the denoiser's
+    ``loras`` cache): every request's adapter and scale. Raises the denoiser's ``LoraLoadError``."""
     import inspect
 
     if strength is None:
@@ -92,7 +94,10 @@ def staged_inpaint(pipe, prompts: list[str], *, height: int, width: int, steps: 
     cfg = negative_prompt is not None and true_cfg_scale > 1
     negs = encode_prompts(pipe, [negative_prompt] * len(prompts)) if cfg else [None] * len(prompts)
     items = [DenoiseItem(e, height, width, steps, seed, n, true_cfg_scale, guidance_scale, image=im, mask=m,
-                         strength=strength, image_moments=p)
+                         strength=strength, image_moments=p, lora=lora)
              for e, n, seed, im, m, p in zip(embeds, negs, seeds, images, masks, posteriors, strict=True)]
-    results = denoise(pipe, items)
+    results = denoise(pipe, items, loras=loras)
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
     return vae_decode(pipe, [r.latents for r in results], [(height, width)] * len(items))
