@@ -154,9 +154,9 @@ async def create_audio(body: AudioGenerateRequest, request: Request) -> Response
             if clip is None:
                 req.outcome = "cancelled"
                 return Response(status_code=499)
-            final, data = clip
+            final, audio, data = clip
             return Response(data, media_type=fmt.content_type,
-                            headers=_headers(fmt, final.audio, final.sample_rate, final.num_steps, req.elapsed()))
+                            headers=_headers(fmt, audio, final.sample_rate, final.num_steps, req.elapsed()))
 
         # wait for the first event (the text encoder ran), so an early error keeps its status code
         gen = engine.generate_audio(info.name, job)
@@ -181,10 +181,11 @@ async def create_audio(body: AudioGenerateRequest, request: Request) -> Response
 
 
 async def run_clip(request: Request, info: ModelInfo, job: AudioGenerateJob,
-                   fmt: AudioFormat) -> tuple[AudioGenerateEvent, bytes] | None:
+                   fmt: AudioFormat) -> tuple[AudioGenerateEvent, NDArray[Any], bytes] | None:
     """Run ``job`` to its last event and encode the clip (``fmt``, off the event loop); ``None``
     when the client disconnected first (the Triton stream, and so the denoiser, is cancelled).
-    Shared by ``/v1/audio/generate`` and the chat form (``chat.py``).
+    Shared by ``/v1/audio/generate`` and the chat form (``chat.py``). Returns the last event, its
+    ``float32 [channels, samples]`` waveform and the encoded bytes.
 
     Raises:
         EngineError: a stage failed (mapped to its HTTP status by the app).
@@ -193,12 +194,12 @@ async def run_clip(request: Request, info: ModelInfo, job: AudioGenerateJob,
 
     async def work() -> None:
         final = await _final(request.app.state.engine.generate_audio(info.name, job), info.name)
-        result["event"] = final
+        result["event"], result["audio"] = final, final.audio
         result["data"] = await off_loop(encode_clip, final.audio, final.sample_rate, fmt)
 
     if not await until_disconnect(request, work()):
         return None
-    return result["event"], result["data"]
+    return result["event"], result["audio"], result["data"]
 
 
 async def _chain(first: AudioGenerateEvent,

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Request
-from pydantic import ValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from omni_triton.contracts.chat import MODALITIES, part_modality
@@ -62,6 +62,7 @@ from ..generation import (
 )
 from ..offload import off_loop
 from ..schemas import (
+    AudioGenerateRequest,
     ChatCompletion,
     ChatCompletionAudio,
     ChatCompletionChoice,
@@ -76,7 +77,6 @@ from ..schemas import (
     CompletionRequest,
     ErrorDetail,
     ErrorResponse,
-    AudioGenerateRequest,
     ImageGenerationRequest,
     TextPart,
     Usage,
@@ -402,7 +402,7 @@ async def _audio_chat(body: ChatCompletionRequest, request: Request, info: Model
         if clip is None:
             req.outcome = "cancelled"
             return Response(status_code=499)
-        final, data = clip
+        final, wave, data = clip
         elapsed = req.elapsed()
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -414,8 +414,8 @@ async def _audio_chat(body: ChatCompletionRequest, request: Request, info: Model
                 "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                              "message": {"role": "assistant", "content": None, "audio": audio}}],
                 "usage": usage}
-    headers = {"X-Sample-Rate": str(final.sample_rate), "X-Channels": str(final.audio.shape[0]),
-               "X-Audio-Seconds": f"{final.audio.shape[1] / final.sample_rate:.6f}",
+    headers = {"X-Sample-Rate": str(final.sample_rate), "X-Channels": str(wave.shape[0]),
+               "X-Audio-Seconds": f"{wave.shape[1] / final.sample_rate:.6f}",
                "X-Generation-Seconds": f"{elapsed:.3f}", "X-Seed": str(job.seed)}
     return JSONResponse(response, headers=headers)
 
