@@ -618,6 +618,12 @@ class ChatCompletionRequest(_SamplingFields):
     guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     true_cfg_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE_SCALE)
     output_format: Name | None = None
+    #: Text-to-audio models only (vLLM-Omni's diffusion chat form; diffusers' ``StableAudioPipeline``
+    #: names): the clip is ``[audio_start_in_s, audio_end_in_s)`` seconds, checked as in
+    #: ``/v1/audio/generate``. Also taken from ``extra_args`` (vLLM-Omni's pass-through dict).
+    audio_start_in_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    audio_end_in_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    extra_args: dict[str, Any] | None = None
     #: vLLM-Omni's extension: the response carries ``metrics`` (per-stage timings from Triton).
     return_stage_metrics: bool = False
     #: Extension (docs/scheduling.md "Pacing"): a streamed answer with audio is sent as fast as

@@ -150,19 +150,13 @@ async def create_audio(body: AudioGenerateRequest, request: Request) -> Response
 
     async with AdmittedRequest(state, record) as req:
         if not body.sse:
-            result: dict[str, Any] = {}
-
-            async def work() -> None:
-                final = await _final(engine.generate_audio(info.name, job), info.name)
-                result["event"] = final
-                result["data"] = await off_loop(encode_clip, final.audio, final.sample_rate, fmt)
-
-            if not await until_disconnect(request, work()):
+            clip = await run_clip(request, info, job, fmt)
+            if clip is None:
                 req.outcome = "cancelled"
                 return Response(status_code=499)
-            final = result["event"]
-            return Response(result["data"], media_type=fmt.content_type,
-                            headers=_headers(fmt, final.audio, final.sample_rate, final.num_steps, req.elapsed()))
+            final, audio, data = clip
+            return Response(data, media_type=fmt.content_type,
+                            headers=_headers(fmt, audio, final.sample_rate, final.num_steps, req.elapsed()))
 
         # wait for the first event (the text encoder ran), so an early error keeps its status code
         gen = engine.generate_audio(info.name, job)
@@ -184,6 +178,28 @@ async def create_audio(body: AudioGenerateRequest, request: Request) -> Response
             raise
         events = req.hand_over(_sse_events(_chain(first[0], gen), fmt, req))
         return sse_response(events, background=BackgroundTask(_close_all, events, req))
+
+
+async def run_clip(request: Request, info: ModelInfo, job: AudioGenerateJob,
+                   fmt: AudioFormat) -> tuple[AudioGenerateEvent, NDArray[Any], bytes] | None:
+    """Run ``job`` to its last event and encode the clip (``fmt``, off the event loop); ``None``
+    when the client disconnected first (the Triton stream, and so the denoiser, is cancelled).
+    Shared by ``/v1/audio/generate`` and the chat form (``chat.py``). Returns the last event, its
+    ``float32 [channels, samples]`` waveform and the encoded bytes.
+
+    Raises:
+        EngineError: a stage failed (mapped to its HTTP status by the app).
+    """
+    result: dict[str, Any] = {}
+
+    async def work() -> None:
+        final = await _final(request.app.state.engine.generate_audio(info.name, job), info.name)
+        result["event"], result["audio"] = final, final.audio
+        result["data"] = await off_loop(encode_clip, final.audio, final.sample_rate, fmt)
+
+    if not await until_disconnect(request, work()):
+        return None
+    return result["event"], result["audio"], result["data"]
 
 
 async def _chain(first: AudioGenerateEvent,

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from omni_triton.contracts.chat import MODALITIES, part_modality
@@ -61,6 +62,7 @@ from ..generation import (
 )
 from ..offload import off_loop
 from ..schemas import (
+    AudioGenerateRequest,
     ChatCompletion,
     ChatCompletionAudio,
     ChatCompletionChoice,
@@ -79,7 +81,7 @@ from ..schemas import (
     TextPart,
     Usage,
 )
-from . import images
+from . import audio_generate, images
 from .common import (
     AdmittedRequest,
     check_fields,
@@ -191,6 +193,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     check_prompt_chars(messages_chars(body.messages), request, "messages")
     engine = request.app.state.engine
     info = await resolve_model(engine, body.model)
+    if info.is_audio_generation:
+        return await _audio_chat(body, request, info)
+    given = [f for f in AUDIO_FIELDS if getattr(body, f) is not None]
+    if given:
+        raise bad_request(f"The model '{body.model}' does not generate audio clips ({given[0]} applies to "
+                          "text-to-audio models only)", param=given[0], code="unsupported_parameter")
     if info.is_image and not info.is_image_edit:
         check_media_parts([message_json(m) for m in body.messages], info, body.model)
         return await _image_chat(body, request, info)
@@ -303,6 +311,113 @@ def output_modalities(body: ChatCompletionRequest, info: ModelInfo) -> tuple[str
 #: ``ChatCompletionRequest`` fields that only a diffusion model takes.
 IMAGE_FIELDS = ("size", "negative_prompt", "num_inference_steps", "guidance_scale",
                 "true_cfg_scale", "output_format")
+
+
+#: ``ChatCompletionRequest`` fields that only a text-to-audio model takes.
+AUDIO_FIELDS = ("audio_start_in_s", "audio_end_in_s", "extra_args")
+#: Keys of ``extra_args`` the text-to-audio chat takes (the rest: 400).
+_AUDIO_EXTRA_ARGS = ("audio_start_in_s", "audio_end_in_s", "negative_prompt", "num_inference_steps",
+                     "guidance_scale", "seed")
+#: chat ``audio.format`` -> the audio generate ``response_format``
+_CHAT_AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "pcm16": "pcm"}
+
+
+def _audio_generate_body(body: ChatCompletionRequest, info: ModelInfo) -> AudioGenerateRequest:
+    """The ``/v1/audio/generate`` body a text-to-audio chat request stands for: the last user
+    message's text is ``input``; the diffusion fields come from the top level (``extra_body``) or
+    ``extra_args`` (both given and different: 400); ``audio.format`` (default ``wav``) is the
+    ``response_format``.
+
+    Raises:
+        OpenAIError: 400 naming the field (fields that do not apply, a bad ``extra_args`` key or
+        value, no user text).
+    """
+    for name in ("size", "true_cfg_scale", "output_format", "tools", "response_format"):
+        if getattr(body, name, None) is not None:
+            raise bad_request(f"{name} does not apply to the text-to-audio model '{body.model}'", param=name,
+                              code="unsupported_parameter")
+    if body.n != 1:
+        raise bad_request(f"n={body.n}: the text-to-audio model '{body.model}' makes one clip per request",
+                          param="n", code="invalid_value")
+    if body.modalities and "audio" not in body.modalities:
+        raise bad_request(f"The model '{body.model}' answers with audio only", param="modalities",
+                          code="unsupported_modality")
+    if body.audio is not None and body.audio.voice is not None:
+        raise bad_request(f"The model '{body.model}' has no voices", param="audio.voice", code="invalid_voice")
+    users = [m for m in body.messages if m.role == "user"]
+    content = users[-1].content if users else None
+    prompt = content if isinstance(content, str) else " ".join(
+        p.text for p in content or [] if isinstance(p, TextPart))
+    if not users or not prompt:
+        raise bad_request("A user message with the audio description (text) is required", param="messages",
+                          code="invalid_value")
+    fields: dict[str, Any] = {f: getattr(body, f) for f in _AUDIO_EXTRA_ARGS if getattr(body, f) is not None}
+    for key, value in (body.extra_args or {}).items():
+        if key not in _AUDIO_EXTRA_ARGS:
+            raise bad_request(f"extra_args.{key} is not a field of the text-to-audio model '{body.model}' "
+                              f"(it takes {', '.join(_AUDIO_EXTRA_ARGS)})", param=f"extra_args.{key}",
+                              code="unsupported_parameter")
+        if key in fields and fields[key] != value:
+            raise bad_request(f"{key} is given twice (top level and extra_args) with different values",
+                              param=f"extra_args.{key}", code="invalid_value")
+        fields[key] = value
+    fmt = body.audio.format if body.audio is not None else "wav"
+    if fmt not in _CHAT_AUDIO_FORMATS:
+        raise bad_request(f"audio.format={fmt} is not served for '{body.model}' (one of "
+                          f"{', '.join(_CHAT_AUDIO_FORMATS)})", param="audio.format",
+                          code="unsupported_response_format")
+    try:
+        return AudioGenerateRequest(input=prompt, model=info.name, response_format=_CHAT_AUDIO_FORMATS[fmt],
+                                    **fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = ".".join(str(x) for x in err["loc"])
+        param = name if getattr(body, name, None) is not None else f"extra_args.{name}"
+        raise bad_request(f"{param}: {err['msg']}", param=param, code="invalid_value") from None
+
+
+async def _audio_chat(body: ChatCompletionRequest, request: Request, info: ModelInfo) -> Response:
+    """A chat completion on a text-to-audio model (Stable Audio Open), vLLM-Omni's diffusion chat
+    form: the last user message is the description; ``audio_start_in_s``, ``audio_end_in_s``,
+    ``negative_prompt``, ``num_inference_steps``, ``guidance_scale``, ``seed`` top level or under
+    ``extra_args``. Validated and run exactly as ``POST /v1/audio/generate``
+    (``audio_generate.plan`` / ``run_clip``: same limits, same 400s, a disconnect cancels the
+    denoiser). The answer is ``choices[0].message.audio`` (OpenAI ``ChatCompletionAudio``: ``data``
+    base64 of the clip in ``audio.format``, default ``wav``; ``transcript`` empty), ``content``
+    null. ``stream=true``: 400 (one clip, no tokens to stream; ``/v1/audio/generate`` with
+    ``stream`` has per-step progress).
+    """
+    if body.stream:
+        raise bad_request(f"stream is not supported for the text-to-audio model '{body.model}' in chat "
+                          "completions; use POST /v1/audio/generate with stream=true for progress",
+                          param="stream", code="unsupported_parameter")
+    job, fmt = audio_generate.plan(_audio_generate_body(body, info), info)
+    state = request.app.state
+
+    def record(outcome: str) -> None:
+        state.metrics.requests.labels(info.public_name, "chat-clip", outcome).inc()
+
+    async with AdmittedRequest(state, record) as req:
+        clip = await audio_generate.run_clip(request, info, job, fmt)
+        if clip is None:
+            req.outcome = "cancelled"
+            return Response(status_code=499)
+        final, wave, data = clip
+        elapsed = req.elapsed()
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    audio = {"id": f"audio-{uuid.uuid4().hex}", "data": base64.b64encode(data).decode("ascii"),
+             "expires_at": created + 3600, "transcript": ""}
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+             "num_inference_steps": final.num_steps, "denoise_seconds": final.denoise_seconds}
+    response = {"id": response_id, "object": "chat.completion", "created": created, "model": body.model,
+                "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                             "message": {"role": "assistant", "content": None, "audio": audio}}],
+                "usage": usage}
+    headers = {"X-Sample-Rate": str(final.sample_rate), "X-Channels": str(wave.shape[0]),
+               "X-Audio-Seconds": f"{wave.shape[1] / final.sample_rate:.6f}",
+               "X-Generation-Seconds": f"{elapsed:.3f}", "X-Seed": str(job.seed)}
+    return JSONResponse(response, headers=headers)
 
 
 async def _image_chat(body: ChatCompletionRequest, request: Request, info: ModelInfo) -> Response:

@@ -196,3 +196,46 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(stack, body, param):
     ok = httpx.post(stack.frontend_url + ROUTE, json=dict(input=PROMPT, audio_length=0.5, num_inference_steps=2),
                     timeout=60)
     assert ok.status_code == 200
+
+
+# --------------------------------------------------------------------------- vLLM-Omni's chat form
+@pytest.mark.parametrize("where", ["extra_body", "extra_args"])
+def test_chat_form_through_the_openai_sdk(stack, pipe, where):
+    """``client.chat.completions.create(model="stable_audio", ..., extra_body={...})``: the clip in
+    ``choices[0].message.audio.data`` (WAV by default) equals the ``/v1/audio/generate`` clip for
+    the same fields and the diffusers reference's PCM16, and lasts ``audio_end_in_s - audio_start_in_s``."""
+    import base64
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{stack.frontend_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    fields = dict(audio_start_in_s=0.25, audio_end_in_s=1.75, seed=5, num_inference_steps=4, guidance_scale=6.0,
+                  negative_prompt="hiss")
+    extra = fields if where == "extra_body" else {"extra_args": fields}
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}], extra_body=extra)
+    wav = base64.b64decode(out.choices[0].message.audio.data)
+    assert sf.info(io.BytesIO(wav)).format == "WAV"
+    got, sr = sf.read(io.BytesIO(wav), dtype="int16")
+    assert sr == 16000 and got.shape == (int(1.75 * sr) - int(0.25 * sr), 2)  # the duration follows the seconds
+    r = httpx.post(stack.frontend_url + ROUTE, json=dict(input=PROMPT, **fields), timeout=120)
+    assert r.status_code == 200
+    assert np.array_equal(got, sf.read(io.BytesIO(r.content), dtype="int16")[0])
+    ref = reference(pipe, audio_start_s=0.25, audio_end_s=1.75, steps=4, seed=5, guidance_scale=6.0,
+                    negative_prompt="hiss")
+    assert np.array_equal(got, pcm16(ref))
+
+
+def test_chat_form_bad_input_is_a_400(stack):
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=f"{stack.frontend_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    for extra, param in (({"audio_end_in_s": 99.0}, "audio_end_in_s"), ({"num_inference_steps": 1000},
+                                                                        "num_inference_steps")):
+        with pytest.raises(BadRequestError) as exc:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], extra_body=extra)
+        assert exc.value.body["param"] == param
+    with pytest.raises(BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True)
+    ok = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                        extra_body={"audio_end_in_s": 0.5, "num_inference_steps": 2})
+    assert ok.choices[0].message.audio.data

@@ -148,11 +148,11 @@ async def test_sse_progress_then_the_clip(client, engine):
     assert got.shape == (16000, 2)
 
 
-async def _disconnect_after(app, payload: dict, engine, steps: int) -> list[dict]:
-    """Drive the ASGI app by hand: send the request, disconnect once ``steps`` steps ran."""
+async def _disconnect_after(app, payload: dict, engine, steps: int, path: str = "/v1/audio/generate") -> list[dict]:
+    """Drive the ASGI app by hand: send the request to ``path``, disconnect once ``steps`` steps ran."""
     body = json.dumps(payload).encode()
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/audio/generate", "raw_path": b"/v1/audio/generate",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
              "query_string": b"", "client": ("test", 1), "server": ("test", 80),
              "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
     sent: list[dict] = []
