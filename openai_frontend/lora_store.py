@@ -123,6 +123,12 @@ class DuplicateLoraName(LoraStoreError):
     code = "lora_exists"
 
 
+class InvalidLoraName(LoraStoreError):
+    """A name outside :data:`NAME_PATTERN` (answered with ``param: name``)."""
+
+    code = "invalid_lora_name"
+
+
 class LoraNotFound(LoraStoreError):
     code = "lora_not_found"
 
@@ -149,7 +155,7 @@ def check_name(name: str) -> str:
     """``name`` if it matches :data:`NAME_PATTERN` (1-128 of ``A-Z a-z 0-9 _ . -``, not starting
     with ``.``/``-``/``_``); else ``LoraStoreError``."""
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise LoraStoreError("'name' must be 1-128 characters of letters, digits, '_', '.', '-', "
+        raise InvalidLoraName("'name' must be 1-128 characters of letters, digits, '_', '.', '-', "
                              "starting with a letter or digit")
     return name
 

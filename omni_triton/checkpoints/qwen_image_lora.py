@@ -71,3 +71,31 @@ def write_lora(path: Path, manifest: dict[str, list[int]], *, fmt: str = "diffus
         "peft_type": "LORA", "r": rank, "lora_alpha": lora_alpha if lora_alpha is not None else rank,
         "target_modules": modules, "lora_dropout": 0.0, "bias": "none"}, indent=2))
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m omni_triton.checkpoints.qwen_image_lora OUT``: a random test adapter for a served
+    Qwen-Image denoiser, from the manifest it wrote at start (``<lora dir>/targets/<model>.json``;
+    the server must have loaded that denoiser once). Exit status 1 with a message when the manifest
+    is missing."""
+    import argparse
+
+    from omni_triton.contracts.lora import lora_dir, manifest_file
+
+    p = argparse.ArgumentParser(description="Write a random LoRA adapter for a served Qwen-Image denoiser")
+    p.add_argument("out", type=Path, help="the .safetensors to write (diffusers keys)")
+    p.add_argument("--model", default="qwen_image_denoiser", help="the denoiser whose transformer it fits")
+    p.add_argument("--rank", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    path = manifest_file(lora_dir(), args.model)
+    if not path.is_file():
+        print(f"{path} is missing: start the server and load {args.model} once (any qwen_image request)")
+        return 1
+    modules = json.loads(path.read_text())["modules"]
+    print(write_lora(args.out, modules, rank=args.rank, seed=args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

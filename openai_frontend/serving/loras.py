@@ -24,6 +24,7 @@ from ..errors import OpenAIError, bad_request
 from ..lora_store import (
     MAX_CONFIG_BYTES,
     DuplicateLoraName,
+    InvalidLoraName,
     LoraNotFound,
     LoraPathRefused,
     LoraStore,
@@ -65,6 +66,8 @@ def to_http(exc: Exception, param: str | None = None) -> OpenAIError:
         return OpenAIError(409, str(exc), param=param, code=code)
     if isinstance(exc, LoraTooLarge):
         return OpenAIError(413, str(exc), param=param, code=code)
+    if isinstance(exc, InvalidLoraName):  # whatever part of the request was being read
+        return bad_request(str(exc), param="name", code=code)
     if isinstance(exc, LoraPathRefused):
         return OpenAIError(400, str(exc), param=param or "path", code=code)
     return bad_request(str(exc), param=param, code=code)

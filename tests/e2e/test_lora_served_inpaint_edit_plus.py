@@ -83,11 +83,12 @@ def manifests(stack):
 
 @pytest.fixture(scope="module")
 def adapters(stack, manifests, tmp_path_factory):
-    """Two diffusers-format uploads made for the first served denoiser's transformer: ``{name: file}``."""
+    """Two diffusers-format uploads made for the first served denoiser's transformer: ``{name: file}``
+    (names of their own: test_lora_served.py registers "style-a" in the same session)."""
     src = tmp_path_factory.mktemp("lora-src")
     manifest = manifests[SERVED[0]]
-    out = {"style-a": write_lora(src / "a.safetensors", manifest, seed=1, rank=4),
-           "style-b": write_lora(src / "b.safetensors", manifest, seed=2, rank=8)}
+    out = {"ie-style-a": write_lora(src / "a.safetensors", manifest, seed=1, rank=4),
+           "ie-style-b": write_lora(src / "b.safetensors", manifest, seed=2, rank=8)}
     with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
         for name, path in out.items():
             r = client.post("/v1/loras", data={"name": name},
@@ -141,7 +142,7 @@ def inpaint_reference(reference, lora=None):
 
 
 @needs_inpaint
-@pytest.mark.parametrize("name,scale", [("style-a", 1.0), ("style-b", 0.6)])
+@pytest.mark.parametrize("name,scale", [("ie-style-a", 1.0), ("ie-style-b", 0.6)])
 def test_inpaint_with_lora_equals_diffusers(sdk, adapters, reference, name, scale):
     got = inpaint(sdk, {"name": name, "scale": scale})
     np.testing.assert_array_equal(got, inpaint_reference(reference, (adapters[name], scale)))
@@ -150,7 +151,7 @@ def test_inpaint_with_lora_equals_diffusers(sdk, adapters, reference, name, scal
 
 @needs_inpaint
 def test_inpaint_without_lora_stays_bit_exact(sdk, adapters, reference):
-    inpaint(sdk, {"name": "style-a"})  # an adapter is loaded and was active
+    inpaint(sdk, {"name": "ie-style-a"})  # an adapter is loaded and was active
     np.testing.assert_array_equal(inpaint(sdk), inpaint_reference(reference))
 
 
@@ -172,7 +173,7 @@ def plus_reference(reference, lora=None, seed=11):
 
 
 @needs_plus
-@pytest.mark.parametrize("name,scale", [("style-a", 1.0), ("style-b", 0.6)])
+@pytest.mark.parametrize("name,scale", [("ie-style-a", 1.0), ("ie-style-b", 0.6)])
 def test_edit_plus_with_lora_equals_diffusers(sdk, adapters, reference, name, scale):
     got = edit_plus(sdk, {"name": name, "scale": scale})
     np.testing.assert_array_equal(got, plus_reference(reference, (adapters[name], scale)))
@@ -181,7 +182,7 @@ def test_edit_plus_with_lora_equals_diffusers(sdk, adapters, reference, name, sc
 
 @needs_plus
 def test_edit_plus_without_lora_stays_bit_exact(sdk, adapters, reference):
-    edit_plus(sdk, {"name": "style-b"})
+    edit_plus(sdk, {"name": "ie-style-b"})
     np.testing.assert_array_equal(edit_plus(sdk), plus_reference(reference))
 
 

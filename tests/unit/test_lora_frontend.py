@@ -335,8 +335,9 @@ async def test_api_registration_errors(engine, settings, lora_file, tmp_path):
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_lora"
         r = await upload(client, "png", png_bytes())
         assert r.status_code == 400 and "safetensors" in r.json()["error"]["message"]
-        r = await upload(client, "../x", data)
-        assert r.status_code == 400
+        r = await upload(client, "../x", data)  # the name is at fault, not the file (trial of issue 27)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "name"
+        assert r.json()["error"]["code"] == "invalid_lora_name"
         big = io.BytesIO(b"\0" * ((1 << 20) + 1))
         r = await client.post("/v1/loras", data={"name": "big"}, files={"file": ("b.safetensors", big)})
         assert r.status_code == 413
@@ -389,3 +390,23 @@ def test_start_removes_only_stale_upload_temp_files(settings):
     os.utime(old, (past, past))
     LoraStore(settings).close()
     assert not old.exists() and young.exists()  # another frontend may be writing the young one
+
+
+def test_the_test_adapter_cli_reads_the_denoisers_manifest(tmp_path, monkeypatch, capsys):
+    """``python -m omni_triton.checkpoints.qwen_image_lora OUT`` (docs/lora.md): an adapter that
+    fits the manifest in the LoRA directory, and exit 1 naming the file when it is missing."""
+    from safetensors.numpy import load_file
+
+    from omni_triton.checkpoints import qwen_image_lora
+    from omni_triton.contracts import lora as cl
+
+    monkeypatch.setenv(cl.ENV, str(tmp_path / "loras"))
+    assert qwen_image_lora.main([str(tmp_path / "x.safetensors")]) == 1
+    assert "qwen_image_denoiser.json is missing" in capsys.readouterr().out
+    manifest = cl.manifest_file(tmp_path / "loras", "qwen_image_denoiser")
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"model": "qwen_image_denoiser",
+                                    "modules": {"transformer_blocks.0.attn.to_q": [32, 32]}}))
+    assert qwen_image_lora.main([str(tmp_path / "x.safetensors"), "--rank", "2"]) == 0
+    tensors = load_file(str(tmp_path / "x.safetensors"))
+    assert tensors["transformer.transformer_blocks.0.attn.to_q.lora_A.weight"].shape == (2, 32)
