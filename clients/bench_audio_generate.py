@@ -49,12 +49,13 @@ from pathlib import Path  # noqa: E402
 from clients.bench_common import (  # noqa: E402
     Result,
     closed_loop,
+    format_level_table,
     git_commit,
     machine_info,
     measure_level,
     metric_sum,
     parse_concurrency,
-    ratio,
+    serving_ratios,
     stop_all_on_sigterm,
 )
 
@@ -120,30 +121,12 @@ def frontend_run_one(http, url: str, seconds: float, steps: int, guidance: float
 
 
 def ratios(results: dict) -> dict:
-    inproc, front = results.get("inprocess", {}), results.get("frontend", {})
-    out: dict = {}
-    levels = sorted(front, key=int)
-    if "1" in inproc and "1" in front:
-        out["serving_overhead_latency_p50"] = ratio(front["1"]["latency_ms"]["p50"], inproc["1"]["latency_ms"]["p50"])
-    if "1" in front and levels:
-        out["batching_gain_throughput"] = ratio(front[levels[-1]]["requests_per_s"], front["1"]["requests_per_s"])
-        out["batching_gain_at_concurrency"] = int(levels[-1])
-    if inproc:
-        out["throughput_vs_inprocess"] = {c: ratio(front[c]["requests_per_s"], inproc[c]["requests_per_s"])
-                                          for c in levels if c in inproc}
-    return out
+    """``bench_common.serving_ratios`` of the ``inprocess`` and ``frontend`` paths."""
+    return serving_ratios(results.get("inprocess", {}), results.get("frontend", {}))
 
 
 def format_table(results: dict) -> str:
-    rows = [f"{'path':<10} {'C':>3} {'ok':>4} {'clips/s':>8} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
-            f"{'SLO':>6} {'batch':>6}"]
-    for path, levels in results.items():
-        for c, s in sorted(levels.items(), key=lambda kv: int(kv[0])):
-            lat = s["latency_ms"]
-            rows.append(f"{path:<10} {c:>3} {s['ok']:>4} {s['requests_per_s'] or 0:>8.3f} {lat['p50'] or 0:>9.1f} "
-                        f"{lat['p90'] or 0:>9.1f} {lat['p99'] or 0:>9.1f} {s['slo_attainment'] or 0:>6.2f} "
-                        f"{s.get('denoiser_mean_batch') or '':>6}")
-    return "\n".join(rows)
+    return format_level_table(results, "clips", 10)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,6 +63,41 @@ def ratio(a: float | None, b: float | None, ndigits: int = 3) -> float | None:
     return round(a / b, ndigits) if a is not None and b else None
 
 
+def serving_ratios(inproc: dict, front: dict) -> dict:
+    """Served vs in-process ratios of one benchmark from its per-level summaries
+    (``{concurrency: summarize(...)}`` of each path, string keys): ``serving_overhead_latency_p50``
+    and ``_mean`` (served / in-process at C=1), ``batching_gain_throughput`` (served requests/s at
+    the highest level / at C=1, with ``batching_gain_at_concurrency``) and
+    ``throughput_vs_inprocess`` (served / in-process requests/s per level both measured)."""
+    out: dict = {}
+    levels = sorted(front, key=int)
+    if "1" in inproc and "1" in front:
+        out["serving_overhead_latency_p50"] = ratio(front["1"]["latency_ms"]["p50"], inproc["1"]["latency_ms"]["p50"])
+        out["serving_overhead_latency_mean"] = ratio(front["1"]["latency_ms"]["mean"],
+                                                     inproc["1"]["latency_ms"]["mean"])
+    if "1" in front and levels:
+        out["batching_gain_throughput"] = ratio(front[levels[-1]]["requests_per_s"], front["1"]["requests_per_s"])
+        out["batching_gain_at_concurrency"] = int(levels[-1])
+    if inproc:
+        out["throughput_vs_inprocess"] = {c: ratio(front[c]["requests_per_s"], inproc[c]["requests_per_s"])
+                                          for c in levels if c in inproc}
+    return out
+
+
+def format_level_table(results: dict, unit: str, path_width: int = 10) -> str:
+    """``{path: {concurrency: summary}}`` as a text table: ok, ``unit`` per second, latency
+    p50/p90/p99 (ms), SLO attainment and the denoiser's mean batch when measured."""
+    rows = [f"{'path':<{path_width}} {'C':>3} {'ok':>4} {unit + '/s':>8} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
+            f"{'SLO':>6} {'batch':>6}"]
+    for path, levels in results.items():
+        for c, s in sorted(levels.items(), key=lambda kv: int(kv[0])):
+            lat = s["latency_ms"]
+            rows.append(f"{path:<{path_width}} {c:>3} {s['ok']:>4} {s['requests_per_s'] or 0:>8.3f} "
+                        f"{lat['p50'] or 0:>9.1f} {lat['p90'] or 0:>9.1f} {lat['p99'] or 0:>9.1f} "
+                        f"{s['slo_attainment'] or 0:>6.2f} {s.get('denoiser_mean_batch') or '':>6}")
+    return "\n".join(rows)
+
+
 def parse_concurrency(text: str) -> list[int]:
     """``"1,4,8"`` -> ``[1, 4, 8]`` (positive, de-duplicated, in the given order).
 

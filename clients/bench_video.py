@@ -60,12 +60,13 @@ from clients.bench_common import (  # noqa: E402
     InstancePool,
     Result,
     closed_loop,
+    format_level_table,
     git_commit,
     machine_info,
     measure_level,
     metric_sum,
     parse_concurrency,
-    ratio,
+    serving_ratios,
     stop_all_on_sigterm,
 )
 
@@ -182,38 +183,14 @@ def frontend_run_one(http, url: str, width: int, height: int, frames: int, steps
 
 def ratios(results: dict) -> dict:
     """Text-to-video ratios at the top level, image-to-video ones under ``i2v`` (when measured)."""
-    out = _ratios(results.get("inprocess", {}), results.get("frontend", {}))
+    out = serving_ratios(results.get("inprocess", {}), results.get("frontend", {}))
     if results.get("inprocess_i2v") or results.get("frontend_i2v"):
-        out["i2v"] = _ratios(results.get("inprocess_i2v", {}), results.get("frontend_i2v", {}))
-    return out
-
-
-def _ratios(inproc: dict, front: dict) -> dict:
-    out: dict = {}
-    levels = sorted(front, key=int)
-    if "1" in inproc and "1" in front:
-        out["serving_overhead_latency_p50"] = ratio(front["1"]["latency_ms"]["p50"], inproc["1"]["latency_ms"]["p50"])
-        out["serving_overhead_latency_mean"] = ratio(front["1"]["latency_ms"]["mean"],
-                                                     inproc["1"]["latency_ms"]["mean"])
-    if "1" in front and levels:
-        out["batching_gain_throughput"] = ratio(front[levels[-1]]["requests_per_s"], front["1"]["requests_per_s"])
-        out["batching_gain_at_concurrency"] = int(levels[-1])
-    if inproc:
-        out["throughput_vs_inprocess"] = {c: ratio(front[c]["requests_per_s"], inproc[c]["requests_per_s"])
-                                          for c in levels if c in inproc}
+        out["i2v"] = serving_ratios(results.get("inprocess_i2v", {}), results.get("frontend_i2v", {}))
     return out
 
 
 def format_table(results: dict) -> str:
-    rows = [f"{'path':<14} {'C':>3} {'ok':>4} {'jobs/s':>8} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
-            f"{'SLO':>6} {'batch':>6}"]
-    for path, levels in results.items():
-        for c, s in sorted(levels.items(), key=lambda kv: int(kv[0])):
-            lat = s["latency_ms"]
-            rows.append(f"{path:<14} {c:>3} {s['ok']:>4} {s['requests_per_s'] or 0:>8.3f} {lat['p50'] or 0:>9.1f} "
-                        f"{lat['p90'] or 0:>9.1f} {lat['p99'] or 0:>9.1f} {s['slo_attainment'] or 0:>6.2f} "
-                        f"{s.get('denoiser_mean_batch') or '':>6}")
-    return "\n".join(rows)
+    return format_level_table(results, "jobs", 14)
 
 
 def main(argv: list[str] | None = None) -> int:
