@@ -51,7 +51,8 @@ GENERATING_OPERATIONS = (
     "create_speech_v1_audio_speech_post", "create_speech_batch_v1_audio_speech_batch_post",
     "create_voice_v1_audio_voices_post", "create_image_v1_images_generations_post", "edit_image_v1_images_edits_post",
     "create_video_v1_videos_post", "create_video_sync_v1_videos_sync_post",
-    "create_chat_completion_v1_chat_completions_post", "create_completion_v1_completions_post")
+    "create_chat_completion_v1_chat_completions_post", "create_completion_v1_completions_post",
+    "create_audio_generation_v1_audio_generate_post")
 CHEAP_ONLY = [arg for op in GENERATING_OPERATIONS for arg in ("--exclude-operation-id", op)]
 
 

@@ -318,6 +318,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     mp4 = {VIDEO_MIME_TYPE: {"schema": {"type": "string", "format": "binary"}}}
     successes = {
         ("post", "/v1/audio/speech"): {**audio, **sse},
+        ("post", "/v1/audio/generate"): {**audio, **sse},
         ("post", "/v1/audio/speech/batch"): _content(SpeechBatchResponse),
         ("post", "/v1/audio/voices"): _content(Voice),
         ("delete", "/v1/audio/voices/{voice_id}"): _content(Deleted),

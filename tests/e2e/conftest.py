@@ -38,8 +38,11 @@ from tests.helpers.serve_process import wait_healthy
 
 E2E_MODELS = os.environ.get(  # dev knob: fewer models
     "OMNI_TRITON_E2E_MODELS",
-    "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,qwen_image_edit_plus,qwen_image_inpaint,wan_t2v,wan_i2v,"
+    "piper,csm,llm,llm_tts,qwen3_omni,qwen_image,qwen_image_edit,qwen_image_inpaint,wan_t2v,wan_i2v,"
     "qwen3_tts,qwen2_5_omni,whisper,pocketsphinx,stable_audio")
+# qwen_image_edit_plus (5 stub processes, ~3.3 GB RSS) is not in the default session: with it the
+# session peaked at 23.5 of 24 GB here. scripts/test.sh runs its e2e files (test_images_edit_plus.py,
+# test_lora_served_inpaint_edit_plus.py) in a second session of their own.
 READY_TIMEOUT_S = 600
 
 
