@@ -36,6 +36,8 @@ from .middleware import (
     UnexpectedErrors,
 )
 from .openapi import install_openapi
+from .playground import PREFIX as PLAYGROUND_PREFIX
+from .playground import install_playground
 from .routers import audio, chat, images, loras, models, observability, realtime, videos
 from .schemas import SpeechRequest
 from .serving.common import IGNORED_FIELDS_STATE
@@ -294,6 +296,7 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
     app.include_router(realtime.router)
     app.include_router(models.router)
     app.include_router(observability.router)
+    install_playground(app)  # the browser page at /playground/ (docs/playground.md)
     install_openapi(app)  # /openapi.json describes the forms, media types and error shape too
     # add_middleware wraps: the last added runs first (outermost)
     app.add_middleware(SpeechFormToJson, json_fields=frozenset(SpeechRequest.model_fields) - _SPEECH_TEXT_FIELDS)
@@ -303,7 +306,8 @@ def create_app(engine: Engine, settings: Settings | None = None, *, close_engine
                                                  + FORM_SLACK_BYTES)} if settings.loras is not None else {})
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes, overrides=lora_upload)
     app.add_middleware(ControlCharsInUrl)  # before any route reads a path parameter or cursor
-    app.add_middleware(ApiKey, check=app.state.api_key_check, exempt=tuple(settings.auth_exempt_paths))
+    app.add_middleware(ApiKey, check=app.state.api_key_check, exempt=(*settings.auth_exempt_paths, "/", "/playground"),
+                       exempt_prefixes=(PLAYGROUND_PREFIX,))  # the page asks for the key itself
     if not settings.api_key:  # with a key, a page cannot authenticate a write it forges
         app.add_middleware(BrowserGuard, allowed_origins=tuple(settings.allowed_origins))
     app.add_middleware(SingleHeaders)  # before any check reads the first Host/Origin/Authorization

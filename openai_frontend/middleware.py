@@ -137,7 +137,8 @@ class SendTimeout:
 class ApiKey:
     """The API key gate (``auth.ApiKeyCheck``), on HTTP requests and WebSocket handshakes.
 
-    With a key configured, every path except ``exempt`` needs the key in a header
+    With a key configured, every path except ``exempt`` (and those starting with one of
+    ``exempt_prefixes``: the playground's static files) needs the key in a header
     (``Authorization: Bearer <key>``, or on a WebSocket the ``openai-insecure-api-key.<key>``
     subprotocol); otherwise 401 ``invalid_api_key`` with ``WWW-Authenticate: Bearer``. A
     credential-like query parameter (``?api_key=``, ``auth.URL_KEY_PARAMS``) is a 401
@@ -150,17 +151,21 @@ class ApiKey:
     handshake whose offered subprotocols got no answer), never the one holding the key.
     """
 
-    def __init__(self, app: ASGIApp, check: ApiKeyCheck, exempt: tuple[str, ...] = ("/health", "/metrics")):
+    def __init__(self, app: ASGIApp, check: ApiKeyCheck, exempt: tuple[str, ...] = ("/health", "/metrics"),
+                 exempt_prefixes: tuple[str, ...] = ()):
         self.app = app
         self.check = check
         self.exempt = frozenset(exempt)
+        #: path prefixes served without the key (the playground's static page, which asks for it)
+        self.exempt_prefixes = tuple(exempt_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":
             send = _answer_key_subprotocol(scope, send)
-        if not self.check.enabled or scope.get("path") in self.exempt:
+        path = scope.get("path") or ""
+        if not self.check.enabled or path in self.exempt or path.startswith(self.exempt_prefixes):
             return await self.app(scope, receive, send)
         in_url = url_credentials(scope)
         if in_url:

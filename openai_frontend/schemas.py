@@ -155,6 +155,14 @@ class ModelCard(BaseModel):
     #: first request loads it) or ``failed`` (with ``reason``); docs/running.md "On-demand models"
     state: Literal["loaded", "loading", "unloaded", "failed"] | None = None
     reason: str | None = None
+    #: extension: the API routes that take this model as ``model`` (``/v1/audio/speech``,
+    #: ``/v1/chat/completions``, ``/v1/images/edits``, ``/v1/realtime``...; the playground fills
+    #: each tab's model list from it); absent for internal stages
+    endpoints: list[str] | None = None
+    #: extension, image edit models: how many input images one edit takes, and whether a
+    #: ``mask`` is taken (and required) for masked inpainting
+    max_input_images: int | None = None
+    supports_mask: bool | None = None
 
 
 class ModelList(BaseModel):

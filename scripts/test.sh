@@ -24,18 +24,22 @@ bash "$ROOT/scripts/setup_bench.sh"  # vLLM-Omni's bench client (~5 GB: tests/e2
 bash "$ROOT/scripts/setup_fuzz.sh"  # schemathesis, the API fuzzer: tests only, so not in serve.sh's set-up
 bash "$ROOT/scripts/setup_lint.sh"  # ruff, mypy, import-linter (tests/unit/test_lint.py): tests only too
 bash "$ROOT/scripts/setup_s3.sh"  # moto's S3 server (s3:// media cases of tests/unit/test_media_store.py)
+bash "$ROOT/scripts/setup_browser.sh"  # Debian's Chromium + Playwright: the playground's browser tests
 VENV="$ROOT/.venv"
 cd "$ROOT"
 status=0
-"$VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests || status=$?
-# The multi-image edit's e2e files on a stack of their own (tests/e2e/conftest.py SECOND_SESSION:
-# the default session with it peaked at 23.5 of 24 GB). Only for a whole run: with test paths or
-# other positional arguments only the first run is made.
+"$VENV/bin/python" -m pytest -p no:cacheprovider --ignore=tests/e2e/playground "$@" tests || status=$?
+# Two more sessions, each on a stack of its own: the multi-image edit's e2e files (the default
+# session with it peaked at 23.5 of 24 GB), then the playground's browser tests (a browser beside
+# the default stack would not fit either; tests/e2e/playground/conftest.py PLAYGROUND_MODELS).
+# Only for a whole run: with test paths or other positional arguments only the first run is made.
 whole=1
 for arg in "$@"; do case "$arg" in -*) ;; *) whole=0 ;; esac; done
 if [ "$whole" = 1 ]; then
   echo "test.sh: second session: qwen_image_edit_plus e2e tests on their own stack"
   OMNI_TRITON_E2E_MODELS=qwen_image_edit,qwen_image_edit_plus "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" \
     tests/e2e/test_images_edit_plus.py tests/e2e/test_lora_served_inpaint_edit_plus.py || status=$?
+  echo "test.sh: third session: the playground in Chromium (tests/e2e/playground) on its own stack"
+  "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/e2e/playground || status=$?
 fi
 exit "$status"

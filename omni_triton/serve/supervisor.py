@@ -172,6 +172,8 @@ def run_serve(args: argparse.Namespace) -> int:
             frontend.wait_ready()
             print(f"omni-triton: OpenAI API at {frontend.url}/v1  (try: curl {frontend.url}/v1/models)",
                   flush=True)
+            print(f"omni-triton: playground at {frontend.url}/playground/  (open it in a browser: "
+                  "docs/playground.md)", flush=True)
         print("omni-triton: serving; Ctrl-C to stop", flush=True)
         status.write(state="ready")
         supervise(server, frontend, args, stop, status)

@@ -32,12 +32,42 @@ def model_state(m: ModelInfo) -> ModelState:
     return "unloaded"
 
 
+def model_endpoints(m: ModelInfo) -> list[str]:
+    """The API routes that serve ``m`` as their ``model`` (``ModelCard.endpoints``), from the
+    same ``ModelInfo`` predicates the routes check: a model listed for a route is one that route
+    accepts. Empty for internal stages (and for a model whose config is not known yet)."""
+    routes = []
+    if m.is_chat:
+        routes.append("/v1/chat/completions")
+        if m.can_speak:
+            routes.append("/v1/realtime")
+    if m.is_completion:
+        routes.append("/v1/completions")
+    if m.is_speech:
+        routes.append("/v1/audio/speech")
+    if m.is_transcription:
+        routes.append("/v1/audio/transcriptions")
+        if m.supports_translation:
+            routes.append("/v1/audio/translations")
+    if m.is_audio_generation:
+        routes.append("/v1/audio/generate")
+    if m.is_image:
+        routes.append("/v1/images/edits" if m.is_image_edit else "/v1/images/generations")
+    if m.is_video:
+        routes += ["/v1/videos", "/v1/videos/sync"]
+    return routes
+
+
 def _card(m: ModelInfo, created: int) -> ModelCard:
     state = model_state(m)
+    edit = m.is_image_edit
     return ModelCard(id=m.public_name, created=created,
                      modality=m.modality, modalities=list(m.output_modalities) or None,
                      max_model_len=m.max_model_len, state=state,
-                     reason=public_message(m.reason) if m.reason and state != "loaded" else None)
+                     reason=public_message(m.reason) if m.reason and state != "loaded" else None,
+                     endpoints=model_endpoints(m) or None,
+                     max_input_images=(m.max_input_images or 1) if edit else None,
+                     supports_mask=m.supports_mask if edit else None)
 
 
 @router.get("/v1/models", response_model=ModelList, response_model_exclude_none=True)

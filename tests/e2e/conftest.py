@@ -151,7 +151,8 @@ def stack(tmp_path_factory, request):
     lora_dir, lora_sources = tmp_path_factory.mktemp("loras"), tmp_path_factory.mktemp("lora-sources")
     ports = {name: free_port() for name in ("http", "grpc", "metrics", "frontend")}
     cmd = [
-        sys.executable, "-m", "omni_triton", "serve", "--models", E2E_MODELS,
+        # read now, not at import: tests/e2e/playground/conftest.py sets its own default
+        sys.executable, "-m", "omni_triton", "serve", "--models", os.environ.get("OMNI_TRITON_E2E_MODELS", E2E_MODELS),
         "--on-demand", "none",  # every model of the session loaded at start, as before issue 28
         "--port", str(ports["frontend"]),
         "--triton-http-port", str(ports["http"]),

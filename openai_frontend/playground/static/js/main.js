@@ -1,0 +1,109 @@
+// The playground's shell: tabs (one module per tab under tabs/, loaded on first view), the API
+// key field (shown when the server answers 401, or when the tab already holds a key), and the
+// server pill. Each tab module exports `init(panel)`; `show(panel)` / `hide(panel)` if it wants.
+
+import { apiFetch, apiKey, ApiError, onUnauthorized, setApiKey, showError } from "./api.js";
+
+const TABS = ["speech", "chat", "voices", "images", "video", "realtime", "server"];
+const loaded = new Map(); // tab -> module (or a Promise of it)
+let current = null;
+
+const keyForm = document.getElementById("key-form");
+const keyInput = document.getElementById("api-key");
+const globalError = document.getElementById("global-error");
+const pill = document.getElementById("server-state");
+
+function showKeyForm(message) {
+  keyForm.hidden = false;
+  if (message) showError(globalError, message);
+  keyInput.focus();
+}
+
+keyForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  setApiKey(keyInput.value.trim());
+  keyInput.value = "";
+  showError(globalError, null);
+  refreshServer();
+  if (current) reloadTab(current);
+});
+document.getElementById("key-forget").addEventListener("click", () => {
+  setApiKey("");
+  keyInput.value = "";
+});
+onUnauthorized((error) => showKeyForm(error));
+
+async function loadTab(name) {
+  if (!loaded.has(name)) {
+    const panel = document.getElementById(`tab-${name}`);
+    const promise = import(`./tabs/${name}.js`).then(async (mod) => {
+      await mod.init(panel);
+      return mod;
+    });
+    loaded.set(name, promise);
+    promise.catch((err) => {
+      loaded.delete(name);
+      if (!(err instanceof ApiError && err.status === 401)) showError(globalError, err);
+    });
+  }
+  return loaded.get(name);
+}
+
+async function reloadTab(name) {
+  const panel = document.getElementById(`tab-${name}`);
+  const mod = await loaded.get(name)?.catch(() => null);
+  if (mod && mod.refresh) mod.refresh(panel);
+  else if (!mod) loadTab(name);
+}
+
+/** Show tab `name` (also from the URL's #fragment: #images opens Images). */
+export async function selectTab(name) {
+  if (!TABS.includes(name)) name = TABS[0];
+  for (const tab of TABS) {
+    const panel = document.getElementById(`tab-${tab}`);
+    const selected = tab === name;
+    panel.hidden = !selected;
+    document.querySelector(`nav button[data-tab="${tab}"]`).setAttribute("aria-selected", String(selected));
+  }
+  const previous = current;
+  current = name;
+  if (previous && previous !== name) {
+    const mod = await loaded.get(previous)?.catch(() => null);
+    if (mod && mod.hide) mod.hide(document.getElementById(`tab-${previous}`));
+  }
+  if (location.hash !== `#${name}`) history.replaceState(null, "", `#${name}`);
+  const mod = await loadTab(name).catch(() => null);
+  if (mod && mod.show && current === name) mod.show(document.getElementById(`tab-${name}`));
+}
+
+document.getElementById("tabs").addEventListener("click", (event) => {
+  const button = event.target.closest("button[data-tab]");
+  if (button) selectTab(button.dataset.tab);
+});
+window.addEventListener("hashchange", () => selectTab(location.hash.slice(1)));
+
+/** The pill in the header: /health's status (200: ok; 503: degraded; unreachable). */
+async function refreshServer() {
+  try {
+    const response = await fetch("/health", { headers: apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {} });
+    const body = await response.json().catch(() => ({}));
+    pill.textContent = `server: ${body.status || response.status}`;
+    pill.className = `pill ${response.ok ? "ok" : "bad"}`;
+  } catch (_) {
+    pill.textContent = "server: unreachable";
+    pill.className = "pill bad";
+  }
+}
+
+async function checkKeyNeeded() {
+  if (apiKey()) keyForm.hidden = false;
+  try {
+    await apiFetch("/v1/models");
+  } catch (err) {
+    if (!(err instanceof ApiError && err.status === 401)) showError(globalError, err);
+  }
+}
+
+refreshServer();
+setInterval(refreshServer, 10000);
+checkKeyNeeded().then(() => selectTab(location.hash.slice(1)));

@@ -1,0 +1,6 @@
+// The Server tab (placeholder until built).
+import { el } from "../api.js";
+
+export function init(panel) {
+  panel.append(el("div", { class: "card" }, el("h2", {}, "Server"), el("p", { class: "muted" }, "Coming soon.")));
+}
