@@ -19,13 +19,21 @@ function showKeyForm(message) {
   keyInput.focus();
 }
 
-keyForm.addEventListener("submit", (event) => {
+keyForm.addEventListener("submit", async (event) => {
   event.preventDefault();
   setApiKey(keyInput.value.trim());
   keyInput.value = "";
-  showError(globalError, null);
-  refreshServer();
-  if (current) reloadTab(current);
+  delete keyForm.dataset.state;
+  try {
+    await apiFetch("/v1/models"); // the key works: say so and let the tabs ask again
+    keyForm.dataset.state = "ok";
+    showError(globalError, null);
+    refreshServer();
+    for (const name of loaded.keys()) reloadTab(name);
+  } catch (err) {
+    keyForm.dataset.state = "refused";
+    showError(globalError, err);
+  }
 });
 document.getElementById("key-forget").addEventListener("click", () => {
   setApiKey("");
@@ -99,6 +107,7 @@ async function checkKeyNeeded() {
   if (apiKey()) keyForm.hidden = false;
   try {
     await apiFetch("/v1/models");
+    if (apiKey()) keyForm.dataset.state = "ok";
   } catch (err) {
     if (!(err instanceof ApiError && err.status === 401)) showError(globalError, err);
   }

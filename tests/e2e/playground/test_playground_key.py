@@ -1,0 +1,53 @@
+"""The playground with an API key, in Chromium, on the real app over the fake engine (uvicorn in a
+thread: the key handling is the page's and the frontend's, not the stages'): the page loads
+without the key, asks for it on the API's 401 (showing the API's message), keeps it for this
+tab only (sessionStorage: a new tab asks again), sends it as a header, never in a URL."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.frontend import serve_in_thread
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))  # the fake engine's folder
+from fake_engine import fake_app  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+KEY = "sk-playground-browser"
+
+
+@pytest.fixture(scope="module")
+def keyed_frontend(tmp_path_factory):
+    server, thread, port = serve_in_thread(fake_app(tmp_path_factory.mktemp("keyed"), api_key=KEY))
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join()
+
+
+def test_the_page_asks_for_the_key_keeps_it_per_tab_and_never_puts_it_in_a_url(browser, keyed_frontend):
+    context = browser.new_context(base_url=keyed_frontend)
+    urls: list[str] = []
+    auth: list[str | None] = []
+    context.on("request", lambda r: (urls.append(r.url), auth.append(r.headers.get("authorization"))))
+    page = context.new_page()
+    page.goto("/playground/#speech")
+    page.wait_for_selector("#key-form:not([hidden])")
+    error = page.wait_for_selector("#global-error:not([hidden])")
+    assert "API key" in error.inner_text() and "401" in error.inner_text()
+
+    page.fill("#api-key", KEY)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#key-form[data-state=ok]")  # /v1/models answered with the key
+    assert page.is_hidden("#global-error")
+    assert page.evaluate("sessionStorage.getItem('omni-triton.api-key')") == KEY
+    assert page.evaluate("localStorage.length") == 0 and KEY not in page.evaluate("document.cookie")
+    assert f"Bearer {KEY}" in auth
+    assert not [u for u in urls if KEY in u]
+
+    other_tab = context.new_page()  # same browser, another tab: sessionStorage is per tab
+    other_tab.goto("/playground/#speech")
+    other_tab.wait_for_selector("#key-form:not([hidden])")
+    assert other_tab.evaluate("sessionStorage.getItem('omni-triton.api-key')") is None
+    context.close()
