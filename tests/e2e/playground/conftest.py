@@ -7,8 +7,8 @@ Playwright's venv (``$OMNI_TRITON_CACHE/browser-venv``); its site-packages are a
 project's here, so the project's own packages win. Without them the tests skip, saying why.
 
 ``scripts/test.sh`` runs this folder in a session of its own (``pytest tests/e2e/playground``)
-with the models the tabs use (:data:`PLAYGROUND_MODELS`; the default session ignores the folder): the default stack plus a browser
-would not fit in 24 GB.
+with the models the tabs use (:data:`PLAYGROUND_MODELS`; the default session ignores the
+folder): the default stack plus a browser would not fit in 24 GB.
 
 Helpers for the tests: ``tests/helpers/playground.py``. Screenshots (one per tab,
 ``shot(page, artifact_dir, "speech")``) go to ``artifacts/playground/`` under the

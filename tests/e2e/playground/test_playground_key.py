@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.frontend import serve_in_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))  # the fake engine's folder
-from fake_engine import fake_app  # noqa: E402
+from fake_engine import fake_app
 
 pytestmark = pytest.mark.e2e
 KEY = "sk-playground-browser"
