@@ -16,6 +16,7 @@ repository (``OMNI_TRITON_ARTIFACTS`` overrides the ``artifacts`` folder).
 """
 from __future__ import annotations
 
+import json
 import os
 import site
 import sysconfig
@@ -115,3 +116,15 @@ def page(browser, stack):
     page.errors = errors
     yield page
     context.close()
+
+
+@pytest.fixture(scope="session")
+def first_output(artifact_dir):
+    """Each tab's time to its first sound or picture as the page measured it (seconds, from the
+    click to the first audio scheduled / image decoded / video playing): tests set
+    ``first_output["speech"] = 0.42``; written to ``<artifact_dir>/first_output.json`` at the end
+    of the session (the closing notes quote it; not a timing assertion)."""
+    figures: dict[str, float] = {}
+    yield figures
+    if figures:
+        (artifact_dir / "first_output.json").write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
