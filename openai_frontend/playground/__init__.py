@@ -70,6 +70,6 @@ def install_playground(app: FastAPI) -> None:
     async def to_playground() -> RedirectResponse:
         return RedirectResponse(PREFIX, status_code=307)
 
-    app.add_api_route("/", to_playground, methods=["GET"], include_in_schema=False)
-    app.add_api_route("/playground", to_playground, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/", to_playground, methods=["GET", "HEAD"], include_in_schema=False)
+    app.add_api_route("/playground", to_playground, methods=["GET", "HEAD"], include_in_schema=False)
     app.mount(PREFIX.rstrip("/"), _WithHeaders(StaticFiles(directory=static_dir(), html=True)), name="playground")
