@@ -134,6 +134,8 @@ export class SpeechRun {
     const running = this.controller !== null;
     if (this.controller) this.controller.abort();
     if (this.player) this.player.stop();
+    if (this.unexpose) this.unexpose(); // the final data-audio-time, now
+    this.unexpose = null;
     if (running) this.setState("stopped", `Stopped after ${fmtSeconds(this.player ? this.player.playedSeconds : 0)} of audio.`);
   }
 
