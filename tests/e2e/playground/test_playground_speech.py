@@ -85,10 +85,12 @@ def test_stop_aborts_the_stream_and_silences(page, stack):
                            timeout=90_000)
     page.click("[data-testid=speech-stop]")
     page.wait_for_selector(f"{STATUS}[data-state=stopped]")
-    stopped = float(_status(page)["audioTime"])
-    page.wait_for_timeout(700)
-    assert float(_status(page)["audioTime"]) == pytest.approx(stopped, abs=0.001)  # silent
-    assert float(_status(page)["audioSeconds"]) < 8  # the rest never came (a whole clip is ~9 s)
+    stopped = _status(page)
+    page.wait_for_timeout(2500)  # the paced stream would have sent its next sentence by now
+    later = _status(page)
+    assert float(later["audioTime"]) == pytest.approx(float(stopped["audioTime"]), abs=0.001)  # silent
+    assert later["audioSeconds"] == stopped["audioSeconds"]  # nothing more arrived: the fetch was aborted
+    assert float(later["audioSeconds"]) < 8  # a whole clip is ~9 s
     assert page.is_disabled("[data-testid=speech-stop]")
     assert not page.errors, page.errors
 

@@ -134,8 +134,8 @@ export class SpeechRun {
     const running = this.controller !== null;
     if (this.controller) this.controller.abort();
     if (this.player) this.player.stop();
-    if (this.unexpose) this.unexpose(); // the final data-audio-time, now
-    this.unexpose = null;
+    // data-audio-time now (exposePlayback goes on: it shows the player's clock, silent from here)
+    if (this.player) this.status.dataset.audioTime = this.player.playedSeconds.toFixed(3);
     if (running) this.setState("stopped", `Stopped after ${fmtSeconds(this.player ? this.player.playedSeconds : 0)} of audio.`);
   }
 
