@@ -181,11 +181,11 @@ def resolve_speech(body: SpeechRequest, info: ModelInfo, store: VoiceStore | Non
             stored = store.get(voice) if store is not None else None
             if stored is None:
                 raise bad_request(
-                    f"Unknown voice '{voice}' for model '{info.name}'; available: {', '.join(info.voices)}",
+                    f"Unknown voice '{voice}' for model '{info.public_name}'; available: {', '.join(info.voices)}",
                     param="voice", code="invalid_voice")
             if not usable_on(stored, info):
                 raise bad_request(f"The voice '{voice}' ({stored.type}) cannot be used with the model "
-                                  f"'{info.name}'", param="voice", code="unsupported_voice")
+                                  f"'{info.public_name}'", param="voice", code="unsupported_voice")
             if stored.error:
                 raise OpenAIError(409, f"The voice '{voice}' is unusable: {stored.error}", param="voice",
                                   code="voice_corrupt")
