@@ -8,7 +8,8 @@
 // Hooks for tests: #chat-status (data-testid chat-status) carries data-stream-done,
 // data-audio-time / data-first-sound-ms (exposePlayback), data-audio-at-done (seconds played when
 // the stream ended: > 0 only if playback started while streaming), data-ttft-ms, data-ttfp-ms,
-// data-done-ms, data-audio-bytes.
+// data-done-ms, data-audio-bytes, data-text-chunks, data-prompt-tokens (usage: an attachment
+// that reached the model raises it).
 
 import { apiFetch, apiJson, el, errorBox, fillModelSelect, fmtSeconds, listModels, showError, sseEvents } from "../api.js";
 import { exposePlayback, PcmPlayer } from "../audio.js";
@@ -156,7 +157,7 @@ async function attach(input) {
 
 function renderChips() {
   ui.chips.replaceChildren(...state.attachments.map((a, i) =>
-    el("span", { class: "chip", "data-kind": a.kind }, `${a.kind === "image" ? "🖼" : "🔊"} ${a.name}`,
+    el("span", { class: "chip", "data-kind": a.kind }, `${a.kind}: ${a.name}`,
       el("button", { type: "button", class: "secondary", title: "remove", onclick: () => { state.attachments.splice(i, 1); renderChips(); } }, "×"))));
 }
 
@@ -239,7 +240,7 @@ async function send() {
 
   const status = ui.status;
   status.dataset.streamDone = "false";
-  for (const key of ["ttftMs", "ttfpMs", "doneMs", "audioAtDone", "audioBytes", "textChunks"]) delete status.dataset[key];
+  for (const key of ["ttftMs", "ttfpMs", "doneMs", "audioAtDone", "audioBytes", "textChunks", "promptTokens"]) delete status.dataset[key];
   ui.ttft.textContent = "–";
   ui.ttfp.textContent = speaking ? "…" : "–";
   ui.played.textContent = "–";
@@ -263,7 +264,10 @@ async function send() {
       if (ev.data === "[DONE]") break;
       const chunk = JSON.parse(ev.data);
       if (chunk.error) throw Object.assign(new Error(chunk.error.message), chunk.error);
-      if (chunk.usage) ui.tokens.textContent = `${chunk.usage.prompt_tokens} in, ${chunk.usage.completion_tokens} out`;
+      if (chunk.usage) {
+        ui.tokens.textContent = `${chunk.usage.prompt_tokens} in, ${chunk.usage.completion_tokens} out`;
+        status.dataset.promptTokens = String(chunk.usage.prompt_tokens);
+      }
       const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
       if (!delta) continue;
       if (delta.content) {
