@@ -162,6 +162,7 @@ async function connect() {
   for (const key of Object.keys(ui.status.dataset)) if (key !== "testid") delete ui.status.dataset[key];
   ui.bargeIns.textContent = "0";
   ui.ttfp.textContent = "–";
+  ui.log.replaceChildren(); // a new session is a new conversation
   setState("connecting");
   ui.connect.textContent = "Stop";
   const s = {
@@ -344,6 +345,12 @@ function onEvent(s, ev) {
     case "conversation.item.input_audio_transcription.completed": {
       const bubble = s.users.get(ev.item_id);
       if (bubble) bubble.body.textContent = `(you said) ${ev.transcript || "(no words)"}`;
+      break;
+    }
+    case "conversation.item.input_audio_transcription.failed": {
+      const bubble = s.users.get(ev.item_id);
+      const e = ev.error || {};
+      if (bubble) bubble.body.textContent = `(you spoke; transcription failed: ${e.code || e.message || "error"})`;
       break;
     }
     case "response.created":
