@@ -73,7 +73,7 @@ def _ask(page, model: str, text: str, *, speak: bool, max_tokens: int, files=(),
     return _status(page)
 
 
-def test_the_answer_streams_and_its_speech_plays_while_streaming(page, stack, artifact_dir):
+def test_the_answer_streams_and_its_speech_plays_while_streaming(page, stack, artifact_dir, first_output):
     open_tab(page, "chat")
     _need(page, "llm_tts")
     page.select_option("[data-testid=chat-model]", "llm_tts")
@@ -96,6 +96,8 @@ def test_the_answer_streams_and_its_speech_plays_while_streaming(page, stack, ar
     page.wait_for_function(
         f"() => parseFloat(document.querySelector('[data-testid=chat-status]').dataset.audioTime) > {beyond}",
         timeout=15_000)
+    first_output["chat"] = round(float(s["ttfpMs"]) / 1000, 3)  # the send click -> first sound
+    first_output["chat_first_text"] = round(float(s["ttftMs"]) / 1000, 3)
     shot(page, artifact_dir, "chat")
     assert not page.errors, page.errors
 

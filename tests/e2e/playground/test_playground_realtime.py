@@ -75,7 +75,7 @@ def _until(page, condition: str, timeout_ms: int) -> dict:
     return _status(page)
 
 
-def test_talk_hear_the_answer_and_barge_in(mic_page, stack, artifact_dir):
+def test_talk_hear_the_answer_and_barge_in(mic_page, stack, artifact_dir, first_output):
     page = mic_page
     open_tab(page, "realtime")
     page.wait_for_selector("[data-testid=rt-model] option[value=omni]", state="attached")
@@ -90,6 +90,7 @@ def test_talk_hear_the_answer_and_barge_in(mic_page, stack, artifact_dir):
     # the answer plays: audio time advances
     s = _until(page, "parseFloat(d.audioTime || '0') > 0.3", 30_000)
     assert float(s["ttfpMs"]) > 0, s
+    first_output["realtime"] = round(float(s["ttfpMs"]) / 1000, 3)  # end of the user's turn -> first sound
     # the looped speech comes back while the answer plays: barge-in
     s = _until(page, "parseInt(d.bargeIns || '0') >= 1", 120_000)
     assert float(s["cutSeconds"]) > 0.2, f"the answer had ended before the user spoke again: {s}"
