@@ -49,13 +49,15 @@ export async function init(panel) {
   const brush = el("input", { type: "range", min: 2, max: 64, value: 12, "data-testid": "images-brush-size" });
   const clearMask = el("button", { type: "button", class: "secondary", "data-testid": "images-mask-clear" }, "Clear mask");
   const canvas = el("canvas", { class: "mask-canvas", "data-testid": "images-mask-canvas", "data-painted": "0" });
+  const maskPreview = el("img", { alt: "mask sent", "data-testid": "images-mask-preview" });
   const maskBox = el("div", { class: "mask-box", hidden: true, "data-testid": "images-mask-box" },
     el("div", { class: "row" },
       el("label", {}, "Mask PNG (alpha 0 = repaint)", maskUpload),
       el("label", {}, "Brush", brush), clearMask,
       el("label", {}, "strength", strength)),
     el("p", { class: "muted" }, "Paint over the first image the area to repaint (or upload a mask, which wins)."),
-    canvas);
+    el("div", { class: "row" }, canvas,
+      el("figure", { class: "mask-sent" }, maskPreview, el("figcaption", { class: "muted" }, "mask sent (transparent = repaint)"))));
   const editBox = el("div", { class: "edit-box", hidden: true, "data-testid": "images-edit-box" },
     el("div", { class: "row" }, el("label", {}, "Image(s) to edit", upload), editHint), maskBox);
 
@@ -96,7 +98,7 @@ export async function init(panel) {
 
   panel.append(form, loraForm);
   ui = { mode, model, prompt, size, n, seed, steps, negative, format, lora, loraScale, upload, editHint, maskUpload,
-    strength, brush, canvas, maskBox, editBox, run, error, ttfp, total, usage, grid, loraList, loraError };
+    strength, brush, canvas, maskBox, maskPreview, editBox, run, error, ttfp, total, usage, grid, loraList, loraError };
 
   const painter = makePainter(canvas, brush);
   clearMask.addEventListener("click", () => painter.clear());
@@ -187,6 +189,15 @@ async function refreshLoras() {
   if (!adapters.length) ui.loraList.append(el("li", { class: "muted" }, "no adapter registered"));
 }
 
+let maskUrl = null;
+/** Show the mask PNG just sent (what the API got: alpha 0 where the brush painted). */
+function showMask(blob) {
+  if (maskUrl) URL.revokeObjectURL(maskUrl);
+  maskUrl = URL.createObjectURL(blob);
+  ui.maskPreview.src = maskUrl;
+  ui.maskPreview.dataset.sent = String(Date.now());
+}
+
 function decodeB64(b64) {
   const bin = atob(b64);
   const bytes = new Uint8Array(bin.length);
@@ -230,7 +241,11 @@ async function submit(painter) {
       for (const file of ui.upload.files) form.append("image", file, file.name);
       if (!ui.maskBox.hidden) {
         if (ui.maskUpload.files[0]) form.append("mask", ui.maskUpload.files[0], ui.maskUpload.files[0].name);
-        else if (painter.painted()) form.append("mask", await painter.maskBlob(), "mask.png");
+        else if (painter.painted()) {
+          const mask = await painter.maskBlob();
+          showMask(mask);
+          form.append("mask", mask, "mask.png");
+        }
         if (text(ui.strength) !== undefined) form.append("strength", text(ui.strength));
       }
       response = await apiFetch(EDIT, { form });
