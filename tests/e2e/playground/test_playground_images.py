@@ -17,6 +17,13 @@ from tests.helpers.playground import open_tab, shot
 
 pytestmark = pytest.mark.e2e
 
+def _wait_done(page) -> None:
+    """Wait for the request to end; fail with the tab's error unless the grid shows its result."""
+    page.wait_for_selector("[data-testid=images-grid][data-state]:not([data-state=running])", timeout=120_000)
+    assert page.get_attribute("[data-testid=images-grid]", "data-state") == "done", \
+        page.text_content("[data-testid=images-error]")
+
+
 def _sizes(page) -> list[list[int]]:
     return page.evaluate(
         "[...document.querySelectorAll('[data-testid=images-result]')]"
@@ -49,7 +56,7 @@ def test_generate_shows_images_of_the_size_asked(page, stack, artifact_dir):
     page.fill("[data-testid=images-seed]", "7")
     page.fill("[data-testid=images-steps]", "3")
     page.click("[data-testid=images-run]")
-    page.wait_for_selector("[data-testid=images-grid][data-state=done]", timeout=120_000)
+    _wait_done(page)
     assert _sizes(page) == [[48, 32], [48, 32]]
     seeds = page.eval_on_selector_all("[data-testid=images-result]", "(els) => els.map((e) => e.dataset.seed)")
     assert seeds == ["7", "8"]
@@ -71,7 +78,7 @@ def test_edit_an_uploaded_image(page, stack, tmp_path):
     page.set_input_files("[data-testid=images-upload]", str(_upload_png(tmp_path)))
     page.fill("[data-testid=images-size]", "32x32")
     page.click("[data-testid=images-run]")
-    page.wait_for_selector("[data-testid=images-grid][data-state=done]", timeout=120_000)
+    _wait_done(page)
     assert _sizes(page) == [[32, 32]]
     assert not page.errors, page.errors
 
@@ -94,7 +101,7 @@ def test_inpaint_with_a_brushed_mask(page, stack, tmp_path):
     assert page.get_attribute("[data-testid=images-mask-canvas]", "data-painted") == "1"
     page.fill("[data-testid=images-size]", "64x48")
     page.click("[data-testid=images-run]")
-    page.wait_for_selector("[data-testid=images-grid][data-state=done]", timeout=120_000)
+    _wait_done(page)
     page.wait_for_selector("[data-testid=images-mask-preview][data-sent]")
     alpha = _mask_alpha(page)
     assert alpha.shape == (48, 64)
@@ -131,7 +138,7 @@ def test_upload_a_lora_and_generate_with_it(page, stack, tmp_path):
     page.fill("[data-testid=images-size]", "32x32")
     page.fill("[data-testid=images-seed]", "5")
     page.click("[data-testid=images-run]")  # without adapter (also writes the denoiser's manifest)
-    page.wait_for_selector("[data-testid=images-grid][data-state=done]", timeout=120_000)
+    _wait_done(page)
     plain = _first_image_pixels(page)
 
     manifest = json.loads(lora_contract.manifest_file(Path(stack.lora_dir), "qwen_image_denoiser").read_text())
@@ -145,9 +152,7 @@ def test_upload_a_lora_and_generate_with_it(page, stack, tmp_path):
     with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as request:
         page.click("[data-testid=images-run]")
     assert request.value.post_data_json["lora"] == {"name": "pg-style", "scale": 1.5}
-    page.wait_for_selector("[data-testid=images-grid][data-state=running]", state="detached", timeout=120_000)
-    assert page.get_attribute("[data-testid=images-grid]", "data-state") == "done", \
-        page.text_content("[data-testid=images-error]")
+    _wait_done(page)
     styled = _first_image_pixels(page)
     assert styled.shape == plain.shape == (32, 32, 4)
     assert np.abs(styled.astype(int) - plain.astype(int)).max() > 0, "the adapter changed nothing"
