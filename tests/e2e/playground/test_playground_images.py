@@ -19,7 +19,8 @@ pytestmark = pytest.mark.e2e
 
 def _wait_done(page) -> None:
     """Wait for the request to end; fail with the tab's error unless the grid shows its result."""
-    page.wait_for_selector("[data-testid=images-grid][data-state]:not([data-state=running])", timeout=120_000)
+    page.wait_for_selector("[data-testid=images-grid][data-state]:not([data-state=running])", state="attached",
+                           timeout=120_000)
     assert page.get_attribute("[data-testid=images-grid]", "data-state") == "done", \
         page.text_content("[data-testid=images-error]")
 
