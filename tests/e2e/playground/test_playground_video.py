@@ -34,7 +34,7 @@ def _player(page) -> dict:
                          " src: v.src, paused: v.paused}; })()")
 
 
-def test_progress_moves_and_the_mp4_plays(page, stack, artifact_dir):
+def test_progress_moves_and_the_mp4_plays(page, stack, artifact_dir, first_output):
     open_tab(page, "video")
     # 81 frames x 50 steps at 128x128: several seconds of denoising on the tiny Wan2.2
     _fill(page, 81, 50, "128x128")
@@ -74,6 +74,9 @@ def test_progress_moves_and_the_mp4_plays(page, stack, artifact_dir):
         raise AssertionError(f"the video did not play: {_player(page)}")
     assert p["src"].startswith("blob:") and p["w"] == 128 and p["d"] > 0, p
     assert float(page.get_attribute("[data-testid=video-ttfp]", "data-seconds")) > 0
+    # the click -> the MP4 playing, for this test's long job (81 frames, 50 steps, 128x128)
+    first_output["video_81x128x128_50_steps"] = round(float(page.get_attribute("[data-testid=video-ttfp]",
+                                                                               "data-seconds")), 3)
 
     # the bytes the page played are an MP4 of the job (PyAV decodes them)
     av = pytest.importorskip("av")
