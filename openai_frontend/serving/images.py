@@ -87,6 +87,20 @@ def size(body: ImageGenerationRequest, info: ModelInfo) -> tuple[int, int]:
     return width, height
 
 
+def precheck(body: ImageGenerationRequest) -> None:
+    """The checks that need no model, made before the model is resolved: resolving an on-demand
+    model waits for its load (seconds to a minute), which a malformed request must not cause.
+
+    Raises:
+        OpenAIError: 400 ``empty_prompt``, or ``invalid_size`` for a size that is not ``WxH``/``auto``.
+    """
+    if not body.prompt.strip():
+        raise bad_request("'prompt' must not be empty", param="prompt", code="empty_prompt")
+    if body.size is not None and body.size != "auto" and parse_size(body.size) is None:
+        raise bad_request(f"Invalid size '{body.size}': expected 'WIDTHxHEIGHT' (e.g. '64x64') or 'auto'",
+                          param="size", code="invalid_size")
+
+
 def plan(body: ImageGenerationRequest, info: ModelInfo) -> tuple[ImageJob, str]:
     """Validate ``body`` against the model.
 
@@ -363,6 +377,7 @@ async def with_lora(request: Request, info: ModelInfo, job: ImageJob, lora: Any)
 async def create_image(body: ImageGenerationRequest, request: Request) -> JSONResponse:
     """``POST /v1/images/generations``."""
     check_fields(body, request)
+    precheck(body)
     info = await resolve_model(request.app.state.engine, body.model, TEXT_TO_IMAGE)
     job, fmt = plan(body, info)
     job = await with_lora(request, info, job, body.lora)
@@ -435,6 +450,7 @@ async def edit_image(request: Request) -> JSONResponse:
         check_fields(body, request)
         if not images:
             raise bad_request("Missing required parameter: 'image'", param="image", code="invalid_value")
+        precheck(body)
         info = await resolve_model(request.app.state.engine, body.model, IMAGE_EDIT)
         strength = await check_mask_support(request, info, mask, body)
         if len(images) > (info.max_input_images or 1):

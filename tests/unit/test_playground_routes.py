@@ -124,3 +124,41 @@ async def test_a_listed_image_endpoint_takes_the_model_and_the_other_refuses_it(
         wrong = await c.post("/v1/images/generations",
                              json={"model": "qwen_image_edit", "prompt": "a fox", "size": "32x32"})
         assert wrong.status_code == 400, wrong.text
+
+
+class _CountingEngine(FakeEngine):
+    """FakeEngine counting ``get_model`` calls (resolving an on-demand model waits for its load)."""
+
+    def __init__(self):
+        super().__init__()
+        self.resolved = 0
+
+    async def get_model(self, name):
+        self.resolved += 1
+        return await super().get_model(name)
+
+
+@pytest.mark.parametrize("route", ["generations", "edits"])
+async def test_a_malformed_image_request_is_refused_before_the_model_is_resolved(route):
+    """The playground's trial: a junk size on an unloaded qwen_image waited out a 35 s load for its
+    400. Size syntax and an empty prompt need no model: refused without resolving it."""
+    engine = _CountingEngine()
+    async with frontend_client(engine, Settings(), peer=("127.0.0.1", 50000)) as c:
+        for fields in ({"size": "<b>99999x99999</b>", "prompt": "a fox"}, {"size": "32x32", "prompt": "  "}):
+            if route == "generations":
+                r = await c.post("/v1/images/generations", json={"model": "qwen_image", **fields})
+            else:
+                r = await c.post("/v1/images/edits", data={"model": "qwen_image_edit", **fields},
+                                 files={"image": ("a.png", _png(), "image/png")})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] in ("invalid_size", "empty_prompt")
+    assert engine.resolved == 0
+
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+    out = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(out, format="PNG")
+    return out.getvalue()
