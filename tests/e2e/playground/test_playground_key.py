@@ -41,6 +41,12 @@ def test_the_page_asks_for_the_key_keeps_it_per_tab_and_never_puts_it_in_a_url(b
     page.click("#key-form button[type=submit]")
     page.wait_for_selector("#key-form[data-state=ok]")  # /v1/models answered with the key
     assert page.is_hidden("#global-error")
+    # the shown tab, whose first init met the 401, is set up again: its lists fill, once
+    page.wait_for_selector("[data-testid=speech-model] option[value=piper_tts]", state="attached")
+    page.click("nav button[data-tab=chat]")
+    page.wait_for_selector("[data-testid=chat-model] option[value=llm]", state="attached")
+    page.click("nav button[data-tab=speech]")
+    assert page.locator("#tab-speech [data-testid=speech-model]").count() == 1
     assert page.evaluate("sessionStorage.getItem('omni-triton.api-key')") == KEY
     assert page.evaluate("localStorage.length") == 0 and KEY not in page.evaluate("document.cookie")
     assert f"Bearer {KEY}" in auth

@@ -30,6 +30,8 @@ keyForm.addEventListener("submit", async (event) => {
     showError(globalError, null);
     refreshServer();
     for (const name of loaded.keys()) reloadTab(name);
+    // the shown tab's init failed on the 401 (so it is not among the loaded ones): again, now
+    if (current && !loaded.has(current)) selectTab(current);
   } catch (err) {
     keyForm.dataset.state = "refused";
     showError(globalError, err);
@@ -45,6 +47,7 @@ async function loadTab(name) {
   if (!loaded.has(name)) {
     const panel = document.getElementById(`tab-${name}`);
     const promise = import(`./tabs/${name}.js`).then(async (mod) => {
+      panel.replaceChildren(); // a failed init (a 401 before the key was given) left a half tab
       await mod.init(panel);
       return mod;
     });
