@@ -18,7 +18,7 @@ from omni_triton.paths import cache_dir
 from omni_triton.serve import on_demand
 
 from .app import Settings, create_app
-from .auth import install_log_redaction
+from .auth import browser_ws_sendable, install_log_redaction
 from .db import ENV as DATABASE_ENV
 from .db import DatabaseError, database_url
 from .engine import TritonEngine
@@ -274,6 +274,11 @@ def main(argv: list[str] | None = None) -> None:
     db_url = shared_database_url(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
+    if args.api_key and not browser_ws_sendable(args.api_key):
+        logging.getLogger("openai_frontend").warning(
+            "the API key holds characters a browser cannot send on a WebSocket (only letters, digits and "
+            "!#$%%&'*+-.^_`|~): browser pages, the playground's Realtime tab among them, cannot open "
+            "/v1/realtime or /v1/audio/speech/stream with it; HTTP clients and SDKs are not affected")
     try:  # never an argument: argv shows in ps
         admin_key = triton_admin.key_from_env()
     except (triton_admin.AdminKeyError, OSError) as exc:

@@ -31,6 +31,17 @@ from starlette.types import Scope
 #: the subprotocol prefix that carries a key in a browser WebSocket handshake (OpenAI Realtime's)
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
+#: RFC 7230 token characters, all a WebSocket subprotocol (RFC 6455) may hold
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def browser_ws_sendable(key: str) -> bool:
+    """Whether a browser can send ``key`` in the ``openai-insecure-api-key.<key>`` subprotocol:
+    only RFC 7230 token characters (a base64 key with ``/`` or ``=`` cannot; browsers refuse to
+    open such a WebSocket). HTTP headers take any printable key."""
+    return bool(_TOKEN.fullmatch(key))
+
+
 #: query parameters that look like credentials: refused when a key is configured, and redacted
 #: from log lines either way (compared lower-case, ``-`` read as ``_``)
 URL_KEY_PARAMS = frozenset({"api_key", "apikey", "key", "token", "access_token", "auth", "authorization",

@@ -162,3 +162,12 @@ def _png() -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (32, 32)).save(out, format="PNG")
     return out.getvalue()
+
+
+def test_which_keys_a_browser_can_send_on_a_websocket():
+    """A base64 key (``/``, ``=``) cannot travel in a WebSocket subprotocol: the frontend warns at
+    start (openai_frontend.__main__) and the page says so instead of quoting the key."""
+    from openai_frontend.auth import browser_ws_sendable
+    assert browser_ws_sendable("sk-abc_DEF.123~x") and browser_ws_sendable("a+b")
+    for key in ("my/secret+key==", "a b", "a,b", "a;b", 'a"b', "ключ", ""):
+        assert not browser_ws_sendable(key), key

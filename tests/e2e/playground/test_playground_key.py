@@ -57,3 +57,32 @@ def test_the_page_asks_for_the_key_keeps_it_per_tab_and_never_puts_it_in_a_url(b
     other_tab.wait_for_selector("#key-form:not([hidden])")
     assert other_tab.evaluate("sessionStorage.getItem('omni-triton.api-key')") is None
     context.close()
+
+
+SLASH_KEY = "my/secret+key=="  # base64-like: not an RFC 7230 token
+
+
+@pytest.fixture(scope="module")
+def slash_keyed_frontend(tmp_path_factory):
+    server, thread, port = serve_in_thread(fake_app(tmp_path_factory.mktemp("slash"), api_key=SLASH_KEY))
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join()
+
+
+def test_a_key_a_browser_cannot_send_on_a_websocket_is_explained_not_shown(browser, slash_keyed_frontend):
+    """Chromium refuses such a subprotocol and quotes it (the key) in its exception: the Realtime
+    tab says why instead, and the key appears nowhere on the page."""
+    context = browser.new_context(base_url=slash_keyed_frontend)
+    page = context.new_page()
+    page.goto("/playground/#realtime")
+    page.wait_for_selector("#key-form:not([hidden])")
+    page.fill("#api-key", SLASH_KEY)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#key-form[data-state=ok]")
+    page.wait_for_selector("[data-testid=rt-model] option[value=omni]", state="attached")
+    page.click("[data-testid=rt-connect]")
+    error = page.wait_for_selector("[data-testid=rt-error]:not([hidden])")
+    assert "cannot send on a WebSocket" in error.inner_text()
+    assert SLASH_KEY not in page.inner_text("body")
+    context.close()

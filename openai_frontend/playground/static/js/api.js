@@ -148,8 +148,17 @@ export async function* sseEvents(response, signal) {
 /** The WebSocket subprotocols carrying the tab's key (browsers cannot set headers on a WebSocket). */
 export function wsProtocols(...others) {
   const key = apiKey();
+  if (key && !WS_TOKEN.test(key)) {
+    // the browser would refuse the subprotocol, quoting it (the key) in its error: say why instead
+    throw new ApiError(0, "This API key holds characters a browser cannot send on a WebSocket " +
+      "(a subprotocol is an RFC 7230 token: no / = , ; : spaces or quotes), so the browser cannot " +
+      "authenticate here; serve with a key of letters, digits and - _ . ~ (docs/playground.md)", { code: "api_key_not_a_token" });
+  }
   return key ? [...others, `openai-insecure-api-key.${key}`] : others;
 }
+
+/** RFC 7230 token characters: what a WebSocket subprotocol (RFC 6455) may hold. */
+const WS_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 /** ws(s):// URL of a path on this server. */
 export function wsUrl(path) {
