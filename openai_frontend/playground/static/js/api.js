@@ -74,14 +74,18 @@ export async function apiFetch(path, { method, json, form, body, headers = {}, s
   } else if (body !== undefined) {
     init.body = body;
   }
+  const stopWatch = watchLoad(json && typeof json.model === "string" ? json.model
+    : form instanceof FormData && typeof form.get("model") === "string" ? form.get("model") : null);
   let response;
   try {
     response = await fetch(path, init);
   } catch (err) {
+    stopWatch();
     if (err.name === "AbortError") throw err;
     throw new ApiError(0, `The server could not be reached (${err.message})`);
   }
   if (!response.ok) {
+    stopWatch();
     const error = await errorOf(response);
     if (response.status === 401) unauthorizedHandlers.forEach((fn) => fn(error));
     throw error;
@@ -166,11 +170,45 @@ export function wsUrl(path) {
   return `${scheme}//${location.host}${path}`;
 }
 
+/**
+ * While a request to an on-demand model that is not loaded yet is in flight, tell the page
+ * (window event "model-load": detail {model, state: "loading" | "loaded" | "failed" | "gone"}):
+ * its first request loads it (seconds to a minute). /v1/models is asked every 2 s until the
+ * model is loaded or failed; the returned function ends the watch (the request failed).
+ */
+function watchLoad(model) {
+  const card = model && cachedModels ? cachedModels.find((m) => m.id === model) : null;
+  if (!card || !card.state || card.state === "loaded") return () => {};
+  let done = false;
+  let timer = null;
+  const emit = (state) => window.dispatchEvent(new CustomEvent("model-load", { detail: { model, state } }));
+  const finish = (state) => {
+    if (done) return;
+    done = true;
+    clearTimeout(timer);
+    emit(state);
+  };
+  const tick = async () => {
+    if (done) return;
+    emit("loading");
+    try {
+      const now = (await listModels(true)).find((m) => m.id === model);
+      if (now && (now.state === "loaded" || now.state === "failed")) return finish(now.state);
+    } catch (_) {
+      /* keep watching */
+    }
+    if (!done) timer = setTimeout(tick, 2000);
+  };
+  timer = setTimeout(tick, 500);
+  return () => finish("gone");
+}
+
+let cachedModels = null; // the last /v1/models answer (what watchLoad reads)
 let modelsPromise = null;
 /** GET /v1/models (cached; `refresh` asks again). Each card has `endpoints` (the routes that take it). */
 export function listModels(refresh = false) {
   if (refresh || !modelsPromise) {
-    modelsPromise = apiJson("/v1/models").then((body) => body.data || []);
+    modelsPromise = apiJson("/v1/models").then((body) => (cachedModels = body.data || []));
     modelsPromise.catch(() => {
       modelsPromise = null;
     });

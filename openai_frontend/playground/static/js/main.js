@@ -43,6 +43,22 @@ document.getElementById("key-forget").addEventListener("click", () => {
 });
 onUnauthorized((error) => showKeyForm(error));
 
+// An on-demand model loading on its first request (api.js watchLoad): say so while it loads, then
+// let the open tabs list its new state.
+const notice = document.getElementById("global-notice");
+const loading = new Set();
+window.addEventListener("model-load", (event) => {
+  const { model, state } = event.detail;
+  if (state === "loading") loading.add(model);
+  else loading.delete(model);
+  notice.hidden = loading.size === 0;
+  notice.textContent = loading.size
+    ? `Loading ${[...loading].join(", ")}: an on-demand model loads on its first request (seconds to a minute here); the request goes on when it is ready.`
+    : "";
+  notice.dataset.models = [...loading].join(",");
+  if (state === "loaded" || state === "failed") for (const name of loaded.keys()) reloadTab(name);
+});
+
 async function loadTab(name) {
   if (!loaded.has(name)) {
     const panel = document.getElementById(`tab-${name}`);
