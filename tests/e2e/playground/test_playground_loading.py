@@ -16,7 +16,7 @@ from openai_frontend.app import Settings, create_app
 from tests.helpers.frontend import serve_in_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))  # the fake engine's folder
-from fake_engine import FakeEngine  # noqa: E402
+from fake_engine import FakeEngine
 
 pytestmark = pytest.mark.e2e
 LOAD_S = 3.0
