@@ -24,16 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clients.soak import refusal_problem
 from omni_triton.serve.process import free_port
+from tests.helpers.stubs import stub_processes
 
 pytestmark = pytest.mark.e2e
 
 LONG_TEXT = " ".join(f"This is sentence number {i} of a long text." for i in range(60))
-
-
-def _stubs(model: str, triton_pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"])
-            if p.info["cmdline"] and p.info["cmdline"][0].endswith("triton_python_backend_stub")
-            and f"/{model}/" in p.info["cmdline"][1] and p.info["cmdline"][5] == str(triton_pid)]
 
 
 def _in_thread(fn) -> tuple[threading.Thread, dict]:
@@ -83,7 +78,7 @@ def test_killing_a_stage_fails_only_its_requests_and_they_end_promptly(stack):
     while "speech.audio.delta" not in live_events and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    (stub,) = _stubs("piper", stack.triton_pid)
+    (stub,) = stub_processes("piper", stack.triton_pid)
     log_from = os.path.getsize(stack.log_path)
     killed_at = time.monotonic()
     os.kill(stub.pid, signal.SIGKILL)

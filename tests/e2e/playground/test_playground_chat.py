@@ -134,3 +134,4 @@ def test_an_attachment_the_model_refuses_shows_the_api_error(page, stack, tmp_pa
     # the refused attachment is kept for another try, the failed turn is not in the conversation
     assert page.locator("[data-testid=chat-attachments] .chip").count() == 1
     assert page.locator("[data-testid=chat-answer]").count() == 0
+    assert page.input_value("[data-testid=chat-input]") == "What is this?"  # and so are the words

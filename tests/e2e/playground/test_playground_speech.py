@@ -3,12 +3,16 @@ streams (the page's audio time advances before the last byte), TTFP / first byte
 the downloaded WAV is the audio that played, and the API's error message shows for bad input."""
 from __future__ import annotations
 
+import os
 import re
+import signal
 
+import httpx
 import pytest
 import soundfile as sf
 
 from tests.helpers.playground import open_tab, shot
+from tests.helpers.stubs import stub_processes
 
 pytestmark = pytest.mark.e2e
 
@@ -112,3 +116,32 @@ def test_bad_input_shows_the_api_error(page, stack):
     page.wait_for_function("s => document.querySelector(s).textContent.includes('speed')",
                            arg="[data-testid=speech-error]")
     assert page.is_visible("[data-testid=speech-error]")
+
+
+@pytest.mark.kills_stub("piper")
+def test_a_stage_killed_mid_stream_shows_a_cut_off_error_and_speech_works_again(page, stack):
+    """kill -9 of the piper stub while the page plays its stream: the page says the stream was
+    cut off (a WAV stream cannot carry the server's error), not a bare "network error"; once
+    serve has reloaded piper, the same page speaks again."""
+    from tests.e2e.conftest import wait_for_stub_death_report
+
+    _open(page)
+    page.fill("[data-testid=speech-text]", TEXT)
+    page.check("[data-testid=speech-pacing]")
+    page.click("[data-testid=speech-play]")
+    page.wait_for_function(
+        "s => parseFloat(document.querySelector(s).dataset.audioTime) > 0.3", arg=STATUS, timeout=90_000)
+    (stub,) = stub_processes("piper", stack.triton_pid)
+    log_from = os.path.getsize(stack.log_path)
+    os.kill(stub.pid, signal.SIGKILL)
+    error = page.wait_for_selector("[data-testid=speech-error]:not([hidden])", timeout=60_000)
+    assert "cut off" in error.inner_text() and "Retry" in error.inner_text(), error.inner_text()
+    wait_for_stub_death_report(stack, "piper", log_from)
+    stack.wait_until(lambda: httpx.post(f"{stack.frontend_url}/v1/audio/speech", timeout=120, json={
+        "model": "piper_tts", "input": "Back.", "response_format": "wav"}).status_code == 200,
+        "piper_tts did not come back", timeout_s=120)
+    page.fill("[data-testid=speech-text]", "Back again.")
+    page.uncheck("[data-testid=speech-pacing]")
+    page.click("[data-testid=speech-play]")
+    page.wait_for_selector(f"{STATUS}[data-state=done]", timeout=60_000)
+    assert page.is_hidden("[data-testid=speech-error]")

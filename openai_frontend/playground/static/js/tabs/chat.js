@@ -315,5 +315,6 @@ async function send() {
     answer.node.remove();
     state.attachments = sentAttachments; // keep them for another try
     renderChips();
+    if (!ui.input.value) ui.input.value = text; // and the words (the trial lost them on a 413)
   }
 }

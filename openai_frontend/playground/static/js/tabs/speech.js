@@ -10,7 +10,7 @@
 // `SpeechRun` (the player card: Play/Stop, figures, status, download) is exported for the Voices
 // tab's "Speak".
 
-import { apiFetch, apiJson, el, errorBox, fillModelSelect, fmtSeconds, showError } from "../api.js";
+import { ApiError, apiFetch, apiJson, el, errorBox, fillModelSelect, fmtSeconds, showError } from "../api.js";
 import { exposePlayback, PcmPlayer, wavFormat } from "../audio.js";
 
 const ENDPOINT = "/v1/audio/speech";
@@ -240,7 +240,11 @@ export class SpeechRun {
       } else {
         if (player) player.stop();
         this.setState("error", "Failed.");
-        showError(this.error, err);
+        // a WAV stream has no way to carry the server's error once it started: say what happened
+        const cut = firstByteMs !== null && !(err instanceof ApiError);
+        showError(this.error, cut ? new ApiError(0, `The stream was cut off after ${fmtSeconds(pcmBytes / rateOf())} of ` +
+          `audio (${err.message}): the server ended it, e.g. a stage died (its log says which). Retry the request.`,
+          { code: "stream_cut_off" }) : err);
       }
     } finally {
       if (mine()) {
