@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from omni_triton.paths import cache_dir
+from tests.helpers.playground import new_page
 
 #: the models this folder's session serves (OMNI_TRITON_E2E_MODELS overrides; the ``stack``
 #: fixture reads it when the session starts)
@@ -107,15 +108,9 @@ def browser(chromium_launch):
 def page(browser, stack):
     """A fresh browser context (its own sessionStorage, so its own API key) on the playground;
     console errors and page errors are collected in ``page.errors`` (a test may assert none)."""
-    context = browser.new_context(base_url=stack.frontend_url, viewport={"width": 1200, "height": 900},
-                                  permissions=["microphone"])
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
-    page.errors = errors
+    page = new_page(browser, stack.frontend_url)
     yield page
-    context.close()
+    page.context.close()
 
 
 @pytest.fixture(scope="session")

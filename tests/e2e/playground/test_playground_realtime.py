@@ -12,7 +12,7 @@ import wave
 import httpx
 import pytest
 
-from tests.helpers.playground import open_tab, shot
+from tests.helpers.playground import new_page, open_tab, shot
 
 pytestmark = pytest.mark.e2e
 
@@ -54,15 +54,9 @@ def mic_wav(stack, tmp_path_factory):
 def mic_page(chromium_launch, stack, mic_wav):
     """A page in a browser of its own whose fake microphone loops ``mic_wav``."""
     browser = chromium_launch([f"--use-file-for-fake-audio-capture={mic_wav}"])
-    context = browser.new_context(base_url=stack.frontend_url, viewport={"width": 1200, "height": 900},
-                                  permissions=["microphone"])
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
-    page.errors = errors
+    page = new_page(browser, stack.frontend_url)
     yield page
-    context.close()
+    page.context.close()
 
 
 def _status(page) -> dict:
