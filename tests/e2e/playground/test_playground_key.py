@@ -18,12 +18,17 @@ pytestmark = pytest.mark.e2e
 KEY = "sk-playground-browser"
 
 
-@pytest.fixture(scope="module")
-def keyed_frontend(tmp_path_factory):
-    server, thread, port = serve_in_thread(fake_app(tmp_path_factory.mktemp("keyed"), api_key=KEY))
+def _keyed(tmp_path_factory, key: str):
+    """The fake-engine app with API key ``key`` on uvicorn in a thread: yields its URL."""
+    server, thread, port = serve_in_thread(fake_app(tmp_path_factory.mktemp("keyed"), api_key=key))
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join()
+
+
+@pytest.fixture(scope="module")
+def keyed_frontend(tmp_path_factory):
+    yield from _keyed(tmp_path_factory, KEY)
 
 
 def test_the_page_asks_for_the_key_keeps_it_per_tab_and_never_puts_it_in_a_url(browser, keyed_frontend):
@@ -64,10 +69,7 @@ SLASH_KEY = "my/secret+key=="  # base64-like: not an RFC 7230 token
 
 @pytest.fixture(scope="module")
 def slash_keyed_frontend(tmp_path_factory):
-    server, thread, port = serve_in_thread(fake_app(tmp_path_factory.mktemp("slash"), api_key=SLASH_KEY))
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join()
+    yield from _keyed(tmp_path_factory, SLASH_KEY)
 
 
 def test_a_key_a_browser_cannot_send_on_a_websocket_is_explained_not_shown(browser, slash_keyed_frontend):
