@@ -54,7 +54,9 @@ export async function errorOf(response) {
   return new ApiError(response.status, text.slice(0, 500) || `${response.status} ${response.statusText}`);
 }
 
-function authHeaders() {
+/** The tab's key as request headers ({} without one): for the plain fetch() calls that must read
+ * a non-2xx body themselves (/health answers 503 with its detail). */
+export function authHeaders() {
   const key = apiKey();
   return key ? { Authorization: `Bearer ${key}` } : {};
 }

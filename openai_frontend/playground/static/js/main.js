@@ -2,7 +2,7 @@
 // key field (shown when the server answers 401, or when the tab already holds a key), and the
 // server pill. Each tab module exports `init(panel)`; `show(panel)` / `hide(panel)` if it wants.
 
-import { apiFetch, apiKey, ApiError, onUnauthorized, setApiKey, showError } from "./api.js";
+import { apiFetch, apiKey, ApiError, authHeaders, onUnauthorized, setApiKey, showError } from "./api.js";
 
 const TABS = ["speech", "chat", "voices", "images", "video", "realtime", "server"];
 const loaded = new Map(); // tab -> module (or a Promise of it)
@@ -112,7 +112,7 @@ window.addEventListener("hashchange", () => selectTab(location.hash.slice(1)));
 /** The pill in the header: /health's status (200: ok; 503: degraded; unreachable). */
 async function refreshServer() {
   try {
-    const response = await fetch("/health", { headers: apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {} });
+    const response = await fetch("/health", { headers: authHeaders() });
     const body = await response.json().catch(() => ({}));
     pill.textContent = `server: ${body.status || response.status}`;
     pill.className = `pill ${response.ok ? "ok" : "bad"}`;

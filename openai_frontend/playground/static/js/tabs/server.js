@@ -3,7 +3,7 @@
 // docs/metrics.md "Frontend metrics") drawn as small canvas charts, scraped every few seconds
 // while the tab is shown.
 
-import { apiFetch, apiKey, el, errorBox, listModels, showError } from "../api.js";
+import { apiFetch, authHeaders, el, errorBox, listModels, showError } from "../api.js";
 
 const REFRESH_MS = 3000;
 const POINTS = 60; // samples kept per chart (3 minutes)
@@ -122,7 +122,7 @@ async function tick(all) {
 async function loadHealth() {
   // /health answers 503 with the same body when a model is not ready: read it either way (as
   // main.js's pill does; the key, when the tab has one, shows the detail)
-  const response = await fetch("/health", { headers: apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {} });
+  const response = await fetch("/health", { headers: authHeaders() });
   const body = await response.json().catch(() => ({ status: `HTTP ${response.status}` }));
   ui.health.textContent = body.status || "?";
   ui.health.dataset.state = body.status || "";
